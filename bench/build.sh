@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Builds the benchmark programs into OUTDIR:
+#   OUTDIR/cuda_bench        (nvcc -arch=sm_90 -O2, static cudart)
+#   OUTDIR/tcp_loopback_bw   (g++ -O2)
+# Usage: bench/build.sh OUTDIR
+# Environment: NVCC (default: nvcc on PATH, else /usr/local/cuda/bin/nvcc),
+#              CXX (default g++), CUDA_ARCH (default sm_90).
+# Each program is built independently; the exit status is non-zero if either failed.
+set -u
+if [[ $# -ne 1 ]]; then
+  echo "usage: $0 OUTDIR" >&2
+  exit 1
+fi
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+out=$1
+mkdir -p "$out" || exit 1
+
+nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+cxx=${CXX:-g++}
+arch=${CUDA_ARCH:-sm_90}
+rc=0
+
+# libstdc++/libgcc linked statically so the binaries run on any GPU host with glibc.
+if ! "$cxx" -std=c++17 -O2 -Wall -Wextra -pthread -static-libstdc++ -static-libgcc \
+    -o "$out/tcp_loopback_bw" "$here/tcp_loopback_bw.cc"; then
+  echo "build.sh: tcp_loopback_bw failed" >&2
+  rc=1
+fi
+
+if [[ ! -x "$nvcc" ]]; then
+  echo "build.sh: nvcc not found ($nvcc); cuda_bench not built" >&2
+  rc=1
+elif ! "$nvcc" -std=c++17 -O2 -arch="$arch" -cudart static \
+    -Xcompiler -Wall,-Wextra -Xcompiler -static-libstdc++,-static-libgcc \
+    -o "$out/cuda_bench" "$here/cuda_bench.cu"; then
+  echo "build.sh: cuda_bench failed" >&2
+  rc=1
+fi
+exit $rc

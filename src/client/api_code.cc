@@ -1,0 +1,408 @@
+// Code loading and launches: images are hashed and shipped unopened (once per
+// server), the server answers with every kernel and its parameter layout, so
+// kernel lookups are local and a launch is one fire-and-forget frame.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include "client/client.h"
+#include "common/cuda_image.h"
+#include "common/log.h"
+
+using flyt::client::Client;
+using flyt::client::Forward;
+using flyt::client::FuncInfo;
+using flyt::client::ReplySink;
+namespace wire = flyt::wire;
+namespace ops = flyt::ops;
+
+namespace {
+
+// 128-bit content hash of an image (two independent 64-bit FNV-1a style lanes).
+void Hash(const uint8_t* p, size_t n, uint64_t* h0, uint64_t* h1) {
+  uint64_t a = 0xcbf29ce484222325ull ^ n, b = 0x84222325cbf29ce4ull + n;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t v;
+    std::memcpy(&v, p + i, 8);
+    a = (a ^ v) * 0x100000001b3ull;
+    b = (b ^ (v >> 29 | v << 35)) * 0x9e3779b97f4a7c15ull;
+  }
+  for (; i < n; ++i) {
+    a = (a ^ p[i]) * 0x100000001b3ull;
+    b = (b ^ p[i]) * 0x9e3779b97f4a7c15ull;
+  }
+  *h0 = a ^ (a >> 31);
+  *h1 = b ^ (b >> 29);
+}
+
+CUresult LoadImage(const void* image, bool library, uint64_t* handle) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  flyt::ImageSpan span{};
+  if (image == nullptr || !flyt::LocateImage(image, &span)) return CUDA_ERROR_INVALID_IMAGE;
+  if (span.size > wire::kMaxPayload) return CUDA_ERROR_INVALID_IMAGE;
+  const auto* bytes = static_cast<const uint8_t*>(span.data);
+  uint64_t h0 = 0, h1 = 0;
+  Hash(bytes, span.size, &h0, &h1);
+  const char* name = library ? "cuLibraryLoadData" : "cuModuleLoadData";
+  std::vector<uint8_t> reply;
+  CUresult rc = CUDA_ERROR_NOT_FOUND;
+  for (int with_bytes = 0; with_bytes < 2 && rc == CUDA_ERROR_NOT_FOUND; ++with_bytes) {
+    wire::Writer w;
+    w.Put<uint8_t>(library ? 0 : 1);
+    w.Put(h0);
+    w.Put(h1);
+    w.Put<uint64_t>(span.size);
+    w.Put<uint8_t>(static_cast<uint8_t>(with_bytes));
+    if (with_bytes) w.PutBytes(bytes, span.size);
+    rc = c.Call(name, ops::kOpLoadImage, w, ReplySink{&reply});
+  }
+  if (rc != CUDA_SUCCESS) return rc;
+  wire::Reader r(reply.data(), reply.size());
+  uint64_t h = 0;
+  uint32_t n = 0;
+  if (!r.Get(&h) || !r.Get(&n)) return CUDA_ERROR_UNKNOWN;
+  std::vector<std::pair<uint64_t, FuncInfo>> fns;
+  fns.reserve(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    uint64_t fh = 0;
+    FuncInfo info;
+    uint32_t np = 0;
+    if (!r.Get(&fh) || !r.GetString(&info.name, ops::kMaxNameLen) || !r.Get(&np) ||
+        np > ops::kMaxParams)
+      return CUDA_ERROR_UNKNOWN;
+    info.params.resize(np);
+    if (np > 0 && !r.GetBytes(info.params.data(), np * sizeof(ops::ParamSlot)))
+      return CUDA_ERROR_UNKNOWN;
+    for (const auto& s : info.params)
+      info.param_bytes = std::max(info.param_bytes, s.offset + s.size);
+    info.is_kernel = library;
+    fns.emplace_back(fh, std::move(info));
+  }
+  c.AddImage(h, library, std::move(fns));
+  *handle = h;
+  return CUDA_SUCCESS;
+}
+
+bool ReadFile(const char* path, std::vector<char>* out) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return false;
+  out->assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  out->push_back('\0');  // PTX text needs its terminator
+  return true;
+}
+
+// Layout of a function we have not seen load (e.g. from another API path).
+std::shared_ptr<const FuncInfo> Layout(uint64_t f) {
+  Client& c = Client::Get();
+  if (auto info = c.Func(f)) return info;
+  for (uint8_t is_kernel = 0; is_kernel < 2; ++is_kernel) {
+    wire::Writer w;
+    w.Put(f);
+    w.Put(is_kernel);
+    std::vector<uint8_t> reply;
+    if (c.Call("paramLayout", ops::kOpFuncParamLayout, w, ReplySink{&reply}) != CUDA_SUCCESS)
+      continue;
+    wire::Reader r(reply.data(), reply.size());
+    uint32_t np = 0;
+    FuncInfo info;
+    if (!r.Get(&np) || np > ops::kMaxParams) return nullptr;
+    info.params.resize(np);
+    if (np > 0 && !r.GetBytes(info.params.data(), np * sizeof(ops::ParamSlot))) return nullptr;
+    for (const auto& s : info.params)
+      info.param_bytes = std::max(info.param_bytes, s.offset + s.size);
+    info.is_kernel = is_kernel != 0;
+    auto shared = std::make_shared<const FuncInfo>(std::move(info));
+    c.AliasFunc(f, shared);
+    return shared;
+  }
+  return nullptr;
+}
+
+CUresult Launch(const char* name, CUfunction f, const unsigned grid[3], const unsigned block[3],
+                unsigned shmem, CUstream stream, void** params, void** extra,
+                const CUlaunchAttribute* attrs, unsigned nattrs, uint32_t flags, bool pt) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (nattrs > 64) return CUDA_ERROR_INVALID_VALUE;
+  auto info = Layout(reinterpret_cast<uintptr_t>(f));
+  if (info == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (info->is_kernel) flags |= ops::kLaunchIsKernel;
+  wire::Writer w;
+  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(f));
+  w.Put(flags);
+  w.PutBytes(grid, 12);
+  w.PutBytes(block, 12);
+  w.Put<uint32_t>(shmem);
+  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(stream));
+  w.Put<uint32_t>(nattrs);
+  if (nattrs > 0) w.PutBytes(attrs, sizeof(CUlaunchAttribute) * nattrs);
+  if (params != nullptr) {
+    w.Put<uint32_t>(info->param_bytes);
+    uint8_t* blob = w.Grow(info->param_bytes);
+    std::memset(blob, 0, info->param_bytes);
+    for (size_t i = 0; i < info->params.size(); ++i) {
+      if (params[i] == nullptr) return CUDA_ERROR_INVALID_VALUE;
+      std::memcpy(blob + info->params[i].offset, params[i], info->params[i].size);
+    }
+  } else if (extra != nullptr) {
+    const void* buf = nullptr;
+    size_t size = 0;
+    for (int i = 0; extra[i] != CU_LAUNCH_PARAM_END && i < 16; i += 2) {
+      if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) buf = extra[i + 1];
+      if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) size = *static_cast<size_t*>(extra[i + 1]);
+    }
+    if (buf == nullptr || size > ops::kMaxParamBytes) return CUDA_ERROR_INVALID_VALUE;
+    w.PutBlob(buf, size);
+  } else {
+    if (info->param_bytes != 0) return CUDA_ERROR_INVALID_VALUE;
+    w.Put<uint32_t>(0);
+  }
+  return c.Post(name, ops::kOpLaunch, w, pt ? wire::kFlagPerThread : 0);
+}
+
+CUresult LaunchEx(const char* name, const CUlaunchConfig* cfg, CUfunction f, void** params,
+                  void** extra, bool pt) {
+  if (cfg == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  unsigned grid[3] = {cfg->gridDimX, cfg->gridDimY, cfg->gridDimZ};
+  unsigned block[3] = {cfg->blockDimX, cfg->blockDimY, cfg->blockDimZ};
+  return Launch(name, f, grid, block, cfg->sharedMemBytes, cfg->hStream, params, extra, cfg->attrs,
+                cfg->numAttrs, 0, pt);
+}
+
+}  // namespace
+
+// --- libraries and modules
+
+FLYT_API CUresult cuLibraryLoadData(CUlibrary* lib, const void* code, CUjit_option*, void**,
+                                    unsigned int, CUlibraryOption*, void**, unsigned int) {
+  if (lib == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t h = 0;
+  CUresult rc = LoadImage(code, true, &h);
+  if (rc == CUDA_SUCCESS) *lib = reinterpret_cast<CUlibrary>(h);
+  return rc;
+}
+
+FLYT_API CUresult cuLibraryLoadFromFile(CUlibrary* lib, const char* path, CUjit_option* o, void** v,
+                                        unsigned int n, CUlibraryOption* lo, void** lv,
+                                        unsigned int ln) {
+  std::vector<char> bytes;
+  if (path == nullptr || !ReadFile(path, &bytes)) return CUDA_ERROR_FILE_NOT_FOUND;
+  return cuLibraryLoadData(lib, bytes.data(), o, v, n, lo, lv, ln);
+}
+
+FLYT_API CUresult cuModuleLoadData(CUmodule* mod, const void* image) {
+  if (mod == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t h = 0;
+  CUresult rc = LoadImage(image, false, &h);
+  if (rc == CUDA_SUCCESS) *mod = reinterpret_cast<CUmodule>(h);
+  return rc;
+}
+
+FLYT_API CUresult cuModuleLoadDataEx(CUmodule* mod, const void* image, unsigned int, CUjit_option*,
+                                     void**) {
+  return cuModuleLoadData(mod, image);
+}
+
+FLYT_API CUresult cuModuleLoadFatBinary(CUmodule* mod, const void* image) {
+  return cuModuleLoadData(mod, image);
+}
+
+FLYT_API CUresult cuModuleLoad(CUmodule* mod, const char* path) {
+  std::vector<char> bytes;
+  if (path == nullptr || !ReadFile(path, &bytes)) return CUDA_ERROR_FILE_NOT_FOUND;
+  return cuModuleLoadData(mod, bytes.data());
+}
+
+FLYT_API CUresult cuModuleUnload(CUmodule m) {
+  Client::Get().RemoveImage(reinterpret_cast<uintptr_t>(m));
+  return Forward<204, false, false>("cuModuleUnload", m);
+}
+
+FLYT_API CUresult cuLibraryUnload(CUlibrary l) {
+  Client::Get().RemoveImage(reinterpret_cast<uintptr_t>(l));
+  return Forward<205, false, false>("cuLibraryUnload", l);
+}
+
+FLYT_API CUresult cuLibraryGetKernel(CUkernel* k, CUlibrary lib, const char* name) {
+  if (k == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t h = Client::Get().FindInImage(reinterpret_cast<uintptr_t>(lib), name);
+  if (h == 0) return CUDA_ERROR_NOT_FOUND;
+  *k = reinterpret_cast<CUkernel>(h);
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuModuleGetFunction(CUfunction* f, CUmodule mod, const char* name) {
+  if (f == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t h = Client::Get().FindInImage(reinterpret_cast<uintptr_t>(mod), name);
+  if (h == 0) return CUDA_ERROR_NOT_FOUND;
+  *f = reinterpret_cast<CUfunction>(h);
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuLibraryGetKernelCount(unsigned int* n, CUlibrary lib) {
+  if (n == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *n = static_cast<unsigned>(Client::Get().ImageFuncCount(reinterpret_cast<uintptr_t>(lib), nullptr));
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuLibraryEnumerateKernels(CUkernel* out, unsigned int n, CUlibrary lib) {
+  std::vector<uint64_t> hs;
+  Client::Get().ImageFuncCount(reinterpret_cast<uintptr_t>(lib), &hs);
+  if (out == nullptr || n > hs.size()) return CUDA_ERROR_INVALID_VALUE;
+  for (unsigned i = 0; i < n; ++i) out[i] = reinterpret_cast<CUkernel>(hs[i]);
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuModuleGetFunctionCount(unsigned int* n, CUmodule mod) {
+  return cuLibraryGetKernelCount(n, reinterpret_cast<CUlibrary>(mod));
+}
+
+FLYT_API CUresult cuModuleEnumerateFunctions(CUfunction* out, unsigned int n, CUmodule mod) {
+  return cuLibraryEnumerateKernels(reinterpret_cast<CUkernel*>(out), n,
+                                   reinterpret_cast<CUlibrary>(mod));
+}
+
+FLYT_API CUresult cuKernelGetFunction(CUfunction* f, CUkernel k) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (f == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto info = c.Func(reinterpret_cast<uintptr_t>(k));
+  if (info == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  wire::Writer w;
+  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(k));
+  std::vector<uint8_t> reply;
+  CUresult rc = c.Call("cuKernelGetFunction", ops::kOpKernelGetFunction, w, ReplySink{&reply});
+  if (rc != CUDA_SUCCESS) return rc;
+  uint64_t h = 0;
+  wire::Reader r(reply.data(), reply.size());
+  if (!r.Get(&h)) return CUDA_ERROR_UNKNOWN;
+  FuncInfo copy = *info;
+  copy.is_kernel = false;
+  c.AliasFunc(h, std::make_shared<const FuncInfo>(std::move(copy)));
+  *f = reinterpret_cast<CUfunction>(h);
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuKernelGetName(const char** name, CUkernel k) {
+  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto info = Client::Get().Func(reinterpret_cast<uintptr_t>(k));
+  if (info == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  *name = info->name.c_str();  // lives as long as the library is loaded
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuFuncGetName(const char** name, CUfunction f) {
+  return cuKernelGetName(name, reinterpret_cast<CUkernel>(f));
+}
+
+FLYT_API CUresult cuKernelGetParamInfo(CUkernel k, size_t i, size_t* off, size_t* size) {
+  auto info = Layout(reinterpret_cast<uintptr_t>(k));
+  if (info == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (i >= info->params.size()) return CUDA_ERROR_INVALID_VALUE;
+  if (off) *off = info->params[i].offset;
+  if (size) *size = info->params[i].size;
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuFuncGetParamInfo(CUfunction f, size_t i, size_t* off, size_t* size) {
+  return cuKernelGetParamInfo(reinterpret_cast<CUkernel>(f), i, off, size);
+}
+
+// --- launches
+
+#define FLYT_LAUNCH_PAIR(legacy, pt, coop)                                                       \
+  FLYT_API CUresult legacy(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,     \
+                           unsigned by, unsigned bz, unsigned shmem, CUstream s, void** params, \
+                           void** extra) {                                                      \
+    unsigned g[3] = {gx, gy, gz}, b[3] = {bx, by, bz};                                           \
+    return Launch(#legacy, f, g, b, shmem, s, params, extra, nullptr, 0, coop, false);           \
+  }                                                                                              \
+  FLYT_API CUresult pt(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,         \
+                       unsigned by, unsigned bz, unsigned shmem, CUstream s, void** params,     \
+                       void** extra) {                                                          \
+    unsigned g[3] = {gx, gy, gz}, b[3] = {bx, by, bz};                                           \
+    return Launch(#pt, f, g, b, shmem, s, params, extra, nullptr, 0, coop, true);                \
+  }
+
+FLYT_LAUNCH_PAIR(cuLaunchKernel, cuLaunchKernel_ptsz, 0)
+
+FLYT_API CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                            unsigned bx, unsigned by, unsigned bz, unsigned shmem,
+                                            CUstream s, void** params) {
+  unsigned g[3] = {gx, gy, gz}, b[3] = {bx, by, bz};
+  return Launch("cuLaunchCooperativeKernel", f, g, b, shmem, s, params, nullptr, nullptr, 0,
+                ops::kLaunchCooperative, false);
+}
+FLYT_API CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
+                                                 unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                                                 unsigned shmem, CUstream s, void** params) {
+  unsigned g[3] = {gx, gy, gz}, b[3] = {bx, by, bz};
+  return Launch("cuLaunchCooperativeKernel_ptsz", f, g, b, shmem, s, params, nullptr, nullptr, 0,
+                ops::kLaunchCooperative, true);
+}
+
+FLYT_API CUresult cuLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction f, void** params,
+                                   void** extra) {
+  return LaunchEx("cuLaunchKernelEx", cfg, f, params, extra, false);
+}
+FLYT_API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* cfg, CUfunction f, void** params,
+                                        void** extra) {
+  return LaunchEx("cuLaunchKernelEx_ptsz", cfg, f, params, extra, true);
+}
+
+// --- host functions: the server drains the stream, then the function runs
+// here, before any later work of the stream is sent.
+
+namespace {
+CUresult HostFence(CUstream s, bool pt) {
+  wire::Writer w;
+  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(s));
+  return Client::Get().Call("cuLaunchHostFunc", ops::kOpHostFuncFence, w, ReplySink{},
+                            pt ? wire::kFlagPerThread : 0);
+}
+}  // namespace
+
+FLYT_API CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void* data) {
+  if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUresult rc = HostFence(s, false);
+  if (rc == CUDA_SUCCESS) fn(data);
+  return rc;
+}
+FLYT_API CUresult cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void* data) {
+  if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUresult rc = HostFence(s, true);
+  if (rc == CUDA_SUCCESS) fn(data);
+  return rc;
+}
+FLYT_API CUresult cuStreamAddCallback(CUstream s, CUstreamCallback cb, void* data, unsigned flags) {
+  if (cb == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  CUresult rc = HostFence(s, false);
+  cb(s, rc, data);
+  return CUDA_SUCCESS;
+}
+FLYT_API CUresult cuStreamAddCallback_ptsz(CUstream s, CUstreamCallback cb, void* data,
+                                           unsigned flags) {
+  if (cb == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  CUresult rc = HostFence(s, true);
+  cb(s, rc, data);
+  return CUDA_SUCCESS;
+}
+
+// Queries: a plain synchronous call (they also flush queued work, so polling
+// loops make progress).
+FLYT_API CUresult cuEventQuery(CUevent e) { return Forward<135, true, false>("cuEventQuery", e); }
+FLYT_API CUresult cuStreamQuery(CUstream s) { return Forward<114, true, false>("cuStreamQuery", s); }
+
+// Lazy loading is the driver's default; CUDA_MODULE_LOADING=EAGER asks for eager.
+FLYT_API CUresult cuModuleGetLoadingMode(CUmoduleLoadingMode* mode) {
+  if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const char* v = std::getenv("CUDA_MODULE_LOADING");
+  *mode = (v != nullptr && std::strcmp(v, "EAGER") == 0) ? CU_MODULE_EAGER_LOADING
+                                                          : CU_MODULE_LAZY_LOADING;
+  return CUDA_SUCCESS;
+}

@@ -1,0 +1,351 @@
+// Entry points answered on the client: initialisation, driver version,
+// devices (from the inventory the handshake brought), contexts, error names,
+// cuGetProcAddress and cuGetExportTable.
+// Legacy ABIs (cuDeviceGetUuid, cuGetProcAddress, cuCtxGetDevice) are defined
+// here beside their successors, so cuda.h must not rename them.
+#define __CUDA_API_VERSION_INTERNAL 1
+#include <cuda.h>
+
+#include <strings.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "client/client.h"
+#include "client/export_tables.h"
+#include "client/proc_address.h"
+#include "common/log.h"
+
+namespace flyt::client {
+struct ErrorName {
+  int code;
+  const char* name;
+  const char* text;
+};
+extern const ErrorName kErrorNames[];
+}  // namespace flyt::client
+
+using flyt::client::Client;
+
+namespace {
+
+const flyt::ops::DeviceInfo* Dev(CUdevice d) {
+  Client& c = Client::Get();
+  return c.initialized() ? c.device(d) : nullptr;
+}
+
+thread_local std::vector<CUcontext> t_stack;  // cuCtxPushCurrent / PopCurrent
+
+}  // namespace
+
+// Lets flyt-server refuse to load this library as NVIDIA's driver.
+FLYT_API int flyt_client_marker() { return 1; }
+
+FLYT_API CUresult cuInit(unsigned int flags) {
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  return Client::Get().Init();
+}
+
+FLYT_API CUresult cuDriverGetVersion(int* v) {
+  if (v == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Client& c = Client::Get();
+  *v = c.initialized() ? c.driver_version() : CUDA_VERSION;
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuDeviceGetCount(int* n) {
+  if (n == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  *n = c.device_count();
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuDeviceGet(CUdevice* d, int ordinal) {
+  if (d == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!Client::Get().initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (Dev(ordinal) == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+  *d = ordinal;
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuDeviceGetName(char* name, int len, CUdevice d) {
+  const auto* info = Dev(d);
+  if (info == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+  if (name == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+  std::strncpy(name, info->name, static_cast<size_t>(len) - 1);
+  name[len - 1] = '\0';
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice d) {
+  const auto* info = Dev(d);
+  if (info == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+  if (uuid == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::memcpy(uuid->bytes, info->uuid, 16);
+  return CUDA_SUCCESS;
+}
+FLYT_API CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice d) { return cuDeviceGetUuid_v2(uuid, d); }
+
+FLYT_API CUresult cuDeviceGetLuid(char* luid, unsigned int* mask, CUdevice d) {
+  const auto* info = Dev(d);
+  if (info == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+  if (luid) std::memcpy(luid, info->luid, 8);
+  if (mask) *mask = info->luid_mask;
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice d) {
+  const auto* info = Dev(d);
+  if (info == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+  if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *bytes = info->total_mem;
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice d) {
+  const auto* info = Dev(d);
+  if (info == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+  if (v == nullptr || a <= 0 || a >= flyt::ops::kMaxDeviceAttribute) return CUDA_ERROR_INVALID_VALUE;
+  *v = info->attributes[a];
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuDeviceComputeCapability(int* major, int* minor, CUdevice d) {
+  const auto* info = Dev(d);
+  if (info == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+  if (major) *major = info->attributes[CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR];
+  if (minor) *minor = info->attributes[CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR];
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuDeviceGetProperties(CUdevprop* p, CUdevice d) {
+  const auto* info = Dev(d);
+  if (info == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const int* a = info->attributes;
+  p->maxThreadsPerBlock = a[CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK];
+  p->maxThreadsDim[0] = a[CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X];
+  p->maxThreadsDim[1] = a[CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y];
+  p->maxThreadsDim[2] = a[CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z];
+  p->maxGridSize[0] = a[CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X];
+  p->maxGridSize[1] = a[CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y];
+  p->maxGridSize[2] = a[CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z];
+  p->sharedMemPerBlock = a[CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK];
+  p->totalConstantMemory = a[CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY];
+  p->SIMDWidth = a[CU_DEVICE_ATTRIBUTE_WARP_SIZE];
+  p->memPitch = a[CU_DEVICE_ATTRIBUTE_MAX_PITCH];
+  p->regsPerBlock = a[CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK];
+  p->clockRate = a[CU_DEVICE_ATTRIBUTE_CLOCK_RATE];
+  p->textureAlign = a[CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT];
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuDeviceGetPCIBusId(char* out, int len, CUdevice d) {
+  const auto* info = Dev(d);
+  if (info == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+  if (out == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+  std::snprintf(out, static_cast<size_t>(len), "%08x:%02x:%02x.0",
+                info->attributes[CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID],
+                info->attributes[CU_DEVICE_ATTRIBUTE_PCI_BUS_ID],
+                info->attributes[CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID]);
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuDeviceGetByPCIBusId(CUdevice* dev, const char* id) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (dev == nullptr || id == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  for (int i = 0; i < c.device_count(); ++i) {
+    char buf[32];
+    cuDeviceGetPCIBusId(buf, sizeof(buf), i);
+    if (strcasecmp(buf, id) == 0 || strcasecmp(buf + 4, id) == 0) {
+      *dev = i;
+      return CUDA_SUCCESS;
+    }
+  }
+  return CUDA_ERROR_INVALID_DEVICE;
+}
+
+FLYT_API CUresult cuDeviceCanAccessPeer(int* can, CUdevice a, CUdevice b) {
+  if (Dev(a) == nullptr || Dev(b) == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+  if (can == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *can = 0;
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuDeviceGetExecAffinitySupport(int* pi, CUexecAffinityType, CUdevice d) {
+  if (Dev(d) == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+  if (pi == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *pi = 0;
+  return CUDA_SUCCESS;
+}
+
+// --- contexts
+
+FLYT_API CUresult cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice d) {
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!Client::Get().initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  return Client::Get().RetainPrimary(d, ctx);
+}
+
+FLYT_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
+  if (!Client::Get().initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  return Client::Get().ReleasePrimary(d);
+}
+
+FLYT_API CUresult cuDevicePrimaryCtxGetState(CUdevice d, unsigned int* flags, int* active) {
+  if (!Client::Get().initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  return Client::Get().PrimaryState(d, flags, active) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+FLYT_API CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice d, unsigned int flags) {
+  if (Dev(d) == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+  Client::Get().SetPrimaryFlags(d, flags);
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) {
+  if (!Client::Get().initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  CUcontext ctx = nullptr;
+  if (Client::Get().PrimaryState(d, nullptr, nullptr)) {
+    int dev_of = Client::Get().ContextDevice(flyt::client::CurrentContext());
+    if (dev_of == d) ctx = flyt::client::CurrentContext();
+  }
+  if (ctx != nullptr) flyt::client::DestroyContextLocalStorage(ctx);
+  return Client::Get().ResetPrimary(d);
+}
+
+FLYT_API CUresult cuCtxGetCurrent(CUcontext* ctx) {
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *ctx = flyt::client::CurrentContext();
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuCtxSetCurrent(CUcontext ctx) {
+  if (!Client::Get().initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (ctx != nullptr && Client::Get().ContextDevice(ctx) < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  flyt::client::SetCurrentContext(ctx);
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+  if (ctx == nullptr || Client::Get().ContextDevice(ctx) < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  t_stack.push_back(flyt::client::CurrentContext());
+  flyt::client::SetCurrentContext(ctx);
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuCtxPopCurrent_v2(CUcontext* out) {
+  CUcontext cur = flyt::client::CurrentContext();
+  if (cur == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (out) *out = cur;
+  CUcontext prev = nullptr;
+  if (!t_stack.empty()) {
+    prev = t_stack.back();
+    t_stack.pop_back();
+  }
+  flyt::client::SetCurrentContext(prev);
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuCtxGetDevice(CUdevice* dev) {
+  if (dev == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  int d = Client::Get().ContextDevice(flyt::client::CurrentContext());
+  if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  *dev = d;
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuCtxGetDevice_v2(CUdevice* dev, CUcontext ctx) {
+  if (dev == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  int d = Client::Get().ContextDevice(ctx != nullptr ? ctx : flyt::client::CurrentContext());
+  if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  *dev = d;
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuCtxGetFlags(unsigned int* flags) {
+  if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  int d = Client::Get().ContextDevice(flyt::client::CurrentContext());
+  if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  Client::Get().PrimaryState(d, flags, nullptr);
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int* version) {
+  if (version == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (Client::Get().ContextDevice(ctx != nullptr ? ctx : flyt::client::CurrentContext()) < 0)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  *version = 3020;
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuCtxGetId(CUcontext ctx, unsigned long long* id) {
+  if (id == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUcontext c = ctx != nullptr ? ctx : flyt::client::CurrentContext();
+  int d = Client::Get().ContextDevice(c);
+  if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  *id = static_cast<unsigned long long>(d) + 1;
+  return CUDA_SUCCESS;
+}
+
+// Stream capture mode is per thread and only guards which calls are legal
+// while a capture runs; the server enforces the capture itself.
+FLYT_API CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+  static thread_local CUstreamCaptureMode t_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUstreamCaptureMode old = t_mode;
+  t_mode = *mode;
+  *mode = old;
+  return CUDA_SUCCESS;
+}
+
+// --- errors
+
+FLYT_API CUresult cuGetErrorName(CUresult error, const char** name) {
+  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  for (const auto* e = flyt::client::kErrorNames; e->name != nullptr; ++e)
+    if (e->code == static_cast<int>(error)) {
+      *name = e->name;
+      return CUDA_SUCCESS;
+    }
+  *name = nullptr;
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+FLYT_API CUresult cuGetErrorString(CUresult error, const char** text) {
+  if (text == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  for (const auto* e = flyt::client::kErrorNames; e->name != nullptr; ++e)
+    if (e->code == static_cast<int>(error)) {
+      *text = e->text;
+      return CUDA_SUCCESS;
+    }
+  *text = nullptr;
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+// --- entry point discovery
+
+FLYT_API CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version,
+                                      cuuint64_t flags, CUdriverProcAddressQueryResult* status) {
+  CUresult rc = flyt::client::LookupDriverProc(symbol, version, flags, pfn, status);
+  FLYT_TRACE("cuGetProcAddress(%s, %d, %llu) -> %p", symbol ? symbol : "(null)", version,
+             static_cast<unsigned long long>(flags), pfn ? *pfn : nullptr);
+  return rc;
+}
+
+FLYT_API CUresult cuGetProcAddress(const char* symbol, void** pfn, int version, cuuint64_t flags) {
+  return cuGetProcAddress_v2(symbol, pfn, version, flags, nullptr);
+}
+
+FLYT_API CUresult cuGetExportTable(const void** table, const CUuuid* id) {
+  return flyt::client::GetExportTable(table, id);
+}
+
+FLYT_API CUresult cuDevicePrimaryCtxRelease(CUdevice d) { return cuDevicePrimaryCtxRelease_v2(d); }
+
+FLYT_API CUresult cuCtxSynchronize_v2(CUcontext ctx) {
+  if (ctx != nullptr && Client::Get().ContextDevice(ctx) < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  return flyt::client::Forward<100, true, false>("cuCtxSynchronize_v2");
+}

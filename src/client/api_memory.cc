@@ -1,0 +1,447 @@
+// Memory entry points: device allocations (tracked so that unified copies and
+// pointer queries are answered locally), host buffers, and copies of every
+// shape. Bulk data is cut into chunks that the server moves while the next
+// chunk is on the wire.
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "client/client.h"
+#include "common/log.h"
+
+using flyt::client::Client;
+using flyt::client::Forward;
+using flyt::client::ReplySink;
+namespace wire = flyt::wire;
+namespace ops = flyt::ops;
+
+namespace {
+
+uint16_t Flags(bool per_thread) { return per_thread ? wire::kFlagPerThread : 0; }
+uint64_t StreamRaw(CUstream s) { return reinterpret_cast<uintptr_t>(s); }
+
+bool IsDevice(uint64_t p, uint64_t n = 1) { return Client::Get().FindDeviceRange(p, n); }
+
+CUresult CopyHtoD(const char* name, CUdeviceptr dst, const void* src, size_t n, CUstream stream,
+                  bool async, bool pt) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (n == 0) return CUDA_SUCCESS;
+  if (src == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  // A destination we know is valid: the copy can be fire-and-forget, its
+  // bytes are on the wire when we return. Otherwise wait for the verdict.
+  bool known = c.FindDeviceRange(dst, n);
+  const auto* bytes = static_cast<const uint8_t*>(src);
+  for (size_t off = 0; off < n; off += wire::kCopyChunk) {
+    size_t len = std::min<size_t>(wire::kCopyChunk, n - off);
+    wire::Writer w;
+    w.Put<uint64_t>(dst + off);
+    w.Put<uint64_t>(StreamRaw(stream));
+    w.Put<uint8_t>(async ? 1 : 0);
+    CUresult rc;
+    if (known || off + len < n) {
+      rc = c.Post(name, ops::kOpCopyToDevice, w, Flags(pt), bytes + off, len);
+    } else {
+      // Unknown destination: send the bytes in the request and wait for the verdict.
+      w.PutBytes(bytes + off, len);
+      rc = c.Call(name, ops::kOpCopyToDevice, w, ReplySink{}, Flags(pt));
+    }
+    if (rc != CUDA_SUCCESS) return rc;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult CopyDtoH(const char* name, void* dst, CUdeviceptr src, size_t n, CUstream stream,
+                  bool async, bool pt) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (n == 0) return CUDA_SUCCESS;
+  if (dst == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto* out = static_cast<uint8_t*>(dst);
+  for (size_t off = 0; off < n; off += wire::kMaxPayload) {
+    size_t len = std::min<size_t>(wire::kMaxPayload, n - off);
+    wire::Writer w;
+    w.Put<uint64_t>(src + off);
+    w.Put<uint64_t>(len);
+    w.Put<uint64_t>(StreamRaw(stream));
+    w.Put<uint8_t>(async ? 1 : 0);
+    CUresult rc = c.Call(name, ops::kOpCopyFromDevice, w, ReplySink{nullptr, out + off, len},
+                         Flags(pt));
+    if (rc != CUDA_SUCCESS) return rc;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult CopyUnified(const char* name, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream,
+                     bool async, bool pt) {
+  bool dd = IsDevice(dst, n), sd = IsDevice(src, n);
+  if (dd && sd) {
+    return pt ? Forward<168, false, true>(name, dst, src, n, stream)
+              : Forward<168, false, false>(name, dst, src, n, stream);
+  }
+  if (dd) return CopyHtoD(name, dst, reinterpret_cast<const void*>(src), n, stream, async, pt);
+  if (sd) return CopyDtoH(name, reinterpret_cast<void*>(dst), src, n, stream, async, pt);
+  if (!Client::Get().initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  // Host to host: ordered after earlier work like the driver does.
+  CUresult rc = Forward<100, true, false>("cuCtxSynchronize");
+  if (rc != CUDA_SUCCESS) return rc;
+  std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
+  return CUDA_SUCCESS;
+}
+
+// Resolves CU_MEMORYTYPE_UNIFIED to host or device.
+CUmemorytype Side(CUmemorytype t, uint64_t device, const void* host) {
+  if (t != CU_MEMORYTYPE_UNIFIED) return t;
+  uint64_t p = device != 0 ? device : reinterpret_cast<uintptr_t>(host);
+  return IsDevice(p) ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+}
+
+uint8_t* HostRow(const CUDA_MEMCPY3D& d, bool src, size_t y, size_t z) {
+  const void* base = src ? d.srcHost : d.dstHost;
+  if (base == nullptr) base = reinterpret_cast<const void*>(src ? d.srcDevice : d.dstDevice);
+  size_t x0 = src ? d.srcXInBytes : d.dstXInBytes, y0 = src ? d.srcY : d.dstY,
+         z0 = src ? d.srcZ : d.dstZ, pitch = src ? d.srcPitch : d.dstPitch,
+         height = src ? d.srcHeight : d.dstHeight;
+  return static_cast<uint8_t*>(const_cast<void*>(base)) + ((z0 + z) * height + y0 + y) * pitch +
+         x0;
+}
+
+CUresult Copy3D(const char* name, CUDA_MEMCPY3D d, CUstream stream, bool async, bool pt) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  d.srcMemoryType = Side(d.srcMemoryType, d.srcDevice, d.srcHost);
+  d.dstMemoryType = Side(d.dstMemoryType, d.dstDevice, d.dstHost);
+  bool src_host = d.srcMemoryType == CU_MEMORYTYPE_HOST;
+  bool dst_host = d.dstMemoryType == CU_MEMORYTYPE_HOST;
+  size_t w = d.WidthInBytes, h = d.Height, depth = d.Depth;
+  if (w == 0 || h == 0 || depth == 0) return CUDA_SUCCESS;
+  if ((src_host && d.srcPitch < w && h * depth > 1) || (dst_host && d.dstPitch < w && h * depth > 1))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (src_host && dst_host) {
+    CUresult rc = Forward<100, true, false>("cuCtxSynchronize");
+    if (rc != CUDA_SUCCESS) return rc;
+    for (size_t z = 0; z < depth; ++z)
+      for (size_t y = 0; y < h; ++y) std::memmove(HostRow(d, false, y, z), HostRow(d, true, y, z), w);
+    return CUDA_SUCCESS;
+  }
+  if (w > wire::kMaxPayload) return CUDA_ERROR_NOT_SUPPORTED;
+  size_t rows_per_chunk = std::max<size_t>(1, wire::kMaxPayload / w);
+  std::vector<uint8_t> dense;
+  for (size_t z = 0; z < depth; ++z) {
+    for (size_t y = 0; y < h; y += rows_per_chunk) {
+      size_t rows = std::min(rows_per_chunk, h - y);
+      // One chunk covers the whole copy when it fits, else rows of one slice.
+      bool whole = w * h * depth <= wire::kMaxPayload;
+      size_t chunk_depth = whole ? depth : 1;
+      if (whole) rows = h;
+      CUDA_MEMCPY3D part = d;
+      part.Height = rows;
+      part.Depth = chunk_depth;
+      part.srcY += y;
+      part.dstY += y;
+      part.srcZ += z;
+      part.dstZ += z;
+      if (src_host) part.srcHost = nullptr;
+      if (dst_host) part.dstHost = nullptr;
+      size_t dense_len = w * rows * chunk_depth;
+      wire::Writer req;
+      req.Put(part);
+      req.Put<uint64_t>(StreamRaw(stream));
+      req.Put<uint8_t>(async ? 1 : 0);
+      req.Put<uint8_t>(src_host ? 1 : 0);
+      req.Put<uint8_t>(dst_host ? 1 : 0);
+      if (src_host) {
+        uint8_t* out = req.Grow(dense_len);
+        for (size_t zz = 0; zz < chunk_depth; ++zz)
+          for (size_t yy = 0; yy < rows; ++yy)
+            std::memcpy(out + (zz * rows + yy) * w, HostRow(d, true, y + yy, z + zz), w);
+      }
+      CUresult rc;
+      if (dst_host) {
+        rc = c.Call(name, ops::kOpCopy3D, req, ReplySink{&dense}, Flags(pt));
+        if (rc == CUDA_SUCCESS) {
+          if (dense.size() != dense_len) return CUDA_ERROR_UNKNOWN;
+          for (size_t zz = 0; zz < chunk_depth; ++zz)
+            for (size_t yy = 0; yy < rows; ++yy)
+              std::memcpy(HostRow(d, false, y + yy, z + zz), dense.data() + (zz * rows + yy) * w, w);
+        }
+      } else if (async) {
+        rc = c.Post(name, ops::kOpCopy3D, req, Flags(pt));
+      } else {
+        rc = c.Call(name, ops::kOpCopy3D, req, ReplySink{}, Flags(pt));
+      }
+      if (rc != CUDA_SUCCESS) return rc;
+      if (whole) return CUDA_SUCCESS;
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+CUDA_MEMCPY3D From2D(const CUDA_MEMCPY2D* p) {
+  CUDA_MEMCPY3D d{};
+  d.srcXInBytes = p->srcXInBytes;
+  d.srcY = p->srcY;
+  d.srcMemoryType = p->srcMemoryType;
+  d.srcHost = p->srcHost;
+  d.srcDevice = p->srcDevice;
+  d.srcArray = p->srcArray;
+  d.srcPitch = p->srcPitch;
+  d.srcHeight = p->srcY + p->Height;
+  d.dstXInBytes = p->dstXInBytes;
+  d.dstY = p->dstY;
+  d.dstMemoryType = p->dstMemoryType;
+  d.dstHost = p->dstHost;
+  d.dstDevice = p->dstDevice;
+  d.dstArray = p->dstArray;
+  d.dstPitch = p->dstPitch;
+  d.dstHeight = p->dstY + p->Height;
+  d.WidthInBytes = p->WidthInBytes;
+  d.Height = p->Height;
+  d.Depth = 1;
+  return d;
+}
+
+}  // namespace
+
+// --- device memory
+
+FLYT_API CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t n) {
+  CUresult rc = Forward<150, true, false>("cuMemAlloc_v2", p, n);
+  if (rc == CUDA_SUCCESS && p != nullptr) Client::Get().AddDeviceRange(*p, n, true);
+  return rc;
+}
+
+FLYT_API CUresult cuMemAllocPitch_v2(CUdeviceptr* p, size_t* pitch, size_t w, size_t h,
+                                     unsigned int elem) {
+  CUresult rc = Forward<151, true, false>("cuMemAllocPitch_v2", p, pitch, w, h, elem);
+  if (rc == CUDA_SUCCESS && p != nullptr && pitch != nullptr)
+    Client::Get().AddDeviceRange(*p, *pitch * h, true);
+  return rc;
+}
+
+FLYT_API CUresult cuMemFree_v2(CUdeviceptr p) {
+  if (p == 0) return CUDA_SUCCESS;
+  if (Client::Get().RemoveDeviceRange(p)) return Forward<152, false, false>("cuMemFree_v2", p);
+  return Forward<152, true, false>("cuMemFree_v2", p);  // unknown: let the server judge now
+}
+
+FLYT_API CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
+  uint64_t b = 0, s = 0;
+  if (Client::Get().FindDeviceRange(p, 0, &b, &s)) {
+    if (base) *base = b;
+    if (size) *size = s;
+    return CUDA_SUCCESS;
+  }
+  return Forward<154, true, false>("cuMemGetAddressRange_v2", base, size, p);
+}
+
+FLYT_API CUresult cuModuleGetGlobal_v2(CUdeviceptr* p, size_t* size, CUmodule m, const char* name) {
+  size_t local = 0;
+  CUresult rc = Forward<201, true, false>("cuModuleGetGlobal_v2", p, &local, m, name);
+  if (rc == CUDA_SUCCESS) {
+    if (size) *size = local;
+    if (p) Client::Get().AddDeviceRange(*p, local, false);
+  }
+  return rc;
+}
+
+FLYT_API CUresult cuLibraryGetGlobal(CUdeviceptr* p, size_t* size, CUlibrary l, const char* name) {
+  size_t local = 0;
+  CUresult rc = Forward<202, true, false>("cuLibraryGetGlobal", p, &local, l, name);
+  if (rc == CUDA_SUCCESS) {
+    if (size) *size = local;
+    if (p) Client::Get().AddDeviceRange(*p, local, false);
+  }
+  return rc;
+}
+
+// --- host memory: allocated here. Over a network the GPU cannot reach it, so
+// it is page-aligned client memory that copies treat like any host buffer.
+
+FLYT_API CUresult cuMemHostAlloc(void** pp, size_t n, unsigned int flags) {
+  if (pp == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!Client::Get().initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  void* p = mmap(nullptr, n ? n : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  Client::Get().AddHostRange(p, n ? n : 1, flags, true);
+  *pp = p;
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuMemAllocHost_v2(void** pp, size_t n) { return cuMemHostAlloc(pp, n, 0); }
+
+FLYT_API CUresult cuMemFreeHost(void* p) {
+  bool owned = false;
+  size_t size = 0;
+  if (!Client::Get().RemoveHostRange(p, &owned, &size)) return CUDA_ERROR_INVALID_VALUE;
+  if (owned) munmap(p, size);
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuMemHostRegister_v2(void* p, size_t n, unsigned int flags) {
+  if (p == nullptr || n == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (Client::Get().FindHostRange(p, nullptr, nullptr, nullptr))
+    return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  Client::Get().AddHostRange(p, n, flags, false);
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuMemHostUnregister(void* p) {
+  bool owned = false;
+  size_t size = 0;
+  if (!Client::Get().RemoveHostRange(p, &owned, &size)) return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuMemHostGetFlags(unsigned int* flags, void* p) {
+  if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return Client::Get().FindHostRange(p, nullptr, nullptr, flags) ? CUDA_SUCCESS
+                                                                : CUDA_ERROR_INVALID_VALUE;
+}
+
+FLYT_API CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr*, void*, unsigned int) {
+  static bool logged = false;
+  if (!logged) {
+    logged = true;
+    FLYT_WARN("cuMemHostGetDevicePointer: mapped pinned memory cannot be reached by a GPU over "
+              "the network; copy the data with cudaMemcpy instead");
+  }
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+// --- pointer attributes (answered from the tables)
+
+namespace {
+CUresult PointerAttribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr, bool lenient) {
+  Client& c = Client::Get();
+  uint64_t base = 0, size = 0;
+  void* hbase = nullptr;
+  size_t hsize = 0;
+  unsigned hflags = 0;
+  bool dev = c.FindDeviceRange(ptr, 0, &base, &size);
+  bool host = !dev && c.FindHostRange(reinterpret_cast<void*>(ptr), &hbase, &hsize, &hflags);
+  if (host) {
+    base = reinterpret_cast<uintptr_t>(hbase);
+    size = hsize;
+  }
+  CUcontext ctx = nullptr;
+  if ((dev || host) && c.device_count() > 0) {
+    CUcontext cur = flyt::client::CurrentContext();
+    ctx = cur;
+  }
+  switch (attr) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+      if (!dev && !host && !lenient) return CUDA_ERROR_INVALID_VALUE;
+      *static_cast<CUcontext*>(data) = ctx;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      if (!dev && !host && !lenient) return CUDA_ERROR_INVALID_VALUE;
+      *static_cast<unsigned*>(data) =
+          dev ? static_cast<unsigned>(CU_MEMORYTYPE_DEVICE)
+              : (host ? static_cast<unsigned>(CU_MEMORYTYPE_HOST) : 0u);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+      if (!dev && !host) return lenient ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+      *static_cast<CUdeviceptr*>(data) = ptr;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+      if (!host) return lenient ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+      *static_cast<void**>(data) = reinterpret_cast<void*>(ptr);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
+      *static_cast<int*>(data) = attr == CU_POINTER_ATTRIBUTE_MAPPED ? (dev || host) : 0;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+      if (!dev && !host && !lenient) return CUDA_ERROR_INVALID_VALUE;
+      *static_cast<int*>(data) = (dev || host) ? 0 : -2;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+      if (!dev && !host && !lenient) return CUDA_ERROR_INVALID_VALUE;
+      *static_cast<CUdeviceptr*>(data) = base;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+      if (!dev && !host && !lenient) return CUDA_ERROR_INVALID_VALUE;
+      *static_cast<size_t*>(data) = size;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+      *static_cast<unsigned long long*>(data) = base;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+      *static_cast<unsigned long long*>(data) = 0;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+      *static_cast<void**>(data) = nullptr;
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+}  // namespace
+
+FLYT_API CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr) {
+  if (data == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return PointerAttribute(data, attr, ptr, false);
+}
+
+FLYT_API CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute* attrs, void** data,
+                                         CUdeviceptr ptr) {
+  if (attrs == nullptr || data == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  for (unsigned i = 0; i < n; ++i) {
+    if (data[i] == nullptr) continue;
+    CUresult rc = PointerAttribute(data[i], attrs[i], ptr, true);
+    if (rc != CUDA_SUCCESS) return rc;
+  }
+  return CUDA_SUCCESS;
+}
+
+// --- copies
+
+#define FLYT_COPY_PAIR(legacy, pt, params, call_legacy, call_pt) \
+  FLYT_API CUresult legacy params { return call_legacy; }        \
+  FLYT_API CUresult pt params { return call_pt; }
+
+FLYT_COPY_PAIR(cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds,
+               (CUdeviceptr dst, const void* src, size_t n),
+               CopyHtoD("cuMemcpyHtoD", dst, src, n, nullptr, false, false),
+               CopyHtoD("cuMemcpyHtoD_ptds", dst, src, n, nullptr, false, true))
+FLYT_COPY_PAIR(cuMemcpyHtoDAsync_v2, cuMemcpyHtoDAsync_v2_ptsz,
+               (CUdeviceptr dst, const void* src, size_t n, CUstream s),
+               CopyHtoD("cuMemcpyHtoDAsync", dst, src, n, s, true, false),
+               CopyHtoD("cuMemcpyHtoDAsync_ptsz", dst, src, n, s, true, true))
+FLYT_COPY_PAIR(cuMemcpyDtoH_v2, cuMemcpyDtoH_v2_ptds, (void* dst, CUdeviceptr src, size_t n),
+               CopyDtoH("cuMemcpyDtoH", dst, src, n, nullptr, false, false),
+               CopyDtoH("cuMemcpyDtoH_ptds", dst, src, n, nullptr, false, true))
+FLYT_COPY_PAIR(cuMemcpyDtoHAsync_v2, cuMemcpyDtoHAsync_v2_ptsz,
+               (void* dst, CUdeviceptr src, size_t n, CUstream s),
+               CopyDtoH("cuMemcpyDtoHAsync", dst, src, n, s, true, false),
+               CopyDtoH("cuMemcpyDtoHAsync_ptsz", dst, src, n, s, true, true))
+FLYT_COPY_PAIR(cuMemcpy, cuMemcpy_ptds, (CUdeviceptr dst, CUdeviceptr src, size_t n),
+               CopyUnified("cuMemcpy", dst, src, n, nullptr, false, false),
+               CopyUnified("cuMemcpy_ptds", dst, src, n, nullptr, false, true))
+FLYT_COPY_PAIR(cuMemcpyAsync, cuMemcpyAsync_ptsz,
+               (CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s),
+               CopyUnified("cuMemcpyAsync", dst, src, n, s, true, false),
+               CopyUnified("cuMemcpyAsync_ptsz", dst, src, n, s, true, true))
+FLYT_COPY_PAIR(cuMemcpy2D_v2, cuMemcpy2D_v2_ptds, (const CUDA_MEMCPY2D* p),
+               p ? Copy3D("cuMemcpy2D", From2D(p), nullptr, false, false) : CUDA_ERROR_INVALID_VALUE,
+               p ? Copy3D("cuMemcpy2D_ptds", From2D(p), nullptr, false, true)
+                 : CUDA_ERROR_INVALID_VALUE)
+FLYT_COPY_PAIR(cuMemcpy2DUnaligned_v2, cuMemcpy2DUnaligned_v2_ptds, (const CUDA_MEMCPY2D* p),
+               p ? Copy3D("cuMemcpy2DUnaligned", From2D(p), nullptr, false, false)
+                 : CUDA_ERROR_INVALID_VALUE,
+               p ? Copy3D("cuMemcpy2DUnaligned_ptds", From2D(p), nullptr, false, true)
+                 : CUDA_ERROR_INVALID_VALUE)
+FLYT_COPY_PAIR(cuMemcpy2DAsync_v2, cuMemcpy2DAsync_v2_ptsz, (const CUDA_MEMCPY2D* p, CUstream s),
+               p ? Copy3D("cuMemcpy2DAsync", From2D(p), s, true, false) : CUDA_ERROR_INVALID_VALUE,
+               p ? Copy3D("cuMemcpy2DAsync_ptsz", From2D(p), s, true, true)
+                 : CUDA_ERROR_INVALID_VALUE)
+FLYT_COPY_PAIR(cuMemcpy3D_v2, cuMemcpy3D_v2_ptds, (const CUDA_MEMCPY3D* p),
+               p ? Copy3D("cuMemcpy3D", *p, nullptr, false, false) : CUDA_ERROR_INVALID_VALUE,
+               p ? Copy3D("cuMemcpy3D_ptds", *p, nullptr, false, true) : CUDA_ERROR_INVALID_VALUE)
+FLYT_COPY_PAIR(cuMemcpy3DAsync_v2, cuMemcpy3DAsync_v2_ptsz, (const CUDA_MEMCPY3D* p, CUstream s),
+               p ? Copy3D("cuMemcpy3DAsync", *p, s, true, false) : CUDA_ERROR_INVALID_VALUE,
+               p ? Copy3D("cuMemcpy3DAsync_ptsz", *p, s, true, true) : CUDA_ERROR_INVALID_VALUE)

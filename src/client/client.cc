@@ -1,0 +1,436 @@
+// Implementation of client/client.h.
+#include "client/client.h"
+
+#include <pthread.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "common/log.h"
+
+namespace flyt::client {
+namespace {
+
+thread_local CUcontext t_current = nullptr;
+
+uint64_t NowNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+int EnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || v[0] == '\0') return fallback;
+  char* end = nullptr;
+  long n = std::strtol(v, &end, 10);
+  return (*end == '\0' && n > 0 && n < (1 << 30)) ? static_cast<int>(n) : fallback;
+}
+
+constexpr size_t kQueueLimit = 256 << 10;
+
+}  // namespace
+
+CUcontext CurrentContext() { return t_current; }
+void SetCurrentContext(CUcontext ctx) { t_current = ctx; }
+
+void AfterForkInChild() {
+  // The child shares the parent's socket: it must never speak on it. As with
+  // NVIDIA's driver, CUDA is unusable in a child forked after initialisation.
+  Client& c = Client::Get();
+  c.conn_.reset();
+  c.queue_.clear();
+  c.broken_ = CUDA_ERROR_NOT_INITIALIZED;
+  c.init_rc_ = CUDA_ERROR_NOT_INITIALIZED;
+}
+
+Client& Client::Get() {
+  static Client* client = new Client();  // never destroyed: atexit order is unknown
+  return *client;
+}
+
+CUresult Client::Fail(const std::string& why) {
+  FLYT_ERROR("%s", why.c_str());
+  return CUDA_ERROR_NO_DEVICE;
+}
+
+CUresult Client::Init() {
+  std::call_once(init_once_, [this] {
+    pthread_atfork(nullptr, nullptr, AfterForkInChild);
+    const char* server = std::getenv("FLYT_SERVER");
+    server_ = (server != nullptr && server[0] != '\0') ? server : "tcp://127.0.0.1:14833";
+    transport::Address addr;
+    Status st = transport::ParseAddress(server_, &addr);
+    if (!st.ok()) {
+      init_rc_ = Fail("FLYT_SERVER: " + st.message());
+      return;
+    }
+    transport::Liveness live;
+    live.dead_peer_timeout_ms = EnvInt("FLYT_TIMEOUT_MS", 30000);
+    live.connect_timeout_ms = live.dead_peer_timeout_ms < 10000 ? live.dead_peer_timeout_ms : 10000;
+    st = transport::Dial(addr, live, &conn_);
+    if (!st.ok()) {
+      init_rc_ = Fail("cannot reach flyt-server: " + st.message() +
+                      ". Start flyt-server there or point FLYT_SERVER (flyt run --server) at it");
+      return;
+    }
+    wire::Writer w;
+    const char* token = std::getenv("FLYT_TOKEN");
+    std::string tok = token ? token : "";
+    wire::HelloRequest req{wire::kProtocolVersion, CUDA_VERSION, static_cast<uint32_t>(getpid()),
+                           static_cast<uint32_t>(tok.size())};
+    w.Put(req);
+    w.PutBytes(tok.data(), tok.size());
+    init_done_ = true;  // lets Call() run the handshake
+    init_rc_ = CUDA_SUCCESS;
+    std::vector<uint8_t> reply;
+    CUresult rc = Call("hello", ops::kOpHello, w, ReplySink{&reply});
+    wire::Reader r(reply.data(), reply.size());
+    wire::HelloReply rep{};
+    std::string message;
+    if (!r.Get(&rep) || !r.GetString(&message)) {
+      init_done_ = false;
+      init_rc_ = rc == CUDA_SUCCESS ? CUDA_ERROR_UNKNOWN : rc;
+      FLYT_ERROR("handshake with flyt-server at %s failed (error %d)", server_.c_str(), rc);
+      return;
+    }
+    if (rc != CUDA_SUCCESS) {
+      init_done_ = false;
+      init_rc_ = rc;
+      FLYT_ERROR("flyt-server at %s refused this client: %s", server_.c_str(), message.c_str());
+      conn_.reset();
+      broken_ = rc;
+      return;
+    }
+    uint32_t n = 0;
+    r.Get(&n);
+    for (uint32_t i = 0; i < n && r.ok(); ++i) {
+      ops::DeviceInfo d{};
+      if (r.Get(&d)) devices_.push_back(d);
+    }
+    driver_version_ = rep.driver_version < CUDA_VERSION ? rep.driver_version : CUDA_VERSION;
+    primaries_.resize(devices_.size());
+    FLYT_INFO("connected to flyt-server at %s: session %llu, %zu GPU(s), driver %d",
+              server_.c_str(), static_cast<unsigned long long>(rep.session_id), devices_.size(),
+              rep.driver_version);
+  });
+  return init_rc_;
+}
+
+CUresult Client::SendLocked(const wire::FrameHeader& h, const wire::Writer& req, const void* bulk,
+                            size_t bulk_len) {
+  iovec iov[4];
+  int n = 0;
+  if (!queue_.empty()) iov[n++] = {queue_.data(), queue_.size()};
+  iov[n++] = {const_cast<wire::FrameHeader*>(&h), sizeof(h)};
+  if (req.size() > 0) iov[n++] = {const_cast<uint8_t*>(req.data()), req.size()};
+  if (bulk_len > 0) iov[n++] = {const_cast<void*>(bulk), bulk_len};
+  Status st = conn_->Send(iov, n);
+  queue_.clear();
+  if (!st.ok()) {
+    broken_ = CUDA_ERROR_DEVICE_UNAVAILABLE;
+    FLYT_ERROR("lost the connection to flyt-server at %s (%s): the GPU's state for this process "
+               "is gone; restart the application once the server is back",
+               server_.c_str(), st.message().c_str());
+    return broken_;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult Client::SyncContextLocked() {
+  CUcontext cur = t_current;
+  if (cur == nullptr || cur == sent_ctx_) return CUDA_SUCCESS;
+  sent_ctx_ = cur;
+  wire::FrameHeader h{wire::kMagic, ops::kOpSetCurrentContext, 0, next_call_++, 8, 0, 0, 0};
+  uint64_t raw = reinterpret_cast<uintptr_t>(cur);
+  size_t at = queue_.size();
+  queue_.resize(at + sizeof(h) + 8);
+  std::memcpy(queue_.data() + at, &h, sizeof(h));
+  std::memcpy(queue_.data() + at + sizeof(h), &raw, 8);
+  return CUDA_SUCCESS;
+}
+
+void Client::TraceCall(const char* name, const char* cls, uint64_t t0_ns) {
+  FLYT_INFO("trace %s %s %.2f us", name, cls, static_cast<double>(NowNs() - t0_ns) / 1000.0);
+}
+
+CUresult Client::Post(const char* name, uint16_t op, const wire::Writer& req, uint16_t flags,
+                      const void* bulk, size_t bulk_len) {
+  uint64_t t0 = log::TraceCalls() ? NowNs() : 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (broken_ != CUDA_SUCCESS) return broken_;
+  SyncContextLocked();
+  wire::FrameHeader h{wire::kMagic, op, flags, next_call_++,
+                      static_cast<uint32_t>(req.size() + bulk_len), 0, 0, 0};
+  CUresult rc = CUDA_SUCCESS;
+  if (bulk_len > 4096 || queue_.size() + sizeof(h) + req.size() > kQueueLimit) {
+    rc = SendLocked(h, req, bulk, bulk_len);
+  } else {
+    size_t at = queue_.size();
+    queue_.resize(at + sizeof(h) + req.size() + bulk_len);
+    std::memcpy(queue_.data() + at, &h, sizeof(h));
+    if (req.size() > 0) std::memcpy(queue_.data() + at + sizeof(h), req.data(), req.size());
+    if (bulk_len > 0) std::memcpy(queue_.data() + at + sizeof(h) + req.size(), bulk, bulk_len);
+  }
+  if (t0 != 0) TraceCall(name, "ASYNC", t0);
+  return rc;
+}
+
+CUresult Client::FlushLocked() {
+  if (queue_.empty() || broken_ != CUDA_SUCCESS) return broken_;
+  iovec iov{queue_.data(), queue_.size()};
+  Status st = conn_->Send(&iov, 1);
+  queue_.clear();
+  if (!st.ok()) {
+    broken_ = CUDA_ERROR_DEVICE_UNAVAILABLE;
+    FLYT_ERROR("lost the connection to flyt-server at %s (%s)", server_.c_str(),
+               st.message().c_str());
+  }
+  return broken_;
+}
+
+CUresult Client::Flush() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return FlushLocked();
+}
+
+CUresult Client::Call(const char* name, uint16_t op, const wire::Writer& req, ReplySink sink,
+                      uint16_t flags) {
+  uint64_t t0 = log::TraceCalls() ? NowNs() : 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (broken_ != CUDA_SUCCESS) return broken_;
+  if (op != ops::kOpHello) SyncContextLocked();
+  uint64_t id = next_call_++;
+  wire::FrameHeader h{wire::kMagic, op, static_cast<uint16_t>(flags | wire::kFlagWantReply), id,
+                      static_cast<uint32_t>(req.size()), 0, 0, 0};
+  CUresult rc = SendLocked(h, req, nullptr, 0);
+  if (rc != CUDA_SUCCESS) return rc;
+  wire::FrameHeader rep{};
+  Status st = conn_->Receive(&rep, sizeof(rep));
+  bool malformed = st.ok() && (rep.magic != wire::kMagic || !(rep.flags & wire::kFlagReply) ||
+                               rep.call_id != id || rep.payload_len > wire::kMaxPayload);
+  if (st.ok() && !malformed) {
+    if (sink.raw != nullptr && rep.status == CUDA_SUCCESS) {
+      if (rep.payload_len != sink.raw_size) {
+        malformed = true;
+      } else {
+        st = conn_->Receive(sink.raw, sink.raw_size);
+      }
+    } else {
+      std::vector<uint8_t> scratch;
+      std::vector<uint8_t>* dst = sink.vec != nullptr ? sink.vec : &scratch;
+      dst->resize(rep.payload_len);
+      st = conn_->Receive(dst->data(), rep.payload_len);
+    }
+  }
+  if (!st.ok() || malformed) {
+    broken_ = CUDA_ERROR_DEVICE_UNAVAILABLE;
+    FLYT_ERROR("lost the connection to flyt-server at %s during %s (%s): the GPU's state for "
+               "this process is gone; restart the application once the server is back",
+               server_.c_str(), name, malformed ? "malformed reply" : st.message().c_str());
+    return broken_;
+  }
+  if (t0 != 0) TraceCall(name, "SYNC", t0);
+  if (rep.deferred_status != CUDA_SUCCESS) {
+    FLYT_DEBUG("%s: reporting deferred error %u of an earlier asynchronous call", name,
+               rep.deferred_status);
+    return static_cast<CUresult>(rep.deferred_status);
+  }
+  return static_cast<CUresult>(rep.status);
+}
+
+// --- contexts
+
+CUresult Client::RetainPrimary(CUdevice dev, CUcontext* out) {
+  if (dev < 0 || dev >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    Primary& p = primaries_[dev];
+    if (p.ctx != nullptr) {
+      ++p.refs;
+      *out = p.ctx;
+      return CUDA_SUCCESS;
+    }
+  }
+  wire::Writer w;
+  w.Put<int32_t>(dev);
+  std::vector<uint8_t> reply;
+  CUresult rc = Call("cuDevicePrimaryCtxRetain", ops::kOpPrimaryCtxRetain, w, ReplySink{&reply});
+  uint64_t raw = 0;
+  wire::Reader r(reply.data(), reply.size());
+  if (rc != CUDA_SUCCESS) return rc;
+  if (!r.Get(&raw) || raw == 0) return CUDA_ERROR_UNKNOWN;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    sent_ctx_ = reinterpret_cast<CUcontext>(raw);  // the server made it current
+  }
+  std::lock_guard<std::mutex> lock(state_mu_);
+  Primary& p = primaries_[dev];
+  p.ctx = reinterpret_cast<CUcontext>(raw);
+  ++p.refs;
+  *out = p.ctx;
+  return CUDA_SUCCESS;
+}
+
+CUresult Client::ReleasePrimary(CUdevice dev) {
+  if (dev < 0 || dev >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
+  std::lock_guard<std::mutex> lock(state_mu_);
+  Primary& p = primaries_[dev];
+  if (p.refs > 0) --p.refs;  // the server keeps the context for the session's life
+  return CUDA_SUCCESS;
+}
+
+bool Client::PrimaryState(CUdevice dev, unsigned* flags, int* active) {
+  if (dev < 0 || dev >= device_count()) return false;
+  std::lock_guard<std::mutex> lock(state_mu_);
+  if (flags) *flags = primaries_[dev].flags;
+  if (active) *active = primaries_[dev].refs > 0 ? 1 : 0;
+  return true;
+}
+
+void Client::SetPrimaryFlags(CUdevice dev, unsigned flags) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  if (dev >= 0 && dev < device_count()) primaries_[dev].flags = flags;
+}
+
+CUresult Client::ResetPrimary(CUdevice dev) {
+  if (dev < 0 || dev >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
+  wire::Writer w;
+  CUresult rc = Call("cuDevicePrimaryCtxReset", ops::kOpPrimaryCtxReset, w, ReplySink{});
+  std::lock_guard<std::mutex> lock(state_mu_);
+  for (auto& [base, r] : device_ranges_)
+    if (r.second) munmap(reinterpret_cast<void*>(base), r.first);
+  device_ranges_.clear();
+  funcs_.clear();
+  images_.clear();
+  primaries_[dev].refs = 0;
+  return rc;
+}
+
+int Client::ContextDevice(CUcontext ctx) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  for (size_t i = 0; i < primaries_.size(); ++i)
+    if (primaries_[i].ctx == ctx && ctx != nullptr) return static_cast<int>(i);
+  return -1;
+}
+
+// --- ranges
+
+void Client::AddDeviceRange(uint64_t base, uint64_t size, bool reserve_va) {
+  bool reserved = false;
+  if (reserve_va && size > 0) {
+    // Keep this process from ever placing host memory where the GPU's memory
+    // lives in the server, so that unified addressing stays unambiguous.
+    void* p = mmap(reinterpret_cast<void*>(base), size, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+    reserved = p == reinterpret_cast<void*>(base);
+    if (p != MAP_FAILED && !reserved) munmap(p, size);
+  }
+  std::lock_guard<std::mutex> lock(state_mu_);
+  device_ranges_[base] = {size, reserved};
+}
+
+bool Client::RemoveDeviceRange(uint64_t base) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  auto it = device_ranges_.find(base);
+  if (it == device_ranges_.end()) return false;
+  if (it->second.second) munmap(reinterpret_cast<void*>(base), it->second.first);
+  device_ranges_.erase(it);
+  return true;
+}
+
+bool Client::FindDeviceRange(uint64_t p, uint64_t n, uint64_t* base, uint64_t* size) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  auto it = device_ranges_.upper_bound(p);
+  if (it == device_ranges_.begin()) return false;
+  --it;
+  uint64_t b = it->first, s = it->second.first;
+  if (p - b >= s && !(s == 0 && p == b)) return false;
+  if (n > s - (p - b)) return false;
+  if (base) *base = b;
+  if (size) *size = s;
+  return true;
+}
+
+void Client::AddHostRange(void* p, size_t size, unsigned flags, bool owned) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  host_ranges_[reinterpret_cast<uintptr_t>(p)] = {size, flags, owned};
+}
+
+bool Client::RemoveHostRange(void* p, bool* owned, size_t* size) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  auto it = host_ranges_.find(reinterpret_cast<uintptr_t>(p));
+  if (it == host_ranges_.end()) return false;
+  *owned = it->second.owned;
+  *size = it->second.size;
+  host_ranges_.erase(it);
+  return true;
+}
+
+bool Client::FindHostRange(const void* p, void** base, size_t* size, unsigned* flags) {
+  uintptr_t v = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> lock(state_mu_);
+  auto it = host_ranges_.upper_bound(v);
+  if (it == host_ranges_.begin()) return false;
+  --it;
+  if (v - it->first >= it->second.size) return false;
+  if (base) *base = reinterpret_cast<void*>(it->first);
+  if (size) *size = it->second.size;
+  if (flags) *flags = it->second.flags;
+  return true;
+}
+
+// --- code
+
+void Client::AddImage(uint64_t handle, bool is_library,
+                      std::vector<std::pair<uint64_t, FuncInfo>> fns) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  ImageInfo& img = images_[handle];
+  img.is_library = is_library;
+  for (auto& [h, info] : fns) {
+    info.image = handle;
+    img.by_name[info.name] = h;
+    funcs_[h] = std::make_shared<const FuncInfo>(std::move(info));
+  }
+}
+
+void Client::RemoveImage(uint64_t handle) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  auto it = images_.find(handle);
+  if (it == images_.end()) return;
+  for (auto& [name, h] : it->second.by_name) funcs_.erase(h);
+  images_.erase(it);
+}
+
+uint64_t Client::FindInImage(uint64_t image, const std::string& name) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  auto it = images_.find(image);
+  if (it == images_.end()) return 0;
+  auto f = it->second.by_name.find(name);
+  return f == it->second.by_name.end() ? 0 : f->second;
+}
+
+size_t Client::ImageFuncCount(uint64_t image, std::vector<uint64_t>* out) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  auto it = images_.find(image);
+  if (it == images_.end()) return 0;
+  if (out != nullptr)
+    for (auto& [name, h] : it->second.by_name) out->push_back(h);
+  return it->second.by_name.size();
+}
+
+std::shared_ptr<const FuncInfo> Client::Func(uint64_t handle) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  auto it = funcs_.find(handle);
+  return it == funcs_.end() ? nullptr : it->second;
+}
+
+void Client::AliasFunc(uint64_t alias, std::shared_ptr<const FuncInfo> info) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  funcs_[alias] = std::move(info);
+}
+
+}  // namespace flyt::client

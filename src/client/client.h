@@ -1,0 +1,168 @@
+// The client library's connection to flyt-server and the state it keeps locally.
+//
+// Owns: the one connection of this process (lazy, made by cuInit), request
+// framing, buffering of asynchronous calls until the next synchronous one, the
+// deferred errors the server reports, and the state that lets hot calls be
+// answered without a round trip: device inventory, contexts, device
+// allocations, pinned host buffers, kernel tables with parameter layouts.
+// Lives inside other people's processes: no stdout, no exit(), no global
+// constructors that can fail, no hang when the server is gone.
+#pragma once
+
+#include <cuda.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "protocol/codec.h"
+#include "protocol/marshal.h"
+#include "protocol/ops.h"
+#include "protocol/wire.h"
+#include "transport/transport.h"
+
+#define FLYT_API extern "C" __attribute__((visibility("default")))
+
+namespace flyt::client {
+
+struct FuncInfo {
+  std::string name;
+  std::vector<ops::ParamSlot> params;
+  uint32_t param_bytes = 0;
+  bool is_kernel = false;
+  uint64_t image = 0;  // library or module handle
+};
+
+struct ImageInfo {
+  bool is_library = false;
+  std::unordered_map<std::string, uint64_t> by_name;
+};
+
+// Where a synchronous call's reply payload goes.
+struct ReplySink {
+  std::vector<uint8_t>* vec = nullptr;  // resized to the payload
+  void* raw = nullptr;                  // or straight into caller memory...
+  size_t raw_size = 0;                  // ...of exactly this many bytes
+};
+
+class Client {
+ public:
+  // The process-wide client; never destroyed.
+  static Client& Get();
+
+  // Connects and shakes hands once (cuInit). Later calls return the same result.
+  CUresult Init();
+  bool initialized() const { return init_rc_ == CUDA_SUCCESS && init_done_; }
+
+  // Synchronous call: flushes queued asynchronous calls, sends, waits.
+  CUresult Call(const char* name, uint16_t op, const wire::Writer& req, ReplySink sink,
+                uint16_t flags = 0);
+  // Asynchronous call: queued and sent with the next synchronous one (or when
+  // the queue is full). `bulk` bytes follow the request without being copied.
+  CUresult Post(const char* name, uint16_t op, const wire::Writer& req, uint16_t flags = 0,
+                const void* bulk = nullptr, size_t bulk_len = 0);
+  CUresult Flush();
+
+  // --- devices (answered locally)
+  int device_count() const { return static_cast<int>(devices_.size()); }
+  const ops::DeviceInfo* device(int ordinal) const {
+    return ordinal >= 0 && ordinal < device_count() ? &devices_[ordinal] : nullptr;
+  }
+  int driver_version() const { return driver_version_; }
+
+  // --- contexts
+  CUresult RetainPrimary(CUdevice dev, CUcontext* out);
+  CUresult ReleasePrimary(CUdevice dev);
+  bool PrimaryState(CUdevice dev, unsigned* flags, int* active);
+  void SetPrimaryFlags(CUdevice dev, unsigned flags);
+  CUresult ResetPrimary(CUdevice dev);
+  int ContextDevice(CUcontext ctx);  // -1 when unknown
+
+  // --- device allocations (ranges) and pinned host buffers
+  void AddDeviceRange(uint64_t base, uint64_t size, bool reserve_va);
+  bool RemoveDeviceRange(uint64_t base);
+  // True when [p, p+n) lies in a known device range; *base/*size describe it.
+  bool FindDeviceRange(uint64_t p, uint64_t n, uint64_t* base = nullptr, uint64_t* size = nullptr);
+  void AddHostRange(void* p, size_t size, unsigned flags, bool owned);
+  bool RemoveHostRange(void* p, bool* owned, size_t* size);
+  bool FindHostRange(const void* p, void** base, size_t* size, unsigned* flags);
+
+  // --- code
+  void AddImage(uint64_t handle, bool is_library, std::vector<std::pair<uint64_t, FuncInfo>> fns);
+  void RemoveImage(uint64_t handle);
+  uint64_t FindInImage(uint64_t image, const std::string& name);
+  std::shared_ptr<const FuncInfo> Func(uint64_t handle);
+  void AliasFunc(uint64_t alias, std::shared_ptr<const FuncInfo> info);
+  size_t ImageFuncCount(uint64_t image, std::vector<uint64_t>* out);
+
+ private:
+  Client() = default;
+  CUresult Fail(const std::string& why);
+  CUresult SendLocked(const wire::FrameHeader& h, const wire::Writer& req, const void* bulk,
+                      size_t bulk_len);
+  CUresult FlushLocked();
+  CUresult SyncContextLocked();
+  void TraceCall(const char* name, const char* cls, uint64_t t0_ns);
+
+  std::mutex mu_;  // the connection, the queue, call ids
+  std::unique_ptr<transport::Connection> conn_;
+  std::vector<uint8_t> queue_;
+  uint64_t next_call_ = 1;
+  CUresult broken_ = CUDA_SUCCESS;  // once set, every remote call fails with it
+  std::string server_;
+  CUcontext sent_ctx_ = nullptr;
+
+  std::once_flag init_once_;
+  bool init_done_ = false;
+  CUresult init_rc_ = CUDA_ERROR_NOT_INITIALIZED;
+  int driver_version_ = 0;
+  std::vector<ops::DeviceInfo> devices_;
+
+  std::mutex state_mu_;  // everything below
+  struct Primary {
+    CUcontext ctx = nullptr;
+    int refs = 0;
+    unsigned flags = 0;
+  };
+  std::vector<Primary> primaries_;
+  std::map<uint64_t, std::pair<uint64_t, bool>> device_ranges_;  // base -> size, reserved
+  struct HostRange {
+    size_t size;
+    unsigned flags;
+    bool owned;
+  };
+  std::map<uintptr_t, HostRange> host_ranges_;
+  std::unordered_map<uint64_t, std::shared_ptr<const FuncInfo>> funcs_;
+  std::unordered_map<uint64_t, ImageInfo> images_;
+
+  friend void AfterForkInChild();
+};
+
+// The calling thread's current context (cuCtxGetCurrent).
+CUcontext CurrentContext();
+void SetCurrentContext(CUcontext ctx);
+
+// A generic remoted call: arguments marshalled from the prototype (protocol/marshal.h).
+template <uint16_t Op, bool Sync, bool PerThread, typename... Args>
+CUresult Forward(const char* name, Args... args) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  wire::Writer w;
+  (marshal::EncodeArg(w, args), ...);
+  uint16_t flags = PerThread ? wire::kFlagPerThread : 0;
+  if constexpr (!Sync) {
+    return c.Post(name, Op, w, flags);
+  } else {
+    std::vector<uint8_t> reply;
+    CUresult rc = c.Call(name, Op, w, ReplySink{&reply}, flags);
+    if (rc != CUDA_SUCCESS) return rc;
+    wire::Reader r(reply.data(), reply.size());
+    bool ok = (marshal::DecodeOut(r, args) && ...);
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN;
+  }
+}
+
+}  // namespace flyt::client

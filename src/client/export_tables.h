@@ -1,0 +1,28 @@
+// Private driver export tables (`cuGetExportTable`) served by the client library.
+//
+// Owns: Flyt's own copies of the undocumented function tables that cudart, cuBLAS(Lt) and
+// cuDNN fetch by UUID; the context-local storage one of them exposes; the start-up
+// integrity hash cudart checks. Every slot runs on the client and calls only public driver
+// API functions declared in cuda.h (which the rest of the client library implements).
+// Must not touch: transports, the wire protocol, handle translation. Never forward a table,
+// or a call to one of its slots, to the server: table and function addresses are hashed
+// into the integrity check, so they must be this process's own. docs/export_tables.md
+// lists the tables, their sizes and what each used slot does.
+#pragma once
+
+#include <cuda.h>
+
+namespace flyt::client {
+
+// Answers cuGetExportTable: sets *table to Flyt's own table for `id` and returns CUDA_SUCCESS,
+// or returns CUDA_ERROR_NOT_SUPPORTED (logging the UUID once) for tables we do not provide.
+CUresult GetExportTable(const void** table, const CUuuid* id);
+
+// Runs, then forgets, the destructor callbacks that cudart stored for `ctx` through the
+// context-local-storage table. The context code calls it where the real driver tears a
+// context down: cuCtxDestroy, cuDevicePrimaryCtxReset, and the cuDevicePrimaryCtxRelease
+// that drops the primary context's last reference. Call it before the handle is reused,
+// from no lock of the caller's (the callbacks call back into the driver API).
+void DestroyContextLocalStorage(CUcontext ctx);
+
+}  // namespace flyt::client

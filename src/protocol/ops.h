@@ -1,0 +1,65 @@
+// Op ids and shared message layouts for the hand-written calls.
+//
+// Owns: the stable op ids of calls that need hand-written marshalling
+// (handshake, code loading, launches, copies, contexts, host callbacks) and the
+// plain structs both sides exchange for them. Generic calls have their ids in
+// protocol/api_list.h. Ids are stable across versions: append only.
+#pragma once
+
+#include <cstdint>
+
+namespace flyt::ops {
+
+enum : uint16_t {
+  kOpHello = 1,
+  kOpGoodbye = 2,
+  kOpPrimaryCtxRetain = 10,
+  kOpSetCurrentContext = 11,
+  kOpPrimaryCtxReset = 12,
+  kOpCtxCreate = 13,
+  kOpCtxDestroy = 14,
+  kOpLoadImage = 20,          // cuLibraryLoadData / cuModuleLoadData / FatBinary
+  kOpKernelGetFunction = 21,  // cuKernelGetFunction
+  kOpFuncParamLayout = 22,    // layout of a function the client has not seen
+  kOpLaunch = 30,             // cuLaunchKernel / cooperative / Ex
+  kOpCopyToDevice = 40,       // host bytes -> device (sync or async)
+  kOpCopyFromDevice = 41,     // device -> host bytes (reply carries them)
+  kOpCopy3D = 42,             // 2D/3D copies (descriptor + dense host bytes)
+  kOpHostFuncFence = 50,      // cuLaunchHostFunc: wait until the stream drains
+  kOpMemsetUnified = 51,
+};
+
+// Which loader the app called; the server answers with the same kind of handle.
+enum class ImageLoader : uint8_t { kLibrary = 0, kModule = 1 };
+
+// Layout of one kernel parameter, as cuKernelGetParamInfo reports it.
+struct ParamSlot {
+  uint32_t offset;
+  uint32_t size;
+};
+
+// Upper bounds that make hostile input harmless.
+inline constexpr uint32_t kMaxParams = 1024;
+inline constexpr uint32_t kMaxParamBytes = 32764;  // CUDA 12.1+ limit for kernel params
+inline constexpr uint32_t kMaxKernelsPerImage = 1u << 20;
+inline constexpr uint32_t kMaxNameLen = 64 * 1024;
+
+// Launch flags (kOpLaunch).
+enum LaunchFlags : uint32_t {
+  kLaunchCooperative = 1,
+  kLaunchIsKernel = 2,  // handle is a CUkernel (context-independent)
+};
+
+// Device inventory sent in the handshake reply; all device queries are then
+// answered on the client.
+inline constexpr int kMaxDeviceAttribute = 160;
+struct DeviceInfo {
+  char name[256];
+  uint8_t uuid[16];
+  uint64_t total_mem;
+  int32_t attributes[kMaxDeviceAttribute];  // indexed by CUdevice_attribute
+  uint8_t luid[8];
+  uint32_t luid_mask;
+};
+
+}  // namespace flyt::ops

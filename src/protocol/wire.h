@@ -1,0 +1,59 @@
+// Flyt wire format: the one framing every transport carries.
+//
+// Owns: the frame header layout, protocol constants, frame limits and the
+// handshake messages. Everything is little-endian and fixed-size so that a
+// payload can be decoded straight into its destination. Must not know about
+// CUDA semantics (see protocol/ops.h) or about sockets (see transport/).
+#pragma once
+
+#include <cstdint>
+
+namespace flyt::wire {
+
+inline constexpr uint32_t kMagic = 0x54594c46;  // "FLYT"
+inline constexpr uint32_t kProtocolVersion = 1;
+
+// Largest payload one frame may carry. Bigger copies are split by the client;
+// a peer announcing more is hostile and its session is closed.
+inline constexpr uint32_t kMaxPayload = 64u << 20;
+// Bulk copies are cut into chunks of this size so that network and GPU overlap.
+inline constexpr uint32_t kCopyChunk = 8u << 20;
+
+enum FrameFlags : uint16_t {
+  kFlagNone = 0,
+  kFlagWantReply = 1 << 0,  // request: the sender waits for a reply frame
+  kFlagReply = 1 << 1,      // this frame is a reply
+  kFlagPerThread = 1 << 2,  // request: use the per-thread default stream (_ptsz/_ptds)
+};
+
+struct FrameHeader {
+  uint32_t magic;
+  uint16_t op;
+  uint16_t flags;
+  uint64_t call_id;
+  uint32_t payload_len;
+  // In replies: the call's CUresult. In requests: zero.
+  uint32_t status;
+  // In replies: the first error of an earlier asynchronous call, or zero.
+  uint32_t deferred_status;
+  uint32_t reserved;
+};
+static_assert(sizeof(FrameHeader) == 32);
+
+// Handshake: the first frame of every session (op kOpHello).
+inline constexpr uint32_t kMaxTokenLen = 256;
+struct HelloRequest {
+  uint32_t protocol_version;
+  int32_t client_cuda_version;  // CUDA version the client library implements
+  uint32_t pid;
+  uint32_t token_len;  // followed by token bytes
+};
+struct HelloReply {
+  uint32_t protocol_version;
+  int32_t driver_version;  // the server's driver (cuDriverGetVersion)
+  uint64_t session_id;
+  // followed by a length-prefixed message (reason on refusal) and, on success,
+  // the device inventory (see protocol/ops.h: DeviceInfo).
+};
+
+}  // namespace flyt::wire

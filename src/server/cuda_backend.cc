@@ -1,0 +1,65 @@
+// The real backend: resolves every entry point from NVIDIA's libcuda.so.1.
+#include <dlfcn.h>
+
+#include <cstdlib>
+
+#include "common/log.h"
+#include "server/driver_api.h"
+
+namespace flyt::server {
+namespace {
+
+template <typename F>
+void Resolve(void* lib, const char* name, F* out) {
+  *out = reinterpret_cast<F>(dlsym(lib, name));
+}
+
+template <typename F>
+void ResolvePerThread(void* lib, const char* name, F* out) {
+  std::string base(name);
+  for (const char* suffix : {"_ptsz", "_ptds"}) {
+    if (void* p = dlsym(lib, (base + suffix).c_str())) {
+      *out = reinterpret_cast<F>(p);
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+Status LoadCudaDriver(DriverApi* api) {
+  const char* path = std::getenv("FLYT_REAL_LIBCUDA");
+  if (path == nullptr || path[0] == '\0') path = "libcuda.so.1";
+  void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr)
+    return Status::Error(std::string("cannot load NVIDIA's driver library (") + dlerror() +
+                         "): install the NVIDIA driver, set FLYT_REAL_LIBCUDA, or use --backend sim "
+                         "for testing");
+  if (dlsym(lib, "flyt_client_marker") != nullptr)
+    return Status::Error(std::string(path) +
+                         " is Flyt's client library, not NVIDIA's driver: remove Flyt from "
+                         "LD_LIBRARY_PATH for flyt-server or set FLYT_REAL_LIBCUDA");
+#define FLYT_RESOLVE_GENERIC(op, sym, cls, rel) \
+  Resolve(lib, #sym, &api->sym);                \
+  ResolvePerThread(lib, #sym, &api->sym##_pt);
+  FLYT_GENERIC_APIS(FLYT_RESOLVE_GENERIC)
+#undef FLYT_RESOLVE_GENERIC
+#define FLYT_RESOLVE_BACKEND(sym) Resolve(lib, #sym, &api->sym);
+  FLYT_BACKEND_APIS(FLYT_RESOLVE_BACKEND)
+#undef FLYT_RESOLVE_BACKEND
+  ResolvePerThread(lib, "cuMemcpyHtoD_v2", &api->cuMemcpyHtoD_v2_pt);
+  ResolvePerThread(lib, "cuMemcpyDtoH_v2", &api->cuMemcpyDtoH_v2_pt);
+  ResolvePerThread(lib, "cuMemcpy3D_v2", &api->cuMemcpy3D_v2_pt);
+  ResolvePerThread(lib, "cuLaunchKernelEx", &api->cuLaunchKernelEx_pt);
+  if (api->cuInit == nullptr || api->cuLaunchKernelEx == nullptr)
+    return Status::Error(std::string(path) + " lacks cuInit/cuLaunchKernelEx: driver too old");
+  if (api->cuKernelGetParamInfo == nullptr || api->cuLibraryEnumerateKernels == nullptr)
+    return Status::Error("the NVIDIA driver is older than 12.4: Flyt needs cuKernelGetParamInfo");
+  CUresult rc = api->cuInit(0);
+  if (rc != CUDA_SUCCESS)
+    return Status::Error("cuInit failed with error " + std::to_string(rc) +
+                         ": check that a GPU is visible (nvidia-smi)");
+  return Status::Ok();
+}
+
+}  // namespace flyt::server

@@ -1,0 +1,81 @@
+// The driver entry points flyt-server calls, as one table of function pointers.
+//
+// Owns: the table and the two ways to fill it: from NVIDIA's real
+// libcuda.so.1 (dlopen, exact versioned symbols; the default backend) or from
+// the sim backend (server/sim_backend.cc, a test double for machines without
+// a GPU). Per-thread-default-stream variants (_ptsz/_ptds) sit beside their
+// legacy twins (suffix _pt) and are never aliased to them.
+// Must not know about sessions or the wire.
+#pragma once
+
+#include <cuda.h>
+
+#include <string>
+
+#include "common/status.h"
+#include "protocol/api_list.h"
+
+namespace flyt::server {
+
+// Entry points the hand-written handlers use.
+#define FLYT_BACKEND_APIS(X)      \
+  X(cuInit)                       \
+  X(cuDriverGetVersion)           \
+  X(cuDeviceGet)                  \
+  X(cuDeviceGetCount)             \
+  X(cuDeviceGetName)              \
+  X(cuDeviceGetUuid_v2)           \
+  X(cuDeviceTotalMem_v2)          \
+  X(cuDeviceGetAttribute)         \
+  X(cuDevicePrimaryCtxRetain)     \
+  X(cuDevicePrimaryCtxRelease_v2) \
+  X(cuDevicePrimaryCtxReset_v2)   \
+  X(cuCtxSetCurrent)              \
+  X(cuLibraryLoadData)            \
+  X(cuLibraryGetKernelCount)      \
+  X(cuLibraryEnumerateKernels)    \
+  X(cuKernelGetName)              \
+  X(cuKernelGetParamInfo)         \
+  X(cuKernelGetFunction)          \
+  X(cuModuleLoadData)             \
+  X(cuModuleGetFunctionCount)     \
+  X(cuModuleEnumerateFunctions)   \
+  X(cuFuncGetName)                \
+  X(cuFuncGetParamInfo)           \
+  X(cuLaunchKernelEx)             \
+  X(cuMemcpyHtoD_v2)              \
+  X(cuMemcpyHtoDAsync_v2)         \
+  X(cuMemcpyDtoH_v2)              \
+  X(cuMemcpyDtoHAsync_v2)         \
+  X(cuMemcpy3D_v2)                \
+  X(cuMemcpy3DAsync_v2)           \
+  X(cuMemHostAlloc)               \
+  X(cuMemFreeHost)
+
+struct DriverApi {
+#define FLYT_DECLARE_GENERIC(op, sym, cls, rel) \
+  decltype(&::sym) sym = nullptr;               \
+  decltype(&::sym) sym##_pt = nullptr;
+  FLYT_GENERIC_APIS(FLYT_DECLARE_GENERIC)
+#undef FLYT_DECLARE_GENERIC
+#define FLYT_DECLARE_BACKEND(sym) decltype(&::sym) sym = nullptr;
+  FLYT_BACKEND_APIS(FLYT_DECLARE_BACKEND)
+#undef FLYT_DECLARE_BACKEND
+  // Per-thread twins of the hand-used copies.
+  decltype(&::cuMemcpyHtoD_v2) cuMemcpyHtoD_v2_pt = nullptr;
+  decltype(&::cuMemcpyDtoH_v2) cuMemcpyDtoH_v2_pt = nullptr;
+  decltype(&::cuMemcpy3D_v2) cuMemcpy3D_v2_pt = nullptr;
+  decltype(&::cuLaunchKernelEx) cuLaunchKernelEx_pt = nullptr;
+  bool is_sim = false;
+};
+
+// Loads NVIDIA's driver (FLYT_REAL_LIBCUDA or libcuda.so.1) and calls cuInit.
+Status LoadCudaDriver(DriverApi* api);
+
+struct SimOptions {
+  std::string record_path;  // one line per launch (see sim_backend.cc)
+};
+// Fills the table with the sim backend: host memory, recorded launches, no kernels.
+Status LoadSimDriver(const SimOptions& options, DriverApi* api);
+
+}  // namespace flyt::server

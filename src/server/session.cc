@@ -1,0 +1,669 @@
+// Implementation of server/session.h: handshake, frame loop, generic and
+// hand-written handlers, cleanup.
+#include "server/session.h"
+
+#include <chrono>
+#include <cstring>
+#include <tuple>
+
+#include "common/log.h"
+
+namespace flyt::server {
+
+using marshal::ArgRole;
+using marshal::HandleKind;
+using wire::Reader;
+using wire::Writer;
+
+// ---------------------------------------------------------------------------
+// Image cache
+
+std::shared_ptr<const std::vector<uint8_t>> ImageCache::Find(uint64_t h0, uint64_t h1) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = images_.find(h0);
+  if (it == images_.end() || it->second.first != h1) return nullptr;
+  return it->second.second;
+}
+
+void ImageCache::Insert(uint64_t h0, uint64_t h1, std::vector<uint8_t> bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  bytes_ += bytes.size();
+  images_[h0] = {h1, std::make_shared<const std::vector<uint8_t>>(std::move(bytes))};
+}
+
+Status DescribeDevices(ServerState* state) {
+  DriverApi& api = state->api;
+  CUresult rc = api.cuDriverGetVersion(&state->driver_version);
+  int count = 0;
+  if (rc == CUDA_SUCCESS) rc = api.cuDeviceGetCount(&count);
+  if (rc != CUDA_SUCCESS) return Status::Error("cannot list GPUs: error " + std::to_string(rc));
+  for (int i = 0; i < count; ++i) {
+    ops::DeviceInfo info{};
+    CUdevice dev = 0;
+    if (api.cuDeviceGet(&dev, i) != CUDA_SUCCESS) continue;
+    api.cuDeviceGetName(info.name, sizeof(info.name), dev);
+    CUuuid uuid{};
+    api.cuDeviceGetUuid_v2(&uuid, dev);
+    std::memcpy(info.uuid, uuid.bytes, 16);
+    size_t total = 0;
+    api.cuDeviceTotalMem_v2(&total, dev);
+    info.total_mem = total;
+    for (int a = 1; a < ops::kMaxDeviceAttribute; ++a) {
+      int v = 0;
+      if (api.cuDeviceGetAttribute(&v, static_cast<CUdevice_attribute>(a), dev) == CUDA_SUCCESS)
+        info.attributes[a] = v;
+    }
+    state->devices.push_back(info);
+  }
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------
+// Generic handlers, derived from the prototypes (protocol/marshal.h).
+
+namespace {
+
+template <typename T, ArgRole R = marshal::RoleOf<T>()>
+struct Slot;
+
+template <typename T>
+struct Slot<T, ArgRole::kValue> {
+  T v{};
+  bool Decode(Reader& r, Session&, bool*) { return r.Get(&v); }
+  T Get() { return v; }
+  uint64_t Raw() const { return static_cast<uint64_t>(v); }
+  void Finish(Writer&, Session&) {}
+};
+
+template <typename T>
+struct Slot<T, ArgRole::kHandle> {
+  uint64_t raw = 0;
+  bool Decode(Reader& r, Session& s, bool* bad) {
+    if (!r.Get(&raw)) return false;
+    constexpr HandleKind kind = marshal::HandleOf<T>::kind;
+    bool special = raw == 0 || (kind == HandleKind::kStream && (raw == 1 || raw == 2));
+    if (!special && !s.Owns(kind, raw)) *bad = true;
+    return true;
+  }
+  T Get() { return reinterpret_cast<T>(raw); }
+  uint64_t Raw() const { return raw; }
+  void Finish(Writer&, Session&) {}
+};
+
+template <typename T>
+struct Slot<T, ArgRole::kString> {
+  std::string s;
+  uint8_t present = 0;
+  bool Decode(Reader& r, Session&, bool*) {
+    if (!r.Get(&present)) return false;
+    return present == 0 || r.GetString(&s, ops::kMaxNameLen);
+  }
+  T Get() { return present ? s.c_str() : nullptr; }
+  uint64_t Raw() const { return 0; }
+  void Finish(Writer&, Session&) {}
+};
+
+template <typename T>
+struct Slot<T, ArgRole::kOut> {
+  using U = std::remove_pointer_t<T>;
+  U v{};
+  uint8_t want = 0;
+  bool Decode(Reader& r, Session&, bool*) { return r.Get(&want); }
+  T Get() { return want ? &v : nullptr; }
+  uint64_t Raw() const { return 0; }
+  void Finish(Writer& w, Session& s) {
+    if (!want) return;
+    w.Put(v);
+    if constexpr (marshal::kIsHandle<U>) {
+      if (v != nullptr) s.Adopt(marshal::HandleOf<U>::kind, reinterpret_cast<uintptr_t>(v));
+    }
+  }
+};
+
+template <typename T>
+struct Slot<T, ArgRole::kInStruct> {
+  using U = std::remove_cv_t<std::remove_pointer_t<T>>;
+  U v{};
+  uint8_t present = 0;
+  bool Decode(Reader& r, Session&, bool*) {
+    if (!r.Get(&present)) return false;
+    return present == 0 || r.Get(&v);
+  }
+  T Get() { return present ? &v : nullptr; }
+  uint64_t Raw() const { return 0; }
+  void Finish(Writer&, Session&) {}
+};
+
+// Runs one generic call. Returns false for a malformed payload.
+template <typename... Args>
+bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CUresult* rc,
+                HandleKind releases, bool allocates) {
+  std::tuple<Slot<Args>...> slots;
+  bool bad_handle = false;
+  bool ok = std::apply([&](auto&... sl) { return (sl.Decode(in, s, &bad_handle) && ...); }, slots);
+  if (!ok || in.remaining() != 0) return false;
+  if (fn == nullptr) {
+    *rc = CUDA_ERROR_NOT_SUPPORTED;
+    return true;
+  }
+  if (bad_handle) {
+    *rc = CUDA_ERROR_INVALID_HANDLE;
+    return true;
+  }
+  if constexpr (sizeof...(Args) > 0) {
+    if (releases == HandleKind::kMemory && !s.Owns(HandleKind::kMemory, std::get<0>(slots).Raw())) {
+      *rc = CUDA_ERROR_INVALID_VALUE;
+      return true;
+    }
+  }
+  *rc = std::apply([&](auto&... sl) { return fn(sl.Get()...); }, slots);
+  if (*rc != CUDA_SUCCESS) return true;
+  std::apply([&](auto&... sl) { (sl.Finish(out, s), ...); }, slots);
+  if constexpr (sizeof...(Args) > 0) {
+    if (releases != HandleKind::kNone) s.Forget(releases, std::get<0>(slots).Raw());
+    if (allocates) {
+      if constexpr (std::is_same_v<std::tuple_element_t<0, std::tuple<Args...>>, CUdeviceptr*>)
+        s.Adopt(HandleKind::kMemory, std::get<0>(slots).v);
+    }
+  }
+  return true;
+}
+
+bool IsAllocation(uint16_t op) { return op == 150 || op == 151; }
+
+}  // namespace
+
+bool Session::DispatchGeneric(uint16_t op, bool per_thread, Reader& in, Writer& out, CUresult* rc,
+                              bool* known) {
+  DriverApi& a = state_->api;
+  *known = true;
+  switch (op) {
+#define FLYT_GENERIC_CASE(id, sym, cls, rel)                                                   \
+  case id:                                                                                   \
+    return RunGeneric(*this, per_thread && a.sym##_pt != nullptr ? a.sym##_pt : a.sym, in, out, \
+                      rc, HandleKind::k##rel, IsAllocation(id));
+    FLYT_GENERIC_APIS(FLYT_GENERIC_CASE)
+#undef FLYT_GENERIC_CASE
+    default:
+      *known = false;
+      return false;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Session
+
+Session::Session(ServerState* state, std::unique_ptr<transport::Connection> conn)
+    : state_(state), conn_(std::move(conn)) {
+  id_ = state_->next_session++;
+  peer_ = conn_->Peer();
+  state_->live_sessions++;
+}
+
+Session::~Session() { state_->live_sessions--; }
+
+bool Session::Owns(HandleKind kind, uint64_t value) const {
+  return handles_[static_cast<int>(kind)].count(value) != 0;
+}
+void Session::Adopt(HandleKind kind, uint64_t value) {
+  handles_[static_cast<int>(kind)].insert(value);
+}
+void Session::Forget(HandleKind kind, uint64_t value) {
+  handles_[static_cast<int>(kind)].erase(value);
+}
+
+bool Session::Reply(const wire::FrameHeader& req, CUresult rc, const Writer& out) {
+  wire::FrameHeader h{};
+  h.magic = wire::kMagic;
+  h.op = req.op;
+  h.flags = wire::kFlagReply;
+  h.call_id = req.call_id;
+  h.payload_len = static_cast<uint32_t>(out.size());
+  h.status = static_cast<uint32_t>(rc);
+  h.deferred_status = static_cast<uint32_t>(deferred_);
+  deferred_ = CUDA_SUCCESS;
+  iovec iov[2] = {{&h, sizeof(h)}, {const_cast<uint8_t*>(out.data()), out.size()}};
+  Status s = conn_->Send(iov, out.size() > 0 ? 2 : 1);
+  if (!s.ok()) FLYT_INFO("session %llu: %s", static_cast<unsigned long long>(id_), s.message().c_str());
+  return s.ok();
+}
+
+bool Session::Handshake() {
+  wire::FrameHeader h{};
+  if (!conn_->Receive(&h, sizeof(h)).ok()) return false;
+  if (h.magic != wire::kMagic || h.op != ops::kOpHello || h.payload_len > 4096) {
+    FLYT_WARN("session %llu from %s: not a Flyt handshake; closing",
+              static_cast<unsigned long long>(id_), peer_.c_str());
+    return false;
+  }
+  payload_.resize(h.payload_len);
+  if (!conn_->Receive(payload_.data(), h.payload_len).ok()) return false;
+  Reader in(payload_.data(), payload_.size());
+  wire::HelloRequest req{};
+  const uint8_t* token = nullptr;
+  uint32_t token_len = 0;
+  if (!in.Get(&req) || req.token_len > wire::kMaxTokenLen ||
+      (token = in.Skip(req.token_len)) == nullptr) {
+    FLYT_WARN("session %llu from %s: malformed handshake; closing",
+              static_cast<unsigned long long>(id_), peer_.c_str());
+    return false;
+  }
+  token_len = req.token_len;
+  Writer out;
+  wire::HelloReply rep{wire::kProtocolVersion, state_->driver_version, id_};
+  out.Put(rep);
+  std::string refusal;
+  if (req.protocol_version != wire::kProtocolVersion) {
+    refusal = "protocol version mismatch: client speaks " + std::to_string(req.protocol_version) +
+              ", server speaks " + std::to_string(wire::kProtocolVersion) +
+              "; use matching Flyt versions";
+  } else if (std::string(reinterpret_cast<const char*>(token), token_len) != state_->token) {
+    refusal = "wrong token: the server refused the client's credential; set FLYT_TOKEN (or "
+              "--token) to the token the server was started with";
+  }
+  out.PutString(refusal);
+  if (!refusal.empty()) {
+    FLYT_WARN("session %llu from %s (pid %u) refused: %s", static_cast<unsigned long long>(id_),
+              peer_.c_str(), req.pid, refusal.c_str());
+    Reply(h, CUDA_ERROR_NOT_PERMITTED, out);
+    return false;
+  }
+  out.Put<uint32_t>(static_cast<uint32_t>(state_->devices.size()));
+  for (const auto& d : state_->devices) out.Put(d);
+  FLYT_INFO("session %llu: client pid %u from %s, CUDA %d", static_cast<unsigned long long>(id_),
+            req.pid, peer_.c_str(), req.client_cuda_version);
+  return Reply(h, CUDA_SUCCESS, out);
+}
+
+void Session::Run() {
+  if (Handshake()) {
+    Writer out;
+    for (;;) {
+      wire::FrameHeader h{};
+      Status s = conn_->Receive(&h, sizeof(h));
+      if (!s.ok()) {
+        FLYT_INFO("session %llu ended: %s", static_cast<unsigned long long>(id_),
+                  s.message().c_str());
+        break;
+      }
+      if (h.magic != wire::kMagic || (h.flags & wire::kFlagReply) ||
+          h.payload_len > wire::kMaxPayload) {
+        FLYT_WARN("session %llu from %s: malformed frame (magic %08x, op %u, %u bytes); closing",
+                  static_cast<unsigned long long>(id_), peer_.c_str(), h.magic, h.op,
+                  h.payload_len);
+        break;
+      }
+      if (h.op == ops::kOpGoodbye) break;
+      if (payload_.size() < h.payload_len) payload_.resize(h.payload_len);
+      if (!conn_->Receive(payload_.data(), h.payload_len).ok()) break;
+      Reader in(payload_.data(), h.payload_len);
+      out.Clear();
+      CUresult rc = CUDA_SUCCESS;
+      if (!Dispatch(h, in, out, &rc)) {
+        FLYT_WARN("session %llu from %s: malformed or unknown request (op %u, %u bytes); closing",
+                  static_cast<unsigned long long>(id_), peer_.c_str(), h.op, h.payload_len);
+        break;
+      }
+      if (h.flags & wire::kFlagWantReply) {
+        if (!Reply(h, rc, out)) break;
+      } else if (rc != CUDA_SUCCESS && deferred_ == CUDA_SUCCESS) {
+        FLYT_DEBUG("session %llu: asynchronous op %u failed with %d (deferred)",
+                   static_cast<unsigned long long>(id_), h.op, rc);
+        deferred_ = rc;
+      }
+    }
+  }
+  ReleaseAll();
+}
+
+void Session::ReleaseAll() {
+  DriverApi& a = state_->api;
+  size_t total = 0;
+  for (auto& set : handles_) total += set.size();
+  if (total == 0) return;
+  if (primary_ != nullptr) a.cuCtxSetCurrent(primary_);
+  if (a.cuCtxSynchronize != nullptr) a.cuCtxSynchronize();
+  auto each = [&](HandleKind k, auto&& fn) {
+    for (uint64_t h : handles_[static_cast<int>(k)]) fn(h);
+    handles_[static_cast<int>(k)].clear();
+  };
+  each(HandleKind::kGraphExec, [&](uint64_t h) { a.cuGraphExecDestroy(reinterpret_cast<CUgraphExec>(h)); });
+  each(HandleKind::kGraph, [&](uint64_t h) { a.cuGraphDestroy(reinterpret_cast<CUgraph>(h)); });
+  each(HandleKind::kEvent, [&](uint64_t h) { a.cuEventDestroy_v2(reinterpret_cast<CUevent>(h)); });
+  each(HandleKind::kStream, [&](uint64_t h) { a.cuStreamDestroy_v2(reinterpret_cast<CUstream>(h)); });
+  each(HandleKind::kArray, [&](uint64_t h) { a.cuArrayDestroy(reinterpret_cast<CUarray>(h)); });
+  each(HandleKind::kMemory, [&](uint64_t h) { a.cuMemFree_v2(static_cast<CUdeviceptr>(h)); });
+  each(HandleKind::kModule, [&](uint64_t h) { a.cuModuleUnload(reinterpret_cast<CUmodule>(h)); });
+  each(HandleKind::kLibrary, [&](uint64_t h) { a.cuLibraryUnload(reinterpret_cast<CUlibrary>(h)); });
+  for (auto& set : handles_) set.clear();
+  FLYT_INFO("session %llu: released %zu handles", static_cast<unsigned long long>(id_), total);
+}
+
+bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUresult* rc) {
+  DriverApi& a = state_->api;
+  bool per_thread = (h.flags & wire::kFlagPerThread) != 0;
+  switch (h.op) {
+    case ops::kOpPrimaryCtxRetain: {
+      int32_t dev = 0;
+      if (!in.Get(&dev) || in.remaining() != 0) return false;
+      CUcontext ctx = nullptr;
+      *rc = a.cuDevicePrimaryCtxRetain(&ctx, dev);
+      if (*rc == CUDA_SUCCESS) {
+        if (retained_primary_) {
+          a.cuDevicePrimaryCtxRelease_v2(dev);  // one reference per session is enough
+        }
+        retained_primary_ = true;
+        primary_ = ctx;
+        Adopt(HandleKind::kContext, reinterpret_cast<uintptr_t>(ctx));
+        *rc = a.cuCtxSetCurrent(ctx);
+      }
+      out.Put<uint64_t>(reinterpret_cast<uintptr_t>(ctx));
+      return true;
+    }
+    case ops::kOpSetCurrentContext: {
+      uint64_t ctx = 0;
+      if (!in.Get(&ctx) || in.remaining() != 0) return false;
+      if (ctx != 0 && !Owns(HandleKind::kContext, ctx)) {
+        *rc = CUDA_ERROR_INVALID_CONTEXT;
+        return true;
+      }
+      *rc = a.cuCtxSetCurrent(reinterpret_cast<CUcontext>(ctx));
+      return true;
+    }
+    case ops::kOpPrimaryCtxReset: {
+      // cudaDeviceReset: this process's state goes, other sessions keep theirs.
+      CUcontext keep = primary_;
+      uint64_t keep_raw = reinterpret_cast<uintptr_t>(keep);
+      ReleaseAll();
+      if (keep != nullptr) Adopt(HandleKind::kContext, keep_raw);
+      *rc = CUDA_SUCCESS;
+      return in.remaining() == 0;
+    }
+    case ops::kOpLoadImage:
+      return LoadImage(in, out, rc);
+    case ops::kOpKernelGetFunction: {
+      uint64_t k = 0;
+      if (!in.Get(&k) || in.remaining() != 0) return false;
+      if (!Owns(HandleKind::kKernel, k)) {
+        *rc = CUDA_ERROR_INVALID_HANDLE;
+        return true;
+      }
+      CUfunction f = nullptr;
+      *rc = a.cuKernelGetFunction(&f, reinterpret_cast<CUkernel>(k));
+      if (*rc == CUDA_SUCCESS) Adopt(HandleKind::kFunction, reinterpret_cast<uintptr_t>(f));
+      out.Put<uint64_t>(reinterpret_cast<uintptr_t>(f));
+      return true;
+    }
+    case ops::kOpFuncParamLayout: {
+      uint64_t f = 0;
+      uint8_t is_kernel = 0;
+      if (!in.Get(&f) || !in.Get(&is_kernel) || in.remaining() != 0) return false;
+      if (!Owns(is_kernel ? HandleKind::kKernel : HandleKind::kFunction, f)) {
+        *rc = CUDA_ERROR_INVALID_HANDLE;
+        return true;
+      }
+      DescribeFunction(f, is_kernel != 0, out);
+      *rc = CUDA_SUCCESS;
+      return true;
+    }
+    case ops::kOpLaunch:
+      return Launch(in, per_thread, rc);
+    case ops::kOpCopyToDevice:
+      return CopyToDevice(in, per_thread, rc);
+    case ops::kOpCopyFromDevice:
+      return CopyFromDevice(in, per_thread, out, rc);
+    case ops::kOpCopy3D:
+      return Copy3D(in, per_thread, out, rc);
+    case ops::kOpHostFuncFence: {
+      uint64_t stream = 0;
+      if (!in.Get(&stream) || in.remaining() != 0) return false;
+      if (stream > 2 && !Owns(HandleKind::kStream, stream)) {
+        *rc = CUDA_ERROR_INVALID_HANDLE;
+        return true;
+      }
+      auto sync = per_thread && a.cuStreamSynchronize_pt ? a.cuStreamSynchronize_pt
+                                                         : a.cuStreamSynchronize;
+      *rc = sync(reinterpret_cast<CUstream>(stream));
+      return true;
+    }
+    default: {
+      bool known = false;
+      bool ok = DispatchGeneric(h.op, per_thread, in, out, rc, &known);
+      return known && ok;
+    }
+  }
+}
+
+// Writes: u32 count, then per parameter {offset, size}.
+void Session::DescribeFunction(uint64_t handle, bool is_kernel, Writer& out) {
+  DriverApi& a = state_->api;
+  std::vector<ops::ParamSlot> slots;
+  for (size_t i = 0; i < ops::kMaxParams; ++i) {
+    size_t off = 0, size = 0;
+    CUresult r = is_kernel
+                     ? a.cuKernelGetParamInfo(reinterpret_cast<CUkernel>(handle), i, &off, &size)
+                     : a.cuFuncGetParamInfo(reinterpret_cast<CUfunction>(handle), i, &off, &size);
+    if (r != CUDA_SUCCESS) break;
+    slots.push_back({static_cast<uint32_t>(off), static_cast<uint32_t>(size)});
+  }
+  out.Put<uint32_t>(static_cast<uint32_t>(slots.size()));
+  for (const auto& s : slots) out.Put(s);
+}
+
+// Request: u8 loader, u64 hash0, u64 hash1, u64 size, u8 has_bytes, [bytes].
+// Reply: u64 handle, u32 n, n x {u64 handle, string name, layout}.
+// CUDA_ERROR_NOT_FOUND without bytes asks the client to send the image.
+bool Session::LoadImage(Reader& in, Writer& out, CUresult* rc) {
+  DriverApi& a = state_->api;
+  uint8_t loader = 0, has_bytes = 0;
+  uint64_t h0 = 0, h1 = 0, size = 0;
+  if (!in.Get(&loader) || !in.Get(&h0) || !in.Get(&h1) || !in.Get(&size) || !in.Get(&has_bytes))
+    return false;
+  if (loader > 1 || size > wire::kMaxPayload) return false;
+  std::shared_ptr<const std::vector<uint8_t>> image = state_->images.Find(h0, h1);
+  if (has_bytes) {
+    if (in.remaining() != size) return false;
+    if (image == nullptr) {
+      const uint8_t* p = in.Skip(size);
+      state_->images.Insert(h0, h1, std::vector<uint8_t>(p, p + size));
+      image = state_->images.Find(h0, h1);
+    }
+  } else if (in.remaining() != 0) {
+    return false;
+  }
+  if (image == nullptr) {
+    *rc = CUDA_ERROR_NOT_FOUND;
+    return true;
+  }
+  if (loader == static_cast<uint8_t>(ops::ImageLoader::kLibrary)) {
+    CUlibrary lib = nullptr;
+    *rc = a.cuLibraryLoadData(&lib, image->data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+    if (*rc != CUDA_SUCCESS) return true;
+    Adopt(HandleKind::kLibrary, reinterpret_cast<uintptr_t>(lib));
+    out.Put<uint64_t>(reinterpret_cast<uintptr_t>(lib));
+    unsigned int count = 0;
+    a.cuLibraryGetKernelCount(&count, lib);
+    std::vector<CUkernel> kernels(count);
+    if (count > 0 && a.cuLibraryEnumerateKernels(kernels.data(), count, lib) != CUDA_SUCCESS)
+      kernels.clear();
+    out.Put<uint32_t>(static_cast<uint32_t>(kernels.size()));
+    for (CUkernel k : kernels) {
+      const char* name = nullptr;
+      a.cuKernelGetName(&name, k);
+      uint64_t raw = reinterpret_cast<uintptr_t>(k);
+      Adopt(HandleKind::kKernel, raw);
+      out.Put(raw);
+      out.PutString(name ? name : "");
+      DescribeFunction(raw, true, out);
+    }
+  } else {
+    CUmodule mod = nullptr;
+    *rc = a.cuModuleLoadData(&mod, image->data());
+    if (*rc != CUDA_SUCCESS) return true;
+    Adopt(HandleKind::kModule, reinterpret_cast<uintptr_t>(mod));
+    out.Put<uint64_t>(reinterpret_cast<uintptr_t>(mod));
+    unsigned int count = 0;
+    a.cuModuleGetFunctionCount(&count, mod);
+    std::vector<CUfunction> fns(count);
+    if (count > 0 && a.cuModuleEnumerateFunctions(fns.data(), count, mod) != CUDA_SUCCESS)
+      fns.clear();
+    out.Put<uint32_t>(static_cast<uint32_t>(fns.size()));
+    for (CUfunction f : fns) {
+      const char* name = nullptr;
+      a.cuFuncGetName(&name, f);
+      uint64_t raw = reinterpret_cast<uintptr_t>(f);
+      Adopt(HandleKind::kFunction, raw);
+      out.Put(raw);
+      out.PutString(name ? name : "");
+      DescribeFunction(raw, false, out);
+    }
+  }
+  return true;
+}
+
+// Request: u64 fn, u32 flags, u32 grid[3], u32 block[3], u32 shmem, u64 stream,
+// u32 nattrs, nattrs x CUlaunchAttribute, blob params.
+bool Session::Launch(Reader& in, bool per_thread, CUresult* rc) {
+  DriverApi& a = state_->api;
+  uint64_t fn = 0, stream = 0;
+  uint32_t flags = 0, grid[3], block[3], shmem = 0, nattrs = 0;
+  if (!in.Get(&fn) || !in.Get(&flags) || !in.GetBytes(grid, sizeof(grid)) ||
+      !in.GetBytes(block, sizeof(block)) || !in.Get(&shmem) || !in.Get(&stream) ||
+      !in.Get(&nattrs) || nattrs > 64)
+    return false;
+  CUlaunchAttribute attrs[65];
+  if (!in.GetBytes(attrs, sizeof(CUlaunchAttribute) * nattrs)) return false;
+  const uint8_t* params = nullptr;
+  uint32_t param_bytes = 0;
+  if (!in.GetBlob(&params, &param_bytes, ops::kMaxParamBytes) || in.remaining() != 0) return false;
+  bool is_kernel = (flags & ops::kLaunchIsKernel) != 0;
+  if (!Owns(is_kernel ? HandleKind::kKernel : HandleKind::kFunction, fn) ||
+      (stream > 2 && !Owns(HandleKind::kStream, stream))) {
+    *rc = CUDA_ERROR_INVALID_HANDLE;
+    return true;
+  }
+  if (flags & ops::kLaunchCooperative) {
+    attrs[nattrs] = CUlaunchAttribute{};
+    attrs[nattrs].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    attrs[nattrs].value.cooperative = 1;
+    ++nattrs;
+  }
+  CUlaunchConfig cfg{};
+  cfg.gridDimX = grid[0];
+  cfg.gridDimY = grid[1];
+  cfg.gridDimZ = grid[2];
+  cfg.blockDimX = block[0];
+  cfg.blockDimY = block[1];
+  cfg.blockDimZ = block[2];
+  cfg.sharedMemBytes = shmem;
+  cfg.hStream = reinterpret_cast<CUstream>(stream);
+  cfg.attrs = nattrs > 0 ? attrs : nullptr;
+  cfg.numAttrs = nattrs;
+  size_t size = param_bytes;
+  alignas(16) static thread_local uint8_t aligned[ops::kMaxParamBytes + 16];
+  std::memcpy(aligned, params, param_bytes);
+  void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, aligned, CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
+                   CU_LAUNCH_PARAM_END};
+  auto launch = per_thread && a.cuLaunchKernelEx_pt ? a.cuLaunchKernelEx_pt : a.cuLaunchKernelEx;
+  *rc = launch(&cfg, reinterpret_cast<CUfunction>(fn), nullptr, param_bytes > 0 ? extra : nullptr);
+  return true;
+}
+
+// Request: u64 dst, u64 stream, u8 async, then the bytes.
+bool Session::CopyToDevice(Reader& in, bool per_thread, CUresult* rc) {
+  DriverApi& a = state_->api;
+  uint64_t dst = 0, stream = 0;
+  uint8_t async = 0;
+  if (!in.Get(&dst) || !in.Get(&stream) || !in.Get(&async)) return false;
+  size_t n = in.remaining();
+  const uint8_t* src = in.Skip(n);
+  if (stream > 2 && !Owns(HandleKind::kStream, stream)) {
+    *rc = CUDA_ERROR_INVALID_HANDLE;
+    return true;
+  }
+  if (async) {
+    // The source is pageable server memory: the driver stages it before returning.
+    *rc = a.cuMemcpyHtoDAsync_v2(dst, src, n, reinterpret_cast<CUstream>(stream));
+  } else {
+    auto copy = per_thread && a.cuMemcpyHtoD_v2_pt ? a.cuMemcpyHtoD_v2_pt : a.cuMemcpyHtoD_v2;
+    *rc = copy(dst, src, n);
+  }
+  return true;
+}
+
+// Request: u64 src, u64 size, u64 stream, u8 async. Reply: the bytes.
+bool Session::CopyFromDevice(Reader& in, bool per_thread, Writer& out, CUresult* rc) {
+  DriverApi& a = state_->api;
+  uint64_t src = 0, size = 0, stream = 0;
+  uint8_t async = 0;
+  if (!in.Get(&src) || !in.Get(&size) || !in.Get(&stream) || !in.Get(&async) ||
+      in.remaining() != 0 || size > wire::kMaxPayload)
+    return false;
+  if (stream > 2 && !Owns(HandleKind::kStream, stream)) {
+    *rc = CUDA_ERROR_INVALID_HANDLE;
+    return true;
+  }
+  uint8_t* dst = out.Grow(size);
+  if (async) {
+    *rc = a.cuMemcpyDtoHAsync_v2(dst, src, size, reinterpret_cast<CUstream>(stream));
+    if (*rc == CUDA_SUCCESS) *rc = a.cuStreamSynchronize(reinterpret_cast<CUstream>(stream));
+  } else {
+    auto copy = per_thread && a.cuMemcpyDtoH_v2_pt ? a.cuMemcpyDtoH_v2_pt : a.cuMemcpyDtoH_v2;
+    *rc = copy(dst, src, size);
+  }
+  if (*rc != CUDA_SUCCESS) out.Clear();
+  return true;
+}
+
+// Request: CUDA_MEMCPY3D, u64 stream, u8 async, u8 src_host, u8 dst_host,
+// [dense source bytes]. Reply: [dense destination bytes].
+bool Session::Copy3D(Reader& in, bool per_thread, Writer& out, CUresult* rc) {
+  DriverApi& a = state_->api;
+  CUDA_MEMCPY3D d{};
+  uint64_t stream = 0;
+  uint8_t async = 0, src_host = 0, dst_host = 0;
+  if (!in.Get(&d) || !in.Get(&stream) || !in.Get(&async) || !in.Get(&src_host) ||
+      !in.Get(&dst_host))
+    return false;
+  uint64_t dense = static_cast<uint64_t>(d.WidthInBytes) * d.Height * d.Depth;
+  if (d.Height > UINT32_MAX || d.Depth > UINT32_MAX || dense > wire::kMaxPayload) return false;
+  if ((src_host && in.remaining() != dense) || (!src_host && in.remaining() != 0)) return false;
+  if ((stream > 2 && !Owns(HandleKind::kStream, stream)) ||
+      (d.srcMemoryType == CU_MEMORYTYPE_ARRAY &&
+       !Owns(HandleKind::kArray, reinterpret_cast<uintptr_t>(d.srcArray))) ||
+      (d.dstMemoryType == CU_MEMORYTYPE_ARRAY &&
+       !Owns(HandleKind::kArray, reinterpret_cast<uintptr_t>(d.dstArray)))) {
+    *rc = CUDA_ERROR_INVALID_HANDLE;
+    return true;
+  }
+  if (src_host) {
+    d.srcMemoryType = CU_MEMORYTYPE_HOST;
+    d.srcHost = in.Skip(dense);
+    d.srcXInBytes = d.srcY = d.srcZ = 0;
+    d.srcPitch = d.WidthInBytes;
+    d.srcHeight = d.Height;
+  } else if (d.srcMemoryType == CU_MEMORYTYPE_HOST) {
+    return false;  // a client address means nothing here
+  }
+  if (dst_host) {
+    d.dstMemoryType = CU_MEMORYTYPE_HOST;
+    d.dstHost = out.Grow(dense);
+    d.dstXInBytes = d.dstY = d.dstZ = 0;
+    d.dstPitch = d.WidthInBytes;
+    d.dstHeight = d.Height;
+  } else if (d.dstMemoryType == CU_MEMORYTYPE_HOST) {
+    return false;
+  }
+  if (async) {
+    *rc = a.cuMemcpy3DAsync_v2(&d, reinterpret_cast<CUstream>(stream));
+    if (*rc == CUDA_SUCCESS && dst_host)
+      *rc = a.cuStreamSynchronize(reinterpret_cast<CUstream>(stream));
+  } else {
+    auto copy = per_thread && a.cuMemcpy3D_v2_pt ? a.cuMemcpy3D_v2_pt : a.cuMemcpy3D_v2;
+    *rc = copy(&d);
+  }
+  if (*rc != CUDA_SUCCESS) out.Clear();
+  return true;
+}
+
+}  // namespace flyt::server

@@ -1,0 +1,95 @@
+// One client process served by flyt-server.
+//
+// Owns: the session's handshake, its frame loop (calls executed in order),
+// the handles it created (validated on every use, freed when the client exits
+// or dies), its deferred error of asynchronous calls, and its current context.
+// A malformed frame ends this session only. Must not touch another session's
+// state; shared state lives in ServerState (image cache, device inventory).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "protocol/codec.h"
+#include "protocol/marshal.h"
+#include "protocol/ops.h"
+#include "protocol/wire.h"
+#include "server/driver_api.h"
+#include "transport/transport.h"
+
+namespace flyt::server {
+
+// Kernel images by content hash, shared by all sessions of this server, so an
+// image crosses the wire once per server.
+class ImageCache {
+ public:
+  std::shared_ptr<const std::vector<uint8_t>> Find(uint64_t h0, uint64_t h1);
+  void Insert(uint64_t h0, uint64_t h1, std::vector<uint8_t> bytes);
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<uint64_t, std::pair<uint64_t, std::shared_ptr<const std::vector<uint8_t>>>>
+      images_;
+  size_t bytes_ = 0;
+};
+
+struct ServerState {
+  DriverApi api;
+  std::string token;
+  int driver_version = 0;
+  std::vector<ops::DeviceInfo> devices;
+  ImageCache images;
+  std::atomic<uint64_t> next_session{1};
+  std::atomic<int> live_sessions{0};
+};
+
+// Builds the device inventory sent in every handshake.
+Status DescribeDevices(ServerState* state);
+
+class Session {
+ public:
+  Session(ServerState* state, std::unique_ptr<transport::Connection> conn);
+  ~Session();
+  // Serves the client until it leaves, dies or misbehaves; then frees all it owned.
+  void Run();
+
+  // Handle bookkeeping used by the generic handlers.
+  bool Owns(marshal::HandleKind kind, uint64_t value) const;
+  void Adopt(marshal::HandleKind kind, uint64_t value);
+  void Forget(marshal::HandleKind kind, uint64_t value);
+  DriverApi& api() { return state_->api; }
+
+ private:
+  bool Handshake();
+  // Executes one request. Returns false when the frame is malformed (the
+  // session then ends); otherwise *rc is the call's result.
+  bool Dispatch(const wire::FrameHeader& h, wire::Reader& in, wire::Writer& out, CUresult* rc);
+  bool DispatchGeneric(uint16_t op, bool per_thread, wire::Reader& in, wire::Writer& out,
+                       CUresult* rc, bool* known);
+  bool LoadImage(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  bool Launch(wire::Reader& in, bool per_thread, CUresult* rc);
+  bool CopyToDevice(wire::Reader& in, bool per_thread, CUresult* rc);
+  bool CopyFromDevice(wire::Reader& in, bool per_thread, wire::Writer& out, CUresult* rc);
+  bool Copy3D(wire::Reader& in, bool per_thread, wire::Writer& out, CUresult* rc);
+  void DescribeFunction(uint64_t handle, bool is_kernel, wire::Writer& out);
+  void ReleaseAll();
+  bool Reply(const wire::FrameHeader& req, CUresult rc, const wire::Writer& out);
+
+  ServerState* state_;
+  std::unique_ptr<transport::Connection> conn_;
+  uint64_t id_ = 0;
+  std::string peer_;
+  std::unordered_set<uint64_t> handles_[static_cast<int>(marshal::HandleKind::kCount)];
+  CUresult deferred_ = CUDA_SUCCESS;
+  CUcontext primary_ = nullptr;
+  bool retained_primary_ = false;
+  std::vector<uint8_t> payload_;
+};
+
+}  // namespace flyt::server

@@ -1,0 +1,601 @@
+// The sim backend: a test double of NVIDIA's driver for machines without a GPU.
+//
+// Owns: fake device memory (host pages, every access range-checked), fake
+// streams/events/contexts, kernel tables read from the loaded images
+// (server/sim_kernels.h), and the launch record: with --sim-record FILE each
+// launch appends `launch kernel=NAME grid=X,Y,Z block=X,Y,Z shared=N
+// params=HEX:HEX...` (parameter bytes as the app passed them). Everything runs
+// synchronously and no kernel executes. Never a product feature.
+#include <sys/mman.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/cuda_image.h"
+#include "common/log.h"
+#include "server/driver_api.h"
+#include "server/sim_kernels.h"
+
+namespace flyt::server {
+namespace {
+
+constexpr uint64_t kSimMemory = 80ull << 30;
+
+struct SimKernel {
+  std::string name;
+  std::vector<sim::ParamSlot> params;
+};
+struct SimLibrary {
+  std::vector<std::unique_ptr<SimKernel>> kernels;
+  std::map<std::string, CUdeviceptr> globals;
+};
+struct SimEvent {
+  std::chrono::steady_clock::time_point at{};
+  bool recorded = false;
+};
+struct SimStream {
+  int priority = 0;
+  unsigned flags = 0;
+};
+
+struct Sim {
+  std::mutex mu;
+  std::map<uint64_t, uint64_t> allocs;  // base -> size
+  uint64_t used = 0;
+  FILE* record = nullptr;
+  std::mutex record_mu;
+  int ctx_token = 0;
+};
+Sim* g_sim = nullptr;
+
+// True when [p, p+n) lies inside one allocation.
+bool Valid(uint64_t p, size_t n) {
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  auto it = g_sim->allocs.upper_bound(p);
+  if (it == g_sim->allocs.begin()) return false;
+  --it;
+  return p >= it->first && n <= it->second && p - it->first <= it->second - n;
+}
+
+CUresult Alloc(CUdeviceptr* out, size_t n) {
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (n == 0) return CUDA_ERROR_INVALID_VALUE;
+  {
+    std::lock_guard<std::mutex> lock(g_sim->mu);
+    if (n > kSimMemory - g_sim->used) return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                 -1, 0);
+  if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  g_sim->allocs[reinterpret_cast<uint64_t>(p)] = n;
+  g_sim->used += n;
+  *out = reinterpret_cast<uint64_t>(p);
+  return CUDA_SUCCESS;
+}
+
+CUresult simMemFree(CUdeviceptr p) {
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  auto it = g_sim->allocs.find(p);
+  if (it == g_sim->allocs.end()) return CUDA_ERROR_INVALID_VALUE;
+  munmap(reinterpret_cast<void*>(p), it->second);
+  g_sim->used -= it->second;
+  g_sim->allocs.erase(it);
+  return CUDA_SUCCESS;
+}
+
+CUresult simInit(unsigned) { return CUDA_SUCCESS; }
+CUresult simDriverGetVersion(int* v) {
+  *v = 13000;
+  return CUDA_SUCCESS;
+}
+CUresult simDeviceGet(CUdevice* d, int ordinal) {
+  if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
+  *d = 0;
+  return CUDA_SUCCESS;
+}
+CUresult simDeviceGetCount(int* n) {
+  *n = 1;
+  return CUDA_SUCCESS;
+}
+CUresult simDeviceGetName(char* name, int len, CUdevice) {
+  std::snprintf(name, static_cast<size_t>(len), "Flyt Simulated GPU");
+  return CUDA_SUCCESS;
+}
+CUresult simDeviceGetUuid(CUuuid* u, CUdevice) {
+  for (int i = 0; i < 16; ++i) u->bytes[i] = static_cast<char>(0xf0 + i);
+  return CUDA_SUCCESS;
+}
+CUresult simDeviceTotalMem(size_t* bytes, CUdevice) {
+  *bytes = kSimMemory;
+  return CUDA_SUCCESS;
+}
+CUresult simDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice) {
+  static const std::unordered_map<int, int> kAttrs = {
+      {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, 1024},
+      {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X, 1024},
+      {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y, 1024},
+      {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z, 64},
+      {CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X, 2147483647},
+      {CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y, 65535},
+      {CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z, 65535},
+      {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, 49152},
+      {CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY, 65536},
+      {CU_DEVICE_ATTRIBUTE_WARP_SIZE, 32},
+      {CU_DEVICE_ATTRIBUTE_MAX_PITCH, 2147483647},
+      {CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK, 65536},
+      {CU_DEVICE_ATTRIBUTE_CLOCK_RATE, 1980000},
+      {CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT, 512},
+      {CU_DEVICE_ATTRIBUTE_GPU_OVERLAP, 1},
+      {CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 132},
+      {CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 1},
+      {CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS, 1},
+      {CU_DEVICE_ATTRIBUTE_ECC_ENABLED, 1},
+      {CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, 0x19},
+      {CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE, 2619000},
+      {CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH, 5120},
+      {CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, 52428800},
+      {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, 2048},
+      {CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT, 2},
+      {CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 1},
+      {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 9},
+      {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0},
+      {CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED, 1},
+      {CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED, 1},
+      {CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED, 1},
+      {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, 233472},
+      {CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR, 65536},
+      {CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, 1},
+      {CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED, 1},
+      {CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, 1},
+      {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, 232448},
+      {CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR, 32},
+      {CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 1},
+      {CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 1},
+      {CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK, 1024},
+  };
+  auto it = kAttrs.find(a);
+  *v = it == kAttrs.end() ? 0 : it->second;
+  return CUDA_SUCCESS;
+}
+CUresult simPrimaryCtxRetain(CUcontext* c, CUdevice d) {
+  if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+  *c = reinterpret_cast<CUcontext>(&g_sim->ctx_token);
+  return CUDA_SUCCESS;
+}
+CUresult simPrimaryCtxRelease(CUdevice) { return CUDA_SUCCESS; }
+CUresult simPrimaryCtxReset(CUdevice) { return CUDA_SUCCESS; }
+CUresult simCtxSetCurrent(CUcontext) { return CUDA_SUCCESS; }
+CUresult simCtxSynchronize() { return CUDA_SUCCESS; }
+CUresult simCtxGetLimit(size_t* v, CUlimit) {
+  *v = 1024;
+  return CUDA_SUCCESS;
+}
+CUresult simCtxSetLimit(CUlimit, size_t) { return CUDA_SUCCESS; }
+CUresult simCtxGetStreamPriorityRange(int* least, int* greatest) {
+  if (least) *least = 0;
+  if (greatest) *greatest = -5;
+  return CUDA_SUCCESS;
+}
+
+// --- code
+CUresult LoadKernels(const void* image, SimLibrary* lib) {
+  ImageSpan span{};
+  if (!LocateImage(image, &span)) return CUDA_ERROR_INVALID_IMAGE;
+  std::vector<sim::KernelDesc> descs;
+  std::string error;
+  if (!sim::DescribeKernels(span.data, span.size, &descs, &error)) {
+    FLYT_DEBUG("sim: image without kernels (%s)", error.c_str());
+  }
+  for (auto& d : descs)
+    lib->kernels.push_back(std::make_unique<SimKernel>(SimKernel{d.name, d.params}));
+  return CUDA_SUCCESS;
+}
+CUresult simLibraryLoadData(CUlibrary* out, const void* code, CUjit_option*, void**, unsigned,
+                            CUlibraryOption*, void**, unsigned) {
+  auto lib = std::make_unique<SimLibrary>();
+  CUresult rc = LoadKernels(code, lib.get());
+  if (rc != CUDA_SUCCESS) return rc;
+  *out = reinterpret_cast<CUlibrary>(lib.release());
+  return CUDA_SUCCESS;
+}
+CUresult simModuleLoadData(CUmodule* out, const void* code) {
+  return simLibraryLoadData(reinterpret_cast<CUlibrary*>(out), code, nullptr, nullptr, 0, nullptr,
+                            nullptr, 0);
+}
+CUresult simLibraryUnload(CUlibrary l) {
+  auto* lib = reinterpret_cast<SimLibrary*>(l);
+  for (auto& [name, p] : lib->globals) simMemFree(p);
+  delete lib;
+  return CUDA_SUCCESS;
+}
+CUresult simModuleUnload(CUmodule m) { return simLibraryUnload(reinterpret_cast<CUlibrary>(m)); }
+CUresult simLibraryGetKernelCount(unsigned* n, CUlibrary l) {
+  *n = static_cast<unsigned>(reinterpret_cast<SimLibrary*>(l)->kernels.size());
+  return CUDA_SUCCESS;
+}
+CUresult simModuleGetFunctionCount(unsigned* n, CUmodule m) {
+  return simLibraryGetKernelCount(n, reinterpret_cast<CUlibrary>(m));
+}
+CUresult simLibraryEnumerateKernels(CUkernel* out, unsigned n, CUlibrary l) {
+  auto* lib = reinterpret_cast<SimLibrary*>(l);
+  if (n > lib->kernels.size()) return CUDA_ERROR_INVALID_VALUE;
+  for (unsigned i = 0; i < n; ++i) out[i] = reinterpret_cast<CUkernel>(lib->kernels[i].get());
+  return CUDA_SUCCESS;
+}
+CUresult simModuleEnumerateFunctions(CUfunction* out, unsigned n, CUmodule m) {
+  return simLibraryEnumerateKernels(reinterpret_cast<CUkernel*>(out), n,
+                                    reinterpret_cast<CUlibrary>(m));
+}
+CUresult simKernelGetName(const char** name, CUkernel k) {
+  *name = reinterpret_cast<SimKernel*>(k)->name.c_str();
+  return CUDA_SUCCESS;
+}
+CUresult simFuncGetName(const char** name, CUfunction f) {
+  return simKernelGetName(name, reinterpret_cast<CUkernel>(f));
+}
+CUresult simKernelGetParamInfo(CUkernel k, size_t i, size_t* off, size_t* size) {
+  auto* kern = reinterpret_cast<SimKernel*>(k);
+  if (i >= kern->params.size()) return CUDA_ERROR_INVALID_VALUE;
+  if (off) *off = kern->params[i].offset;
+  if (size) *size = kern->params[i].size;
+  return CUDA_SUCCESS;
+}
+CUresult simFuncGetParamInfo(CUfunction f, size_t i, size_t* off, size_t* size) {
+  return simKernelGetParamInfo(reinterpret_cast<CUkernel>(f), i, off, size);
+}
+CUresult simKernelGetFunction(CUfunction* f, CUkernel k) {
+  *f = reinterpret_cast<CUfunction>(k);
+  return CUDA_SUCCESS;
+}
+// Device globals: the sim cannot read their sizes from the image, so each
+// named global is a zeroed 1 MiB buffer created on first use.
+CUresult simLibraryGetGlobal(CUdeviceptr* p, size_t* size, CUlibrary l, const char* name) {
+  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto* lib = reinterpret_cast<SimLibrary*>(l);
+  auto it = lib->globals.find(name);
+  if (it == lib->globals.end()) {
+    CUdeviceptr d = 0;
+    CUresult rc = Alloc(&d, 1 << 20);
+    if (rc != CUDA_SUCCESS) return rc;
+    it = lib->globals.emplace(name, d).first;
+  }
+  if (p) *p = it->second;
+  if (size) *size = 1 << 20;
+  return CUDA_SUCCESS;
+}
+CUresult simModuleGetGlobal(CUdeviceptr* p, size_t* size, CUmodule m, const char* name) {
+  return simLibraryGetGlobal(p, size, reinterpret_cast<CUlibrary>(m), name);
+}
+CUresult simFuncGetAttribute(int* v, CUfunction_attribute a, CUfunction) {
+  *v = a == CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK ? 1024 : 0;
+  if (a == CU_FUNC_ATTRIBUTE_PTX_VERSION || a == CU_FUNC_ATTRIBUTE_BINARY_VERSION) *v = 90;
+  return CUDA_SUCCESS;
+}
+CUresult simFuncSetAttribute(CUfunction, CUfunction_attribute, int) { return CUDA_SUCCESS; }
+CUresult simKernelGetAttribute(int* v, CUfunction_attribute a, CUkernel k, CUdevice) {
+  return simFuncGetAttribute(v, a, reinterpret_cast<CUfunction>(k));
+}
+CUresult simKernelSetAttribute(CUfunction_attribute, int, CUkernel, CUdevice) {
+  return CUDA_SUCCESS;
+}
+CUresult simOccupancy(int* n, CUfunction, int block, size_t) {
+  *n = block > 0 ? 2048 / block : 0;
+  if (*n > 32) *n = 32;
+  return CUDA_SUCCESS;
+}
+CUresult simOccupancyFlags(int* n, CUfunction f, int block, size_t shm, unsigned) {
+  return simOccupancy(n, f, block, shm);
+}
+
+std::string Hex(const uint8_t* p, size_t n) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string s;
+  s.reserve(n * 2);
+  for (size_t i = 0; i < n; ++i) {
+    s.push_back(kDigits[p[i] >> 4]);
+    s.push_back(kDigits[p[i] & 15]);
+  }
+  return s;
+}
+
+CUresult simLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction f, void** params, void** extra) {
+  auto* k = reinterpret_cast<SimKernel*>(f);
+  if (cfg->gridDimX == 0 || cfg->gridDimY == 0 || cfg->gridDimZ == 0 || cfg->blockDimX == 0 ||
+      cfg->blockDimY == 0 || cfg->blockDimZ == 0 ||
+      uint64_t{cfg->blockDimX} * cfg->blockDimY * cfg->blockDimZ > 1024)
+    return CUDA_ERROR_INVALID_VALUE;
+  const uint8_t* blob = nullptr;
+  size_t blob_size = 0;
+  for (int i = 0; extra != nullptr && extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+    if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) blob = static_cast<const uint8_t*>(extra[i + 1]);
+    if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) blob_size = *static_cast<size_t*>(extra[i + 1]);
+  }
+  (void)params;
+  std::string line = "launch kernel=" + k->name + " grid=" + std::to_string(cfg->gridDimX) + "," +
+                     std::to_string(cfg->gridDimY) + "," + std::to_string(cfg->gridDimZ) +
+                     " block=" + std::to_string(cfg->blockDimX) + "," +
+                     std::to_string(cfg->blockDimY) + "," + std::to_string(cfg->blockDimZ) +
+                     " shared=" + std::to_string(cfg->sharedMemBytes) + " params=";
+  for (size_t i = 0; i < k->params.size(); ++i) {
+    const auto& p = k->params[i];
+    if (blob == nullptr || p.offset + p.size > blob_size) return CUDA_ERROR_INVALID_VALUE;
+    if (i > 0) line += ":";
+    line += Hex(blob + p.offset, p.size);
+  }
+  if (g_sim->record != nullptr) {
+    std::lock_guard<std::mutex> lock(g_sim->record_mu);
+    std::fprintf(g_sim->record, "%s\n", line.c_str());
+    std::fflush(g_sim->record);
+  }
+  return CUDA_SUCCESS;
+}
+
+// --- memory and copies (synchronous; stream arguments are accepted and ignored)
+CUresult simMemAlloc(CUdeviceptr* p, size_t n) { return Alloc(p, n); }
+CUresult simMemAllocPitch(CUdeviceptr* p, size_t* pitch, size_t w, size_t h, unsigned) {
+  if (w == 0 || h == 0) return CUDA_ERROR_INVALID_VALUE;
+  *pitch = (w + 511) / 512 * 512;
+  return Alloc(p, *pitch * h);
+}
+CUresult simMemGetInfo(size_t* free_b, size_t* total) {
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  if (free_b) *free_b = kSimMemory - g_sim->used;
+  if (total) *total = kSimMemory;
+  return CUDA_SUCCESS;
+}
+CUresult simMemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  auto it = g_sim->allocs.upper_bound(p);
+  if (it == g_sim->allocs.begin()) return CUDA_ERROR_NOT_FOUND;
+  --it;
+  if (p - it->first >= it->second) return CUDA_ERROR_NOT_FOUND;
+  if (base) *base = it->first;
+  if (size) *size = it->second;
+  return CUDA_SUCCESS;
+}
+CUresult simHtoD(CUdeviceptr d, const void* h, size_t n) {
+  if (!Valid(d, n)) return CUDA_ERROR_INVALID_VALUE;
+  std::memcpy(reinterpret_cast<void*>(d), h, n);
+  return CUDA_SUCCESS;
+}
+CUresult simHtoDAsync(CUdeviceptr d, const void* h, size_t n, CUstream) { return simHtoD(d, h, n); }
+CUresult simDtoH(void* h, CUdeviceptr d, size_t n) {
+  if (!Valid(d, n)) return CUDA_ERROR_INVALID_VALUE;
+  std::memcpy(h, reinterpret_cast<void*>(d), n);
+  return CUDA_SUCCESS;
+}
+CUresult simDtoHAsync(void* h, CUdeviceptr d, size_t n, CUstream) { return simDtoH(h, d, n); }
+CUresult simDtoD(CUdeviceptr d, CUdeviceptr s, size_t n) {
+  if (!Valid(d, n) || !Valid(s, n)) return CUDA_ERROR_INVALID_VALUE;
+  std::memmove(reinterpret_cast<void*>(d), reinterpret_cast<void*>(s), n);
+  return CUDA_SUCCESS;
+}
+CUresult simDtoDAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream) { return simDtoD(d, s, n); }
+template <typename T>
+CUresult Fill2D(CUdeviceptr d, size_t pitch, T v, size_t w, size_t h) {
+  if (h == 0 || w == 0) return CUDA_SUCCESS;
+  if (pitch < w * sizeof(T) || !Valid(d, pitch * (h - 1) + w * sizeof(T)))
+    return CUDA_ERROR_INVALID_VALUE;
+  for (size_t y = 0; y < h; ++y) {
+    T* row = reinterpret_cast<T*>(d + y * pitch);
+    for (size_t x = 0; x < w; ++x) row[x] = v;
+  }
+  return CUDA_SUCCESS;
+}
+CUresult simMemsetD8(CUdeviceptr d, unsigned char v, size_t n) { return Fill2D<uint8_t>(d, n, v, n, 1); }
+CUresult simMemsetD16(CUdeviceptr d, unsigned short v, size_t n) { return Fill2D<uint16_t>(d, n * 2, v, n, 1); }
+CUresult simMemsetD32(CUdeviceptr d, unsigned int v, size_t n) { return Fill2D<uint32_t>(d, n * 4, v, n, 1); }
+CUresult simMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream) { return simMemsetD8(d, v, n); }
+CUresult simMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream) { return simMemsetD16(d, v, n); }
+CUresult simMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream) { return simMemsetD32(d, v, n); }
+CUresult simMemsetD2D8(CUdeviceptr d, size_t p, unsigned char v, size_t w, size_t h) { return Fill2D<uint8_t>(d, p, v, w, h); }
+CUresult simMemsetD2D16(CUdeviceptr d, size_t p, unsigned short v, size_t w, size_t h) { return Fill2D<uint16_t>(d, p, v, w, h); }
+CUresult simMemsetD2D32(CUdeviceptr d, size_t p, unsigned int v, size_t w, size_t h) { return Fill2D<uint32_t>(d, p, v, w, h); }
+CUresult simMemsetD2D8Async(CUdeviceptr d, size_t p, unsigned char v, size_t w, size_t h, CUstream) { return Fill2D<uint8_t>(d, p, v, w, h); }
+CUresult simMemsetD2D16Async(CUdeviceptr d, size_t p, unsigned short v, size_t w, size_t h, CUstream) { return Fill2D<uint16_t>(d, p, v, w, h); }
+CUresult simMemsetD2D32Async(CUdeviceptr d, size_t p, unsigned int v, size_t w, size_t h, CUstream) { return Fill2D<uint32_t>(d, p, v, w, h); }
+
+// One side of a 3D copy: base address of row (y, z); host or device.
+CUresult simMemcpy3D(const CUDA_MEMCPY3D* c) {
+  if (c->srcMemoryType == CU_MEMORYTYPE_ARRAY || c->dstMemoryType == CU_MEMORYTYPE_ARRAY)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  size_t w = c->WidthInBytes, h = c->Height, dep = c->Depth;
+  if (w == 0 || h == 0 || dep == 0) return CUDA_SUCCESS;
+  auto row = [&](bool src, size_t y, size_t z, uint8_t** out) -> bool {
+    CUmemorytype type = src ? c->srcMemoryType : c->dstMemoryType;
+    size_t x0 = src ? c->srcXInBytes : c->dstXInBytes, y0 = src ? c->srcY : c->dstY,
+           z0 = src ? c->srcZ : c->dstZ, pitch = src ? c->srcPitch : c->dstPitch,
+           height = src ? c->srcHeight : c->dstHeight;
+    if (pitch < w && !(h == 1 && dep == 1)) return false;
+    uint64_t off = ((z0 + z) * (height ? height : h) + y0 + y) * pitch + x0;
+    if (type == CU_MEMORYTYPE_HOST) {
+      *out = static_cast<uint8_t*>(const_cast<void*>(src ? c->srcHost : c->dstHost)) + off;
+      return true;
+    }
+    uint64_t base = (src ? c->srcDevice : c->dstDevice) + off;
+    if (!Valid(base, w)) return false;
+    *out = reinterpret_cast<uint8_t*>(base);
+    return true;
+  };
+  for (size_t z = 0; z < dep; ++z)
+    for (size_t y = 0; y < h; ++y) {
+      uint8_t *s = nullptr, *d = nullptr;
+      if (!row(true, y, z, &s) || !row(false, y, z, &d)) return CUDA_ERROR_INVALID_VALUE;
+      std::memmove(d, s, w);
+    }
+  return CUDA_SUCCESS;
+}
+CUresult simMemcpy3DAsync(const CUDA_MEMCPY3D* c, CUstream) { return simMemcpy3D(c); }
+
+// --- streams and events
+CUresult simStreamCreate(CUstream* s, unsigned flags) {
+  *s = reinterpret_cast<CUstream>(new SimStream{0, flags});
+  return CUDA_SUCCESS;
+}
+CUresult simStreamCreateWithPriority(CUstream* s, unsigned flags, int prio) {
+  *s = reinterpret_cast<CUstream>(new SimStream{prio < -5 ? -5 : (prio > 0 ? 0 : prio), flags});
+  return CUDA_SUCCESS;
+}
+SimStream* AsStream(CUstream s) {
+  uintptr_t v = reinterpret_cast<uintptr_t>(s);
+  return v <= 2 ? nullptr : reinterpret_cast<SimStream*>(s);
+}
+CUresult simStreamDestroy(CUstream s) {
+  delete AsStream(s);
+  return CUDA_SUCCESS;
+}
+CUresult simStreamNoop(CUstream) { return CUDA_SUCCESS; }
+CUresult simStreamWaitEvent(CUstream, CUevent, unsigned) { return CUDA_SUCCESS; }
+CUresult simStreamGetPriority(CUstream s, int* p) {
+  *p = AsStream(s) ? AsStream(s)->priority : 0;
+  return CUDA_SUCCESS;
+}
+CUresult simStreamGetFlags(CUstream s, unsigned* f) {
+  *f = AsStream(s) ? AsStream(s)->flags : 0;
+  return CUDA_SUCCESS;
+}
+CUresult simStreamIsCapturing(CUstream, CUstreamCaptureStatus* st) {
+  *st = CU_STREAM_CAPTURE_STATUS_NONE;
+  return CUDA_SUCCESS;
+}
+CUresult simStreamGetId(CUstream s, unsigned long long* id) {
+  *id = reinterpret_cast<uintptr_t>(s);
+  return CUDA_SUCCESS;
+}
+CUresult simEventCreate(CUevent* e, unsigned) {
+  *e = reinterpret_cast<CUevent>(new SimEvent);
+  return CUDA_SUCCESS;
+}
+CUresult simEventDestroy(CUevent e) {
+  delete reinterpret_cast<SimEvent*>(e);
+  return CUDA_SUCCESS;
+}
+CUresult simEventRecord(CUevent e, CUstream) {
+  auto* ev = reinterpret_cast<SimEvent*>(e);
+  ev->at = std::chrono::steady_clock::now();
+  ev->recorded = true;
+  return CUDA_SUCCESS;
+}
+CUresult simEventRecordWithFlags(CUevent e, CUstream s, unsigned) { return simEventRecord(e, s); }
+CUresult simEventNoop(CUevent) { return CUDA_SUCCESS; }
+CUresult simEventElapsedTime(float* ms, CUevent a, CUevent b) {
+  auto* ea = reinterpret_cast<SimEvent*>(a);
+  auto* eb = reinterpret_cast<SimEvent*>(b);
+  if (!ea->recorded || !eb->recorded) return CUDA_ERROR_INVALID_HANDLE;
+  *ms = std::chrono::duration<float, std::milli>(eb->at - ea->at).count();
+  return CUDA_SUCCESS;
+}
+CUresult simMemHostAlloc(void** p, size_t n, unsigned) {
+  *p = std::malloc(n ? n : 1);
+  return *p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+CUresult simMemFreeHost(void* p) {
+  std::free(p);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
+  static Sim sim;
+  g_sim = &sim;
+  if (!options.record_path.empty()) {
+    sim.record = std::fopen(options.record_path.c_str(), "a");
+    if (sim.record == nullptr)
+      return Status::Error("cannot open sim record file " + options.record_path);
+  }
+  a->is_sim = true;
+  a->cuInit = simInit;
+  a->cuDriverGetVersion = simDriverGetVersion;
+  a->cuDeviceGet = simDeviceGet;
+  a->cuDeviceGetCount = simDeviceGetCount;
+  a->cuDeviceGetName = simDeviceGetName;
+  a->cuDeviceGetUuid_v2 = simDeviceGetUuid;
+  a->cuDeviceTotalMem_v2 = simDeviceTotalMem;
+  a->cuDeviceGetAttribute = simDeviceGetAttribute;
+  a->cuDevicePrimaryCtxRetain = simPrimaryCtxRetain;
+  a->cuDevicePrimaryCtxRelease_v2 = simPrimaryCtxRelease;
+  a->cuDevicePrimaryCtxReset_v2 = simPrimaryCtxReset;
+  a->cuCtxSetCurrent = simCtxSetCurrent;
+  a->cuCtxSynchronize = simCtxSynchronize;
+  a->cuCtxGetLimit = simCtxGetLimit;
+  a->cuCtxSetLimit = simCtxSetLimit;
+  a->cuCtxGetStreamPriorityRange = simCtxGetStreamPriorityRange;
+  a->cuLibraryLoadData = simLibraryLoadData;
+  a->cuModuleLoadData = simModuleLoadData;
+  a->cuLibraryUnload = simLibraryUnload;
+  a->cuModuleUnload = simModuleUnload;
+  a->cuLibraryGetKernelCount = simLibraryGetKernelCount;
+  a->cuModuleGetFunctionCount = simModuleGetFunctionCount;
+  a->cuLibraryEnumerateKernels = simLibraryEnumerateKernels;
+  a->cuModuleEnumerateFunctions = simModuleEnumerateFunctions;
+  a->cuKernelGetName = simKernelGetName;
+  a->cuFuncGetName = simFuncGetName;
+  a->cuKernelGetParamInfo = simKernelGetParamInfo;
+  a->cuFuncGetParamInfo = simFuncGetParamInfo;
+  a->cuKernelGetFunction = simKernelGetFunction;
+  a->cuLibraryGetGlobal = simLibraryGetGlobal;
+  a->cuModuleGetGlobal_v2 = simModuleGetGlobal;
+  a->cuFuncGetAttribute = simFuncGetAttribute;
+  a->cuFuncSetAttribute = simFuncSetAttribute;
+  a->cuKernelGetAttribute = simKernelGetAttribute;
+  a->cuKernelSetAttribute = simKernelSetAttribute;
+  a->cuOccupancyMaxActiveBlocksPerMultiprocessor = simOccupancy;
+  a->cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags = simOccupancyFlags;
+  a->cuLaunchKernelEx = simLaunchKernelEx;
+  a->cuMemAlloc_v2 = simMemAlloc;
+  a->cuMemAllocPitch_v2 = simMemAllocPitch;
+  a->cuMemFree_v2 = simMemFree;
+  a->cuMemGetInfo_v2 = simMemGetInfo;
+  a->cuMemGetAddressRange_v2 = simMemGetAddressRange;
+  a->cuMemcpyHtoD_v2 = simHtoD;
+  a->cuMemcpyHtoDAsync_v2 = simHtoDAsync;
+  a->cuMemcpyDtoH_v2 = simDtoH;
+  a->cuMemcpyDtoHAsync_v2 = simDtoHAsync;
+  a->cuMemcpyDtoD_v2 = simDtoD;
+  a->cuMemcpyDtoDAsync_v2 = simDtoDAsync;
+  a->cuMemsetD8_v2 = simMemsetD8;
+  a->cuMemsetD16_v2 = simMemsetD16;
+  a->cuMemsetD32_v2 = simMemsetD32;
+  a->cuMemsetD8Async = simMemsetD8Async;
+  a->cuMemsetD16Async = simMemsetD16Async;
+  a->cuMemsetD32Async = simMemsetD32Async;
+  a->cuMemsetD2D8_v2 = simMemsetD2D8;
+  a->cuMemsetD2D16_v2 = simMemsetD2D16;
+  a->cuMemsetD2D32_v2 = simMemsetD2D32;
+  a->cuMemsetD2D8Async = simMemsetD2D8Async;
+  a->cuMemsetD2D16Async = simMemsetD2D16Async;
+  a->cuMemsetD2D32Async = simMemsetD2D32Async;
+  a->cuMemcpy3D_v2 = simMemcpy3D;
+  a->cuMemcpy3DAsync_v2 = simMemcpy3DAsync;
+  a->cuStreamCreate = simStreamCreate;
+  a->cuStreamCreateWithPriority = simStreamCreateWithPriority;
+  a->cuStreamDestroy_v2 = simStreamDestroy;
+  a->cuStreamSynchronize = simStreamNoop;
+  a->cuStreamQuery = simStreamNoop;
+  a->cuStreamWaitEvent = simStreamWaitEvent;
+  a->cuStreamGetPriority = simStreamGetPriority;
+  a->cuStreamGetFlags = simStreamGetFlags;
+  a->cuStreamIsCapturing = simStreamIsCapturing;
+  a->cuStreamGetId = simStreamGetId;
+  a->cuEventCreate = simEventCreate;
+  a->cuEventDestroy_v2 = simEventDestroy;
+  a->cuEventRecord = simEventRecord;
+  a->cuEventRecordWithFlags = simEventRecordWithFlags;
+  a->cuEventSynchronize = simEventNoop;
+  a->cuEventQuery = simEventNoop;
+  a->cuEventElapsedTime_v2 = simEventElapsedTime;
+  a->cuMemHostAlloc = simMemHostAlloc;
+  a->cuMemFreeHost = simMemFreeHost;
+  return Status::Ok();
+}
+
+}  // namespace flyt::server

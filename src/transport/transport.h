@@ -1,0 +1,62 @@
+// Transports: byte streams between a client library and flyt-server.
+//
+// Owns: the Connection/Listener interface every transport implements (TCP and
+// Unix sockets today; shared memory, the network emulator and RDMA plug in
+// here later), address parsing ("tcp://host:port", "unix:///path",
+// "host:port"), and liveness settings (connect timeout, dead-peer timeout).
+// Must not know about frames or CUDA: it moves bytes.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+
+namespace flyt::transport {
+
+struct Address {
+  enum class Kind { kTcp, kUnix } kind = Kind::kTcp;
+  std::string host;  // tcp
+  int port = 0;      // tcp
+  std::string path;  // unix
+  std::string ToString() const;
+};
+
+// Parses "tcp://host:port", "host:port", "unix:///path" or "unix:path".
+Status ParseAddress(const std::string& text, Address* out);
+
+class Connection {
+ public:
+  virtual ~Connection() = default;
+  // Sends every byte of the vector, or fails (peer gone, timeout).
+  virtual Status Send(const iovec* iov, int count) = 0;
+  // Receives exactly n bytes, or fails (peer gone, timeout).
+  virtual Status Receive(void* dst, size_t n) = 0;
+  // Closes the connection; later calls fail. Safe to call from another thread.
+  virtual void Shutdown() = 0;
+  virtual std::string Peer() const = 0;
+};
+
+class Listener {
+ public:
+  virtual ~Listener() = default;
+  // Blocks until a peer connects; fails once Close() was called.
+  virtual Status Accept(std::unique_ptr<Connection>* out) = 0;
+  virtual void Close() = 0;
+  virtual std::string Describe() const = 0;
+};
+
+struct Liveness {
+  int connect_timeout_ms = 5000;
+  // A peer that acknowledges nothing for this long is declared dead (TCP user
+  // timeout and keepalive). Processes that exit are noticed at once.
+  int dead_peer_timeout_ms = 30000;
+};
+
+Status Dial(const Address& address, const Liveness& liveness, std::unique_ptr<Connection>* out);
+Status Listen(const Address& address, std::unique_ptr<Listener>* out);
+
+}  // namespace flyt::transport

@@ -1,0 +1,1119 @@
+#!/usr/bin/env python3
+"""End-to-end tests: real nvcc-built CUDA programs run through `flyt run` against
+`flyt-server --backend sim` (device memory is host memory, launches are recorded, no
+kernel runs).
+
+Each test starts its own server(s) on a free TCP port and a Unix socket in a temporary
+directory, with a token and a launch record file, and kills them in a finally block.
+Every subprocess runs under a timeout. Failures show the command, exit status, stdout,
+stderr and the client and server logs.
+
+Usage (CMake registers one ctest test per unittest method, see CMakeLists.txt):
+
+  python3 tests/e2e/run_e2e.py --bin-dir build/bin \\
+      --programs-dir build/tests/e2e/programs [unittest args, e.g. E2E.test_kernel_args]
+
+  --server-bin / --flyt-bin override the binaries found in --bin-dir;
+  --variants static,shared and --transports tcp,unix narrow the matrix;
+  --keep keeps the temporary directories (their paths are printed).
+
+Programs are looked up as <programs-dir>/<name> (static cudart) and
+<programs-dir>/<name>_shared (-cudart shared).
+
+Python 3 standard library only.
+"""
+
+import argparse
+import collections
+import concurrent.futures
+import difflib
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+# ---------------------------------------------------------------------------------------
+# Configuration (filled in by main()).
+
+
+class Config:
+    server_bin = None
+    flyt_bin = None
+    programs_dir = None
+    variants = ("static", "shared")
+    transports = ("tcp", "unix")
+    keep = False
+
+
+CFG = Config()
+
+PROGRAMS = (
+    "device_query",
+    "memory_roundtrip",
+    "stream_event_order",
+    "kernel_args",
+    "unsupported_api",
+    "server_gone",
+)
+
+TOKEN = "e2e-secret-token-7f3a"
+RUN_TIMEOUT_S = 150  # one program run
+SERVER_START_TIMEOUT_S = 20
+# FLYT_TIMEOUT_MS for ordinary runs: long enough for a slow CI machine.
+NORMAL_CLIENT_TIMEOUT_MS = 20000
+# FLYT_TIMEOUT_MS for the dead-server and wrong-token tests, and the slack allowed on top.
+SHORT_CLIENT_TIMEOUT_MS = 3000
+DEAD_SERVER_SLACK_S = 10.0
+RECORD_WAIT_S = 10.0
+SERVER_RSS_LIMIT_KB = 2 * 1024 * 1024  # after the hostile-frame storm
+
+SIM_NAME = "Flyt Simulated GPU"
+SIM_TOTAL_MEM = 85899345920
+SIM_SMS = 132
+
+RECORD_RE = re.compile(
+    r"^launch kernel=\S+ grid=\d+,\d+,\d+ block=\d+,\d+,\d+ shared=\d+ "
+    r"params=((?:[0-9a-f]{2})+(?::(?:[0-9a-f]{2})+)*)?$"
+)
+SANITIZER_RE = re.compile(
+    r"ERROR: AddressSanitizer|ERROR: ThreadSanitizer|WARNING: ThreadSanitizer|"
+    r"runtime error:|ERROR: UndefinedBehaviorSanitizer"
+)
+
+# Guessed layouts of the frame header (DESIGN.md: fixed little-endian header with op id,
+# call id, flags, payload length). The layout-independent mutations of a captured
+# session below do not depend on these; keep them roughly in sync with src/protocol.
+WIRE_HEADER_GUESSES = (
+    # (description, struct format, field order)
+    ("u32 op, u32 flags, u64 call, u64 len", "<IIQQ", ("op", "flags", "call", "len")),
+    ("u32 op, u32 call, u32 flags, u32 len", "<IIII", ("op", "call", "flags", "len")),
+    ("u32 magic, u16 op, u16 flags, u64 call, u64 len", "<4sHHQQ",
+     ("magic", "op", "flags", "call", "len")),
+    ("u16 op, u16 flags, u32 len, u64 call", "<HHIQ", ("op", "flags", "len", "call")),
+    ("u64 len, u32 op, u32 flags, u64 call", "<QIIQ", ("len", "op", "flags", "call")),
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Helpers.
+
+
+def tail(text, limit=6000):
+    if text is None:
+        return "<none>"
+    if len(text) <= limit:
+        return text
+    return "...[%d bytes cut]...\n%s" % (len(text) - limit, text[-limit:])
+
+
+def short_lines(text, limit=400):
+    """Cuts each line longer than `limit` characters (hex dumps of large parameters)."""
+    if text is None:
+        return None
+    return "\n".join(l if len(l) <= limit else l[:limit] + "...(%d chars)" % len(l)
+                     for l in text.split("\n"))
+
+
+def read_text(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+    except OSError as e:
+        return "<cannot read %s: %s>" % (path, e)
+
+
+def describe_rc(rc):
+    if rc is None:
+        return "did not exit (killed after timeout)"
+    if rc < 0:
+        try:
+            return "killed by %s" % signal.Signals(-rc).name
+        except ValueError:
+            return "killed by signal %d" % -rc
+    if rc > 128:
+        try:
+            return "exit %d (128+%s?)" % (rc, signal.Signals(rc - 128).name)
+        except ValueError:
+            pass
+    return "exit %d" % rc
+
+
+def clean_env(extra=None):
+    """The caller's environment without FLYT_* settings, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLYT_")}
+    if extra:
+        for k, v in extra.items():
+            if v is None:
+                env.pop(k, None)
+            else:
+                env[k] = str(v)
+    return env
+
+
+def free_tcp_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def kill_group(proc):
+    """SIGKILL a process started with start_new_session=True and its group."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        try:
+            proc.kill()
+        except ProcessLookupError:
+            pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def program_path(name, variant):
+    suffix = "" if variant == "static" else "_shared"
+    return os.path.join(CFG.programs_dir, name + suffix)
+
+
+def rss_kb(pid):
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# The server.
+
+
+class Server:
+    """flyt-server --backend sim on a free TCP port and a Unix socket in `tmp`."""
+
+    def __init__(self, tmp, name="server", token=TOKEN, log_level="info", extra_args=()):
+        self.tmp = tmp
+        self.name = name
+        self.token = token
+        self.log_level = log_level
+        self.extra_args = list(extra_args)
+        self.sock_path = os.path.join(tmp, name + ".sock")
+        self.record_path = os.path.join(tmp, name + ".record")
+        self.log_path = os.path.join(tmp, name + ".log")
+        self.out_path = os.path.join(tmp, name + ".stdout")
+        self.err_path = os.path.join(tmp, name + ".stderr")
+        self.port = None
+        self.proc = None
+        self.cmd = None
+        self.killed_on_purpose = False
+
+    # -- life cycle
+
+    def start(self):
+        last_error = None
+        for _ in range(3):  # a port taken between probe and bind: try another
+            self.port = free_tcp_port()
+            if os.path.exists(self.sock_path):
+                os.unlink(self.sock_path)
+            self.cmd = [
+                CFG.server_bin,
+                "--listen", "tcp://127.0.0.1:%d" % self.port,
+                "--listen", "unix://" + self.sock_path,
+                "--backend", "sim",
+                "--sim-record", self.record_path,
+            ]
+            if self.token is not None:
+                self.cmd += ["--token", self.token]
+            self.cmd += self.extra_args
+            env = clean_env({"FLYT_LOG": self.log_level, "FLYT_LOG_FILE": self.log_path})
+            with open(self.out_path, "ab") as out, open(self.err_path, "ab") as err:
+                self.proc = subprocess.Popen(
+                    self.cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
+                    start_new_session=True)
+            try:
+                self._wait_ready()
+                return self
+            except RuntimeError as e:
+                last_error = e
+                kill_group(self.proc)
+                if "in use" not in self.logs().lower():
+                    break
+        raise AssertionError("flyt-server did not start: %s\n%s" % (last_error, self.logs()))
+
+    def _wait_ready(self):
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        tcp_ok = unix_ok = False
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("server exited during start-up: %s"
+                                   % describe_rc(self.proc.returncode))
+            if not tcp_ok:
+                tcp_ok = self._probe(socket.AF_INET, ("127.0.0.1", self.port))
+            if not unix_ok:
+                unix_ok = self._probe(socket.AF_UNIX, self.sock_path)
+            if tcp_ok and unix_ok:
+                return
+            time.sleep(0.05)
+        raise RuntimeError("no listener after %ds (tcp %s, unix %s)"
+                           % (SERVER_START_TIMEOUT_S, tcp_ok, unix_ok))
+
+    @staticmethod
+    def _probe(family, addr):
+        s = socket.socket(family, socket.SOCK_STREAM)
+        s.settimeout(1.0)
+        try:
+            s.connect(addr)
+            return True
+        except OSError:
+            return False
+        finally:
+            s.close()
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self):
+        """SIGKILL, on purpose (the dead-server test)."""
+        self.killed_on_purpose = True
+        kill_group(self.proc)
+
+    def stop(self):
+        """SIGTERM, then SIGKILL after 10 s. Returns a problem description or None."""
+        if self.proc is None:
+            return None
+        problem = None
+        if self.proc.poll() is not None:
+            if not self.killed_on_purpose:
+                problem = "the server had already exited (%s) before the test stopped it" % (
+                    describe_rc(self.proc.returncode))
+        else:
+            try:
+                self.proc.send_signal(signal.SIGTERM)
+                self.proc.wait(timeout=10)
+                rc = self.proc.returncode
+                if rc not in (0, -signal.SIGTERM, 128 + signal.SIGTERM):
+                    problem = "the server ended badly on SIGTERM: %s" % describe_rc(rc)
+            except subprocess.TimeoutExpired:
+                problem = "the server ignored SIGTERM for 10 s"
+            finally:
+                kill_group(self.proc)
+        sanitizer = self.sanitizer_report()
+        if sanitizer:
+            problem = (problem + "; " if problem else "") + "sanitizer report:\n" + sanitizer
+        return problem
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        if self.proc:
+            kill_group(self.proc)
+        return False
+
+    # -- addresses and outputs
+
+    def url(self, transport):
+        if transport == "tcp":
+            return "tcp://127.0.0.1:%d" % self.port
+        if transport == "unix":
+            return "unix://" + self.sock_path
+        raise ValueError(transport)
+
+    def address(self, transport):
+        if transport == "tcp":
+            return socket.AF_INET, ("127.0.0.1", self.port)
+        return socket.AF_UNIX, self.sock_path
+
+    def log_text(self):
+        return read_text(self.log_path) if os.path.exists(self.log_path) else ""
+
+    def all_output(self):
+        parts = []
+        for p in (self.log_path, self.out_path, self.err_path):
+            if os.path.exists(p):
+                parts.append(read_text(p))
+        return "\n".join(parts)
+
+    def sanitizer_report(self):
+        text = self.all_output()
+        m = SANITIZER_RE.search(text)
+        return tail(text[m.start():], 4000) if m else None
+
+    def logs(self):
+        state = "running" if self.alive() else (
+            describe_rc(self.proc.returncode) if self.proc else "not started")
+        return ("--- server %s (%s): %s\n--- server log %s:\n%s\n--- server stderr:\n%s\n"
+                "--- server stdout:\n%s" % (
+                    self.name, state, " ".join(self.cmd or []), self.log_path,
+                    tail(self.log_text() if os.path.exists(self.log_path) else "<none>"),
+                    tail(read_text(self.err_path) if os.path.exists(self.err_path) else ""),
+                    tail(read_text(self.out_path) if os.path.exists(self.out_path) else "")))
+
+    def record_lines(self):
+        if not os.path.exists(self.record_path):
+            return []
+        return [l for l in read_text(self.record_path).splitlines() if l.startswith("launch ")]
+
+
+# ---------------------------------------------------------------------------------------
+# Running programs through `flyt run`.
+
+
+class Result:
+    def __init__(self, cmd, env_note, rc, stdout, stderr, client_log_path, elapsed):
+        self.cmd = cmd
+        self.env_note = env_note
+        self.rc = rc
+        self.stdout = stdout
+        self.stderr = stderr
+        self.client_log_path = client_log_path
+        self.elapsed = elapsed
+
+    @property
+    def client_log(self):
+        if self.client_log_path and os.path.exists(self.client_log_path):
+            return read_text(self.client_log_path)
+        return ""
+
+    def lines(self):
+        return self.stdout.splitlines()
+
+    def describe(self):
+        return ("--- command: %s\n--- env: %s\n--- result: %s after %.1fs\n--- stdout:\n%s\n"
+                "--- stderr:\n%s\n--- client log %s:\n%s" % (
+                    " ".join(self.cmd), self.env_note, describe_rc(self.rc), self.elapsed,
+                    tail(short_lines(self.stdout)), tail(self.stderr), self.client_log_path,
+                    tail(self.client_log)))
+
+
+_counter_lock = threading.Lock()
+_counter = [0]
+
+
+def next_id():
+    with _counter_lock:
+        _counter[0] += 1
+        return _counter[0]
+
+
+def flyt_command(server, transport, program, args=(), token=TOKEN, use_flags=True):
+    cmd = [CFG.flyt_bin, "run"]
+    if use_flags:
+        cmd += ["--server", server.url(transport)]
+        if token is not None:
+            cmd += ["--token", token]
+    return cmd + ["--", program] + list(args)
+
+
+def client_env(tmp, server, transport, log_level="info", timeout_ms=NORMAL_CLIENT_TIMEOUT_MS,
+               token=TOKEN, use_flags=True, log_to_file=True, watchdog_s=RUN_TIMEOUT_S - 20,
+               extra=None):
+    log_path = os.path.join(tmp, "client-%d.log" % next_id()) if log_to_file else None
+    e = {"FLYT_LOG": log_level, "FLYT_TIMEOUT_MS": timeout_ms, "E2E_WATCHDOG_S": watchdog_s}
+    if log_path:
+        e["FLYT_LOG_FILE"] = log_path
+    if not use_flags:
+        e["FLYT_SERVER"] = server.url(transport)
+        if token is not None:
+            e["FLYT_TOKEN"] = token
+    if extra:
+        e.update(extra)
+    note = " ".join("%s=%s" % kv for kv in sorted(e.items()))
+    return clean_env(e), note, log_path
+
+
+def run_program(tmp, server, transport, program, args=(), timeout=RUN_TIMEOUT_S, token=TOKEN,
+                use_flags=True, **env_kw):
+    cmd = flyt_command(server, transport, program, args, token=token, use_flags=use_flags)
+    env, note, log_path = client_env(tmp, server, transport, token=token, use_flags=use_flags,
+                                     **env_kw)
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        out, err = proc.communicate()
+        rc = None
+    finally:
+        kill_group(proc)
+    return Result(cmd, note, rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
+                  log_path, time.monotonic() - start)
+
+
+# ---------------------------------------------------------------------------------------
+# A TCP proxy that records what clients send (seed material for the hostile frames).
+
+
+class CaptureProxy:
+    def __init__(self, upstream_port, limit=1 << 16):
+        self.upstream_port = upstream_port
+        self.limit = limit
+        self.streams = []  # client->server bytes, one bytearray per connection
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.listener.settimeout(0.2)
+        self.port = self.listener.getsockname()[1]
+        self.sockets = []
+        self.thread = threading.Thread(target=self._accept_loop, daemon=True)
+        self.thread.start()
+
+    def url(self):
+        return "tcp://127.0.0.1:%d" % self.port
+
+    def _accept_loop(self):
+        while not self.stopping.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.upstream_port), 5)
+            except OSError:
+                client.close()
+                continue
+            buf = bytearray()
+            with self.lock:
+                self.streams.append(buf)
+                self.sockets += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream, buf), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, None), daemon=True).start()
+
+    def _pump(self, src, dst, record):
+        try:
+            src.settimeout(None)
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if record is not None and len(record) < self.limit:
+                    with self.lock:
+                        record += data[: self.limit - len(record)]
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (dst,):
+                try:
+                    s.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+
+    def stop(self):
+        self.stopping.set()
+        self.listener.close()
+        with self.lock:
+            for s in self.sockets:
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def seed(self):
+        with self.lock:
+            streams = [bytes(s) for s in self.streams if s]
+        # The session that carried the most traffic is the program's own.
+        return max(streams, key=len) if streams else b""
+
+
+def hostile_payloads(seed, rng):
+    """(description, bytes) pairs sent one per connection."""
+    out = []
+    out.append(("empty connection", b""))
+    for n in (1, 7, 64, 4096, 1 << 20):
+        out.append(("%d random bytes" % n, bytes(rng.getrandbits(8) for _ in range(min(n, 4096)))
+                    * max(1, n // 4096)))
+    out.append(("64 bytes of 0xff", b"\xff" * 64))
+    out.append(("64 bytes of 0x00", b"\x00" * 64))
+    out.append(("HTTP request", b"GET / HTTP/1.1\r\nHost: flyt\r\n\r\n"))
+    for desc, fmt, fields in WIRE_HEADER_GUESSES:
+        for op in (0, 1, 2, 0xFFFF):
+            vals = []
+            for name, code in zip(fields, re.findall(r"\d*[A-Za-z]", fmt[1:])):
+                if name == "magic":
+                    vals.append(b"FLYT")
+                elif name == "len":
+                    vals.append((1 << (8 * struct.calcsize("<" + code))) - 1)
+                elif name == "op":
+                    vals.append(op & ((1 << (8 * struct.calcsize("<" + code))) - 1))
+                elif name == "call":
+                    vals.append(1)
+                else:
+                    vals.append(0)
+            header = struct.pack(fmt, *vals)
+            out.append(("guessed header [%s] op=%d, maximal length" % (desc, op),
+                        header + bytes(rng.getrandbits(8) for _ in range(256))))
+    if seed:
+        base = seed[:8192]
+        out.append(("captured session replayed", base))
+        span = min(len(base), 256)
+        for off in range(0, span - 3, 4):
+            out.append(("captured session, 0xffffffff at %d" % off,
+                        base[:off] + b"\xff\xff\xff\xff" + base[off + 4:]))
+            out.append(("captured session, 0x7fffffff at %d" % off,
+                        base[:off] + b"\xff\xff\xff\x7f" + base[off + 4:]))
+        for off in range(0, span - 7, 8):
+            out.append(("captured session, 8 x 0xff at %d" % off,
+                        base[:off] + b"\xff" * 8 + base[off + 8:]))
+        for cut in sorted(set(rng.randrange(1, len(base)) for _ in range(16))):
+            out.append(("captured session cut at %d" % cut, base[:cut]))
+        for i in range(24):
+            b = bytearray(base[: min(len(base), 2048)])
+            for _ in range(rng.randrange(1, 9)):
+                b[rng.randrange(0, min(len(b), 256))] = rng.getrandbits(8)
+            out.append(("captured session with random byte flips #%d" % i, bytes(b)))
+        # A well-formed start followed by garbage (an unknown op after the handshake, if
+        # the handshake is shorter than the cut).
+        for cut in (16, 24, 32, 48, 64, 96, 128):
+            if cut < len(base):
+                out.append(("captured session prefix %d + garbage" % cut,
+                            base[:cut] + bytes(rng.getrandbits(8) for _ in range(512))))
+    return out
+
+
+def send_hostile(family, addr, payload, linger_s=1.0):
+    """Sends `payload` on a fresh connection, half-closes, drains for up to `linger_s`.
+    Returns 'closed' when the server closed the connection, else 'open'."""
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.settimeout(5.0)
+    try:
+        s.connect(addr)
+        try:
+            if payload:
+                s.sendall(payload)
+            s.shutdown(socket.SHUT_WR)
+        except OSError:
+            return "closed"
+        deadline = time.monotonic() + linger_s
+        s.settimeout(0.2)
+        while time.monotonic() < deadline:
+            try:
+                data = s.recv(65536)
+                if not data:
+                    return "closed"
+            except socket.timeout:
+                continue
+            except OSError:
+                return "closed"
+        return "open"
+    except OSError as e:
+        return "connect failed: %s" % e
+    finally:
+        s.close()
+
+
+# ---------------------------------------------------------------------------------------
+# The tests.
+
+
+class E2E(unittest.TestCase):
+    maxDiff = None
+
+    @classmethod
+    def setUpClass(cls):
+        missing = [p for p in (CFG.server_bin, CFG.flyt_bin) if not os.path.isfile(p)]
+        for name in PROGRAMS:
+            for variant in CFG.variants:
+                p = program_path(name, variant)
+                if not os.path.isfile(p):
+                    missing.append(p)
+        if missing:
+            raise AssertionError("missing binaries (build first):\n  " + "\n  ".join(missing))
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="flyt-e2e-")
+        self.servers = []
+
+    def tearDown(self):
+        problems = []
+        for srv in self.servers:
+            problem = srv.stop()
+            if problem:
+                problems.append("%s\n%s" % (problem, srv.logs()))
+        if CFG.keep:
+            sys.stderr.write("\n[e2e] kept %s\n" % self.tmp)
+        else:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        if problems:
+            self.fail("server problem(s):\n" + "\n".join(problems))
+
+    # -- helpers
+
+    def start_server(self, **kw):
+        kw.setdefault("name", "server%d" % next_id())
+        srv = Server(self.tmp, **kw)
+        srv.start()  # raises with the server's output when it does not come up
+        self.servers.append(srv)
+        return srv
+
+    def stop_server(self, srv):
+        problem = srv.stop()
+        self.servers.remove(srv)
+        if problem:
+            self.fail("%s\n%s" % (problem, srv.logs()))
+
+    def matrix(self):
+        for variant in CFG.variants:
+            for transport in CFG.transports:
+                yield variant, transport
+
+    def assert_passed(self, res, name, srv):
+        where = "%s\n%s" % (res.describe(), srv.logs())
+        self.assertIsNotNone(res.rc, "%s hung (killed after %ds)\n%s" % (name, RUN_TIMEOUT_S,
+                                                                          where))
+        self.assertEqual(res.rc, 0, "%s failed: %s\n%s" % (name, describe_rc(res.rc), where))
+        lines = res.lines()
+        self.assertTrue(lines and lines[-1] == "%s: PASS" % name,
+                        "%s did not end with '%s: PASS'\n%s" % (name, name, where))
+        m = SANITIZER_RE.search(res.stderr)
+        self.assertIsNone(m, "sanitizer report in the client's stderr\n" + where)
+        self.assertTrue(srv.alive(), "the server died during %s\n%s" % (name, where))
+
+    def run_ok(self, srv, transport, name, variant, args=(), **kw):
+        res = run_program(self.tmp, srv, transport, program_path(name, variant), args, **kw)
+        self.assert_passed(res, name, srv)
+        return res
+
+    def wait_records(self, srv, count):
+        deadline = time.monotonic() + RECORD_WAIT_S
+        lines = srv.record_lines()
+        while len(lines) < count and time.monotonic() < deadline:
+            time.sleep(0.1)
+            lines = srv.record_lines()
+        return lines
+
+    @staticmethod
+    def kv(res):
+        out = {}
+        for line in res.lines():
+            if "=" in line:
+                k, v = line.split("=", 1)
+                out.setdefault(k, v)
+        return out
+
+    # -- the programs, both cudart variants, both transports
+
+    def test_device_query(self):
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                srv = self.start_server()
+                res = self.run_ok(srv, transport, "device_query", variant)
+                kv = self.kv(res)
+                where = res.describe()
+                self.assertEqual(kv.get("name"), SIM_NAME, where)
+                self.assertEqual(kv.get("compute_capability"), "9.0", where)
+                self.assertEqual(kv.get("multiprocessors"), str(SIM_SMS), where)
+                self.assertEqual(kv.get("total_global_mem"), str(SIM_TOTAL_MEM), where)
+                self.assertEqual(kv.get("mem_total"), str(SIM_TOTAL_MEM), where)
+                self.assertEqual(kv.get("warp_size"), "32", where)
+                self.assertEqual(kv.get("max_threads_per_block"), "1024", where)
+                self.assertEqual(kv.get("device_count"), "1", where)
+                self.stop_server(srv)
+
+        # Configuration through FLYT_SERVER / FLYT_TOKEN instead of flags, with the most
+        # verbose logging going to stderr: the client library must never write to stdout.
+        for transport in CFG.transports:
+            with self.subTest(config="env", transport=transport):
+                srv = self.start_server()
+                res = self.run_ok(srv, transport, "device_query", CFG.variants[0],
+                                  use_flags=False, log_level="trace", log_to_file=False,
+                                  extra={"FLYT_TRACE": "1"})
+                stray = [l for l in res.lines()
+                         if not re.match(r"^[a-z0-9_.]+=", l) and l != "device_query: PASS"]
+                self.assertEqual(stray, [], "lines on stdout that the program did not print "
+                                 "(the client library must never write to stdout)\n"
+                                 + res.describe())
+                self.stop_server(srv)
+
+    def test_memory_roundtrip(self):
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                srv = self.start_server()
+                self.run_ok(srv, transport, "memory_roundtrip", variant)
+                self.stop_server(srv)
+
+    def test_stream_event_order(self):
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                srv = self.start_server()
+                res = self.run_ok(srv, transport, "stream_event_order", variant)
+                kv = self.kv(res)
+                self.assertEqual(kv.get("callback_order"), "1,2,3,4,5", res.describe())
+                self.assertEqual(kv.get("cross_stream_order"), "10,11", res.describe())
+                self.stop_server(srv)
+
+    def test_kernel_args(self):
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                srv = self.start_server()
+                res = self.run_ok(srv, transport, "kernel_args", variant)
+                expected = [l for l in res.lines() if l.startswith("launch ")]
+                kv = self.kv(res)
+                self.assertEqual(str(len(expected)), kv.get("launches"), res.describe())
+                for line in expected:  # the program's own lines must follow the format
+                    self.assertRegex(line, RECORD_RE)
+                got = self.wait_records(srv, len(expected))
+                if len(got) < len(expected):
+                    # Give the server a chance to flush the record on shutdown.
+                    self.stop_server(srv)
+                    got = srv.record_lines()
+                self.compare_records(expected, got, res, srv)
+                if srv in self.servers:
+                    self.stop_server(srv)
+
+    def compare_records(self, expected, got, res, srv):
+        if expected == got:
+            return
+
+        def short(lines):
+            return [l if len(l) <= 400 else l[:400] + "...(%d chars)" % len(l) for l in lines]
+
+        diff = "\n".join(difflib.unified_diff(short(expected), short(got), "program (expected)",
+                                              "sim record (got)", lineterm="", n=1))
+        detail = ""
+        for i, (e, g) in enumerate(zip(expected, got)):
+            if e != g:
+                at = next(k for k in range(min(len(e), len(g)) + 1)
+                          if k == min(len(e), len(g)) or e[k] != g[k])
+                detail = ("first difference in launch #%d at character %d:\n  expected ...%s\n"
+                          "  got      ...%s" % (i, at, e[max(0, at - 60):at + 60],
+                                                g[max(0, at - 60):at + 60]))
+                break
+        if sorted(expected) == sorted(got):
+            detail += "\n(the same lines, in a different order)"
+        self.fail("sim record differs from the launches the program made (%d expected, %d "
+                  "recorded)\n%s\n%s\n--- record file %s\n%s\n%s" % (
+                      len(expected), len(got), detail, diff, srv.record_path,
+                      res.describe(), srv.logs()))
+
+    # -- error paths
+
+    def test_unsupported_api(self):
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                srv = self.start_server()
+                res = self.run_ok(srv, transport, "unsupported_api", variant, log_level="warn")
+                log = res.client_log
+                where = res.describe()
+                map_lines = [l for l in log.splitlines() if re.search(
+                    r"\bcuGraphicsMapResources(_ptsz|_ptds|_v\d+)? is not supported by Flyt yet",
+                    l)]
+                self.assertEqual(len(map_lines), 1,
+                                 "want exactly one 'cuGraphicsMapResources is not supported by "
+                                 "Flyt yet' line in the client log (called %s times)\n%s" % (
+                                     "3" if "dlsym cuGraphicsMapResources found=1" in res.stdout
+                                     else "2", where))
+                self.assertRegex(log, r"\bcuGraphicsUnregisterResource\S* is not supported by "
+                                 r"Flyt yet", where)
+                self.stop_server(srv)
+
+    def test_server_gone(self):
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                self.one_server_gone(variant, transport)
+
+    def one_server_gone(self, variant, transport):
+        srv = self.start_server()
+        trigger = os.path.join(self.tmp, "trigger-%d" % next_id())
+        program = program_path("server_gone", variant)
+        cmd = flyt_command(srv, transport, program, [trigger])
+        env, note, log_path = client_env(self.tmp, srv, transport,
+                                         timeout_ms=SHORT_CLIENT_TIMEOUT_MS, watchdog_s=90)
+        err_path = os.path.join(self.tmp, "server_gone-%d.stderr" % next_id())
+        lines = []
+        ready = threading.Event()
+        start = time.monotonic()
+        with open(err_path, "wb") as err_file:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err_file,
+                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+
+        def reader():
+            for raw in proc.stdout:
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                lines.append(line)
+                if line == "ready":
+                    ready.set()
+
+        t = threading.Thread(target=reader, daemon=True)
+        t.start()
+        rc = None
+        after_trigger = None
+        try:
+            deadline = time.monotonic() + 60
+            while not ready.wait(0.1):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    break
+            got_ready = ready.is_set()
+            if not got_ready:
+                kill_group(proc)
+                t.join(5)
+            else:
+                srv.kill()
+                with open(trigger, "w") as f:
+                    f.write("go\n")
+                t0 = time.monotonic()
+                limit = SHORT_CLIENT_TIMEOUT_MS / 1000.0 + DEAD_SERVER_SLACK_S
+                try:
+                    proc.wait(timeout=limit)
+                    rc = proc.returncode
+                except subprocess.TimeoutExpired:
+                    rc = None
+                after_trigger = time.monotonic() - t0
+        finally:
+            kill_group(proc)
+            t.join(5)
+            proc.stdout.close()
+        res = Result(cmd, note, rc, "\n".join(lines) + "\n", read_text(err_path), log_path,
+                     time.monotonic() - start)
+        where = "%s\n%s" % (res.describe(), srv.logs())
+        self.assertTrue(got_ready, "server_gone never printed 'ready'\n" + where)
+        self.assertIsNotNone(rc, "server_gone hung after the server was killed: still running "
+                             "%.1fs after the trigger (FLYT_TIMEOUT_MS=%d)\n%s" % (
+                                 after_trigger, SHORT_CLIENT_TIMEOUT_MS, where))
+        self.assertEqual(rc, 0, "server_gone: %s\n%s" % (describe_rc(rc), where))
+        m = re.search(r"^memcpy_error=(\d+) (\S+) elapsed_ms=(\d+)$", res.stdout, re.M)
+        self.assertIsNotNone(m, "no memcpy_error line\n" + where)
+        self.assertNotEqual(int(m.group(1)), 0, where)
+        self.assertLessEqual(int(m.group(3)), SHORT_CLIENT_TIMEOUT_MS + 3000,
+                             "cudaMemcpy took longer than FLYT_TIMEOUT_MS + 3 s to fail\n"
+                             + where)
+        m2 = re.search(r"^malloc_error=(\d+) ", res.stdout, re.M)
+        self.assertIsNotNone(m2, "no malloc_error line\n" + where)
+        self.assertNotEqual(int(m2.group(1)), 0, "cudaMalloc succeeded with no server\n" + where)
+        self.assertIn("server_gone: PASS", res.stdout, where)
+
+    def test_wrong_token(self):
+        transport_list = CFG.transports
+        for transport in transport_list:
+            for case, token in (("wrong", "not-the-token"), ("missing", None)):
+                with self.subTest(transport=transport, token=case):
+                    srv = self.start_server()
+                    res = run_program(self.tmp, srv, transport,
+                                      program_path("device_query", CFG.variants[0]),
+                                      token=token, timeout=60,
+                                      timeout_ms=SHORT_CLIENT_TIMEOUT_MS)
+                    where = "%s\n%s" % (res.describe(), srv.logs())
+                    self.assertIsNotNone(res.rc, "a refused client hung\n" + where)
+                    self.assertNotEqual(res.rc, 0, "a client with a %s token succeeded\n%s"
+                                        % (case, where))
+                    self.assertGreater(res.rc, 0, "the client crashed: %s\n%s"
+                                       % (describe_rc(res.rc), where))
+                    self.assertNotIn(res.rc, (128 + signal.SIGSEGV, 128 + signal.SIGABRT,
+                                              128 + signal.SIGBUS),
+                                     "the client crashed\n" + where)
+                    self.assertNotIn("device_query: PASS", res.stdout, where)
+                    self.assertRegex(res.client_log + res.stderr, r"(?i)token",
+                                     "the client did not say the token was refused\n" + where)
+                    self.assertRegex(srv.all_output(),
+                                     r"(?i)token|auth|refus|reject|denied",
+                                     "the server did not log the refusal\n" + where)
+                    self.assertTrue(srv.alive(), "the server died\n" + where)
+                    # The right token still works on the same server.
+                    self.run_ok(srv, transport, "device_query", CFG.variants[0])
+                    self.stop_server(srv)
+
+    def test_hostile_frames(self):
+        srv = self.start_server()
+        rng = random.Random(0xF17)
+
+        # 1. Capture a real session through a proxy, as seed for layout-free mutations.
+        proxy = CaptureProxy(srv.port)
+        try:
+            env, note, log_path = client_env(self.tmp, srv, "tcp")
+            cmd = [CFG.flyt_bin, "run", "--server", proxy.url(), "--token", TOKEN, "--",
+                   program_path("device_query", CFG.variants[0])]
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  stdin=subprocess.DEVNULL, env=env, timeout=RUN_TIMEOUT_S,
+                                  start_new_session=True)
+            res = Result(cmd, note, proc.returncode, proc.stdout.decode("utf-8", "replace"),
+                         proc.stderr.decode("utf-8", "replace"), log_path, 0)
+            self.assert_passed(res, "device_query", srv)
+        finally:
+            proxy.stop()
+        seed = proxy.seed()
+        self.assertGreater(len(seed), 0, "the capture proxy saw no client bytes")
+
+        payloads = hostile_payloads(seed, rng)
+        families = [srv.address(t) for t in CFG.transports]
+
+        # 2. Idle and half-sent connections held open for the whole storm.
+        held = []
+        for i in range(32):
+            fam, addr = families[i % len(families)]
+            s = socket.socket(fam, socket.SOCK_STREAM)
+            s.settimeout(5)
+            try:
+                s.connect(addr)
+                if i % 4 == 1:
+                    s.sendall(seed[:3])
+                elif i % 4 == 2:
+                    s.sendall(seed[:24])
+                held.append(s)
+            except OSError:
+                s.close()
+
+        # 3. Legit programs run while the storm goes on.
+        legit = {}
+
+        def legit_run(key, transport, name, variant):
+            legit[key] = (name, run_program(self.tmp, srv, transport, program_path(name, variant)))
+
+        legit_threads = []
+        plan = [("a", CFG.transports[-1], "memory_roundtrip", CFG.variants[0]),
+                ("b", CFG.transports[0], "stream_event_order", CFG.variants[-1])]
+        for key, transport, name, variant in plan:
+            th = threading.Thread(target=legit_run, args=(key, transport, name, variant))
+            th.start()
+            legit_threads.append(th)
+
+        outcomes = {}
+        try:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+                futures = {}
+                for i, (desc, payload) in enumerate(payloads):
+                    fam, addr = families[i % len(families)]
+                    futures[pool.submit(send_hostile, fam, addr, payload)] = desc
+                for fut in concurrent.futures.as_completed(futures):
+                    outcomes[futures[fut]] = fut.result()
+        finally:
+            for th in legit_threads:
+                th.join(RUN_TIMEOUT_S + 30)
+            for s in held:
+                s.close()
+
+        summary = {}
+        for v in outcomes.values():
+            summary[v.split(":")[0]] = summary.get(v.split(":")[0], 0) + 1
+        sys.stderr.write("\n[e2e] hostile frames: %d connections (%s), seed %d bytes\n"
+                         % (len(outcomes), summary, len(seed)))
+
+        self.assertTrue(srv.alive(), "the server died under hostile frames\n" + srv.logs())
+        failed_connects = [d for d, v in outcomes.items() if v.startswith("connect failed")]
+        self.assertEqual(failed_connects, [], "connections refused during the storm\n"
+                         + srv.logs())
+        for key in sorted(legit):
+            name, res = legit[key]
+            self.assert_passed(res, name, srv)
+        self.assertEqual(len(legit), len(plan), "a legit run did not finish")
+        kb = rss_kb(srv.proc.pid)
+        self.assertTrue(kb is None or kb < SERVER_RSS_LIMIT_KB,
+                        "server RSS %s kB after the storm (limit %d kB)" % (kb,
+                                                                           SERVER_RSS_LIMIT_KB))
+        # 4. Still serving afterwards, on every transport.
+        for transport in CFG.transports:
+            self.run_ok(srv, transport, "device_query", CFG.variants[0])
+        self.stop_server(srv)
+
+    def test_concurrent_sessions(self):
+        """Several programs at once on one server: sessions must not disturb each other."""
+        srv = self.start_server()
+        jobs = []
+        names = ("memory_roundtrip", "kernel_args", "stream_event_order", "device_query",
+                 "kernel_args")
+        i = 0
+        for name in names:
+            variant = CFG.variants[i % len(CFG.variants)]
+            transport = CFG.transports[(i // len(CFG.variants)) % len(CFG.transports)]
+            jobs.append((name, variant, transport))
+            i += 1
+        results = [None] * len(jobs)
+
+        def go(k, name, variant, transport):
+            results[k] = run_program(self.tmp, srv, transport, program_path(name, variant))
+
+        threads = [threading.Thread(target=go, args=(k,) + job) for k, job in enumerate(jobs)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(RUN_TIMEOUT_S + 30)
+        for (name, variant, transport), res in zip(jobs, results):
+            self.assertIsNotNone(res, "%s (%s, %s) never finished" % (name, variant, transport))
+            self.assert_passed(res, name, srv)
+        # Each kernel_args run's launches appear in the record in its own order, whole lines.
+        expected = [[l for l in res.lines() if l.startswith("launch ")]
+                    for (name, _, _), res in zip(jobs, results) if name == "kernel_args"]
+        total = sum(len(e) for e in expected)
+        got = self.wait_records(srv, total)
+        bad = [l[:200] for l in got if not RECORD_RE.match(l)]
+        self.assertEqual(bad, [], "malformed (interleaved?) record lines")
+        missing = collections.Counter(l for e in expected for l in e) - collections.Counter(got)
+        self.assertEqual(len(missing), 0, "%d launches missing from the record, e.g. %s\n%s" % (
+            sum(missing.values()), next(iter(missing), "")[:300], srv.logs()))
+        for exp in expected:
+            pos = 0
+            for line in exp:
+                try:
+                    pos = got.index(line, pos) + 1
+                except ValueError:
+                    self.fail("launch missing from the record (or out of order): %s\n%s"
+                              % (line[:300], srv.logs()))
+        self.stop_server(srv)
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin-dir", help="directory holding flyt-server and flyt")
+    ap.add_argument("--server-bin", help="path of flyt-server")
+    ap.add_argument("--flyt-bin", help="path of the flyt launcher")
+    ap.add_argument("--programs-dir", help="directory of the built e2e programs "
+                    "(default: <bin-dir>/../tests/e2e/programs)")
+    ap.add_argument("--variants", default="static,shared")
+    ap.add_argument("--transports", default="tcp,unix")
+    ap.add_argument("--keep", action="store_true", help="keep temporary directories")
+    args, rest = ap.parse_known_args()
+
+    if args.bin_dir:
+        CFG.server_bin = os.path.join(args.bin_dir, "flyt-server")
+        CFG.flyt_bin = os.path.join(args.bin_dir, "flyt")
+        CFG.programs_dir = os.path.join(args.bin_dir, os.pardir, "tests", "e2e", "programs")
+    if args.server_bin:
+        CFG.server_bin = args.server_bin
+    if args.flyt_bin:
+        CFG.flyt_bin = args.flyt_bin
+    if args.programs_dir:
+        CFG.programs_dir = args.programs_dir
+    if not (CFG.server_bin and CFG.flyt_bin and CFG.programs_dir):
+        ap.error("give --bin-dir, or --server-bin, --flyt-bin and --programs-dir")
+    CFG.server_bin = os.path.abspath(CFG.server_bin)
+    CFG.flyt_bin = os.path.abspath(CFG.flyt_bin)
+    CFG.programs_dir = os.path.abspath(CFG.programs_dir)
+    CFG.variants = tuple(v for v in args.variants.split(",") if v)
+    CFG.transports = tuple(t for t in args.transports.split(",") if t)
+    for v in CFG.variants:
+        if v not in ("static", "shared"):
+            ap.error("unknown variant %r" % v)
+    for t in CFG.transports:
+        if t not in ("tcp", "unix"):
+            ap.error("unknown transport %r" % t)
+    CFG.keep = args.keep
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+
+
+if __name__ == "__main__":
+    main()
