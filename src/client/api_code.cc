@@ -355,42 +355,25 @@ FLYT_API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* cfg, CUfunction f,
   return LaunchEx("cuLaunchKernelEx_ptsz", cfg, f, params, extra, true);
 }
 
-// --- host functions: the server drains the stream, then the function runs
-// here, before any later work of the stream is sent.
-
-namespace {
-CUresult HostFence(CUstream s, bool pt) {
-  wire::Writer w;
-  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(s));
-  return Client::Get().Call("cuLaunchHostFunc", ops::kOpHostFuncFence, w, ReplySink{},
-                            pt ? wire::kFlagPerThread : 0);
-}
-}  // namespace
+// --- host functions: run on this process's callback thread when the stream
+// reaches them on the GPU (see Client::EnqueueHostFunc).
 
 FLYT_API CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void* data) {
   if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  CUresult rc = HostFence(s, false);
-  if (rc == CUDA_SUCCESS) fn(data);
-  return rc;
+  return Client::Get().EnqueueHostFunc(s, [fn, data] { fn(data); }, false);
 }
 FLYT_API CUresult cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void* data) {
   if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  CUresult rc = HostFence(s, true);
-  if (rc == CUDA_SUCCESS) fn(data);
-  return rc;
+  return Client::Get().EnqueueHostFunc(s, [fn, data] { fn(data); }, true);
 }
 FLYT_API CUresult cuStreamAddCallback(CUstream s, CUstreamCallback cb, void* data, unsigned flags) {
   if (cb == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
-  CUresult rc = HostFence(s, false);
-  cb(s, rc, data);
-  return CUDA_SUCCESS;
+  return Client::Get().EnqueueHostFunc(s, [s, cb, data] { cb(s, CUDA_SUCCESS, data); }, false);
 }
 FLYT_API CUresult cuStreamAddCallback_ptsz(CUstream s, CUstreamCallback cb, void* data,
                                            unsigned flags) {
   if (cb == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
-  CUresult rc = HostFence(s, true);
-  cb(s, rc, data);
-  return CUDA_SUCCESS;
+  return Client::Get().EnqueueHostFunc(s, [s, cb, data] { cb(s, CUDA_SUCCESS, data); }, true);
 }
 
 // Queries: a plain synchronous call (they also flush queued work, so polling

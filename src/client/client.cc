@@ -6,8 +6,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "common/log.h"
 
@@ -31,6 +33,7 @@ int EnvInt(const char* name, int fallback) {
 }
 
 constexpr size_t kQueueLimit = 256 << 10;
+
 
 }  // namespace
 
@@ -71,6 +74,8 @@ CUresult Client::Init() {
     transport::Liveness live;
     live.dead_peer_timeout_ms = EnvInt("FLYT_TIMEOUT_MS", 30000);
     live.connect_timeout_ms = live.dead_peer_timeout_ms < 10000 ? live.dead_peer_timeout_ms : 10000;
+    address_ = addr;
+    liveness_ = live;
     st = transport::Dial(addr, live, &conn_);
     if (!st.ok()) {
       init_rc_ = Fail("cannot reach flyt-server: " + st.message() +
@@ -112,6 +117,8 @@ CUresult Client::Init() {
       if (r.Get(&d)) devices_.push_back(d);
     }
     driver_version_ = rep.driver_version < CUDA_VERSION ? rep.driver_version : CUDA_VERSION;
+    session_id_ = rep.session_id;
+    session_secret_ = rep.session_secret;
     primaries_.resize(devices_.size());
     FLYT_INFO("connected to flyt-server at %s: session %llu, %zu GPU(s), driver %d",
               server_.c_str(), static_cast<unsigned long long>(rep.session_id), devices_.size(),
@@ -210,6 +217,16 @@ CUresult Client::Call(const char* name, uint16_t op, const wire::Writer& req, Re
   if (rc != CUDA_SUCCESS) return rc;
   wire::FrameHeader rep{};
   Status st = conn_->Receive(&rep, sizeof(rep));
+  while (st.ok() && rep.magic == wire::kMagic && rep.op == ops::kOpDeviceOutput &&
+         rep.call_id == 0 && rep.payload_len <= wire::kMaxPayload) {
+    // Device printf output that the call flushed: it belongs on our stdout.
+    std::vector<uint8_t> text(rep.payload_len);
+    st = conn_->Receive(text.data(), text.size());
+    // Through the app's own stdio stream, as NVIDIA's driver does, so that the
+    // order with the app's printf output is the native one.
+    if (st.ok()) std::fwrite(text.data(), 1, text.size(), stdout);
+    if (st.ok()) st = conn_->Receive(&rep, sizeof(rep));
+  }
   bool malformed = st.ok() && (rep.magic != wire::kMagic || !(rep.flags & wire::kFlagReply) ||
                                rep.call_id != id || rep.payload_len > wire::kMaxPayload);
   if (st.ok() && !malformed) {
@@ -240,6 +257,73 @@ CUresult Client::Call(const char* name, uint16_t op, const wire::Writer& req, Re
     return static_cast<CUresult>(rep.deferred_status);
   }
   return static_cast<CUresult>(rep.status);
+}
+
+// --- host functions
+
+CUresult Client::EnsureCallbackChannel() {
+  std::lock_guard<std::mutex> lock(callback_mu_);
+  if (callback_channel_) return CUDA_SUCCESS;
+  std::unique_ptr<transport::Connection> conn;
+  Status st = transport::Dial(address_, liveness_, &conn);
+  wire::Writer w;
+  w.Put<uint32_t>(wire::kProtocolVersion);
+  w.Put<uint64_t>(session_id_);
+  w.Put<uint64_t>(session_secret_);
+  wire::FrameHeader h{wire::kMagic, ops::kOpAttachCallbackChannel, wire::kFlagWantReply, 0,
+                      static_cast<uint32_t>(w.size()), 0, 0, 0};
+  iovec iov[2] = {{&h, sizeof(h)}, {const_cast<uint8_t*>(w.data()), w.size()}};
+  wire::FrameHeader rep{};
+  if (st.ok()) st = conn->Send(iov, 2);
+  if (st.ok()) st = conn->Receive(&rep, sizeof(rep));
+  if (!st.ok() || rep.magic != wire::kMagic || rep.status != CUDA_SUCCESS) {
+    FLYT_ERROR("cannot open the host-function channel to flyt-server at %s: %s", server_.c_str(),
+               st.ok() ? "refused" : st.message().c_str());
+    return CUDA_ERROR_DEVICE_UNAVAILABLE;
+  }
+  std::thread([this, c = std::move(conn)]() mutable { ServeCallbacks(std::move(c)); }).detach();
+  callback_channel_ = true;
+  return CUDA_SUCCESS;
+}
+
+void Client::ServeCallbacks(std::unique_ptr<transport::Connection> conn) {
+  for (;;) {
+    wire::FrameHeader h{};
+    if (!conn->Receive(&h, sizeof(h)).ok() || h.magic != wire::kMagic ||
+        h.op != ops::kOpRunHostFunc || h.payload_len != 0)
+      break;
+    std::function<void()> fn;
+    {
+      std::lock_guard<std::mutex> lock(callback_mu_);
+      auto it = host_funcs_.find(h.call_id);
+      if (it != host_funcs_.end()) {
+        fn = std::move(it->second);
+        host_funcs_.erase(it);
+      }
+    }
+    if (fn) fn();
+    wire::FrameHeader done{wire::kMagic, ops::kOpHostFuncDone, 0, h.call_id, 0, 0, 0, 0};
+    iovec iov{&done, sizeof(done)};
+    if (!conn->Send(&iov, 1).ok()) break;
+  }
+  std::lock_guard<std::mutex> lock(callback_mu_);
+  callback_channel_ = false;
+}
+
+CUresult Client::EnqueueHostFunc(CUstream stream, std::function<void()> fn, bool per_thread) {
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = EnsureCallbackChannel();
+  if (rc != CUDA_SUCCESS) return rc;
+  uint64_t id = 0;
+  {
+    std::lock_guard<std::mutex> lock(callback_mu_);
+    id = next_host_func_++;
+    host_funcs_[id] = std::move(fn);
+  }
+  wire::Writer w;
+  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(stream));
+  w.Put<uint64_t>(id);
+  return Post("cuLaunchHostFunc", ops::kOpHostFunc, w, per_thread ? wire::kFlagPerThread : 0);
 }
 
 // --- contexts

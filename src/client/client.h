@@ -11,6 +11,7 @@
 
 #include <cuda.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -66,6 +67,11 @@ class Client {
                 const void* bulk = nullptr, size_t bulk_len = 0);
   CUresult Flush();
 
+  // Queues a host function behind the stream's work (cuLaunchHostFunc): the
+  // server's driver asks for it over a second connection when the stream
+  // reaches it, and it runs on this process's callback thread.
+  CUresult EnqueueHostFunc(CUstream stream, std::function<void()> fn, bool per_thread);
+
   // --- devices (answered locally)
   int device_count() const { return static_cast<int>(devices_.size()); }
   const ops::DeviceInfo* device(int ordinal) const {
@@ -105,6 +111,8 @@ class Client {
                       size_t bulk_len);
   CUresult FlushLocked();
   CUresult SyncContextLocked();
+  CUresult EnsureCallbackChannel();
+  void ServeCallbacks(std::unique_ptr<transport::Connection> conn);
   void TraceCall(const char* name, const char* cls, uint64_t t0_ns);
 
   std::mutex mu_;  // the connection, the queue, call ids
@@ -113,7 +121,16 @@ class Client {
   uint64_t next_call_ = 1;
   CUresult broken_ = CUDA_SUCCESS;  // once set, every remote call fails with it
   std::string server_;
+  transport::Address address_;
+  transport::Liveness liveness_;
+  uint64_t session_id_ = 0;
+  uint64_t session_secret_ = 0;
   CUcontext sent_ctx_ = nullptr;
+
+  std::mutex callback_mu_;  // the callback channel and the queued host functions
+  bool callback_channel_ = false;
+  uint64_t next_host_func_ = 1;
+  std::unordered_map<uint64_t, std::function<void()>> host_funcs_;
 
   std::once_flag init_once_;
   bool init_done_ = false;

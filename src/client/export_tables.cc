@@ -27,12 +27,13 @@ namespace {
 // ---------------------------------------------------------------------------------------
 // Table identities and layouts.
 //
-// `claimed` is the byte size reported in slot 0 (the number readers check before using a
-// slot); it matches what the real driver (580, CUDA 13.0) reports, or is the smallest size
-// that covers the slots we implement where a smaller claim steers the reader away from
-// slots we cannot serve. `capacity` is how many slots physically exist: every slot past
-// the ones we implement holds a callable stub, so a reader that trusts a slightly larger
-// layout than the one we claim still never jumps to null.
+// Slot 0 of most tables holds the table's size in bytes, which readers check before they
+// use a slot. We report the smallest size that covers the slots we implement (`claimed`):
+// cudart 13.0, cuBLAS, cuBLASLt and cuDNN accept it, and a reader that sees a short table
+// keeps away from the slots we cannot serve. Physically each table has the real driver's
+// slot count (driver 580, `real`) plus kPadSlots, and every slot we do not implement holds
+// a callable stub, so a reader that trusts a larger layout than we claim still never
+// jumps to null.
 
 enum TableIndex : int {
   kCudartInterface = 0,  // 6bd5fb6c
@@ -83,23 +84,29 @@ constexpr TableInfo kTableInfo[kNumTables] = {
      CUDA_ERROR_NOT_SUPPORTED},
 };
 
-// Requested by static cudart before cuInit. Refusing it is what the runtime copes with best
-// (answering it changes the start-up path), so it is refused quietly.
+// Asked for first by every cudart copy. The real driver serves a 3-slot table, but no slot
+// of it was called in our traces, and cudart 13.0 (static and shared), cuBLAS, cuBLASLt and
+// cuDNN all run with it refused; what it is for is unknown. Refused without a warning.
 constexpr unsigned char kRefusedQuietly[16] = {0xf8, 0xcf, 0xf9, 0x51, 0x21, 0x46, 0x8b, 0x4e,
                                                0xb9, 0xe2, 0xfb, 0x46, 0x9e, 0x7c, 0x0d, 0xd9};
 
 constexpr size_t kPadSlots = 32;
 
-// Slot counts reported in slot 0 (times sizeof(void*)) and physical slot counts.
-constexpr size_t kCudartClaimed = 13;
-constexpr size_t kHooksClaimed = 7;
-constexpr size_t kToolsTlsClaimed = 4;
-constexpr size_t kChecksClaimed = 4;
-constexpr size_t kIntegrityClaimed = 3;
-constexpr size_t kToolsContextClaimed = 5;
-constexpr size_t kToolsContextCapacity = 128;  // the real table is ~95 slots and growing
+struct Layout {
+  size_t claimed;   // slots reported in slot 0
+  size_t capacity;  // slots that exist
+};
+constexpr Layout MakeLayout(size_t claimed, size_t real) {
+  return Layout{claimed, (claimed > real ? claimed : real) + kPadSlots};
+}
+constexpr Layout kCudartLayout = MakeLayout(13, 13);
+constexpr Layout kHooksLayout = MakeLayout(7, 7);
+constexpr Layout kToolsTlsLayout = MakeLayout(3, 3);
+constexpr Layout kChecksLayout = MakeLayout(4, 15);
+constexpr Layout kIntegrityLayout = MakeLayout(3, 3);
+constexpr Layout kToolsContextLayout = MakeLayout(5, 93);
 // The storage table has no size slot: slots 0..2 are functions and slot 3 is null in the
-// real driver, which readers may treat as the end.
+// real driver (what follows it there is another table), so it is exactly four slots.
 constexpr size_t kStorageCapacity = 4;
 
 // Slot numbers of the entries we implement.
@@ -225,14 +232,15 @@ void CudartFn7(uintptr_t) {}
 CUresult CudartLoadCompilers() { return CUDA_SUCCESS; }
 
 // ---------------------------------------------------------------------------------------
-// a094798c: tools runtime callback hooks. Slots 2 and 6 hand cudart two zeroed flag arrays
-// (per-callback "a tool subscribed" switches); all zero means no tool is attached.
+// a094798c: tools runtime callback hooks. Slots 2 and 6 hand cudart two zeroed arrays and
+// their entry counts (1024 and 14, as the driver reports); they hold per-callback switches
+// that a profiler would set, so all zero means no tool is attached. Entries are sized at
+// 8 bytes, the widest a reader could assume.
 
 constexpr size_t kHooksBuffer1Entries = 1024;
 constexpr size_t kHooksBuffer2Entries = 14;
-// Twice the reported entry count, in case a reader counts in other units than we do.
-uint32_t hooks_buffer1[2 * kHooksBuffer1Entries];
-uint32_t hooks_buffer2[2 * kHooksBuffer2Entries];
+uint64_t hooks_buffer1[kHooksBuffer1Entries];
+uint64_t hooks_buffer2[kHooksBuffer2Entries];
 
 void HooksGetBuffer1(void** buffer, size_t* entries) {
   if (buffer != nullptr) *buffer = hooks_buffer1;
@@ -438,22 +446,26 @@ class Md2 {
 
  private:
   // The substitution table of RFC 1319, built from the digits of pi.
+  // clang-format off
   static constexpr uint8_t kPi[256] = {
-      41,  46,  67,  201, 162, 216, 124, 1,   61,  54,  84,  161, 236, 240, 6,   19,  98,  167, 5,
-      243, 192, 199, 115, 140, 152, 147, 43,  217, 188, 76,  130, 202, 30,  155, 87,  60,  253, 212,
-      224, 22,  103, 66,  111, 24,  138, 23,  229, 18,  190, 78,  196, 214, 218, 158, 222, 73,  160,
-      251, 245, 142, 187, 47,  238, 122, 169, 104, 121, 145, 21,  178, 7,   63,  148, 194, 16,  137,
-      11,  34,  95,  33,  128, 127, 93,  154, 90,  144, 50,  39,  53,  62,  204, 231, 191, 247, 151,
-      3,   255, 25,  48,  179, 72,  165, 181, 209, 215, 94,  146, 42,  172, 86,  170, 198, 79,  184,
-      56,  210, 150, 164, 125, 182, 118, 252, 107, 226, 156, 116, 4,   241, 69,  157, 112, 89,  100,
-      113, 135, 32,  134, 91,  207, 101, 230, 45,  168, 2,   27,  96,  37,  173, 174, 176, 185, 246,
-      28,  70,  97,  105, 52,  64,  126, 15,  85,  71,  163, 35,  221, 81,  175, 58,  195, 92,  249,
-      206, 186, 197, 234, 38,  44,  83,  13,  110, 133, 40,  132, 9,   211, 223, 205, 244, 65,  129,
-      77,  82,  106, 220, 55,  200, 108, 193, 171, 250, 36,  225, 123, 8,   12,  189, 177, 74,  120,
-      136, 149, 139, 227, 99,  232, 109, 233, 203, 213, 254, 59,  0,   29,  57,  242, 239, 183, 14,
-      102, 88,  208, 228, 166, 119, 114, 248, 235, 117, 75,  10,  49,  68,  80,  180, 143, 237, 31,
-      26,  219, 153, 141, 51,  159, 17,  131, 20,
+    0x29, 0x2e, 0x43, 0xc9, 0xa2, 0xd8, 0x7c, 0x01, 0x3d, 0x36, 0x54, 0xa1, 0xec, 0xf0, 0x06, 0x13,
+    0x62, 0xa7, 0x05, 0xf3, 0xc0, 0xc7, 0x73, 0x8c, 0x98, 0x93, 0x2b, 0xd9, 0xbc, 0x4c, 0x82, 0xca,
+    0x1e, 0x9b, 0x57, 0x3c, 0xfd, 0xd4, 0xe0, 0x16, 0x67, 0x42, 0x6f, 0x18, 0x8a, 0x17, 0xe5, 0x12,
+    0xbe, 0x4e, 0xc4, 0xd6, 0xda, 0x9e, 0xde, 0x49, 0xa0, 0xfb, 0xf5, 0x8e, 0xbb, 0x2f, 0xee, 0x7a,
+    0xa9, 0x68, 0x79, 0x91, 0x15, 0xb2, 0x07, 0x3f, 0x94, 0xc2, 0x10, 0x89, 0x0b, 0x22, 0x5f, 0x21,
+    0x80, 0x7f, 0x5d, 0x9a, 0x5a, 0x90, 0x32, 0x27, 0x35, 0x3e, 0xcc, 0xe7, 0xbf, 0xf7, 0x97, 0x03,
+    0xff, 0x19, 0x30, 0xb3, 0x48, 0xa5, 0xb5, 0xd1, 0xd7, 0x5e, 0x92, 0x2a, 0xac, 0x56, 0xaa, 0xc6,
+    0x4f, 0xb8, 0x38, 0xd2, 0x96, 0xa4, 0x7d, 0xb6, 0x76, 0xfc, 0x6b, 0xe2, 0x9c, 0x74, 0x04, 0xf1,
+    0x45, 0x9d, 0x70, 0x59, 0x64, 0x71, 0x87, 0x20, 0x86, 0x5b, 0xcf, 0x65, 0xe6, 0x2d, 0xa8, 0x02,
+    0x1b, 0x60, 0x25, 0xad, 0xae, 0xb0, 0xb9, 0xf6, 0x1c, 0x46, 0x61, 0x69, 0x34, 0x40, 0x7e, 0x0f,
+    0x55, 0x47, 0xa3, 0x23, 0xdd, 0x51, 0xaf, 0x3a, 0xc3, 0x5c, 0xf9, 0xce, 0xba, 0xc5, 0xea, 0x26,
+    0x2c, 0x53, 0x0d, 0x6e, 0x85, 0x28, 0x84, 0x09, 0xd3, 0xdf, 0xcd, 0xf4, 0x41, 0x81, 0x4d, 0x52,
+    0x6a, 0xdc, 0x37, 0xc8, 0x6c, 0xc1, 0xab, 0xfa, 0x24, 0xe1, 0x7b, 0x08, 0x0c, 0xbd, 0xb1, 0x4a,
+    0x78, 0x88, 0x95, 0x8b, 0xe3, 0x63, 0xe8, 0x6d, 0xe9, 0xcb, 0xd5, 0xfe, 0x3b, 0x00, 0x1d, 0x39,
+    0xf2, 0xef, 0xb7, 0x0e, 0x66, 0x58, 0xd0, 0xe4, 0xa6, 0x77, 0x72, 0xf8, 0xeb, 0x75, 0x4b, 0x0a,
+    0x31, 0x44, 0x50, 0xb4, 0x8f, 0xed, 0x1f, 0x1a, 0xdb, 0x99, 0x8d, 0x33, 0x9f, 0x11, 0x83, 0x14,
   };
+  // clang-format on
 
   void Byte(uint8_t b) {
     state_[16 + fill_] = b;
@@ -505,21 +517,19 @@ struct IntegrityDevice {
 };
 static_assert(sizeof(IntegrityDevice) == 28, "hashed byte for byte");
 
-struct Tables;
-const Tables& AllTables();
 CUresult IntegrityHash(uint32_t version, uint64_t unix_seconds, uint64_t result[2]);
 
 // ---------------------------------------------------------------------------------------
 // The tables themselves: built once, never freed, never moved (their addresses are hashed).
 
 struct Tables {
-  const void* cudart[kCudartClaimed + kPadSlots];
-  const void* hooks[kHooksClaimed + kPadSlots];
-  const void* tools_tls[kToolsTlsClaimed + kPadSlots];
+  const void* cudart[kCudartLayout.capacity];
+  const void* hooks[kHooksLayout.capacity];
+  const void* tools_tls[kToolsTlsLayout.capacity];
   const void* storage[kStorageCapacity];
-  const void* checks[kChecksClaimed + kPadSlots];
-  const void* integrity[kIntegrityClaimed + kPadSlots];
-  const void* tools_context[kToolsContextCapacity];
+  const void* checks[kChecksLayout.capacity];
+  const void* integrity[kIntegrityLayout.capacity];
+  const void* tools_context[kToolsContextLayout.capacity];
 
   const void* const* Get(int index) const {
     switch (index) {
@@ -547,7 +557,7 @@ Tables* BuildTables() {
   auto* t = new Tables();
 
   FillStubs<kCudartInterface>(t->cudart);
-  t->cudart[0] = SizeSlot(kCudartClaimed);
+  t->cudart[0] = SizeSlot(kCudartLayout.claimed);
   t->cudart[kCudartGetModuleFromCubin] = SlotOf(&CudartGetModuleFromCubin);
   t->cudart[kCudartGetPrimaryContext] = SlotOf(&CudartGetPrimaryContext);
   t->cudart[kCudartGetModuleFromCubinEx1] = SlotOf(&CudartGetModuleFromCubinEx1);
@@ -556,12 +566,12 @@ Tables* BuildTables() {
   t->cudart[kCudartLoadCompilers] = SlotOf(&CudartLoadCompilers);
 
   FillStubs<kToolsCallbackHooks>(t->hooks);
-  t->hooks[0] = SizeSlot(kHooksClaimed);
+  t->hooks[0] = SizeSlot(kHooksLayout.claimed);
   t->hooks[kHooksBuffer1] = SlotOf(&HooksGetBuffer1);
   t->hooks[kHooksBuffer2] = SlotOf(&HooksGetBuffer2);
 
   FillStubs<kToolsTls>(t->tools_tls);
-  t->tools_tls[0] = SizeSlot(kToolsTlsClaimed);
+  t->tools_tls[0] = SizeSlot(kToolsTlsLayout.claimed);
   t->tools_tls[kToolsTlsCurrentContext] = SlotOf(&ToolsTlsCurrentContext);
 
   FillStubs<kContextStorage>(t->storage);
@@ -571,16 +581,16 @@ Tables* BuildTables() {
   t->storage[3] = nullptr;
 
   FillStubs<kContextChecks>(t->checks);
-  t->checks[0] = SizeSlot(kChecksClaimed);
+  t->checks[0] = SizeSlot(kChecksLayout.claimed);
   t->checks[kChecksContext] = SlotOf(&ChecksContext);
   t->checks[kChecksGlobal] = SlotOf(&ChecksGlobal);
 
   FillStubs<kIntegrityCheck>(t->integrity);
-  t->integrity[0] = SizeSlot(kIntegrityClaimed);
+  t->integrity[0] = SizeSlot(kIntegrityLayout.claimed);
   t->integrity[kIntegrityHash] = SlotOf(&IntegrityHash);
 
   FillStubs<kToolsContext>(t->tools_context);
-  t->tools_context[0] = SizeSlot(kToolsContextClaimed);
+  t->tools_context[0] = SizeSlot(kToolsContextLayout.claimed);
   t->tools_context[kToolsContextId] = SlotOf(&ToolsContextId);
   return t;
 }

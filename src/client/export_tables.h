@@ -19,10 +19,11 @@ namespace flyt::client {
 CUresult GetExportTable(const void** table, const CUuuid* id);
 
 // Runs, then forgets, the destructor callbacks that cudart stored for `ctx` through the
-// context-local-storage table. The context code calls it where the real driver tears a
-// context down: cuCtxDestroy, cuDevicePrimaryCtxReset, and the cuDevicePrimaryCtxRelease
-// that drops the primary context's last reference. Call it before the handle is reused,
-// from no lock of the caller's (the callbacks call back into the driver API).
+// context-local-storage table (entries without one are forgotten too). The context code
+// calls it where the real driver does: in cuCtxDestroy (while `ctx` is still valid) and in
+// cuDevicePrimaryCtxReset. Not on the cuDevicePrimaryCtxRelease that drops the last
+// reference: the driver keeps the entries across that. Call it holding none of the caller's
+// locks; the callbacks call back into the driver API.
 void DestroyContextLocalStorage(CUcontext ctx);
 
 }  // namespace flyt::client

@@ -13,6 +13,9 @@ namespace flyt::ops {
 enum : uint16_t {
   kOpHello = 1,
   kOpGoodbye = 2,
+  // First frame of a second connection that carries host functions
+  // (cuLaunchHostFunc) back to the client: u64 session id, u64 secret.
+  kOpAttachCallbackChannel = 3,
   kOpPrimaryCtxRetain = 10,
   kOpSetCurrentContext = 11,
   kOpPrimaryCtxReset = 12,
@@ -27,6 +30,12 @@ enum : uint16_t {
   kOpCopy3D = 42,             // 2D/3D copies (descriptor + dense host bytes)
   kOpHostFuncFence = 50,      // cuLaunchHostFunc: wait until the stream drains
   kOpMemsetUnified = 51,
+  kOpHostFunc = 52,      // u64 stream, u64 callback id (asynchronous)
+  kOpRunHostFunc = 53,   // server -> client on the callback channel: call_id = callback id
+  kOpHostFuncDone = 54,  // client -> server on the callback channel: call_id = callback id
+  // Server-to-client notice sent just before a reply: bytes the GPU printed
+  // (device printf) for the client's stdout.
+  kOpDeviceOutput = 60,
 };
 
 // Which loader the app called; the server answers with the same kind of handle.

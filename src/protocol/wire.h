@@ -52,6 +52,7 @@ struct HelloReply {
   uint32_t protocol_version;
   int32_t driver_version;  // the server's driver (cuDriverGetVersion)
   uint64_t session_id;
+  uint64_t session_secret;  // proves ownership when attaching the callback channel
   // followed by a length-prefixed message (reason on refusal) and, on success,
   // the device inventory (see protocol/ops.h: DeviceInfo).
 };

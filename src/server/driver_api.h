@@ -50,6 +50,7 @@ namespace flyt::server {
   X(cuMemcpy3D_v2)                \
   X(cuMemcpy3DAsync_v2)           \
   X(cuMemHostAlloc)               \
+  X(cuLaunchHostFunc)             \
   X(cuMemFreeHost)
 
 struct DriverApi {
@@ -66,6 +67,7 @@ struct DriverApi {
   decltype(&::cuMemcpyDtoH_v2) cuMemcpyDtoH_v2_pt = nullptr;
   decltype(&::cuMemcpy3D_v2) cuMemcpy3D_v2_pt = nullptr;
   decltype(&::cuLaunchKernelEx) cuLaunchKernelEx_pt = nullptr;
+  decltype(&::cuLaunchHostFunc) cuLaunchHostFunc_pt = nullptr;
   bool is_sim = false;
 };
 
@@ -74,6 +76,7 @@ Status LoadCudaDriver(DriverApi* api);
 
 struct SimOptions {
   std::string record_path;  // one line per launch (see sim_backend.cc)
+  uint64_t memory_bytes = 80ull << 30;  // the simulated GPU's memory
 };
 // Fills the table with the sim backend: host memory, recorded launches, no kernels.
 Status LoadSimDriver(const SimOptions& options, DriverApi* api);

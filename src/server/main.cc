@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (st.ok()) st = server::DescribeDevices(state.get());
+  if (st.ok() && backend == "cuda") st = server::CaptureDeviceOutput(state.get());
   if (!st.ok()) {
     std::fprintf(stderr, "flyt-server: %s\n", st.message().c_str());
     return 1;

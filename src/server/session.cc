@@ -2,7 +2,14 @@
 // hand-written handlers, cleanup.
 #include "server/session.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
+#include <random>
+#include <thread>
+#include <cstdio>
 #include <cstring>
 #include <tuple>
 
@@ -81,7 +88,10 @@ struct Slot<T, ArgRole::kHandle> {
   bool Decode(Reader& r, Session& s, bool* bad) {
     if (!r.Get(&raw)) return false;
     constexpr HandleKind kind = marshal::HandleOf<T>::kind;
-    bool special = raw == 0 || (kind == HandleKind::kStream && (raw == 1 || raw == 2));
+    // Null means "default" only for streams and contexts; the legacy and
+    // per-thread stream handles are 1 and 2.
+    bool special = (raw == 0 && (kind == HandleKind::kStream || kind == HandleKind::kContext)) ||
+                   (kind == HandleKind::kStream && (raw == 1 || raw == 2));
     if (!special && !s.Owns(kind, raw)) *bad = true;
     return true;
   }
@@ -200,7 +210,20 @@ Session::Session(ServerState* state, std::unique_ptr<transport::Connection> conn
   state_->live_sessions++;
 }
 
-Session::~Session() { state_->live_sessions--; }
+Session::~Session() {
+  {
+    std::lock_guard<std::mutex> lock(state_->sessions_mu);
+    auto it = state_->sessions.find(id_);
+    if (it != state_->sessions.end() && it->second == this) state_->sessions.erase(it);
+  }
+  {
+    std::lock_guard<std::mutex> lock(callback_mu_);
+    if (callback_conn_ != nullptr) callback_conn_->Shutdown();
+  }
+  // Host functions still queued in the driver refer to this session.
+  while (host_funcs_in_flight_.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  state_->live_sessions--;
+}
 
 bool Session::Owns(HandleKind kind, uint64_t value) const {
   return handles_[static_cast<int>(kind)].count(value) != 0;
@@ -212,7 +235,36 @@ void Session::Forget(HandleKind kind, uint64_t value) {
   handles_[static_cast<int>(kind)].erase(value);
 }
 
+Status CaptureDeviceOutput(ServerState* state) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return Status::Error("pipe: " + std::string(strerror(errno)));
+  fcntl(fds[0], F_SETFL, O_NONBLOCK);
+  fcntl(fds[0], F_SETPIPE_SZ, 1 << 20);
+  if (dup2(fds[1], STDOUT_FILENO) < 0) return Status::Error("dup2 stdout failed");
+  close(fds[1]);
+  state->device_output_fd = fds[0];
+  return Status::Ok();
+}
+
+// Forwards what the GPU printed since the last reply. The driver writes device
+// printf output during the synchronising call itself, so it is in the pipe by
+// now. With several sessions at once, output goes to whichever replies first.
+void Session::ForwardDeviceOutput() {
+  if (state_->device_output_fd < 0) return;
+  fflush(stdout);
+  static thread_local std::vector<uint8_t> buf(64 << 10);
+  for (;;) {
+    ssize_t n = ::read(state_->device_output_fd, buf.data(), buf.size());
+    if (n <= 0) return;
+    wire::FrameHeader h{wire::kMagic, ops::kOpDeviceOutput, wire::kFlagReply, 0,
+                        static_cast<uint32_t>(n), 0, 0, 0};
+    iovec iov[2] = {{&h, sizeof(h)}, {buf.data(), static_cast<size_t>(n)}};
+    if (!conn_->Send(iov, 2).ok()) return;
+  }
+}
+
 bool Session::Reply(const wire::FrameHeader& req, CUresult rc, const Writer& out) {
+  ForwardDeviceOutput();
   wire::FrameHeader h{};
   h.magic = wire::kMagic;
   h.op = req.op;
@@ -228,16 +280,19 @@ bool Session::Reply(const wire::FrameHeader& req, CUresult rc, const Writer& out
   return s.ok();
 }
 
-bool Session::Handshake() {
+Session::Opening Session::Handshake() {
   wire::FrameHeader h{};
-  if (!conn_->Receive(&h, sizeof(h)).ok()) return false;
-  if (h.magic != wire::kMagic || h.op != ops::kOpHello || h.payload_len > 4096) {
+  if (!conn_->Receive(&h, sizeof(h)).ok()) return Opening::kRefused;
+  if (h.magic != wire::kMagic || h.payload_len > 4096 ||
+      (h.op != ops::kOpHello && h.op != ops::kOpAttachCallbackChannel)) {
     FLYT_WARN("session %llu from %s: not a Flyt handshake; closing",
               static_cast<unsigned long long>(id_), peer_.c_str());
-    return false;
+    return Opening::kRefused;
   }
   payload_.resize(h.payload_len);
-  if (!conn_->Receive(payload_.data(), h.payload_len).ok()) return false;
+  if (!conn_->Receive(payload_.data(), h.payload_len).ok()) return Opening::kRefused;
+  if (h.op == ops::kOpAttachCallbackChannel)
+    return AttachCallbackChannel(h) ? Opening::kCallbackChannel : Opening::kRefused;
   Reader in(payload_.data(), payload_.size());
   wire::HelloRequest req{};
   const uint8_t* token = nullptr;
@@ -246,11 +301,13 @@ bool Session::Handshake() {
       (token = in.Skip(req.token_len)) == nullptr) {
     FLYT_WARN("session %llu from %s: malformed handshake; closing",
               static_cast<unsigned long long>(id_), peer_.c_str());
-    return false;
+    return Opening::kRefused;
   }
   token_len = req.token_len;
   Writer out;
-  wire::HelloReply rep{wire::kProtocolVersion, state_->driver_version, id_};
+  std::random_device rd;
+  secret_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  wire::HelloReply rep{wire::kProtocolVersion, state_->driver_version, id_, secret_};
   out.Put(rep);
   std::string refusal;
   if (req.protocol_version != wire::kProtocolVersion) {
@@ -266,17 +323,64 @@ bool Session::Handshake() {
     FLYT_WARN("session %llu from %s (pid %u) refused: %s", static_cast<unsigned long long>(id_),
               peer_.c_str(), req.pid, refusal.c_str());
     Reply(h, CUDA_ERROR_NOT_PERMITTED, out);
-    return false;
+    return Opening::kRefused;
   }
   out.Put<uint32_t>(static_cast<uint32_t>(state_->devices.size()));
   for (const auto& d : state_->devices) out.Put(d);
   FLYT_INFO("session %llu: client pid %u from %s, CUDA %d", static_cast<unsigned long long>(id_),
             req.pid, peer_.c_str(), req.client_cuda_version);
-  return Reply(h, CUDA_SUCCESS, out);
+  {
+    std::lock_guard<std::mutex> lock(state_->sessions_mu);
+    state_->sessions[id_] = this;
+  }
+  return Reply(h, CUDA_SUCCESS, out) ? Opening::kSession : Opening::kRefused;
+}
+
+// The connection proves it belongs to a live session and is handed over to it.
+bool Session::AttachCallbackChannel(const wire::FrameHeader& h) {
+  Reader in(payload_.data(), h.payload_len);
+  uint32_t version = 0;
+  uint64_t session = 0, secret = 0;
+  if (!in.Get(&version) || !in.Get(&session) || !in.Get(&secret) || in.remaining() != 0 ||
+      version != wire::kProtocolVersion)
+    return false;
+  std::lock_guard<std::mutex> lock(state_->sessions_mu);
+  auto it = state_->sessions.find(session);
+  if (it == state_->sessions.end() || it->second->secret_ != secret || secret == 0) {
+    FLYT_WARN("callback channel from %s refused: unknown session or wrong secret", peer_.c_str());
+    return false;
+  }
+  Writer none;
+  if (!Reply(h, CUDA_SUCCESS, none)) return false;
+  Session* target = it->second;
+  std::lock_guard<std::mutex> cb(target->callback_mu_);
+  target->callback_conn_ = std::move(conn_);
+  target->callback_cv_.notify_all();
+  return true;
+}
+
+void Session::RunClientHostFunc(uint64_t id) {
+  std::unique_lock<std::mutex> lock(callback_mu_);
+  callback_cv_.wait_for(lock, std::chrono::seconds(10), [&] { return callback_conn_ != nullptr; });
+  if (callback_conn_ == nullptr) {
+    FLYT_WARN("session %llu: host function %llu dropped: no callback channel",
+              static_cast<unsigned long long>(id_), static_cast<unsigned long long>(id));
+    return;
+  }
+  wire::FrameHeader h{wire::kMagic, ops::kOpRunHostFunc, 0, id, 0, 0, 0, 0};
+  iovec iov{&h, sizeof(h)};
+  wire::FrameHeader ack{};
+  if (!callback_conn_->Send(&iov, 1).ok() || !callback_conn_->Receive(&ack, sizeof(ack)).ok() ||
+      ack.magic != wire::kMagic || ack.op != ops::kOpHostFuncDone || ack.call_id != id) {
+    FLYT_INFO("session %llu: callback channel closed", static_cast<unsigned long long>(id_));
+    callback_conn_->Shutdown();
+  }
 }
 
 void Session::Run() {
-  if (Handshake()) {
+  Opening opening = Handshake();
+  if (opening == Opening::kCallbackChannel) return;  // the connection now serves its session
+  if (opening == Opening::kSession) {
     Writer out;
     for (;;) {
       wire::FrameHeader h{};
@@ -320,7 +424,7 @@ void Session::ReleaseAll() {
   DriverApi& a = state_->api;
   size_t total = 0;
   for (auto& set : handles_) total += set.size();
-  if (total == 0) return;
+  if (total == 0 && host_funcs_in_flight_.load() == 0) return;
   if (primary_ != nullptr) a.cuCtxSetCurrent(primary_);
   if (a.cuCtxSynchronize != nullptr) a.cuCtxSynchronize();
   auto each = [&](HandleKind k, auto&& fn) {
@@ -414,6 +518,35 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       return CopyFromDevice(in, per_thread, out, rc);
     case ops::kOpCopy3D:
       return Copy3D(in, per_thread, out, rc);
+    case ops::kOpHostFunc: {
+      uint64_t stream = 0, id = 0;
+      if (!in.Get(&stream) || !in.Get(&id) || in.remaining() != 0) return false;
+      if (stream > 2 && !Owns(HandleKind::kStream, stream)) {
+        *rc = CUDA_ERROR_INVALID_HANDLE;
+        return true;
+      }
+      struct Pending {
+        Session* session;
+        uint64_t id;
+      };
+      auto* call = new Pending{this, id};
+      auto launch = per_thread && a.cuLaunchHostFunc_pt ? a.cuLaunchHostFunc_pt : a.cuLaunchHostFunc;
+      host_funcs_in_flight_++;
+      *rc = launch(
+          reinterpret_cast<CUstream>(stream),
+          [](void* p) {
+            auto* c = static_cast<Pending*>(p);
+            c->session->RunClientHostFunc(c->id);
+            c->session->host_funcs_in_flight_--;
+            delete c;
+          },
+          call);
+      if (*rc != CUDA_SUCCESS) {
+        host_funcs_in_flight_--;
+        delete call;
+      }
+      return true;
+    }
     case ops::kOpHostFuncFence: {
       uint64_t stream = 0;
       if (!in.Get(&stream) || in.remaining() != 0) return false;

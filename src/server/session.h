@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -41,16 +42,24 @@ class ImageCache {
 
 struct ServerState {
   DriverApi api;
+  // Read end of the pipe that replaced the server's stdout, where NVIDIA's
+  // driver writes device printf output; -1 when not captured.
+  int device_output_fd = -1;
   std::string token;
   int driver_version = 0;
   std::vector<ops::DeviceInfo> devices;
   ImageCache images;
+  std::mutex sessions_mu;
+  std::unordered_map<uint64_t, class Session*> sessions;  // live sessions by id
   std::atomic<uint64_t> next_session{1};
   std::atomic<int> live_sessions{0};
 };
 
 // Builds the device inventory sent in every handshake.
 Status DescribeDevices(ServerState* state);
+// Points the server's stdout at a pipe so that device printf output can be
+// forwarded to the client whose call flushed it.
+Status CaptureDeviceOutput(ServerState* state);
 
 class Session {
  public:
@@ -64,9 +73,14 @@ class Session {
   void Adopt(marshal::HandleKind kind, uint64_t value);
   void Forget(marshal::HandleKind kind, uint64_t value);
   DriverApi& api() { return state_->api; }
+  // Runs a client host function: asks the client over the callback channel and
+  // waits for it to finish. Called on the driver's callback thread.
+  void RunClientHostFunc(uint64_t id);
 
  private:
-  bool Handshake();
+  enum class Opening { kRefused, kSession, kCallbackChannel };
+  Opening Handshake();
+  bool AttachCallbackChannel(const wire::FrameHeader& h);
   // Executes one request. Returns false when the frame is malformed (the
   // session then ends); otherwise *rc is the call's result.
   bool Dispatch(const wire::FrameHeader& h, wire::Reader& in, wire::Writer& out, CUresult* rc);
@@ -79,6 +93,7 @@ class Session {
   bool Copy3D(wire::Reader& in, bool per_thread, wire::Writer& out, CUresult* rc);
   void DescribeFunction(uint64_t handle, bool is_kernel, wire::Writer& out);
   void ReleaseAll();
+  void ForwardDeviceOutput();
   bool Reply(const wire::FrameHeader& req, CUresult rc, const wire::Writer& out);
 
   ServerState* state_;
@@ -90,6 +105,12 @@ class Session {
   CUcontext primary_ = nullptr;
   bool retained_primary_ = false;
   std::vector<uint8_t> payload_;
+  uint64_t secret_ = 0;
+  // The callback channel (second connection of the same client).
+  std::mutex callback_mu_;
+  std::condition_variable callback_cv_;
+  std::unique_ptr<transport::Connection> callback_conn_;
+  std::atomic<int> host_funcs_in_flight_{0};
 };
 
 }  // namespace flyt::server

@@ -8,7 +8,10 @@
 // synchronously and no kernel executes. Never a product feature.
 #include <sys/mman.h>
 
+#include <atomic>
 #include <chrono>
+#include <future>
+#include <thread>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -26,7 +29,7 @@
 namespace flyt::server {
 namespace {
 
-constexpr uint64_t kSimMemory = 80ull << 30;
+uint64_t kSimMemory = 80ull << 30;  // set from SimOptions
 
 struct SimKernel {
   std::string name;
@@ -36,13 +39,22 @@ struct SimLibrary {
   std::vector<std::unique_ptr<SimKernel>> kernels;
   std::map<std::string, CUdeviceptr> globals;
 };
-struct SimEvent {
-  std::chrono::steady_clock::time_point at{};
-  bool recorded = false;
+// Host functions run on their own threads, one after another per stream; the
+// queries and synchronisations below see them as pending work.
+struct StreamWork {
+  std::mutex mu;
+  std::shared_future<void> last;
+  std::atomic<int> pending{0};
 };
 struct SimStream {
   int priority = 0;
   unsigned flags = 0;
+  std::shared_ptr<StreamWork> work = std::make_shared<StreamWork>();
+};
+struct SimEvent {
+  std::chrono::steady_clock::time_point at{};
+  bool recorded = false;
+  std::shared_ptr<StreamWork> work;  // the stream's pending host functions at record time
 };
 
 struct Sim {
@@ -93,31 +105,38 @@ CUresult simMemFree(CUdeviceptr p) {
 
 CUresult simInit(unsigned) { return CUDA_SUCCESS; }
 CUresult simDriverGetVersion(int* v) {
+  if (v == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *v = 13000;
   return CUDA_SUCCESS;
 }
 CUresult simDeviceGet(CUdevice* d, int ordinal) {
+  if (d == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
   *d = 0;
   return CUDA_SUCCESS;
 }
 CUresult simDeviceGetCount(int* n) {
+  if (n == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *n = 1;
   return CUDA_SUCCESS;
 }
 CUresult simDeviceGetName(char* name, int len, CUdevice) {
+  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
   std::snprintf(name, static_cast<size_t>(len), "Flyt Simulated GPU");
   return CUDA_SUCCESS;
 }
 CUresult simDeviceGetUuid(CUuuid* u, CUdevice) {
+  if (u == nullptr) return CUDA_ERROR_INVALID_VALUE;
   for (int i = 0; i < 16; ++i) u->bytes[i] = static_cast<char>(0xf0 + i);
   return CUDA_SUCCESS;
 }
 CUresult simDeviceTotalMem(size_t* bytes, CUdevice) {
+  if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *bytes = kSimMemory;
   return CUDA_SUCCESS;
 }
 CUresult simDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice) {
+  if (v == nullptr) return CUDA_ERROR_INVALID_VALUE;
   static const std::unordered_map<int, int> kAttrs = {
       {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, 1024},
       {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X, 1024},
@@ -166,6 +185,7 @@ CUresult simDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice) {
   return CUDA_SUCCESS;
 }
 CUresult simPrimaryCtxRetain(CUcontext* c, CUdevice d) {
+  if (c == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
   *c = reinterpret_cast<CUcontext>(&g_sim->ctx_token);
   return CUDA_SUCCESS;
@@ -173,8 +193,13 @@ CUresult simPrimaryCtxRetain(CUcontext* c, CUdevice d) {
 CUresult simPrimaryCtxRelease(CUdevice) { return CUDA_SUCCESS; }
 CUresult simPrimaryCtxReset(CUdevice) { return CUDA_SUCCESS; }
 CUresult simCtxSetCurrent(CUcontext) { return CUDA_SUCCESS; }
-CUresult simCtxSynchronize() { return CUDA_SUCCESS; }
+std::atomic<int> g_pending_host_funcs{0};
+CUresult simCtxSynchronize() {
+  while (g_pending_host_funcs.load() > 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  return CUDA_SUCCESS;
+}
 CUresult simCtxGetLimit(size_t* v, CUlimit) {
+  if (v == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *v = 1024;
   return CUDA_SUCCESS;
 }
@@ -200,6 +225,7 @@ CUresult LoadKernels(const void* image, SimLibrary* lib) {
 }
 CUresult simLibraryLoadData(CUlibrary* out, const void* code, CUjit_option*, void**, unsigned,
                             CUlibraryOption*, void**, unsigned) {
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   auto lib = std::make_unique<SimLibrary>();
   CUresult rc = LoadKernels(code, lib.get());
   if (rc != CUDA_SUCCESS) return rc;
@@ -218,6 +244,7 @@ CUresult simLibraryUnload(CUlibrary l) {
 }
 CUresult simModuleUnload(CUmodule m) { return simLibraryUnload(reinterpret_cast<CUlibrary>(m)); }
 CUresult simLibraryGetKernelCount(unsigned* n, CUlibrary l) {
+  if (n == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *n = static_cast<unsigned>(reinterpret_cast<SimLibrary*>(l)->kernels.size());
   return CUDA_SUCCESS;
 }
@@ -225,6 +252,7 @@ CUresult simModuleGetFunctionCount(unsigned* n, CUmodule m) {
   return simLibraryGetKernelCount(n, reinterpret_cast<CUlibrary>(m));
 }
 CUresult simLibraryEnumerateKernels(CUkernel* out, unsigned n, CUlibrary l) {
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   auto* lib = reinterpret_cast<SimLibrary*>(l);
   if (n > lib->kernels.size()) return CUDA_ERROR_INVALID_VALUE;
   for (unsigned i = 0; i < n; ++i) out[i] = reinterpret_cast<CUkernel>(lib->kernels[i].get());
@@ -235,6 +263,7 @@ CUresult simModuleEnumerateFunctions(CUfunction* out, unsigned n, CUmodule m) {
                                     reinterpret_cast<CUlibrary>(m));
 }
 CUresult simKernelGetName(const char** name, CUkernel k) {
+  if (name == nullptr || k == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *name = reinterpret_cast<SimKernel*>(k)->name.c_str();
   return CUDA_SUCCESS;
 }
@@ -252,13 +281,14 @@ CUresult simFuncGetParamInfo(CUfunction f, size_t i, size_t* off, size_t* size) 
   return simKernelGetParamInfo(reinterpret_cast<CUkernel>(f), i, off, size);
 }
 CUresult simKernelGetFunction(CUfunction* f, CUkernel k) {
+  if (f == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *f = reinterpret_cast<CUfunction>(k);
   return CUDA_SUCCESS;
 }
 // Device globals: the sim cannot read their sizes from the image, so each
 // named global is a zeroed 1 MiB buffer created on first use.
 CUresult simLibraryGetGlobal(CUdeviceptr* p, size_t* size, CUlibrary l, const char* name) {
-  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (name == nullptr || l == nullptr) return CUDA_ERROR_INVALID_VALUE;
   auto* lib = reinterpret_cast<SimLibrary*>(l);
   auto it = lib->globals.find(name);
   if (it == lib->globals.end()) {
@@ -275,6 +305,7 @@ CUresult simModuleGetGlobal(CUdeviceptr* p, size_t* size, CUmodule m, const char
   return simLibraryGetGlobal(p, size, reinterpret_cast<CUlibrary>(m), name);
 }
 CUresult simFuncGetAttribute(int* v, CUfunction_attribute a, CUfunction) {
+  if (v == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *v = a == CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK ? 1024 : 0;
   if (a == CU_FUNC_ATTRIBUTE_PTX_VERSION || a == CU_FUNC_ATTRIBUTE_BINARY_VERSION) *v = 90;
   return CUDA_SUCCESS;
@@ -287,6 +318,7 @@ CUresult simKernelSetAttribute(CUfunction_attribute, int, CUkernel, CUdevice) {
   return CUDA_SUCCESS;
 }
 CUresult simOccupancy(int* n, CUfunction, int block, size_t) {
+  if (n == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *n = block > 0 ? 2048 / block : 0;
   if (*n > 32) *n = 32;
   return CUDA_SUCCESS;
@@ -341,6 +373,7 @@ CUresult simLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction f, void** param
 // --- memory and copies (synchronous; stream arguments are accepted and ignored)
 CUresult simMemAlloc(CUdeviceptr* p, size_t n) { return Alloc(p, n); }
 CUresult simMemAllocPitch(CUdeviceptr* p, size_t* pitch, size_t w, size_t h, unsigned) {
+  if (pitch == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (w == 0 || h == 0) return CUDA_ERROR_INVALID_VALUE;
   *pitch = (w + 511) / 512 * 512;
   return Alloc(p, *pitch * h);
@@ -436,41 +469,89 @@ CUresult simMemcpy3D(const CUDA_MEMCPY3D* c) {
 CUresult simMemcpy3DAsync(const CUDA_MEMCPY3D* c, CUstream) { return simMemcpy3D(c); }
 
 // --- streams and events
+SimStream g_default_stream;
+
+void WaitIdle(const std::shared_ptr<StreamWork>& w) {
+  while (w->pending.load() > 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+}
+
 CUresult simStreamCreate(CUstream* s, unsigned flags) {
+  if (s == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *s = reinterpret_cast<CUstream>(new SimStream{0, flags});
   return CUDA_SUCCESS;
 }
 CUresult simStreamCreateWithPriority(CUstream* s, unsigned flags, int prio) {
-  *s = reinterpret_cast<CUstream>(new SimStream{prio < -5 ? -5 : (prio > 0 ? 0 : prio), flags});
+  if (s == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *s = reinterpret_cast<CUstream>(new SimStream{prio < -5 ? -5 : (prio > 0 ? 0 : prio), flags, {}});
+  reinterpret_cast<SimStream*>(*s)->work = std::make_shared<StreamWork>();
   return CUDA_SUCCESS;
 }
 SimStream* AsStream(CUstream s) {
   uintptr_t v = reinterpret_cast<uintptr_t>(s);
   return v <= 2 ? nullptr : reinterpret_cast<SimStream*>(s);
 }
+SimStream* StreamOf(CUstream s) {
+  SimStream* st = AsStream(s);
+  return st != nullptr ? st : &g_default_stream;
+}
 CUresult simStreamDestroy(CUstream s) {
-  delete AsStream(s);
+  delete AsStream(s);  // queued host functions keep their StreamWork alive
   return CUDA_SUCCESS;
 }
-CUresult simStreamNoop(CUstream) { return CUDA_SUCCESS; }
+CUresult simStreamSynchronize(CUstream s) {
+  if (AsStream(s) == nullptr) {
+    while (g_pending_host_funcs.load() > 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  } else {
+    WaitIdle(StreamOf(s)->work);
+  }
+  return CUDA_SUCCESS;
+}
+CUresult simStreamQuery(CUstream s) {
+  bool busy = AsStream(s) == nullptr ? g_pending_host_funcs.load() > 0
+                                     : StreamOf(s)->work->pending.load() > 0;
+  return busy ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+}
+CUresult simLaunchHostFunc(CUstream s, CUhostFn fn, void* data) {
+  if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::shared_ptr<StreamWork> work = StreamOf(s)->work;
+  std::lock_guard<std::mutex> lock(work->mu);
+  work->pending++;
+  g_pending_host_funcs++;
+  std::shared_future<void> before = work->last;
+  auto done = std::make_shared<std::promise<void>>();
+  work->last = done->get_future().share();
+  std::thread([work, before, done, fn, data] {
+    if (before.valid()) before.wait();
+    fn(data);
+    work->pending--;
+    g_pending_host_funcs--;
+    done->set_value();
+  }).detach();
+  return CUDA_SUCCESS;
+}
 CUresult simStreamWaitEvent(CUstream, CUevent, unsigned) { return CUDA_SUCCESS; }
 CUresult simStreamGetPriority(CUstream s, int* p) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *p = AsStream(s) ? AsStream(s)->priority : 0;
   return CUDA_SUCCESS;
 }
 CUresult simStreamGetFlags(CUstream s, unsigned* f) {
+  if (f == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *f = AsStream(s) ? AsStream(s)->flags : 0;
   return CUDA_SUCCESS;
 }
 CUresult simStreamIsCapturing(CUstream, CUstreamCaptureStatus* st) {
+  if (st == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *st = CU_STREAM_CAPTURE_STATUS_NONE;
   return CUDA_SUCCESS;
 }
 CUresult simStreamGetId(CUstream s, unsigned long long* id) {
+  if (id == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *id = reinterpret_cast<uintptr_t>(s);
   return CUDA_SUCCESS;
 }
 CUresult simEventCreate(CUevent* e, unsigned) {
+  if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *e = reinterpret_cast<CUevent>(new SimEvent);
   return CUDA_SUCCESS;
 }
@@ -478,15 +559,25 @@ CUresult simEventDestroy(CUevent e) {
   delete reinterpret_cast<SimEvent*>(e);
   return CUDA_SUCCESS;
 }
-CUresult simEventRecord(CUevent e, CUstream) {
+CUresult simEventRecord(CUevent e, CUstream s) {
   auto* ev = reinterpret_cast<SimEvent*>(e);
   ev->at = std::chrono::steady_clock::now();
   ev->recorded = true;
+  ev->work = StreamOf(s)->work;
+  return CUDA_SUCCESS;
+}
+CUresult simEventQuery(CUevent e) {
+  auto* ev = reinterpret_cast<SimEvent*>(e);
+  return ev->work != nullptr && ev->work->pending.load() > 0 ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+}
+CUresult simEventSynchronize(CUevent e) {
+  auto* ev = reinterpret_cast<SimEvent*>(e);
+  if (ev->work != nullptr) WaitIdle(ev->work);
   return CUDA_SUCCESS;
 }
 CUresult simEventRecordWithFlags(CUevent e, CUstream s, unsigned) { return simEventRecord(e, s); }
-CUresult simEventNoop(CUevent) { return CUDA_SUCCESS; }
 CUresult simEventElapsedTime(float* ms, CUevent a, CUevent b) {
+  if (ms == nullptr) return CUDA_ERROR_INVALID_VALUE;
   auto* ea = reinterpret_cast<SimEvent*>(a);
   auto* eb = reinterpret_cast<SimEvent*>(b);
   if (!ea->recorded || !eb->recorded) return CUDA_ERROR_INVALID_HANDLE;
@@ -494,6 +585,7 @@ CUresult simEventElapsedTime(float* ms, CUevent a, CUevent b) {
   return CUDA_SUCCESS;
 }
 CUresult simMemHostAlloc(void** p, size_t n, unsigned) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *p = std::malloc(n ? n : 1);
   return *p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
@@ -507,6 +599,7 @@ CUresult simMemFreeHost(void* p) {
 Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   static Sim sim;
   g_sim = &sim;
+  kSimMemory = options.memory_bytes;
   if (!options.record_path.empty()) {
     sim.record = std::fopen(options.record_path.c_str(), "a");
     if (sim.record == nullptr)
@@ -579,8 +672,9 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuStreamCreate = simStreamCreate;
   a->cuStreamCreateWithPriority = simStreamCreateWithPriority;
   a->cuStreamDestroy_v2 = simStreamDestroy;
-  a->cuStreamSynchronize = simStreamNoop;
-  a->cuStreamQuery = simStreamNoop;
+  a->cuStreamSynchronize = simStreamSynchronize;
+  a->cuStreamQuery = simStreamQuery;
+  a->cuLaunchHostFunc = simLaunchHostFunc;
   a->cuStreamWaitEvent = simStreamWaitEvent;
   a->cuStreamGetPriority = simStreamGetPriority;
   a->cuStreamGetFlags = simStreamGetFlags;
@@ -590,8 +684,8 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuEventDestroy_v2 = simEventDestroy;
   a->cuEventRecord = simEventRecord;
   a->cuEventRecordWithFlags = simEventRecordWithFlags;
-  a->cuEventSynchronize = simEventNoop;
-  a->cuEventQuery = simEventNoop;
+  a->cuEventSynchronize = simEventSynchronize;
+  a->cuEventQuery = simEventQuery;
   a->cuEventElapsedTime_v2 = simEventElapsedTime;
   a->cuMemHostAlloc = simMemHostAlloc;
   a->cuMemFreeHost = simMemFreeHost;

@@ -61,7 +61,7 @@ int main() {
   auto htod = get<PFN_MemcpyHtoD>("cuMemcpyHtoD", 3020);
   auto dtoh = get<PFN_MemcpyDtoH>("cuMemcpyDtoH", 3020);
   auto dtod = get<PFN_MemcpyDtoD>("cuMemcpyDtoD", 3020);
-  auto htodAsyncPt = get<PFN_MemcpyHtoDAsync>("cuMemcpyHtoDAsync", 7000, cudaEnablePerThreadDefaultStream);
+  auto htodAsyncPt = get<PFN_MemcpyHtoDAsync>("cuMemcpyHtoDAsync", 12000, cudaEnablePerThreadDefaultStream);
   auto memsetD32 = get<PFN_MemsetD32>("cuMemsetD32", 3020);
   auto memsetD8 = get<PFN_MemsetD8>("cuMemsetD8", 3020);
   auto memGetInfo = get<PFN_MemGetInfo>("cuMemGetInfo", 3020);
@@ -72,7 +72,7 @@ int main() {
   auto drvVersion = get<PFN_DriverGetVersion>("cuDriverGetVersion", 2020);
   auto errName = get<PFN_GetErrorName>("cuGetErrorName", 6000);
   auto launch = get<PFN_LaunchKernel>("cuLaunchKernel", 4000);
-  auto streamSync = get<PFN_StreamSynchronize>("cuStreamSynchronize", 2000, cudaEnablePerThreadDefaultStream);
+  auto streamSync = get<PFN_StreamSynchronize>("cuStreamSynchronize", 12000, cudaEnablePerThreadDefaultStream);
 
   // Deprecated spelling of the same query.
   {

@@ -45,9 +45,9 @@ int main() {
   CHECK(cudaHostAlloc(&b, n * sizeof(int), cudaHostAllocPortable));
   CHECK(cudaHostAlloc(&wc, n * sizeof(int), cudaHostAllocWriteCombined));
   unsigned int flags = 0;
-  CHECK(cudaHostGetFlags(b, &flags));
+  CHECK(cudaHostGetFlags(&flags, b));
   printf("cudaHostAlloc(portable) flags has portable bit: %d\n", (flags & cudaHostAllocPortable) ? 1 : 0);
-  CHECK(cudaHostGetFlags(wc, &flags));
+  CHECK(cudaHostGetFlags(&flags, wc));
   printf("cudaHostAlloc(writecombined) flags has wc bit: %d\n", (flags & cudaHostAllocWriteCombined) ? 1 : 0);
 
   std::vector<int> plain(n + 1024);

@@ -1,0 +1,263 @@
+#!/usr/bin/env bash
+# One GPU-machine run of everything, for the device runner:
+#   bash tests/gpu/run_suite.sh            (from the repository root, $OUT set)
+# Steps (each runs even if an earlier one failed; the whole run stays within
+# SUITE_BUDGET_S, default 530 s):
+#   1. environment: nvidia-smi -L, GPU name + driver, CUDA, date, commit
+#      (git, or build/COMMIT when .git is absent)
+#   2. test binaries: $GPU_BIN_DIR (default build/gpu-tests, made on the CI
+#      machine by tests/gpu/build.sh); built here with nvcc if absent
+#   3. tests/gpu/run_programs.sh build $GPU_BIN_DIR (native vs flyt over TCP and Unix)
+#   4. bash bench/run.sh build "$OUT", if bench/run.sh exists
+# Writes to $OUT (at most 8 files come back):
+#   summary.md        everything above, rewritten after every step
+#   server.log        the flyt-server logs of step 3 (capped at 15 MiB)
+#   gpu-run-logs.tgz  outputs, stderr and client logs of every run (if < 15 MiB)
+#   bench.md          bench/run.sh's report, as it wrote it
+#   bench-files.tgz   every other file bench/run.sh left in $OUT (raw/, *.tsv, ...),
+#                     packed so that $OUT stays under 8 files; bench's built
+#                     binaries ($OUT/bin) are dropped
+# Environment: SUITE_BUDGET_S=530, PROGRAMS_BUDGET_S=300 (step 3's share),
+#   SUITE_JOBS=4 (programs run in parallel), RUN_TIMEOUT=60, GPU_BIN_DIR,
+#   BUILD_DIR=build, plus run_programs.sh's (MODES, PROGRAMS, FLYT_TOKEN, ...).
+set -uo pipefail
+
+SUITE_START=$(date +%s)
+SUITE_BUDGET_S=${SUITE_BUDGET_S:-530}
+PROGRAMS_BUDGET_S=${PROGRAMS_BUDGET_S:-300}
+SUITE_JOBS=${SUITE_JOBS:-4}
+RUN_TIMEOUT=${RUN_TIMEOUT:-60}
+BUILD_DIR=${BUILD_DIR:-build}
+GPU_BIN_DIR=${GPU_BIN_DIR:-$BUILD_DIR/gpu-tests}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+if [[ -z "${OUT:-}" ]]; then
+  OUT=$(mktemp -d "${TMPDIR:-/tmp}/flyt-suite-out.XXXXXX")
+  echo "OUT not set; writing to $OUT" >&2
+fi
+mkdir -p "$OUT"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/flyt-suite.XXXXXX")
+SUMMARY="$OUT/summary.md"
+STEPS="$WORK/steps.tsv"   # step \t status \t seconds \t note
+: >"$STEPS"
+
+left() { echo $((SUITE_BUDGET_S - ($(date +%s) - SUITE_START))); }
+exec 3>&2  # progress lines go to the original stderr even inside redirected steps
+say() { echo "[run_suite $(date +%H:%M:%S) +$(($(date +%s) - SUITE_START))s] $*" >&3; }
+
+# step NAME TIMEOUT_S CMD...: runs CMD with a time limit, records the outcome.
+step() {
+  local name=$1 limit=$2 t0 rc status
+  shift 2
+  if [[ $limit -lt 5 ]]; then
+    printf '%s\tskipped\t0\tno time left\n' "$name" >>"$STEPS"
+    say "$name: skipped (no time left)"
+    return 1
+  fi
+  say "$name: start (limit ${limit}s)"
+  t0=$(date +%s)
+  timeout -k 10 "$limit" "$@"
+  rc=$?
+  case $rc in
+    0) status=ok ;;
+    124 | 137) status="timeout after ${limit}s" ;;
+    *) status="failed (rc $rc)" ;;
+  esac
+  printf '%s\t%s\t%s\t\n' "$name" "$status" "$(($(date +%s) - t0))" >>"$STEPS"
+  say "$name: $status"
+  return $rc
+}
+
+# ------------------------------------------------------------ environment --
+ENV_MD="$WORK/env.md"
+collect_env() {
+  local smi_l gpu drv commit cuda
+  smi_l=$(timeout 20 nvidia-smi -L 2>&1) || smi_l="nvidia-smi -L failed: $smi_l"
+  gpu=$(timeout 20 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+  drv=$(timeout 20 nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)
+  if git rev-parse --git-dir >/dev/null 2>&1 && commit=$(git rev-parse HEAD 2>/dev/null); then
+    [[ -n "$(git status --porcelain 2>/dev/null | head -n 1)" ]] && commit+=" (working tree modified)"
+  elif [[ -f "$BUILD_DIR/COMMIT" ]]; then
+    commit="$(head -n 1 "$BUILD_DIR/COMMIT") (from $BUILD_DIR/COMMIT)"
+  else
+    commit="unknown (no .git, no $BUILD_DIR/COMMIT)"
+  fi
+  cuda=$(python3 -c 'import json; print(json.load(open("/usr/local/cuda/version.json"))["cuda"]["version"])' 2>/dev/null)
+  [[ -n "$cuda" ]] || cuda=$(/usr/local/cuda/bin/nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')
+  {
+    echo "| | |"
+    echo "|---|---|"
+    echo "| date (UTC) | $(date -u +%Y-%m-%dT%H:%M:%SZ) |"
+    echo "| GPU | ${gpu:-unknown} |"
+    echo "| driver | ${drv:-unknown} |"
+    echo "| CUDA toolkit on host | ${cuda:-unknown} |"
+    echo "| commit | $commit |"
+    echo "| host | $(uname -r), $(nproc) CPUs |"
+    echo
+    echo '```'
+    echo "$smi_l"
+    echo '```'
+  } >"$ENV_MD"
+}
+
+write_summary() {
+  {
+    echo "# Flyt GPU suite"
+    echo
+    cat "$ENV_MD" 2>/dev/null
+    echo
+    echo "## Steps"
+    echo
+    echo "| step | status | seconds | note |"
+    echo "|---|---|---|---|"
+    while IFS=$'\t' read -r n s t note; do echo "| $n | $s | $t | $note |"; done <"$STEPS"
+    echo
+    echo "Total so far: $(($(date +%s) - SUITE_START)) s of a ${SUITE_BUDGET_S} s budget."
+    if [[ -s "$WORK/build.txt" ]]; then
+      echo
+      echo "## Test binaries"
+      echo
+      echo '```'
+      tail -n 60 "$WORK/build.txt"
+      echo '```'
+    fi
+    if [[ -f "$WORK/programs.md" ]]; then
+      echo
+      sed '/^### Failure details/,$d' "$WORK/programs.md"   # details go last
+    elif [[ -s "$WORK/programs.txt" ]]; then
+      echo
+      echo "## Programs (no report written; console tail)"
+      echo '```'
+      tail -n 60 "$WORK/programs.txt"
+      echo '```'
+    fi
+    if [[ -s "$OUT/bench.md" ]]; then
+      echo
+      echo "## Bench (bench.md)"
+      echo
+      cat "$OUT/bench.md"
+    fi
+    if [[ -s "$WORK/bench.txt" ]]; then
+      echo
+      echo "## Bench console (last 40 lines)"
+      echo
+      echo '```'
+      tail -n 40 "$WORK/bench.txt"
+      echo '```'
+    fi
+    if grep -q '^### Failure details' "$WORK/programs.md" 2>/dev/null; then
+      echo
+      echo "## Programs: failure details"
+      sed -n '/^### Failure details/,$p' "$WORK/programs.md" | sed '1d'
+    fi
+    echo
+    echo "## Files in OUT"
+    echo
+    local count=0 f
+    for f in "$OUT"/* "$OUT"/*/* "$OUT"/*/*/*; do
+      [[ -f "$f" && "$f" != "$SUMMARY" ]] || continue
+      count=$((count + 1))
+      echo "- ${f#"$OUT"/} ($(stat -c %s "$f") bytes)"
+    done
+    if [[ $count -gt 8 ]]; then
+      echo
+      echo "**Warning: $count files in OUT; only 8 come back.**"
+    fi
+  } >"$WORK/summary.md"
+  cp "$WORK/summary.md" "$SUMMARY"
+}
+
+collect_env
+write_summary
+say "environment recorded: $(grep -m1 '^| GPU' "$ENV_MD")"
+
+# --------------------------------------------------------------- binaries --
+if [[ -f "$GPU_BIN_DIR/programs.tsv" ]]; then
+  echo "using prebuilt test binaries in $GPU_BIN_DIR ($(du -sh "$GPU_BIN_DIR" | cut -f1))" >"$WORK/build.txt"
+  cat "$GPU_BIN_DIR/BUILD_INFO" >>"$WORK/build.txt" 2>/dev/null
+  printf 'test binaries\tprebuilt\t0\t%s\n' "$GPU_BIN_DIR" >>"$STEPS"
+else
+  GPU_BIN_DIR="$WORK/gpu-tests"
+  step "build test binaries here" "$(( $(left) < 150 ? $(left) : 150 ))" \
+    bash "$HERE/build.sh" "$GPU_BIN_DIR" >"$WORK/build.txt" 2>&1
+fi
+write_summary
+
+# --------------------------------------------------------------- programs --
+budget=$(left)
+budget=$(( budget - 60 ))                      # keep a minute for bench and the wrap-up
+[[ $budget -gt $PROGRAMS_BUDGET_S ]] && budget=$PROGRAMS_BUDGET_S
+if [[ -f "$GPU_BIN_DIR/programs.tsv" ]] || compgen -G "$GPU_BIN_DIR/*.static" >/dev/null; then
+  # run_programs starts no run after its deadline and cuts each run's timeout
+  # to the time left, so 20 s are enough for it to write its report.
+  deadline=$(( budget - 20 ))
+  [[ $deadline -lt 30 ]] && deadline=30
+  step "run_programs (native vs flyt)" "$budget" \
+    env FLYT_GPU_WORKDIR="$WORK/programs" DEADLINE_S="$deadline" JOBS="$SUITE_JOBS" RUN_TIMEOUT="$RUN_TIMEOUT" \
+    bash "$HERE/run_programs.sh" "$BUILD_DIR" "$GPU_BIN_DIR" "$WORK/programs.md" >"$WORK/programs.txt" 2>&1
+  # If run_programs was killed before its own clean-up, stop its server.
+  spid=$(cat "$WORK/programs/server.pid" 2>/dev/null)
+  if [[ -n "$spid" ]] && kill -0 "$spid" 2>/dev/null; then
+    say "stopping a flyt-server left running (pid $spid)"
+    kill -TERM "$spid" 2>/dev/null; sleep 2; kill -0 "$spid" 2>/dev/null && kill -KILL "$spid" 2>/dev/null
+  fi
+  # The table's last line says what passed; copy it into the steps table.
+  result=$(grep -m1 '^\*\*Result' "$WORK/programs.md" 2>/dev/null | tr -d '*')
+  [[ -n "$result" ]] && sed -i "\$s|\t\$|\t$result|" "$STEPS"
+else
+  printf 'run_programs (native vs flyt)\tskipped\t0\tno test binaries\n' >>"$STEPS"
+fi
+# Server logs: one file, capped.
+if compgen -G "$WORK/programs/logs/server.*.log" >/dev/null; then
+  for f in "$WORK"/programs/logs/server.*.log; do
+    echo "===== $(basename "$f") ====="
+    cat "$f"
+  done >"$WORK/server.log"
+  if [[ $(stat -c %s "$WORK/server.log") -gt $((15 << 20)) ]]; then
+    { head -c $((5 << 20)) "$WORK/server.log"; echo; echo "===== [cut: middle of the log dropped] ====="; tail -c $((10 << 20)) "$WORK/server.log"; } >"$OUT/server.log"
+  else
+    cp "$WORK/server.log" "$OUT/server.log"
+  fi
+fi
+if [[ -d "$WORK/programs" ]]; then
+  tar -C "$WORK" -czf "$WORK/gpu-run-logs.tgz" --exclude='*.sock' programs 2>/dev/null
+  if [[ -f "$WORK/gpu-run-logs.tgz" && $(stat -c %s "$WORK/gpu-run-logs.tgz") -lt $((15 << 20)) ]]; then
+    cp "$WORK/gpu-run-logs.tgz" "$OUT/"
+  fi
+fi
+write_summary
+
+# ------------------------------------------------------------------ bench --
+if [[ -f bench/run.sh ]]; then
+  limit=$(( $(left) - 15 ))
+  # bench/run.sh has its own deadline: make it end (and write bench.md) before ours.
+  step "bench/run.sh" "$limit" \
+    env FLYT_BENCH_DEADLINE="${FLYT_BENCH_DEADLINE:-$(( limit > 40 ? limit - 30 : 10 ))}" \
+    bash bench/run.sh "$BUILD_DIR" "$OUT" >"$WORK/bench.txt" 2>&1
+else
+  printf 'bench/run.sh\tskipped\t0\tbench/run.sh not found\n' >>"$STEPS"
+fi
+
+# Only 8 files come back: pack whatever else landed in $OUT into one archive.
+KEEP=" summary.md server.log gpu-run-logs.tgz bench.md "
+extra=()
+while IFS= read -r -d '' f; do
+  rel=${f#"$OUT"/}
+  [[ "$KEEP" == *" $rel "* || $rel == bin/* || $rel == *.sock ]] && continue
+  extra+=("$rel")
+done < <(find "$OUT" -mindepth 1 \( -type f -o -type l \) -print0)
+if [[ ${#extra[@]} -gt 0 ]]; then
+  if tar -C "$OUT" -czf "$WORK/bench-files.tgz" "${extra[@]}" 2>/dev/null; then
+    (cd "$OUT" && rm -f "${extra[@]}")
+    cp "$WORK/bench-files.tgz" "$OUT/bench-files.tgz"
+  fi
+fi
+rm -rf "${OUT:?}/bin"
+find "$OUT" -mindepth 1 -type d -empty -delete 2>/dev/null
+
+write_summary
+say "done in $(($(date +%s) - SUITE_START)) s; summary: $SUMMARY"
+cat "$SUMMARY"
+# Exit status: 0 when every step that ran succeeded.
+if cut -f2 "$STEPS" | grep -qvE '^(ok|prebuilt|skipped)$'; then exit 1; fi
+exit 0
