@@ -47,8 +47,14 @@ flyt::server::ServerState* State() {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<uint8_t> stream;
   flyt::wire::HelloRequest hello{flyt::wire::kProtocolVersion, 13000, 1, 0};
-  flyt::wire::FrameHeader h{flyt::wire::kMagic, flyt::ops::kOpHello, flyt::wire::kFlagWantReply,
-                            1, sizeof(hello), 0, 0, 0};
+  flyt::wire::FrameHeader h{flyt::wire::kMagic,
+                            flyt::ops::kOpHello,
+                            flyt::wire::kFlagWantReply,
+                            1,
+                            sizeof(hello),
+                            0,
+                            0,
+                            0};
   stream.insert(stream.end(), reinterpret_cast<uint8_t*>(&h), reinterpret_cast<uint8_t*>(&h + 1));
   stream.insert(stream.end(), reinterpret_cast<uint8_t*>(&hello),
                 reinterpret_cast<uint8_t*>(&hello + 1));

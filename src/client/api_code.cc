@@ -122,6 +122,50 @@ std::shared_ptr<const FuncInfo> Layout(uint64_t f) {
   return nullptr;
 }
 
+void EncodeLaunchHead(wire::Writer& w, CUfunction f, uint32_t flags, const unsigned grid[3],
+                      const unsigned block[3], unsigned shmem, CUstream stream,
+                      const CUlaunchAttribute* attrs, unsigned nattrs) {
+  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(f));
+  w.Put(flags);
+  w.PutBytes(grid, 12);
+  w.PutBytes(block, 12);
+  w.Put<uint32_t>(shmem);
+  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(stream));
+  w.Put<uint32_t>(nattrs);
+  if (nattrs > 0) w.PutBytes(attrs, sizeof(CUlaunchAttribute) * nattrs);
+}
+
+// The launch-configuration errors the driver reports at once, checked here
+// against the device's limits so that an asynchronous launch reports them too.
+CUresult CheckLaunchConfig(uint64_t f, const unsigned grid[3], const unsigned block[3],
+                           unsigned shmem) {
+  Client& c = Client::Get();
+  int dev = c.ContextDevice(flyt::client::CurrentContext());
+  const ops::DeviceInfo* d = c.device(dev < 0 ? 0 : dev);
+  if (d == nullptr) return CUDA_SUCCESS;
+  const int* a = d->attributes;
+  auto limit = [&](CUdevice_attribute attr) { return static_cast<uint64_t>(a[attr]); };
+  for (int i = 0; i < 3; ++i)
+    if (grid[i] == 0 || block[i] == 0) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t threads = uint64_t{block[0]} * block[1] * block[2];
+  if (limit(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK) == 0) return CUDA_SUCCESS;  // unknown
+  if (threads > limit(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK) ||
+      block[0] > limit(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X) ||
+      block[1] > limit(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y) ||
+      block[2] > limit(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z) ||
+      grid[0] > limit(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X) ||
+      grid[1] > limit(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y) ||
+      grid[2] > limit(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (shmem > limit(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (shmem > limit(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)) {
+    int opt_in = c.MaxDynamicShared(f);
+    if (opt_in < 0 || shmem > static_cast<unsigned>(opt_in)) return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+
 CUresult Launch(const char* name, CUfunction f, const unsigned grid[3], const unsigned block[3],
                 unsigned shmem, CUstream stream, void** params, void** extra,
                 const CUlaunchAttribute* attrs, unsigned nattrs, uint32_t flags, bool pt) {
@@ -132,15 +176,10 @@ CUresult Launch(const char* name, CUfunction f, const unsigned grid[3], const un
   auto info = Layout(reinterpret_cast<uintptr_t>(f));
   if (info == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (info->is_kernel) flags |= ops::kLaunchIsKernel;
+  CUresult invalid = CheckLaunchConfig(reinterpret_cast<uintptr_t>(f), grid, block, shmem);
+  if (invalid != CUDA_SUCCESS) return invalid;
   wire::Writer w;
-  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(f));
-  w.Put(flags);
-  w.PutBytes(grid, 12);
-  w.PutBytes(block, 12);
-  w.Put<uint32_t>(shmem);
-  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(stream));
-  w.Put<uint32_t>(nattrs);
-  if (nattrs > 0) w.PutBytes(attrs, sizeof(CUlaunchAttribute) * nattrs);
+  EncodeLaunchHead(w, f, flags, grid, block, shmem, stream, attrs, nattrs);
   if (params != nullptr) {
     w.Put<uint32_t>(info->param_bytes);
     uint8_t* blob = w.Grow(info->param_bytes);
@@ -246,7 +285,8 @@ FLYT_API CUresult cuModuleGetFunction(CUfunction* f, CUmodule mod, const char* n
 
 FLYT_API CUresult cuLibraryGetKernelCount(unsigned int* n, CUlibrary lib) {
   if (n == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *n = static_cast<unsigned>(Client::Get().ImageFuncCount(reinterpret_cast<uintptr_t>(lib), nullptr));
+  *n = static_cast<unsigned>(
+      Client::Get().ImageFuncCount(reinterpret_cast<uintptr_t>(lib), nullptr));
   return CUDA_SUCCESS;
 }
 
@@ -315,18 +355,18 @@ FLYT_API CUresult cuFuncGetParamInfo(CUfunction f, size_t i, size_t* off, size_t
 
 // --- launches
 
-#define FLYT_LAUNCH_PAIR(legacy, pt, coop)                                                       \
-  FLYT_API CUresult legacy(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,     \
+#define FLYT_LAUNCH_PAIR(legacy, pt, coop)                                                      \
+  FLYT_API CUresult legacy(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,    \
                            unsigned by, unsigned bz, unsigned shmem, CUstream s, void** params, \
                            void** extra) {                                                      \
-    unsigned g[3] = {gx, gy, gz}, b[3] = {bx, by, bz};                                           \
-    return Launch(#legacy, f, g, b, shmem, s, params, extra, nullptr, 0, coop, false);           \
-  }                                                                                              \
-  FLYT_API CUresult pt(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,         \
+    unsigned g[3] = {gx, gy, gz}, b[3] = {bx, by, bz};                                          \
+    return Launch(#legacy, f, g, b, shmem, s, params, extra, nullptr, 0, coop, false);          \
+  }                                                                                             \
+  FLYT_API CUresult pt(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,        \
                        unsigned by, unsigned bz, unsigned shmem, CUstream s, void** params,     \
                        void** extra) {                                                          \
-    unsigned g[3] = {gx, gy, gz}, b[3] = {bx, by, bz};                                           \
-    return Launch(#pt, f, g, b, shmem, s, params, extra, nullptr, 0, coop, true);                \
+    unsigned g[3] = {gx, gy, gz}, b[3] = {bx, by, bz};                                          \
+    return Launch(#pt, f, g, b, shmem, s, params, extra, nullptr, 0, coop, true);               \
   }
 
 FLYT_LAUNCH_PAIR(cuLaunchKernel, cuLaunchKernel_ptsz, 0)
@@ -360,32 +400,78 @@ FLYT_API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* cfg, CUfunction f,
 
 FLYT_API CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void* data) {
   if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return Client::Get().EnqueueHostFunc(s, [fn, data] { fn(data); }, false);
+  return Client::Get().EnqueueHostFunc(
+      s, [fn, data] { fn(data); }, false);
 }
 FLYT_API CUresult cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void* data) {
   if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return Client::Get().EnqueueHostFunc(s, [fn, data] { fn(data); }, true);
+  return Client::Get().EnqueueHostFunc(
+      s, [fn, data] { fn(data); }, true);
 }
 FLYT_API CUresult cuStreamAddCallback(CUstream s, CUstreamCallback cb, void* data, unsigned flags) {
   if (cb == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
-  return Client::Get().EnqueueHostFunc(s, [s, cb, data] { cb(s, CUDA_SUCCESS, data); }, false);
+  return Client::Get().EnqueueHostFunc(
+      s, [s, cb, data] { cb(s, CUDA_SUCCESS, data); }, false);
 }
 FLYT_API CUresult cuStreamAddCallback_ptsz(CUstream s, CUstreamCallback cb, void* data,
                                            unsigned flags) {
   if (cb == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
-  return Client::Get().EnqueueHostFunc(s, [s, cb, data] { cb(s, CUDA_SUCCESS, data); }, true);
+  return Client::Get().EnqueueHostFunc(
+      s, [s, cb, data] { cb(s, CUDA_SUCCESS, data); }, true);
+}
+
+FLYT_API CUresult cuOccupancyMaxActiveClusters(int* n, CUfunction f, const CUlaunchConfig* cfg) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (n == nullptr || cfg == nullptr || cfg->numAttrs > 64) return CUDA_ERROR_INVALID_VALUE;
+  auto info = Layout(reinterpret_cast<uintptr_t>(f));
+  if (info == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  unsigned grid[3] = {cfg->gridDimX, cfg->gridDimY, cfg->gridDimZ};
+  unsigned block[3] = {cfg->blockDimX, cfg->blockDimY, cfg->blockDimZ};
+  wire::Writer w;
+  EncodeLaunchHead(w, f, info->is_kernel ? uint32_t{ops::kLaunchIsKernel} : 0u, grid, block,
+                   cfg->sharedMemBytes, cfg->hStream, cfg->attrs, cfg->numAttrs);
+  std::vector<uint8_t> reply;
+  CUresult rc =
+      c.Call("cuOccupancyMaxActiveClusters", ops::kOpMaxActiveClusters, w, ReplySink{&reply});
+  wire::Reader r(reply.data(), reply.size());
+  int32_t v = 0;
+  if (rc == CUDA_SUCCESS && !r.Get(&v)) rc = CUDA_ERROR_UNKNOWN;
+  if (rc == CUDA_SUCCESS) *n = v;
+  return rc;
+}
+
+// Function attributes: the dynamic shared memory opt-in is remembered so that
+// launches above 48 KiB without it fail at once, as with the driver.
+FLYT_API CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute attr, int value) {
+  CUresult rc = Forward<191, false, false>("cuFuncSetAttribute", f, attr, value);
+  if (rc == CUDA_SUCCESS && attr == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
+    Client::Get().SetMaxDynamicShared(reinterpret_cast<uintptr_t>(f), value);
+  return rc;
+}
+FLYT_API CUresult cuKernelSetAttribute(CUfunction_attribute attr, int value, CUkernel k,
+                                       CUdevice dev) {
+  CUresult rc = Forward<194, false, false>("cuKernelSetAttribute", attr, value, k, dev);
+  if (rc == CUDA_SUCCESS && attr == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
+    Client::Get().SetMaxDynamicShared(reinterpret_cast<uintptr_t>(k), value);
+  return rc;
 }
 
 // Queries: a plain synchronous call (they also flush queued work, so polling
 // loops make progress).
 FLYT_API CUresult cuEventQuery(CUevent e) { return Forward<135, true, false>("cuEventQuery", e); }
-FLYT_API CUresult cuStreamQuery(CUstream s) { return Forward<114, true, false>("cuStreamQuery", s); }
+FLYT_API CUresult cuStreamQuery(CUstream s) {
+  return Forward<114, true, false>("cuStreamQuery", s);
+}
+FLYT_API CUresult cuStreamQuery_ptsz(CUstream s) {
+  return Forward<114, true, true>("cuStreamQuery_ptsz", s);
+}
 
 // Lazy loading is the driver's default; CUDA_MODULE_LOADING=EAGER asks for eager.
 FLYT_API CUresult cuModuleGetLoadingMode(CUmoduleLoadingMode* mode) {
   if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
   const char* v = std::getenv("CUDA_MODULE_LOADING");
   *mode = (v != nullptr && std::strcmp(v, "EAGER") == 0) ? CU_MODULE_EAGER_LOADING
-                                                          : CU_MODULE_LAZY_LOADING;
+                                                         : CU_MODULE_LAZY_LOADING;
   return CUDA_SUCCESS;
 }

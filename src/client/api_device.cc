@@ -106,7 +106,8 @@ FLYT_API CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice d) {
 FLYT_API CUresult cuDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice d) {
   const auto* info = Dev(d);
   if (info == nullptr) return CUDA_ERROR_INVALID_DEVICE;
-  if (v == nullptr || a <= 0 || a >= flyt::ops::kMaxDeviceAttribute) return CUDA_ERROR_INVALID_VALUE;
+  if (v == nullptr || a <= 0 || a >= flyt::ops::kMaxDeviceAttribute)
+    return CUDA_ERROR_INVALID_VALUE;
   *v = info->attributes[a];
   return CUDA_SUCCESS;
 }
@@ -207,13 +208,14 @@ FLYT_API CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice d, unsigned int flags) 
 
 FLYT_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) {
   if (!Client::Get().initialized()) return CUDA_ERROR_NOT_INITIALIZED;
-  CUcontext ctx = nullptr;
-  if (Client::Get().PrimaryState(d, nullptr, nullptr)) {
-    int dev_of = Client::Get().ContextDevice(flyt::client::CurrentContext());
-    if (dev_of == d) ctx = flyt::client::CurrentContext();
-  }
+  CUcontext ctx = Client::Get().PrimaryHandle(d);
   if (ctx != nullptr) flyt::client::DestroyContextLocalStorage(ctx);
   return Client::Get().ResetPrimary(d);
+}
+
+FLYT_API CUresult cuDevicePrimaryCtxReset(CUdevice d) { return cuDevicePrimaryCtxReset_v2(d); }
+FLYT_API CUresult cuDevicePrimaryCtxSetFlags(CUdevice d, unsigned int flags) {
+  return cuDevicePrimaryCtxSetFlags_v2(d, flags);
 }
 
 FLYT_API CUresult cuCtxGetCurrent(CUcontext* ctx) {
@@ -327,8 +329,8 @@ FLYT_API CUresult cuGetErrorString(CUresult error, const char** text) {
 
 // --- entry point discovery
 
-FLYT_API CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version,
-                                      cuuint64_t flags, CUdriverProcAddressQueryResult* status) {
+FLYT_API CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint64_t flags,
+                                      CUdriverProcAddressQueryResult* status) {
   CUresult rc = flyt::client::LookupDriverProc(symbol, version, flags, pfn, status);
   FLYT_TRACE("cuGetProcAddress(%s, %d, %llu) -> %p", symbol ? symbol : "(null)", version,
              static_cast<unsigned long long>(flags), pfn ? *pfn : nullptr);

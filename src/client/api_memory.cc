@@ -66,8 +66,8 @@ CUresult CopyDtoH(const char* name, void* dst, CUdeviceptr src, size_t n, CUstre
     w.Put<uint64_t>(len);
     w.Put<uint64_t>(StreamRaw(stream));
     w.Put<uint8_t>(async ? 1 : 0);
-    CUresult rc = c.Call(name, ops::kOpCopyFromDevice, w, ReplySink{nullptr, out + off, len},
-                         Flags(pt));
+    CUresult rc =
+        c.Call(name, ops::kOpCopyFromDevice, w, ReplySink{nullptr, out + off, len}, Flags(pt));
     if (rc != CUDA_SUCCESS) return rc;
   }
   return CUDA_SUCCESS;
@@ -103,8 +103,7 @@ uint8_t* HostRow(const CUDA_MEMCPY3D& d, bool src, size_t y, size_t z) {
   size_t x0 = src ? d.srcXInBytes : d.dstXInBytes, y0 = src ? d.srcY : d.dstY,
          z0 = src ? d.srcZ : d.dstZ, pitch = src ? d.srcPitch : d.dstPitch,
          height = src ? d.srcHeight : d.dstHeight;
-  return static_cast<uint8_t*>(const_cast<void*>(base)) + ((z0 + z) * height + y0 + y) * pitch +
-         x0;
+  return static_cast<uint8_t*>(const_cast<void*>(base)) + ((z0 + z) * height + y0 + y) * pitch + x0;
 }
 
 CUresult Copy3D(const char* name, CUDA_MEMCPY3D d, CUstream stream, bool async, bool pt) {
@@ -116,13 +115,15 @@ CUresult Copy3D(const char* name, CUDA_MEMCPY3D d, CUstream stream, bool async, 
   bool dst_host = d.dstMemoryType == CU_MEMORYTYPE_HOST;
   size_t w = d.WidthInBytes, h = d.Height, depth = d.Depth;
   if (w == 0 || h == 0 || depth == 0) return CUDA_SUCCESS;
-  if ((src_host && d.srcPitch < w && h * depth > 1) || (dst_host && d.dstPitch < w && h * depth > 1))
+  if ((src_host && d.srcPitch < w && h * depth > 1) ||
+      (dst_host && d.dstPitch < w && h * depth > 1))
     return CUDA_ERROR_INVALID_VALUE;
   if (src_host && dst_host) {
     CUresult rc = Forward<100, true, false>("cuCtxSynchronize");
     if (rc != CUDA_SUCCESS) return rc;
     for (size_t z = 0; z < depth; ++z)
-      for (size_t y = 0; y < h; ++y) std::memmove(HostRow(d, false, y, z), HostRow(d, true, y, z), w);
+      for (size_t y = 0; y < h; ++y)
+        std::memmove(HostRow(d, false, y, z), HostRow(d, true, y, z), w);
     return CUDA_SUCCESS;
   }
   if (w > wire::kMaxPayload) return CUDA_ERROR_NOT_SUPPORTED;
@@ -164,7 +165,8 @@ CUresult Copy3D(const char* name, CUDA_MEMCPY3D d, CUstream stream, bool async, 
           if (dense.size() != dense_len) return CUDA_ERROR_UNKNOWN;
           for (size_t zz = 0; zz < chunk_depth; ++zz)
             for (size_t yy = 0; yy < rows; ++yy)
-              std::memcpy(HostRow(d, false, y + yy, z + zz), dense.data() + (zz * rows + yy) * w, w);
+              std::memcpy(HostRow(d, false, y + yy, z + zz), dense.data() + (zz * rows + yy) * w,
+                          w);
         }
       } else if (async) {
         rc = c.Post(name, ops::kOpCopy3D, req, Flags(pt));
@@ -224,6 +226,33 @@ FLYT_API CUresult cuMemFree_v2(CUdeviceptr p) {
   if (p == 0) return CUDA_SUCCESS;
   if (Client::Get().RemoveDeviceRange(p)) return Forward<152, false, false>("cuMemFree_v2", p);
   return Forward<152, true, false>("cuMemFree_v2", p);  // unknown: let the server judge now
+}
+
+// Stream-ordered allocations: tracked like cuMemAlloc's.
+#define FLYT_ASYNC_ALLOC(name, pt)                                                     \
+  FLYT_API CUresult name(CUdeviceptr* p, size_t n, CUstream s) {                       \
+    CUresult rc = Forward<240, true, pt>(#name, p, n, s);                              \
+    if (rc == CUDA_SUCCESS && p != nullptr) Client::Get().AddDeviceRange(*p, n, true); \
+    return rc;                                                                         \
+  }
+FLYT_ASYNC_ALLOC(cuMemAllocAsync, false)
+FLYT_ASYNC_ALLOC(cuMemAllocAsync_ptsz, true)
+#define FLYT_POOL_ALLOC(name, pt)                                                      \
+  FLYT_API CUresult name(CUdeviceptr* p, size_t n, CUmemoryPool pool, CUstream s) {    \
+    CUresult rc = Forward<241, true, pt>(#name, p, n, pool, s);                        \
+    if (rc == CUDA_SUCCESS && p != nullptr) Client::Get().AddDeviceRange(*p, n, true); \
+    return rc;                                                                         \
+  }
+FLYT_POOL_ALLOC(cuMemAllocFromPoolAsync, false)
+FLYT_POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz, true)
+FLYT_API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
+  if (Client::Get().RemoveDeviceRange(p)) return Forward<242, false, false>("cuMemFreeAsync", p, s);
+  return Forward<242, true, false>("cuMemFreeAsync", p, s);
+}
+FLYT_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) {
+  if (Client::Get().RemoveDeviceRange(p))
+    return Forward<242, false, true>("cuMemFreeAsync_ptsz", p, s);
+  return Forward<242, true, true>("cuMemFreeAsync_ptsz", p, s);
 }
 
 FLYT_API CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
@@ -290,22 +319,24 @@ FLYT_API CUresult cuMemHostRegister_v2(void* p, size_t n, unsigned int flags) {
 FLYT_API CUresult cuMemHostUnregister(void* p) {
   bool owned = false;
   size_t size = 0;
-  if (!Client::Get().RemoveHostRange(p, &owned, &size)) return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  if (!Client::Get().RemoveHostRange(p, &owned, &size))
+    return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
   return CUDA_SUCCESS;
 }
 
 FLYT_API CUresult cuMemHostGetFlags(unsigned int* flags, void* p) {
   if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
   return Client::Get().FindHostRange(p, nullptr, nullptr, flags) ? CUDA_SUCCESS
-                                                                : CUDA_ERROR_INVALID_VALUE;
+                                                                 : CUDA_ERROR_INVALID_VALUE;
 }
 
 FLYT_API CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr*, void*, unsigned int) {
   static bool logged = false;
   if (!logged) {
     logged = true;
-    FLYT_WARN("cuMemHostGetDevicePointer: mapped pinned memory cannot be reached by a GPU over "
-              "the network; copy the data with cudaMemcpy instead");
+    FLYT_WARN(
+        "cuMemHostGetDevicePointer: mapped pinned memory cannot be reached by a GPU over "
+        "the network; copy the data with cudaMemcpy instead");
   }
   return CUDA_ERROR_NOT_SUPPORTED;
 }
@@ -337,9 +368,8 @@ CUresult PointerAttribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr,
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
       if (!dev && !host && !lenient) return CUDA_ERROR_INVALID_VALUE;
-      *static_cast<unsigned*>(data) =
-          dev ? static_cast<unsigned>(CU_MEMORYTYPE_DEVICE)
-              : (host ? static_cast<unsigned>(CU_MEMORYTYPE_HOST) : 0u);
+      *static_cast<unsigned*>(data) = dev ? static_cast<unsigned>(CU_MEMORYTYPE_DEVICE)
+                                          : (host ? static_cast<unsigned>(CU_MEMORYTYPE_HOST) : 0u);
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
       if (!dev && !host) return lenient ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
@@ -404,8 +434,7 @@ FLYT_API CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute* at
   FLYT_API CUresult legacy params { return call_legacy; }        \
   FLYT_API CUresult pt params { return call_pt; }
 
-FLYT_COPY_PAIR(cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds,
-               (CUdeviceptr dst, const void* src, size_t n),
+FLYT_COPY_PAIR(cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds, (CUdeviceptr dst, const void* src, size_t n),
                CopyHtoD("cuMemcpyHtoD", dst, src, n, nullptr, false, false),
                CopyHtoD("cuMemcpyHtoD_ptds", dst, src, n, nullptr, false, true))
 FLYT_COPY_PAIR(cuMemcpyHtoDAsync_v2, cuMemcpyHtoDAsync_v2_ptsz,
@@ -427,7 +456,8 @@ FLYT_COPY_PAIR(cuMemcpyAsync, cuMemcpyAsync_ptsz,
                CopyUnified("cuMemcpyAsync", dst, src, n, s, true, false),
                CopyUnified("cuMemcpyAsync_ptsz", dst, src, n, s, true, true))
 FLYT_COPY_PAIR(cuMemcpy2D_v2, cuMemcpy2D_v2_ptds, (const CUDA_MEMCPY2D* p),
-               p ? Copy3D("cuMemcpy2D", From2D(p), nullptr, false, false) : CUDA_ERROR_INVALID_VALUE,
+               p ? Copy3D("cuMemcpy2D", From2D(p), nullptr, false, false)
+                 : CUDA_ERROR_INVALID_VALUE,
                p ? Copy3D("cuMemcpy2D_ptds", From2D(p), nullptr, false, true)
                  : CUDA_ERROR_INVALID_VALUE)
 FLYT_COPY_PAIR(cuMemcpy2DUnaligned_v2, cuMemcpy2DUnaligned_v2_ptds, (const CUDA_MEMCPY2D* p),
@@ -445,3 +475,45 @@ FLYT_COPY_PAIR(cuMemcpy3D_v2, cuMemcpy3D_v2_ptds, (const CUDA_MEMCPY3D* p),
 FLYT_COPY_PAIR(cuMemcpy3DAsync_v2, cuMemcpy3DAsync_v2_ptsz, (const CUDA_MEMCPY3D* p, CUstream s),
                p ? Copy3D("cuMemcpy3DAsync", *p, s, true, false) : CUDA_ERROR_INVALID_VALUE,
                p ? Copy3D("cuMemcpy3DAsync_ptsz", *p, s, true, true) : CUDA_ERROR_INVALID_VALUE)
+
+// --- memory pool attributes (the value's size depends on the attribute)
+
+namespace {
+bool PoolAttrIsInt(CUmemPool_attribute attr) {
+  return attr <= CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES;
+}
+CUresult PoolAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value, bool set) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t v = 0;
+  if (set)
+    v = PoolAttrIsInt(attr) ? static_cast<uint64_t>(*static_cast<int*>(value))
+                            : *static_cast<cuuint64_t*>(value);
+  wire::Writer w;
+  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(pool));
+  w.Put<int32_t>(attr);
+  w.Put<uint8_t>(set ? 1 : 0);
+  w.Put<uint64_t>(v);
+  std::vector<uint8_t> reply;
+  CUresult rc = c.Call(set ? "cuMemPoolSetAttribute" : "cuMemPoolGetAttribute",
+                       ops::kOpMemPoolAttribute, w, ReplySink{&reply});
+  wire::Reader r(reply.data(), reply.size());
+  if (rc == CUDA_SUCCESS && !set) {
+    if (!r.Get(&v)) return CUDA_ERROR_UNKNOWN;
+    if (PoolAttrIsInt(attr)) {
+      *static_cast<int*>(value) = static_cast<int>(v);
+    } else {
+      *static_cast<cuuint64_t*>(value) = v;
+    }
+  }
+  return rc;
+}
+}  // namespace
+
+FLYT_API CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
+  return PoolAttribute(pool, attr, value, true);
+}
+FLYT_API CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
+  return PoolAttribute(pool, attr, value, false);
+}

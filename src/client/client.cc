@@ -34,7 +34,6 @@ int EnvInt(const char* name, int fallback) {
 
 constexpr size_t kQueueLimit = 256 << 10;
 
-
 }  // namespace
 
 CUcontext CurrentContext() { return t_current; }
@@ -139,9 +138,10 @@ CUresult Client::SendLocked(const wire::FrameHeader& h, const wire::Writer& req,
   queue_.clear();
   if (!st.ok()) {
     broken_ = CUDA_ERROR_DEVICE_UNAVAILABLE;
-    FLYT_ERROR("lost the connection to flyt-server at %s (%s): the GPU's state for this process "
-               "is gone; restart the application once the server is back",
-               server_.c_str(), st.message().c_str());
+    FLYT_ERROR(
+        "lost the connection to flyt-server at %s (%s): the GPU's state for this process "
+        "is gone; restart the application once the server is back",
+        server_.c_str(), st.message().c_str());
     return broken_;
   }
   return CUDA_SUCCESS;
@@ -170,8 +170,8 @@ CUresult Client::Post(const char* name, uint16_t op, const wire::Writer& req, ui
   std::lock_guard<std::mutex> lock(mu_);
   if (broken_ != CUDA_SUCCESS) return broken_;
   SyncContextLocked();
-  wire::FrameHeader h{wire::kMagic, op, flags, next_call_++,
-                      static_cast<uint32_t>(req.size() + bulk_len), 0, 0, 0};
+  wire::FrameHeader h{
+      wire::kMagic, op, flags, next_call_++, static_cast<uint32_t>(req.size() + bulk_len), 0, 0, 0};
   CUresult rc = CUDA_SUCCESS;
   if (bulk_len > 4096 || queue_.size() + sizeof(h) + req.size() > kQueueLimit) {
     rc = SendLocked(h, req, bulk, bulk_len);
@@ -211,8 +211,14 @@ CUresult Client::Call(const char* name, uint16_t op, const wire::Writer& req, Re
   if (broken_ != CUDA_SUCCESS) return broken_;
   if (op != ops::kOpHello) SyncContextLocked();
   uint64_t id = next_call_++;
-  wire::FrameHeader h{wire::kMagic, op, static_cast<uint16_t>(flags | wire::kFlagWantReply), id,
-                      static_cast<uint32_t>(req.size()), 0, 0, 0};
+  wire::FrameHeader h{wire::kMagic,
+                      op,
+                      static_cast<uint16_t>(flags | wire::kFlagWantReply),
+                      id,
+                      static_cast<uint32_t>(req.size()),
+                      0,
+                      0,
+                      0};
   CUresult rc = SendLocked(h, req, nullptr, 0);
   if (rc != CUDA_SUCCESS) return rc;
   wire::FrameHeader rep{};
@@ -245,9 +251,10 @@ CUresult Client::Call(const char* name, uint16_t op, const wire::Writer& req, Re
   }
   if (!st.ok() || malformed) {
     broken_ = CUDA_ERROR_DEVICE_UNAVAILABLE;
-    FLYT_ERROR("lost the connection to flyt-server at %s during %s (%s): the GPU's state for "
-               "this process is gone; restart the application once the server is back",
-               server_.c_str(), name, malformed ? "malformed reply" : st.message().c_str());
+    FLYT_ERROR(
+        "lost the connection to flyt-server at %s during %s (%s): the GPU's state for "
+        "this process is gone; restart the application once the server is back",
+        server_.c_str(), name, malformed ? "malformed reply" : st.message().c_str());
     return broken_;
   }
   if (t0 != 0) TraceCall(name, "SYNC", t0);
@@ -270,8 +277,14 @@ CUresult Client::EnsureCallbackChannel() {
   w.Put<uint32_t>(wire::kProtocolVersion);
   w.Put<uint64_t>(session_id_);
   w.Put<uint64_t>(session_secret_);
-  wire::FrameHeader h{wire::kMagic, ops::kOpAttachCallbackChannel, wire::kFlagWantReply, 0,
-                      static_cast<uint32_t>(w.size()), 0, 0, 0};
+  wire::FrameHeader h{wire::kMagic,
+                      ops::kOpAttachCallbackChannel,
+                      wire::kFlagWantReply,
+                      0,
+                      static_cast<uint32_t>(w.size()),
+                      0,
+                      0,
+                      0};
   iovec iov[2] = {{&h, sizeof(h)}, {const_cast<uint8_t*>(w.data()), w.size()}};
   wire::FrameHeader rep{};
   if (st.ok()) st = conn->Send(iov, 2);
@@ -394,6 +407,11 @@ CUresult Client::ResetPrimary(CUdevice dev) {
   return rc;
 }
 
+CUcontext Client::PrimaryHandle(CUdevice dev) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  return dev >= 0 && static_cast<size_t>(dev) < primaries_.size() ? primaries_[dev].ctx : nullptr;
+}
+
 int Client::ContextDevice(CUcontext ctx) {
   std::lock_guard<std::mutex> lock(state_mu_);
   for (size_t i = 0; i < primaries_.size(); ++i)
@@ -510,6 +528,17 @@ std::shared_ptr<const FuncInfo> Client::Func(uint64_t handle) {
   std::lock_guard<std::mutex> lock(state_mu_);
   auto it = funcs_.find(handle);
   return it == funcs_.end() ? nullptr : it->second;
+}
+
+void Client::SetMaxDynamicShared(uint64_t func, int bytes) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  max_dynamic_shared_[func] = bytes;
+}
+
+int Client::MaxDynamicShared(uint64_t func) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  auto it = max_dynamic_shared_.find(func);
+  return it == max_dynamic_shared_.end() ? -1 : it->second;
 }
 
 void Client::AliasFunc(uint64_t alias, std::shared_ptr<const FuncInfo> info) {

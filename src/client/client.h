@@ -85,7 +85,8 @@ class Client {
   bool PrimaryState(CUdevice dev, unsigned* flags, int* active);
   void SetPrimaryFlags(CUdevice dev, unsigned flags);
   CUresult ResetPrimary(CUdevice dev);
-  int ContextDevice(CUcontext ctx);  // -1 when unknown
+  int ContextDevice(CUcontext ctx);       // -1 when unknown
+  CUcontext PrimaryHandle(CUdevice dev);  // stable for the process's life; null before retain
 
   // --- device allocations (ranges) and pinned host buffers
   void AddDeviceRange(uint64_t base, uint64_t size, bool reserve_va);
@@ -103,6 +104,9 @@ class Client {
   std::shared_ptr<const FuncInfo> Func(uint64_t handle);
   void AliasFunc(uint64_t alias, std::shared_ptr<const FuncInfo> info);
   size_t ImageFuncCount(uint64_t image, std::vector<uint64_t>* out);
+  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as the app set it; -1 if never.
+  void SetMaxDynamicShared(uint64_t func, int bytes);
+  int MaxDynamicShared(uint64_t func);
 
  private:
   Client() = default;
@@ -154,6 +158,7 @@ class Client {
   std::map<uintptr_t, HostRange> host_ranges_;
   std::unordered_map<uint64_t, std::shared_ptr<const FuncInfo>> funcs_;
   std::unordered_map<uint64_t, ImageInfo> images_;
+  std::unordered_map<uint64_t, int> max_dynamic_shared_;
 
   friend void AfterForkInChild();
 };

@@ -68,8 +68,8 @@ def main():
             if sym + suffix in per_thread:
                 variants.append((sym + suffix, True))
         for name, pt in variants:
-            if sym in wrapped and not pt:
-                continue
+            if sym in wrapped:
+                continue  # hand-written in client/api_*.cc, per-thread twin included
             params = split_params((per_thread if pt else legacy)[name])
             decl = ", ".join("%s %s" % (t, n) for t, n in params)
             args = "".join(", " + n for _, n in params)

@@ -32,7 +32,8 @@ State* GetState() {
         if (std::strcmp(v, kNames[i]) == 0) s.level = i;
     }
     if (const char* v = std::getenv("FLYT_TRACE")) s.trace = v[0] != '\0' && v[0] != '0';
-    if (s.trace && s.level < static_cast<int>(Level::kInfo)) s.level = static_cast<int>(Level::kInfo);
+    if (s.trace && s.level < static_cast<int>(Level::kInfo))
+      s.level = static_cast<int>(Level::kInfo);
     if (const char* path = std::getenv("FLYT_LOG_FILE"); path != nullptr && path[0] != '\0') {
       int fd = ::open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
       if (fd >= 0) s.fd = fd;

@@ -24,8 +24,8 @@ void SetProcessTag(const char* tag);
 
 }  // namespace flyt::log
 
-#define FLYT_LOG_AT(lvl, ...)                                         \
-  do {                                                                \
+#define FLYT_LOG_AT(lvl, ...)                                            \
+  do {                                                                   \
     if (::flyt::log::Enabled(lvl)) ::flyt::log::Write(lvl, __VA_ARGS__); \
   } while (0)
 #define FLYT_ERROR(...) FLYT_LOG_AT(::flyt::log::Level::kError, __VA_ARGS__)

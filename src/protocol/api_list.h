@@ -15,81 +15,94 @@
 // releases is the handle kind the call destroys through its first argument.
 #pragma once
 
-#define FLYT_GENERIC_APIS(X)                                                  \
-  X(100, cuCtxSynchronize, SYNC, None)                                        \
-  X(101, cuCtxGetLimit, SYNC, None)                                           \
-  X(102, cuCtxSetLimit, SYNC, None)                                           \
-  X(103, cuCtxGetCacheConfig, SYNC, None)                                     \
-  X(104, cuCtxSetCacheConfig, ASYNC, None)                                    \
-  X(105, cuCtxGetStreamPriorityRange, SYNC, None)                             \
-  X(106, cuCtxResetPersistingL2Cache, ASYNC, None)                            \
-  X(110, cuStreamCreate, SYNC, None)                                          \
-  X(111, cuStreamCreateWithPriority, SYNC, None)                              \
-  X(112, cuStreamDestroy_v2, ASYNC, Stream)                                   \
-  X(113, cuStreamSynchronize, SYNC, None)                                     \
-  X(114, cuStreamQuery, SYNC, None)                                           \
-  X(115, cuStreamWaitEvent, ASYNC, None)                                      \
-  X(116, cuStreamGetPriority, SYNC, None)                                     \
-  X(117, cuStreamGetFlags, SYNC, None)                                        \
-  X(118, cuStreamBeginCapture_v2, SYNC, None)                                 \
-  X(119, cuStreamEndCapture, SYNC, None)                                      \
-  X(120, cuStreamIsCapturing, SYNC, None)                                     \
-  X(121, cuStreamGetId, SYNC, None)                                           \
-  X(130, cuEventCreate, SYNC, None)                                           \
-  X(131, cuEventDestroy_v2, ASYNC, Event)                                     \
-  X(132, cuEventRecord, ASYNC, None)                                          \
-  X(133, cuEventRecordWithFlags, ASYNC, None)                                 \
-  X(134, cuEventSynchronize, SYNC, None)                                      \
-  X(135, cuEventQuery, SYNC, None)                                            \
-  X(136, cuEventElapsedTime_v2, SYNC, None)                                   \
-  X(150, cuMemAlloc_v2, SYNC, None)                                           \
-  X(151, cuMemAllocPitch_v2, SYNC, None)                                      \
-  X(152, cuMemFree_v2, ASYNC, Memory)                                         \
-  X(153, cuMemGetInfo_v2, SYNC, None)                                         \
-  X(154, cuMemGetAddressRange_v2, SYNC, None)                                 \
-  X(155, cuMemsetD8_v2, ASYNC, None)                                          \
-  X(156, cuMemsetD16_v2, ASYNC, None)                                         \
-  X(157, cuMemsetD32_v2, ASYNC, None)                                         \
-  X(158, cuMemsetD2D8_v2, ASYNC, None)                                        \
-  X(159, cuMemsetD2D16_v2, ASYNC, None)                                       \
-  X(160, cuMemsetD2D32_v2, ASYNC, None)                                       \
-  X(161, cuMemsetD8Async, ASYNC, None)                                        \
-  X(162, cuMemsetD16Async, ASYNC, None)                                       \
-  X(163, cuMemsetD32Async, ASYNC, None)                                       \
-  X(164, cuMemsetD2D8Async, ASYNC, None)                                      \
-  X(165, cuMemsetD2D16Async, ASYNC, None)                                     \
-  X(166, cuMemsetD2D32Async, ASYNC, None)                                     \
-  X(167, cuMemcpyDtoD_v2, ASYNC, None)                                        \
-  X(168, cuMemcpyDtoDAsync_v2, ASYNC, None)                                   \
-  X(169, cuArrayCreate_v2, SYNC, None)                                        \
-  X(170, cuArray3DCreate_v2, SYNC, None)                                      \
-  X(171, cuArrayDestroy, ASYNC, Array)                                        \
-  X(172, cuArrayGetDescriptor_v2, SYNC, None)                                 \
-  X(173, cuArray3DGetDescriptor_v2, SYNC, None)                               \
-  X(174, cuMemcpyPeer, ASYNC, None)                                           \
-  X(175, cuMemcpyPeerAsync, ASYNC, None)                                      \
-  X(190, cuFuncGetAttribute, SYNC, None)                                      \
-  X(191, cuFuncSetAttribute, ASYNC, None)                                     \
-  X(192, cuFuncSetCacheConfig, ASYNC, None)                                   \
-  X(193, cuKernelGetAttribute, SYNC, None)                                    \
-  X(194, cuKernelSetAttribute, ASYNC, None)                                   \
-  X(195, cuKernelSetCacheConfig, ASYNC, None)                                 \
-  X(196, cuOccupancyMaxActiveBlocksPerMultiprocessor, SYNC, None)             \
-  X(197, cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, SYNC, None)    \
-  X(198, cuOccupancyAvailableDynamicSMemPerBlock, SYNC, None)                 \
-  X(199, cuFuncLoad, SYNC, None)                                              \
-  X(200, cuFuncIsLoaded, SYNC, None)                                          \
-  X(201, cuModuleGetGlobal_v2, SYNC, None)                                    \
-  X(202, cuLibraryGetGlobal, SYNC, None)                                      \
-  X(203, cuLibraryGetManaged, SYNC, None)                                     \
-  X(204, cuModuleUnload, ASYNC, Module)                                       \
-  X(205, cuLibraryUnload, ASYNC, Library)                                     \
-  X(220, cuGraphInstantiateWithFlags, SYNC, None)                             \
-  X(221, cuGraphLaunch, ASYNC, None)                                          \
-  X(222, cuGraphExecDestroy, ASYNC, GraphExec)                                \
-  X(223, cuGraphDestroy, ASYNC, Graph)                                        \
-  X(224, cuGraphUpload, ASYNC, None)                                          \
-  X(225, cuGraphCreate, SYNC, None)
+#define FLYT_GENERIC_APIS(X)                                               \
+  X(100, cuCtxSynchronize, SYNC, None)                                     \
+  X(101, cuCtxGetLimit, SYNC, None)                                        \
+  X(102, cuCtxSetLimit, SYNC, None)                                        \
+  X(103, cuCtxGetCacheConfig, SYNC, None)                                  \
+  X(104, cuCtxSetCacheConfig, ASYNC, None)                                 \
+  X(105, cuCtxGetStreamPriorityRange, SYNC, None)                          \
+  X(106, cuCtxResetPersistingL2Cache, ASYNC, None)                         \
+  X(110, cuStreamCreate, SYNC, None)                                       \
+  X(111, cuStreamCreateWithPriority, SYNC, None)                           \
+  X(112, cuStreamDestroy_v2, ASYNC, Stream)                                \
+  X(113, cuStreamSynchronize, SYNC, None)                                  \
+  X(114, cuStreamQuery, SYNC, None)                                        \
+  X(115, cuStreamWaitEvent, ASYNC, None)                                   \
+  X(116, cuStreamGetPriority, SYNC, None)                                  \
+  X(117, cuStreamGetFlags, SYNC, None)                                     \
+  X(118, cuStreamBeginCapture_v2, SYNC, None)                              \
+  X(119, cuStreamEndCapture, SYNC, None)                                   \
+  X(120, cuStreamIsCapturing, SYNC, None)                                  \
+  X(121, cuStreamGetId, SYNC, None)                                        \
+  X(130, cuEventCreate, SYNC, None)                                        \
+  X(131, cuEventDestroy_v2, ASYNC, Event)                                  \
+  X(132, cuEventRecord, ASYNC, None)                                       \
+  X(133, cuEventRecordWithFlags, ASYNC, None)                              \
+  X(134, cuEventSynchronize, SYNC, None)                                   \
+  X(135, cuEventQuery, SYNC, None)                                         \
+  X(136, cuEventElapsedTime_v2, SYNC, None)                                \
+  X(150, cuMemAlloc_v2, SYNC, None)                                        \
+  X(151, cuMemAllocPitch_v2, SYNC, None)                                   \
+  X(152, cuMemFree_v2, ASYNC, Memory)                                      \
+  X(153, cuMemGetInfo_v2, SYNC, None)                                      \
+  X(154, cuMemGetAddressRange_v2, SYNC, None)                              \
+  X(155, cuMemsetD8_v2, ASYNC, None)                                       \
+  X(156, cuMemsetD16_v2, ASYNC, None)                                      \
+  X(157, cuMemsetD32_v2, ASYNC, None)                                      \
+  X(158, cuMemsetD2D8_v2, ASYNC, None)                                     \
+  X(159, cuMemsetD2D16_v2, ASYNC, None)                                    \
+  X(160, cuMemsetD2D32_v2, ASYNC, None)                                    \
+  X(161, cuMemsetD8Async, ASYNC, None)                                     \
+  X(162, cuMemsetD16Async, ASYNC, None)                                    \
+  X(163, cuMemsetD32Async, ASYNC, None)                                    \
+  X(164, cuMemsetD2D8Async, ASYNC, None)                                   \
+  X(165, cuMemsetD2D16Async, ASYNC, None)                                  \
+  X(166, cuMemsetD2D32Async, ASYNC, None)                                  \
+  X(167, cuMemcpyDtoD_v2, ASYNC, None)                                     \
+  X(168, cuMemcpyDtoDAsync_v2, ASYNC, None)                                \
+  X(169, cuArrayCreate_v2, SYNC, None)                                     \
+  X(170, cuArray3DCreate_v2, SYNC, None)                                   \
+  X(171, cuArrayDestroy, ASYNC, Array)                                     \
+  X(172, cuArrayGetDescriptor_v2, SYNC, None)                              \
+  X(173, cuArray3DGetDescriptor_v2, SYNC, None)                            \
+  X(174, cuMemcpyPeer, ASYNC, None)                                        \
+  X(175, cuMemcpyPeerAsync, ASYNC, None)                                   \
+  X(190, cuFuncGetAttribute, SYNC, None)                                   \
+  X(191, cuFuncSetAttribute, ASYNC, None)                                  \
+  X(192, cuFuncSetCacheConfig, ASYNC, None)                                \
+  X(193, cuKernelGetAttribute, SYNC, None)                                 \
+  X(194, cuKernelSetAttribute, ASYNC, None)                                \
+  X(195, cuKernelSetCacheConfig, ASYNC, None)                              \
+  X(196, cuOccupancyMaxActiveBlocksPerMultiprocessor, SYNC, None)          \
+  X(197, cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, SYNC, None) \
+  X(198, cuOccupancyAvailableDynamicSMemPerBlock, SYNC, None)              \
+  X(199, cuFuncLoad, SYNC, None)                                           \
+  X(200, cuFuncIsLoaded, SYNC, None)                                       \
+  X(201, cuModuleGetGlobal_v2, SYNC, None)                                 \
+  X(202, cuLibraryGetGlobal, SYNC, None)                                   \
+  X(203, cuLibraryGetManaged, SYNC, None)                                  \
+  X(204, cuModuleUnload, ASYNC, Module)                                    \
+  X(205, cuLibraryUnload, ASYNC, Library)                                  \
+  X(220, cuGraphInstantiateWithFlags, SYNC, None)                          \
+  X(221, cuGraphLaunch, ASYNC, None)                                       \
+  X(222, cuGraphExecDestroy, ASYNC, GraphExec)                             \
+  X(223, cuGraphDestroy, ASYNC, Graph)                                     \
+  X(224, cuGraphUpload, ASYNC, None)                                       \
+  X(225, cuGraphCreate, SYNC, None)                                        \
+  X(230, cuTexObjectCreate, SYNC, None)                                    \
+  X(231, cuTexObjectDestroy, ASYNC, None)                                  \
+  X(232, cuSurfObjectCreate, SYNC, None)                                   \
+  X(233, cuSurfObjectDestroy, ASYNC, None)                                 \
+  X(234, cuDeviceGetDefaultMemPool, SYNC, None)                            \
+  X(235, cuDeviceGetMemPool, SYNC, None)                                   \
+  X(236, cuDeviceSetMemPool, SYNC, None)                                   \
+  X(237, cuMemPoolCreate, SYNC, None)                                      \
+  X(238, cuMemPoolDestroy, ASYNC, MemPool)                                 \
+  X(239, cuMemPoolTrimTo, ASYNC, None)                                     \
+  X(240, cuMemAllocAsync, SYNC, None)                                      \
+  X(241, cuMemAllocFromPoolAsync, SYNC, None)                              \
+  X(242, cuMemFreeAsync, ASYNC, Memory)
 
 // Generic calls whose client entry point is hand-written because the client
 // keeps state about them (client/api_*.cc calls Forward<> itself).
@@ -103,4 +116,9 @@
   X(cuLibraryGetGlobal)        \
   X(cuMemGetAddressRange_v2)   \
   X(cuEventQuery)              \
-  X(cuStreamQuery)
+  X(cuStreamQuery)             \
+  X(cuMemAllocAsync)           \
+  X(cuMemAllocFromPoolAsync)   \
+  X(cuMemFreeAsync)            \
+  X(cuFuncSetAttribute)        \
+  X(cuKernelSetAttribute)

@@ -31,6 +31,7 @@ enum class HandleKind : uint8_t {
   kArray,
   kGraph,
   kGraphExec,
+  kMemPool,
   kCount
 };
 
@@ -38,9 +39,9 @@ template <typename T>
 struct HandleOf {
   static constexpr HandleKind kind = HandleKind::kNone;
 };
-#define FLYT_HANDLE(type, k)                      \
-  template <>                                     \
-  struct HandleOf<type> {                         \
+#define FLYT_HANDLE(type, k)                          \
+  template <>                                         \
+  struct HandleOf<type> {                             \
     static constexpr HandleKind kind = HandleKind::k; \
   };
 FLYT_HANDLE(CUstream, kStream)
@@ -53,6 +54,7 @@ FLYT_HANDLE(CUcontext, kContext)
 FLYT_HANDLE(CUarray, kArray)
 FLYT_HANDLE(CUgraph, kGraph)
 FLYT_HANDLE(CUgraphExec, kGraphExec)
+FLYT_HANDLE(CUmemoryPool, kMemPool)
 #undef FLYT_HANDLE
 
 template <typename T>

@@ -25,6 +25,7 @@ enum : uint16_t {
   kOpKernelGetFunction = 21,  // cuKernelGetFunction
   kOpFuncParamLayout = 22,    // layout of a function the client has not seen
   kOpLaunch = 30,             // cuLaunchKernel / cooperative / Ex
+  kOpMaxActiveClusters = 31,  // cuOccupancyMaxActiveClusters (launch head only)
   kOpCopyToDevice = 40,       // host bytes -> device (sync or async)
   kOpCopyFromDevice = 41,     // device -> host bytes (reply carries them)
   kOpCopy3D = 42,             // 2D/3D copies (descriptor + dense host bytes)
@@ -36,6 +37,8 @@ enum : uint16_t {
   // Server-to-client notice sent just before a reply: bytes the GPU printed
   // (device printf) for the client's stdout.
   kOpDeviceOutput = 60,
+  // cuMemPoolGetAttribute / SetAttribute: u64 pool, i32 attr, u8 set, u64 value.
+  kOpMemPoolAttribute = 70,
 };
 
 // Which loader the app called; the server answers with the same kind of handle.

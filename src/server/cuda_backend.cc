@@ -32,9 +32,10 @@ Status LoadCudaDriver(DriverApi* api) {
   if (path == nullptr || path[0] == '\0') path = "libcuda.so.1";
   void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr)
-    return Status::Error(std::string("cannot load NVIDIA's driver library (") + dlerror() +
-                         "): install the NVIDIA driver, set FLYT_REAL_LIBCUDA, or use --backend sim "
-                         "for testing");
+    return Status::Error(
+        std::string("cannot load NVIDIA's driver library (") + dlerror() +
+        "): install the NVIDIA driver, set FLYT_REAL_LIBCUDA, or use --backend sim "
+        "for testing");
   if (dlsym(lib, "flyt_client_marker") != nullptr)
     return Status::Error(std::string(path) +
                          " is Flyt's client library, not NVIDIA's driver: remove Flyt from "

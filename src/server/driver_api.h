@@ -51,6 +51,9 @@ namespace flyt::server {
   X(cuMemcpy3DAsync_v2)           \
   X(cuMemHostAlloc)               \
   X(cuLaunchHostFunc)             \
+  X(cuOccupancyMaxActiveClusters) \
+  X(cuMemPoolGetAttribute)        \
+  X(cuMemPoolSetAttribute)        \
   X(cuMemFreeHost)
 
 struct DriverApi {
@@ -75,7 +78,7 @@ struct DriverApi {
 Status LoadCudaDriver(DriverApi* api);
 
 struct SimOptions {
-  std::string record_path;  // one line per launch (see sim_backend.cc)
+  std::string record_path;              // one line per launch (see sim_backend.cc)
   uint64_t memory_bytes = 80ull << 30;  // the simulated GPU's memory
 };
 // Fills the table with the sim backend: host memory, recorded launches, no kernels.

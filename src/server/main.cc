@@ -93,8 +93,8 @@ int main(int argc, char** argv) {
     }
     listeners.push_back(std::move(l));
   }
-  std::fprintf(stderr, "flyt-server: %s backend, %zu GPU(s), driver %d, listening on", backend.c_str(),
-               state->devices.size(), state->driver_version);
+  std::fprintf(stderr, "flyt-server: %s backend, %zu GPU(s), driver %d, listening on",
+               backend.c_str(), state->devices.size(), state->driver_version);
   for (auto& l : listeners) std::fprintf(stderr, " %s", l->Describe().c_str());
   std::fprintf(stderr, "%s\n", state->token.empty() ? " (no token required)" : "");
   std::vector<std::thread> acceptors;

@@ -7,10 +7,10 @@
 
 #include <cerrno>
 #include <chrono>
-#include <random>
-#include <thread>
 #include <cstdio>
 #include <cstring>
+#include <random>
+#include <thread>
 #include <tuple>
 
 #include "common/log.h"
@@ -179,7 +179,28 @@ bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CU
   return true;
 }
 
-bool IsAllocation(uint16_t op) { return op == 150 || op == 151; }
+bool IsStickyError(CUresult rc) {
+  switch (rc) {
+    case CUDA_ERROR_ECC_UNCORRECTABLE:
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+    case CUDA_ERROR_LAUNCH_TIMEOUT:
+    case CUDA_ERROR_ASSERT:
+    case CUDA_ERROR_HARDWARE_STACK_ERROR:
+    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+    case CUDA_ERROR_MISALIGNED_ADDRESS:
+    case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+    case CUDA_ERROR_INVALID_PC:
+    case CUDA_ERROR_LAUNCH_FAILED:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Copies larger than this go through the pinned staging buffers.
+constexpr uint32_t kStagedMin = 1u << 20;
+
+bool IsAllocation(uint16_t op) { return op == 150 || op == 151 || op == 240 || op == 241; }
 
 }  // namespace
 
@@ -188,8 +209,8 @@ bool Session::DispatchGeneric(uint16_t op, bool per_thread, Reader& in, Writer& 
   DriverApi& a = state_->api;
   *known = true;
   switch (op) {
-#define FLYT_GENERIC_CASE(id, sym, cls, rel)                                                   \
-  case id:                                                                                   \
+#define FLYT_GENERIC_CASE(id, sym, cls, rel)                                                    \
+  case id:                                                                                      \
     return RunGeneric(*this, per_thread && a.sym##_pt != nullptr ? a.sym##_pt : a.sym, in, out, \
                       rc, HandleKind::k##rel, IsAllocation(id));
     FLYT_GENERIC_APIS(FLYT_GENERIC_CASE)
@@ -221,12 +242,17 @@ Session::~Session() {
     if (callback_conn_ != nullptr) callback_conn_->Shutdown();
   }
   // Host functions still queued in the driver refer to this session.
-  while (host_funcs_in_flight_.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  while (host_funcs_in_flight_.load() > 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   state_->live_sessions--;
 }
 
 bool Session::Owns(HandleKind kind, uint64_t value) const {
-  return handles_[static_cast<int>(kind)].count(value) != 0;
+  if (handles_[static_cast<int>(kind)].count(value) != 0) return true;
+  // The driver accepts a CUkernel wherever a CUfunction is expected (cudart
+  // passes its kernels that way), and a CUlibrary's kernels likewise.
+  return kind == HandleKind::kFunction &&
+         handles_[static_cast<int>(HandleKind::kKernel)].count(value) != 0;
 }
 void Session::Adopt(HandleKind kind, uint64_t value) {
   handles_[static_cast<int>(kind)].insert(value);
@@ -256,11 +282,26 @@ void Session::ForwardDeviceOutput() {
   for (;;) {
     ssize_t n = ::read(state_->device_output_fd, buf.data(), buf.size());
     if (n <= 0) return;
-    wire::FrameHeader h{wire::kMagic, ops::kOpDeviceOutput, wire::kFlagReply, 0,
-                        static_cast<uint32_t>(n), 0, 0, 0};
+    wire::FrameHeader h{
+        wire::kMagic, ops::kOpDeviceOutput, wire::kFlagReply, 0, static_cast<uint32_t>(n), 0, 0, 0};
     iovec iov[2] = {{&h, sizeof(h)}, {buf.data(), static_cast<size_t>(n)}};
     if (!conn_->Send(iov, 2).ok()) return;
   }
+}
+
+bool Session::SendReplyHeader(const wire::FrameHeader& req, CUresult rc, uint32_t payload_len) {
+  ForwardDeviceOutput();
+  wire::FrameHeader h{};
+  h.magic = wire::kMagic;
+  h.op = req.op;
+  h.flags = wire::kFlagReply;
+  h.call_id = req.call_id;
+  h.payload_len = payload_len;
+  h.status = static_cast<uint32_t>(rc);
+  h.deferred_status = static_cast<uint32_t>(deferred_);
+  deferred_ = CUDA_SUCCESS;
+  iovec iov{&h, sizeof(h)};
+  return conn_->Send(&iov, 1).ok();
 }
 
 bool Session::Reply(const wire::FrameHeader& req, CUresult rc, const Writer& out) {
@@ -276,7 +317,8 @@ bool Session::Reply(const wire::FrameHeader& req, CUresult rc, const Writer& out
   deferred_ = CUDA_SUCCESS;
   iovec iov[2] = {{&h, sizeof(h)}, {const_cast<uint8_t*>(out.data()), out.size()}};
   Status s = conn_->Send(iov, out.size() > 0 ? 2 : 1);
-  if (!s.ok()) FLYT_INFO("session %llu: %s", static_cast<unsigned long long>(id_), s.message().c_str());
+  if (!s.ok())
+    FLYT_INFO("session %llu: %s", static_cast<unsigned long long>(id_), s.message().c_str());
   return s.ok();
 }
 
@@ -315,8 +357,9 @@ Session::Opening Session::Handshake() {
               ", server speaks " + std::to_string(wire::kProtocolVersion) +
               "; use matching Flyt versions";
   } else if (std::string(reinterpret_cast<const char*>(token), token_len) != state_->token) {
-    refusal = "wrong token: the server refused the client's credential; set FLYT_TOKEN (or "
-              "--token) to the token the server was started with";
+    refusal =
+        "wrong token: the server refused the client's credential; set FLYT_TOKEN (or "
+        "--token) to the token the server was started with";
   }
   out.PutString(refusal);
   if (!refusal.empty()) {
@@ -398,18 +441,29 @@ void Session::Run() {
         break;
       }
       if (h.op == ops::kOpGoodbye) break;
+      out.Clear();
+      CUresult rc = CUDA_SUCCESS;
+      replied_ = false;
+      if (h.op == ops::kOpCopyToDevice && !(h.flags & wire::kFlagWantReply) &&
+          h.payload_len > kStagedMin && EnsureStaging()) {
+        if (!StagedUpload(h, &rc)) break;
+        if (rc != CUDA_SUCCESS && deferred_ == CUDA_SUCCESS) deferred_ = rc;
+        continue;
+      }
+      FinishUploads();
       if (payload_.size() < h.payload_len) payload_.resize(h.payload_len);
       if (!conn_->Receive(payload_.data(), h.payload_len).ok()) break;
       Reader in(payload_.data(), h.payload_len);
-      out.Clear();
-      CUresult rc = CUDA_SUCCESS;
       if (!Dispatch(h, in, out, &rc)) {
         FLYT_WARN("session %llu from %s: malformed or unknown request (op %u, %u bytes); closing",
                   static_cast<unsigned long long>(id_), peer_.c_str(), h.op, h.payload_len);
         break;
       }
+      if (IsStickyError(rc) && !state_->context_poisoned.exchange(true))
+        FLYT_WARN("session %llu: sticky error %d; the context will be reset when its sessions end",
+                  static_cast<unsigned long long>(id_), rc);
       if (h.flags & wire::kFlagWantReply) {
-        if (!Reply(h, rc, out)) break;
+        if (!replied_ && !Reply(h, rc, out)) break;
       } else if (rc != CUDA_SUCCESS && deferred_ == CUDA_SUCCESS) {
         FLYT_DEBUG("session %llu: asynchronous op %u failed with %d (deferred)",
                    static_cast<unsigned long long>(id_), h.op, rc);
@@ -418,10 +472,26 @@ void Session::Run() {
     }
   }
   ReleaseAll();
+  // The last session of a poisoned context resets it, so that the next client
+  // starts clean instead of inheriting an illegal-address error.
+  if (retained_primary_ && state_->live_sessions.load() == 1 &&
+      state_->context_poisoned.exchange(false)) {
+    CUresult rc = state_->api.cuDevicePrimaryCtxReset_v2(primary_device_);
+    FLYT_WARN("reset the primary context of device %d after a sticky error (result %d)",
+              primary_device_, rc);
+  }
 }
 
 void Session::ReleaseAll() {
   DriverApi& a = state_->api;
+  FinishUploads();
+  for (int i = 0; i < 2; ++i) {
+    if (staging_.done[i] != nullptr) a.cuEventDestroy_v2(staging_.done[i]);
+    if (staging_.buf[i] != nullptr) a.cuMemFreeHost(staging_.buf[i]);
+    staging_.done[i] = nullptr;
+    staging_.buf[i] = nullptr;
+  }
+  staging_ = Staging{};
   size_t total = 0;
   for (auto& set : handles_) total += set.size();
   if (total == 0 && host_funcs_in_flight_.load() == 0) return;
@@ -431,20 +501,27 @@ void Session::ReleaseAll() {
     for (uint64_t h : handles_[static_cast<int>(k)]) fn(h);
     handles_[static_cast<int>(k)].clear();
   };
-  each(HandleKind::kGraphExec, [&](uint64_t h) { a.cuGraphExecDestroy(reinterpret_cast<CUgraphExec>(h)); });
+  each(HandleKind::kGraphExec,
+       [&](uint64_t h) { a.cuGraphExecDestroy(reinterpret_cast<CUgraphExec>(h)); });
   each(HandleKind::kGraph, [&](uint64_t h) { a.cuGraphDestroy(reinterpret_cast<CUgraph>(h)); });
   each(HandleKind::kEvent, [&](uint64_t h) { a.cuEventDestroy_v2(reinterpret_cast<CUevent>(h)); });
-  each(HandleKind::kStream, [&](uint64_t h) { a.cuStreamDestroy_v2(reinterpret_cast<CUstream>(h)); });
+  each(HandleKind::kStream,
+       [&](uint64_t h) { a.cuStreamDestroy_v2(reinterpret_cast<CUstream>(h)); });
   each(HandleKind::kArray, [&](uint64_t h) { a.cuArrayDestroy(reinterpret_cast<CUarray>(h)); });
   each(HandleKind::kMemory, [&](uint64_t h) { a.cuMemFree_v2(static_cast<CUdeviceptr>(h)); });
   each(HandleKind::kModule, [&](uint64_t h) { a.cuModuleUnload(reinterpret_cast<CUmodule>(h)); });
-  each(HandleKind::kLibrary, [&](uint64_t h) { a.cuLibraryUnload(reinterpret_cast<CUlibrary>(h)); });
+  each(HandleKind::kLibrary,
+       [&](uint64_t h) { a.cuLibraryUnload(reinterpret_cast<CUlibrary>(h)); });
+  // Pools: the device's default pool is shared and stays; pools this session
+  // created are not told apart yet and live until the server exits.
+  handles_[static_cast<int>(HandleKind::kMemPool)].clear();
   for (auto& set : handles_) set.clear();
   FLYT_INFO("session %llu: released %zu handles", static_cast<unsigned long long>(id_), total);
 }
 
 bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUresult* rc) {
   DriverApi& a = state_->api;
+  req_ = h;
   bool per_thread = (h.flags & wire::kFlagPerThread) != 0;
   switch (h.op) {
     case ops::kOpPrimaryCtxRetain: {
@@ -453,6 +530,13 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       CUcontext ctx = nullptr;
       *rc = a.cuDevicePrimaryCtxRetain(&ctx, dev);
       if (*rc == CUDA_SUCCESS) {
+        primary_device_ = dev;
+        std::call_once(state_->context_setup, [&] {
+          // Before any kernel runs: a device printf buffer large enough that an
+          // app's own cudaDeviceSetLimit(PrintfFifoSize) later asks for no more.
+          a.cuCtxSetCurrent(ctx);
+          if (a.cuCtxSetLimit != nullptr) a.cuCtxSetLimit(CU_LIMIT_PRINTF_FIFO_SIZE, 32u << 20);
+        });
         if (retained_primary_) {
           a.cuDevicePrimaryCtxRelease_v2(dev);  // one reference per session is enough
         }
@@ -512,6 +596,31 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
     }
     case ops::kOpLaunch:
       return Launch(in, per_thread, rc);
+    case ops::kOpMaxActiveClusters:
+      return MaxActiveClusters(in, out, rc);
+    case ops::kOpMemPoolAttribute: {
+      uint64_t pool = 0, value = 0;
+      int32_t attr = 0;
+      uint8_t set = 0;
+      if (!in.Get(&pool) || !in.Get(&attr) || !in.Get(&set) || !in.Get(&value) ||
+          in.remaining() != 0)
+        return false;
+      auto fn = set ? a.cuMemPoolSetAttribute : a.cuMemPoolGetAttribute;
+      if (!Owns(HandleKind::kMemPool, pool)) {
+        *rc = CUDA_ERROR_INVALID_HANDLE;
+      } else if (fn == nullptr) {
+        *rc = CUDA_ERROR_NOT_SUPPORTED;
+      } else {
+        // The reuse policies are ints; thresholds and counters are 64-bit.
+        bool is_int = attr <= CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES;
+        int as_int = static_cast<int>(value);
+        void* p = is_int ? static_cast<void*>(&as_int) : static_cast<void*>(&value);
+        *rc = fn(reinterpret_cast<CUmemoryPool>(pool), static_cast<CUmemPool_attribute>(attr), p);
+        if (is_int) value = static_cast<uint64_t>(static_cast<int64_t>(as_int));
+      }
+      out.Put(value);
+      return true;
+    }
     case ops::kOpCopyToDevice:
       return CopyToDevice(in, per_thread, rc);
     case ops::kOpCopyFromDevice:
@@ -530,7 +639,8 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
         uint64_t id;
       };
       auto* call = new Pending{this, id};
-      auto launch = per_thread && a.cuLaunchHostFunc_pt ? a.cuLaunchHostFunc_pt : a.cuLaunchHostFunc;
+      auto launch =
+          per_thread && a.cuLaunchHostFunc_pt ? a.cuLaunchHostFunc_pt : a.cuLaunchHostFunc;
       host_funcs_in_flight_++;
       *rc = launch(
           reinterpret_cast<CUstream>(stream),
@@ -554,14 +664,28 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
         *rc = CUDA_ERROR_INVALID_HANDLE;
         return true;
       }
-      auto sync = per_thread && a.cuStreamSynchronize_pt ? a.cuStreamSynchronize_pt
-                                                         : a.cuStreamSynchronize;
+      auto sync =
+          per_thread && a.cuStreamSynchronize_pt ? a.cuStreamSynchronize_pt : a.cuStreamSynchronize;
       *rc = sync(reinterpret_cast<CUstream>(stream));
       return true;
     }
     default: {
       bool known = false;
+      size_t at = in.remaining();
+      const uint8_t* args = in.Skip(0);
       bool ok = DispatchGeneric(h.op, per_thread, in, out, rc, &known);
+      // cuCtxSetLimit on the shared context: limits that can no longer change
+      // once kernels ran count as set when they are already large enough.
+      if (ok && h.op == 102 && *rc != CUDA_SUCCESS && at == 12 && args != nullptr) {
+        uint32_t limit = 0;
+        uint64_t value = 0;
+        std::memcpy(&limit, args, 4);
+        std::memcpy(&value, args + 4, 8);
+        size_t current = 0;
+        if (a.cuCtxGetLimit(&current, static_cast<CUlimit>(limit)) == CUDA_SUCCESS &&
+            current >= value)
+          *rc = CUDA_SUCCESS;
+      }
       return known && ok;
     }
   }
@@ -654,44 +778,55 @@ bool Session::LoadImage(Reader& in, Writer& out, CUresult* rc) {
   return true;
 }
 
-// Request: u64 fn, u32 flags, u32 grid[3], u32 block[3], u32 shmem, u64 stream,
-// u32 nattrs, nattrs x CUlaunchAttribute, blob params.
-bool Session::Launch(Reader& in, bool per_thread, CUresult* rc) {
-  DriverApi& a = state_->api;
-  uint64_t fn = 0, stream = 0;
+// Launch head: u64 fn, u32 flags, u32 grid[3], u32 block[3], u32 shmem,
+// u64 stream, u32 nattrs, nattrs x CUlaunchAttribute. `attrs` holds 65 entries
+// (one spare for the cooperative attribute). Returns false when malformed;
+// *rc = CUDA_ERROR_INVALID_HANDLE when a handle is not this session's.
+bool Session::DecodeLaunchHead(Reader& in, CUlaunchConfig* cfg, CUlaunchAttribute* attrs,
+                               uint64_t* fn, CUresult* rc) {
+  uint64_t stream = 0;
   uint32_t flags = 0, grid[3], block[3], shmem = 0, nattrs = 0;
-  if (!in.Get(&fn) || !in.Get(&flags) || !in.GetBytes(grid, sizeof(grid)) ||
+  if (!in.Get(fn) || !in.Get(&flags) || !in.GetBytes(grid, sizeof(grid)) ||
       !in.GetBytes(block, sizeof(block)) || !in.Get(&shmem) || !in.Get(&stream) ||
       !in.Get(&nattrs) || nattrs > 64)
     return false;
-  CUlaunchAttribute attrs[65];
   if (!in.GetBytes(attrs, sizeof(CUlaunchAttribute) * nattrs)) return false;
-  const uint8_t* params = nullptr;
-  uint32_t param_bytes = 0;
-  if (!in.GetBlob(&params, &param_bytes, ops::kMaxParamBytes) || in.remaining() != 0) return false;
   bool is_kernel = (flags & ops::kLaunchIsKernel) != 0;
-  if (!Owns(is_kernel ? HandleKind::kKernel : HandleKind::kFunction, fn) ||
-      (stream > 2 && !Owns(HandleKind::kStream, stream))) {
+  *rc = CUDA_SUCCESS;
+  if (!Owns(is_kernel ? HandleKind::kKernel : HandleKind::kFunction, *fn) ||
+      (stream > 2 && !Owns(HandleKind::kStream, stream)))
     *rc = CUDA_ERROR_INVALID_HANDLE;
-    return true;
-  }
   if (flags & ops::kLaunchCooperative) {
     attrs[nattrs] = CUlaunchAttribute{};
     attrs[nattrs].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
     attrs[nattrs].value.cooperative = 1;
     ++nattrs;
   }
-  CUlaunchConfig cfg{};
-  cfg.gridDimX = grid[0];
-  cfg.gridDimY = grid[1];
-  cfg.gridDimZ = grid[2];
-  cfg.blockDimX = block[0];
-  cfg.blockDimY = block[1];
-  cfg.blockDimZ = block[2];
-  cfg.sharedMemBytes = shmem;
-  cfg.hStream = reinterpret_cast<CUstream>(stream);
-  cfg.attrs = nattrs > 0 ? attrs : nullptr;
-  cfg.numAttrs = nattrs;
+  *cfg = CUlaunchConfig{};
+  cfg->gridDimX = grid[0];
+  cfg->gridDimY = grid[1];
+  cfg->gridDimZ = grid[2];
+  cfg->blockDimX = block[0];
+  cfg->blockDimY = block[1];
+  cfg->blockDimZ = block[2];
+  cfg->sharedMemBytes = shmem;
+  cfg->hStream = reinterpret_cast<CUstream>(stream);
+  cfg->attrs = nattrs > 0 ? attrs : nullptr;
+  cfg->numAttrs = nattrs;
+  return true;
+}
+
+// Request: launch head, then the packed parameter block (blob).
+bool Session::Launch(Reader& in, bool per_thread, CUresult* rc) {
+  DriverApi& a = state_->api;
+  CUlaunchConfig cfg;
+  CUlaunchAttribute attrs[65];
+  uint64_t fn = 0;
+  if (!DecodeLaunchHead(in, &cfg, attrs, &fn, rc)) return false;
+  const uint8_t* params = nullptr;
+  uint32_t param_bytes = 0;
+  if (!in.GetBlob(&params, &param_bytes, ops::kMaxParamBytes) || in.remaining() != 0) return false;
+  if (*rc != CUDA_SUCCESS) return true;
   size_t size = param_bytes;
   alignas(16) static thread_local uint8_t aligned[ops::kMaxParamBytes + 16];
   std::memcpy(aligned, params, param_bytes);
@@ -699,6 +834,133 @@ bool Session::Launch(Reader& in, bool per_thread, CUresult* rc) {
                    CU_LAUNCH_PARAM_END};
   auto launch = per_thread && a.cuLaunchKernelEx_pt ? a.cuLaunchKernelEx_pt : a.cuLaunchKernelEx;
   *rc = launch(&cfg, reinterpret_cast<CUfunction>(fn), nullptr, param_bytes > 0 ? extra : nullptr);
+  return true;
+}
+
+// Request: launch head. Reply: i32 clusters.
+bool Session::MaxActiveClusters(Reader& in, Writer& out, CUresult* rc) {
+  CUlaunchConfig cfg;
+  CUlaunchAttribute attrs[65];
+  uint64_t fn = 0;
+  if (!DecodeLaunchHead(in, &cfg, attrs, &fn, rc) || in.remaining() != 0) return false;
+  if (*rc != CUDA_SUCCESS) return true;
+  if (state_->api.cuOccupancyMaxActiveClusters == nullptr) {
+    *rc = CUDA_ERROR_NOT_SUPPORTED;
+    return true;
+  }
+  int clusters = 0;
+  *rc = state_->api.cuOccupancyMaxActiveClusters(&clusters, reinterpret_cast<CUfunction>(fn), &cfg);
+  out.Put<int32_t>(clusters);
+  return true;
+}
+
+// --- staged bulk copies
+//
+// Uploads: the bytes of a large host-to-device copy are received straight into
+// one of two pinned buffers and copied asynchronously, while the next chunk is
+// received into the other. A synchronous copy is complete before any other
+// request of the session runs (FinishUploads), which is all an app can observe.
+// Downloads: chunk i+1 moves from the GPU while chunk i is on the wire.
+
+bool Session::EnsureStaging() {
+  if (staging_.tried) return staging_.ok;
+  staging_.tried = true;
+  DriverApi& a = state_->api;
+  if (primary_ == nullptr || a.cuMemHostAlloc == nullptr || a.cuEventCreate == nullptr)
+    return false;
+  for (int i = 0; i < 2; ++i) {
+    if (a.cuMemHostAlloc(&staging_.buf[i], wire::kCopyChunk, 0) != CUDA_SUCCESS ||
+        a.cuEventCreate(&staging_.done[i], CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+      return false;
+  }
+  staging_.ok = true;
+  return true;
+}
+
+void Session::FinishUploads() {
+  for (int i = 0; i < 2; ++i) {
+    if (!staging_.busy[i]) continue;
+    staging_.busy[i] = false;
+    CUresult rc = state_->api.cuEventSynchronize(staging_.done[i]);
+    if (rc != CUDA_SUCCESS && deferred_ == CUDA_SUCCESS) deferred_ = rc;
+  }
+}
+
+bool Session::StagedUpload(const wire::FrameHeader& h, CUresult* rc) {
+  DriverApi& a = state_->api;
+  uint64_t dst = 0, stream = 0;
+  uint8_t async = 0;
+  constexpr uint32_t kHead = 17;
+  uint8_t head[kHead];
+  if (h.payload_len < kHead || !conn_->Receive(head, kHead).ok()) return false;
+  std::memcpy(&dst, head, 8);
+  std::memcpy(&stream, head + 8, 8);
+  async = head[16];
+  (void)async;  // both kinds are ordered by FinishUploads; see above
+  size_t n = h.payload_len - kHead;
+  *rc = CUDA_SUCCESS;
+  if (stream > 2 && !Owns(HandleKind::kStream, stream)) *rc = CUDA_ERROR_INVALID_HANDLE;
+  if (stream == 0 && (h.flags & wire::kFlagPerThread)) stream = 2;  // CU_STREAM_PER_THREAD
+  for (size_t off = 0; off < n;) {
+    size_t len = std::min<size_t>(wire::kCopyChunk, n - off);
+    int slot = staging_.next;
+    staging_.next ^= 1;
+    if (staging_.busy[slot]) {
+      staging_.busy[slot] = false;
+      CUresult e = a.cuEventSynchronize(staging_.done[slot]);
+      if (e != CUDA_SUCCESS && *rc == CUDA_SUCCESS) *rc = e;
+    }
+    if (!conn_->Receive(staging_.buf[slot], len).ok()) return false;
+    if (*rc == CUDA_SUCCESS) {
+      CUstream s = reinterpret_cast<CUstream>(stream);
+      *rc = a.cuMemcpyHtoDAsync_v2(dst + off, staging_.buf[slot], len, s);
+      if (*rc == CUDA_SUCCESS) *rc = a.cuEventRecord(staging_.done[slot], s);
+      staging_.busy[slot] = *rc == CUDA_SUCCESS;
+    }
+    off += len;
+  }
+  return true;
+}
+
+bool Session::StagedDownload(const wire::FrameHeader& req, uint64_t src, uint64_t size,
+                             CUstream stream, CUresult* rc) {
+  DriverApi& a = state_->api;
+  const size_t chunk = wire::kCopyChunk;
+  size_t chunks = (size + chunk - 1) / chunk;
+  auto enqueue = [&](size_t i) {
+    int slot = static_cast<int>(i % 2);
+    size_t len = std::min<size_t>(chunk, size - i * chunk);
+    CUresult e = a.cuMemcpyDtoHAsync_v2(staging_.buf[slot], src + i * chunk, len, stream);
+    if (e == CUDA_SUCCESS) e = a.cuEventRecord(staging_.done[slot], stream);
+    return e;
+  };
+  CUresult first = enqueue(0);
+  CUresult second = chunks > 1 && first == CUDA_SUCCESS ? enqueue(1) : CUDA_SUCCESS;
+  for (size_t i = 0; i < chunks; ++i) {
+    int slot = static_cast<int>(i % 2);
+    size_t len = std::min<size_t>(chunk, size - i * chunk);
+    CUresult e = i == 0 ? first : (i == 1 ? second : CUDA_SUCCESS);
+    if (e == CUDA_SUCCESS) e = a.cuEventSynchronize(staging_.done[slot]);
+    if (i == 0) {
+      if (e != CUDA_SUCCESS) {
+        if (chunks > 1 && second == CUDA_SUCCESS) a.cuEventSynchronize(staging_.done[1]);
+        *rc = e;  // an ordinary error reply, nothing streamed yet
+        return true;
+      }
+      if (!SendReplyHeader(req, CUDA_SUCCESS, static_cast<uint32_t>(size))) return false;
+      replied_ = true;
+    } else if (e != CUDA_SUCCESS) {
+      std::memset(staging_.buf[slot], 0, len);  // the header is out: report it next time
+      if (deferred_ == CUDA_SUCCESS) deferred_ = e;
+    }
+    iovec iov{staging_.buf[slot], len};
+    if (!conn_->Send(&iov, 1).ok()) return false;
+    if (i + 2 < chunks) {
+      CUresult next = enqueue(i + 2);
+      if (next != CUDA_SUCCESS && deferred_ == CUDA_SUCCESS) deferred_ = next;
+    }
+  }
+  *rc = CUDA_SUCCESS;
   return true;
 }
 
@@ -734,6 +996,11 @@ bool Session::CopyFromDevice(Reader& in, bool per_thread, Writer& out, CUresult*
     return false;
   if (stream > 2 && !Owns(HandleKind::kStream, stream)) {
     *rc = CUDA_ERROR_INVALID_HANDLE;
+    return true;
+  }
+  if (size > kStagedMin && EnsureStaging()) {
+    CUstream s = reinterpret_cast<CUstream>(stream == 0 && per_thread ? 2 : stream);
+    if (!StagedDownload(req_, src, size, s, rc)) conn_->Shutdown();  // next receive ends it
     return true;
   }
   uint8_t* dst = out.Grow(size);

@@ -53,6 +53,10 @@ struct ServerState {
   std::unordered_map<uint64_t, class Session*> sessions;  // live sessions by id
   std::atomic<uint64_t> next_session{1};
   std::atomic<int> live_sessions{0};
+  // A session hit a sticky error (illegal address, ...): the shared context is
+  // unusable until it is reset, which happens once no session is left.
+  std::atomic<bool> context_poisoned{false};
+  std::once_flag context_setup;
 };
 
 // Builds the device inventory sent in every handshake.
@@ -87,13 +91,24 @@ class Session {
   bool DispatchGeneric(uint16_t op, bool per_thread, wire::Reader& in, wire::Writer& out,
                        CUresult* rc, bool* known);
   bool LoadImage(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  bool DecodeLaunchHead(wire::Reader& in, CUlaunchConfig* cfg, CUlaunchAttribute* attrs,
+                        uint64_t* fn, CUresult* rc);
   bool Launch(wire::Reader& in, bool per_thread, CUresult* rc);
+  bool MaxActiveClusters(wire::Reader& in, wire::Writer& out, CUresult* rc);
   bool CopyToDevice(wire::Reader& in, bool per_thread, CUresult* rc);
   bool CopyFromDevice(wire::Reader& in, bool per_thread, wire::Writer& out, CUresult* rc);
   bool Copy3D(wire::Reader& in, bool per_thread, wire::Writer& out, CUresult* rc);
   void DescribeFunction(uint64_t handle, bool is_kernel, wire::Writer& out);
   void ReleaseAll();
   void ForwardDeviceOutput();
+  bool SendReplyHeader(const wire::FrameHeader& req, CUresult rc, uint32_t payload_len);
+  // Bulk copies through pinned staging buffers, so that the network and the
+  // GPU work at the same time (see session.cc).
+  bool EnsureStaging();
+  void FinishUploads();
+  bool StagedUpload(const wire::FrameHeader& h, CUresult* rc);
+  bool StagedDownload(const wire::FrameHeader& req, uint64_t src, uint64_t size, CUstream stream,
+                      CUresult* rc);
   bool Reply(const wire::FrameHeader& req, CUresult rc, const wire::Writer& out);
 
   ServerState* state_;
@@ -103,9 +118,20 @@ class Session {
   std::unordered_set<uint64_t> handles_[static_cast<int>(marshal::HandleKind::kCount)];
   CUresult deferred_ = CUDA_SUCCESS;
   CUcontext primary_ = nullptr;
+  int primary_device_ = 0;
   bool retained_primary_ = false;
   std::vector<uint8_t> payload_;
   uint64_t secret_ = 0;
+  bool replied_ = false;     // the handler already sent the reply (streamed)
+  wire::FrameHeader req_{};  // the request being dispatched
+  struct Staging {
+    void* buf[2] = {nullptr, nullptr};
+    CUevent done[2] = {nullptr, nullptr};
+    bool busy[2] = {false, false};
+    int next = 0;
+    bool tried = false;
+    bool ok = false;
+  } staging_;
   // The callback channel (second connection of the same client).
   std::mutex callback_mu_;
   std::condition_variable callback_cv_;

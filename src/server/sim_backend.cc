@@ -10,14 +10,14 @@
 
 #include <atomic>
 #include <chrono>
-#include <future>
-#include <thread>
 #include <cstdio>
 #include <cstring>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -55,6 +55,7 @@ struct SimEvent {
   std::chrono::steady_clock::time_point at{};
   bool recorded = false;
   std::shared_ptr<StreamWork> work;  // the stream's pending host functions at record time
+  std::shared_future<void> after;    // completes when those host functions have run
 };
 
 struct Sim {
@@ -83,8 +84,8 @@ CUresult Alloc(CUdeviceptr* out, size_t n) {
     std::lock_guard<std::mutex> lock(g_sim->mu);
     if (n > kSimMemory - g_sim->used) return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                 -1, 0);
+  void* p =
+      mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
   std::lock_guard<std::mutex> lock(g_sim->mu);
   g_sim->allocs[reinterpret_cast<uint64_t>(p)] = n;
@@ -195,7 +196,8 @@ CUresult simPrimaryCtxReset(CUdevice) { return CUDA_SUCCESS; }
 CUresult simCtxSetCurrent(CUcontext) { return CUDA_SUCCESS; }
 std::atomic<int> g_pending_host_funcs{0};
 CUresult simCtxSynchronize() {
-  while (g_pending_host_funcs.load() > 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  while (g_pending_host_funcs.load() > 0)
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
   return CUDA_SUCCESS;
 }
 CUresult simCtxGetLimit(size_t* v, CUlimit) {
@@ -323,6 +325,16 @@ CUresult simOccupancy(int* n, CUfunction, int block, size_t) {
   if (*n > 32) *n = 32;
   return CUDA_SUCCESS;
 }
+CUresult simOccupancyAvailableSmem(size_t* bytes, CUfunction, int blocks, int) {
+  if (bytes == nullptr || blocks <= 0) return CUDA_ERROR_INVALID_VALUE;
+  *bytes = 232448 / static_cast<size_t>(blocks);
+  return CUDA_SUCCESS;
+}
+CUresult simMaxActiveClusters(int* n, CUfunction, const CUlaunchConfig* cfg) {
+  if (n == nullptr || cfg == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *n = 132;
+  return CUDA_SUCCESS;
+}
 CUresult simOccupancyFlags(int* n, CUfunction f, int block, size_t shm, unsigned) {
   return simOccupancy(n, f, block, shm);
 }
@@ -347,7 +359,8 @@ CUresult simLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction f, void** param
   const uint8_t* blob = nullptr;
   size_t blob_size = 0;
   for (int i = 0; extra != nullptr && extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
-    if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) blob = static_cast<const uint8_t*>(extra[i + 1]);
+    if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER)
+      blob = static_cast<const uint8_t*>(extra[i + 1]);
     if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) blob_size = *static_cast<size_t*>(extra[i + 1]);
   }
   (void)params;
@@ -423,18 +436,45 @@ CUresult Fill2D(CUdeviceptr d, size_t pitch, T v, size_t w, size_t h) {
   }
   return CUDA_SUCCESS;
 }
-CUresult simMemsetD8(CUdeviceptr d, unsigned char v, size_t n) { return Fill2D<uint8_t>(d, n, v, n, 1); }
-CUresult simMemsetD16(CUdeviceptr d, unsigned short v, size_t n) { return Fill2D<uint16_t>(d, n * 2, v, n, 1); }
-CUresult simMemsetD32(CUdeviceptr d, unsigned int v, size_t n) { return Fill2D<uint32_t>(d, n * 4, v, n, 1); }
-CUresult simMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream) { return simMemsetD8(d, v, n); }
-CUresult simMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream) { return simMemsetD16(d, v, n); }
-CUresult simMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream) { return simMemsetD32(d, v, n); }
-CUresult simMemsetD2D8(CUdeviceptr d, size_t p, unsigned char v, size_t w, size_t h) { return Fill2D<uint8_t>(d, p, v, w, h); }
-CUresult simMemsetD2D16(CUdeviceptr d, size_t p, unsigned short v, size_t w, size_t h) { return Fill2D<uint16_t>(d, p, v, w, h); }
-CUresult simMemsetD2D32(CUdeviceptr d, size_t p, unsigned int v, size_t w, size_t h) { return Fill2D<uint32_t>(d, p, v, w, h); }
-CUresult simMemsetD2D8Async(CUdeviceptr d, size_t p, unsigned char v, size_t w, size_t h, CUstream) { return Fill2D<uint8_t>(d, p, v, w, h); }
-CUresult simMemsetD2D16Async(CUdeviceptr d, size_t p, unsigned short v, size_t w, size_t h, CUstream) { return Fill2D<uint16_t>(d, p, v, w, h); }
-CUresult simMemsetD2D32Async(CUdeviceptr d, size_t p, unsigned int v, size_t w, size_t h, CUstream) { return Fill2D<uint32_t>(d, p, v, w, h); }
+CUresult simMemsetD8(CUdeviceptr d, unsigned char v, size_t n) {
+  return Fill2D<uint8_t>(d, n, v, n, 1);
+}
+CUresult simMemsetD16(CUdeviceptr d, unsigned short v, size_t n) {
+  return Fill2D<uint16_t>(d, n * 2, v, n, 1);
+}
+CUresult simMemsetD32(CUdeviceptr d, unsigned int v, size_t n) {
+  return Fill2D<uint32_t>(d, n * 4, v, n, 1);
+}
+CUresult simMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream) {
+  return simMemsetD8(d, v, n);
+}
+CUresult simMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream) {
+  return simMemsetD16(d, v, n);
+}
+CUresult simMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream) {
+  return simMemsetD32(d, v, n);
+}
+CUresult simMemsetD2D8(CUdeviceptr d, size_t p, unsigned char v, size_t w, size_t h) {
+  return Fill2D<uint8_t>(d, p, v, w, h);
+}
+CUresult simMemsetD2D16(CUdeviceptr d, size_t p, unsigned short v, size_t w, size_t h) {
+  return Fill2D<uint16_t>(d, p, v, w, h);
+}
+CUresult simMemsetD2D32(CUdeviceptr d, size_t p, unsigned int v, size_t w, size_t h) {
+  return Fill2D<uint32_t>(d, p, v, w, h);
+}
+CUresult simMemsetD2D8Async(CUdeviceptr d, size_t p, unsigned char v, size_t w, size_t h,
+                            CUstream) {
+  return Fill2D<uint8_t>(d, p, v, w, h);
+}
+CUresult simMemsetD2D16Async(CUdeviceptr d, size_t p, unsigned short v, size_t w, size_t h,
+                             CUstream) {
+  return Fill2D<uint16_t>(d, p, v, w, h);
+}
+CUresult simMemsetD2D32Async(CUdeviceptr d, size_t p, unsigned int v, size_t w, size_t h,
+                             CUstream) {
+  return Fill2D<uint32_t>(d, p, v, w, h);
+}
 
 // One side of a 3D copy: base address of row (y, z); host or device.
 CUresult simMemcpy3D(const CUDA_MEMCPY3D* c) {
@@ -500,7 +540,8 @@ CUresult simStreamDestroy(CUstream s) {
 }
 CUresult simStreamSynchronize(CUstream s) {
   if (AsStream(s) == nullptr) {
-    while (g_pending_host_funcs.load() > 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    while (g_pending_host_funcs.load() > 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
   } else {
     WaitIdle(StreamOf(s)->work);
   }
@@ -529,7 +570,28 @@ CUresult simLaunchHostFunc(CUstream s, CUhostFn fn, void* data) {
   }).detach();
   return CUDA_SUCCESS;
 }
-CUresult simStreamWaitEvent(CUstream, CUevent, unsigned) { return CUDA_SUCCESS; }
+// Later host functions of the waiting stream run only after those the event
+// was recorded behind.
+CUresult simStreamWaitEvent(CUstream s, CUevent e, unsigned) {
+  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  std::shared_future<void> dep = reinterpret_cast<SimEvent*>(e)->after;
+  if (!dep.valid()) return CUDA_SUCCESS;
+  std::shared_ptr<StreamWork> work = StreamOf(s)->work;
+  std::lock_guard<std::mutex> lock(work->mu);
+  work->pending++;
+  g_pending_host_funcs++;
+  std::shared_future<void> before = work->last;
+  auto done = std::make_shared<std::promise<void>>();
+  work->last = done->get_future().share();
+  std::thread([work, before, dep, done] {
+    if (before.valid()) before.wait();
+    dep.wait();
+    work->pending--;
+    g_pending_host_funcs--;
+    done->set_value();
+  }).detach();
+  return CUDA_SUCCESS;
+}
 CUresult simStreamGetPriority(CUstream s, int* p) {
   if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *p = AsStream(s) ? AsStream(s)->priority : 0;
@@ -564,6 +626,8 @@ CUresult simEventRecord(CUevent e, CUstream s) {
   ev->at = std::chrono::steady_clock::now();
   ev->recorded = true;
   ev->work = StreamOf(s)->work;
+  std::lock_guard<std::mutex> lock(ev->work->mu);
+  ev->after = ev->work->last;
   return CUDA_SUCCESS;
 }
 CUresult simEventQuery(CUevent e) {
@@ -643,6 +707,8 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuKernelSetAttribute = simKernelSetAttribute;
   a->cuOccupancyMaxActiveBlocksPerMultiprocessor = simOccupancy;
   a->cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags = simOccupancyFlags;
+  a->cuOccupancyAvailableDynamicSMemPerBlock = simOccupancyAvailableSmem;
+  a->cuOccupancyMaxActiveClusters = simMaxActiveClusters;
   a->cuLaunchKernelEx = simLaunchKernelEx;
   a->cuMemAlloc_v2 = simMemAlloc;
   a->cuMemAllocPitch_v2 = simMemAllocPitch;

@@ -67,8 +67,10 @@ int main(int argc, char** argv) {
   }
   std::string lib = LibraryDir(argv[0]);
   if (access((lib + "/libcuda.so.1").c_str(), R_OK) != 0) {
-    std::fprintf(stderr, "flyt: %s/libcuda.so.1 not found; set FLYT_LIB_DIR to the folder that "
-                 "holds Flyt's client library\n", lib.c_str());
+    std::fprintf(stderr,
+                 "flyt: %s/libcuda.so.1 not found; set FLYT_LIB_DIR to the folder that "
+                 "holds Flyt's client library\n",
+                 lib.c_str());
     return 127;
   }
   const char* old = std::getenv("LD_LIBRARY_PATH");

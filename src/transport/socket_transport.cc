@@ -248,8 +248,7 @@ Status Dial(const Address& a, const Liveness& l, std::unique_ptr<Connection>* ou
   addrinfo* res = nullptr;
   std::string port = std::to_string(a.port);
   int gai = getaddrinfo(a.host.c_str(), port.c_str(), &hints, &res);
-  if (gai != 0)
-    return Status::Error("cannot resolve '" + a.host + "': " + gai_strerror(gai));
+  if (gai != 0) return Status::Error("cannot resolve '" + a.host + "': " + gai_strerror(gai));
   std::string last = "no address";
   for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
     int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);

@@ -437,6 +437,7 @@ done
   echo "- programs: ${#names[@]} x {static, shared cudart}; modes: $MODES; timeout ${RUN_TIMEOUT} s per run; jobs $JOBS"
   echo "- server: \`$SERVER_BIN --backend $SERVER_BACKEND\`, log level $SERVER_LOG_LEVEL; clients FLYT_LOG=$CLIENT_LOG_LEVEL"
   echo "- PASS = same exit code and byte-identical stdout as the native run; times are wall seconds"
+  [[ $JOBS -gt 1 ]] && echo "- $JOBS programs ran at once: a server death is charged to the run that noticed it, which may be a neighbour of the culprit; rerun with JOBS=1 to pin it"
   echo
   header="| program | variant | native rc |"
   sep="|---|---|---|"

@@ -113,7 +113,9 @@ TEST(Transport, UnixRoundTrip) {
   RoundTrip("unix:///tmp/flyt-wire-test-" + std::to_string(getpid()) + ".sock");
 }
 
-TEST(Transport, TcpRoundTrip) { RoundTrip("tcp://127.0.0.1:" + std::to_string(20000 + getpid() % 20000)); }
+TEST(Transport, TcpRoundTrip) {
+  RoundTrip("tcp://127.0.0.1:" + std::to_string(20000 + getpid() % 20000));
+}
 
 TEST(Transport, DialNobodyFailsWithAddress) {
   transport::Address addr;

@@ -14,7 +14,8 @@ __global__ void fill_seq(int* p, int n, int base) {
 }
 __global__ void sum_into(const int* p, int n, unsigned long long* out) {
   unsigned long long acc = 0;
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) acc += p[i];
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    acc += p[i];
   atomicAdd(out, acc);
 }
 
@@ -46,7 +47,8 @@ int main() {
     sum_into<<<64, 256, 0, s1>>>(p, n, total);
     CHECK_LAUNCH();
     CHECK(cudaFreeAsync(p, s1));
-    expect += static_cast<unsigned long long>(n) * it + static_cast<unsigned long long>(n) * (n - 1) / 2;
+    expect +=
+        static_cast<unsigned long long>(n) * it + static_cast<unsigned long long>(n) * (n - 1) / 2;
   }
   unsigned long long got = 0;
   CHECK(cudaMemcpyAsync(&got, total, sizeof(got), cudaMemcpyDeviceToHost, s1));
@@ -92,7 +94,8 @@ int main() {
   CHECK(cudaMemcpyAsync(&got, total, sizeof(got), cudaMemcpyDeviceToHost, s1));
   CHECK(cudaStreamSynchronize(s1));
   CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
-  printf("explicit pool total=%llu used_after_free=%llu\n", got, static_cast<unsigned long long>(used));
+  printf("explicit pool total=%llu used_after_free=%llu\n", got,
+         static_cast<unsigned long long>(used));
   EXPECT(used == 0, "used memory after free");
   CHECK(cudaMemPoolTrimTo(pool, 0));
 

@@ -13,37 +13,34 @@
 
 #include <cuda_runtime.h>
 
-#define CHECK(call)                                                          \
-  do {                                                                       \
-    cudaError_t err_ = (call);                                               \
-    if (err_ != cudaSuccess) {                                               \
-      printf("CUDA error %s in %s:%d: %s\n", cudaGetErrorName(err_),         \
-             __FILE__, __LINE__, #call);                                     \
-      fflush(stdout);                                                        \
-      fprintf(stderr, "CUDA error %s (%s) in %s:%d: %s\n",                   \
-              cudaGetErrorName(err_), cudaGetErrorString(err_), __FILE__,    \
-              __LINE__, #call);                                              \
-      exit(1);                                                               \
-    }                                                                        \
+#define CHECK(call)                                                                              \
+  do {                                                                                           \
+    cudaError_t err_ = (call);                                                                   \
+    if (err_ != cudaSuccess) {                                                                   \
+      printf("CUDA error %s in %s:%d: %s\n", cudaGetErrorName(err_), __FILE__, __LINE__, #call); \
+      fflush(stdout);                                                                            \
+      fprintf(stderr, "CUDA error %s (%s) in %s:%d: %s\n", cudaGetErrorName(err_),               \
+              cudaGetErrorString(err_), __FILE__, __LINE__, #call);                              \
+      exit(1);                                                                                   \
+    }                                                                                            \
   } while (0)
 
 // After a <<<>>> launch: catches configuration errors right away.
 #define CHECK_LAUNCH() CHECK(cudaGetLastError())
 
-#define EXPECT(cond, ...)                                                    \
-  do {                                                                       \
-    if (!(cond)) {                                                           \
-      printf("CHECK FAILED in %s:%d: %s: ", __FILE__, __LINE__, #cond);      \
-      printf(__VA_ARGS__);                                                   \
-      printf("\n");                                                          \
-      fflush(stdout);                                                        \
-      exit(2);                                                               \
-    }                                                                        \
+#define EXPECT(cond, ...)                                               \
+  do {                                                                  \
+    if (!(cond)) {                                                      \
+      printf("CHECK FAILED in %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+      printf(__VA_ARGS__);                                              \
+      printf("\n");                                                     \
+      fflush(stdout);                                                   \
+      exit(2);                                                          \
+    }                                                                   \
   } while (0)
 
 // FNV-1a over raw bytes: a compact deterministic checksum to print.
-static inline uint64_t fnv1a(const void* data, size_t n,
-                             uint64_t h = 1469598103934665603ull) {
+static inline uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ull) {
   const unsigned char* p = static_cast<const unsigned char*>(data);
   for (size_t i = 0; i < n; ++i) {
     h ^= p[i];
@@ -63,7 +60,9 @@ struct Rng {
     return s;
   }
   // Integer in [lo, hi].
-  int range(int lo, int hi) { return lo + static_cast<int>(next() % static_cast<uint32_t>(hi - lo + 1)); }
+  int range(int lo, int hi) {
+    return lo + static_cast<int>(next() % static_cast<uint32_t>(hi - lo + 1));
+  }
 };
 
 static inline void pass(const char* name) {

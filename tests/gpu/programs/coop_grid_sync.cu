@@ -10,7 +10,8 @@
 
 namespace cg = cooperative_groups;
 
-__global__ void stencil_steps(unsigned int* a, unsigned int* b, int n, int steps, unsigned long long* total) {
+__global__ void stencil_steps(unsigned int* a, unsigned int* b, int n, int steps,
+                              unsigned long long* total) {
   cg::grid_group grid = cg::this_grid();
   for (int s = 0; s < steps; ++s) {
     const unsigned int* src = (s % 2 == 0) ? a : b;
@@ -49,7 +50,9 @@ int main() {
     std::vector<unsigned int>& src = (s % 2 == 0) ? ra : rb;
     std::vector<unsigned int>& dst = (s % 2 == 0) ? rb : ra;
     for (int i = 0; i < n; ++i)
-      dst[i] = (src[(i + n - 1) % n] * 3u + src[i] * 5u + src[(i + 1) % n] * 7u + static_cast<unsigned int>(s)) % 1000003u;
+      dst[i] = (src[(i + n - 1) % n] * 3u + src[i] * 5u + src[(i + 1) % n] * 7u +
+                static_cast<unsigned int>(s)) %
+               1000003u;
   }
   const std::vector<unsigned int>& rfin = (steps % 2 == 0) ? ra : rb;
   unsigned long long rtotal = 0;
@@ -69,7 +72,8 @@ int main() {
     int nn = n, ss = steps;
     if (variant == 0) {
       void* args[] = {&da, &db, &nn, &ss, &dt};
-      CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(stencil_steps), dim3(blocks), dim3(threads), args, 0, 0));
+      CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(stencil_steps), dim3(blocks),
+                                        dim3(threads), args, 0, 0));
     } else {
       cudaLaunchConfig_t cfg = {};
       cfg.gridDim = dim3(blocks / 2 > 0 ? blocks / 2 : 1);
@@ -84,12 +88,13 @@ int main() {
     CHECK(cudaDeviceSynchronize());
     unsigned long long total = 0;
     CHECK(cudaMemcpy(&total, dt, sizeof(total), cudaMemcpyDeviceToHost));
-    CHECK(cudaMemcpy(out.data(), (steps % 2 == 0) ? da : db, n * sizeof(unsigned int), cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(out.data(), (steps % 2 == 0) ? da : db, n * sizeof(unsigned int),
+                     cudaMemcpyDeviceToHost));
     int bad = 0;
     for (int i = 0; i < n; ++i) bad += out[i] != rfin[i];
     printf("%s: steps=%d mismatches=%d total=%llu checksum=%016llx\n",
-           variant == 0 ? "cudaLaunchCooperativeKernel" : "cudaLaunchKernelEx(cooperative)", steps, bad, total,
-           (unsigned long long)fnv1a(out.data(), n * sizeof(unsigned int)));
+           variant == 0 ? "cudaLaunchCooperativeKernel" : "cudaLaunchKernelEx(cooperative)", steps,
+           bad, total, (unsigned long long)fnv1a(out.data(), n * sizeof(unsigned int)));
     EXPECT(bad == 0 && total == rtotal, "grid sync result");
   }
   CHECK(cudaFree(da));

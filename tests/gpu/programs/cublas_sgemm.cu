@@ -8,21 +8,22 @@
 #include <vector>
 #include "common.h"
 
-#define CUBLAS_CHECK(call)                                                         \
-  do {                                                                             \
-    cublasStatus_t st_ = (call);                                                   \
-    if (st_ != CUBLAS_STATUS_SUCCESS) {                                            \
-      printf("cuBLAS error %s in %s:%d: %s\n", cublasGetStatusName(st_), __FILE__, \
-             __LINE__, #call);                                                     \
-      fflush(stdout);                                                              \
-      exit(1);                                                                     \
-    }                                                                              \
+#define CUBLAS_CHECK(call)                                                                   \
+  do {                                                                                       \
+    cublasStatus_t st_ = (call);                                                             \
+    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                      \
+      printf("cuBLAS error %s in %s:%d: %s\n", cublasGetStatusName(st_), __FILE__, __LINE__, \
+             #call);                                                                         \
+      fflush(stdout);                                                                        \
+      exit(1);                                                                               \
+    }                                                                                        \
   } while (0)
 
 // Column-major reference: C = alpha * op(A) * op(B) + beta * C.
 template <typename T>
-static void ref_gemm(bool ta, bool tb, int m, int n, int k, T alpha, const std::vector<T>& A, int lda,
-                     const std::vector<T>& B, int ldb, T beta, std::vector<T>& C, int ldc) {
+static void ref_gemm(bool ta, bool tb, int m, int n, int k, T alpha, const std::vector<T>& A,
+                     int lda, const std::vector<T>& B, int ldb, T beta, std::vector<T>& C,
+                     int ldc) {
   for (int j = 0; j < n; ++j)
     for (int i = 0; i < m; ++i) {
       double s = 0;
@@ -74,16 +75,16 @@ int main() {
     CUBLAS_CHECK(cublasSetMatrix(lda, ta ? M : K, sizeof(float), A.data(), lda, dA, lda));
     CUBLAS_CHECK(cublasSetMatrix(ldb, tb ? K : N, sizeof(float), B.data(), ldb, dB, ldb));
     CUBLAS_CHECK(cublasSetVector(static_cast<int>(C.size()), sizeof(float), C.data(), 1, dC, 1));
-    CUBLAS_CHECK(cublasSgemm(h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, M, N, K, &alpha, dA,
-                             lda, dB, ldb, &beta, dC, ldc));
+    CUBLAS_CHECK(cublasSgemm(h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, M,
+                             N, K, &alpha, dA, lda, dB, ldb, &beta, dC, ldc));
     CUBLAS_CHECK(cublasGetMatrix(M, N, sizeof(float), dC, ldc, C.data(), ldc));
     double err = max_rel_err(C, R);
     double rsum = 0;
     for (float v : R) rsum += v;
     bool ok = err < 1e-4;
     fails += !ok;
-    printf("sgemm %c%c m=%d n=%d k=%d ref_sum=%.4f %s\n", ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, rsum,
-           ok ? "ok" : "MISMATCH");
+    printf("sgemm %c%c m=%d n=%d k=%d ref_sum=%.4f %s\n", ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K,
+           rsum, ok ? "ok" : "MISMATCH");
     if (!ok) fprintf(stderr, "sgemm max rel err %g\n", err);
     CHECK(cudaFree(dA));
     CHECK(cudaFree(dB));
@@ -104,7 +105,8 @@ int main() {
     CHECK(cudaMalloc(&dC, C.size() * sizeof(double)));
     CHECK(cudaMemcpy(dA, A.data(), A.size() * sizeof(double), cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(dB, B.data(), B.size() * sizeof(double), cudaMemcpyHostToDevice));
-    CUBLAS_CHECK(cublasDgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, dA, m, dB, k, &beta, dC, m));
+    CUBLAS_CHECK(
+        cublasDgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, dA, m, dB, k, &beta, dC, m));
     CHECK(cudaStreamSynchronize(s));
     CHECK(cudaMemcpy(C.data(), dC, C.size() * sizeof(double), cudaMemcpyDeviceToHost));
     bool ok = max_rel_err(C, R) < 1e-10;
@@ -119,7 +121,8 @@ int main() {
   {
     const int d = 64, batch = 16;
     const long long stride = static_cast<long long>(d) * d;
-    std::vector<float> A(stride * batch), B(stride * batch), C(stride * batch, 0.f), R(stride * batch, 0.f);
+    std::vector<float> A(stride * batch), B(stride * batch), C(stride * batch, 0.f),
+        R(stride * batch, 0.f);
     for (auto& x : A) x = static_cast<float>(rng.range(-3, 3));
     for (auto& x : B) x = static_cast<float>(rng.range(-3, 3));
     float *dA, *dB, *dC;
@@ -129,8 +132,8 @@ int main() {
     CHECK(cudaMemcpyAsync(dA, A.data(), A.size() * sizeof(float), cudaMemcpyHostToDevice, s));
     CHECK(cudaMemcpyAsync(dB, B.data(), B.size() * sizeof(float), cudaMemcpyHostToDevice, s));
     float alpha = 1.f, beta = 0.f;
-    CUBLAS_CHECK(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, d, d, d, &alpha, dA, d, stride, dB, d, stride,
-                                           &beta, dC, d, stride, batch));
+    CUBLAS_CHECK(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, d, d, d, &alpha, dA, d,
+                                           stride, dB, d, stride, &beta, dC, d, stride, batch));
     CHECK(cudaMemcpyAsync(C.data(), dC, C.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
     CHECK(cudaStreamSynchronize(s));
     for (int b = 0; b < batch; ++b) {
@@ -175,7 +178,8 @@ int main() {
     CHECK(cudaStreamSynchronize(s));
     double ref = 0;
     for (int i = 0; i < n; ++i) ref += static_cast<double>(x[i]) * (2.0 * x[i] + y[i]);
-    bool ok = std::fabs(dot - ref) < 1e-3 * (std::fabs(ref) + 1) && std::fabs(dot2 - ref) < 1e-3 * (std::fabs(ref) + 1);
+    bool ok = std::fabs(dot - ref) < 1e-3 * (std::fabs(ref) + 1) &&
+              std::fabs(dot2 - ref) < 1e-3 * (std::fabs(ref) + 1);
     fails += !ok;
     printf("saxpy+sdot n=%d ref=%.1f %s\n", n, ref, ok ? "ok" : "MISMATCH");
     CHECK(cudaFree(dx));

@@ -10,22 +10,22 @@
 #include <vector>
 #include "common.h"
 
-#define LT_CHECK(call)                                                            \
-  do {                                                                            \
-    cublasStatus_t st_ = (call);                                                  \
-    if (st_ != CUBLAS_STATUS_SUCCESS) {                                           \
-      printf("cuBLASLt error %d in %s:%d: %s\n", static_cast<int>(st_), __FILE__, \
-             __LINE__, #call);                                                    \
-      fflush(stdout);                                                             \
-      exit(1);                                                                    \
-    }                                                                             \
+#define LT_CHECK(call)                                                                      \
+  do {                                                                                      \
+    cublasStatus_t st_ = (call);                                                            \
+    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                     \
+      printf("cuBLASLt error %d in %s:%d: %s\n", static_cast<int>(st_), __FILE__, __LINE__, \
+             #call);                                                                        \
+      fflush(stdout);                                                                       \
+      exit(1);                                                                              \
+    }                                                                                       \
   } while (0)
 
 enum class In { F32, F16, BF16 };
 
 // D (m x n, column-major, float) = A (m x k) * B (k x n) [+ bias, relu].
-static bool run_case(cublasLtHandle_t lt, cudaStream_t stream, void* workspace, size_t ws_size, In in, bool epilogue,
-                     int m, int n, int k, Rng& rng, const char* name) {
+static bool run_case(cublasLtHandle_t lt, cudaStream_t stream, void* workspace, size_t ws_size,
+                     In in, bool epilogue, int m, int n, int k, Rng& rng, const char* name) {
   std::vector<float> A(m * k), B(k * n), bias(m), R(m * n);
   for (auto& x : A) x = static_cast<float>(rng.range(-4, 4));
   for (auto& x : B) x = static_cast<float>(rng.range(-4, 4)) * 0.5f;
@@ -45,14 +45,26 @@ static bool run_case(cublasLtHandle_t lt, cudaStream_t stream, void* workspace, 
   cudaDataType_t dt = in == In::F32 ? CUDA_R_32F : (in == In::F16 ? CUDA_R_16F : CUDA_R_16BF);
   std::vector<unsigned char> hA(A.size() * esz), hB(B.size() * esz);
   for (size_t i = 0; i < A.size(); ++i) {
-    if (in == In::F32) memcpy(&hA[i * 4], &A[i], 4);
-    else if (in == In::F16) { __half v = __float2half(A[i]); memcpy(&hA[i * 2], &v, 2); }
-    else { __nv_bfloat16 v = __float2bfloat16(A[i]); memcpy(&hA[i * 2], &v, 2); }
+    if (in == In::F32)
+      memcpy(&hA[i * 4], &A[i], 4);
+    else if (in == In::F16) {
+      __half v = __float2half(A[i]);
+      memcpy(&hA[i * 2], &v, 2);
+    } else {
+      __nv_bfloat16 v = __float2bfloat16(A[i]);
+      memcpy(&hA[i * 2], &v, 2);
+    }
   }
   for (size_t i = 0; i < B.size(); ++i) {
-    if (in == In::F32) memcpy(&hB[i * 4], &B[i], 4);
-    else if (in == In::F16) { __half v = __float2half(B[i]); memcpy(&hB[i * 2], &v, 2); }
-    else { __nv_bfloat16 v = __float2bfloat16(B[i]); memcpy(&hB[i * 2], &v, 2); }
+    if (in == In::F32)
+      memcpy(&hB[i * 4], &B[i], 4);
+    else if (in == In::F16) {
+      __half v = __float2half(B[i]);
+      memcpy(&hB[i * 2], &v, 2);
+    } else {
+      __nv_bfloat16 v = __float2bfloat16(B[i]);
+      memcpy(&hB[i * 2], &v, 2);
+    }
   }
   void *dA, *dB;
   float *dD, *dBias;
@@ -73,9 +85,11 @@ static bool run_case(cublasLtHandle_t lt, cudaStream_t stream, void* workspace, 
   if (epilogue) {
     cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_RELU_BIAS;
     LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
-    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dBias, sizeof(dBias)));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dBias,
+                                            sizeof(dBias)));
     cudaDataType_t bt = CUDA_R_32F;
-    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
+    LT_CHECK(
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
   }
   cublasLtMatrixLayout_t la, lb, ld;
   LT_CHECK(cublasLtMatrixLayoutCreate(&la, dt, m, k, m));
@@ -83,18 +97,21 @@ static bool run_case(cublasLtHandle_t lt, cudaStream_t stream, void* workspace, 
   LT_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, m));
   cublasLtMatmulPreference_t pref;
   LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_size, sizeof(ws_size)));
+  LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                &ws_size, sizeof(ws_size)));
   cublasLtMatmulHeuristicResult_t heur[4] = {};
   int found = 0;
   LT_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 4, heur, &found));
   EXPECT(found > 0, "no cuBLASLt algorithm for %s", name);
   float alpha = 1.f, beta = 0.f;
-  LT_CHECK(cublasLtMatmul(lt, op, &alpha, dA, la, dB, lb, &beta, dD, ld, dD, ld, &heur[0].algo, workspace, ws_size, stream));
+  LT_CHECK(cublasLtMatmul(lt, op, &alpha, dA, la, dB, lb, &beta, dD, ld, dD, ld, &heur[0].algo,
+                          workspace, ws_size, stream));
   std::vector<float> D(R.size());
   CHECK(cudaMemcpyAsync(D.data(), dD, D.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
   CHECK(cudaStreamSynchronize(stream));
   double worst = 0;
-  for (size_t i = 0; i < D.size(); ++i) worst = std::fmax(worst, std::fabs(D[i] - R[i]) / (std::fabs(R[i]) + 1.0));
+  for (size_t i = 0; i < D.size(); ++i)
+    worst = std::fmax(worst, std::fabs(D[i] - R[i]) / (std::fabs(R[i]) + 1.0));
   bool ok = worst < 1e-5;
   printf("%s m=%d n=%d k=%d ref_checksum=%016llx %s\n", name, m, n, k,
          (unsigned long long)fnv1a(R.data(), R.size() * sizeof(float)), ok ? "ok" : "MISMATCH");
@@ -123,7 +140,8 @@ int main() {
   int fails = 0;
   fails += !run_case(lt, stream, ws, ws_size, In::F32, false, 192, 160, 256, rng, "lt_f32");
   fails += !run_case(lt, stream, ws, ws_size, In::F16, false, 256, 128, 512, rng, "lt_f16_f32out");
-  fails += !run_case(lt, stream, ws, ws_size, In::BF16, true, 128, 256, 384, rng, "lt_bf16_bias_relu");
+  fails +=
+      !run_case(lt, stream, ws, ws_size, In::BF16, true, 128, 256, 384, rng, "lt_bf16_bias_relu");
   CHECK(cudaFree(ws));
   CHECK(cudaStreamDestroy(stream));
   LT_CHECK(cublasLtDestroy(lt));

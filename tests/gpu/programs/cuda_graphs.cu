@@ -76,7 +76,8 @@ int main() {
   for (int r = 0; r < replays; ++r) CHECK(cudaGraphLaunch(exec, s0));
   CHECK(cudaStreamSynchronize(s0));
   int bad = 0;
-  for (int i = 0; i < n; ++i) bad += h_out[i] != static_cast<long long>(replays) * ((i % 100) + 1) * 3;
+  for (int i = 0; i < n; ++i)
+    bad += h_out[i] != static_cast<long long>(replays) * ((i % 100) + 1) * 3;
   printf("replays=%d mismatches=%d checksum=%016llx\n", replays, bad,
          (unsigned long long)fnv1a(h_out, n * sizeof(long long)));
   EXPECT(bad == 0, "captured graph replays");
@@ -86,7 +87,8 @@ int main() {
   CHECK(cudaGraphLaunch(exec, s0));
   CHECK(cudaStreamSynchronize(s0));
   bad = 0;
-  for (int i = 0; i < n; ++i) bad += h_out[i] != static_cast<long long>(replays) * ((i % 100) + 1) * 3 + 1001 * 3;
+  for (int i = 0; i < n; ++i)
+    bad += h_out[i] != static_cast<long long>(replays) * ((i % 100) + 1) * 3 + 1001 * 3;
   printf("replay with new host input mismatches=%d\n", bad);
   EXPECT(bad == 0, "replay after host input change");
 
@@ -154,7 +156,8 @@ int main() {
   CHECK(cudaStreamEndCapture(s0, &g4));
   cudaGraphExecUpdateResultInfo info;
   CHECK(cudaGraphExecUpdate(exec3, g4, &info));
-  EXPECT(info.result == cudaGraphExecUpdateSuccess, "update result %d", static_cast<int>(info.result));
+  EXPECT(info.result == cudaGraphExecUpdateSuccess, "update result %d",
+         static_cast<int>(info.result));
   for (int r = 0; r < 10; ++r) CHECK(cudaGraphLaunch(exec3, s0));  // y = 51 - 40 = 11
   CHECK(cudaStreamSynchronize(s0));
   CHECK(cudaMemcpy(hy.data(), d_y, n * sizeof(int), cudaMemcpyDeviceToHost));

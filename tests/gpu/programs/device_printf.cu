@@ -10,7 +10,8 @@ __global__ void hello(int launch, float f, double d) {
   if (threadIdx.x == 0 && blockIdx.x == 0) {
     printf("device: launch=%d int=%d neg=%d u=%u\n", launch, 42, -7, 4000000000u);
     printf("device: float=%.3f double=%.6f exp=%.2e\n", f, d, 1234.5);
-    printf("device: str=%s char=%c hex=%x HEX=%08X ll=%lld\n", "flyt", 'Z', 0xbeef, 0xCAFEu, -9000000000LL);
+    printf("device: str=%s char=%c hex=%x HEX=%08X ll=%lld\n", "flyt", 'Z', 0xbeef, 0xCAFEu,
+           -9000000000LL);
     printf("device: percent=%% width=[%6d] left=[%-6d]\n", 12, 34);
   }
 }

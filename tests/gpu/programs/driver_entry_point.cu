@@ -10,15 +10,14 @@
 #include <vector>
 #include "common.h"
 
-#define CU_CHECK(call)                                                            \
-  do {                                                                            \
-    CUresult r_ = (call);                                                         \
-    if (r_ != CUDA_SUCCESS) {                                                     \
-      printf("driver error %d in %s:%d: %s\n", static_cast<int>(r_), __FILE__,    \
-             __LINE__, #call);                                                    \
-      fflush(stdout);                                                             \
-      exit(1);                                                                    \
-    }                                                                             \
+#define CU_CHECK(call)                                                                           \
+  do {                                                                                           \
+    CUresult r_ = (call);                                                                        \
+    if (r_ != CUDA_SUCCESS) {                                                                    \
+      printf("driver error %d in %s:%d: %s\n", static_cast<int>(r_), __FILE__, __LINE__, #call); \
+      fflush(stdout);                                                                            \
+      exit(1);                                                                                   \
+    }                                                                                            \
   } while (0)
 
 typedef CUresult(CUDAAPI* PFN_MemAlloc)(CUdeviceptr*, size_t);
@@ -36,8 +35,8 @@ typedef CUresult(CUDAAPI* PFN_CtxGetDevice)(CUdevice*);
 typedef CUresult(CUDAAPI* PFN_DeviceGetAttribute)(int*, CUdevice_attribute, CUdevice);
 typedef CUresult(CUDAAPI* PFN_DriverGetVersion)(int*);
 typedef CUresult(CUDAAPI* PFN_GetErrorName)(CUresult, const char**);
-typedef CUresult(CUDAAPI* PFN_LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                                            unsigned, CUstream, void**, void**);
+typedef CUresult(CUDAAPI* PFN_LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned,
+                                            unsigned, unsigned, unsigned, CUstream, void**, void**);
 typedef CUresult(CUDAAPI* PFN_StreamSynchronize)(CUstream);
 
 __global__ void triple(int* p, int n) {
@@ -61,7 +60,8 @@ int main() {
   auto htod = get<PFN_MemcpyHtoD>("cuMemcpyHtoD", 3020);
   auto dtoh = get<PFN_MemcpyDtoH>("cuMemcpyDtoH", 3020);
   auto dtod = get<PFN_MemcpyDtoD>("cuMemcpyDtoD", 3020);
-  auto htodAsyncPt = get<PFN_MemcpyHtoDAsync>("cuMemcpyHtoDAsync", 12000, cudaEnablePerThreadDefaultStream);
+  auto htodAsyncPt =
+      get<PFN_MemcpyHtoDAsync>("cuMemcpyHtoDAsync", 12000, cudaEnablePerThreadDefaultStream);
   auto memsetD32 = get<PFN_MemsetD32>("cuMemsetD32", 3020);
   auto memsetD8 = get<PFN_MemsetD8>("cuMemsetD8", 3020);
   auto memGetInfo = get<PFN_MemGetInfo>("cuMemGetInfo", 3020);
@@ -72,7 +72,8 @@ int main() {
   auto drvVersion = get<PFN_DriverGetVersion>("cuDriverGetVersion", 2020);
   auto errName = get<PFN_GetErrorName>("cuGetErrorName", 6000);
   auto launch = get<PFN_LaunchKernel>("cuLaunchKernel", 4000);
-  auto streamSync = get<PFN_StreamSynchronize>("cuStreamSynchronize", 12000, cudaEnablePerThreadDefaultStream);
+  auto streamSync =
+      get<PFN_StreamSynchronize>("cuStreamSynchronize", 12000, cudaEnablePerThreadDefaultStream);
 
   // Deprecated spelling of the same query.
   {
@@ -90,8 +91,10 @@ int main() {
   {
     void* fn = reinterpret_cast<void*>(1);
     cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSuccess;
-    cudaError_t e = cudaGetDriverEntryPointByVersion("cuFlytDoesNotExist", &fn, 13000, cudaEnableDefault, &q);
-    printf("missing symbol: return=%s status=%d fn_null=%d\n", cudaGetErrorName(e), static_cast<int>(q), fn == nullptr);
+    cudaError_t e =
+        cudaGetDriverEntryPointByVersion("cuFlytDoesNotExist", &fn, 13000, cudaEnableDefault, &q);
+    printf("missing symbol: return=%s status=%d fn_null=%d\n", cudaGetErrorName(e),
+           static_cast<int>(q), fn == nullptr);
     EXPECT(q == cudaDriverEntryPointSymbolNotFound, "missing symbol status");
     printf("last_error=%s\n", cudaGetErrorName(cudaGetLastError()));
   }
@@ -105,7 +108,8 @@ int main() {
   CU_CHECK(devAttr(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
   CU_CHECK(devAttr(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
   CU_CHECK(drvVersion(&version));
-  printf("compute capability %d.%d, driver >= 13000: %s\n", major, minor, version >= 13000 ? "yes" : "no");
+  printf("compute capability %d.%d, driver >= 13000: %s\n", major, minor,
+         version >= 13000 ? "yes" : "no");
   const char* name = nullptr;
   CU_CHECK(errName(CUDA_ERROR_INVALID_VALUE, &name));
   printf("cuGetErrorName(1)=%s\n", name);
@@ -121,7 +125,8 @@ int main() {
   CU_CHECK(memAlloc(&b, n * sizeof(int)));
   unsigned int mtype = 0;
   CU_CHECK(ptrAttr(&mtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, a));
-  printf("memory type of cuMemAlloc pointer: %s\n", mtype == CU_MEMORYTYPE_DEVICE ? "device" : "other");
+  printf("memory type of cuMemAlloc pointer: %s\n",
+         mtype == CU_MEMORYTYPE_DEVICE ? "device" : "other");
   EXPECT(mtype == CU_MEMORYTYPE_DEVICE, "pointer attribute");
   CU_CHECK(memsetD32(b, 0xdeadbeefu, n));
   CU_CHECK(memsetD8(b, 0x11, 6));  // first 6 bytes
@@ -131,7 +136,8 @@ int main() {
   CHECK(cudaGetFuncBySymbol(&fn, reinterpret_cast<const void*>(triple)));
   int nn = n;
   void* args[] = {&a, &nn};
-  CU_CHECK(launch(reinterpret_cast<CUfunction>(fn), (n + 255) / 256, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr));
+  CU_CHECK(launch(reinterpret_cast<CUfunction>(fn), (n + 255) / 256, 1, 1, 256, 1, 1, 0, nullptr,
+                  args, nullptr));
   CU_CHECK(dtoh(o.data(), a, n * sizeof(int)));
   int bad = 0;
   for (int i = 0; i < n; ++i) bad += o[i] != h[i] * 3 + 1;
@@ -148,7 +154,8 @@ int main() {
   for (int i = 0; i < n; ++i) bad += o[i] != h[i] * 3 + 1;
   CU_CHECK(dtoh(o.data(), a, 2000 * sizeof(int)));
   for (int i = 0; i < 2000; ++i) bad += o[i] != (i < 1000 ? h[i] : h[i] * 3 + 1);
-  printf("driver api mismatches=%d checksum=%016llx\n", bad, (unsigned long long)fnv1a(o.data(), 2000 * sizeof(int)));
+  printf("driver api mismatches=%d checksum=%016llx\n", bad,
+         (unsigned long long)fnv1a(o.data(), 2000 * sizeof(int)));
   EXPECT(bad == 0, "driver API results");
   CU_CHECK(memFree(a));
   CU_CHECK(memFree(b));

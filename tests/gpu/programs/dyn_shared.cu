@@ -22,7 +22,8 @@ __global__ void static_plus_dyn(const int* in, int* out, int n_dyn) {
   for (int i = threadIdx.x; i < 2048; i += blockDim.x) stat[i] = i * 3;
   for (int i = threadIdx.x; i < n_dyn; i += blockDim.x) dyn[i] = in[i];
   __syncthreads();
-  for (int i = threadIdx.x; i < n_dyn; i += blockDim.x) out[i] = dyn[(i + 1) % n_dyn] + stat[i % 2048];
+  for (int i = threadIdx.x; i < n_dyn; i += blockDim.x)
+    out[i] = dyn[(i + 1) % n_dyn] + stat[i % 2048];
 }
 
 template <typename T>
@@ -34,7 +35,8 @@ __global__ void rotate_tmpl(const T* in, T* out, int n) {
   for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = s[(i + 7) % n] * static_cast<T>(2);
 }
 
-static int check_reverse(const std::vector<float>& in, const std::vector<float>& out, int blocks, int npb) {
+static int check_reverse(const std::vector<float>& in, const std::vector<float>& out, int blocks,
+                         int npb) {
   int bad = 0;
   for (int b = 0; b < blocks; ++b)
     for (int i = 0; i < npb; ++i) bad += out[b * npb + i] != in[b * npb + npb - 1 - i];
@@ -77,21 +79,24 @@ int main() {
   CHECK(cudaFuncSetAttribute(reverse_dyn, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
   cudaFuncAttributes fa;
   CHECK(cudaFuncGetAttributes(&fa, reverse_dyn));
-  printf("reverse_dyn: maxDynamicSharedSizeBytes=%d sharedSizeBytes=%zu\n", fa.maxDynamicSharedSizeBytes, fa.sharedSizeBytes);
+  printf("reverse_dyn: maxDynamicSharedSizeBytes=%d sharedSizeBytes=%zu\n",
+         fa.maxDynamicSharedSizeBytes, fa.sharedSizeBytes);
   EXPECT(fa.maxDynamicSharedSizeBytes == big, "attribute readback");
   CHECK(cudaMemset(dout, 0, h.size() * sizeof(float)));
   reverse_dyn<<<blocks, 1024, big>>>(din, dout, npb_big);
   CHECK_LAUNCH();
   CHECK(cudaMemcpy(o.data(), dout, h.size() * sizeof(float), cudaMemcpyDeviceToHost));
   bad = check_reverse(h, o, blocks, npb_big);
-  printf("dyn_smem=192KiB mismatches=%d checksum=%016llx\n", bad, (unsigned long long)fnv1a(o.data(), o.size() * 4));
+  printf("dyn_smem=192KiB mismatches=%d checksum=%016llx\n", bad,
+         (unsigned long long)fnv1a(o.data(), o.size() * 4));
   EXPECT(bad == 0, "192 KiB");
 
   // The same through cudaLaunchKernel with an explicit sharedMem argument.
   CHECK(cudaMemset(dout, 0, h.size() * sizeof(float)));
   int npb = npb_big;
   void* args[] = {&din, &dout, &npb};
-  CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(reverse_dyn), dim3(blocks), dim3(512), args, big, 0));
+  CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(reverse_dyn), dim3(blocks), dim3(512), args,
+                         big, 0));
   CHECK(cudaMemcpy(o.data(), dout, h.size() * sizeof(float), cudaMemcpyDeviceToHost));
   bad = check_reverse(h, o, blocks, npb_big);
   printf("cudaLaunchKernel dyn_smem=192KiB mismatches=%d\n", bad);
@@ -99,9 +104,11 @@ int main() {
 
   // Static 8 KiB + dynamic 100 KiB.
   const int dyn_bytes = 100 * 1024, n_dyn = dyn_bytes / sizeof(int);
-  CHECK(cudaFuncSetAttribute(static_plus_dyn, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn_bytes));
+  CHECK(cudaFuncSetAttribute(static_plus_dyn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             dyn_bytes));
   CHECK(cudaFuncGetAttributes(&fa, static_plus_dyn));
-  printf("static_plus_dyn: sharedSizeBytes=%zu maxDynamicSharedSizeBytes=%d\n", fa.sharedSizeBytes, fa.maxDynamicSharedSizeBytes);
+  printf("static_plus_dyn: sharedSizeBytes=%zu maxDynamicSharedSizeBytes=%d\n", fa.sharedSizeBytes,
+         fa.maxDynamicSharedSizeBytes);
   EXPECT(fa.sharedSizeBytes == 8192, "static shared size");
   std::vector<int> hi(n_dyn), ho(n_dyn);
   for (int i = 0; i < n_dyn; ++i) hi[i] = i * 7 - 1000;
@@ -119,7 +126,8 @@ int main() {
 
   // Templated kernel, doubles, 64 KiB dynamic.
   const int nd = 8192;  // 64 KiB of doubles
-  CHECK(cudaFuncSetAttribute(rotate_tmpl<double>, cudaFuncAttributeMaxDynamicSharedMemorySize, nd * (int)sizeof(double)));
+  CHECK(cudaFuncSetAttribute(rotate_tmpl<double>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             nd * (int)sizeof(double)));
   std::vector<double> hd(nd), od(nd);
   for (int i = 0; i < nd; ++i) hd[i] = i * 0.5;
   double *dd, *ddo;

@@ -10,7 +10,8 @@
 #include "common.h"
 
 __global__ void xor_words(uint64_t* p, size_t n, uint64_t k) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<size_t>(gridDim.x) * blockDim.x)
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
     p[i] ^= k + i;
 }
 

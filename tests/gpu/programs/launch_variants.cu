@@ -35,7 +35,8 @@ __device__ void dsmem_body(int* out) {
   cluster.sync();
   unsigned int peer = (rank + 1) % cluster.num_blocks();
   int* remote = cluster.map_shared_rank(smem, peer);
-  out[blockIdx.x * blockDim.x + threadIdx.x] = remote[threadIdx.x] + static_cast<int>(cluster.num_blocks()) * 1000000;
+  out[blockIdx.x * blockDim.x + threadIdx.x] =
+      remote[threadIdx.x] + static_cast<int>(cluster.num_blocks()) * 1000000;
   cluster.sync();  // keep shared memory alive until every peer has read it
 }
 

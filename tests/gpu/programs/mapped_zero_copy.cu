@@ -42,7 +42,8 @@ int main() {
   CHECK(cudaDeviceSynchronize());
   int bad = 0;
   for (int i = 0; i < n; ++i) bad += h[i] != (i % 1000 - 500) * (i % 1000 - 500);
-  printf("cudaHostAllocMapped mismatches=%d checksum=%016llx\n", bad, (unsigned long long)fnv1a(h, n * sizeof(int)));
+  printf("cudaHostAllocMapped mismatches=%d checksum=%016llx\n", bad,
+         (unsigned long long)fnv1a(h, n * sizeof(int)));
   EXPECT(bad == 0, "mapped alloc");
 
   std::vector<int> buf(n + 4096);

@@ -40,7 +40,8 @@ int main() {
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < N; ++j) {
       long long s = 0;
-      for (int k = 0; k < K; ++k) s += static_cast<long long>(A[i * K + k]) * static_cast<long long>(B[k * N + j]);
+      for (int k = 0; k < K; ++k)
+        s += static_cast<long long>(A[i * K + k]) * static_cast<long long>(B[k * N + j]);
       ref[i * N + j] = static_cast<float>(s);
     }
   float *dA, *dB, *dC;
@@ -58,8 +59,10 @@ int main() {
   for (int pass_i = 0; pass_i < 2; ++pass_i) {
     CHECK(cudaMemset(dC, 0xff, C.size() * sizeof(float)));
     int tile = pass_i == 0 ? 16 : 32;
-    if (tile == 16) run<16>(dA, dB, dC, M, N, K);
-    else run<32>(dA, dB, dC, M, N, K);
+    if (tile == 16)
+      run<16>(dA, dB, dC, M, N, K);
+    else
+      run<32>(dA, dB, dC, M, N, K);
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaMemcpy(C.data(), dC, C.size() * sizeof(float), cudaMemcpyDeviceToHost));
     int bad = 0;

@@ -35,7 +35,8 @@ int main() {
   CHECK(cudaMallocPitch(reinterpret_cast<void**>(&dp), &pitch, W * sizeof(float), H));
   CHECK(cudaMallocPitch(reinterpret_cast<void**>(&dq), &pitchq, W * sizeof(float), H));
   EXPECT(pitch >= W * sizeof(float) && pitchq >= W * sizeof(float), "pitch too small");
-  CHECK(cudaMemcpy2D(dp, pitch, h.data(), HP * sizeof(float), W * sizeof(float), H, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy2D(dp, pitch, h.data(), HP * sizeof(float), W * sizeof(float), H,
+                     cudaMemcpyHostToDevice));
   dim3 b2(32, 8), g2((W + 31) / 32, (H + 7) / 8);
   inc2d<<<g2, b2>>>(dp, pitch, W, H);
   CHECK_LAUNCH();
@@ -44,22 +45,26 @@ int main() {
   const int sx = 5, sy = 10, sw = 200, sh = 50;
   cudaStream_t st;
   CHECK(cudaStreamCreate(&st));
-  CHECK(cudaMemcpy2DAsync(dq, pitchq, reinterpret_cast<char*>(dp) + sy * pitch + sx * sizeof(float), pitch,
-                          sw * sizeof(float), sh, cudaMemcpyDeviceToDevice, st));
+  CHECK(cudaMemcpy2DAsync(dq, pitchq, reinterpret_cast<char*>(dp) + sy * pitch + sx * sizeof(float),
+                          pitch, sw * sizeof(float), sh, cudaMemcpyDeviceToDevice, st));
   CHECK(cudaStreamSynchronize(st));
   std::vector<float> full(W * H), sub(W * H);
-  CHECK(cudaMemcpy2D(full.data(), W * sizeof(float), dp, pitch, W * sizeof(float), H, cudaMemcpyDeviceToHost));
-  CHECK(cudaMemcpy2D(sub.data(), W * sizeof(float), dq, pitchq, W * sizeof(float), H, cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy2D(full.data(), W * sizeof(float), dp, pitch, W * sizeof(float), H,
+                     cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy2D(sub.data(), W * sizeof(float), dq, pitchq, W * sizeof(float), H,
+                     cudaMemcpyDeviceToHost));
   int bad2 = 0;
   for (int y = 0; y < H; ++y)
     for (int x = 0; x < W; ++x) {
       float e = h[y * HP + x] * 2.f + static_cast<float>(y);
       if (full[y * W + x] != e) ++bad2;
-      float es = (x < sw && y < sh) ? h[(y + sy) * HP + x + sx] * 2.f + static_cast<float>(y + sy) : 0.f;
+      float es =
+          (x < sw && y < sh) ? h[(y + sy) * HP + x + sx] * 2.f + static_cast<float>(y + sy) : 0.f;
       if (sub[y * W + x] != es) ++bad2;
     }
-  printf("2d: W=%d H=%d mismatches=%d checksum=%016llx\n", W, H, bad2,
-         (unsigned long long)fnv1a(full.data(), full.size() * 4, fnv1a(sub.data(), sub.size() * 4)));
+  printf(
+      "2d: W=%d H=%d mismatches=%d checksum=%016llx\n", W, H, bad2,
+      (unsigned long long)fnv1a(full.data(), full.size() * 4, fnv1a(sub.data(), sub.size() * 4)));
   EXPECT(bad2 == 0, "2d mismatches");
 
   // ---- 3D ----
@@ -67,7 +72,8 @@ int main() {
   cudaExtent ext = make_cudaExtent(X * sizeof(int), Y, Z);
   cudaPitchedPtr vol;
   CHECK(cudaMalloc3D(&vol, ext));
-  EXPECT(vol.pitch >= X * sizeof(int) && vol.xsize == X * sizeof(int) && vol.ysize == (size_t)Y, "3d pitched ptr");
+  EXPECT(vol.pitch >= X * sizeof(int) && vol.xsize == X * sizeof(int) && vol.ysize == (size_t)Y,
+         "3d pitched ptr");
   CHECK(cudaMemset3D(vol, 0x01, ext));
   const int BX = 20, BY = 10, BZ = 5, OX = 2, OY = 3, OZ = 1;
   std::vector<int> box(BX * BY * BZ);

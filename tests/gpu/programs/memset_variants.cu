@@ -20,12 +20,14 @@ static F get(const char* name, unsigned int version) {
   return reinterpret_cast<F>(fn);
 }
 
-static int compare(const unsigned char* dev, const std::vector<unsigned char>& mirror, const char* what) {
+static int compare(const unsigned char* dev, const std::vector<unsigned char>& mirror,
+                   const char* what) {
   std::vector<unsigned char> got(mirror.size());
   CHECK(cudaMemcpy(got.data(), dev, got.size(), cudaMemcpyDeviceToHost));
   int bad = 0;
   for (size_t i = 0; i < got.size(); ++i) bad += got[i] != mirror[i];
-  printf("%s: mismatches=%d checksum=%016llx\n", what, bad, (unsigned long long)fnv1a(got.data(), got.size()));
+  printf("%s: mismatches=%d checksum=%016llx\n", what, bad,
+         (unsigned long long)fnv1a(got.data(), got.size()));
   return bad;
 }
 
@@ -35,9 +37,20 @@ int main() {
   CHECK(cudaMalloc(&d, size));
   std::vector<unsigned char> mirror(size, 0);
   CHECK(cudaMemset(d, 0, size));
-  struct Op { size_t off, len; int val; } ops[] = {
-      {0, 1, 0xab}, {1, 3, 0x11}, {3, 7, 0x22}, {13, 4097, 0x33}, {5000, 65536 + 5, 0x44},
-      {100003, 300001, 0x55}, {size - 1, 1, 0x66}, {2, 0, 0x77}, {4096, 4096, 0x00}, {777777, 12345, 0x1ff},
+  struct Op {
+    size_t off, len;
+    int val;
+  } ops[] = {
+      {0, 1, 0xab},
+      {1, 3, 0x11},
+      {3, 7, 0x22},
+      {13, 4097, 0x33},
+      {5000, 65536 + 5, 0x44},
+      {100003, 300001, 0x55},
+      {size - 1, 1, 0x66},
+      {2, 0, 0x77},
+      {4096, 4096, 0x00},
+      {777777, 12345, 0x1ff},
   };
   for (auto& o : ops) {
     CHECK(cudaMemset(d + o.off, o.val, o.len));
@@ -117,7 +130,10 @@ int main() {
   for (int y = 0; y < 50; ++y)
     for (int x = 0; x < 30; ++x) {
       unsigned char* m = mirror.data() + 8192 + y * 256 + x * 4;
-      m[0] = 4; m[1] = 3; m[2] = 2; m[3] = 1;
+      m[0] = 4;
+      m[1] = 3;
+      m[2] = 2;
+      m[3] = 1;
     }
   CHECK(cudaDeviceSynchronize());  // order the legacy-stream memsets before stream s
   r = d8a(reinterpret_cast<CUdeviceptr>(d + 300000), 0x7e, 99999, reinterpret_cast<CUstream>(s));

@@ -12,7 +12,9 @@
 
 __global__ void mix(int* d, int n, int tid, int round) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) d[i] = static_cast<int>(static_cast<unsigned int>(d[i]) * 3u + static_cast<unsigned int>(tid * 1000 + round));
+  if (i < n)
+    d[i] = static_cast<int>(static_cast<unsigned int>(d[i]) * 3u +
+                            static_cast<unsigned int>(tid * 1000 + round));
 }
 
 static long long expected(int n, int tid, int rounds) {
@@ -56,7 +58,8 @@ int main() {
       cudaEvent_t ev;
       CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
       int v = 1234;
-      CHECK(cudaMemcpyAsync(shared_buf, &v, sizeof(int), cudaMemcpyHostToDevice, cudaStreamPerThread));
+      CHECK(cudaMemcpyAsync(shared_buf, &v, sizeof(int), cudaMemcpyHostToDevice,
+                            cudaStreamPerThread));
       CHECK(cudaEventRecord(ev, cudaStreamPerThread));
       recorded.set_value(ev);
       CHECK(cudaStreamSynchronize(cudaStreamPerThread));
@@ -89,9 +92,11 @@ int main() {
   CHECK(cudaMalloc(&d, 1024 * sizeof(int)));
   CHECK(cudaMemsetAsync(d, 0, 1024 * sizeof(int), cudaStreamLegacy));
   mix<<<4, 256, 0, cudaStreamLegacy>>>(d, 1024, 1, 2);
-  mix<<<4, 256, 0, cudaStreamPerThread>>>(d, 1024, 0, 5);  // per-thread stream waits for legacy work
+  mix<<<4, 256, 0, cudaStreamPerThread>>>(d, 1024, 0,
+                                          5);  // per-thread stream waits for legacy work
   std::vector<int> h(1024);
-  CHECK(cudaMemcpyAsync(h.data(), d, 1024 * sizeof(int), cudaMemcpyDeviceToHost, cudaStreamPerThread));
+  CHECK(cudaMemcpyAsync(h.data(), d, 1024 * sizeof(int), cudaMemcpyDeviceToHost,
+                        cudaStreamPerThread));
   CHECK(cudaStreamSynchronize(cudaStreamPerThread));
   for (int v : h) bad += v != (1002 * 3 + 5);
   printf("legacy+per-thread stream value=%d\n", h[0]);

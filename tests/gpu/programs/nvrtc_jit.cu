@@ -12,25 +12,23 @@
 #include <vector>
 #include "common.h"
 
-#define NVRTC_CHECK(call)                                                              \
-  do {                                                                                 \
-    nvrtcResult r_ = (call);                                                           \
-    if (r_ != NVRTC_SUCCESS) {                                                         \
-      printf("NVRTC error %s in %s:%d: %s\n", nvrtcGetErrorString(r_), __FILE__,      \
-             __LINE__, #call);                                                         \
-      fflush(stdout);                                                                  \
-      exit(1);                                                                         \
-    }                                                                                  \
+#define NVRTC_CHECK(call)                                                                          \
+  do {                                                                                             \
+    nvrtcResult r_ = (call);                                                                       \
+    if (r_ != NVRTC_SUCCESS) {                                                                     \
+      printf("NVRTC error %s in %s:%d: %s\n", nvrtcGetErrorString(r_), __FILE__, __LINE__, #call); \
+      fflush(stdout);                                                                              \
+      exit(1);                                                                                     \
+    }                                                                                              \
   } while (0)
-#define CU_CHECK(call)                                                                 \
-  do {                                                                                 \
-    CUresult r_ = (call);                                                              \
-    if (r_ != CUDA_SUCCESS) {                                                          \
-      printf("driver error %d in %s:%d: %s\n", static_cast<int>(r_), __FILE__,         \
-             __LINE__, #call);                                                         \
-      fflush(stdout);                                                                  \
-      exit(1);                                                                         \
-    }                                                                                  \
+#define CU_CHECK(call)                                                                           \
+  do {                                                                                           \
+    CUresult r_ = (call);                                                                        \
+    if (r_ != CUDA_SUCCESS) {                                                                    \
+      printf("driver error %d in %s:%d: %s\n", static_cast<int>(r_), __FILE__, __LINE__, #call); \
+      fflush(stdout);                                                                            \
+      exit(1);                                                                                   \
+    }                                                                                            \
   } while (0)
 
 static const char* kSource = R"(
@@ -50,8 +48,8 @@ typedef CUresult(CUDAAPI* PFN_ModuleLoadData)(CUmodule*, const void*);
 typedef CUresult(CUDAAPI* PFN_ModuleGetFunction)(CUfunction*, CUmodule, const char*);
 typedef CUresult(CUDAAPI* PFN_ModuleGetGlobal)(CUdeviceptr*, size_t*, CUmodule, const char*);
 typedef CUresult(CUDAAPI* PFN_ModuleUnload)(CUmodule);
-typedef CUresult(CUDAAPI* PFN_LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                                            unsigned, CUstream, void**, void**);
+typedef CUresult(CUDAAPI* PFN_LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned,
+                                            unsigned, unsigned, unsigned, CUstream, void**, void**);
 
 template <typename F>
 static F get(const char* name, unsigned int version) {
@@ -125,10 +123,12 @@ int main() {
   float a = 2.f;
   int nn = n;
   void* args1[] = {&a, &dx, &dy, &nn};
-  CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(k_saxpy), dim3(n / 256), dim3(256), args1, 0, 0));
+  CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(k_saxpy), dim3(n / 256), dim3(256), args1, 0,
+                         0));
   int f = 3;
   void* args2[] = {&di, &f, &nn};
-  CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(k_scale), dim3(n / 256), dim3(256), args2, 0, 0));
+  CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(k_scale), dim3(n / 256), dim3(256), args2, 0,
+                         0));
   CHECK(cudaDeviceSynchronize());
   void* gptr = nullptr;
   size_t gsize = 0;

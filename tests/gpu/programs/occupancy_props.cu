@@ -31,26 +31,34 @@ int main() {
   EXPECT(dev == 0, "current device");
   cudaDeviceProp p;
   CHECK(cudaGetDeviceProperties(&p, 0));
-  printf("cc=%d.%d warpSize=%d maxThreadsPerBlock=%d maxThreadsDim=%d,%d,%d maxGridSize=%d,%d,%d\n", p.major, p.minor,
-         p.warpSize, p.maxThreadsPerBlock, p.maxThreadsDim[0], p.maxThreadsDim[1], p.maxThreadsDim[2], p.maxGridSize[0],
-         p.maxGridSize[1], p.maxGridSize[2]);
-  printf("sharedMemPerBlock=%zu optin=%zu perSM=%zu regsPerBlock=%d regsPerSM=%d totalConstMem=%zu\n",
-         p.sharedMemPerBlock, p.sharedMemPerBlockOptin, p.sharedMemPerMultiprocessor, p.regsPerBlock,
-         p.regsPerMultiprocessor, p.totalConstMem);
-  printf("maxThreadsPerSM=%d maxBlocksPerSM=%d unifiedAddressing=%d managedMemory=%d concurrentKernels=%d "
-         "cooperativeLaunch=%d canMapHostMemory=%d\n",
-         p.maxThreadsPerMultiProcessor, p.maxBlocksPerMultiProcessor, p.unifiedAddressing, p.managedMemory,
-         p.concurrentKernels, p.cooperativeLaunch, p.canMapHostMemory);
+  printf("cc=%d.%d warpSize=%d maxThreadsPerBlock=%d maxThreadsDim=%d,%d,%d maxGridSize=%d,%d,%d\n",
+         p.major, p.minor, p.warpSize, p.maxThreadsPerBlock, p.maxThreadsDim[0], p.maxThreadsDim[1],
+         p.maxThreadsDim[2], p.maxGridSize[0], p.maxGridSize[1], p.maxGridSize[2]);
+  printf(
+      "sharedMemPerBlock=%zu optin=%zu perSM=%zu regsPerBlock=%d regsPerSM=%d totalConstMem=%zu\n",
+      p.sharedMemPerBlock, p.sharedMemPerBlockOptin, p.sharedMemPerMultiprocessor, p.regsPerBlock,
+      p.regsPerMultiprocessor, p.totalConstMem);
+  printf(
+      "maxThreadsPerSM=%d maxBlocksPerSM=%d unifiedAddressing=%d managedMemory=%d "
+      "concurrentKernels=%d "
+      "cooperativeLaunch=%d canMapHostMemory=%d\n",
+      p.maxThreadsPerMultiProcessor, p.maxBlocksPerMultiProcessor, p.unifiedAddressing,
+      p.managedMemory, p.concurrentKernels, p.cooperativeLaunch, p.canMapHostMemory);
   EXPECT(p.major == 9 && p.minor == 0, "expected sm_90");
   EXPECT(p.multiProcessorCount > 0 && p.totalGlobalMem > 0, "SMs and memory");
 
   // Attributes must agree with the properties.
-  struct { cudaDeviceAttr a; int v; const char* name; } checks[] = {
+  struct {
+    cudaDeviceAttr a;
+    int v;
+    const char* name;
+  } checks[] = {
       {cudaDevAttrComputeCapabilityMajor, p.major, "major"},
       {cudaDevAttrComputeCapabilityMinor, p.minor, "minor"},
       {cudaDevAttrMultiProcessorCount, p.multiProcessorCount, "sm count"},
       {cudaDevAttrMaxThreadsPerBlock, p.maxThreadsPerBlock, "threads/block"},
-      {cudaDevAttrMaxSharedMemoryPerBlockOptin, static_cast<int>(p.sharedMemPerBlockOptin), "optin"},
+      {cudaDevAttrMaxSharedMemoryPerBlockOptin, static_cast<int>(p.sharedMemPerBlockOptin),
+       "optin"},
       {cudaDevAttrWarpSize, p.warpSize, "warp"},
       {cudaDevAttrMaxRegistersPerBlock, p.regsPerBlock, "regs"},
       {cudaDevAttrL2CacheSize, p.l2CacheSize, "l2"},
@@ -102,8 +110,8 @@ int main() {
 
   cudaFuncAttributes fa;
   CHECK(cudaFuncGetAttributes(&fa, heavy));
-  printf("heavy: maxThreadsPerBlock=%d binaryVersion=%d ptxVersion=%d localSizeBytes=%zu\n", fa.maxThreadsPerBlock,
-         fa.binaryVersion, fa.ptxVersion, fa.localSizeBytes);
+  printf("heavy: maxThreadsPerBlock=%d binaryVersion=%d ptxVersion=%d localSizeBytes=%zu\n",
+         fa.maxThreadsPerBlock, fa.binaryVersion, fa.ptxVersion, fa.localSizeBytes);
   EXPECT(fa.maxThreadsPerBlock == 256, "launch bounds");
 
   float* d;

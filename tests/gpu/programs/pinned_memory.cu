@@ -25,10 +25,14 @@ static int roundtrip(int* host_src, int* host_dst, int* dev, int n, cudaStream_t
 
 static const char* type_name(cudaMemoryType t) {
   switch (t) {
-    case cudaMemoryTypeUnregistered: return "unregistered";
-    case cudaMemoryTypeHost: return "host";
-    case cudaMemoryTypeDevice: return "device";
-    case cudaMemoryTypeManaged: return "managed";
+    case cudaMemoryTypeUnregistered:
+      return "unregistered";
+    case cudaMemoryTypeHost:
+      return "host";
+    case cudaMemoryTypeDevice:
+      return "device";
+    case cudaMemoryTypeManaged:
+      return "managed";
   }
   return "?";
 }
@@ -46,9 +50,11 @@ int main() {
   CHECK(cudaHostAlloc(&wc, n * sizeof(int), cudaHostAllocWriteCombined));
   unsigned int flags = 0;
   CHECK(cudaHostGetFlags(&flags, b));
-  printf("cudaHostAlloc(portable) flags has portable bit: %d\n", (flags & cudaHostAllocPortable) ? 1 : 0);
+  printf("cudaHostAlloc(portable) flags has portable bit: %d\n",
+         (flags & cudaHostAllocPortable) ? 1 : 0);
   CHECK(cudaHostGetFlags(&flags, wc));
-  printf("cudaHostAlloc(writecombined) flags has wc bit: %d\n", (flags & cudaHostAllocWriteCombined) ? 1 : 0);
+  printf("cudaHostAlloc(writecombined) flags has wc bit: %d\n",
+         (flags & cudaHostAllocWriteCombined) ? 1 : 0);
 
   std::vector<int> plain(n + 1024);
   int* reg = plain.data();
@@ -86,7 +92,8 @@ int main() {
   CHECK(cudaMemcpy(a, dev + 1000, 1000 * sizeof(int), cudaMemcpyDefault));
   CHECK(cudaMemcpy(back.data(), a, 1000 * sizeof(int), cudaMemcpyDefault));
   EXPECT(back == pg, "cudaMemcpyDefault chain");
-  printf("cudaMemcpyDefault chain ok checksum=%016llx\n", (unsigned long long)fnv1a(back.data(), back.size() * 4));
+  printf("cudaMemcpyDefault chain ok checksum=%016llx\n",
+         (unsigned long long)fnv1a(back.data(), back.size() * 4));
 
   CHECK(cudaFreeHost(a));
   CHECK(cudaFreeHost(b));

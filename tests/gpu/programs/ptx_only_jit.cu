@@ -44,7 +44,8 @@ int main() {
   for (int i = 0; i < n; ++i) ref += static_cast<unsigned long long>(h[i]) * h[i];
   cudaFuncAttributes fa;
   CHECK(cudaFuncGetAttributes(&fa, block_sum));
-  printf("ptx-only: sum=%llu ptxVersion=%d binaryVersion=%d\n", sum, fa.ptxVersion, fa.binaryVersion);
+  printf("ptx-only: sum=%llu ptxVersion=%d binaryVersion=%d\n", sum, fa.ptxVersion,
+         fa.binaryVersion);
   EXPECT(sum == ref, "sum %llu vs %llu", sum, ref);
   EXPECT(fa.ptxVersion == 90, "ptx version");
   CHECK(cudaFree(d));

@@ -10,10 +10,10 @@ struct Results {
   int vmin, vmax;
   float fcount;
   unsigned int and_all, or_all, xor_all;
-  unsigned long long cas_max;  // max of 64-bit keys via atomicCAS
-  int exch_seen;               // atomicExch
-  unsigned int inc_wrap;       // atomicInc wraps at 1000
-  unsigned long long shfl_sum; // warp shuffle reduction
+  unsigned long long cas_max;   // max of 64-bit keys via atomicCAS
+  int exch_seen;                // atomicExch
+  unsigned int inc_wrap;        // atomicInc wraps at 1000
+  unsigned long long shfl_sum;  // warp shuffle reduction
 };
 
 __global__ void reduce_shared(const int* in, int n, Results* r) {
@@ -57,8 +57,9 @@ __global__ void reduce_shuffle(const int* in, int n, Results* r) {
 
 __global__ void cas_max_kernel(const int* in, int n, Results* r) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    unsigned long long key = (static_cast<unsigned long long>(static_cast<unsigned int>(in[i])) << 32) |
-                             static_cast<unsigned int>(i);
+    unsigned long long key =
+        (static_cast<unsigned long long>(static_cast<unsigned int>(in[i])) << 32) |
+        static_cast<unsigned int>(i);
     unsigned long long old = r->cas_max;
     while (old < key) {
       unsigned long long prev = atomicCAS(&r->cas_max, old, key);
@@ -104,7 +105,8 @@ int main() {
     ref.or_all |= u;
     ref.xor_all ^= static_cast<unsigned int>(v);
     if (v % 7 == 0) ++cnt7;
-    unsigned long long key = (static_cast<unsigned long long>(static_cast<unsigned int>(v)) << 32) | static_cast<unsigned int>(i);
+    unsigned long long key = (static_cast<unsigned long long>(static_cast<unsigned int>(v)) << 32) |
+                             static_cast<unsigned int>(i);
     if (key > casmax) casmax = key;
     rbins[static_cast<unsigned int>(v) & 255u]++;
   }
@@ -143,14 +145,16 @@ int main() {
   CHECK(cudaMemcpy(bins.data(), dbins, 256 * sizeof(unsigned int), cudaMemcpyDeviceToHost));
 
   printf("n=%d sum=%lld min=%d max=%d\n", n, static_cast<long long>(got.sum), got.vmin, got.vmax);
-  printf("and=%08x or=%08x xor=%08x count7=%.0f\n", got.and_all, got.or_all, got.xor_all, got.fcount);
-  printf("cas_max=%016llx exch=%d inc_wrap=%u shfl_sum=%lld\n", got.cas_max, got.exch_seen, got.inc_wrap,
-         static_cast<long long>(got.shfl_sum));
+  printf("and=%08x or=%08x xor=%08x count7=%.0f\n", got.and_all, got.or_all, got.xor_all,
+         got.fcount);
+  printf("cas_max=%016llx exch=%d inc_wrap=%u shfl_sum=%lld\n", got.cas_max, got.exch_seen,
+         got.inc_wrap, static_cast<long long>(got.shfl_sum));
   printf("hist_checksum=%016llx\n", (unsigned long long)fnv1a(bins.data(), bins.size() * 4));
   EXPECT(got.sum == ref.sum, "sum %lld vs %lld", (long long)got.sum, (long long)ref.sum);
   EXPECT(got.shfl_sum == ref.shfl_sum, "shuffle sum");
   EXPECT(got.vmin == ref.vmin && got.vmax == ref.vmax, "min/max");
-  EXPECT(got.and_all == ref.and_all && got.or_all == ref.or_all && got.xor_all == ref.xor_all, "bit ops");
+  EXPECT(got.and_all == ref.and_all && got.or_all == ref.or_all && got.xor_all == ref.xor_all,
+         "bit ops");
   EXPECT(got.fcount == ref.fcount, "float count %.0f vs %.0f", got.fcount, ref.fcount);
   EXPECT(got.cas_max == ref.cas_max, "cas max");
   EXPECT(got.exch_seen == ref.exch_seen, "exch");

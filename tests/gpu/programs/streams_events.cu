@@ -56,7 +56,8 @@ int main() {
   CHECK(cudaEventCreate(&start));
   CHECK(cudaEventCreateWithFlags(&stop, cudaEventBlockingSync));
   CHECK(cudaEventCreateWithFlags(&notiming, cudaEventDisableTiming));
-  for (int k = 0; k < nstreams; ++k) CHECK(cudaEventCreateWithFlags(&done[k], cudaEventDisableTiming));
+  for (int k = 0; k < nstreams; ++k)
+    CHECK(cudaEventCreateWithFlags(&done[k], cudaEventDisableTiming));
 
   // A never-recorded event counts as complete.
   CHECK(cudaEventQuery(notiming));
@@ -80,7 +81,8 @@ int main() {
   CHECK(cudaEventRecord(notiming, s[0]));
   for (int k = 1; k < nstreams; ++k) {
     CHECK(cudaStreamWaitEvent(s[k], notiming, 0));
-    CHECK(cudaMemcpyAsync(hout + k * chunk, d + k * chunk, chunk * sizeof(float), cudaMemcpyDeviceToHost, s[k]));
+    CHECK(cudaMemcpyAsync(hout + k * chunk, d + k * chunk, chunk * sizeof(float),
+                          cudaMemcpyDeviceToHost, s[k]));
   }
   CHECK(cudaMemcpyAsync(hout, d, chunk * sizeof(float), cudaMemcpyDeviceToHost, s[0]));
   for (int k = 1; k < nstreams; ++k) CHECK(cudaStreamWaitEvent(s[0], done[k], 0));

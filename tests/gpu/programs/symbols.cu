@@ -23,7 +23,8 @@ __global__ void use_symbols(int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) {
     d_table[i] = c_coeffs[i % 64] * static_cast<float>(c_params.a) + c_params.b +
-                 static_cast<float>(c_params.tag[i % 3]) + static_cast<float>(c_params.c) + static_cast<float>(d_init[i % 4]);
+                 static_cast<float>(c_params.tag[i % 3]) + static_cast<float>(c_params.c) +
+                 static_cast<float>(d_init[i % 4]);
     atomicAdd(&d_counter, 1);
   }
 }
@@ -49,8 +50,10 @@ int main() {
   unsigned long long big[3] = {};
   CHECK(cudaMemcpyFromSymbol(init, d_init, sizeof(init)));
   CHECK(cudaMemcpyFromSymbol(big, d_big, sizeof(big)));
-  printf("d_init=%d,%d,%d,%d d_big=%016llx,%llu,%016llx\n", init[0], init[1], init[2], init[3], big[0], big[1], big[2]);
-  EXPECT(init[0] == 11 && init[3] == 44 && big[0] == 0x0123456789abcdefull && big[2] == ~0ull, "initialisers");
+  printf("d_init=%d,%d,%d,%d d_big=%016llx,%llu,%016llx\n", init[0], init[1], init[2], init[3],
+         big[0], big[1], big[2]);
+  EXPECT(init[0] == 11 && init[3] == 44 && big[0] == 0x0123456789abcdefull && big[2] == ~0ull,
+         "initialisers");
 
   size_t sz = 0;
   CHECK(cudaGetSymbolSize(&sz, d_table));
@@ -96,10 +99,12 @@ int main() {
   float* pinned;
   CHECK(cudaMallocHost(&pinned, 100 * sizeof(float)));
   for (int i = 0; i < 100; ++i) pinned[i] = -static_cast<float>(i);
-  CHECK(cudaMemcpyToSymbolAsync(d_table, pinned, 100 * sizeof(float), 500 * sizeof(float), cudaMemcpyHostToDevice, s));
+  CHECK(cudaMemcpyToSymbolAsync(d_table, pinned, 100 * sizeof(float), 500 * sizeof(float),
+                                cudaMemcpyHostToDevice, s));
   CHECK(cudaStreamSynchronize(s));
   for (int i = 0; i < 100; ++i) pinned[i] = 0.f;
-  CHECK(cudaMemcpyFromSymbolAsync(pinned, d_table, 100 * sizeof(float), 450 * sizeof(float), cudaMemcpyDeviceToHost, s));
+  CHECK(cudaMemcpyFromSymbolAsync(pinned, d_table, 100 * sizeof(float), 450 * sizeof(float),
+                                  cudaMemcpyDeviceToHost, s));
   CHECK(cudaStreamSynchronize(s));
   int bad3 = 0;
   for (int i = 0; i < 100; ++i) {

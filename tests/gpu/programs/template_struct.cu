@@ -8,19 +8,46 @@
 #include <vector>
 #include "common.h"
 
-struct S3 { char c[3]; };
-struct S6 { short a, b, c; };
-struct S12 { int a; char b; short c; float d; };
-struct S20 { float f[5]; };
-struct alignas(16) S32 { float v[4]; int a; };
-struct Big { int vals[300]; float f; char tag[8]; };
-struct Huge { int v[2040]; };
-struct View { float* data; int n; float scale; };
+struct S3 {
+  char c[3];
+};
+struct S6 {
+  short a, b, c;
+};
+struct S12 {
+  int a;
+  char b;
+  short c;
+  float d;
+};
+struct S20 {
+  float f[5];
+};
+struct alignas(16) S32 {
+  float v[4];
+  int a;
+};
+struct Big {
+  int vals[300];
+  float f;
+  char tag[8];
+};
+struct Huge {
+  int v[2040];
+};
+struct View {
+  float* data;
+  int n;
+  float scale;
+};
 
-static_assert(sizeof(S3) == 3 && sizeof(S6) == 6 && sizeof(S12) == 12 && sizeof(S20) == 20 && sizeof(S32) == 32, "sizes");
+static_assert(sizeof(S3) == 3 && sizeof(S6) == 6 && sizeof(S12) == 12 && sizeof(S20) == 20 &&
+                  sizeof(S32) == 32,
+              "sizes");
 static_assert(sizeof(Big) == 1212 && sizeof(Huge) == 8160, "big sizes");
 
-__global__ void mixed(char a, S3 b, double c, S6 d, short e, S12 f, S32 g, bool h, long long i, S20 j, long long* out) {
+__global__ void mixed(char a, S3 b, double c, S6 d, short e, S12 f, S32 g, bool h, long long i,
+                      S20 j, long long* out) {
   out[0] = a;
   out[1] = b.c[0] * 10000 + b.c[1] * 100 + b.c[2];
   out[2] = static_cast<long long>(c * 1000.0);
@@ -51,7 +78,9 @@ __global__ void huge_param(Huge h, int* out) {
 template <typename T, int K>
 __global__ void affine(T* out, T x0, T step, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = static_cast<T>((x0 + static_cast<T>(i) * step) * static_cast<T>(K) + static_cast<T>(1));
+  if (i < n)
+    out[i] =
+        static_cast<T>((x0 + static_cast<T>(i) * step) * static_cast<T>(K) + static_cast<T>(1));
 }
 
 template <typename S>
@@ -59,10 +88,11 @@ __global__ void copy_struct(S s, S* out) {
   if (threadIdx.x == 0 && blockIdx.x == 0) *out = s;
 }
 
-__global__ void many(int a0, int a1, int a2, int a3, int a4, int a5, int a6, int a7, int a8, int a9, int a10, int a11,
-                     int a12, int a13, int a14, int a15, int a16, int a17, int a18, int a19, int a20, int a21, int a22,
-                     int a23, long long* out) {
-  int v[24] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21, a22, a23};
+__global__ void many(int a0, int a1, int a2, int a3, int a4, int a5, int a6, int a7, int a8, int a9,
+                     int a10, int a11, int a12, int a13, int a14, int a15, int a16, int a17,
+                     int a18, int a19, int a20, int a21, int a22, int a23, long long* out) {
+  int v[24] = {a0,  a1,  a2,  a3,  a4,  a5,  a6,  a7,  a8,  a9,  a10, a11,
+               a12, a13, a14, a15, a16, a17, a18, a19, a20, a21, a22, a23};
   long long s = 0;
   for (int k = 0; k < 24; ++k) s = s * 3 + v[k];
   *out = s;
@@ -88,7 +118,8 @@ static int check_affine(T x0, T step, const char* tname) {
     T e = static_cast<T>((x0 + static_cast<T>(i) * step) * static_cast<T>(K) + static_cast<T>(1));
     bad += !(h[i] == e);
   }
-  printf("affine<%s,%d> mismatches=%d checksum=%016llx\n", tname, K, bad, (unsigned long long)fnv1a(h.data(), n * sizeof(T)));
+  printf("affine<%s,%d> mismatches=%d checksum=%016llx\n", tname, K, bad,
+         (unsigned long long)fnv1a(h.data(), n * sizeof(T)));
   return bad;
 }
 
@@ -117,14 +148,16 @@ int main() {
   S12 f = {7, 8, 9, 2.5f};
   S32 g = {{1.f, 2.f, 3.f, 4.f}, 90};
   S20 j = {{0.125f, 0.25f, 0.5f, 1.f, 2.f}};
-  mixed<<<1, 1>>>(static_cast<char>(-5), b, 3.25, d, static_cast<short>(-300), f, g, true, -1234567890123LL, j, dout);
+  mixed<<<1, 1>>>(static_cast<char>(-5), b, 3.25, d, static_cast<short>(-300), f, g, true,
+                  -1234567890123LL, j, dout);
   CHECK_LAUNCH();
   long long m[10];
   CHECK(cudaMemcpy(m, dout, sizeof(m), cudaMemcpyDeviceToHost));
   printf("mixed:");
   for (long long v : m) printf(" %lld", v);
   printf("\n");
-  const long long mexp[10] = {-5, 10203, 3250, -3995006, -300, 7 + 80 + 900 + 10, 100, 1, -1234567890123LL, 31};
+  const long long mexp[10] = {
+      -5, 10203, 3250, -3995006, -300, 7 + 80 + 900 + 10, 100, 1, -1234567890123LL, 31};
   EXPECT(memcmp(m, mexp, sizeof(m)) == 0, "mixed parameters");
 
   // The same kernel through cudaLaunchKernel and an args array.
@@ -192,7 +225,8 @@ int main() {
   EXPECT(ok, "struct round trips");
 
   // 24 scalar parameters.
-  many<<<1, 1>>>(1, -2, 3, -4, 5, -6, 7, -8, 9, -10, 11, -12, 13, -14, 15, -16, 17, -18, 19, -20, 21, -22, 23, -24, dout);
+  many<<<1, 1>>>(1, -2, 3, -4, 5, -6, 7, -8, 9, -10, 11, -12, 13, -14, 15, -16, 17, -18, 19, -20,
+                 21, -22, 23, -24, dout);
   CHECK_LAUNCH();
   long long mv = 0, me = 0;
   CHECK(cudaMemcpy(&mv, dout, sizeof(mv), cudaMemcpyDeviceToHost));

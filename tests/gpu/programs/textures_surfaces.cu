@@ -11,7 +11,8 @@
 
 __global__ void sample_point(cudaTextureObject_t t, float* out, int w, int h) {
   int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
-  if (x < w && y < h) out[y * w + x] = tex2D<float>(t, x + 0.5f, y + 0.5f) + tex2D<float>(t, x - 3 + 0.5f, y + 0.5f);
+  if (x < w && y < h)
+    out[y * w + x] = tex2D<float>(t, x + 0.5f, y + 0.5f) + tex2D<float>(t, x - 3 + 0.5f, y + 0.5f);
 }
 __global__ void sample_linear(cudaTextureObject_t t, float* out, int w, int h) {
   int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
@@ -31,7 +32,8 @@ __global__ void surf_read_add(cudaSurfaceObject_t s, int* out, int w, int h) {
 }
 __global__ void sample3d(cudaTextureObject_t t, int* out, int X, int Y, int Z) {
   int x = threadIdx.x, y = threadIdx.y, z = blockIdx.x;
-  if (x < X && y < Y && z < Z) out[(z * Y + y) * X + x] = tex3D<int>(t, x + 0.5f, y + 0.5f, z + 0.5f) * 2;
+  if (x < X && y < Y && z < Z)
+    out[(z * Y + y) * X + x] = tex3D<int>(t, x + 0.5f, y + 0.5f, z + 0.5f) * 2;
 }
 __global__ void fetch1d(cudaTextureObject_t t, int* out, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -42,7 +44,8 @@ __global__ void sample_pitch(cudaTextureObject_t t, float* out, int w, int h) {
   if (x < w && y < h) out[y * w + x] = tex2D<float>(t, x + 0.5f, y + 0.5f) * 3.f;
 }
 
-static cudaTextureObject_t make_tex(const cudaResourceDesc& rd, cudaTextureFilterMode filter, cudaTextureReadMode rm) {
+static cudaTextureObject_t make_tex(const cudaResourceDesc& rd, cudaTextureFilterMode filter,
+                                    cudaTextureReadMode rm) {
   cudaTextureDesc td = {};
   td.addressMode[0] = td.addressMode[1] = td.addressMode[2] = cudaAddressModeClamp;
   td.filterMode = filter;
@@ -61,13 +64,14 @@ int main() {
   cudaChannelFormatDesc fdesc = cudaCreateChannelDesc<float>();
   cudaArray_t arr;
   CHECK(cudaMallocArray(&arr, &fdesc, W, H));
-  CHECK(cudaMemcpy2DToArray(arr, 0, 0, img.data(), W * sizeof(float), W * sizeof(float), H, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy2DToArray(arr, 0, 0, img.data(), W * sizeof(float), W * sizeof(float), H,
+                            cudaMemcpyHostToDevice));
   cudaChannelFormatDesc got_desc;
   cudaExtent got_ext;
   unsigned int got_flags;
   CHECK(cudaArrayGetInfo(&got_desc, &got_ext, &got_flags, arr));
-  printf("array info: bits=%d kind=%d extent=%zux%zux%zu\n", got_desc.x, static_cast<int>(got_desc.f), got_ext.width,
-         got_ext.height, got_ext.depth);
+  printf("array info: bits=%d kind=%d extent=%zux%zux%zu\n", got_desc.x,
+         static_cast<int>(got_desc.f), got_ext.width, got_ext.height, got_ext.depth);
 
   cudaResourceDesc rd = {};
   rd.resType = cudaResourceTypeArray;
@@ -87,7 +91,8 @@ int main() {
       int xl = x - 3 < 0 ? 0 : x - 3;
       bad += out[y * W + x] != img[y * W + x] + img[y * W + xl];
     }
-  printf("texture point+clamp mismatches=%d checksum=%016llx\n", bad, (unsigned long long)fnv1a(out.data(), out.size() * 4));
+  printf("texture point+clamp mismatches=%d checksum=%016llx\n", bad,
+         (unsigned long long)fnv1a(out.data(), out.size() * 4));
   sample_linear<<<g, b>>>(tl, dout, W, H);
   CHECK_LAUNCH();
   CHECK(cudaMemcpy(out.data(), dout, out.size() * sizeof(float), cudaMemcpyDeviceToHost));
@@ -119,8 +124,10 @@ int main() {
   CHECK_LAUNCH();
   std::vector<int> hi(W * H), hs(W * H);
   CHECK(cudaMemcpy(hi.data(), iout, hi.size() * sizeof(int), cudaMemcpyDeviceToHost));
-  CHECK(cudaMemcpy2DArrayToArray(sarr2, 0, 0, sarr, 0, 0, W * sizeof(int), H, cudaMemcpyDeviceToDevice));
-  CHECK(cudaMemcpy2DFromArray(hs.data(), W * sizeof(int), sarr2, 0, 0, W * sizeof(int), H, cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy2DArrayToArray(sarr2, 0, 0, sarr, 0, 0, W * sizeof(int), H,
+                                 cudaMemcpyDeviceToDevice));
+  CHECK(cudaMemcpy2DFromArray(hs.data(), W * sizeof(int), sarr2, 0, 0, W * sizeof(int), H,
+                              cudaMemcpyDeviceToHost));
   int bads = 0;
   for (int y = 0; y < H; ++y)
     for (int x = 0; x < W; ++x) {
@@ -182,7 +189,8 @@ int main() {
   float* pimg;
   size_t pitch;
   CHECK(cudaMallocPitch(reinterpret_cast<void**>(&pimg), &pitch, W * sizeof(float), H));
-  CHECK(cudaMemcpy2D(pimg, pitch, img.data(), W * sizeof(float), W * sizeof(float), H, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy2D(pimg, pitch, img.data(), W * sizeof(float), W * sizeof(float), H,
+                     cudaMemcpyHostToDevice));
   cudaResourceDesc rdp = {};
   rdp.resType = cudaResourceTypePitch2D;
   rdp.res.pitch2D.devPtr = pimg;

@@ -24,8 +24,8 @@ int main() {
   CHECK(cudaMalloc(&di, n * sizeof(int)));
   CHECK(cudaMemcpy(d, h.data(), n * sizeof(float), cudaMemcpyHostToDevice));
   int launches = 0;
-  launches += part_a_run(d, n);  // x*2+0.5
-  launches += part_b_run(d, n);  // x*3-1
+  launches += part_a_run(d, n);                 // x*2+0.5
+  launches += part_b_run(d, n);                 // x*3-1
   main_kernel<<<(n + 255) / 256, 256>>>(d, n);  // +10
   CHECK_LAUNCH();
   launches += part_a_run(d, n);  // x*2+0.5
