@@ -33,6 +33,7 @@ CUresult CopyHtoD(const char* name, CUdeviceptr dst, const void* src, size_t n, 
   // bytes are on the wire when we return. Otherwise wait for the verdict.
   bool known = c.FindDeviceRange(dst, n);
   const auto* bytes = static_cast<const uint8_t*>(src);
+  if (async) c.WaitHostFuncs(stream);
   for (size_t off = 0; off < n; off += wire::kCopyChunk) {
     size_t len = std::min<size_t>(wire::kCopyChunk, n - off);
     wire::Writer w;

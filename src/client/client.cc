@@ -305,22 +305,39 @@ void Client::ServeCallbacks(std::unique_ptr<transport::Connection> conn) {
     if (!conn->Receive(&h, sizeof(h)).ok() || h.magic != wire::kMagic ||
         h.op != ops::kOpRunHostFunc || h.payload_len != 0)
       break;
-    std::function<void()> fn;
+    HostFunc call{};
     {
       std::lock_guard<std::mutex> lock(callback_mu_);
       auto it = host_funcs_.find(h.call_id);
       if (it != host_funcs_.end()) {
-        fn = std::move(it->second);
+        call = std::move(it->second);
         host_funcs_.erase(it);
       }
     }
-    if (fn) fn();
+    if (call.fn) {
+      call.fn();
+      std::lock_guard<std::mutex> lock(callback_mu_);
+      if (--host_funcs_per_stream_[call.stream] <= 0) host_funcs_per_stream_.erase(call.stream);
+      host_funcs_cv_.notify_all();
+    }
     wire::FrameHeader done{wire::kMagic, ops::kOpHostFuncDone, 0, h.call_id, 0, 0, 0, 0};
     iovec iov{&done, sizeof(done)};
     if (!conn->Send(&iov, 1).ok()) break;
   }
+  // The server is gone: queued host functions will never be asked for.
   std::lock_guard<std::mutex> lock(callback_mu_);
   callback_channel_ = false;
+  host_funcs_.clear();
+  host_funcs_per_stream_.clear();
+  host_funcs_cv_.notify_all();
+}
+
+void Client::WaitHostFuncs(CUstream stream) {
+  uint64_t key = reinterpret_cast<uintptr_t>(stream);
+  std::unique_lock<std::mutex> lock(callback_mu_);
+  host_funcs_cv_.wait(lock, [&] {
+    return key == 0 ? host_funcs_per_stream_.empty() : host_funcs_per_stream_.count(key) == 0;
+  });
 }
 
 CUresult Client::EnqueueHostFunc(CUstream stream, std::function<void()> fn, bool per_thread) {
@@ -331,7 +348,9 @@ CUresult Client::EnqueueHostFunc(CUstream stream, std::function<void()> fn, bool
   {
     std::lock_guard<std::mutex> lock(callback_mu_);
     id = next_host_func_++;
-    host_funcs_[id] = std::move(fn);
+    uint64_t key = reinterpret_cast<uintptr_t>(stream);
+    host_funcs_[id] = HostFunc{std::move(fn), key};
+    ++host_funcs_per_stream_[key];
   }
   wire::Writer w;
   w.Put<uint64_t>(reinterpret_cast<uintptr_t>(stream));

@@ -11,6 +11,7 @@
 
 #include <cuda.h>
 
+#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
@@ -71,6 +72,10 @@ class Client {
   // server's driver asks for it over a second connection when the stream
   // reaches it, and it runs on this process's callback thread.
   CUresult EnqueueHostFunc(CUstream stream, std::function<void()> fn, bool per_thread);
+  // Waits until host functions queued on `stream` (any stream for the legacy
+  // default stream) have run: an asynchronous upload queued behind them must
+  // see what they wrote, so its bytes may only be read afterwards.
+  void WaitHostFuncs(CUstream stream);
 
   // --- devices (answered locally)
   int device_count() const { return static_cast<int>(devices_.size()); }
@@ -134,7 +139,13 @@ class Client {
   std::mutex callback_mu_;  // the callback channel and the queued host functions
   bool callback_channel_ = false;
   uint64_t next_host_func_ = 1;
-  std::unordered_map<uint64_t, std::function<void()>> host_funcs_;
+  struct HostFunc {
+    std::function<void()> fn;
+    uint64_t stream;
+  };
+  std::unordered_map<uint64_t, HostFunc> host_funcs_;  // queued, by callback id
+  std::unordered_map<uint64_t, int> host_funcs_per_stream_;
+  std::condition_variable host_funcs_cv_;
 
   std::once_flag init_once_;
   bool init_done_ = false;

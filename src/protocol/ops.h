@@ -39,6 +39,8 @@ enum : uint16_t {
   kOpDeviceOutput = 60,
   // cuMemPoolGetAttribute / SetAttribute: u64 pool, i32 attr, u8 set, u64 value.
   kOpMemPoolAttribute = 70,
+  // cuStreamGetCaptureInfo*: u64 stream -> u32 status, u64 id, u64 graph, u64 deps.
+  kOpStreamCaptureInfo = 71,
 };
 
 // Which loader the app called; the server answers with the same kind of handle.

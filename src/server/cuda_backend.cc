@@ -53,6 +53,7 @@ Status LoadCudaDriver(DriverApi* api) {
   ResolvePerThread(lib, "cuMemcpy3D_v2", &api->cuMemcpy3D_v2_pt);
   ResolvePerThread(lib, "cuLaunchKernelEx", &api->cuLaunchKernelEx_pt);
   ResolvePerThread(lib, "cuLaunchHostFunc", &api->cuLaunchHostFunc_pt);
+  ResolvePerThread(lib, "cuStreamGetCaptureInfo_v3", &api->cuStreamGetCaptureInfo_v3_pt);
   if (api->cuInit == nullptr || api->cuLaunchKernelEx == nullptr)
     return Status::Error(std::string(path) + " lacks cuInit/cuLaunchKernelEx: driver too old");
   if (api->cuKernelGetParamInfo == nullptr || api->cuLibraryEnumerateKernels == nullptr)

@@ -54,6 +54,7 @@ namespace flyt::server {
   X(cuOccupancyMaxActiveClusters) \
   X(cuMemPoolGetAttribute)        \
   X(cuMemPoolSetAttribute)        \
+  X(cuStreamGetCaptureInfo_v3)    \
   X(cuMemFreeHost)
 
 struct DriverApi {
@@ -71,6 +72,7 @@ struct DriverApi {
   decltype(&::cuMemcpy3D_v2) cuMemcpy3D_v2_pt = nullptr;
   decltype(&::cuLaunchKernelEx) cuLaunchKernelEx_pt = nullptr;
   decltype(&::cuLaunchHostFunc) cuLaunchHostFunc_pt = nullptr;
+  decltype(&::cuStreamGetCaptureInfo_v3) cuStreamGetCaptureInfo_v3_pt = nullptr;
   bool is_sim = false;
 };
 

@@ -472,13 +472,21 @@ void Session::Run() {
     }
   }
   ReleaseAll();
-  // The last session of a poisoned context resets it, so that the next client
-  // starts clean instead of inheriting an illegal-address error.
-  if (retained_primary_ && state_->live_sessions.load() == 1 &&
-      state_->context_poisoned.exchange(false)) {
-    CUresult rc = state_->api.cuDevicePrimaryCtxReset_v2(primary_device_);
-    FLYT_WARN("reset the primary context of device %d after a sticky error (result %d)",
-              primary_device_, rc);
+  if (retained_primary_) {
+    std::lock_guard<std::mutex> lock(state_->context_mu);
+    state_->api.cuDevicePrimaryCtxRelease_v2(primary_device_);
+    // The last session of a poisoned context lets it go entirely (the driver
+    // resets a primary context when its last reference is released), so the
+    // next client starts clean instead of inheriting an illegal-address error.
+    if (state_->live_sessions.load() == 1 && state_->server_holds_context &&
+        state_->context_poisoned.exchange(false)) {
+      state_->api.cuDevicePrimaryCtxRelease_v2(primary_device_);
+      state_->server_holds_context = false;
+      FLYT_WARN(
+          "released the primary context of device %d after a sticky error; the next "
+          "client gets a fresh one",
+          primary_device_);
+    }
   }
 }
 
@@ -528,15 +536,18 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       int32_t dev = 0;
       if (!in.Get(&dev) || in.remaining() != 0) return false;
       CUcontext ctx = nullptr;
+      std::lock_guard<std::mutex> lock(state_->context_mu);
       *rc = a.cuDevicePrimaryCtxRetain(&ctx, dev);
       if (*rc == CUDA_SUCCESS) {
         primary_device_ = dev;
-        std::call_once(state_->context_setup, [&] {
+        if (!state_->server_holds_context) {
+          CUcontext again = nullptr;
+          state_->server_holds_context = a.cuDevicePrimaryCtxRetain(&again, dev) == CUDA_SUCCESS;
           // Before any kernel runs: a device printf buffer large enough that an
           // app's own cudaDeviceSetLimit(PrintfFifoSize) later asks for no more.
           a.cuCtxSetCurrent(ctx);
           if (a.cuCtxSetLimit != nullptr) a.cuCtxSetLimit(CU_LIMIT_PRINTF_FIFO_SIZE, 32u << 20);
-        });
+        }
         if (retained_primary_) {
           a.cuDevicePrimaryCtxRelease_v2(dev);  // one reference per session is enough
         }
@@ -598,6 +609,30 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       return Launch(in, per_thread, rc);
     case ops::kOpMaxActiveClusters:
       return MaxActiveClusters(in, out, rc);
+    case ops::kOpStreamCaptureInfo: {
+      uint64_t stream = 0;
+      if (!in.Get(&stream) || in.remaining() != 0) return false;
+      auto info = per_thread && a.cuStreamGetCaptureInfo_v3_pt ? a.cuStreamGetCaptureInfo_v3_pt
+                                                               : a.cuStreamGetCaptureInfo_v3;
+      CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+      cuuint64_t id = 0;
+      CUgraph graph = nullptr;
+      const CUgraphNode* deps = nullptr;
+      const CUgraphEdgeData* edges = nullptr;
+      size_t count = 0;
+      if (stream > 2 && !Owns(HandleKind::kStream, stream)) {
+        *rc = CUDA_ERROR_INVALID_HANDLE;
+      } else if (info == nullptr) {
+        *rc = CUDA_ERROR_NOT_SUPPORTED;
+      } else {
+        *rc = info(reinterpret_cast<CUstream>(stream), &status, &id, &graph, &deps, &edges, &count);
+      }
+      out.Put<uint32_t>(status);
+      out.Put<uint64_t>(id);
+      out.Put<uint64_t>(reinterpret_cast<uintptr_t>(graph));
+      out.Put<uint64_t>(count);
+      return true;
+    }
     case ops::kOpMemPoolAttribute: {
       uint64_t pool = 0, value = 0;
       int32_t attr = 0;

@@ -56,7 +56,10 @@ struct ServerState {
   // A session hit a sticky error (illegal address, ...): the shared context is
   // unusable until it is reset, which happens once no session is left.
   std::atomic<bool> context_poisoned{false};
-  std::once_flag context_setup;
+  // The server's own reference to the primary context keeps it warm between
+  // clients; it is dropped to reset a poisoned context.
+  std::mutex context_mu;
+  bool server_holds_context = false;
 };
 
 // Builds the device inventory sent in every handshake.

@@ -607,6 +607,17 @@ CUresult simStreamIsCapturing(CUstream, CUstreamCaptureStatus* st) {
   *st = CU_STREAM_CAPTURE_STATUS_NONE;
   return CUDA_SUCCESS;
 }
+CUresult simStreamGetCaptureInfo(CUstream, CUstreamCaptureStatus* st, cuuint64_t* id, CUgraph* g,
+                                 const CUgraphNode** deps, const CUgraphEdgeData** edges,
+                                 size_t* n) {
+  if (st) *st = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (id) *id = 0;
+  if (g) *g = nullptr;
+  if (deps) *deps = nullptr;
+  if (edges) *edges = nullptr;
+  if (n) *n = 0;
+  return CUDA_SUCCESS;
+}
 CUresult simStreamGetId(CUstream s, unsigned long long* id) {
   if (id == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *id = reinterpret_cast<uintptr_t>(s);
@@ -745,6 +756,7 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuStreamGetPriority = simStreamGetPriority;
   a->cuStreamGetFlags = simStreamGetFlags;
   a->cuStreamIsCapturing = simStreamIsCapturing;
+  a->cuStreamGetCaptureInfo_v3 = simStreamGetCaptureInfo;
   a->cuStreamGetId = simStreamGetId;
   a->cuEventCreate = simEventCreate;
   a->cuEventDestroy_v2 = simEventDestroy;
