@@ -334,6 +334,12 @@ void Client::ServeCallbacks(std::unique_ptr<transport::Connection> conn) {
 
 void Client::WaitHostFuncs(CUstream stream) {
   uint64_t key = reinterpret_cast<uintptr_t>(stream);
+  {
+    std::lock_guard<std::mutex> lock(callback_mu_);
+    bool none = key == 0 ? host_funcs_per_stream_.empty() : host_funcs_per_stream_.count(key) == 0;
+    if (none) return;
+  }
+  Flush();  // the host functions may still sit in our queue
   std::unique_lock<std::mutex> lock(callback_mu_);
   host_funcs_cv_.wait(lock, [&] {
     return key == 0 ? host_funcs_per_stream_.empty() : host_funcs_per_stream_.count(key) == 0;

@@ -38,6 +38,7 @@ int main(int argc, char** argv) {
   std::string backend = "cuda";
   server::SimOptions sim;
   auto state = std::make_unique<server::ServerState>();
+  for (int i = 0; i < argc; ++i) state->argv.push_back(argv[i]);
   if (const char* t = std::getenv("FLYT_TOKEN")) state->token = t;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];

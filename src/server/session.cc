@@ -266,6 +266,7 @@ Status CaptureDeviceOutput(ServerState* state) {
   if (pipe2(fds, O_CLOEXEC) != 0) return Status::Error("pipe: " + std::string(strerror(errno)));
   fcntl(fds[0], F_SETFL, O_NONBLOCK);
   fcntl(fds[0], F_SETPIPE_SZ, 1 << 20);
+  state->original_stdout = fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3);
   if (dup2(fds[1], STDOUT_FILENO) < 0) return Status::Error("dup2 stdout failed");
   close(fds[1]);
   state->device_output_fd = fds[0];
@@ -475,19 +476,26 @@ void Session::Run() {
   if (retained_primary_) {
     std::lock_guard<std::mutex> lock(state_->context_mu);
     state_->api.cuDevicePrimaryCtxRelease_v2(primary_device_);
-    // The last session of a poisoned context lets it go entirely (the driver
-    // resets a primary context when its last reference is released), so the
-    // next client starts clean instead of inheriting an illegal-address error.
-    if (state_->live_sessions.load() == 1 && state_->server_holds_context &&
-        state_->context_poisoned.exchange(false)) {
-      state_->api.cuDevicePrimaryCtxRelease_v2(primary_device_);
-      state_->server_holds_context = false;
-      FLYT_WARN(
-          "released the primary context of device %d after a sticky error; the next "
-          "client gets a fresh one",
-          primary_device_);
-    }
+    // A sticky error (illegal address, ...) leaves CUDA unusable for the whole
+    // server process, as for any process; a context reset does not clear it.
+    // When its last session is gone the server starts afresh, so the next
+    // client does not inherit the error.
+    if (state_->live_sessions.load() == 1 && state_->context_poisoned.load())
+      RestartServer(*state_);
   }
+}
+
+void RestartServer(const ServerState& state) {
+  if (state.argv.empty()) return;
+  FLYT_WARN("a client hit a sticky CUDA error; restarting flyt-server to clear it");
+  if (state.original_stdout >= 0) dup2(state.original_stdout, STDOUT_FILENO);
+  std::vector<char*> args;
+  for (const auto& a : state.argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execv("/proc/self/exe", args.data());
+  FLYT_ERROR("restart failed (%s): exiting so that a supervisor can restart flyt-server",
+             std::strerror(errno));
+  _exit(3);
 }
 
 void Session::ReleaseAll() {

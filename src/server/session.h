@@ -60,10 +60,15 @@ struct ServerState {
   // clients; it is dropped to reset a poisoned context.
   std::mutex context_mu;
   bool server_holds_context = false;
+  // How this server was started, to start it afresh (see Session::Run).
+  std::vector<std::string> argv;
+  int original_stdout = -1;
 };
 
 // Builds the device inventory sent in every handshake.
 Status DescribeDevices(ServerState* state);
+// Replaces this server process with a fresh copy of itself (same arguments).
+void RestartServer(const ServerState& state);
 // Points the server's stdout at a pipe so that device printf output can be
 // forwarded to the client whose call flushed it.
 Status CaptureDeviceOutput(ServerState* state);
