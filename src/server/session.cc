@@ -750,6 +750,40 @@ void Session::DescribeFunction(uint64_t handle, bool is_kernel, Writer& out) {
   for (const auto& s : slots) out.Put(s);
 }
 
+// Writes u32 n, then per kernel (library) or function (module): u64 handle,
+// string name, parameter layout; and adopts each handle for this session.
+void Session::DescribeImage(uint64_t image, bool library, Writer& out) {
+  DriverApi& a = state_->api;
+  unsigned int count = 0;
+  std::vector<uint64_t> fns;
+  if (library) {
+    CUlibrary lib = reinterpret_cast<CUlibrary>(image);
+    std::vector<CUkernel> ks;
+    if (a.cuLibraryGetKernelCount(&count, lib) == CUDA_SUCCESS && count > 0) ks.resize(count);
+    if (!ks.empty() && a.cuLibraryEnumerateKernels(ks.data(), count, lib) == CUDA_SUCCESS)
+      for (CUkernel k : ks) fns.push_back(reinterpret_cast<uintptr_t>(k));
+  } else {
+    CUmodule mod = reinterpret_cast<CUmodule>(image);
+    std::vector<CUfunction> fs;
+    if (a.cuModuleGetFunctionCount(&count, mod) == CUDA_SUCCESS && count > 0) fs.resize(count);
+    if (!fs.empty() && a.cuModuleEnumerateFunctions(fs.data(), count, mod) == CUDA_SUCCESS)
+      for (CUfunction f : fs) fns.push_back(reinterpret_cast<uintptr_t>(f));
+  }
+  out.Put<uint32_t>(static_cast<uint32_t>(fns.size()));
+  for (uint64_t raw : fns) {
+    const char* name = nullptr;
+    if (library) {
+      a.cuKernelGetName(&name, reinterpret_cast<CUkernel>(raw));
+    } else {
+      a.cuFuncGetName(&name, reinterpret_cast<CUfunction>(raw));
+    }
+    Adopt(library ? HandleKind::kKernel : HandleKind::kFunction, raw);
+    out.Put(raw);
+    out.PutString(name ? name : "");
+    DescribeFunction(raw, library, out);
+  }
+}
+
 // Request: u8 loader, u64 hash0, u64 hash1, u64 size, u8 has_bytes, [bytes].
 // Reply: u64 handle, u32 n, n x {u64 handle, string name, layout}.
 // CUDA_ERROR_NOT_FOUND without bytes asks the client to send the image.
@@ -775,49 +809,21 @@ bool Session::LoadImage(Reader& in, Writer& out, CUresult* rc) {
     *rc = CUDA_ERROR_NOT_FOUND;
     return true;
   }
-  if (loader == static_cast<uint8_t>(ops::ImageLoader::kLibrary)) {
+  bool library = loader == static_cast<uint8_t>(ops::ImageLoader::kLibrary);
+  uint64_t handle = 0;
+  if (library) {
     CUlibrary lib = nullptr;
     *rc = a.cuLibraryLoadData(&lib, image->data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
-    if (*rc != CUDA_SUCCESS) return true;
-    Adopt(HandleKind::kLibrary, reinterpret_cast<uintptr_t>(lib));
-    out.Put<uint64_t>(reinterpret_cast<uintptr_t>(lib));
-    unsigned int count = 0;
-    a.cuLibraryGetKernelCount(&count, lib);
-    std::vector<CUkernel> kernels(count);
-    if (count > 0 && a.cuLibraryEnumerateKernels(kernels.data(), count, lib) != CUDA_SUCCESS)
-      kernels.clear();
-    out.Put<uint32_t>(static_cast<uint32_t>(kernels.size()));
-    for (CUkernel k : kernels) {
-      const char* name = nullptr;
-      a.cuKernelGetName(&name, k);
-      uint64_t raw = reinterpret_cast<uintptr_t>(k);
-      Adopt(HandleKind::kKernel, raw);
-      out.Put(raw);
-      out.PutString(name ? name : "");
-      DescribeFunction(raw, true, out);
-    }
+    handle = reinterpret_cast<uintptr_t>(lib);
   } else {
     CUmodule mod = nullptr;
     *rc = a.cuModuleLoadData(&mod, image->data());
-    if (*rc != CUDA_SUCCESS) return true;
-    Adopt(HandleKind::kModule, reinterpret_cast<uintptr_t>(mod));
-    out.Put<uint64_t>(reinterpret_cast<uintptr_t>(mod));
-    unsigned int count = 0;
-    a.cuModuleGetFunctionCount(&count, mod);
-    std::vector<CUfunction> fns(count);
-    if (count > 0 && a.cuModuleEnumerateFunctions(fns.data(), count, mod) != CUDA_SUCCESS)
-      fns.clear();
-    out.Put<uint32_t>(static_cast<uint32_t>(fns.size()));
-    for (CUfunction f : fns) {
-      const char* name = nullptr;
-      a.cuFuncGetName(&name, f);
-      uint64_t raw = reinterpret_cast<uintptr_t>(f);
-      Adopt(HandleKind::kFunction, raw);
-      out.Put(raw);
-      out.PutString(name ? name : "");
-      DescribeFunction(raw, false, out);
-    }
+    handle = reinterpret_cast<uintptr_t>(mod);
   }
+  if (*rc != CUDA_SUCCESS) return true;
+  Adopt(library ? HandleKind::kLibrary : HandleKind::kModule, handle);
+  out.Put(handle);
+  DescribeImage(handle, library, out);
   return true;
 }
 

@@ -107,6 +107,7 @@ class Session {
   bool CopyFromDevice(wire::Reader& in, bool per_thread, wire::Writer& out, CUresult* rc);
   bool Copy3D(wire::Reader& in, bool per_thread, wire::Writer& out, CUresult* rc);
   void DescribeFunction(uint64_t handle, bool is_kernel, wire::Writer& out);
+  void DescribeImage(uint64_t image, bool library, wire::Writer& out);
   void ReleaseAll();
   void ForwardDeviceOutput();
   bool SendReplyHeader(const wire::FrameHeader& req, CUresult rc, uint32_t payload_len);

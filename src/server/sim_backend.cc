@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
@@ -552,8 +553,9 @@ CUresult simStreamQuery(CUstream s) {
                                      : StreamOf(s)->work->pending.load() > 0;
   return busy ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
-CUresult simLaunchHostFunc(CUstream s, CUhostFn fn, void* data) {
-  if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+// Appends `body` to the stream's chain of host-side work: it runs on its own
+// thread after everything queued before it, and counts as pending meanwhile.
+void EnqueueOnStream(CUstream s, std::function<void()> body) {
   std::shared_ptr<StreamWork> work = StreamOf(s)->work;
   std::lock_guard<std::mutex> lock(work->mu);
   work->pending++;
@@ -561,13 +563,17 @@ CUresult simLaunchHostFunc(CUstream s, CUhostFn fn, void* data) {
   std::shared_future<void> before = work->last;
   auto done = std::make_shared<std::promise<void>>();
   work->last = done->get_future().share();
-  std::thread([work, before, done, fn, data] {
+  std::thread([work, before, done, body = std::move(body)] {
     if (before.valid()) before.wait();
-    fn(data);
+    body();
     work->pending--;
     g_pending_host_funcs--;
     done->set_value();
   }).detach();
+}
+CUresult simLaunchHostFunc(CUstream s, CUhostFn fn, void* data) {
+  if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  EnqueueOnStream(s, [fn, data] { fn(data); });
   return CUDA_SUCCESS;
 }
 // Later host functions of the waiting stream run only after those the event
@@ -575,21 +581,7 @@ CUresult simLaunchHostFunc(CUstream s, CUhostFn fn, void* data) {
 CUresult simStreamWaitEvent(CUstream s, CUevent e, unsigned) {
   if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   std::shared_future<void> dep = reinterpret_cast<SimEvent*>(e)->after;
-  if (!dep.valid()) return CUDA_SUCCESS;
-  std::shared_ptr<StreamWork> work = StreamOf(s)->work;
-  std::lock_guard<std::mutex> lock(work->mu);
-  work->pending++;
-  g_pending_host_funcs++;
-  std::shared_future<void> before = work->last;
-  auto done = std::make_shared<std::promise<void>>();
-  work->last = done->get_future().share();
-  std::thread([work, before, dep, done] {
-    if (before.valid()) before.wait();
-    dep.wait();
-    work->pending--;
-    g_pending_host_funcs--;
-    done->set_value();
-  }).detach();
+  if (dep.valid()) EnqueueOnStream(s, [dep] { dep.wait(); });
   return CUDA_SUCCESS;
 }
 CUresult simStreamGetPriority(CUstream s, int* p) {
