@@ -95,8 +95,10 @@ bool ReadFile(const char* path, std::vector<char>* out) {
   return true;
 }
 
+}  // namespace
+
 // Layout of a function we have not seen load (e.g. from another API path).
-std::shared_ptr<const FuncInfo> Layout(uint64_t f) {
+std::shared_ptr<const FuncInfo> flyt::client::FuncLayout(uint64_t f) {
   Client& c = Client::Get();
   if (auto info = c.Func(f)) return info;
   for (uint8_t is_kernel = 0; is_kernel < 2; ++is_kernel) {
@@ -121,6 +123,8 @@ std::shared_ptr<const FuncInfo> Layout(uint64_t f) {
   }
   return nullptr;
 }
+
+namespace {
 
 void EncodeLaunchHead(wire::Writer& w, CUfunction f, uint32_t flags, const unsigned grid[3],
                       const unsigned block[3], unsigned shmem, CUstream stream,
@@ -166,27 +170,17 @@ CUresult CheckLaunchConfig(uint64_t f, const unsigned grid[3], const unsigned bl
   return CUDA_SUCCESS;
 }
 
-CUresult Launch(const char* name, CUfunction f, const unsigned grid[3], const unsigned block[3],
-                unsigned shmem, CUstream stream, void** params, void** extra,
-                const CUlaunchAttribute* attrs, unsigned nattrs, uint32_t flags, bool pt) {
-  Client& c = Client::Get();
-  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
-  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  if (nattrs > 64) return CUDA_ERROR_INVALID_VALUE;
-  auto info = Layout(reinterpret_cast<uintptr_t>(f));
-  if (info == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  if (info->is_kernel) flags |= ops::kLaunchIsKernel;
-  CUresult invalid = CheckLaunchConfig(reinterpret_cast<uintptr_t>(f), grid, block, shmem);
-  if (invalid != CUDA_SUCCESS) return invalid;
-  wire::Writer w;
-  EncodeLaunchHead(w, f, flags, grid, block, shmem, stream, attrs, nattrs);
+}  // namespace
+
+CUresult flyt::client::PackKernelParams(const FuncInfo& info, void** params, void** extra,
+                                        wire::Writer& w) {
   if (params != nullptr) {
-    w.Put<uint32_t>(info->param_bytes);
-    uint8_t* blob = w.Grow(info->param_bytes);
-    std::memset(blob, 0, info->param_bytes);
-    for (size_t i = 0; i < info->params.size(); ++i) {
+    w.Put<uint32_t>(info.param_bytes);
+    uint8_t* blob = w.Grow(info.param_bytes);
+    std::memset(blob, 0, info.param_bytes);
+    for (size_t i = 0; i < info.params.size(); ++i) {
       if (params[i] == nullptr) return CUDA_ERROR_INVALID_VALUE;
-      std::memcpy(blob + info->params[i].offset, params[i], info->params[i].size);
+      std::memcpy(blob + info.params[i].offset, params[i], info.params[i].size);
     }
   } else if (extra != nullptr) {
     const void* buf = nullptr;
@@ -198,9 +192,31 @@ CUresult Launch(const char* name, CUfunction f, const unsigned grid[3], const un
     if (buf == nullptr || size > ops::kMaxParamBytes) return CUDA_ERROR_INVALID_VALUE;
     w.PutBlob(buf, size);
   } else {
-    if (info->param_bytes != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (info.param_bytes != 0) return CUDA_ERROR_INVALID_VALUE;
     w.Put<uint32_t>(0);
   }
+  return CUDA_SUCCESS;
+}
+
+namespace {
+using flyt::client::FuncLayout;
+
+CUresult Launch(const char* name, CUfunction f, const unsigned grid[3], const unsigned block[3],
+                unsigned shmem, CUstream stream, void** params, void** extra,
+                const CUlaunchAttribute* attrs, unsigned nattrs, uint32_t flags, bool pt) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (nattrs > 64) return CUDA_ERROR_INVALID_VALUE;
+  auto info = FuncLayout(reinterpret_cast<uintptr_t>(f));
+  if (info == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (info->is_kernel) flags |= ops::kLaunchIsKernel;
+  CUresult invalid = CheckLaunchConfig(reinterpret_cast<uintptr_t>(f), grid, block, shmem);
+  if (invalid != CUDA_SUCCESS) return invalid;
+  wire::Writer w;
+  EncodeLaunchHead(w, f, flags, grid, block, shmem, stream, attrs, nattrs);
+  CUresult packed = flyt::client::PackKernelParams(*info, params, extra, w);
+  if (packed != CUDA_SUCCESS) return packed;
   return c.Post(name, ops::kOpLaunch, w, pt ? wire::kFlagPerThread : 0);
 }
 
@@ -341,7 +357,7 @@ FLYT_API CUresult cuFuncGetName(const char** name, CUfunction f) {
 }
 
 FLYT_API CUresult cuKernelGetParamInfo(CUkernel k, size_t i, size_t* off, size_t* size) {
-  auto info = Layout(reinterpret_cast<uintptr_t>(k));
+  auto info = FuncLayout(reinterpret_cast<uintptr_t>(k));
   if (info == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (i >= info->params.size()) return CUDA_ERROR_INVALID_VALUE;
   if (off) *off = info->params[i].offset;
@@ -424,7 +440,7 @@ FLYT_API CUresult cuOccupancyMaxActiveClusters(int* n, CUfunction f, const CUlau
   Client& c = Client::Get();
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (n == nullptr || cfg == nullptr || cfg->numAttrs > 64) return CUDA_ERROR_INVALID_VALUE;
-  auto info = Layout(reinterpret_cast<uintptr_t>(f));
+  auto info = FuncLayout(reinterpret_cast<uintptr_t>(f));
   if (info == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   unsigned grid[3] = {cfg->gridDimX, cfg->gridDimY, cfg->gridDimZ};
   unsigned block[3] = {cfg->blockDimX, cfg->blockDimY, cfg->blockDimZ};

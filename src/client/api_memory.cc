@@ -40,6 +40,7 @@ CUresult CopyHtoD(const char* name, CUdeviceptr dst, const void* src, size_t n, 
     w.Put<uint64_t>(dst + off);
     w.Put<uint64_t>(StreamRaw(stream));
     w.Put<uint8_t>(async ? 1 : 0);
+    w.Put<uint64_t>(reinterpret_cast<uintptr_t>(bytes + off));  // re-read if captured in a graph
     CUresult rc;
     if (known || off + len < n) {
       rc = c.Post(name, ops::kOpCopyToDevice, w, Flags(pt), bytes + off, len);
@@ -67,6 +68,7 @@ CUresult CopyDtoH(const char* name, void* dst, CUdeviceptr src, size_t n, CUstre
     w.Put<uint64_t>(len);
     w.Put<uint64_t>(StreamRaw(stream));
     w.Put<uint8_t>(async ? 1 : 0);
+    w.Put<uint64_t>(reinterpret_cast<uintptr_t>(out + off));  // written when a graph runs
     CUresult rc =
         c.Call(name, ops::kOpCopyFromDevice, w, ReplySink{nullptr, out + off, len}, Flags(pt));
     if (rc != CUDA_SUCCESS) return rc;

@@ -17,6 +17,7 @@ namespace flyt::client {
 namespace {
 
 thread_local CUcontext t_current = nullptr;
+thread_local uint32_t t_last_reply_info = 0;
 
 uint64_t NowNs() {
   timespec ts{};
@@ -37,6 +38,7 @@ constexpr size_t kQueueLimit = 256 << 10;
 }  // namespace
 
 CUcontext CurrentContext() { return t_current; }
+uint32_t Client::LastReplyInfo() { return t_last_reply_info; }
 void SetCurrentContext(CUcontext ctx) { t_current = ctx; }
 
 void AfterForkInChild() {
@@ -236,7 +238,8 @@ CUresult Client::Call(const char* name, uint16_t op, const wire::Writer& req, Re
   bool malformed = st.ok() && (rep.magic != wire::kMagic || !(rep.flags & wire::kFlagReply) ||
                                rep.call_id != id || rep.payload_len > wire::kMaxPayload);
   if (st.ok() && !malformed) {
-    if (sink.raw != nullptr && rep.status == CUDA_SUCCESS) {
+    if (sink.raw != nullptr && rep.status == CUDA_SUCCESS &&
+        !((rep.info & wire::kReplyCaptured) && rep.payload_len == 0)) {
       if (rep.payload_len != sink.raw_size) {
         malformed = true;
       } else {
@@ -258,6 +261,7 @@ CUresult Client::Call(const char* name, uint16_t op, const wire::Writer& req, Re
     return broken_;
   }
   if (t0 != 0) TraceCall(name, "SYNC", t0);
+  t_last_reply_info = rep.info;
   if (rep.deferred_status != CUDA_SUCCESS) {
     FLYT_DEBUG("%s: reporting deferred error %u of an earlier asynchronous call", name,
                rep.deferred_status);
@@ -300,35 +304,62 @@ CUresult Client::EnsureCallbackChannel() {
 }
 
 void Client::ServeCallbacks(std::unique_ptr<transport::Connection> conn) {
+  std::vector<uint8_t> payload;
   for (;;) {
     wire::FrameHeader h{};
     if (!conn->Receive(&h, sizeof(h)).ok() || h.magic != wire::kMagic ||
-        h.op != ops::kOpRunHostFunc || h.payload_len != 0)
+        h.payload_len > wire::kMaxPayload)
       break;
-    HostFunc call{};
-    {
-      std::lock_guard<std::mutex> lock(callback_mu_);
-      auto it = host_funcs_.find(h.call_id);
-      if (it != host_funcs_.end()) {
-        call = std::move(it->second);
-        host_funcs_.erase(it);
-      }
-    }
-    if (call.fn) {
-      call.fn();
-      std::lock_guard<std::mutex> lock(callback_mu_);
-      if (--host_funcs_per_stream_[call.stream] <= 0) host_funcs_per_stream_.erase(call.stream);
-      host_funcs_cv_.notify_all();
-    }
+    payload.resize(h.payload_len);
+    if (!conn->Receive(payload.data(), payload.size()).ok()) break;
     wire::FrameHeader done{wire::kMagic, ops::kOpHostFuncDone, 0, h.call_id, 0, 0, 0, 0};
-    iovec iov{&done, sizeof(done)};
-    if (!conn->Send(&iov, 1).ok()) break;
+    const void* reply = nullptr;
+    if (h.op == ops::kOpRunHostFunc && h.payload_len == 0) {
+      RunHostFunc(h.call_id, (h.flags & wire::kFlagPersistent) != 0);
+    } else if (h.op == ops::kOpDeliverBytes && h.payload_len >= 8) {
+      // A graph's copy to the host: the bytes land where the app asked.
+      uint64_t dst = 0;
+      std::memcpy(&dst, payload.data(), 8);
+      std::memcpy(reinterpret_cast<void*>(dst), payload.data() + 8, h.payload_len - 8);
+    } else if (h.op == ops::kOpFetchBytes && h.payload_len == 16) {
+      // A graph's copy from the host: send what the buffer holds now.
+      uint64_t src = 0, len = 0;
+      std::memcpy(&src, payload.data(), 8);
+      std::memcpy(&len, payload.data() + 8, 8);
+      if (len > wire::kMaxPayload) break;
+      reply = reinterpret_cast<const void*>(src);
+      done.payload_len = static_cast<uint32_t>(len);
+    } else {
+      break;
+    }
+    iovec iov[2] = {{&done, sizeof(done)}, {const_cast<void*>(reply), done.payload_len}};
+    if (!conn->Send(iov, done.payload_len > 0 ? 2 : 1).ok()) break;
   }
   // The server is gone: queued host functions will never be asked for.
   std::lock_guard<std::mutex> lock(callback_mu_);
   callback_channel_ = false;
   host_funcs_.clear();
   host_funcs_per_stream_.clear();
+  host_funcs_cv_.notify_all();
+}
+
+void Client::RunHostFunc(uint64_t id, bool persistent) {
+  HostFunc call{};
+  {
+    std::lock_guard<std::mutex> lock(callback_mu_);
+    auto it = host_funcs_.find(id);
+    if (it == host_funcs_.end()) return;
+    if (persistent) {
+      call.fn = it->second.fn;  // a graph node: it runs again at the next launch
+    } else {
+      call = std::move(it->second);
+      host_funcs_.erase(it);
+    }
+  }
+  call.fn();
+  if (persistent) return;
+  std::lock_guard<std::mutex> lock(callback_mu_);
+  if (--host_funcs_per_stream_[call.stream] <= 0) host_funcs_per_stream_.erase(call.stream);
   host_funcs_cv_.notify_all();
 }
 
@@ -351,17 +382,27 @@ CUresult Client::EnqueueHostFunc(CUstream stream, std::function<void()> fn, bool
   CUresult rc = EnsureCallbackChannel();
   if (rc != CUDA_SUCCESS) return rc;
   uint64_t id = 0;
+  uint64_t key = reinterpret_cast<uintptr_t>(stream);
   {
     std::lock_guard<std::mutex> lock(callback_mu_);
     id = next_host_func_++;
-    uint64_t key = reinterpret_cast<uintptr_t>(stream);
     host_funcs_[id] = HostFunc{std::move(fn), key};
     ++host_funcs_per_stream_[key];
   }
   wire::Writer w;
-  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(stream));
+  w.Put<uint64_t>(key);
   w.Put<uint64_t>(id);
-  return Post("cuLaunchHostFunc", ops::kOpHostFunc, w, per_thread ? wire::kFlagPerThread : 0);
+  // Synchronous: the reply says whether the function was captured into a graph.
+  rc = Call("cuLaunchHostFunc", ops::kOpHostFunc, w, ReplySink{},
+            per_thread ? wire::kFlagPerThread : 0);
+  bool pending = rc == CUDA_SUCCESS && !(LastReplyInfo() & wire::kReplyCaptured);
+  if (!pending) {  // captured (runs with the graph) or failed: nothing to wait for
+    std::lock_guard<std::mutex> lock(callback_mu_);
+    if (--host_funcs_per_stream_[key] <= 0) host_funcs_per_stream_.erase(key);
+    if (rc != CUDA_SUCCESS) host_funcs_.erase(id);
+    host_funcs_cv_.notify_all();
+  }
+  return rc;
 }
 
 // --- contexts

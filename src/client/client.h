@@ -67,11 +67,15 @@ class Client {
   CUresult Post(const char* name, uint16_t op, const wire::Writer& req, uint16_t flags = 0,
                 const void* bulk = nullptr, size_t bulk_len = 0);
   CUresult Flush();
+  // wire::ReplyInfo bits of the calling thread's last synchronous reply.
+  static uint32_t LastReplyInfo();
 
   // Queues a host function behind the stream's work (cuLaunchHostFunc): the
   // server's driver asks for it over a second connection when the stream
   // reaches it, and it runs on this process's callback thread.
   CUresult EnqueueHostFunc(CUstream stream, std::function<void()> fn, bool per_thread);
+  // Opens the second connection on which the server asks for host-side work.
+  CUresult EnsureCallbackChannel();
   // Waits until host functions queued on `stream` (any stream for the legacy
   // default stream) have run: an asynchronous upload queued behind them must
   // see what they wrote, so its bytes may only be read afterwards.
@@ -120,8 +124,8 @@ class Client {
                       size_t bulk_len);
   CUresult FlushLocked();
   CUresult SyncContextLocked();
-  CUresult EnsureCallbackChannel();
   void ServeCallbacks(std::unique_ptr<transport::Connection> conn);
+  void RunHostFunc(uint64_t id, bool persistent);
   void TraceCall(const char* name, const char* cls, uint64_t t0_ns);
 
   std::mutex mu_;  // the connection, the queue, call ids
@@ -173,6 +177,11 @@ class Client {
 
   friend void AfterForkInChild();
 };
+
+// Parameter layout of a kernel or function, fetched from the server if unseen.
+std::shared_ptr<const FuncInfo> FuncLayout(uint64_t func);
+// Appends a launch's parameter block (blob) built from kernelParams or extra.
+CUresult PackKernelParams(const FuncInfo& info, void** params, void** extra, wire::Writer& w);
 
 // The calling thread's current context (cuCtxGetCurrent).
 CUcontext CurrentContext();

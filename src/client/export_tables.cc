@@ -43,6 +43,7 @@ enum TableIndex : int {
   kContextChecks,        // 263e8860
   kIntegrityCheck,       // d4082055
   kToolsContext,         // 21318c60
+  kGpuTopology,          // 1734dc26
   kNumTables,
 };
 
@@ -82,6 +83,10 @@ constexpr TableInfo kTableInfo[kNumTables] = {
      {0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8,
       0xf2},
      CUDA_ERROR_NOT_SUPPORTED},
+    {"gpu_topology",
+     {0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd, 0x8b,
+      0xca},
+     CUDA_ERROR_NOT_SUPPORTED},
 };
 
 // Asked for first by every cudart copy. The real driver serves a 3-slot table, but no slot
@@ -104,7 +109,8 @@ constexpr Layout kHooksLayout = MakeLayout(7, 7);
 constexpr Layout kToolsTlsLayout = MakeLayout(3, 3);
 constexpr Layout kChecksLayout = MakeLayout(4, 15);
 constexpr Layout kIntegrityLayout = MakeLayout(3, 3);
-constexpr Layout kToolsContextLayout = MakeLayout(5, 93);
+constexpr Layout kToolsContextLayout = MakeLayout(52, 93);
+constexpr Layout kGpuTopologyLayout = MakeLayout(14, 17);
 // The storage table has no size slot: slots 0..2 are functions and slot 3 is null in the
 // real driver (what follows it there is another table), so it is exactly four slots.
 constexpr size_t kStorageCapacity = 4;
@@ -126,6 +132,10 @@ constexpr size_t kChecksContext = 2;
 constexpr size_t kChecksGlobal = 3;
 constexpr size_t kIntegrityHash = 1;
 constexpr size_t kToolsContextId = 4;
+constexpr size_t kToolsContextStreamId = 39;
+constexpr size_t kToolsContextStream = 51;
+constexpr size_t kGpuTopologyGet = 4;
+constexpr size_t kGpuTopologyFree = 13;
 
 template <typename Fn>
 const void* SlotOf(Fn* fn) {
@@ -418,6 +428,74 @@ CUresult ToolsContextId(CUcontext ctx, unsigned long long* id) {
   return cuCtxGetId(ctx, id);
 }
 
+// Slots 51 and 39 name a stream. cuBLAS and cuBLASLt keep a pool of workspaces and find
+// the one of a stream by its 64-bit id: `slot51(ctx, stream, &object, stream == 2)`, then
+// `slot39(ctx, object, &id)`. In the driver, slot 51 turns a public handle into its stream
+// object: NULL is the legacy stream of `ctx` (of `ctx`, not of the current context), or
+// the calling thread's per-thread stream when `per_thread` is set; CU_STREAM_LEGACY and
+// CU_STREAM_PER_THREAD mean themselves whatever the flag; a created stream gives its
+// object whatever the flag and `ctx`. A default stream with a NULL `ctx` is
+// CUDA_ERROR_INVALID_HANDLE (measured for NULL and CU_STREAM_LEGACY). Slot 39 gives the
+// object's unique id, the value cuStreamGetId returns; ids are never reused, even when a
+// new stream gets the handle value of a destroyed one. Null output pointers are
+// CUDA_ERROR_INVALID_VALUE in both.
+//
+// Here the object is the public handle itself (NULL plus the flag becomes
+// CU_STREAM_PER_THREAD), so slot 39 is cuStreamGetId on it, run against `ctx` when the
+// handle is one of the default streams. That is one forwarded call per lookup; a cache
+// keyed by handle value would break the never-reused property cuBLAS relies on.
+
+bool IsDefaultStream(CUstream stream) {
+  return stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD;
+}
+
+CUresult ToolsContextStream(CUcontext ctx, CUstream stream, void** object, int per_thread) {
+  if (object == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (stream == nullptr && per_thread != 0) stream = CU_STREAM_PER_THREAD;
+  if (ctx == nullptr && IsDefaultStream(stream)) return CUDA_ERROR_INVALID_HANDLE;
+  FLYT_TRACE("export table tools_context: stream %p of ctx %p", static_cast<void*>(stream),
+             static_cast<void*>(ctx));
+  *object = static_cast<void*>(stream);
+  return CUDA_SUCCESS;
+}
+
+CUresult ToolsContextStreamId(CUcontext ctx, void* object, unsigned long long* id) {
+  if (id == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto stream = static_cast<CUstream>(object);
+  CUcontext current = nullptr;
+  if (ctx == nullptr || !IsDefaultStream(stream) || cuCtxGetCurrent(&current) != CUDA_SUCCESS ||
+      current == ctx) {
+    return cuStreamGetId(stream, id);
+  }
+  // A default stream of a context other than the current one.
+  CUresult rc = cuCtxPushCurrent(ctx);
+  if (rc != CUDA_SUCCESS) return rc;
+  rc = cuStreamGetId(stream, id);
+  CUcontext popped = nullptr;
+  cuCtxPopCurrent(&popped);
+  return rc;
+}
+
+// ---------------------------------------------------------------------------------------
+// 1734dc26: GPU topology (cuBLASLt, on its first half-precision GEMM; nvrtc, nvJitLink,
+// CUPTI and cuSPARSELt carry the UUID too). Slot 4 `(uint8_t** a, uint8_t** b)` hands out
+// two malloc'ed byte arrays describing the current context's device layout: on an H200
+// `a` holds GPC indices (0..7, cycling) and `b` each entry's index inside its GPC; slot 13
+// `(void* a, void* b)` frees them. No public API exposes this layout, so slot 4 reports it
+// as unavailable; cuBLASLt then takes its own path for a device without it and calls
+// neither slot 13 nor anything else here. cuBLASLt calls slot 4 through the table pointer
+// without a null check, which is why refusing the whole table crashed it.
+
+CUresult GpuTopologyGet(void** gpc_index, void** index_in_gpc) {
+  if (gpc_index != nullptr) *gpc_index = nullptr;
+  if (index_in_gpc != nullptr) *index_in_gpc = nullptr;
+  FLYT_TRACE("export table gpu_topology: layout not available");
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+// Slot 4 never hands out arrays, so there is nothing of ours to free.
+CUresult GpuTopologyFree(void*, void*) { return CUDA_SUCCESS; }
+
 // ---------------------------------------------------------------------------------------
 // d4082055: integrity check. cudart asks for three 16-byte answers while it starts (its
 // `version` argument ends in 0, 1 and 2). The first two are constants. The third is
@@ -530,6 +608,7 @@ struct Tables {
   const void* checks[kChecksLayout.capacity];
   const void* integrity[kIntegrityLayout.capacity];
   const void* tools_context[kToolsContextLayout.capacity];
+  const void* gpu_topology[kGpuTopologyLayout.capacity];
 
   const void* const* Get(int index) const {
     switch (index) {
@@ -547,6 +626,8 @@ struct Tables {
         return integrity;
       case kToolsContext:
         return tools_context;
+      case kGpuTopology:
+        return gpu_topology;
       default:
         return nullptr;
     }
@@ -592,6 +673,13 @@ Tables* BuildTables() {
   FillStubs<kToolsContext>(t->tools_context);
   t->tools_context[0] = SizeSlot(kToolsContextLayout.claimed);
   t->tools_context[kToolsContextId] = SlotOf(&ToolsContextId);
+  t->tools_context[kToolsContextStreamId] = SlotOf(&ToolsContextStreamId);
+  t->tools_context[kToolsContextStream] = SlotOf(&ToolsContextStream);
+
+  FillStubs<kGpuTopology>(t->gpu_topology);
+  t->gpu_topology[0] = SizeSlot(kGpuTopologyLayout.claimed);
+  t->gpu_topology[kGpuTopologyGet] = SlotOf(&GpuTopologyGet);
+  t->gpu_topology[kGpuTopologyFree] = SlotOf(&GpuTopologyFree);
   return t;
 }
 

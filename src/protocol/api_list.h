@@ -102,7 +102,9 @@
   X(239, cuMemPoolTrimTo, ASYNC, None)                                     \
   X(240, cuMemAllocAsync, SYNC, None)                                      \
   X(241, cuMemAllocFromPoolAsync, SYNC, None)                              \
-  X(242, cuMemFreeAsync, ASYNC, Memory)
+  X(242, cuMemFreeAsync, ASYNC, Memory)                                    \
+  X(243, cuGraphExecUpdate_v2, SYNC, None)                                 \
+  X(244, cuDeviceGraphMemTrim, SYNC, None)
 
 // Generic calls whose client entry point is hand-written because the client
 // keeps state about them (client/api_*.cc calls Forward<> itself).
@@ -121,4 +123,5 @@
   X(cuMemAllocFromPoolAsync)   \
   X(cuMemFreeAsync)            \
   X(cuFuncSetAttribute)        \
-  X(cuKernelSetAttribute)
+  X(cuKernelSetAttribute)      \
+  X(cuStreamBeginCapture_v2)

@@ -32,6 +32,7 @@ enum class HandleKind : uint8_t {
   kGraph,
   kGraphExec,
   kMemPool,
+  kGraphNode,
   kCount
 };
 
@@ -55,6 +56,7 @@ FLYT_HANDLE(CUarray, kArray)
 FLYT_HANDLE(CUgraph, kGraph)
 FLYT_HANDLE(CUgraphExec, kGraphExec)
 FLYT_HANDLE(CUmemoryPool, kMemPool)
+FLYT_HANDLE(CUgraphNode, kGraphNode)
 #undef FLYT_HANDLE
 
 template <typename T>

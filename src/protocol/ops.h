@@ -31,9 +31,16 @@ enum : uint16_t {
   kOpCopy3D = 42,             // 2D/3D copies (descriptor + dense host bytes)
   kOpHostFuncFence = 50,      // cuLaunchHostFunc: wait until the stream drains
   kOpMemsetUnified = 51,
-  kOpHostFunc = 52,      // u64 stream, u64 callback id (asynchronous)
+  kOpHostFunc = 52,      // u64 stream, u64 callback id; reply info says if captured
   kOpRunHostFunc = 53,   // server -> client on the callback channel: call_id = callback id
   kOpHostFuncDone = 54,  // client -> server on the callback channel: call_id = callback id
+  // Server -> client on the callback channel, when a graph runs a captured copy:
+  kOpDeliverBytes = 55,  // u64 client address, then bytes to store there
+  kOpFetchBytes = 56,    // u64 client address, u64 length: reply (HostFuncDone) carries them
+  // Graphs built by hand and node lists.
+  kOpGraphGetNodes = 80,    // u64 graph -> u64 n, n x u64 node (Flyt's own nodes left out)
+  kOpGraphKernelNode = 81,  // see Session::GraphKernelNode
+  kOpGraphMemsetNode = 82,  // u64 graph, u32 n, n x u64 dep, CUDA_MEMSET_NODE_PARAMS, u64 ctx
   // Server-to-client notice sent just before a reply: bytes the GPU printed
   // (device printf) for the client's stdout.
   kOpDeviceOutput = 60,

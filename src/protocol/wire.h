@@ -21,9 +21,10 @@ inline constexpr uint32_t kCopyChunk = 8u << 20;
 
 enum FrameFlags : uint16_t {
   kFlagNone = 0,
-  kFlagWantReply = 1 << 0,  // request: the sender waits for a reply frame
-  kFlagReply = 1 << 1,      // this frame is a reply
-  kFlagPerThread = 1 << 2,  // request: use the per-thread default stream (_ptsz/_ptds)
+  kFlagWantReply = 1 << 0,   // request: the sender waits for a reply frame
+  kFlagReply = 1 << 1,       // this frame is a reply
+  kFlagPerThread = 1 << 2,   // request: use the per-thread default stream (_ptsz/_ptds)
+  kFlagPersistent = 1 << 3,  // callback channel: the host function belongs to a graph
 };
 
 struct FrameHeader {
@@ -36,7 +37,14 @@ struct FrameHeader {
   uint32_t status;
   // In replies: the first error of an earlier asynchronous call, or zero.
   uint32_t deferred_status;
-  uint32_t reserved;
+  // In replies: ReplyInfo bits. In requests: zero.
+  uint32_t info;
+};
+
+enum ReplyInfo : uint32_t {
+  // The call was captured into a CUDA graph: it carries no data now (a copy to
+  // the host delivers its bytes when the graph runs).
+  kReplyCaptured = 1 << 0,
 };
 static_assert(sizeof(FrameHeader) == 32);
 

@@ -300,6 +300,7 @@ bool Session::SendReplyHeader(const wire::FrameHeader& req, CUresult rc, uint32_
   h.payload_len = payload_len;
   h.status = static_cast<uint32_t>(rc);
   h.deferred_status = static_cast<uint32_t>(deferred_);
+  h.info = reply_info_;
   deferred_ = CUDA_SUCCESS;
   iovec iov{&h, sizeof(h)};
   return conn_->Send(&iov, 1).ok();
@@ -315,6 +316,7 @@ bool Session::Reply(const wire::FrameHeader& req, CUresult rc, const Writer& out
   h.payload_len = static_cast<uint32_t>(out.size());
   h.status = static_cast<uint32_t>(rc);
   h.deferred_status = static_cast<uint32_t>(deferred_);
+  h.info = reply_info_;
   deferred_ = CUDA_SUCCESS;
   iovec iov[2] = {{&h, sizeof(h)}, {const_cast<uint8_t*>(out.data()), out.size()}};
   Status s = conn_->Send(iov, out.size() > 0 ? 2 : 1);
@@ -403,22 +405,51 @@ bool Session::AttachCallbackChannel(const wire::FrameHeader& h) {
   return true;
 }
 
-void Session::RunClientHostFunc(uint64_t id) {
+bool Session::CallbackExchange(wire::FrameHeader h, const void* a, size_t na, const void* b,
+                               size_t nb, void* reply, size_t reply_len) {
   std::unique_lock<std::mutex> lock(callback_mu_);
   callback_cv_.wait_for(lock, std::chrono::seconds(10), [&] { return callback_conn_ != nullptr; });
   if (callback_conn_ == nullptr) {
-    FLYT_WARN("session %llu: host function %llu dropped: no callback channel",
-              static_cast<unsigned long long>(id_), static_cast<unsigned long long>(id));
-    return;
+    FLYT_WARN(
+        "session %llu: host-side work of a stream dropped: the client has no callback "
+        "channel",
+        static_cast<unsigned long long>(id_));
+    return false;
   }
-  wire::FrameHeader h{wire::kMagic, ops::kOpRunHostFunc, 0, id, 0, 0, 0, 0};
-  iovec iov{&h, sizeof(h)};
+  h.magic = wire::kMagic;
+  h.payload_len = static_cast<uint32_t>(na + nb);
+  iovec iov[3] = {{&h, sizeof(h)}, {const_cast<void*>(a), na}, {const_cast<void*>(b), nb}};
   wire::FrameHeader ack{};
-  if (!callback_conn_->Send(&iov, 1).ok() || !callback_conn_->Receive(&ack, sizeof(ack)).ok() ||
-      ack.magic != wire::kMagic || ack.op != ops::kOpHostFuncDone || ack.call_id != id) {
+  bool ok = callback_conn_->Send(iov, 3).ok() && callback_conn_->Receive(&ack, sizeof(ack)).ok() &&
+            ack.magic == wire::kMagic && ack.op == ops::kOpHostFuncDone &&
+            ack.call_id == h.call_id && ack.payload_len == reply_len &&
+            (reply_len == 0 || callback_conn_->Receive(reply, reply_len).ok());
+  if (!ok) {
     FLYT_INFO("session %llu: callback channel closed", static_cast<unsigned long long>(id_));
     callback_conn_->Shutdown();
   }
+  return ok;
+}
+
+void Session::RunClientHostFunc(uint64_t id, bool persistent) {
+  wire::FrameHeader h{};
+  h.op = ops::kOpRunHostFunc;
+  h.flags = persistent ? wire::kFlagPersistent : 0;
+  h.call_id = id;
+  CallbackExchange(h, nullptr, 0, nullptr, 0, nullptr, 0);
+}
+
+void Session::DeliverToClient(uint64_t client_dst, const void* bytes, size_t n) {
+  wire::FrameHeader h{};
+  h.op = ops::kOpDeliverBytes;
+  CallbackExchange(h, &client_dst, 8, bytes, n, nullptr, 0);
+}
+
+void Session::FetchFromClient(uint64_t client_src, void* bytes, size_t n) {
+  wire::FrameHeader h{};
+  h.op = ops::kOpFetchBytes;
+  uint64_t req[2] = {client_src, n};
+  CallbackExchange(h, req, sizeof(req), nullptr, 0, bytes, n);
 }
 
 void Session::Run() {
@@ -445,6 +476,7 @@ void Session::Run() {
       out.Clear();
       CUresult rc = CUDA_SUCCESS;
       replied_ = false;
+      reply_info_ = 0;
       if (h.op == ops::kOpCopyToDevice && !(h.flags & wire::kFlagWantReply) &&
           h.payload_len > kStagedMin && EnsureStaging()) {
         if (!StagedUpload(h, &rc)) break;
@@ -510,7 +542,7 @@ void Session::ReleaseAll() {
   staging_ = Staging{};
   size_t total = 0;
   for (auto& set : handles_) total += set.size();
-  if (total == 0 && host_funcs_in_flight_.load() == 0) return;
+  if (total == 0 && host_funcs_in_flight_.load() == 0 && captured_.empty()) return;
   if (primary_ != nullptr) a.cuCtxSetCurrent(primary_);
   if (a.cuCtxSynchronize != nullptr) a.cuCtxSynchronize();
   auto each = [&](HandleKind k, auto&& fn) {
@@ -520,6 +552,7 @@ void Session::ReleaseAll() {
   each(HandleKind::kGraphExec,
        [&](uint64_t h) { a.cuGraphExecDestroy(reinterpret_cast<CUgraphExec>(h)); });
   each(HandleKind::kGraph, [&](uint64_t h) { a.cuGraphDestroy(reinterpret_cast<CUgraph>(h)); });
+  ReleaseCaptured();
   each(HandleKind::kEvent, [&](uint64_t h) { a.cuEventDestroy_v2(reinterpret_cast<CUevent>(h)); });
   each(HandleKind::kStream,
        [&](uint64_t h) { a.cuStreamDestroy_v2(reinterpret_cast<CUstream>(h)); });
@@ -677,29 +710,17 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
         *rc = CUDA_ERROR_INVALID_HANDLE;
         return true;
       }
-      struct Pending {
-        Session* session;
-        uint64_t id;
-      };
-      auto* call = new Pending{this, id};
-      auto launch =
-          per_thread && a.cuLaunchHostFunc_pt ? a.cuLaunchHostFunc_pt : a.cuLaunchHostFunc;
-      host_funcs_in_flight_++;
-      *rc = launch(
-          reinterpret_cast<CUstream>(stream),
-          [](void* p) {
-            auto* c = static_cast<Pending*>(p);
-            c->session->RunClientHostFunc(c->id);
-            c->session->host_funcs_in_flight_--;
-            delete c;
-          },
-          call);
-      if (*rc != CUDA_SUCCESS) {
-        host_funcs_in_flight_--;
-        delete call;
-      }
+      bool captured = false;
+      *rc = HostFunc(reinterpret_cast<CUstream>(stream), id, per_thread, &captured);
+      if (captured) reply_info_ |= wire::kReplyCaptured;
       return true;
     }
+    case ops::kOpGraphGetNodes:
+      return GraphGetNodes(in, out, rc);
+    case ops::kOpGraphKernelNode:
+      return GraphKernelNode(in, out, rc);
+    case ops::kOpGraphMemsetNode:
+      return GraphMemsetNode(in, out, rc);
     case ops::kOpHostFuncFence: {
       uint64_t stream = 0;
       if (!in.Get(&stream) || in.remaining() != 0) return false;
@@ -937,19 +958,32 @@ void Session::FinishUploads() {
 
 bool Session::StagedUpload(const wire::FrameHeader& h, CUresult* rc) {
   DriverApi& a = state_->api;
-  uint64_t dst = 0, stream = 0;
+  uint64_t dst = 0, stream = 0, client_src = 0;
   uint8_t async = 0;
-  constexpr uint32_t kHead = 17;
+  constexpr uint32_t kHead = 25;
   uint8_t head[kHead];
   if (h.payload_len < kHead || !conn_->Receive(head, kHead).ok()) return false;
   std::memcpy(&dst, head, 8);
   std::memcpy(&stream, head + 8, 8);
   async = head[16];
-  (void)async;  // both kinds are ordered by FinishUploads; see above
+  std::memcpy(&client_src, head + 17, 8);
   size_t n = h.payload_len - kHead;
   *rc = CUDA_SUCCESS;
   if (stream > 2 && !Owns(HandleKind::kStream, stream)) *rc = CUDA_ERROR_INVALID_HANDLE;
   if (stream == 0 && (h.flags & wire::kFlagPerThread)) stream = 2;  // CU_STREAM_PER_THREAD
+  CUstream s = reinterpret_cast<CUstream>(stream);
+  if (*rc == CUDA_SUCCESS && async && Capturing(s)) {
+    // Into a graph: the bytes go to a mirror the graph's fetch node refills.
+    void* mirror = NewMirror(n);
+    if (mirror == nullptr) {
+      std::vector<uint8_t> sink(n);
+      *rc = CUDA_ERROR_OUT_OF_MEMORY;
+      return conn_->Receive(sink.data(), n).ok();
+    }
+    if (!conn_->Receive(mirror, n).ok()) return false;
+    *rc = CaptureUpload(s, dst, client_src, mirror, n);
+    return true;
+  }
   for (size_t off = 0; off < n;) {
     size_t len = std::min<size_t>(wire::kCopyChunk, n - off);
     int slot = staging_.next;
@@ -1013,16 +1047,27 @@ bool Session::StagedDownload(const wire::FrameHeader& req, uint64_t src, uint64_
   return true;
 }
 
-// Request: u64 dst, u64 stream, u8 async, then the bytes.
+// Request: u64 dst, u64 stream, u8 async, u64 client source, then the bytes.
 bool Session::CopyToDevice(Reader& in, bool per_thread, CUresult* rc) {
   DriverApi& a = state_->api;
-  uint64_t dst = 0, stream = 0;
+  uint64_t dst = 0, stream = 0, client_src = 0;
   uint8_t async = 0;
-  if (!in.Get(&dst) || !in.Get(&stream) || !in.Get(&async)) return false;
+  if (!in.Get(&dst) || !in.Get(&stream) || !in.Get(&async) || !in.Get(&client_src)) return false;
   size_t n = in.remaining();
   const uint8_t* src = in.Skip(n);
   if (stream > 2 && !Owns(HandleKind::kStream, stream)) {
     *rc = CUDA_ERROR_INVALID_HANDLE;
+    return true;
+  }
+  CUstream s = reinterpret_cast<CUstream>(stream == 0 && per_thread ? 2 : stream);
+  if (async && Capturing(s)) {
+    void* mirror = NewMirror(n);
+    if (mirror == nullptr) {
+      *rc = CUDA_ERROR_OUT_OF_MEMORY;
+      return true;
+    }
+    std::memcpy(mirror, src, n);
+    *rc = CaptureUpload(s, dst, client_src, mirror, n);
     return true;
   }
   if (async) {
@@ -1035,16 +1080,24 @@ bool Session::CopyToDevice(Reader& in, bool per_thread, CUresult* rc) {
   return true;
 }
 
-// Request: u64 src, u64 size, u64 stream, u8 async. Reply: the bytes.
+// Request: u64 src, u64 size, u64 stream, u8 async, u64 client destination.
+// Reply: the bytes (none when captured into a graph).
 bool Session::CopyFromDevice(Reader& in, bool per_thread, Writer& out, CUresult* rc) {
   DriverApi& a = state_->api;
-  uint64_t src = 0, size = 0, stream = 0;
+  uint64_t src = 0, size = 0, stream = 0, client_dst = 0;
   uint8_t async = 0;
   if (!in.Get(&src) || !in.Get(&size) || !in.Get(&stream) || !in.Get(&async) ||
-      in.remaining() != 0 || size > wire::kMaxPayload)
+      !in.Get(&client_dst) || in.remaining() != 0 || size > wire::kMaxPayload)
     return false;
   if (stream > 2 && !Owns(HandleKind::kStream, stream)) {
     *rc = CUDA_ERROR_INVALID_HANDLE;
+    return true;
+  }
+  if (async && Capturing(reinterpret_cast<CUstream>(stream == 0 && per_thread ? 2 : stream))) {
+    // Into a graph: each run of the graph delivers the bytes to the client.
+    *rc = CaptureDownload(reinterpret_cast<CUstream>(stream == 0 && per_thread ? 2 : stream), src,
+                          client_dst, size);
+    reply_info_ |= wire::kReplyCaptured;
     return true;
   }
   if (size > kStagedMin && EnsureStaging()) {

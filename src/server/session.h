@@ -75,6 +75,16 @@ Status CaptureDeviceOutput(ServerState* state);
 
 class Session {
  public:
+  // Host-side work captured into a graph (session_graphs.cc).
+  struct CapturedWork {
+    enum class Kind { kHostFunc, kDeliver, kFetch } kind;
+    Session* session;
+    uint64_t id = 0;           // client host function id
+    uint64_t client_addr = 0;  // where the bytes live in the client
+    void* mirror = nullptr;    // pinned server buffer of the copy
+    size_t len = 0;
+    bool owns_mirror = false;  // exactly one entry owns (and frees) each mirror
+  };
   Session(ServerState* state, std::unique_ptr<transport::Connection> conn);
   ~Session();
   // Serves the client until it leaves, dies or misbehaves; then frees all it owned.
@@ -87,7 +97,11 @@ class Session {
   DriverApi& api() { return state_->api; }
   // Runs a client host function: asks the client over the callback channel and
   // waits for it to finish. Called on the driver's callback thread.
-  void RunClientHostFunc(uint64_t id);
+  void RunClientHostFunc(uint64_t id, bool persistent);
+  // Graph-captured copies between the GPU and the client's memory: at each run
+  // of the graph, the bytes go to / come from the client over the callback channel.
+  void DeliverToClient(uint64_t client_dst, const void* bytes, size_t n);
+  void FetchFromClient(uint64_t client_src, void* bytes, size_t n);
 
  private:
   enum class Opening { kRefused, kSession, kCallbackChannel };
@@ -103,6 +117,21 @@ class Session {
                         uint64_t* fn, CUresult* rc);
   bool Launch(wire::Reader& in, bool per_thread, CUresult* rc);
   bool MaxActiveClusters(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  // --- graphs (session_graphs.cc)
+  bool Capturing(CUstream stream);
+  CUresult HostFunc(CUstream stream, uint64_t id, bool per_thread, bool* captured);
+  CUresult CaptureDownload(CUstream stream, uint64_t src, uint64_t client_dst, size_t n);
+  // Takes a pinned buffer holding the bytes (from NewMirror).
+  CUresult CaptureUpload(CUstream stream, uint64_t dst, uint64_t client_src, void* mirror,
+                         size_t n);
+  void* NewMirror(size_t n);
+  bool GraphGetNodes(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  bool GraphKernelNode(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  bool GraphMemsetNode(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  bool ReadNodeList(wire::Reader& in, std::vector<CUgraphNode>* deps, CUresult* rc);
+  void ReleaseCaptured();
+  bool CallbackExchange(wire::FrameHeader h, const void* a, size_t na, const void* b, size_t nb,
+                        void* reply, size_t reply_len);
   bool CopyToDevice(wire::Reader& in, bool per_thread, CUresult* rc);
   bool CopyFromDevice(wire::Reader& in, bool per_thread, wire::Writer& out, CUresult* rc);
   bool Copy3D(wire::Reader& in, bool per_thread, wire::Writer& out, CUresult* rc);
@@ -132,6 +161,10 @@ class Session {
   std::vector<uint8_t> payload_;
   uint64_t secret_ = 0;
   bool replied_ = false;     // the handler already sent the reply (streamed)
+  uint32_t reply_info_ = 0;  // wire::ReplyInfo bits of the reply being built
+  // Host-side work captured into graphs (host functions, copy mirrors); lives
+  // as long as the session because graphs may run until then.
+  std::vector<std::unique_ptr<CapturedWork>> captured_;
   wire::FrameHeader req_{};  // the request being dispatched
   struct Staging {
     void* buf[2] = {nullptr, nullptr};

@@ -1,0 +1,135 @@
+// Graph entry points that need the client's knowledge: stream capture start
+// (which opens the callback channel graphs use to reach host memory), node
+// lists, and kernel/memset nodes built by hand (parameters packed with the
+// kernel's layout, as for launches).
+#include <cstring>
+
+#include "client/client.h"
+
+using flyt::client::Client;
+using flyt::client::Forward;
+using flyt::client::ReplySink;
+namespace wire = flyt::wire;
+namespace ops = flyt::ops;
+
+namespace {
+
+CUresult BeginCapture(const char* name, CUstream s, CUstreamCaptureMode mode, bool pt) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  // Host functions and host copies captured into the graph run over it.
+  CUresult rc = c.EnsureCallbackChannel();
+  if (rc != CUDA_SUCCESS) return rc;
+  return pt ? Forward<118, true, true>(name, s, mode) : Forward<118, true, false>(name, s, mode);
+}
+
+void PutNodeList(wire::Writer& w, const CUgraphNode* deps, size_t n) {
+  w.Put<uint32_t>(static_cast<uint32_t>(n));
+  for (size_t i = 0; i < n; ++i) w.Put<uint64_t>(reinterpret_cast<uintptr_t>(deps[i]));
+}
+
+// which: 0 add to graph `target`, 1 set node `target`, 2 set `node` of exec `target`.
+CUresult KernelNode(const char* name, uint8_t which, uint64_t target, uint64_t node,
+                    const CUgraphNode* deps, size_t ndeps, const CUDA_KERNEL_NODE_PARAMS* p,
+                    CUgraphNode* created) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (p == nullptr || (ndeps > 0 && deps == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t fn = reinterpret_cast<uintptr_t>(p->func != nullptr ? static_cast<void*>(p->func)
+                                                               : static_cast<void*>(p->kern));
+  auto info = flyt::client::FuncLayout(fn);
+  if (info == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  wire::Writer w;
+  w.Put(which);
+  w.Put(target);
+  w.Put(node);
+  if (which == 0) PutNodeList(w, deps, ndeps);
+  w.Put(fn);
+  w.Put<uint8_t>(info->is_kernel ? 1 : 0);
+  unsigned dims[6] = {p->gridDimX,  p->gridDimY,  p->gridDimZ,
+                      p->blockDimX, p->blockDimY, p->blockDimZ};
+  w.PutBytes(dims, sizeof(dims));
+  w.Put<uint32_t>(p->sharedMemBytes);
+  CUresult rc = flyt::client::PackKernelParams(*info, p->kernelParams, p->extra, w);
+  if (rc != CUDA_SUCCESS) return rc;
+  std::vector<uint8_t> reply;
+  rc = c.Call(name, ops::kOpGraphKernelNode, w, ReplySink{&reply});
+  if (rc == CUDA_SUCCESS && created != nullptr) {
+    wire::Reader r(reply.data(), reply.size());
+    uint64_t h = 0;
+    if (!r.Get(&h)) return CUDA_ERROR_UNKNOWN;
+    *created = reinterpret_cast<CUgraphNode>(h);
+  }
+  return rc;
+}
+
+}  // namespace
+
+FLYT_API CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
+  return BeginCapture("cuStreamBeginCapture_v2", s, mode, false);
+}
+FLYT_API CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode) {
+  return BeginCapture("cuStreamBeginCapture_v2_ptsz", s, mode, true);
+}
+
+FLYT_API CUresult cuGraphGetNodes(CUgraph g, CUgraphNode* nodes, size_t* count) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  wire::Writer w;
+  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(g));
+  std::vector<uint8_t> reply;
+  CUresult rc = c.Call("cuGraphGetNodes", ops::kOpGraphGetNodes, w, ReplySink{&reply});
+  if (rc != CUDA_SUCCESS) return rc;
+  wire::Reader r(reply.data(), reply.size());
+  uint64_t n = 0;
+  if (!r.Get(&n) || n > r.remaining() / 8) return CUDA_ERROR_UNKNOWN;
+  if (nodes != nullptr) {
+    for (uint64_t i = 0; i < n && i < *count; ++i) {
+      uint64_t h = 0;
+      r.Get(&h);
+      nodes[i] = reinterpret_cast<CUgraphNode>(h);
+    }
+    if (*count > n)
+      for (size_t i = n; i < *count; ++i) nodes[i] = nullptr;
+  }
+  *count = n;
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuGraphAddKernelNode_v2(CUgraphNode* node, CUgraph g, const CUgraphNode* deps,
+                                          size_t n, const CUDA_KERNEL_NODE_PARAMS* p) {
+  if (node == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return KernelNode("cuGraphAddKernelNode", 0, reinterpret_cast<uintptr_t>(g), 0, deps, n, p, node);
+}
+FLYT_API CUresult cuGraphKernelNodeSetParams_v2(CUgraphNode node,
+                                                const CUDA_KERNEL_NODE_PARAMS* p) {
+  return KernelNode("cuGraphKernelNodeSetParams", 1, reinterpret_cast<uintptr_t>(node), 0, nullptr,
+                    0, p, nullptr);
+}
+FLYT_API CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec exec, CUgraphNode node,
+                                                    const CUDA_KERNEL_NODE_PARAMS* p) {
+  return KernelNode("cuGraphExecKernelNodeSetParams", 2, reinterpret_cast<uintptr_t>(exec),
+                    reinterpret_cast<uintptr_t>(node), nullptr, 0, p, nullptr);
+}
+
+FLYT_API CUresult cuGraphAddMemsetNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps,
+                                       size_t n, const CUDA_MEMSET_NODE_PARAMS* p, CUcontext ctx) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (node == nullptr || p == nullptr || (n > 0 && deps == nullptr))
+    return CUDA_ERROR_INVALID_VALUE;
+  wire::Writer w;
+  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(g));
+  PutNodeList(w, deps, n);
+  w.Put(*p);
+  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(ctx));
+  std::vector<uint8_t> reply;
+  CUresult rc = c.Call("cuGraphAddMemsetNode", ops::kOpGraphMemsetNode, w, ReplySink{&reply});
+  if (rc != CUDA_SUCCESS) return rc;
+  wire::Reader r(reply.data(), reply.size());
+  uint64_t h = 0;
+  if (!r.Get(&h)) return CUDA_ERROR_UNKNOWN;
+  *node = reinterpret_cast<CUgraphNode>(h);
+  return CUDA_SUCCESS;
+}

@@ -1,0 +1,261 @@
+// Session handlers for CUDA graphs: host functions and host copies captured
+// into graphs, node lists, and graphs built node by node.
+//
+// A graph that copies to or from host memory must reach the *client's* memory
+// every time it runs. Flyt captures such a copy against a pinned mirror buffer
+// on the server plus a host node that moves the bytes over the session's
+// callback channel: fetch-then-copy for uploads, copy-then-deliver for
+// downloads. These helper nodes are left out of node lists, so the app sees the
+// graph it built. Must not touch other sessions' graphs.
+#include <cstring>
+
+#include "common/log.h"
+#include "server/session.h"
+
+namespace flyt::server {
+
+using marshal::HandleKind;
+using wire::Reader;
+using wire::Writer;
+
+namespace {
+
+void RunCapturedHostFunc(void* p) {
+  auto* w = static_cast<Session::CapturedWork*>(p);
+  w->session->RunClientHostFunc(w->id, true);
+}
+void DeliverCaptured(void* p) {
+  auto* w = static_cast<Session::CapturedWork*>(p);
+  w->session->DeliverToClient(w->client_addr, w->mirror, w->len);
+}
+void FetchCaptured(void* p) {
+  auto* w = static_cast<Session::CapturedWork*>(p);
+  w->session->FetchFromClient(w->client_addr, w->mirror, w->len);
+}
+
+constexpr uint32_t kMaxNodeList = 1u << 16;
+
+}  // namespace
+
+bool Session::Capturing(CUstream stream) {
+  DriverApi& a = state_->api;
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  return a.cuStreamIsCapturing != nullptr &&
+         a.cuStreamIsCapturing(stream, &status) == CUDA_SUCCESS &&
+         status == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+}
+
+CUresult Session::HostFunc(CUstream stream, uint64_t id, bool per_thread, bool* captured) {
+  DriverApi& a = state_->api;
+  auto launch = per_thread && a.cuLaunchHostFunc_pt ? a.cuLaunchHostFunc_pt : a.cuLaunchHostFunc;
+  if (launch == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  CUstream query = stream == nullptr && per_thread ? CU_STREAM_PER_THREAD : stream;
+  *captured = Capturing(query);
+  if (*captured) {
+    // A graph node: runs at every launch of the graph, for the session's life.
+    auto w = std::make_unique<CapturedWork>(CapturedWork{CapturedWork::Kind::kHostFunc, this, id});
+    CUresult rc = launch(stream, RunCapturedHostFunc, w.get());
+    if (rc == CUDA_SUCCESS) captured_.push_back(std::move(w));
+    return rc;
+  }
+  struct Pending {
+    Session* session;
+    uint64_t id;
+  };
+  auto* call = new Pending{this, id};
+  host_funcs_in_flight_++;
+  CUresult rc = launch(
+      stream,
+      [](void* p) {
+        auto* c = static_cast<Pending*>(p);
+        c->session->RunClientHostFunc(c->id, false);
+        c->session->host_funcs_in_flight_--;
+        delete c;
+      },
+      call);
+  if (rc != CUDA_SUCCESS) {
+    host_funcs_in_flight_--;
+    delete call;
+  }
+  return rc;
+}
+
+void* Session::NewMirror(size_t n) {
+  void* p = nullptr;
+  if (state_->api.cuMemHostAlloc(&p, n > 0 ? n : 1, 0) != CUDA_SUCCESS) return nullptr;
+  auto owner = std::make_unique<CapturedWork>(CapturedWork{CapturedWork::Kind::kFetch, this});
+  owner->mirror = p;
+  owner->owns_mirror = true;
+  captured_.push_back(std::move(owner));
+  return p;
+}
+
+CUresult Session::CaptureDownload(CUstream stream, uint64_t src, uint64_t client_dst, size_t n) {
+  DriverApi& a = state_->api;
+  void* mirror = NewMirror(n);
+  if (mirror == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  CUresult rc = a.cuMemcpyDtoHAsync_v2(mirror, src, n, stream);
+  if (rc != CUDA_SUCCESS) return rc;
+  auto w = std::make_unique<CapturedWork>(CapturedWork{CapturedWork::Kind::kDeliver, this});
+  w->client_addr = client_dst;
+  w->mirror = mirror;
+  w->len = n;
+  rc = a.cuLaunchHostFunc(stream, DeliverCaptured, w.get());
+  if (rc == CUDA_SUCCESS) captured_.push_back(std::move(w));
+  return rc;
+}
+
+CUresult Session::CaptureUpload(CUstream stream, uint64_t dst, uint64_t client_src, void* mirror,
+                                size_t n) {
+  DriverApi& a = state_->api;
+  auto w = std::make_unique<CapturedWork>(CapturedWork{CapturedWork::Kind::kFetch, this});
+  w->client_addr = client_src;
+  w->mirror = mirror;
+  w->len = n;
+  CUresult rc = a.cuLaunchHostFunc(stream, FetchCaptured, w.get());
+  if (rc != CUDA_SUCCESS) return rc;
+  captured_.push_back(std::move(w));
+  return a.cuMemcpyHtoDAsync_v2(dst, mirror, n, stream);
+}
+
+bool Session::ReadNodeList(Reader& in, std::vector<CUgraphNode>* deps, CUresult* rc) {
+  uint32_t n = 0;
+  if (!in.Get(&n) || n > kMaxNodeList) return false;
+  deps->resize(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    uint64_t raw = 0;
+    if (!in.Get(&raw)) return false;
+    if (!Owns(HandleKind::kGraphNode, raw)) *rc = CUDA_ERROR_INVALID_HANDLE;
+    (*deps)[i] = reinterpret_cast<CUgraphNode>(raw);
+  }
+  return true;
+}
+
+// Request: u64 graph. Reply: u64 n, n x u64 node.
+bool Session::GraphGetNodes(Reader& in, Writer& out, CUresult* rc) {
+  DriverApi& a = state_->api;
+  uint64_t graph = 0;
+  if (!in.Get(&graph) || in.remaining() != 0) return false;
+  if (!Owns(HandleKind::kGraph, graph)) {
+    *rc = CUDA_ERROR_INVALID_HANDLE;
+    return true;
+  }
+  CUgraph g = reinterpret_cast<CUgraph>(graph);
+  size_t n = 0;
+  *rc = a.cuGraphGetNodes(g, nullptr, &n);
+  std::vector<CUgraphNode> nodes(n);
+  if (*rc == CUDA_SUCCESS && n > 0) *rc = a.cuGraphGetNodes(g, nodes.data(), &n);
+  if (*rc != CUDA_SUCCESS) return true;
+  std::vector<uint64_t> visible;
+  for (CUgraphNode node : nodes) {
+    CUgraphNodeType type{};
+    CUDA_HOST_NODE_PARAMS host{};
+    if (a.cuGraphNodeGetType(node, &type) == CUDA_SUCCESS && type == CU_GRAPH_NODE_TYPE_HOST &&
+        a.cuGraphHostNodeGetParams(node, &host) == CUDA_SUCCESS &&
+        (host.fn == DeliverCaptured || host.fn == FetchCaptured))
+      continue;  // Flyt's own helper node
+    uint64_t raw = reinterpret_cast<uintptr_t>(node);
+    Adopt(HandleKind::kGraphNode, raw);
+    visible.push_back(raw);
+  }
+  out.Put<uint64_t>(visible.size());
+  for (uint64_t v : visible) out.Put(v);
+  return true;
+}
+
+// Request: u8 which (0 add, 1 set node, 2 set node of exec), u64 target (graph,
+// node or exec), u64 node (which 2), [node list (which 0)], u64 fn,
+// u8 is_kernel, u32 grid[3], u32 block[3], u32 shmem, blob params.
+// Reply (which 0): u64 node.
+bool Session::GraphKernelNode(Reader& in, Writer& out, CUresult* rc) {
+  DriverApi& a = state_->api;
+  uint8_t which = 0, is_kernel = 0;
+  uint64_t target = 0, node = 0, fn = 0;
+  uint32_t grid[3], block[3], shmem = 0;
+  std::vector<CUgraphNode> deps;
+  *rc = CUDA_SUCCESS;
+  if (!in.Get(&which) || which > 2 || !in.Get(&target) || !in.Get(&node)) return false;
+  if (which == 0 && !ReadNodeList(in, &deps, rc)) return false;
+  const uint8_t* blob = nullptr;
+  uint32_t blob_len = 0;
+  if (!in.Get(&fn) || !in.Get(&is_kernel) || !in.GetBytes(grid, sizeof(grid)) ||
+      !in.GetBytes(block, sizeof(block)) || !in.Get(&shmem) ||
+      !in.GetBlob(&blob, &blob_len, ops::kMaxParamBytes) || in.remaining() != 0)
+    return false;
+  HandleKind target_kind = which == 0   ? HandleKind::kGraph
+                           : which == 1 ? HandleKind::kGraphNode
+                                        : HandleKind::kGraphExec;
+  if (!Owns(target_kind, target) || (which == 2 && !Owns(HandleKind::kGraphNode, node)) ||
+      !Owns(is_kernel ? HandleKind::kKernel : HandleKind::kFunction, fn))
+    *rc = CUDA_ERROR_INVALID_HANDLE;
+  if (*rc != CUDA_SUCCESS) return true;
+  // Parameter pointers into the blob, laid out as the driver reports.
+  std::vector<uint8_t> params(blob, blob + blob_len);
+  std::vector<void*> pointers;
+  for (size_t i = 0; i < ops::kMaxParams; ++i) {
+    size_t off = 0, size = 0;
+    CUresult r = is_kernel ? a.cuKernelGetParamInfo(reinterpret_cast<CUkernel>(fn), i, &off, &size)
+                           : a.cuFuncGetParamInfo(reinterpret_cast<CUfunction>(fn), i, &off, &size);
+    if (r != CUDA_SUCCESS) break;
+    if (off + size > params.size()) {
+      *rc = CUDA_ERROR_INVALID_VALUE;
+      return true;
+    }
+    pointers.push_back(params.data() + off);
+  }
+  CUDA_KERNEL_NODE_PARAMS p{};
+  if (is_kernel) {
+    p.kern = reinterpret_cast<CUkernel>(fn);
+  } else {
+    p.func = reinterpret_cast<CUfunction>(fn);
+  }
+  p.gridDimX = grid[0];
+  p.gridDimY = grid[1];
+  p.gridDimZ = grid[2];
+  p.blockDimX = block[0];
+  p.blockDimY = block[1];
+  p.blockDimZ = block[2];
+  p.sharedMemBytes = shmem;
+  p.kernelParams = pointers.empty() ? nullptr : pointers.data();
+  if (which == 0) {
+    CUgraphNode created = nullptr;
+    *rc = a.cuGraphAddKernelNode_v2(&created, reinterpret_cast<CUgraph>(target), deps.data(),
+                                    deps.size(), &p);
+    if (*rc == CUDA_SUCCESS) Adopt(HandleKind::kGraphNode, reinterpret_cast<uintptr_t>(created));
+    out.Put<uint64_t>(reinterpret_cast<uintptr_t>(created));
+  } else if (which == 1) {
+    *rc = a.cuGraphKernelNodeSetParams_v2(reinterpret_cast<CUgraphNode>(target), &p);
+  } else {
+    *rc = a.cuGraphExecKernelNodeSetParams_v2(reinterpret_cast<CUgraphExec>(target),
+                                              reinterpret_cast<CUgraphNode>(node), &p);
+  }
+  return true;
+}
+
+bool Session::GraphMemsetNode(Reader& in, Writer& out, CUresult* rc) {
+  DriverApi& a = state_->api;
+  uint64_t graph = 0, ctx = 0;
+  std::vector<CUgraphNode> deps;
+  CUDA_MEMSET_NODE_PARAMS p{};
+  *rc = CUDA_SUCCESS;
+  if (!in.Get(&graph) || !ReadNodeList(in, &deps, rc) || !in.Get(&p) || !in.Get(&ctx) ||
+      in.remaining() != 0)
+    return false;
+  if (!Owns(HandleKind::kGraph, graph) || (ctx != 0 && !Owns(HandleKind::kContext, ctx)))
+    *rc = CUDA_ERROR_INVALID_HANDLE;
+  if (*rc != CUDA_SUCCESS) return true;
+  CUgraphNode created = nullptr;
+  *rc = a.cuGraphAddMemsetNode(&created, reinterpret_cast<CUgraph>(graph), deps.data(), deps.size(),
+                               &p, reinterpret_cast<CUcontext>(ctx));
+  if (*rc == CUDA_SUCCESS) Adopt(HandleKind::kGraphNode, reinterpret_cast<uintptr_t>(created));
+  out.Put<uint64_t>(reinterpret_cast<uintptr_t>(created));
+  return true;
+}
+
+void Session::ReleaseCaptured() {
+  for (auto& w : captured_)
+    if (w->owns_mirror) state_->api.cuMemFreeHost(w->mirror);
+  captured_.clear();
+}
+
+}  // namespace flyt::server
