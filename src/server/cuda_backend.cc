@@ -25,6 +25,22 @@ void ResolvePerThread(void* lib, const char* name, F* out) {
   }
 }
 
+// A session is one client process served by one server thread, and sessions
+// share this process. A client's global-mode capture must guard the client's
+// own threads, which here means the session's thread, and must not make other
+// sessions' calls fail: on the server it is a thread-local capture.
+decltype(&::cuStreamBeginCapture_v2) g_begin_capture = nullptr;
+decltype(&::cuStreamBeginCapture_v2) g_begin_capture_pt = nullptr;
+CUstreamCaptureMode SessionMode(CUstreamCaptureMode mode) {
+  return mode == CU_STREAM_CAPTURE_MODE_GLOBAL ? CU_STREAM_CAPTURE_MODE_THREAD_LOCAL : mode;
+}
+CUresult BeginCapture(CUstream s, CUstreamCaptureMode mode) {
+  return g_begin_capture(s, SessionMode(mode));
+}
+CUresult BeginCapturePerThread(CUstream s, CUstreamCaptureMode mode) {
+  return g_begin_capture_pt(s, SessionMode(mode));
+}
+
 }  // namespace
 
 Status LoadCudaDriver(DriverApi* api) {
@@ -54,6 +70,10 @@ Status LoadCudaDriver(DriverApi* api) {
   ResolvePerThread(lib, "cuLaunchKernelEx", &api->cuLaunchKernelEx_pt);
   ResolvePerThread(lib, "cuLaunchHostFunc", &api->cuLaunchHostFunc_pt);
   ResolvePerThread(lib, "cuStreamGetCaptureInfo_v3", &api->cuStreamGetCaptureInfo_v3_pt);
+  g_begin_capture = api->cuStreamBeginCapture_v2;
+  g_begin_capture_pt = api->cuStreamBeginCapture_v2_pt;
+  if (g_begin_capture != nullptr) api->cuStreamBeginCapture_v2 = BeginCapture;
+  if (g_begin_capture_pt != nullptr) api->cuStreamBeginCapture_v2_pt = BeginCapturePerThread;
   if (api->cuInit == nullptr || api->cuLaunchKernelEx == nullptr)
     return Status::Error(std::string(path) + " lacks cuInit/cuLaunchKernelEx: driver too old");
   if (api->cuKernelGetParamInfo == nullptr || api->cuLibraryEnumerateKernels == nullptr)

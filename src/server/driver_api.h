@@ -62,6 +62,7 @@ namespace flyt::server {
   X(cuGraphKernelNodeSetParams_v2)     \
   X(cuGraphExecKernelNodeSetParams_v2) \
   X(cuGraphAddMemsetNode)              \
+  X(cuThreadExchangeStreamCaptureMode) \
   X(cuMemFreeHost)
 
 struct DriverApi {

@@ -81,8 +81,15 @@ CUresult Session::HostFunc(CUstream stream, uint64_t id, bool per_thread, bool* 
 }
 
 void* Session::NewMirror(size_t n) {
+  DriverApi& a = state_->api;
   void* p = nullptr;
-  if (state_->api.cuMemHostAlloc(&p, n > 0 ? n : 1, 0) != CUDA_SUCCESS) return nullptr;
+  // Allocating is not allowed while this thread captures, unless relaxed.
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  bool exchanged = a.cuThreadExchangeStreamCaptureMode != nullptr &&
+                   a.cuThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS;
+  CUresult rc = a.cuMemHostAlloc(&p, n > 0 ? n : 1, 0);
+  if (exchanged) a.cuThreadExchangeStreamCaptureMode(&mode);
+  if (rc != CUDA_SUCCESS) return nullptr;
   auto owner = std::make_unique<CapturedWork>(CapturedWork{CapturedWork::Kind::kFetch, this});
   owner->mirror = p;
   owner->owns_mirror = true;

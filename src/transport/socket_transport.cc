@@ -11,7 +11,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "transport/transport.h"
@@ -224,7 +226,12 @@ Status ParseAddress(const std::string& text, Address* out) {
   return Status::Ok();
 }
 
-Status Dial(const Address& a, const Liveness& l, std::unique_ptr<Connection>* out) {
+namespace {
+
+// One connection attempt; *retryable says whether nobody was listening yet.
+Status DialOnce(const Address& a, const Liveness& l, std::unique_ptr<Connection>* out,
+                bool* retryable) {
+  *retryable = false;
   if (a.kind == Address::Kind::kUnix) {
     int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return Status::Error(Errno("socket"));
@@ -232,6 +239,7 @@ Status Dial(const Address& a, const Liveness& l, std::unique_ptr<Connection>* ou
     sa.sun_family = AF_UNIX;
     std::strncpy(sa.sun_path, a.path.c_str(), sizeof(sa.sun_path) - 1);
     if (!ConnectWithin(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa), l.connect_timeout_ms)) {
+      *retryable = errno == ECONNREFUSED || errno == ENOENT;
       Status s = Status::Error(Errno(("connect to " + a.ToString()).c_str()));
       ::close(fd);
       return s;
@@ -260,10 +268,23 @@ Status Dial(const Address& a, const Liveness& l, std::unique_ptr<Connection>* ou
       return Status::Ok();
     }
     last = std::strerror(errno);
+    if (errno == ECONNREFUSED) *retryable = true;
     ::close(fd);
   }
   freeaddrinfo(res);
   return Status::Error("connect to " + a.ToString() + ": " + last);
+}
+
+}  // namespace
+
+Status Dial(const Address& a, const Liveness& l, std::unique_ptr<Connection>* out) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(l.refused_retry_ms);
+  for (;;) {
+    bool retryable = false;
+    Status s = DialOnce(a, l, out, &retryable);
+    if (s.ok() || !retryable || std::chrono::steady_clock::now() >= deadline) return s;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 Status Listen(const Address& a, std::unique_ptr<Listener>* out) {

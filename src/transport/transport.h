@@ -51,6 +51,9 @@ class Listener {
 
 struct Liveness {
   int connect_timeout_ms = 5000;
+  // A refused connection is retried this long: a server that restarts (after
+  // a sticky CUDA error) listens again within a fraction of a second.
+  int refused_retry_ms = 2000;
   // A peer that acknowledges nothing for this long is declared dead (TCP user
   // timeout and keepalive). Processes that exit are noticed at once.
   int dead_peer_timeout_ms = 30000;
