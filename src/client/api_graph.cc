@@ -113,6 +113,31 @@ FLYT_API CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec exec, CUgraphNod
                     reinterpret_cast<uintptr_t>(node), nullptr, 0, p, nullptr);
 }
 
+FLYT_API CUresult cuGraphAddHostNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps,
+                                     size_t n, const CUDA_HOST_NODE_PARAMS* p) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (node == nullptr || p == nullptr || p->fn == nullptr || (n > 0 && deps == nullptr))
+    return CUDA_ERROR_INVALID_VALUE;
+  CUresult rc = c.EnsureCallbackChannel();
+  if (rc != CUDA_SUCCESS) return rc;
+  CUhostFn fn = p->fn;
+  void* data = p->userData;
+  uint64_t id = c.RegisterGraphHostFunc([fn, data] { fn(data); });
+  wire::Writer w;
+  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(g));
+  PutNodeList(w, deps, n);
+  w.Put(id);
+  std::vector<uint8_t> reply;
+  rc = c.Call("cuGraphAddHostNode", ops::kOpGraphHostNode, w, ReplySink{&reply});
+  if (rc != CUDA_SUCCESS) return rc;
+  wire::Reader r(reply.data(), reply.size());
+  uint64_t h = 0;
+  if (!r.Get(&h)) return CUDA_ERROR_UNKNOWN;
+  *node = reinterpret_cast<CUgraphNode>(h);
+  return CUDA_SUCCESS;
+}
+
 FLYT_API CUresult cuGraphAddMemsetNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps,
                                        size_t n, const CUDA_MEMSET_NODE_PARAMS* p, CUcontext ctx) {
   Client& c = Client::Get();

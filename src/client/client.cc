@@ -363,6 +363,13 @@ void Client::RunHostFunc(uint64_t id, bool persistent) {
   host_funcs_cv_.notify_all();
 }
 
+uint64_t Client::RegisterGraphHostFunc(std::function<void()> fn) {
+  std::lock_guard<std::mutex> lock(callback_mu_);
+  uint64_t id = next_host_func_++;
+  host_funcs_[id] = HostFunc{std::move(fn), 0};
+  return id;
+}
+
 void Client::WaitHostFuncs(CUstream stream) {
   uint64_t key = reinterpret_cast<uintptr_t>(stream);
   {

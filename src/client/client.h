@@ -74,6 +74,8 @@ class Client {
   // server's driver asks for it over a second connection when the stream
   // reaches it, and it runs on this process's callback thread.
   CUresult EnqueueHostFunc(CUstream stream, std::function<void()> fn, bool per_thread);
+  // Registers a host function that a graph runs at each launch; returns its id.
+  uint64_t RegisterGraphHostFunc(std::function<void()> fn);
   // Opens the second connection on which the server asks for host-side work.
   CUresult EnsureCallbackChannel();
   // Waits until host functions queued on `stream` (any stream for the legacy

@@ -40,7 +40,9 @@ enum : uint16_t {
   // Graphs built by hand and node lists.
   kOpGraphGetNodes = 80,    // u64 graph -> u64 n, n x u64 node (Flyt's own nodes left out)
   kOpGraphKernelNode = 81,  // see Session::GraphKernelNode
-  kOpGraphMemsetNode = 82,  // u64 graph, u32 n, n x u64 dep, CUDA_MEMSET_NODE_PARAMS, u64 ctx
+  kOpGraphMemsetNode = 82,
+  kOpGraphHostNode = 83,  // u64 graph, node list, u64 callback id -> u64 node  // u64 graph, u32 n,
+                          // n x u64 dep, CUDA_MEMSET_NODE_PARAMS, u64 ctx
   // Server-to-client notice sent just before a reply: bytes the GPU printed
   // (device printf) for the client's stdout.
   kOpDeviceOutput = 60,

@@ -63,6 +63,7 @@ namespace flyt::server {
   X(cuGraphExecKernelNodeSetParams_v2) \
   X(cuGraphAddMemsetNode)              \
   X(cuThreadExchangeStreamCaptureMode) \
+  X(cuGraphAddHostNode)                \
   X(cuMemFreeHost)
 
 struct DriverApi {

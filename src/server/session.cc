@@ -721,6 +721,12 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       return GraphKernelNode(in, out, rc);
     case ops::kOpGraphMemsetNode:
       return GraphMemsetNode(in, out, rc);
+    case ops::kOpGraphHostNode:
+      return GraphHostNode(in, out, rc);
+    case 100:  // cuCtxSynchronize: this client's work, not other sessions'
+      if (in.remaining() != 0) return false;
+      *rc = SynchronizeSession();
+      return true;
     case ops::kOpHostFuncFence: {
       uint64_t stream = 0;
       if (!in.Get(&stream) || in.remaining() != 0) return false;

@@ -128,6 +128,8 @@ class Session {
   bool GraphGetNodes(wire::Reader& in, wire::Writer& out, CUresult* rc);
   bool GraphKernelNode(wire::Reader& in, wire::Writer& out, CUresult* rc);
   bool GraphMemsetNode(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  bool GraphHostNode(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  CUresult SynchronizeSession();
   bool ReadNodeList(wire::Reader& in, std::vector<CUgraphNode>* deps, CUresult* rc);
   void ReleaseCaptured();
   bool CallbackExchange(wire::FrameHeader h, const void* a, size_t na, const void* b, size_t nb,

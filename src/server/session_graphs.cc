@@ -259,6 +259,50 @@ bool Session::GraphMemsetNode(Reader& in, Writer& out, CUresult* rc) {
   return true;
 }
 
+// Request: u64 graph, node list, u64 callback id. Reply: u64 node.
+bool Session::GraphHostNode(Reader& in, Writer& out, CUresult* rc) {
+  DriverApi& a = state_->api;
+  uint64_t graph = 0, id = 0;
+  std::vector<CUgraphNode> deps;
+  *rc = CUDA_SUCCESS;
+  if (!in.Get(&graph) || !ReadNodeList(in, &deps, rc) || !in.Get(&id) || in.remaining() != 0)
+    return false;
+  if (!Owns(HandleKind::kGraph, graph)) *rc = CUDA_ERROR_INVALID_HANDLE;
+  if (*rc != CUDA_SUCCESS) return true;
+  if (a.cuGraphAddHostNode == nullptr) {
+    *rc = CUDA_ERROR_NOT_SUPPORTED;
+    return true;
+  }
+  auto w = std::make_unique<CapturedWork>(CapturedWork{CapturedWork::Kind::kHostFunc, this, id});
+  CUDA_HOST_NODE_PARAMS p{};
+  p.fn = RunCapturedHostFunc;
+  p.userData = w.get();
+  CUgraphNode created = nullptr;
+  *rc = a.cuGraphAddHostNode(&created, reinterpret_cast<CUgraph>(graph), deps.data(), deps.size(),
+                             &p);
+  if (*rc == CUDA_SUCCESS) {
+    captured_.push_back(std::move(w));
+    Adopt(HandleKind::kGraphNode, reinterpret_cast<uintptr_t>(created));
+  }
+  out.Put<uint64_t>(reinterpret_cast<uintptr_t>(created));
+  return true;
+}
+
+// cudaDeviceSynchronize of one client: its streams, its per-thread stream and
+// the legacy stream; another session's capture or long kernels are not its.
+CUresult Session::SynchronizeSession() {
+  DriverApi& a = state_->api;
+  CUresult first = CUDA_SUCCESS;
+  auto keep = [&](CUresult rc) {
+    if (first == CUDA_SUCCESS) first = rc;
+  };
+  for (uint64_t s : handles_[static_cast<int>(HandleKind::kStream)])
+    keep(a.cuStreamSynchronize(reinterpret_cast<CUstream>(s)));
+  keep(a.cuStreamSynchronize(CU_STREAM_PER_THREAD));
+  keep(a.cuStreamSynchronize(nullptr));
+  return first;
+}
+
 void Session::ReleaseCaptured() {
   for (auto& w : captured_)
     if (w->owns_mirror) state_->api.cuMemFreeHost(w->mirror);
