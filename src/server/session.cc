@@ -14,7 +14,6 @@
 #include <tuple>
 
 #include "common/log.h"
-#include "server/device_output.h"
 
 namespace flyt::server {
 
@@ -278,19 +277,6 @@ Status CaptureDeviceOutput(ServerState* state) {
 // printf output during the synchronising call itself, so it is in the pipe by
 // now. With several sessions at once, output goes to whichever replies first.
 void Session::ForwardDeviceOutput() {
-  if (!device_output_.empty()) {
-    wire::FrameHeader h{wire::kMagic,
-                        ops::kOpDeviceOutput,
-                        wire::kFlagReply,
-                        0,
-                        static_cast<uint32_t>(device_output_.size()),
-                        0,
-                        0,
-                        0};
-    iovec iov[2] = {{&h, sizeof(h)}, {device_output_.data(), device_output_.size()}};
-    if (!conn_->Send(iov, 2).ok()) return;
-    device_output_.clear();
-  }
   if (state_->device_output_fd < 0) return;
   fflush(stdout);
   static thread_local std::vector<uint8_t> buf(64 << 10);
@@ -501,10 +487,7 @@ void Session::Run() {
       if (payload_.size() < h.payload_len) payload_.resize(h.payload_len);
       if (!conn_->Receive(payload_.data(), h.payload_len).ok()) break;
       Reader in(payload_.data(), h.payload_len);
-      SetDeviceOutputSink(&device_output_);  // text the driver prints during the call
-      bool dispatched = Dispatch(h, in, out, &rc);
-      SetDeviceOutputSink(nullptr);
-      if (!dispatched) {
+      if (!Dispatch(h, in, out, &rc)) {
         FLYT_WARN("session %llu from %s: malformed or unknown request (op %u, %u bytes); closing",
                   static_cast<unsigned long long>(id_), peer_.c_str(), h.op, h.payload_len);
         break;

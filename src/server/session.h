@@ -162,9 +162,8 @@ class Session {
   bool retained_primary_ = false;
   std::vector<uint8_t> payload_;
   uint64_t secret_ = 0;
-  bool replied_ = false;       // the handler already sent the reply (streamed)
-  uint32_t reply_info_ = 0;    // wire::ReplyInfo bits of the reply being built
-  std::string device_output_;  // device printf text of this session's calls
+  bool replied_ = false;     // the handler already sent the reply (streamed)
+  uint32_t reply_info_ = 0;  // wire::ReplyInfo bits of the reply being built
   // Host-side work captured into graphs (host functions, copy mirrors); lives
   // as long as the session because graphs may run until then.
   std::vector<std::unique_ptr<CapturedWork>> captured_;
