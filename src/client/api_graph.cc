@@ -28,6 +28,18 @@ void PutNodeList(wire::Writer& w, const CUgraphNode* deps, size_t n) {
   for (size_t i = 0; i < n; ++i) w.Put<uint64_t>(reinterpret_cast<uintptr_t>(deps[i]));
 }
 
+// Sends a request whose reply is one node handle.
+CUresult CallForNode(const char* name, uint16_t op, const wire::Writer& w, CUgraphNode* node) {
+  std::vector<uint8_t> reply;
+  CUresult rc = Client::Get().Call(name, op, w, ReplySink{&reply});
+  if (rc != CUDA_SUCCESS || node == nullptr) return rc;
+  wire::Reader r(reply.data(), reply.size());
+  uint64_t h = 0;
+  if (!r.Get(&h)) return CUDA_ERROR_UNKNOWN;
+  *node = reinterpret_cast<CUgraphNode>(h);
+  return CUDA_SUCCESS;
+}
+
 // which: 0 add to graph `target`, 1 set node `target`, 2 set `node` of exec `target`.
 CUresult KernelNode(const char* name, uint8_t which, uint64_t target, uint64_t node,
                     const CUgraphNode* deps, size_t ndeps, const CUDA_KERNEL_NODE_PARAMS* p,
@@ -52,15 +64,7 @@ CUresult KernelNode(const char* name, uint8_t which, uint64_t target, uint64_t n
   w.Put<uint32_t>(p->sharedMemBytes);
   CUresult rc = flyt::client::PackKernelParams(*info, p->kernelParams, p->extra, w);
   if (rc != CUDA_SUCCESS) return rc;
-  std::vector<uint8_t> reply;
-  rc = c.Call(name, ops::kOpGraphKernelNode, w, ReplySink{&reply});
-  if (rc == CUDA_SUCCESS && created != nullptr) {
-    wire::Reader r(reply.data(), reply.size());
-    uint64_t h = 0;
-    if (!r.Get(&h)) return CUDA_ERROR_UNKNOWN;
-    *created = reinterpret_cast<CUgraphNode>(h);
-  }
-  return rc;
+  return CallForNode(name, ops::kOpGraphKernelNode, w, created);
 }
 
 }  // namespace
@@ -128,14 +132,7 @@ FLYT_API CUresult cuGraphAddHostNode(CUgraphNode* node, CUgraph g, const CUgraph
   w.Put<uint64_t>(reinterpret_cast<uintptr_t>(g));
   PutNodeList(w, deps, n);
   w.Put(id);
-  std::vector<uint8_t> reply;
-  rc = c.Call("cuGraphAddHostNode", ops::kOpGraphHostNode, w, ReplySink{&reply});
-  if (rc != CUDA_SUCCESS) return rc;
-  wire::Reader r(reply.data(), reply.size());
-  uint64_t h = 0;
-  if (!r.Get(&h)) return CUDA_ERROR_UNKNOWN;
-  *node = reinterpret_cast<CUgraphNode>(h);
-  return CUDA_SUCCESS;
+  return CallForNode("cuGraphAddHostNode", ops::kOpGraphHostNode, w, node);
 }
 
 FLYT_API CUresult cuGraphAddMemsetNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps,
@@ -149,12 +146,5 @@ FLYT_API CUresult cuGraphAddMemsetNode(CUgraphNode* node, CUgraph g, const CUgra
   PutNodeList(w, deps, n);
   w.Put(*p);
   w.Put<uint64_t>(reinterpret_cast<uintptr_t>(ctx));
-  std::vector<uint8_t> reply;
-  CUresult rc = c.Call("cuGraphAddMemsetNode", ops::kOpGraphMemsetNode, w, ReplySink{&reply});
-  if (rc != CUDA_SUCCESS) return rc;
-  wire::Reader r(reply.data(), reply.size());
-  uint64_t h = 0;
-  if (!r.Get(&h)) return CUDA_ERROR_UNKNOWN;
-  *node = reinterpret_cast<CUgraphNode>(h);
-  return CUDA_SUCCESS;
+  return CallForNode("cuGraphAddMemsetNode", ops::kOpGraphMemsetNode, w, node);
 }

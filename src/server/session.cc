@@ -290,8 +290,9 @@ void Session::ForwardDeviceOutput() {
   }
 }
 
-bool Session::SendReplyHeader(const wire::FrameHeader& req, CUresult rc, uint32_t payload_len) {
-  ForwardDeviceOutput();
+wire::FrameHeader Session::ReplyHeader(const wire::FrameHeader& req, CUresult rc,
+                                       uint32_t payload_len) {
+  ForwardDeviceOutput();  // device printf text goes out ahead of the reply
   wire::FrameHeader h{};
   h.magic = wire::kMagic;
   h.op = req.op;
@@ -302,22 +303,17 @@ bool Session::SendReplyHeader(const wire::FrameHeader& req, CUresult rc, uint32_
   h.deferred_status = static_cast<uint32_t>(deferred_);
   h.info = reply_info_;
   deferred_ = CUDA_SUCCESS;
+  return h;
+}
+
+bool Session::SendReplyHeader(const wire::FrameHeader& req, CUresult rc, uint32_t payload_len) {
+  wire::FrameHeader h = ReplyHeader(req, rc, payload_len);
   iovec iov{&h, sizeof(h)};
   return conn_->Send(&iov, 1).ok();
 }
 
 bool Session::Reply(const wire::FrameHeader& req, CUresult rc, const Writer& out) {
-  ForwardDeviceOutput();
-  wire::FrameHeader h{};
-  h.magic = wire::kMagic;
-  h.op = req.op;
-  h.flags = wire::kFlagReply;
-  h.call_id = req.call_id;
-  h.payload_len = static_cast<uint32_t>(out.size());
-  h.status = static_cast<uint32_t>(rc);
-  h.deferred_status = static_cast<uint32_t>(deferred_);
-  h.info = reply_info_;
-  deferred_ = CUDA_SUCCESS;
+  wire::FrameHeader h = ReplyHeader(req, rc, static_cast<uint32_t>(out.size()));
   iovec iov[2] = {{&h, sizeof(h)}, {const_cast<uint8_t*>(out.data()), out.size()}};
   Status s = conn_->Send(iov, out.size() > 0 ? 2 : 1);
   if (!s.ok())

@@ -141,6 +141,7 @@ class Session {
   void DescribeImage(uint64_t image, bool library, wire::Writer& out);
   void ReleaseAll();
   void ForwardDeviceOutput();
+  wire::FrameHeader ReplyHeader(const wire::FrameHeader& req, CUresult rc, uint32_t payload_len);
   bool SendReplyHeader(const wire::FrameHeader& req, CUresult rc, uint32_t payload_len);
   // Bulk copies through pinned staging buffers, so that the network and the
   // GPU work at the same time (see session.cc).
