@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #define CHECK(call)                                                                              \
@@ -21,6 +22,17 @@
       fflush(stdout);                                                                            \
       fprintf(stderr, "CUDA error %s (%s) in %s:%d: %s\n", cudaGetErrorName(err_),               \
               cudaGetErrorString(err_), __FILE__, __LINE__, #call);                              \
+      exit(1);                                                                                   \
+    }                                                                                            \
+  } while (0)
+
+// For driver-API calls reached through entry points (CUresult).
+#define CU_CHECK(call)                                                                           \
+  do {                                                                                           \
+    CUresult r_ = (call);                                                                        \
+    if (r_ != CUDA_SUCCESS) {                                                                    \
+      printf("driver error %d in %s:%d: %s\n", static_cast<int>(r_), __FILE__, __LINE__, #call); \
+      fflush(stdout);                                                                            \
       exit(1);                                                                                   \
     }                                                                                            \
   } while (0)

@@ -10,16 +10,6 @@
 #include <vector>
 #include "common.h"
 
-#define CU_CHECK(call)                                                                           \
-  do {                                                                                           \
-    CUresult r_ = (call);                                                                        \
-    if (r_ != CUDA_SUCCESS) {                                                                    \
-      printf("driver error %d in %s:%d: %s\n", static_cast<int>(r_), __FILE__, __LINE__, #call); \
-      fflush(stdout);                                                                            \
-      exit(1);                                                                                   \
-    }                                                                                            \
-  } while (0)
-
 typedef CUresult(CUDAAPI* PFN_MemAlloc)(CUdeviceptr*, size_t);
 typedef CUresult(CUDAAPI* PFN_MemFree)(CUdeviceptr);
 typedef CUresult(CUDAAPI* PFN_MemcpyHtoD)(CUdeviceptr, const void*, size_t);

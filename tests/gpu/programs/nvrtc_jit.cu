@@ -21,15 +21,6 @@
       exit(1);                                                                                     \
     }                                                                                              \
   } while (0)
-#define CU_CHECK(call)                                                                           \
-  do {                                                                                           \
-    CUresult r_ = (call);                                                                        \
-    if (r_ != CUDA_SUCCESS) {                                                                    \
-      printf("driver error %d in %s:%d: %s\n", static_cast<int>(r_), __FILE__, __LINE__, #call); \
-      fflush(stdout);                                                                            \
-      exit(1);                                                                                   \
-    }                                                                                            \
-  } while (0)
 
 static const char* kSource = R"(
 __device__ int jit_counter = 100;
