@@ -91,11 +91,20 @@ class SocketConnection final : public Connection {
   }
 
   void Shutdown() override { ::shutdown(fd_, SHUT_RDWR); }
+  void SetReceiveTimeout(int timeout_ms) override {
+    timeval tv{};
+    tv.tv_sec = timeout_ms / 1000;
+    tv.tv_usec = (timeout_ms % 1000) * 1000;
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  }
   std::string Peer() const override { return peer_; }
 
  private:
   Status Failed(ssize_t r) {
     if (r == 0) return Status::Error("connection closed by " + peer_);
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      return Status::Error("no answer from " + peer_ + " in time (timed out)");
+    }
     return Status::Error("receive from " + peer_ + ": " + std::strerror(errno));
   }
 
@@ -325,7 +334,16 @@ Status Listen(const Address& a, std::unique_ptr<Listener>* out) {
     return s;
   }
   freeaddrinfo(res);
-  *out = std::make_unique<SocketListener>(fd, a);
+  Address bound = a;
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
+    if (ss.ss_family == AF_INET) bound.port = ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+    if (ss.ss_family == AF_INET6) {
+      bound.port = ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
+    }
+  }
+  *out = std::make_unique<SocketListener>(fd, bound);  // port 0 asked: the kernel's choice
   return Status::Ok();
 }
 

@@ -37,6 +37,8 @@ class Connection {
   virtual Status Receive(void* dst, size_t n) = 0;
   // Closes the connection; later calls fail. Safe to call from another thread.
   virtual void Shutdown() = 0;
+  // A Receive that waits longer than this fails ("timed out"); 0 = wait forever.
+  virtual void SetReceiveTimeout(int timeout_ms) = 0;
   virtual std::string Peer() const = 0;
 };
 
