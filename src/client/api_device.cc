@@ -99,7 +99,7 @@ FLYT_API CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice d) {
   const auto* info = Dev(d);
   if (info == nullptr) return CUDA_ERROR_INVALID_DEVICE;
   if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *bytes = info->total_mem;
+  *bytes = __atomic_load_n(&info->total_mem, __ATOMIC_RELAXED);  // a share change updates it
   return CUDA_SUCCESS;
 }
 
@@ -108,7 +108,7 @@ FLYT_API CUresult cuDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice d)
   if (info == nullptr) return CUDA_ERROR_INVALID_DEVICE;
   if (v == nullptr || a <= 0 || a >= flyt::ops::kMaxDeviceAttribute)
     return CUDA_ERROR_INVALID_VALUE;
-  *v = info->attributes[a];
+  *v = __atomic_load_n(&info->attributes[a], __ATOMIC_RELAXED);  // a share change updates it
   return CUDA_SUCCESS;
 }
 

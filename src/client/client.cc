@@ -1,5 +1,6 @@
 // Implementation of client/client.h.
 #include "client/client.h"
+#include "client/client_manager_lookup.h"
 
 #include <pthread.h>
 #include <sys/mman.h>
@@ -65,7 +66,19 @@ CUresult Client::Init() {
   std::call_once(init_once_, [this] {
     pthread_atfork(nullptr, nullptr, AfterForkInChild);
     const char* server = std::getenv("FLYT_SERVER");
-    server_ = (server != nullptr && server[0] != '\0') ? server : "tcp://127.0.0.1:14833";
+    std::string manager_socket, manager_token;
+    if (server != nullptr && server[0] != '\0') {
+      server_ = server;  // standalone mode
+    } else if (ClientManagerPresent(&manager_socket)) {
+      Status asked = AskClientManager(manager_socket, EnvInt("FLYT_TIMEOUT_MS", 30000) + 30000,
+                                      &server_, &manager_token);
+      if (!asked.ok()) {
+        init_rc_ = Fail(asked.message());
+        return;
+      }
+    } else {
+      server_ = "tcp://127.0.0.1:14833";
+    }
     transport::Address addr;
     Status st = transport::ParseAddress(server_, &addr);
     if (!st.ok()) {
@@ -85,7 +98,7 @@ CUresult Client::Init() {
     }
     wire::Writer w;
     const char* token = std::getenv("FLYT_TOKEN");
-    std::string tok = token ? token : "";
+    std::string tok = !manager_token.empty() ? manager_token : token ? token : "";
     wire::HelloRequest req{wire::kProtocolVersion, CUDA_VERSION, static_cast<uint32_t>(getpid()),
                            static_cast<uint32_t>(tok.size())};
     w.Put(req);
@@ -224,6 +237,24 @@ CUresult Client::Call(const char* name, uint16_t op, const wire::Writer& req, Re
   CUresult rc = SendLocked(h, req, nullptr, 0);
   if (rc != CUDA_SUCCESS) return rc;
   wire::FrameHeader rep{};
+  rc = ReceiveReplyLocked(name, id, sink, &rep);
+  if (rc != CUDA_SUCCESS) return rc;
+  // The tenant's share changed on the server: the locally answered device
+  // attributes (SM count, memory) follow it from now on.
+  if ((rep.info & wire::kReplyConfigChanged) && op != ops::kOpDeviceInfo) RefreshDevicesLocked();
+  if (t0 != 0) TraceCall(name, "SYNC", t0);
+  t_last_reply_info = rep.info;
+  if (rep.deferred_status != CUDA_SUCCESS) {
+    FLYT_DEBUG("%s: reporting deferred error %u of an earlier asynchronous call", name,
+               rep.deferred_status);
+    return static_cast<CUresult>(rep.deferred_status);
+  }
+  return static_cast<CUresult>(rep.status);
+}
+
+CUresult Client::ReceiveReplyLocked(const char* name, uint64_t id, ReplySink sink,
+                                    wire::FrameHeader* out) {
+  wire::FrameHeader& rep = *out;
   Status st = conn_->Receive(&rep, sizeof(rep));
   while (st.ok() && rep.magic == wire::kMagic && rep.op == ops::kOpDeviceOutput &&
          rep.call_id == 0 && rep.payload_len <= wire::kMaxPayload) {
@@ -260,14 +291,36 @@ CUresult Client::Call(const char* name, uint16_t op, const wire::Writer& req, Re
         server_.c_str(), name, malformed ? "malformed reply" : st.message().c_str());
     return broken_;
   }
-  if (t0 != 0) TraceCall(name, "SYNC", t0);
-  t_last_reply_info = rep.info;
-  if (rep.deferred_status != CUDA_SUCCESS) {
-    FLYT_DEBUG("%s: reporting deferred error %u of an earlier asynchronous call", name,
-               rep.deferred_status);
-    return static_cast<CUresult>(rep.deferred_status);
+  return CUDA_SUCCESS;
+}
+
+void Client::RefreshDevicesLocked() {
+  uint64_t id = next_call_++;
+  wire::FrameHeader h{wire::kMagic, ops::kOpDeviceInfo, wire::kFlagWantReply, id, 0, 0, 0, 0};
+  wire::Writer none;
+  if (SendLocked(h, none, nullptr, 0) != CUDA_SUCCESS) return;
+  wire::FrameHeader rep{};
+  std::vector<uint8_t> reply;
+  if (ReceiveReplyLocked("device inventory", id, ReplySink{&reply}, &rep) != CUDA_SUCCESS) return;
+  wire::Reader r(reply.data(), reply.size());
+  uint32_t n = 0;
+  if (rep.status != CUDA_SUCCESS || !r.Get(&n) || n != devices_.size()) return;
+  for (uint32_t i = 0; i < n; ++i) {
+    ops::DeviceInfo d{};
+    if (!r.Get(&d)) return;
+    // Other threads read these without a lock (cuDeviceGetAttribute): only
+    // what changed is stored, one aligned word at a time.
+    ops::DeviceInfo& mine = devices_[i];
+    for (int a = 0; a < ops::kMaxDeviceAttribute; ++a) {
+      if (d.attributes[a] != __atomic_load_n(&mine.attributes[a], __ATOMIC_RELAXED))
+        __atomic_store_n(&mine.attributes[a], d.attributes[a], __ATOMIC_RELAXED);
+    }
+    if (d.total_mem != __atomic_load_n(&mine.total_mem, __ATOMIC_RELAXED))
+      __atomic_store_n(&mine.total_mem, d.total_mem, __ATOMIC_RELAXED);
   }
-  return static_cast<CUresult>(rep.status);
+  FLYT_INFO("the tenant's share changed: %d SMs, %llu bytes of device memory",
+            n > 0 ? devices_[0].attributes[CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT] : 0,
+            n > 0 ? static_cast<unsigned long long>(devices_[0].total_mem) : 0ull);
 }
 
 // --- host functions

@@ -126,6 +126,13 @@ class Client {
                       size_t bulk_len);
   CUresult FlushLocked();
   CUresult SyncContextLocked();
+  // Receives the reply to call `id` (device output frames before it go to
+  // stdout); on failure the connection is marked broken.
+  CUresult ReceiveReplyLocked(const char* name, uint64_t id, ReplySink sink,
+                              wire::FrameHeader* out);
+  // Fetches the device inventory again after the server said the tenant's
+  // share changed (wire::kReplyConfigChanged).
+  void RefreshDevicesLocked();
   void ServeCallbacks(std::unique_ptr<transport::Connection> conn);
   void RunHostFunc(uint64_t id, bool persistent);
   void TraceCall(const char* name, const char* cls, uint64_t t0_ns);

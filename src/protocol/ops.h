@@ -21,6 +21,9 @@ enum : uint16_t {
   kOpPrimaryCtxReset = 12,
   kOpCtxCreate = 13,
   kOpCtxDestroy = 14,
+  // The device inventory (u32 n, n x DeviceInfo) with the tenant's share
+  // applied; the client asks again after a reply with kReplyConfigChanged.
+  kOpDeviceInfo = 15,
   kOpLoadImage = 20,          // cuLibraryLoadData / cuModuleLoadData / FatBinary
   kOpKernelGetFunction = 21,  // cuKernelGetFunction
   kOpFuncParamLayout = 22,    // layout of a function the client has not seen

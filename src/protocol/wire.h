@@ -45,6 +45,9 @@ enum ReplyInfo : uint32_t {
   // The call was captured into a CUDA graph: it carries no data now (a copy to
   // the host delivers its bytes when the graph runs).
   kReplyCaptured = 1 << 0,
+  // The tenant's share (SM count, memory) changed since the client fetched
+  // the device inventory: it fetches it again (ops::kOpDeviceInfo).
+  kReplyConfigChanged = 1 << 1,
 };
 static_assert(sizeof(FrameHeader) == 32);
 

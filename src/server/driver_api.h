@@ -64,7 +64,13 @@ namespace flyt::server {
   X(cuGraphAddMemsetNode)              \
   X(cuThreadExchangeStreamCaptureMode) \
   X(cuGraphAddHostNode)                \
-  X(cuMemFreeHost)
+  X(cuMemFreeHost)                     \
+  X(cuDeviceGetDevResource)            \
+  X(cuDevSmResourceSplitByCount)       \
+  X(cuDevResourceGenerateDesc)         \
+  X(cuGreenCtxCreate)                  \
+  X(cuGreenCtxDestroy)                 \
+  X(cuCtxFromGreenCtx)
 
 struct DriverApi {
 #define FLYT_DECLARE_GENERIC(op, sym, cls, rel) \
@@ -91,6 +97,10 @@ Status LoadCudaDriver(DriverApi* api);
 struct SimOptions {
   std::string record_path;              // one line per launch (see sim_backend.cc)
   uint64_t memory_bytes = 80ull << 30;  // the simulated GPU's memory
+  // Fake green contexts (SM partitions in multiples of 8, streams bound to the
+  // context current at their creation), so that tests can drive the server's
+  // live SM changes without a GPU.
+  bool green_contexts = false;
 };
 // Fills the table with the sim backend: host memory, recorded launches, no kernels.
 Status LoadSimDriver(const SimOptions& options, DriverApi* api);

@@ -1,8 +1,11 @@
 // flyt-server: serves the CUDA calls of remote client processes on this host's GPU.
 //
-// Owns: the command line, the listeners (one accept thread each) and one
-// thread per session. Must not execute CUDA calls itself: sessions do.
+// Owns: the command line, the listeners (one accept thread each), one thread
+// per session, the control socket (server/control_socket.h) and removing the
+// socket files when a signal ends the server. Must not execute CUDA calls
+// itself: sessions do (and the share, server/share.h, at start and set-share).
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -13,19 +16,57 @@
 #include <vector>
 
 #include "common/log.h"
+#include "server/control_socket.h"
 #include "server/session.h"
 #include "transport/transport.h"
 
 namespace {
 
 void Usage() {
-  std::fprintf(stderr,
-               "usage: flyt-server [--listen ADDR]... [--backend cuda|sim] [--token TOKEN]\n"
-               "                   [--sim-record FILE]\n"
-               "  ADDR: tcp://HOST:PORT (default tcp://0.0.0.0:14833) or unix:///PATH\n"
-               "  --token: credential clients must present (default: $FLYT_TOKEN, else none)\n"
-               "  --backend sim: host memory, records launches, runs no kernel (testing only)\n"
-               "  logging: FLYT_LOG=error|warn|info|debug|trace, FLYT_LOG_FILE=PATH\n");
+  std::fprintf(
+      stderr,
+      "usage: flyt-server [--listen ADDR]... [--backend cuda|sim] [--token TOKEN]\n"
+      "                   [--memory-quota BYTES] [--sm-count N] [--control unix:///PATH]\n"
+      "                   [--sim-record FILE] [--sim-green-contexts]\n"
+      "  ADDR: tcp://HOST:PORT (default tcp://0.0.0.0:14833; port 0: the kernel picks) or\n"
+      "        unix:///PATH\n"
+      "  --token: credential clients must present (default: $FLYT_TOKEN, else none)\n"
+      "  --memory-quota: device memory all sessions together may allocate (suffix K, M, G,\n"
+      "        T: binary multiples); 0 (default) = no quota\n"
+      "  --sm-count: SMs the tenant's kernels run on (green contexts, or MPS's\n"
+      "        CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); 0 (default) = the whole GPU\n"
+      "  --control: JSON control socket (stats, set-share), created 0600\n"
+      "  --backend sim: host memory, records launches, runs no kernel (testing only);\n"
+      "        --sim-green-contexts gives it fake green contexts\n"
+      "  logging: FLYT_LOG=error|warn|info|debug|trace, FLYT_LOG_FILE=PATH\n");
+}
+
+// Socket files removed when a signal ends the server.
+constexpr int kMaxCleanup = 8;
+char g_cleanup[kMaxCleanup][108];
+int g_cleanup_count = 0;
+
+void AddCleanup(const std::string& path) {
+  if (g_cleanup_count >= kMaxCleanup || path.size() >= sizeof(g_cleanup[0])) return;
+  std::memcpy(g_cleanup[g_cleanup_count], path.c_str(), path.size() + 1);
+  ++g_cleanup_count;
+}
+
+void OnTerminate(int sig) {
+  for (int i = 0; i < g_cleanup_count; ++i) unlink(g_cleanup[i]);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+bool ParseCount(const std::string& text, int* out) {
+  if (text.empty() || text.size() > 7) return false;
+  int v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + (c - '0');
+  }
+  *out = v;
+  return true;
 }
 
 }  // namespace
@@ -36,7 +77,9 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   std::vector<std::string> listens;
   std::string backend = "cuda";
+  std::string control_address;
   server::SimOptions sim;
+  server::ShareOptions share;
   auto state = std::make_unique<server::ServerState>();
   for (int i = 0; i < argc; ++i) state->argv.push_back(argv[i]);
   if (const char* t = std::getenv("FLYT_TOKEN")) state->token = t;
@@ -57,6 +100,22 @@ int main(int argc, char** argv) {
       state->token = value("--token");
     } else if (arg == "--sim-record") {
       sim.record_path = value("--sim-record");
+    } else if (arg == "--sim-green-contexts") {
+      sim.green_contexts = true;
+    } else if (arg == "--memory-quota") {
+      std::string v = value("--memory-quota");
+      if (!server::ParseByteCount(v, &share.memory_quota)) {
+        std::fprintf(stderr, "flyt-server: --memory-quota '%s' is not a byte count\n", v.c_str());
+        return 2;
+      }
+    } else if (arg == "--sm-count") {
+      std::string v = value("--sm-count");
+      if (!ParseCount(v, &share.sm_count)) {
+        std::fprintf(stderr, "flyt-server: --sm-count '%s' is not a number of SMs\n", v.c_str());
+        return 2;
+      }
+    } else if (arg == "--control") {
+      control_address = value("--control");
     } else if (arg == "-h" || arg == "--help") {
       Usage();
       return 0;
@@ -78,6 +137,7 @@ int main(int argc, char** argv) {
   }
   if (st.ok()) st = server::DescribeDevices(state.get());
   if (st.ok() && backend == "cuda") st = server::CaptureDeviceOutput(state.get());
+  if (st.ok()) st = state->share.Init(&state->api, state->devices, share);
   if (!st.ok()) {
     std::fprintf(stderr, "flyt-server: %s\n", st.message().c_str());
     return 1;
@@ -92,12 +152,34 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "flyt-server: %s\n", st.message().c_str());
       return 1;
     }
+    if (addr.kind == transport::Address::Kind::kUnix) AddCleanup(addr.path);
+    state->listen.push_back(l->Describe());
     listeners.push_back(std::move(l));
   }
+  state->start_ns = server::SteadyNowNs();
+  struct sigaction sa {};
+  sa.sa_handler = OnTerminate;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaction(sig, &sa, nullptr);
   std::fprintf(stderr, "flyt-server: %s backend, %zu GPU(s), driver %d, listening on",
                backend.c_str(), state->devices.size(), state->driver_version);
-  for (auto& l : listeners) std::fprintf(stderr, " %s", l->Describe().c_str());
+  for (const auto& l : state->listen) std::fprintf(stderr, " %s", l.c_str());
   std::fprintf(stderr, "%s\n", state->token.empty() ? " (no token required)" : "");
+  // Last: a control socket that answers means the server is ready.
+  std::unique_ptr<server::ControlSocket> control;
+  if (!control_address.empty()) {
+    st = server::ControlSocket::Start(control_address, state.get(), &control);
+    if (!st.ok()) {
+      std::fprintf(stderr, "flyt-server: %s\n", st.message().c_str());
+      return 1;
+    }
+    AddCleanup(control->path());
+  }
+  server::Share::Snapshot snap = state->share.Get();
+  std::fprintf(stderr, "flyt-server: share %d of %d SMs (%s), memory quota %s%s%s\n", snap.sm,
+               snap.sm_total, server::SmMechanismName(snap.mechanism),
+               snap.memory_quota ? std::to_string(snap.memory_quota).c_str() : "none",
+               control ? ", control " : "", control ? control->Describe().c_str() : "");
   std::vector<std::thread> acceptors;
   server::ServerState* shared = state.get();
   for (auto& l : listeners) {

@@ -62,7 +62,8 @@ Status DescribeDevices(ServerState* state) {
     }
     state->devices.push_back(info);
   }
-  return Status::Ok();
+  // No share until the server's options say otherwise (main calls Init again).
+  return state->share.Init(&state->api, state->devices, ShareOptions{});
 }
 
 // ---------------------------------------------------------------------------
@@ -84,7 +85,8 @@ struct Slot<T, ArgRole::kValue> {
 
 template <typename T>
 struct Slot<T, ArgRole::kHandle> {
-  uint64_t raw = 0;
+  uint64_t raw = 0;   // the client's handle
+  uint64_t real = 0;  // what the driver gets (streams move at a live SM change)
   bool Decode(Reader& r, Session& s, bool* bad) {
     if (!r.Get(&raw)) return false;
     constexpr HandleKind kind = marshal::HandleOf<T>::kind;
@@ -93,9 +95,14 @@ struct Slot<T, ArgRole::kHandle> {
     bool special = (raw == 0 && (kind == HandleKind::kStream || kind == HandleKind::kContext)) ||
                    (kind == HandleKind::kStream && (raw == 1 || raw == 2));
     if (!special && !s.Owns(kind, raw)) *bad = true;
+    real = raw;
+    if constexpr (kind == HandleKind::kStream)
+      real = reinterpret_cast<uintptr_t>(s.RealStream(raw));
+    if constexpr (kind == HandleKind::kContext)
+      real = reinterpret_cast<uintptr_t>(s.RealContext(raw));
     return true;
   }
-  T Get() { return reinterpret_cast<T>(raw); }
+  T Get() { return reinterpret_cast<T>(real); }
   uint64_t Raw() const { return raw; }
   void Finish(Writer&, Session&) {}
 };
@@ -144,8 +151,55 @@ struct Slot<T, ArgRole::kInStruct> {
   void Finish(Writer&, Session&) {}
 };
 
+uint64_t MulSat(uint64_t a, uint64_t b) {
+  uint64_t r = 0;
+  return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+uint64_t FormatBytes(CUarray_format f) {
+  switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+      return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+      return 2;
+    default:
+      return 4;  // 32-bit, and an upper bound per channel for packed/compressed formats
+  }
+}
+
+uint64_t ArrayBytes(size_t w, size_t h, size_t d, unsigned channels, CUarray_format f) {
+  return MulSat(MulSat(MulSat(w ? w : 1, h ? h : 1), d ? d : 1), MulSat(channels, FormatBytes(f)));
+}
+
+// Ops whose memory counts against the tenant's quota (protocol/api_list.h).
+constexpr bool ChargesMemory(uint16_t op) {
+  return op == 150 || op == 151 || op == 169 || op == 170 || op == 240 || op == 241;
+}
+
+// Bytes an allocation call asks for, from its decoded arguments.
+template <uint16_t Op, typename Slots>
+uint64_t RequestedBytes(Slots& slots) {
+  if constexpr (Op == 150 || Op == 240 || Op == 241) {  // cuMemAlloc, cuMemAlloc(FromPool)Async
+    return std::get<1>(slots).v;
+  } else if constexpr (Op == 151) {  // cuMemAllocPitch: at least width x height
+    return MulSat(std::get<2>(slots).v, std::get<3>(slots).v);
+  } else if constexpr (Op == 169) {  // cuArrayCreate
+    const auto& d = std::get<1>(slots);
+    return d.present ? ArrayBytes(d.v.Width, d.v.Height, 1, d.v.NumChannels, d.v.Format) : 0;
+  } else if constexpr (Op == 170) {  // cuArray3DCreate
+    const auto& d = std::get<1>(slots);
+    return d.present ? ArrayBytes(d.v.Width, d.v.Height, d.v.Depth, d.v.NumChannels, d.v.Format)
+                     : 0;
+  } else {
+    return 0;
+  }
+}
+
 // Runs one generic call. Returns false for a malformed payload.
-template <typename... Args>
+template <uint16_t Op, typename... Args>
 bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CUresult* rc,
                 HandleKind releases, bool allocates) {
   std::tuple<Slot<Args>...> slots;
@@ -166,7 +220,35 @@ bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CU
       return true;
     }
   }
+  [[maybe_unused]] uint64_t charge = 0;
+  if constexpr (ChargesMemory(Op)) {
+    charge = RequestedBytes<Op>(slots);
+    if (!s.ChargeMemory(charge)) {
+      *rc = CUDA_ERROR_OUT_OF_MEMORY;  // over the tenant's memory quota
+      return true;
+    }
+  }
   *rc = std::apply([&](auto&... sl) { return fn(sl.Get()...); }, slots);
+  if constexpr (ChargesMemory(Op)) {
+    if (*rc != CUDA_SUCCESS) {
+      s.RefundMemory(charge);
+      return true;
+    }
+    if constexpr (Op == 151) {  // the pitch is known now: charge what was really taken
+      uint64_t taken = MulSat(std::get<1>(slots).v, std::get<3>(slots).v);
+      if (taken > charge) {
+        if (!s.ChargeMemory(taken - charge)) {
+          CUresult freed = s.api().cuMemFree_v2(std::get<0>(slots).v);
+          if (freed != CUDA_SUCCESS)
+            FLYT_WARN("cuMemFree of an allocation over quota failed with error %d", freed);
+          s.RefundMemory(charge);
+          *rc = CUDA_ERROR_OUT_OF_MEMORY;
+          return true;
+        }
+        charge = taken;
+      }
+    }
+  }
   if (*rc != CUDA_SUCCESS) return true;
   std::apply([&](auto&... sl) { (sl.Finish(out, s), ...); }, slots);
   if constexpr (sizeof...(Args) > 0) {
@@ -174,6 +256,14 @@ bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CU
     if (allocates) {
       if constexpr (std::is_same_v<std::tuple_element_t<0, std::tuple<Args...>>, CUdeviceptr*>)
         s.Adopt(HandleKind::kMemory, std::get<0>(slots).v);
+    }
+  }
+  if constexpr (ChargesMemory(Op)) {
+    if constexpr (Op == 169 || Op == 170) {
+      s.NoteAllocation(HandleKind::kArray, reinterpret_cast<uintptr_t>(std::get<0>(slots).v),
+                       charge);
+    } else {
+      s.NoteAllocation(HandleKind::kMemory, std::get<0>(slots).v, charge);
     }
   }
   return true;
@@ -209,10 +299,10 @@ bool Session::DispatchGeneric(uint16_t op, bool per_thread, Reader& in, Writer& 
   DriverApi& a = state_->api;
   *known = true;
   switch (op) {
-#define FLYT_GENERIC_CASE(id, sym, cls, rel)                                                    \
-  case id:                                                                                      \
-    return RunGeneric(*this, per_thread && a.sym##_pt != nullptr ? a.sym##_pt : a.sym, in, out, \
-                      rc, HandleKind::k##rel, IsAllocation(id));
+#define FLYT_GENERIC_CASE(id, sym, cls, rel)                                                   \
+  case id:                                                                                     \
+    return RunGeneric<id>(*this, per_thread && a.sym##_pt != nullptr ? a.sym##_pt : a.sym, in, \
+                          out, rc, HandleKind::k##rel, IsAllocation(id));
     FLYT_GENERIC_APIS(FLYT_GENERIC_CASE)
 #undef FLYT_GENERIC_CASE
     default:
@@ -235,7 +325,10 @@ Session::~Session() {
   {
     std::lock_guard<std::mutex> lock(state_->sessions_mu);
     auto it = state_->sessions.find(id_);
-    if (it != state_->sessions.end() && it->second == this) state_->sessions.erase(it);
+    if (it != state_->sessions.end() && it->second == this) {
+      state_->sessions.erase(it);
+      state_->last_session_end_ns = SteadyNowNs();
+    }
   }
   {
     std::lock_guard<std::mutex> lock(callback_mu_);
@@ -259,6 +352,45 @@ void Session::Adopt(HandleKind kind, uint64_t value) {
 }
 void Session::Forget(HandleKind kind, uint64_t value) {
   handles_[static_cast<int>(kind)].erase(value);
+  auto refund = [&](std::unordered_map<uint64_t, uint64_t>& sizes) {
+    auto it = sizes.find(value);
+    if (it == sizes.end()) return;
+    RefundMemory(it->second);
+    sizes.erase(it);
+  };
+  if (kind == HandleKind::kMemory) refund(memory_bytes_);
+  if (kind == HandleKind::kArray) refund(array_bytes_);
+  // The stream it ran on now was destroyed with it; the client's handle value
+  // stays taken by the retired stream object until the session ends.
+  if (kind == HandleKind::kStream) stream_map_.erase(value);
+}
+
+void Session::NoteAllocation(HandleKind kind, uint64_t handle, uint64_t bytes) {
+  auto& sizes = kind == HandleKind::kArray ? array_bytes_ : memory_bytes_;
+  auto [it, fresh] = sizes.emplace(handle, bytes);
+  if (!fresh) {  // an address the driver reused before the session noticed the free
+    RefundMemory(it->second);
+    it->second = bytes;
+  }
+}
+
+CUstream Session::RealStream(uint64_t raw) const {
+  if (raw > 2 && !stream_map_.empty()) {
+    auto it = stream_map_.find(raw);
+    if (it != stream_map_.end()) return it->second;
+  }
+  return reinterpret_cast<CUstream>(raw);
+}
+
+CUcontext Session::RealContext(uint64_t raw) const {
+  if (raw != 0 && raw == reinterpret_cast<uintptr_t>(primary_) && exec_ != nullptr) return exec_;
+  return reinterpret_cast<CUcontext>(raw);
+}
+
+int64_t SteadyNowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 Status CaptureDeviceOutput(ServerState* state) {
@@ -300,9 +432,14 @@ wire::FrameHeader Session::ReplyHeader(const wire::FrameHeader& req, CUresult rc
   h.call_id = req.call_id;
   h.payload_len = payload_len;
   h.status = static_cast<uint32_t>(rc);
-  h.deferred_status = static_cast<uint32_t>(deferred_);
   h.info = reply_info_;
-  deferred_ = CUDA_SUCCESS;
+  // The share changed since the client fetched the device inventory: it
+  // fetches it again (kOpDeviceInfo) when it sees this bit.
+  if (info_generation_ != state_->share.info_generation()) h.info |= wire::kReplyConfigChanged;
+  if (!keep_deferred_) {
+    h.deferred_status = static_cast<uint32_t>(deferred_);
+    deferred_ = CUDA_SUCCESS;
+  }
   return h;
 }
 
@@ -367,8 +504,10 @@ Session::Opening Session::Handshake() {
     Reply(h, CUDA_ERROR_NOT_PERMITTED, out);
     return Opening::kRefused;
   }
-  out.Put<uint32_t>(static_cast<uint32_t>(state_->devices.size()));
-  for (const auto& d : state_->devices) out.Put(d);
+  std::vector<ops::DeviceInfo> devices = state_->share.Devices(&info_generation_);
+  exec_generation_ = state_->share.exec_generation();
+  out.Put<uint32_t>(static_cast<uint32_t>(devices.size()));
+  for (const auto& d : devices) out.Put(d);
   FLYT_INFO("session %llu: client pid %u from %s, CUDA %d", static_cast<unsigned long long>(id_),
             req.pid, peer_.c_str(), req.client_cuda_version);
   {
@@ -469,9 +608,14 @@ void Session::Run() {
         break;
       }
       if (h.op == ops::kOpGoodbye) break;
+      state_->calls++;
+      // A live SM change takes effect at the session's first call after it.
+      if (exec_generation_.load(std::memory_order_relaxed) != state_->share.exec_generation())
+        SwitchExec();
       out.Clear();
       CUresult rc = CUDA_SUCCESS;
       replied_ = false;
+      keep_deferred_ = false;
       reply_info_ = 0;
       if (h.op == ops::kOpCopyToDevice && !(h.flags & wire::kFlagWantReply) &&
           h.payload_len > kStagedMin && EnsureStaging()) {
@@ -501,6 +645,7 @@ void Session::Run() {
     }
   }
   ReleaseAll();
+  ReleaseExec();
   if (retained_primary_) {
     std::lock_guard<std::mutex> lock(state_->context_mu);
     state_->api.cuDevicePrimaryCtxRelease_v2(primary_device_);
@@ -514,11 +659,16 @@ void Session::Run() {
 }
 
 void RestartServer(const ServerState& state) {
-  if (state.argv.empty()) return;
+  std::vector<std::string> argv;
+  {
+    std::lock_guard<std::mutex> lock(state.argv_mu);
+    argv = state.argv;
+  }
+  if (argv.empty()) return;
   FLYT_WARN("a client hit a sticky CUDA error; restarting flyt-server to clear it");
   if (state.original_stdout >= 0) dup2(state.original_stdout, STDOUT_FILENO);
   std::vector<char*> args;
-  for (const auto& a : state.argv) args.push_back(const_cast<char*>(a.c_str()));
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   execv("/proc/self/exe", args.data());
   FLYT_ERROR("restart failed (%s): exiting so that a supervisor can restart flyt-server",
@@ -526,7 +676,7 @@ void RestartServer(const ServerState& state) {
   _exit(3);
 }
 
-void Session::ReleaseAll() {
+void Session::ReleaseStaging() {
   DriverApi& a = state_->api;
   FinishUploads();
   for (int i = 0; i < 2; ++i) {
@@ -536,10 +686,18 @@ void Session::ReleaseAll() {
     staging_.buf[i] = nullptr;
   }
   staging_ = Staging{};
+}
+
+void Session::ReleaseAll() {
+  DriverApi& a = state_->api;
+  ReleaseStaging();
+  captures_ = 0;
   size_t total = 0;
   for (auto& set : handles_) total += set.size();
-  if (total == 0 && host_funcs_in_flight_.load() == 0 && captured_.empty()) return;
-  if (primary_ != nullptr) a.cuCtxSetCurrent(primary_);
+  if (total == 0 && host_funcs_in_flight_.load() == 0 && captured_.empty() &&
+      retired_streams_.empty())
+    return;
+  if (exec_ != nullptr || primary_ != nullptr) a.cuCtxSetCurrent(exec_ ? exec_ : primary_);
   if (a.cuCtxSynchronize != nullptr) a.cuCtxSynchronize();
   auto each = [&](HandleKind k, auto&& fn) {
     for (uint64_t h : handles_[static_cast<int>(k)]) fn(h);
@@ -550,10 +708,24 @@ void Session::ReleaseAll() {
   each(HandleKind::kGraph, [&](uint64_t h) { a.cuGraphDestroy(reinterpret_cast<CUgraph>(h)); });
   ReleaseCaptured();
   each(HandleKind::kEvent, [&](uint64_t h) { a.cuEventDestroy_v2(reinterpret_cast<CUevent>(h)); });
-  each(HandleKind::kStream,
-       [&](uint64_t h) { a.cuStreamDestroy_v2(reinterpret_cast<CUstream>(h)); });
+  each(HandleKind::kStream, [&](uint64_t h) { a.cuStreamDestroy_v2(RealStream(h)); });
+  stream_map_.clear();
+  for (CUstream st : retired_streams_) a.cuStreamDestroy_v2(st);
+  retired_streams_.clear();
+  for (CUgreenCtx g : old_greens_) {  // their streams are gone
+    CUresult rc = a.cuGreenCtxDestroy(g);
+    if (rc != CUDA_SUCCESS) FLYT_WARN("cuGreenCtxDestroy failed with error %d", rc);
+  }
+  old_greens_.clear();
   each(HandleKind::kArray, [&](uint64_t h) { a.cuArrayDestroy(reinterpret_cast<CUarray>(h)); });
   each(HandleKind::kMemory, [&](uint64_t h) { a.cuMemFree_v2(static_cast<CUdeviceptr>(h)); });
+  // The session's memory no longer counts against the tenant's quota.
+  uint64_t charged = 0;
+  for (auto& [h, bytes] : memory_bytes_) charged += bytes;
+  for (auto& [h, bytes] : array_bytes_) charged += bytes;
+  memory_bytes_.clear();
+  array_bytes_.clear();
+  RefundMemory(charged);
   each(HandleKind::kModule, [&](uint64_t h) { a.cuModuleUnload(reinterpret_cast<CUmodule>(h)); });
   each(HandleKind::kLibrary,
        [&](uint64_t h) { a.cuLibraryUnload(reinterpret_cast<CUlibrary>(h)); });
@@ -591,7 +763,8 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
         retained_primary_ = true;
         primary_ = ctx;
         Adopt(HandleKind::kContext, reinterpret_cast<uintptr_t>(ctx));
-        *rc = a.cuCtxSetCurrent(ctx);
+        EnterExec(dev);
+        *rc = a.cuCtxSetCurrent(exec_);
       }
       out.Put<uint64_t>(reinterpret_cast<uintptr_t>(ctx));
       return true;
@@ -603,7 +776,34 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
         *rc = CUDA_ERROR_INVALID_CONTEXT;
         return true;
       }
-      *rc = a.cuCtxSetCurrent(reinterpret_cast<CUcontext>(ctx));
+      *rc = a.cuCtxSetCurrent(RealContext(ctx));
+      return true;
+    }
+    case ops::kOpDeviceInfo: {
+      // The inventory with the share applied, after a live change. The
+      // deferred error stays for the app's next reply.
+      if (in.remaining() != 0) return false;
+      std::vector<ops::DeviceInfo> devices = state_->share.Devices(&info_generation_);
+      out.Put<uint32_t>(static_cast<uint32_t>(devices.size()));
+      for (const auto& d : devices) out.Put(d);
+      keep_deferred_ = true;
+      *rc = CUDA_SUCCESS;
+      return true;
+    }
+    case 153: {  // cuMemGetInfo_v2: what the tenant's quota leaves
+      uint8_t want_free = 0, want_total = 0;
+      if (!in.Get(&want_free) || !in.Get(&want_total) || in.remaining() != 0) return false;
+      auto info = per_thread && a.cuMemGetInfo_v2_pt ? a.cuMemGetInfo_v2_pt : a.cuMemGetInfo_v2;
+      if (info == nullptr) {
+        *rc = CUDA_ERROR_NOT_SUPPORTED;
+        return true;
+      }
+      size_t free_bytes = 0, total_bytes = 0;
+      *rc = info(&free_bytes, &total_bytes);
+      if (*rc != CUDA_SUCCESS) return true;
+      state_->share.ClampMemInfo(&free_bytes, &total_bytes);
+      if (want_free) out.Put(free_bytes);
+      if (want_total) out.Put(total_bytes);
       return true;
     }
     case ops::kOpPrimaryCtxReset: {
@@ -662,7 +862,7 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       } else if (info == nullptr) {
         *rc = CUDA_ERROR_NOT_SUPPORTED;
       } else {
-        *rc = info(reinterpret_cast<CUstream>(stream), &status, &id, &graph, &deps, &edges, &count);
+        *rc = info(RealStream(stream), &status, &id, &graph, &deps, &edges, &count);
       }
       out.Put<uint32_t>(status);
       out.Put<uint64_t>(id);
@@ -707,7 +907,7 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
         return true;
       }
       bool captured = false;
-      *rc = HostFunc(reinterpret_cast<CUstream>(stream), id, per_thread, &captured);
+      *rc = HostFunc(RealStream(stream), id, per_thread, &captured);
       if (captured) reply_info_ |= wire::kReplyCaptured;
       return true;
     }
@@ -732,7 +932,7 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       }
       auto sync =
           per_thread && a.cuStreamSynchronize_pt ? a.cuStreamSynchronize_pt : a.cuStreamSynchronize;
-      *rc = sync(reinterpret_cast<CUstream>(stream));
+      *rc = sync(RealStream(stream));
       return true;
     }
     default: {
@@ -740,6 +940,11 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       size_t at = in.remaining();
       const uint8_t* args = in.Skip(0);
       bool ok = DispatchGeneric(h.op, per_thread, in, out, rc, &known);
+      // Captures in progress hold live SM changes back (they would move streams).
+      if (ok && h.op == 118 && *rc == CUDA_SUCCESS) captures_++;
+      if (ok && h.op == 119 && captures_.load() > 0 && *rc != CUDA_ERROR_INVALID_HANDLE &&
+          *rc != CUDA_ERROR_ILLEGAL_STATE && *rc != CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD)
+        captures_--;
       // cuCtxSetLimit on the shared context: limits that can no longer change
       // once kernels ran count as set when they are already large enough.
       if (ok && h.op == 102 && *rc != CUDA_SUCCESS && at == 12 && args != nullptr) {
@@ -882,7 +1087,7 @@ bool Session::DecodeLaunchHead(Reader& in, CUlaunchConfig* cfg, CUlaunchAttribut
   cfg->blockDimY = block[1];
   cfg->blockDimZ = block[2];
   cfg->sharedMemBytes = shmem;
-  cfg->hStream = reinterpret_cast<CUstream>(stream);
+  cfg->hStream = RealStream(stream);
   cfg->attrs = nattrs > 0 ? attrs : nullptr;
   cfg->numAttrs = nattrs;
   return true;
@@ -973,7 +1178,7 @@ bool Session::StagedUpload(const wire::FrameHeader& h, CUresult* rc) {
   *rc = CUDA_SUCCESS;
   if (stream > 2 && !Owns(HandleKind::kStream, stream)) *rc = CUDA_ERROR_INVALID_HANDLE;
   if (stream == 0 && (h.flags & wire::kFlagPerThread)) stream = 2;  // CU_STREAM_PER_THREAD
-  CUstream s = reinterpret_cast<CUstream>(stream);
+  CUstream s = RealStream(stream);
   if (*rc == CUDA_SUCCESS && async && Capturing(s)) {
     // Into a graph: the bytes go to a mirror the graph's fetch node refills.
     void* mirror = NewMirror(n);
@@ -997,7 +1202,6 @@ bool Session::StagedUpload(const wire::FrameHeader& h, CUresult* rc) {
     }
     if (!conn_->Receive(staging_.buf[slot], len).ok()) return false;
     if (*rc == CUDA_SUCCESS) {
-      CUstream s = reinterpret_cast<CUstream>(stream);
       *rc = a.cuMemcpyHtoDAsync_v2(dst + off, staging_.buf[slot], len, s);
       if (*rc == CUDA_SUCCESS) *rc = a.cuEventRecord(staging_.done[slot], s);
       staging_.busy[slot] = *rc == CUDA_SUCCESS;
@@ -1061,7 +1265,7 @@ bool Session::CopyToDevice(Reader& in, bool per_thread, CUresult* rc) {
     *rc = CUDA_ERROR_INVALID_HANDLE;
     return true;
   }
-  CUstream s = reinterpret_cast<CUstream>(stream == 0 && per_thread ? 2 : stream);
+  CUstream s = RealStream(stream == 0 && per_thread ? 2 : stream);
   if (async && Capturing(s)) {
     void* mirror = NewMirror(n);
     if (mirror == nullptr) {
@@ -1074,7 +1278,7 @@ bool Session::CopyToDevice(Reader& in, bool per_thread, CUresult* rc) {
   }
   if (async) {
     // The source is pageable server memory: the driver stages it before returning.
-    *rc = a.cuMemcpyHtoDAsync_v2(dst, src, n, reinterpret_cast<CUstream>(stream));
+    *rc = a.cuMemcpyHtoDAsync_v2(dst, src, n, RealStream(stream));
   } else {
     auto copy = per_thread && a.cuMemcpyHtoD_v2_pt ? a.cuMemcpyHtoD_v2_pt : a.cuMemcpyHtoD_v2;
     *rc = copy(dst, src, n);
@@ -1095,22 +1299,22 @@ bool Session::CopyFromDevice(Reader& in, bool per_thread, Writer& out, CUresult*
     *rc = CUDA_ERROR_INVALID_HANDLE;
     return true;
   }
-  if (async && Capturing(reinterpret_cast<CUstream>(stream == 0 && per_thread ? 2 : stream))) {
+  if (async && Capturing(RealStream(stream == 0 && per_thread ? 2 : stream))) {
     // Into a graph: each run of the graph delivers the bytes to the client.
-    *rc = CaptureDownload(reinterpret_cast<CUstream>(stream == 0 && per_thread ? 2 : stream), src,
-                          client_dst, size);
+    *rc =
+        CaptureDownload(RealStream(stream == 0 && per_thread ? 2 : stream), src, client_dst, size);
     reply_info_ |= wire::kReplyCaptured;
     return true;
   }
   if (size > kStagedMin && EnsureStaging()) {
-    CUstream s = reinterpret_cast<CUstream>(stream == 0 && per_thread ? 2 : stream);
+    CUstream s = RealStream(stream == 0 && per_thread ? 2 : stream);
     if (!StagedDownload(req_, src, size, s, rc)) conn_->Shutdown();  // next receive ends it
     return true;
   }
   uint8_t* dst = out.Grow(size);
   if (async) {
-    *rc = a.cuMemcpyDtoHAsync_v2(dst, src, size, reinterpret_cast<CUstream>(stream));
-    if (*rc == CUDA_SUCCESS) *rc = a.cuStreamSynchronize(reinterpret_cast<CUstream>(stream));
+    *rc = a.cuMemcpyDtoHAsync_v2(dst, src, size, RealStream(stream));
+    if (*rc == CUDA_SUCCESS) *rc = a.cuStreamSynchronize(RealStream(stream));
   } else {
     auto copy = per_thread && a.cuMemcpyDtoH_v2_pt ? a.cuMemcpyDtoH_v2_pt : a.cuMemcpyDtoH_v2;
     *rc = copy(dst, src, size);
@@ -1159,9 +1363,8 @@ bool Session::Copy3D(Reader& in, bool per_thread, Writer& out, CUresult* rc) {
     return false;
   }
   if (async) {
-    *rc = a.cuMemcpy3DAsync_v2(&d, reinterpret_cast<CUstream>(stream));
-    if (*rc == CUDA_SUCCESS && dst_host)
-      *rc = a.cuStreamSynchronize(reinterpret_cast<CUstream>(stream));
+    *rc = a.cuMemcpy3DAsync_v2(&d, RealStream(stream));
+    if (*rc == CUDA_SUCCESS && dst_host) *rc = a.cuStreamSynchronize(RealStream(stream));
   } else {
     auto copy = per_thread && a.cuMemcpy3D_v2_pt ? a.cuMemcpy3D_v2_pt : a.cuMemcpy3D_v2;
     *rc = copy(&d);

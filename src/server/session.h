@@ -2,7 +2,10 @@
 //
 // Owns: the session's handshake, its frame loop (calls executed in order),
 // the handles it created (validated on every use, freed when the client exits
-// or dies), its deferred error of asynchronous calls, and its current context.
+// or dies), its deferred error of asynchronous calls, its current context and
+// the execution context the tenant's SM share gives it (a green context of its
+// own, moved with its streams after a live change: session_share.cc), and the
+// memory its allocations charge to the tenant's quota.
 // A malformed frame ends this session only. Must not touch another session's
 // state; shared state lives in ServerState (image cache, device inventory).
 #pragma once
@@ -22,6 +25,7 @@
 #include "protocol/ops.h"
 #include "protocol/wire.h"
 #include "server/driver_api.h"
+#include "server/share.h"
 #include "transport/transport.h"
 
 namespace flyt::server {
@@ -42,6 +46,8 @@ class ImageCache {
 
 struct ServerState {
   DriverApi api;
+  // The tenant's share (memory quota, SM count) and its live changes.
+  Share share;
   // Read end of the pipe that replaced the server's stdout, where NVIDIA's
   // driver writes device printf output; -1 when not captured.
   int device_output_fd = -1;
@@ -53,6 +59,14 @@ struct ServerState {
   std::unordered_map<uint64_t, class Session*> sessions;  // live sessions by id
   std::atomic<uint64_t> next_session{1};
   std::atomic<int> live_sessions{0};
+  // Requests served (all sessions), for the control socket's stats.
+  std::atomic<uint64_t> calls{0};
+  // Steady-clock nanoseconds of the server's start and of the end of the last
+  // session (0: none ended yet).
+  int64_t start_ns = 0;
+  std::atomic<int64_t> last_session_end_ns{0};
+  // The data-plane listeners' bound addresses (real ports).
+  std::vector<std::string> listen;
   // A session hit a sticky error (illegal address, ...): the shared context is
   // unusable until it is reset, which happens once no session is left.
   std::atomic<bool> context_poisoned{false};
@@ -60,13 +74,17 @@ struct ServerState {
   // clients; it is dropped to reset a poisoned context.
   std::mutex context_mu;
   bool server_holds_context = false;
-  // How this server was started, to start it afresh (see Session::Run).
+  // How this server was started, to start it afresh (see Session::Run); a
+  // live share change rewrites its --memory-quota / --sm-count.
+  mutable std::mutex argv_mu;
   std::vector<std::string> argv;
   int original_stdout = -1;
 };
 
-// Builds the device inventory sent in every handshake.
+// Builds the device inventory (the share is applied to it when sent).
 Status DescribeDevices(ServerState* state);
+// Monotonic clock in nanoseconds.
+int64_t SteadyNowNs();
 // Replaces this server process with a fresh copy of itself (same arguments).
 void RestartServer(const ServerState& state);
 // Points the server's stdout at a pipe so that device printf output can be
@@ -95,6 +113,22 @@ class Session {
   void Adopt(marshal::HandleKind kind, uint64_t value);
   void Forget(marshal::HandleKind kind, uint64_t value);
   DriverApi& api() { return state_->api; }
+  // Memory quota bookkeeping of the generic allocation handlers: charged
+  // before the driver allocates, recorded per handle, refunded when freed.
+  bool ChargeMemory(uint64_t bytes) { return state_->share.Charge(bytes); }
+  void RefundMemory(uint64_t bytes) { state_->share.Refund(bytes); }
+  void NoteAllocation(marshal::HandleKind kind, uint64_t handle, uint64_t bytes);
+  // The stream that runs a client's stream handle now: after a live SM change
+  // the session's streams move to new streams in the new context, under the
+  // same client-visible handles. 0, 1 and 2 follow the current context.
+  CUstream RealStream(uint64_t raw) const;
+  // The context behind a client's context handle (its primary context stands
+  // for the session's execution context, possibly a green context).
+  CUcontext RealContext(uint64_t raw) const;
+  // True while a stream capture of this session is in progress.
+  bool capturing() const { return captures_.load() > 0; }
+  // True when this session runs under an older execution config than the server's.
+  bool switch_pending() const { return exec_generation_.load() != state_->share.exec_generation(); }
   // Runs a client host function: asks the client over the callback channel and
   // waits for it to finish. Called on the driver's callback thread.
   void RunClientHostFunc(uint64_t id, bool persistent);
@@ -140,6 +174,13 @@ class Session {
   void DescribeFunction(uint64_t handle, bool is_kernel, wire::Writer& out);
   void DescribeImage(uint64_t image, bool library, wire::Writer& out);
   void ReleaseAll();
+  void ReleaseStaging();
+  // Execution context (server/share.h): made at the primary context's retain,
+  // moved at the first call after a live SM change, destroyed at the end.
+  CUresult MakeExec(int device, const ExecConfig& config, CUgreenCtx* green, CUcontext* ctx);
+  void EnterExec(int device);
+  void SwitchExec();
+  void ReleaseExec();
   void ForwardDeviceOutput();
   wire::FrameHeader ReplyHeader(const wire::FrameHeader& req, CUresult rc, uint32_t payload_len);
   bool SendReplyHeader(const wire::FrameHeader& req, CUresult rc, uint32_t payload_len);
@@ -158,8 +199,22 @@ class Session {
   std::string peer_;
   std::unordered_set<uint64_t> handles_[static_cast<int>(marshal::HandleKind::kCount)];
   CUresult deferred_ = CUDA_SUCCESS;
-  CUcontext primary_ = nullptr;
+  CUcontext primary_ = nullptr;  // the client's handle for its context
   int primary_device_ = 0;
+  CUcontext exec_ = nullptr;    // what the session's thread has current: primary_ or green_'s
+  CUgreenCtx green_ = nullptr;  // this session's green context, if the share has one
+  int exec_device_ = -1;        // the device exec_ belongs to
+  std::atomic<uint64_t> exec_generation_{0};
+  uint64_t info_generation_ = 0;           // device inventory generation the client has
+  std::vector<CUgreenCtx> old_greens_;     // earlier green contexts, kept for their streams
+  std::vector<CUstream> retired_streams_;  // streams replaced at a switch, kept so that
+                                           // their handle values cannot be reused
+  std::unordered_map<uint64_t, CUstream> stream_map_;  // client handle -> its stream now
+  // Bytes charged to the quota per memory / array handle.
+  std::unordered_map<uint64_t, uint64_t> memory_bytes_;
+  std::unordered_map<uint64_t, uint64_t> array_bytes_;
+  std::atomic<int> captures_{0};
+  bool keep_deferred_ = false;  // this reply must not carry the deferred error
   bool retained_primary_ = false;
   std::vector<uint8_t> payload_;
   uint64_t secret_ = 0;

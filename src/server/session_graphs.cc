@@ -253,7 +253,7 @@ bool Session::GraphMemsetNode(Reader& in, Writer& out, CUresult* rc) {
   if (*rc != CUDA_SUCCESS) return true;
   CUgraphNode created = nullptr;
   *rc = a.cuGraphAddMemsetNode(&created, reinterpret_cast<CUgraph>(graph), deps.data(), deps.size(),
-                               &p, reinterpret_cast<CUcontext>(ctx));
+                               &p, RealContext(ctx));
   if (*rc == CUDA_SUCCESS) Adopt(HandleKind::kGraphNode, reinterpret_cast<uintptr_t>(created));
   out.Put<uint64_t>(reinterpret_cast<uintptr_t>(created));
   return true;
@@ -297,7 +297,7 @@ CUresult Session::SynchronizeSession() {
     if (first == CUDA_SUCCESS) first = rc;
   };
   for (uint64_t s : handles_[static_cast<int>(HandleKind::kStream)])
-    keep(a.cuStreamSynchronize(reinterpret_cast<CUstream>(s)));
+    keep(a.cuStreamSynchronize(RealStream(s)));
   keep(a.cuStreamSynchronize(CU_STREAM_PER_THREAD));
   keep(a.cuStreamSynchronize(nullptr));
   return first;

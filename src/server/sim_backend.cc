@@ -8,6 +8,7 @@
 // synchronously and no kernel executes. Never a product feature.
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -51,6 +52,7 @@ struct SimStream {
   int priority = 0;
   unsigned flags = 0;
   std::shared_ptr<StreamWork> work = std::make_shared<StreamWork>();
+  CUcontext ctx = nullptr;  // current at creation (checked with fake green contexts)
 };
 struct SimEvent {
   std::chrono::steady_clock::time_point at{};
@@ -66,8 +68,21 @@ struct Sim {
   FILE* record = nullptr;
   std::mutex record_mu;
   int ctx_token = 0;
+  bool green = false;  // fake green contexts (SimOptions::green_contexts)
 };
 Sim* g_sim = nullptr;
+thread_local CUcontext t_current = nullptr;
+
+// Fake green contexts: an SM count, and a context token of their own.
+struct SimGreen {
+  unsigned sms = 0;
+  int token = 0;
+};
+struct SimDesc {
+  unsigned sms = 0;
+};
+constexpr unsigned kSimSms = 132;
+constexpr unsigned kSimSmGranularity = 8;
 
 // True when [p, p+n) lies inside one allocation.
 bool Valid(uint64_t p, size_t n) {
@@ -155,7 +170,7 @@ CUresult simDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice) {
       {CU_DEVICE_ATTRIBUTE_CLOCK_RATE, 1980000},
       {CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT, 512},
       {CU_DEVICE_ATTRIBUTE_GPU_OVERLAP, 1},
-      {CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 132},
+      {CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, static_cast<int>(kSimSms)},
       {CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 1},
       {CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS, 1},
       {CU_DEVICE_ATTRIBUTE_ECC_ENABLED, 1},
@@ -194,7 +209,10 @@ CUresult simPrimaryCtxRetain(CUcontext* c, CUdevice d) {
 }
 CUresult simPrimaryCtxRelease(CUdevice) { return CUDA_SUCCESS; }
 CUresult simPrimaryCtxReset(CUdevice) { return CUDA_SUCCESS; }
-CUresult simCtxSetCurrent(CUcontext) { return CUDA_SUCCESS; }
+CUresult simCtxSetCurrent(CUcontext c) {
+  t_current = c;
+  return CUDA_SUCCESS;
+}
 std::atomic<int> g_pending_host_funcs{0};
 CUresult simCtxSynchronize() {
   while (g_pending_host_funcs.load() > 0)
@@ -210,6 +228,73 @@ CUresult simCtxSetLimit(CUlimit, size_t) { return CUDA_SUCCESS; }
 CUresult simCtxGetStreamPriorityRange(int* least, int* greatest) {
   if (least) *least = 0;
   if (greatest) *greatest = -5;
+  return CUDA_SUCCESS;
+}
+
+// --- fake green contexts (SimOptions::green_contexts)
+CUresult simDeviceGetDevResource(CUdevice d, CUdevResource* r, CUdevResourceType type) {
+  if (r == nullptr || type != CU_DEV_RESOURCE_TYPE_SM) return CUDA_ERROR_INVALID_VALUE;
+  if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+  *r = CUdevResource{};
+  r->type = CU_DEV_RESOURCE_TYPE_SM;
+  r->sm.smCount = kSimSms;
+  r->sm.minSmPartitionSize = kSimSmGranularity;
+  r->sm.smCoscheduledAlignment = kSimSmGranularity;
+  return CUDA_SUCCESS;
+}
+CUresult simDevSmResourceSplitByCount(CUdevResource* result, unsigned* groups,
+                                      const CUdevResource* input, CUdevResource* remaining,
+                                      unsigned, unsigned min_count) {
+  if (groups == nullptr || input == nullptr || input->type != CU_DEV_RESOURCE_TYPE_SM ||
+      min_count > input->sm.smCount)
+    return CUDA_ERROR_INVALID_VALUE;
+  unsigned count = std::max(min_count, kSimSmGranularity);
+  count = (count + kSimSmGranularity - 1) / kSimSmGranularity * kSimSmGranularity;
+  unsigned possible = input->sm.smCount / count;
+  if (result == nullptr) {
+    *groups = possible;
+    return CUDA_SUCCESS;
+  }
+  unsigned n = std::min(*groups, possible);
+  for (unsigned i = 0; i < n; ++i) {
+    result[i] = *input;
+    result[i].sm.smCount = count;
+  }
+  if (remaining != nullptr) {
+    *remaining = *input;
+    remaining->sm.smCount = input->sm.smCount - n * count;
+  }
+  *groups = n;
+  return CUDA_SUCCESS;
+}
+CUresult simDevResourceGenerateDesc(CUdevResourceDesc* out, CUdevResource* r, unsigned n) {
+  if (out == nullptr || r == nullptr || n == 0) return CUDA_ERROR_INVALID_VALUE;
+  static std::mutex mu;
+  static std::vector<std::unique_ptr<SimDesc>> descs;  // the driver never frees them either
+  auto d = std::make_unique<SimDesc>();
+  for (unsigned i = 0; i < n; ++i) d->sms += r[i].sm.smCount;
+  std::lock_guard<std::mutex> lock(mu);
+  *out = reinterpret_cast<CUdevResourceDesc>(d.get());
+  descs.push_back(std::move(d));
+  return CUDA_SUCCESS;
+}
+CUresult simGreenCtxCreate(CUgreenCtx* out, CUdevResourceDesc desc, CUdevice d, unsigned flags) {
+  if (out == nullptr || desc == nullptr || !(flags & CU_GREEN_CTX_DEFAULT_STREAM))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+  auto* g = new SimGreen;
+  g->sms = reinterpret_cast<SimDesc*>(desc)->sms;
+  *out = reinterpret_cast<CUgreenCtx>(g);
+  return CUDA_SUCCESS;
+}
+CUresult simGreenCtxDestroy(CUgreenCtx g) {
+  if (g == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  delete reinterpret_cast<SimGreen*>(g);
+  return CUDA_SUCCESS;
+}
+CUresult simCtxFromGreenCtx(CUcontext* out, CUgreenCtx g) {
+  if (out == nullptr || g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *out = reinterpret_cast<CUcontext>(&reinterpret_cast<SimGreen*>(g)->token);
   return CUDA_SUCCESS;
 }
 
@@ -351,8 +436,19 @@ std::string Hex(const uint8_t* p, size_t n) {
   return s;
 }
 
+SimStream* AsStream(CUstream s);
+// With fake green contexts, a stream works only while its own context is
+// current, so a stream the server forgot to move after a live SM change shows.
+CUresult CheckStreamContext(CUstream s) {
+  SimStream* st = AsStream(s);
+  if (!g_sim->green || st == nullptr || st->ctx == nullptr || t_current == nullptr)
+    return CUDA_SUCCESS;
+  return st->ctx == t_current ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
 CUresult simLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction f, void** params, void** extra) {
   auto* k = reinterpret_cast<SimKernel*>(f);
+  if (CUresult rc = CheckStreamContext(cfg->hStream); rc != CUDA_SUCCESS) return rc;
   if (cfg->gridDimX == 0 || cfg->gridDimY == 0 || cfg->gridDimZ == 0 || cfg->blockDimX == 0 ||
       cfg->blockDimY == 0 || cfg->blockDimZ == 0 ||
       uint64_t{cfg->blockDimX} * cfg->blockDimY * cfg->blockDimZ > 1024)
@@ -413,13 +509,19 @@ CUresult simHtoD(CUdeviceptr d, const void* h, size_t n) {
   std::memcpy(reinterpret_cast<void*>(d), h, n);
   return CUDA_SUCCESS;
 }
-CUresult simHtoDAsync(CUdeviceptr d, const void* h, size_t n, CUstream) { return simHtoD(d, h, n); }
+CUresult simHtoDAsync(CUdeviceptr d, const void* h, size_t n, CUstream s) {
+  if (CUresult rc = CheckStreamContext(s); rc != CUDA_SUCCESS) return rc;
+  return simHtoD(d, h, n);
+}
 CUresult simDtoH(void* h, CUdeviceptr d, size_t n) {
   if (!Valid(d, n)) return CUDA_ERROR_INVALID_VALUE;
   std::memcpy(h, reinterpret_cast<void*>(d), n);
   return CUDA_SUCCESS;
 }
-CUresult simDtoHAsync(void* h, CUdeviceptr d, size_t n, CUstream) { return simDtoH(h, d, n); }
+CUresult simDtoHAsync(void* h, CUdeviceptr d, size_t n, CUstream s) {
+  if (CUresult rc = CheckStreamContext(s); rc != CUDA_SUCCESS) return rc;
+  return simDtoH(h, d, n);
+}
 CUresult simDtoD(CUdeviceptr d, CUdeviceptr s, size_t n) {
   if (!Valid(d, n) || !Valid(s, n)) return CUDA_ERROR_INVALID_VALUE;
   std::memmove(reinterpret_cast<void*>(d), reinterpret_cast<void*>(s), n);
@@ -509,6 +611,74 @@ CUresult simMemcpy3D(const CUDA_MEMCPY3D* c) {
 }
 CUresult simMemcpy3DAsync(const CUDA_MEMCPY3D* c, CUstream) { return simMemcpy3D(c); }
 
+// --- arrays: memory only (copies to and from arrays are not simulated)
+struct SimArray {
+  CUDA_ARRAY3D_DESCRIPTOR desc{};
+  CUdeviceptr mem = 0;
+};
+size_t SimFormatBytes(CUarray_format f) {
+  switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+      return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+      return 2;
+    default:
+      return 4;
+  }
+}
+CUresult simArray3DCreate(CUarray* out, const CUDA_ARRAY3D_DESCRIPTOR* d) {
+  if (out == nullptr || d == nullptr || d->Width == 0 ||
+      (d->NumChannels != 1 && d->NumChannels != 2 && d->NumChannels != 4))
+    return CUDA_ERROR_INVALID_VALUE;
+  size_t bytes = d->Width * (d->Height ? d->Height : 1) * (d->Depth ? d->Depth : 1) *
+                 d->NumChannels * SimFormatBytes(d->Format);
+  auto a = std::make_unique<SimArray>();
+  a->desc = *d;
+  CUresult rc = Alloc(&a->mem, bytes);
+  if (rc != CUDA_SUCCESS) return rc;
+  *out = reinterpret_cast<CUarray>(a.release());
+  return CUDA_SUCCESS;
+}
+CUresult simArrayCreate(CUarray* out, const CUDA_ARRAY_DESCRIPTOR* d) {
+  if (d == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUDA_ARRAY3D_DESCRIPTOR d3{};
+  d3.Width = d->Width;
+  d3.Height = d->Height;
+  d3.Format = d->Format;
+  d3.NumChannels = d->NumChannels;
+  return simArray3DCreate(out, &d3);
+}
+CUresult simArrayDestroy(CUarray a) {
+  if (a == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  auto* arr = reinterpret_cast<SimArray*>(a);
+  simMemFree(arr->mem);
+  delete arr;
+  return CUDA_SUCCESS;
+}
+CUresult simArray3DGetDescriptor(CUDA_ARRAY3D_DESCRIPTOR* d, CUarray a) {
+  if (d == nullptr || a == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *d = reinterpret_cast<SimArray*>(a)->desc;
+  return CUDA_SUCCESS;
+}
+CUresult simArrayGetDescriptor(CUDA_ARRAY_DESCRIPTOR* d, CUarray a) {
+  if (d == nullptr || a == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const CUDA_ARRAY3D_DESCRIPTOR& d3 = reinterpret_cast<SimArray*>(a)->desc;
+  d->Width = d3.Width;
+  d->Height = d3.Height;
+  d->Format = d3.Format;
+  d->NumChannels = d3.NumChannels;
+  return CUDA_SUCCESS;
+}
+// Stream-ordered allocations: immediate (everything here is synchronous).
+CUresult simMemAllocAsync(CUdeviceptr* p, size_t n, CUstream) { return Alloc(p, n); }
+CUresult simMemAllocFromPoolAsync(CUdeviceptr* p, size_t n, CUmemoryPool, CUstream) {
+  return Alloc(p, n);
+}
+CUresult simMemFreeAsync(CUdeviceptr p, CUstream) { return simMemFree(p); }
+
 // --- streams and events
 SimStream g_default_stream;
 
@@ -518,13 +688,16 @@ void WaitIdle(const std::shared_ptr<StreamWork>& w) {
 
 CUresult simStreamCreate(CUstream* s, unsigned flags) {
   if (s == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *s = reinterpret_cast<CUstream>(new SimStream{0, flags});
+  auto* st = new SimStream{0, flags};
+  st->ctx = t_current;
+  *s = reinterpret_cast<CUstream>(st);
   return CUDA_SUCCESS;
 }
 CUresult simStreamCreateWithPriority(CUstream* s, unsigned flags, int prio) {
   if (s == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *s = reinterpret_cast<CUstream>(new SimStream{prio < -5 ? -5 : (prio > 0 ? 0 : prio), flags, {}});
-  reinterpret_cast<SimStream*>(*s)->work = std::make_shared<StreamWork>();
+  auto* st = new SimStream{prio < -5 ? -5 : (prio > 0 ? 0 : prio), flags};
+  st->ctx = t_current;
+  *s = reinterpret_cast<CUstream>(st);
   return CUDA_SUCCESS;
 }
 SimStream* AsStream(CUstream s) {
@@ -759,6 +932,23 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuEventElapsedTime_v2 = simEventElapsedTime;
   a->cuMemHostAlloc = simMemHostAlloc;
   a->cuMemFreeHost = simMemFreeHost;
+  a->cuArrayCreate_v2 = simArrayCreate;
+  a->cuArray3DCreate_v2 = simArray3DCreate;
+  a->cuArrayDestroy = simArrayDestroy;
+  a->cuArrayGetDescriptor_v2 = simArrayGetDescriptor;
+  a->cuArray3DGetDescriptor_v2 = simArray3DGetDescriptor;
+  a->cuMemAllocAsync = simMemAllocAsync;
+  a->cuMemAllocFromPoolAsync = simMemAllocFromPoolAsync;
+  a->cuMemFreeAsync = simMemFreeAsync;
+  sim.green = options.green_contexts;
+  if (options.green_contexts) {
+    a->cuDeviceGetDevResource = simDeviceGetDevResource;
+    a->cuDevSmResourceSplitByCount = simDevSmResourceSplitByCount;
+    a->cuDevResourceGenerateDesc = simDevResourceGenerateDesc;
+    a->cuGreenCtxCreate = simGreenCtxCreate;
+    a->cuGreenCtxDestroy = simGreenCtxDestroy;
+    a->cuCtxFromGreenCtx = simCtxFromGreenCtx;
+  }
   return Status::Ok();
 }
 

@@ -27,7 +27,9 @@ import argparse
 import collections
 import concurrent.futures
 import difflib
+import json
 import os
+import queue
 import random
 import re
 import shutil
@@ -63,6 +65,7 @@ PROGRAMS = (
     "kernel_args",
     "unsupported_api",
     "server_gone",
+    "share_quota",
 )
 
 TOKEN = "e2e-secret-token-7f3a"
@@ -203,14 +206,17 @@ def rss_kb(pid):
 
 
 class Server:
-    """flyt-server --backend sim on a free TCP port and a Unix socket in `tmp`."""
+    """flyt-server --backend sim on a free TCP port and a Unix socket in `tmp`; with
+    control=True also a control socket (--control unix://<tmp>/<name>.ctl)."""
 
-    def __init__(self, tmp, name="server", token=TOKEN, log_level="info", extra_args=()):
+    def __init__(self, tmp, name="server", token=TOKEN, log_level="info", extra_args=(),
+                 control=False):
         self.tmp = tmp
         self.name = name
         self.token = token
         self.log_level = log_level
         self.extra_args = list(extra_args)
+        self.control_path = os.path.join(tmp, name + ".ctl") if control else None
         self.sock_path = os.path.join(tmp, name + ".sock")
         self.record_path = os.path.join(tmp, name + ".record")
         self.log_path = os.path.join(tmp, name + ".log")
@@ -238,6 +244,8 @@ class Server:
             ]
             if self.token is not None:
                 self.cmd += ["--token", self.token]
+            if self.control_path:
+                self.cmd += ["--control", "unix://" + self.control_path]
             self.cmd += self.extra_args
             env = clean_env({"FLYT_LOG": self.log_level, "FLYT_LOG_FILE": self.log_path})
             with open(self.out_path, "ab") as out, open(self.err_path, "ab") as err:
@@ -265,7 +273,8 @@ class Server:
                 tcp_ok = self._probe(socket.AF_INET, ("127.0.0.1", self.port))
             if not unix_ok:
                 unix_ok = self._probe(socket.AF_UNIX, self.sock_path)
-            if tcp_ok and unix_ok:
+            if tcp_ok and unix_ok and (not self.control_path
+                                       or os.path.exists(self.control_path)):
                 return
             time.sleep(0.05)
         raise RuntimeError("no listener after %ds (tcp %s, unix %s)"
@@ -377,10 +386,52 @@ class Server:
                     tail(read_text(self.err_path) if os.path.exists(self.err_path) else ""),
                     tail(read_text(self.out_path) if os.path.exists(self.out_path) else "")))
 
+    def control(self, request, timeout=10.0):
+        """One request on the control socket; returns the answer (a dict)."""
+        return control_call(self.control_path, request, timeout)
+
     def record_lines(self):
         if not os.path.exists(self.record_path):
             return []
         return [l for l in read_text(self.record_path).splitlines() if l.startswith("launch ")]
+
+
+def control_call(path, request, timeout=10.0, sock=None):
+    """Sends one length-prefixed JSON request (docs/control_plane.md) and returns the answer.
+    With `sock`, uses that connected socket and leaves it open."""
+    own = sock is None
+    if own:
+        deadline = time.monotonic() + timeout
+        while True:  # the file appears at bind(), a moment before listen()
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(timeout)
+            try:
+                sock.connect(path)
+                break
+            except (ConnectionRefusedError, FileNotFoundError):
+                sock.close()
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+    try:
+        body = request if isinstance(request, bytes) else json.dumps(request).encode()
+        sock.sendall(struct.pack("<I", len(body)) + body)
+        head = recv_exact(sock, 4)
+        (n,) = struct.unpack("<I", head)
+        return json.loads(recv_exact(sock, n).decode())
+    finally:
+        if own:
+            sock.close()
+
+
+def recv_exact(sock, n):
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise EOFError("the control socket closed after %d of %d bytes" % (len(data), n))
+        data += chunk
+    return data
 
 
 # ---------------------------------------------------------------------------------------
@@ -469,6 +520,64 @@ def run_program(tmp, server, transport, program, args=(), timeout=RUN_TIMEOUT_S,
         kill_group(proc)
     return Result(cmd, note, rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
                   log_path, time.monotonic() - start)
+
+
+class RunningProgram:
+    """A program started through `flyt run` whose stdout lines are read as they come."""
+
+    def __init__(self, tmp, server, transport, program, args=(), **env_kw):
+        self.cmd = flyt_command(server, transport, program, args)
+        env, self.note, self.log_path = client_env(tmp, server, transport, **env_kw)
+        self.start = time.monotonic()
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        self.lines = queue.Queue()
+        self.out = []
+        self.err = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        self.err_reader = threading.Thread(target=self._read_err, daemon=True)
+        self.err_reader.start()
+
+    def _read(self):
+        for raw in self.proc.stdout:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            self.out.append(line)
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def _read_err(self):
+        for raw in self.proc.stderr:
+            self.err.append(raw.decode("utf-8", "replace"))
+
+    def wait_line(self, pattern, timeout=30.0):
+        """The first line (from now on) matching `pattern`, or None at EOF or timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                return None
+            if line is None:
+                return None
+            if re.search(pattern, line):
+                return line
+
+    def finish(self, timeout=RUN_TIMEOUT_S):
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            rc = None
+        kill_group(self.proc)
+        self.reader.join(10)
+        self.err_reader.join(10)
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+        return Result(self.cmd, self.note, rc, "\n".join(self.out) + "\n", "".join(self.err),
+                      self.log_path, time.monotonic() - self.start)
 
 
 # ---------------------------------------------------------------------------------------
@@ -1087,6 +1196,212 @@ class E2E(unittest.TestCase):
                     self.fail("launch missing from the record (or out of order): %s\n%s"
                               % (line[:300], srv.logs()))
         self.stop_server(srv)
+
+
+    # -- the tenant's share: --memory-quota, --sm-count, the control socket, set-share
+
+    def assert_stats(self, srv, **want):
+        """stats has every field of the contract and the values in `want`. A session that
+        ended is gone from stats once the server has noticed: waits for sessions=0."""
+        stats = srv.control({"verb": "stats"})
+        deadline = time.monotonic() + 10
+        while (want.get("sessions") == 0 and stats.get("sessions") != 0
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
+            stats = srv.control({"verb": "stats"})
+        where = "stats: %s\n%s" % (stats, srv.logs())
+        self.assertTrue(stats.get("ok"), where)
+        for key in ("pid", "listen", "sessions", "memory_used", "memory_quota", "sm", "sm_total",
+                    "sm_mechanism", "calls", "idle_ms"):
+            self.assertIn(key, stats, where)
+        self.assertEqual(stats["pid"], srv.proc.pid, where)
+        for key, value in want.items():
+            self.assertEqual(stats.get(key), value, "%s: %s" % (key, where))
+        return stats
+
+    def test_share_quota(self):
+        """Allocations until OOM under --memory-quota; cudaMemGetInfo and the SM count."""
+        quota = 64 << 20
+        cases = [(variant, transport, False) for variant, transport in self.matrix()]
+        cases.append((CFG.variants[0], CFG.transports[0], True))
+        for variant, transport, green in cases:
+            with self.subTest(variant=variant, transport=transport, green=green):
+                args = ["--memory-quota", "64M", "--sm-count", "20"]
+                if green:
+                    args.append("--sim-green-contexts")
+                srv = self.start_server(control=True, extra_args=args)
+                sm = 24 if green else 20  # green contexts come in multiples of 8 SMs
+                mechanism = "green_context" if green else "none"
+                self.assert_stats(srv, sessions=0, memory_used=0, memory_quota=quota, sm=sm,
+                                  sm_total=SIM_SMS, sm_mechanism=mechanism, calls=0,
+                                  listen=[srv.url("tcp"), srv.url("unix")])
+                res = self.run_ok(srv, transport, "share_quota", variant,
+                                  args=("quota", str(quota), str(sm)))
+                kv = self.kv(res)
+                self.assertEqual(kv.get("oom_after"), "8", res.describe())
+                self.assertEqual(kv.get("mem_total"), str(quota), res.describe())
+                stats = self.assert_stats(srv, sessions=0, memory_used=0, memory_quota=quota,
+                                          sm=sm, sm_mechanism=mechanism)
+                self.assertGreater(stats["calls"], 0, stats)
+                mode = os.stat(srv.control_path).st_mode & 0o777
+                self.assertEqual(mode, 0o600, "control socket mode %o" % mode)
+                self.stop_server(srv)
+                self.assertFalse(os.path.exists(srv.control_path),
+                                 "the control socket file outlived the server")
+
+    def test_control_socket(self):
+        """stats and malformed requests; several requests per connection; a stale file."""
+        stale = os.path.join(self.tmp, "stale.ctl")
+        with open(stale, "w") as f:
+            f.write("left by a dead server")
+        srv = Server(self.tmp, name="stale", control=True)
+        srv.control_path = stale
+        srv.start()
+        self.servers.append(srv)
+        stats = self.assert_stats(srv, sessions=0, memory_used=0, memory_quota=0,
+                                  sm=SIM_SMS, sm_total=SIM_SMS, sm_mechanism="none")
+        time.sleep(0.2)
+        later = self.assert_stats(srv, sessions=0)
+        self.assertGreater(later["idle_ms"], stats["idle_ms"], "idle_ms does not grow before "
+                           "the first session")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(10)
+        sock.connect(srv.control_path)
+        try:
+            bad = [
+                ({"verb": "no-such-verb"}, "bad_request"),
+                ({"id": 7}, "bad_request"),
+                ({"verb": "set-share"}, "bad_request"),
+                ({"verb": "set-share", "sm": -1}, "bad_request"),
+                ({"verb": "set-share", "sm": "all"}, "bad_request"),
+                ({"verb": "set-share", "memory_bytes": -5}, "bad_request"),
+                ({"verb": "set-share", "memory_bytes": 1.5}, "bad_request"),
+            ]
+            for request, code in bad:
+                answer = control_call(None, request, sock=sock)
+                self.assertFalse(answer.get("ok"), "%s -> %s" % (request, answer))
+                self.assertEqual(answer.get("code"), code, "%s -> %s" % (request, answer))
+                self.assertTrue(answer.get("error"), "%s -> %s" % (request, answer))
+            answer = control_call(None, {"verb": "stats", "id": 42}, sock=sock)
+            self.assertTrue(answer.get("ok"), answer)
+        finally:
+            sock.close()
+        # A session's memory shows in stats while it runs, and goes when it ends.
+        prog = RunningProgram(self.tmp, srv, "tcp", program_path("share_quota", CFG.variants[0]),
+                              ("watch", "60", "1", "1"))
+        try:
+            if prog.wait_line(r"^ready$") is None:
+                self.fail("share_quota never got ready\n" + prog.finish(5).describe())
+            stats = self.assert_stats(srv, sessions=1, memory_used=8 << 20, idle_ms=0)
+            self.assertGreater(stats["calls"], 0, stats)
+        finally:
+            kill_group(prog.proc)
+            prog.finish(10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            stats = srv.control({"verb": "stats"})
+            if stats.get("sessions") == 0:
+                break
+            time.sleep(0.05)
+        self.assertEqual(stats.get("sessions"), 0, "the killed client's session stayed: %s" % stats)
+        self.assertEqual(stats.get("memory_used"), 0, "its memory still counts: %s" % stats)
+        self.stop_server(srv)
+        self.assertFalse(os.path.exists(stale), "the control socket file outlived the server")
+
+    def test_live_share_change(self):
+        """set-share while a program runs: it sees the new SM count and memory at once, its
+        stream keeps working (with fake green contexts: moved to the new context), and the
+        new quota holds."""
+        for green in (False, True):
+            with self.subTest(green=green):
+                args = ["--memory-quota", "64M", "--sm-count", "20"]
+                if green:
+                    args.append("--sim-green-contexts")
+                srv = self.start_server(control=True, extra_args=args)
+                sm_before = 24 if green else 20
+                ask, sm_after = (36, 40) if green else (40, 40)
+                new_quota = 32 << 20
+                prog = RunningProgram(self.tmp, srv, CFG.transports[0],
+                                      program_path("share_quota", CFG.variants[0]),
+                                      ("watch", "60", str(sm_after), str(new_quota)))
+                try:
+                    if prog.wait_line(r"^ready$") is None:
+                        self.fail("share_quota never got ready\n" + prog.finish(5).describe())
+                    self.assert_stats(srv, sessions=1, memory_used=8 << 20, sm=sm_before)
+                    # Below what is in use: allowed, and said so.
+                    answer = srv.control({"verb": "set-share", "memory_bytes": 4 << 20})
+                    self.assertTrue(answer.get("ok"), answer)
+                    self.assertIn("below current use", answer.get("note", ""), answer)
+                    answer = srv.control({"verb": "set-share", "sm": ask,
+                                          "memory_bytes": new_quota})
+                    self.assertTrue(answer.get("ok"), "%s\n%s" % (answer, srv.logs()))
+                    self.assertIsInstance(answer.get("pause_us"), int, answer)
+                    self.assertGreaterEqual(answer["pause_us"], 0, answer)
+                    self.assertEqual(answer.get("sm"), sm_after, answer)
+                    if green:
+                        self.assertIn("granted", answer.get("note", ""), answer)
+                finally:
+                    res = prog.finish()
+                self.assert_passed(res, "share_quota", srv)
+                self.assertIn("change sm=%d total=%d" % (sm_after, new_quota), res.lines(),
+                              res.describe())
+                self.assert_stats(srv, sessions=0, memory_used=0, memory_quota=new_quota,
+                                  sm=sm_after,
+                                  sm_mechanism="green_context" if green else "none")
+                if green:
+                    self.assertRegex(srv.log_text(), r"stream\(s\) moved",
+                                     "the session did not move its stream\n" + srv.logs())
+                # A new session starts with the new share.
+                res = self.run_ok(srv, CFG.transports[0], "share_quota", CFG.variants[0],
+                                  args=("quota", str(new_quota), str(sm_after)))
+                self.stop_server(srv)
+
+    def test_listen_port_zero(self):
+        """--listen tcp://127.0.0.1:0: the real port is in the start-up line and in stats."""
+        ctl = os.path.join(self.tmp, "zero.ctl")
+        log_path = os.path.join(self.tmp, "zero.log")
+        err_path = os.path.join(self.tmp, "zero.stderr")
+        cmd = [CFG.server_bin, "--listen", "tcp://127.0.0.1:0", "--backend", "sim",
+               "--token", TOKEN, "--control", "unix://" + ctl]
+        env = clean_env({"FLYT_LOG": "info", "FLYT_LOG_FILE": log_path})
+        with open(err_path, "wb") as err:
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err,
+                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        try:
+            deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+            while not os.path.exists(ctl) and time.monotonic() < deadline:
+                self.assertIsNone(proc.poll(), read_text(err_path))
+                time.sleep(0.05)
+            stats = control_call(ctl, {"verb": "stats"})
+            self.assertTrue(stats.get("ok"), stats)
+            listen = stats.get("listen")
+            self.assertEqual(len(listen), 1, stats)
+            m = re.match(r"^tcp://127\.0\.0\.1:(\d+)$", listen[0])
+            self.assertIsNotNone(m, stats)
+            port = int(m.group(1))
+            self.assertNotEqual(port, 0, stats)
+            while listen[0] not in read_text(err_path) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.assertIn(listen[0], read_text(err_path), "the start-up line lacks the port")
+
+            class Fixed:
+                @staticmethod
+                def url(transport):
+                    return listen[0]
+
+            res = run_program(self.tmp, Fixed, "tcp", program_path("device_query",
+                                                                   CFG.variants[0]))
+            self.assertEqual(res.rc, 0, res.describe())
+            self.assertIn("device_query: PASS", res.lines(), res.describe())
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+            kill_group(proc)
+        self.assertFalse(os.path.exists(ctl), "the control socket file outlived the server")
 
 
 # ---------------------------------------------------------------------------------------

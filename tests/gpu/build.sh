@@ -14,6 +14,9 @@
 # .shared ones find the copied libcudart and cuBLAS/NVRTC come from the GPU
 # host's CUDA toolkit. Also writes OUTDIR/programs.tsv (name, expected rc,
 # run-last flag) for run_programs.sh, and OUTDIR/BUILD_INFO.
+# Flyt-only programs (FLYT_ONLY below: tests/gpu/<name>.cu, whose output depends
+# on Flyt's settings, so no native comparison) go to OUTDIR/flyt-only/<name>.static
+# and .shared, outside programs.tsv; their own scripts run them (run_sm_share.sh).
 #
 # Usage: tests/gpu/build.sh OUTDIR        (env: NVCC, JOBS; default JOBS = nproc)
 # Exit status: 0 when every program built in both variants.
@@ -21,6 +24,7 @@ set -uo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PROG_DIR="$HERE/programs"
+FLYT_ONLY=(sm_share)
 DEFAULT_ARCH="-gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90"
 
 find_nvcc() {
@@ -82,10 +86,34 @@ build_one() {
   return $rc
 }
 
+# build_flyt_only OUTDIR NAME VARIANT: tests/gpu/NAME.cu -> OUTDIR/flyt-only/NAME.VARIANT
+build_flyt_only() {
+  local outdir=$1 name=$2 variant=$3 nvcc out
+  nvcc=$(find_nvcc) || return 1
+  out="$outdir/flyt-only/$name.$variant"
+  mkdir -p "$outdir/flyt-only" || return 1
+  rm -f "$out"
+  # shellcheck disable=SC2206
+  local arch=($DEFAULT_ARCH)
+  echo "+ nvcc -O2 -std=c++17 ${arch[*]} -cudart $variant $HERE/$name.cu -o $out"
+  # shellcheck disable=SC2016  # $ORIGIN is for the dynamic linker, not the shell
+  "$nvcc" -O2 -std=c++17 "${arch[@]}" -cudart "$variant" -Xlinker --enable-new-dtags \
+    -Xlinker -rpath -Xlinker '$ORIGIN/..:/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib' \
+    "$HERE/$name.cu" -o "$out" && strip "$out"
+}
+
 # Internal: one job of the parallel build (called through xargs).
 if [[ "${1:-}" == "--one" ]]; then
   shift
   outdir=$1 logdir=$2 name=$3 variant=$4
+  if [[ " ${FLYT_ONLY[*]} " == *" $name "* && ! -f "$PROG_DIR/$name.cu" ]]; then
+    if build_flyt_only "$outdir" "$name" "$variant" >"$logdir/$name.$variant.log" 2>&1; then
+      echo "  ok      flyt-only/$name.$variant"
+      exit 0
+    fi
+    echo "  FAILED  flyt-only/$name.$variant"
+    exit 1
+  fi
   if build_one "$outdir" "$logdir" "$name" "$variant" >"$logdir/$name.$variant.log" 2>&1; then
     echo "  ok      $name.$variant"
     exit 0
@@ -109,9 +137,9 @@ for d in "$PROG_DIR"/*/; do
 done
 mapfile -t names < <(printf '%s\n' "${names[@]}" | sort)
 
-echo "building ${#names[@]} programs x 2 variants with $JOBS jobs into $OUTDIR"
+echo "building ${#names[@]} programs (+ ${#FLYT_ONLY[@]} Flyt-only) x 2 variants with $JOBS jobs into $OUTDIR"
 start=$(date +%s)
-for n in "${names[@]}"; do printf '%s static\n%s shared\n' "$n" "$n"; done |
+for n in "${names[@]}" "${FLYT_ONLY[@]}"; do printf '%s static\n%s shared\n' "$n" "$n"; done |
   xargs -P "$JOBS" -n 2 bash "$HERE/build.sh" --one "$OUTDIR" "$LOGDIR"
 xargs_rc=$?
 rmdir "$OUTDIR/.obj" 2>/dev/null
@@ -147,17 +175,27 @@ for n in "${names[@]}"; do
     fi
   done
 done
+for n in "${FLYT_ONLY[@]}"; do
+  for v in static shared; do
+    if [[ ! -x "$OUTDIR/flyt-only/$n.$v" ]]; then
+      failed=$((failed + 1))
+      echo "---- build log of flyt-only/$n.$v (last 40 lines) ----"
+      tail -n 40 "$LOGDIR/$n.$v.log" 2>/dev/null
+    fi
+  done
+done
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "nvcc: $("$NVCC_BIN" --version | tail -n 1)"
   echo "arch: $DEFAULT_ARCH"
   echo "programs: ${#names[@]}"
+  echo "flyt-only programs: ${FLYT_ONLY[*]}"
   echo "failed: $failed"
 } >"$OUTDIR/BUILD_INFO"
 
 size=$(du -sh "$OUTDIR" | cut -f1)
 bytes=$(du -sb "$OUTDIR" | cut -f1)
-echo "built $(( ${#names[@]} * 2 - failed ))/$(( ${#names[@]} * 2 )) binaries in $(( $(date +%s) - start )) s; $OUTDIR holds $size ($bytes bytes)"
+echo "built $(( (${#names[@]} + ${#FLYT_ONLY[@]}) * 2 - failed ))/$(( (${#names[@]} + ${#FLYT_ONLY[@]}) * 2 )) binaries in $(( $(date +%s) - start )) s; $OUTDIR holds $size ($bytes bytes)"
 if [[ $failed -ne 0 || $xargs_rc -ne 0 ]]; then
   echo "build FAILED ($failed binaries missing)"
   exit 1

@@ -8,6 +8,7 @@
 #   2. test binaries: $GPU_BIN_DIR (default build/gpu-tests, made on the CI
 #      machine by tests/gpu/build.sh); built here with nvcc if absent
 #   3. tests/gpu/run_programs.sh build $GPU_BIN_DIR (native vs flyt over TCP and Unix)
+#   3b. tests/gpu/run_sm_share.sh (Flyt-only: SM share and memory quota changed live)
 #   4. bash bench/run.sh build "$OUT", if bench/run.sh exists
 # Writes to $OUT (at most 8 files come back):
 #   summary.md        everything above, rewritten after every step
@@ -145,6 +146,10 @@ write_summary() {
       tail -n 40 "$WORK/bench.txt"
       echo '```'
     fi
+    if [[ -f "$WORK/sm_share.md" ]]; then
+      echo
+      cat "$WORK/sm_share.md"
+    fi
     if grep -q '^### Failure details' "$WORK/programs.md" 2>/dev/null; then
       echo
       echo "## Programs: failure details"
@@ -224,6 +229,18 @@ if [[ -d "$WORK/programs" ]]; then
   if [[ -f "$WORK/gpu-run-logs.tgz" && $(stat -c %s "$WORK/gpu-run-logs.tgz") -lt $((15 << 20)) ]]; then
     cp "$WORK/gpu-run-logs.tgz" "$OUT/"
   fi
+fi
+write_summary
+
+# --------------------------------------------------------------- sm share --
+if [[ -x "$GPU_BIN_DIR/flyt-only/sm_share.static" ]]; then
+  limit=$(( $(left) - 60 ))
+  [[ $limit -gt 150 ]] && limit=150
+  step "run_sm_share (live SM/memory change)" "$limit" \
+    env FLYT_GPU_WORKDIR="$WORK/sm_share" \
+    bash "$HERE/run_sm_share.sh" "$BUILD_DIR" "$GPU_BIN_DIR" "$WORK/sm_share.md" >"$WORK/sm_share.txt" 2>&1
+else
+  printf 'run_sm_share\tskipped\t0\tno flyt-only/sm_share binary\n' >>"$STEPS"
 fi
 write_summary
 

@@ -1,0 +1,56 @@
+#include "client/client_manager_lookup.h"
+
+#include <sys/stat.h>
+
+#include "common/client_manager_socket.h"
+#include "transport/transport.h"
+
+namespace flyt::client {
+
+bool ClientManagerPresent(std::string* socket_path) {
+  *socket_path = ClientManagerSocket();
+  struct stat st {};
+  return ::stat(socket_path->c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
+Status AskClientManager(const std::string& socket_path, int timeout_ms, std::string* endpoint,
+                        std::string* token) {
+  transport::Address addr;
+  addr.kind = transport::Address::Kind::kUnix;
+  addr.path = socket_path;
+  transport::Liveness live;
+  live.connect_timeout_ms = 5000;
+  live.refused_retry_ms = 0;
+  std::unique_ptr<transport::Connection> conn;
+  Status s = transport::Dial(addr, live, &conn);
+  if (!s.ok()) {
+    return Status::Error("cannot reach flyt-client-manager at " + socket_path + ": " + s.message() +
+                         ". Start it, or set FLYT_SERVER to use a server directly");
+  }
+  conn->SetReceiveTimeout(timeout_ms);
+  static const char kAsk[] = "ALLOCATE\n";
+  iovec iov{const_cast<char*>(kAsk), sizeof(kAsk) - 1};
+  s = conn->Send(&iov, 1);
+  std::string line;
+  char c = 0;
+  while (s.ok() && line.size() < 4096) {
+    s = conn->Receive(&c, 1);
+    if (!s.ok() || c == '\n') break;
+    line += c;
+  }
+  if (!s.ok()) return Status::Error("flyt-client-manager at " + socket_path + ": " + s.message());
+  if (line.rfind("OK ", 0) == 0) {
+    size_t sp = line.find(' ', 3);
+    if (sp != std::string::npos) {
+      *endpoint = line.substr(3, sp - 3);
+      *token = line.substr(sp + 1);
+      return Status::Ok();
+    }
+  }
+  if (line.rfind("ERR ", 0) == 0) {
+    return Status::Error("the cluster refused this VM a GPU: " + line.substr(4));
+  }
+  return Status::Error("flyt-client-manager at " + socket_path + " answered '" + line + "'");
+}
+
+}  // namespace flyt::client

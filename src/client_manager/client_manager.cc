@@ -1,0 +1,100 @@
+#include "client_manager/client_manager.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "common/log.h"
+
+namespace flyt::client_manager {
+
+std::string FirstHostAddress() {
+  ifaddrs* list = nullptr;
+  std::string found = "127.0.0.1";
+  if (::getifaddrs(&list) != 0) return found;
+  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    if (i->ifa_flags & IFF_LOOPBACK) continue;
+    char buf[INET_ADDRSTRLEN];
+    auto* in = reinterpret_cast<sockaddr_in*>(i->ifa_addr);
+    if (inet_ntop(AF_INET, &in->sin_addr, buf, sizeof(buf)) != nullptr) {
+      found = buf;
+      break;
+    }
+  }
+  ::freeifaddrs(list);
+  return found;
+}
+
+ClientManager::ClientManager(Options options, control::Credentials creds)
+    : options_(std::move(options)), creds_(std::move(creds)) {}
+
+std::string ClientManager::Allocate() {
+  std::lock_guard<std::mutex> lock(mu_);
+  control::Json answer;
+  Status s;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (!channel_) {
+      s = control::Channel::Dial(options_.cluster_manager, creds_, "client", options_.vm_ip, 5000,
+                                 &channel_);
+      if (!s.ok()) {
+        return "ERR cannot reach the cluster manager at " + options_.cluster_manager + ": " +
+               s.message();
+      }
+    }
+    answer = control::Json();
+    s = channel_->Call("request-allocation", control::Json{{"vm_ip", options_.vm_ip}}, &answer,
+                       static_cast<int>(options_.request_timeout_ms));
+    if (s.ok() || answer.contains("ok")) break;
+    channel_.reset();  // the manager restarted: dial again once
+  }
+  if (!s.ok()) return "ERR " + s.message();
+  std::string endpoint = answer.value("endpoint", "");
+  std::string token = answer.value("token", "");
+  if (endpoint.empty() || token.empty()) return "ERR the cluster manager gave no endpoint";
+  FLYT_INFO("VM %s -> %s (allocation %s)", options_.vm_ip.c_str(), endpoint.c_str(),
+            answer.value("alloc_id", "").c_str());
+  return "OK " + endpoint + " " + token;
+}
+
+void ClientManager::ServeOne(std::unique_ptr<transport::Connection> conn) {
+  conn->SetReceiveTimeout(5000);
+  std::string line;
+  char c = 0;
+  while (line.size() < 256 && conn->Receive(&c, 1).ok() && c != '\n') line += c;
+  std::string reply;
+  if (line == "ALLOCATE") {
+    reply = Allocate();
+  } else {
+    reply = "ERR unknown request '" + line + "' (expected ALLOCATE)";
+  }
+  reply += "\n";
+  iovec iov{reply.data(), reply.size()};
+  Status s = conn->Send(&iov, 1);
+  if (!s.ok()) FLYT_WARN("answering a client: %s", s.message().c_str());
+}
+
+Status ClientManager::Serve() {
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(options_.socket_path).parent_path(),
+                                      ec);
+  transport::Address addr;
+  addr.kind = transport::Address::Kind::kUnix;
+  addr.path = options_.socket_path;
+  std::unique_ptr<transport::Listener> listener;
+  Status s = transport::Listen(addr, &listener);
+  if (!s.ok()) return s;
+  ::chmod(options_.socket_path.c_str(), 0666);
+  for (;;) {
+    std::unique_ptr<transport::Connection> conn;
+    s = listener->Accept(&conn);
+    if (!s.ok()) return s;
+    std::thread([this, c = std::move(conn)]() mutable { ServeOne(std::move(c)); }).detach();
+  }
+}
+
+}  // namespace flyt::client_manager

@@ -1,0 +1,899 @@
+#include "cluster/cluster_manager.h"
+
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+
+#include "common/log.h"
+
+namespace flyt::cluster {
+namespace {
+
+using control::Error;
+using control::Json;
+using control::Ok;
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+constexpr auto kBusyWait = std::chrono::seconds(60);
+
+int64_t GbToBytes(double gb) { return static_cast<int64_t>(std::llround(gb * kGiB)); }
+
+std::string Gib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f GiB", static_cast<double>(bytes) / kGiB);
+  return buf;
+}
+
+std::string Str(const Json& j, const char* name) {
+  auto it = j.find(name);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+int64_t Int(const Json& j, const char* name, int64_t fallback = 0) {
+  auto it = j.find(name);
+  return it != j.end() && it->is_number() ? it->get<int64_t>() : fallback;
+}
+
+Json VmJson(const store::VmRequirement& v) {
+  return Json{{"vm_ip", v.vm_ip},
+              {"host_ip", v.host_ip},
+              {"compute_units", v.compute_units},
+              {"memory_gb", v.memory_gb}};
+}
+
+Json GpuCapacityJson(const store::Gpu& g) {
+  return Json{{"uuid", g.uuid},
+              {"index", g.index},
+              {"name", g.name},
+              {"sm_count", g.sm_count},
+              {"memory_bytes", g.memory_bytes},
+              {"driver_version", g.driver_version},
+              {"cuda_version", g.cuda_version}};
+}
+
+// Reads a VM requirement from a request; fails with a message naming the field.
+Status ParseVm(const Json& j, store::VmRequirement* out) {
+  out->vm_ip = Str(j, "vm_ip");
+  out->host_ip = Str(j, "host_ip");
+  if (out->vm_ip.empty()) return Status::Error("vm_ip is missing");
+  auto cu = j.find("compute_units");
+  auto mem = j.find("memory_gb");
+  if (cu == j.end() || !cu->is_number_integer() || cu->get<int64_t>() <= 0) {
+    return Status::Error("compute_units (SMs) of VM " + out->vm_ip + " must be a positive integer");
+  }
+  if (mem == j.end() || !mem->is_number() || mem->get<double>() <= 0) {
+    return Status::Error("memory_gb of VM " + out->vm_ip + " must be a positive number");
+  }
+  out->compute_units = cu->get<int>();
+  out->memory_gb = mem->get<double>();
+  return Status::Ok();
+}
+
+}  // namespace
+
+ClusterManager::ClusterManager(ClusterOptions options, std::unique_ptr<store::Store> store,
+                               control::Credentials creds)
+    : options_(options),
+      store_(std::move(store)),
+      creds_(std::move(creds)),
+      placement_(options.placement) {}
+
+ClusterManager::~ClusterManager() { Stop(); }
+
+int64_t ClusterManager::NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+Status ClusterManager::Start() {
+  std::vector<store::VmRequirement> vms;
+  std::vector<store::Node> nodes;
+  std::vector<store::Gpu> gpus;
+  std::vector<store::Allocation> allocs;
+  Status s = store_->ListVms(&vms);
+  if (s.ok()) s = store_->ListNodes(&nodes);
+  if (s.ok()) s = store_->ListGpus(&gpus);
+  if (s.ok()) s = store_->ListAllocations(&allocs);
+  if (!s.ok()) return Status::Error("cannot load the cluster state: " + s.message());
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& v : vms) vms_[v.vm_ip] = v;
+  auto now = Clock::now();
+  for (auto& n : nodes) {
+    NodeState& ns = nodes_[n.node_id];
+    ns.row = n;
+    ns.last_seen = now;  // a node that does not come back is down after the usual deadline
+    if (n.state == "draining") placement_.SetNodeSchedulable(n.node_id, false);
+    if (n.state == "down") placement_.SetNodeSchedulable(n.node_id, false);
+  }
+  for (auto& g : gpus) {
+    auto it = nodes_.find(g.node_id);
+    if (it == nodes_.end()) continue;
+    it->second.gpus.push_back(g);
+    placement_.AddGpu({g.uuid, g.node_id, it->second.row.host_ip, g.sm_count, g.memory_bytes});
+  }
+  for (auto& a : allocs) {
+    AllocState& as = allocs_[a.alloc_id];
+    as.row = a;
+    vm_alloc_[a.vm_ip] = a.alloc_id;
+    placement_.Reserve(a.gpu_uuid, a.sm, a.memory_bytes);
+  }
+  EventLocked("cluster-manager-start", "cluster",
+              std::to_string(vms_.size()) + " VMs, " + std::to_string(nodes_.size()) + " nodes, " +
+                  std::to_string(allocs_.size()) + " allocations loaded from " + store_->dialect());
+  monitor_ = std::thread([this] { MonitorLoop(); });
+  return Status::Ok();
+}
+
+void ClusterManager::Stop() {
+  if (stopping_.exchange(true)) return;
+  if (monitor_.joinable()) monitor_.join();
+  std::vector<std::thread> bg;
+  {
+    std::lock_guard<std::mutex> lock(bg_mu_);
+    bg.swap(background_);
+  }
+  for (auto& t : bg) t.join();
+}
+
+void ClusterManager::EventLocked(const std::string& kind, const std::string& subject,
+                                 const std::string& detail) {
+  FLYT_INFO("event %s %s: %s", kind.c_str(), subject.c_str(), detail.c_str());
+  Status s = store_->AddEvent(kind, subject, detail);
+  if (!s.ok()) FLYT_ERROR("cannot record event %s: %s", kind.c_str(), s.message().c_str());
+}
+
+void ClusterManager::PersistAllocLocked(const AllocState& a) {
+  Status s = store_->PutAllocation(a.row);
+  if (!s.ok()) {
+    FLYT_ERROR("cannot store allocation %s: %s", a.row.alloc_id.c_str(), s.message().c_str());
+  }
+}
+
+void ClusterManager::FreeAllocLocked(const std::string& alloc_id) {
+  auto it = allocs_.find(alloc_id);
+  if (it == allocs_.end()) return;
+  const store::Allocation& row = it->second.row;
+  placement_.Release(row.gpu_uuid, row.sm, row.memory_bytes);
+  auto v = vm_alloc_.find(row.vm_ip);
+  if (v != vm_alloc_.end() && v->second == alloc_id) vm_alloc_.erase(v);
+  Status s = store_->DeleteAllocation(alloc_id);
+  if (!s.ok()) FLYT_ERROR("cannot delete allocation %s: %s", alloc_id.c_str(), s.message().c_str());
+  allocs_.erase(it);
+  changed_.notify_all();
+}
+
+Json ClusterManager::AllocJsonLocked(const AllocState& a) const {
+  const store::Allocation& r = a.row;
+  Json j{{"alloc_id", r.alloc_id},
+         {"vm_ip", r.vm_ip},
+         {"node_id", r.node_id},
+         {"gpu_uuid", r.gpu_uuid},
+         {"sm", r.sm},
+         {"memory_bytes", r.memory_bytes},
+         {"endpoint", r.endpoint},
+         {"state", r.state},
+         {"created_ms", r.created_ms},
+         {"last_client_ms", r.last_client_ms},
+         {"restarts", a.restarts}};
+  for (const char* k : {"sessions", "memory_used", "calls", "idle_ms", "pid", "sm_mechanism"}) {
+    if (a.report.contains(k)) j[k] = a.report[k];
+  }
+  if (!j.contains("sessions")) j["sessions"] = 0;
+  if (!j.contains("memory_used")) j["memory_used"] = 0;
+  return j;
+}
+
+Json ClusterManager::NodeJsonLocked(const NodeState& n) const {
+  Json gpus = Json::array();
+  for (const auto& g : n.gpus) {
+    Json gj = GpuCapacityJson(g);
+    if (const GpuUsage* u = placement_.Find(g.uuid)) {
+      gj["sm_used"] = u->sm_used;
+      gj["memory_used"] = u->memory_used;
+      gj["allocations"] = u->allocations;
+    }
+    gpus.push_back(gj);
+  }
+  return Json{{"node_id", n.row.node_id},
+              {"hostname", n.row.hostname},
+              {"address", n.row.address},
+              {"host_ip", n.row.host_ip},
+              {"state", n.row.state},
+              {"mps", n.row.mps},
+              {"registered_ms", n.row.registered_ms},
+              {"last_heartbeat_ms", n.row.last_heartbeat_ms},
+              {"gpus", gpus}};
+}
+
+// ---------------------------------------------------------------- dispatch
+
+Json ClusterManager::Handle(const control::Peer& peer, const Json& req) {
+  const std::string verb = req["verb"].get<std::string>();
+  const std::string& role = peer.role;
+  auto need = [&](std::initializer_list<const char*> roles) {
+    for (const char* r : roles) {
+      if (role == r) return true;
+    }
+    return false;
+  };
+  if (verb == "register-node" || verb == "heartbeat" || verb == "server-exited") {
+    if (!need({"node"})) return Error("bad_request", verb + " is for node managers");
+    if (Str(req, "node_id") != peer.name) {
+      return Error("bad_request", "node_id must be the name the node manager authenticated with");
+    }
+    if (verb == "register-node") return RegisterNode(peer, req);
+    if (verb == "heartbeat") return Heartbeat(peer, req);
+    return ServerExited(peer, req);
+  }
+  if (verb == "request-allocation") {
+    if (!need({"client", "admin"})) return Error("bad_request", verb + " is for client managers");
+    return RequestAllocation(Str(req, "vm_ip"));
+  }
+  if (!need({"admin"})) return Error("bad_request", "'" + verb + "' needs the admin role");
+  if (verb == "allocate") {
+    Json a = RequestAllocation(Str(req, "vm_ip"));
+    a.erase("token");  // the tenant's credential goes to its client manager only
+    return a;
+  }
+  if (verb == "deallocate") return Deallocate(Str(req, "vm_ip"), "operator");
+  if (verb == "change-config") return ChangeConfig(req, 0);
+  if (verb == "inc-resources") return ChangeConfig(req, +1);
+  if (verb == "dec-resources") return ChangeConfig(req, -1);
+  if (verb == "list-vms") return ListVms();
+  if (verb == "list-nodes" || verb == "list-servernodes") return ListNodes();
+  if (verb == "list-servers" || verb == "list-virt-servers") return ListServers();
+  if (verb == "list-events") return ListEvents(req);
+  if (verb == "show") return Show(req);
+  if (verb == "drain-node") return DrainNode(req, true);
+  if (verb == "undrain-node") return DrainNode(req, false);
+  if (verb == "vm-add") return VmAdd(req);
+  if (verb == "vm-remove") return VmRemove(req);
+  if (verb == "vm-import") return VmImport(req);
+  return Error("bad_request", "unknown verb '" + verb + "'");
+}
+
+// ---------------------------------------------------------------- node managers
+
+Json ClusterManager::CallNode(const std::string& node_id, const std::string& verb, const Json& args,
+                              Status* status) {
+  std::string address;
+  std::shared_ptr<std::mutex> call_mu;
+  std::shared_ptr<std::unique_ptr<control::Channel>> channel;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = nodes_.find(node_id);
+    if (it == nodes_.end()) {
+      *status = Status::Error("unknown node " + node_id);
+      return Json();
+    }
+    address = it->second.row.address;
+    call_mu = it->second.call_mu;
+    channel = it->second.channel;
+  }
+  std::lock_guard<std::mutex> call_lock(*call_mu);
+  Json answer;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (!*channel) {
+      Status s = control::Channel::Dial(address, creds_, "cluster", "cluster-manager", 5000,
+                                        channel.get());
+      if (!s.ok()) {
+        *status = Status::Error("node " + node_id + " unreachable: " + s.message());
+        return Json();
+      }
+    }
+    Status s =
+        (*channel)->Call(verb, args, &answer, static_cast<int>(options_.node_call_timeout_ms));
+    if (s.ok() || answer.contains("ok")) {  // an answer, good or bad: the channel is fine
+      *status = s;
+      return answer;
+    }
+    channel->reset();  // broken stream: dial once more
+    *status = Status::Error("node " + node_id + ": " + s.message());
+  }
+  return answer;
+}
+
+void ClusterManager::StopServerAsync(const std::string& node_id, const std::string& alloc_id) {
+  std::lock_guard<std::mutex> lock(bg_mu_);
+  if (stopping_.load()) return;
+  background_.emplace_back([this, node_id, alloc_id] {
+    Status s;
+    CallNode(node_id, "stop-server", Json{{"alloc_id", alloc_id}}, &s);
+    if (!s.ok())
+      FLYT_WARN("stop-server %s on %s: %s", alloc_id.c_str(), node_id.c_str(), s.message().c_str());
+  });
+}
+
+Json ClusterManager::RegisterNode(const control::Peer&, const Json& req) {
+  store::Node row;
+  row.node_id = Str(req, "node_id");
+  row.hostname = Str(req, "hostname");
+  row.address = Str(req, "address");
+  row.host_ip = Str(req, "host_ip");
+  if (row.host_ip.empty()) row.host_ip = row.address.substr(0, row.address.rfind(':'));
+  row.mps = req.value("mps", false);
+  if (row.address.empty()) return Error("bad_request", "register-node needs the node's address");
+  std::vector<store::Gpu> gpus;
+  for (const auto& g : req.value("gpus", Json::array())) {
+    store::Gpu gpu;
+    gpu.uuid = Str(g, "uuid");
+    gpu.node_id = row.node_id;
+    gpu.index = static_cast<int>(Int(g, "index"));
+    gpu.name = Str(g, "name");
+    gpu.sm_count = static_cast<int>(Int(g, "sm_count"));
+    gpu.memory_bytes = Int(g, "memory_bytes");
+    gpu.driver_version = Str(g, "driver_version");
+    gpu.cuda_version = Str(g, "cuda_version");
+    if (gpu.uuid.empty() || gpu.sm_count <= 0 || gpu.memory_bytes <= 0) {
+      return Error("bad_request", "GPU entry without uuid, sm_count or memory_bytes");
+    }
+    gpus.push_back(gpu);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  NodeState& ns = nodes_[row.node_id];
+  bool known = !ns.row.node_id.empty();
+  std::string previous = ns.row.state;
+  row.registered_ms = known && ns.row.registered_ms ? ns.row.registered_ms : NowMs();
+  row.last_heartbeat_ms = NowMs();
+  row.state = previous == "draining" ? "draining" : "up";
+  if (ns.row.address != row.address && ns.channel) ns.channel->reset();
+  ns.row = row;
+  ns.gpus = gpus;
+  ns.last_seen = Clock::now();
+  Status s = store_->UpsertNode(row);
+  if (s.ok()) s = store_->ReplaceGpus(row.node_id, gpus);
+  if (!s.ok()) return Error("internal", "cannot store node " + row.node_id + ": " + s.message());
+  for (const auto& g : gpus) {
+    placement_.AddGpu({g.uuid, g.node_id, row.host_ip, g.sm_count, g.memory_bytes});
+  }
+  placement_.SetNodeSchedulable(row.node_id, row.state == "up");
+  EventLocked(known ? "node-reregistered" : "node-registered", row.node_id,
+              std::to_string(gpus.size()) + " GPU(s) at " + row.address +
+                  (previous == "down" ? " (was down)" : "") + ", reports " +
+                  std::to_string(req.value("servers", Json::array()).size()) + " server(s)");
+  ApplyReportsLocked(row.node_id, req.value("servers", Json::array()), /*adopt=*/true);
+  return Ok({{"heartbeat_ms", options_.heartbeat_ms}});
+}
+
+Json ClusterManager::Heartbeat(const control::Peer&, const Json& req) {
+  std::string node_id = Str(req, "node_id");
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end() || it->second.row.address.empty()) {
+    return Error("unknown_node", "node " + node_id + " is not registered; send register-node");
+  }
+  NodeState& ns = it->second;
+  ns.last_seen = Clock::now();
+  ns.row.last_heartbeat_ms = NowMs();
+  if (ns.row.state == "down") {
+    // It missed its deadline but is alive: it must register again so that its servers
+    // are reconciled.
+    return Error("unknown_node", "node " + node_id + " was declared down; register again");
+  }
+  ApplyReportsLocked(node_id, req.value("servers", Json::array()), /*adopt=*/false);
+  return Ok();
+}
+
+void ClusterManager::ApplyReportsLocked(const std::string& node_id, const Json& servers,
+                                        bool adopt) {
+  std::map<std::string, const Json*> reported;
+  for (const auto& r : servers) reported[Str(r, "alloc_id")] = &r;
+  for (const auto& [alloc_id, report] : reported) {
+    auto it = allocs_.find(alloc_id);
+    if (it == allocs_.end() || it->second.row.node_id != node_id) {
+      EventLocked("orphan-server-stopped", alloc_id,
+                  "node " + node_id + " runs a server the cluster does not know; stopping it");
+      StopServerAsync(node_id, alloc_id);
+      continue;
+    }
+    AllocState& a = it->second;
+    a.report = *report;
+    std::string state = Str(*report, "state");
+    std::string endpoint = Str(*report, "endpoint");
+    bool dirty = false;
+    if (Int(*report, "sessions") > 0) {
+      a.row.last_client_ms = NowMs();
+      dirty = a.row.state != "running";  // do not write every heartbeat
+    }
+    if (!a.busy && state == "running" &&
+        (a.row.state != "running" || (!endpoint.empty() && endpoint != a.row.endpoint))) {
+      if (a.row.state != "running") {
+        EventLocked(adopt ? "server-adopted" : "server-running", alloc_id,
+                    "VM " + a.row.vm_ip + " on node " + node_id + " at " + endpoint);
+      }
+      a.row.state = "running";
+      if (!endpoint.empty()) a.row.endpoint = endpoint;
+      dirty = true;
+    }
+    if (dirty) {
+      a.row.updated_ms = NowMs();
+      PersistAllocLocked(a);
+    }
+  }
+  if (!adopt) return;
+  // A re-registering node that lacks a server we placed there lost it (host restart).
+  std::vector<std::string> lost;
+  for (auto& [id, a] : allocs_) {
+    if (a.row.node_id == node_id && !a.busy && !reported.count(id)) lost.push_back(id);
+  }
+  for (const auto& id : lost) {
+    EventLocked("server-lost", id,
+                "node " + node_id + " came back without the server of VM " + allocs_[id].row.vm_ip +
+                    "; share freed (the next client allocates again)");
+    FreeAllocLocked(id);
+  }
+}
+
+Json ClusterManager::ServerExited(const control::Peer&, const Json& req) {
+  std::string node_id = Str(req, "node_id");
+  std::string alloc_id = Str(req, "alloc_id");
+  std::string reason = Str(req, "reason");
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = allocs_.find(alloc_id);
+  if (it == allocs_.end() || it->second.row.node_id != node_id) {
+    return Ok({{"action", "free"}});
+  }
+  AllocState& a = it->second;
+  if (a.busy && a.row.state == "stopping") return Ok({{"action", "free"}});
+  bool vm_wants = vms_.count(a.row.vm_ip) > 0;
+  if (vm_wants && a.restarts < options_.max_server_restarts) {
+    ++a.restarts;
+    a.row.state = "restarting";
+    a.row.updated_ms = NowMs();
+    PersistAllocLocked(a);
+    EventLocked("server-restart", alloc_id,
+                "server of VM " + a.row.vm_ip + " on node " + node_id + " exited (" + reason +
+                    "); restart " + std::to_string(a.restarts) + " of " +
+                    std::to_string(options_.max_server_restarts));
+    return Ok({{"action", "restart"}});
+  }
+  EventLocked("server-failed", alloc_id,
+              "server of VM " + a.row.vm_ip + " on node " + node_id + " exited (" + reason + "); " +
+                  (vm_wants ? "restart limit reached" : "VM removed") + ", share freed");
+  FreeAllocLocked(alloc_id);
+  return Ok({{"action", "free"}});
+}
+
+// ---------------------------------------------------------------- allocations
+
+Json ClusterManager::RequestAllocation(const std::string& vm_ip) {
+  if (vm_ip.empty()) return Error("bad_request", "vm_ip is missing");
+  std::unique_lock<std::mutex> lock(mu_);
+  auto deadline = Clock::now() + kBusyWait;
+  for (;;) {
+    auto vit = vms_.find(vm_ip);
+    if (vit == vms_.end()) {
+      return Error("unknown_vm", "VM " + vm_ip +
+                                     " has no required resources in the cluster; add it with "
+                                     "`flytctl vm add --vm " +
+                                     vm_ip + " --host HOST_IP --sm N --memory GB`");
+    }
+    auto ait = vm_alloc_.find(vm_ip);
+    if (ait == vm_alloc_.end()) break;
+    AllocState& a = allocs_[ait->second];
+    if (a.busy || a.row.state == "restarting") {
+      if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
+        return Error("server_failed",
+                     "the server of VM " + vm_ip + " is still " + a.row.state + "; try again");
+      }
+      continue;
+    }
+    if (a.row.state == "running") {
+      Json j = AllocJsonLocked(a);
+      j["token"] = a.row.token;
+      return Ok(j);
+    }
+    // Its node is down (or the server failed): place it anew.
+    EventLocked("reallocate", a.row.alloc_id,
+                "VM " + vm_ip + "'s server on node " + a.row.node_id + " is " + a.row.state +
+                    "; placing the VM again");
+    FreeAllocLocked(a.row.alloc_id);
+    break;
+  }
+  const store::VmRequirement vm = vms_[vm_ip];
+  PlacementRequest pr{vm.vm_ip, vm.host_ip, vm.compute_units, GbToBytes(vm.memory_gb)};
+  std::string gpu;
+  Status s = placement_.Place(pr, &gpu);
+  if (!s.ok()) {
+    EventLocked("allocation-refused", vm_ip, s.message());
+    return Error("no_capacity", "not enough capacity for VM " + vm_ip + ": " + s.message());
+  }
+  const GpuUsage* usage = placement_.Find(gpu);
+  AllocState a;
+  a.busy = true;
+  a.row.alloc_id = "a-" + control::RandomHex(6);
+  a.row.vm_ip = vm_ip;
+  a.row.node_id = usage->capacity.node_id;
+  a.row.gpu_uuid = gpu;
+  a.row.token = control::RandomHex(24);
+  a.row.state = "starting";
+  a.row.sm = vm.compute_units;
+  a.row.memory_bytes = pr.memory_bytes;
+  a.row.created_ms = a.row.updated_ms = NowMs();
+  placement_.Reserve(gpu, a.row.sm, a.row.memory_bytes);
+  std::string alloc_id = a.row.alloc_id;
+  std::string node_id = a.row.node_id;
+  Json start{{"alloc_id", alloc_id},
+             {"gpu_uuid", gpu},
+             {"sm", a.row.sm},
+             {"memory_bytes", a.row.memory_bytes},
+             {"token", a.row.token}};
+  allocs_[alloc_id] = a;
+  vm_alloc_[vm_ip] = alloc_id;
+  PersistAllocLocked(a);
+  EventLocked("allocate", alloc_id,
+              "VM " + vm_ip + ": " + std::to_string(a.row.sm) + " SMs, " + Gib(a.row.memory_bytes) +
+                  " on GPU " + gpu + " of node " + node_id);
+  lock.unlock();
+  auto t0 = Clock::now();
+  Status started;
+  Json answer = CallNode(node_id, "start-server", start, &started);
+  lock.lock();
+  auto it = allocs_.find(alloc_id);
+  if (it == allocs_.end()) return Error("server_failed", "VM " + vm_ip + " was removed meanwhile");
+  AllocState& cur = it->second;
+  cur.busy = false;
+  changed_.notify_all();
+  if (!started.ok()) {
+    EventLocked("server-start-failed", alloc_id, "node " + node_id + ": " + started.message());
+    FreeAllocLocked(alloc_id);
+    return Error("server_failed", "could not start a server for VM " + vm_ip + " on node " +
+                                      node_id + ": " + started.message());
+  }
+  cur.row.endpoint = Str(answer, "endpoint");
+  cur.row.state = "running";
+  cur.row.updated_ms = NowMs();
+  if (answer.contains("pid")) cur.report["pid"] = answer["pid"];
+  PersistAllocLocked(cur);
+  int64_t ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+  EventLocked("server-started", alloc_id,
+              "VM " + vm_ip + " at " + cur.row.endpoint + " after " + std::to_string(ms) + " ms");
+  Json j = AllocJsonLocked(cur);
+  j["token"] = cur.row.token;
+  j["start_ms"] = ms;
+  return Ok(j);
+}
+
+Json ClusterManager::Deallocate(const std::string& vm_ip, const std::string& why) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto deadline = Clock::now() + kBusyWait;
+  for (;;) {
+    auto ait = vm_alloc_.find(vm_ip);
+    if (ait == vm_alloc_.end()) {
+      if (!vms_.count(vm_ip)) return Error("unknown_vm", "unknown VM " + vm_ip);
+      return Error("unknown_allocation", "VM " + vm_ip + " has no allocation");
+    }
+    AllocState& a = allocs_[ait->second];
+    if (!a.busy) break;
+    if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      return Error("internal", "VM " + vm_ip + "'s allocation stays busy");
+    }
+  }
+  AllocState& a = allocs_[vm_alloc_[vm_ip]];
+  a.busy = true;
+  a.row.state = "stopping";
+  std::string alloc_id = a.row.alloc_id, node_id = a.row.node_id;
+  bool node_up = nodes_.count(node_id) && nodes_[node_id].row.state != "down";
+  lock.unlock();
+  Status s;
+  if (node_up) CallNode(node_id, "stop-server", Json{{"alloc_id", alloc_id}}, &s);
+  lock.lock();
+  if (!s.ok()) FLYT_WARN("stop-server %s: %s", alloc_id.c_str(), s.message().c_str());
+  EventLocked(why == "idle" ? "auto-deallocate" : "deallocate", alloc_id,
+              "VM " + vm_ip + " on node " + node_id + " (" + why + ")" +
+                  (s.ok() ? "" : "; stopping it failed: " + s.message()));
+  FreeAllocLocked(alloc_id);
+  return Ok({{"vm_ip", vm_ip}, {"alloc_id", alloc_id}});
+}
+
+Json ClusterManager::ChangeConfig(const Json& req, int direction) {
+  std::string vm_ip = Str(req, "vm_ip");
+  bool has_sm = req.contains("sm") && req["sm"].is_number();
+  bool has_mem = req.contains("memory_gb") && req["memory_gb"].is_number();
+  if (!has_sm && !has_mem) return Error("bad_request", "give --sm and/or --memory");
+  std::unique_lock<std::mutex> lock(mu_);
+  auto deadline = Clock::now() + kBusyWait;
+  for (;;) {
+    auto ait = vm_alloc_.find(vm_ip);
+    if (ait == vm_alloc_.end() || !allocs_[ait->second].busy) break;
+    if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      return Error("internal", "VM " + vm_ip + "'s allocation stays busy");
+    }
+  }
+  auto vit = vms_.find(vm_ip);
+  if (vit == vms_.end()) return Error("unknown_vm", "unknown VM " + vm_ip);
+  store::VmRequirement vm = vit->second;
+  int64_t old_sm = vm.compute_units;
+  double old_gb = vm.memory_gb;
+  AllocState* a = nullptr;
+  if (auto ait = vm_alloc_.find(vm_ip); ait != vm_alloc_.end()) a = &allocs_[ait->second];
+  if (a) {
+    old_sm = a->row.sm;
+    old_gb = static_cast<double>(a->row.memory_bytes) / kGiB;
+  }
+  int64_t new_sm = old_sm;
+  double new_gb = old_gb;
+  if (has_sm) {
+    int64_t v = req["sm"].get<int64_t>();
+    new_sm = direction == 0 ? v : old_sm + direction * v;
+  }
+  if (has_mem) {
+    double v = req["memory_gb"].get<double>();
+    new_gb = direction == 0 ? v : old_gb + direction * v;
+  }
+  if (new_sm <= 0 || new_gb <= 0) {
+    return Error("bad_request", "VM " + vm_ip + " would have " + std::to_string(new_sm) +
+                                    " SMs and " + std::to_string(new_gb) +
+                                    " GB; both must stay positive");
+  }
+  int64_t new_bytes = GbToBytes(new_gb);
+  Json result{{"vm_ip", vm_ip}, {"sm", new_sm}, {"memory_bytes", new_bytes}, {"pause_us", 0}};
+  std::string detail;
+  if (a && a->row.state == "running") {
+    Status fit = placement_.CanResize(a->row.gpu_uuid, static_cast<int>(new_sm - a->row.sm),
+                                      new_bytes - a->row.memory_bytes);
+    if (!fit.ok()) {
+      EventLocked("change-config-refused", vm_ip, fit.message());
+      return Error("no_capacity", "cannot resize VM " + vm_ip + ": " + fit.message());
+    }
+    a->busy = true;
+    std::string alloc_id = a->row.alloc_id, node_id = a->row.node_id;
+    lock.unlock();
+    Status s;
+    Json answer =
+        CallNode(node_id, "set-share",
+                 Json{{"alloc_id", alloc_id}, {"sm", new_sm}, {"memory_bytes", new_bytes}}, &s);
+    lock.lock();
+    auto it = allocs_.find(alloc_id);
+    if (it == allocs_.end()) return Error("unknown_allocation", "allocation vanished meanwhile");
+    a = &it->second;
+    a->busy = false;
+    changed_.notify_all();
+    if (!s.ok()) {
+      EventLocked("change-config-failed", vm_ip, s.message());
+      return Error("server_failed", "resizing VM " + vm_ip + " failed: " + s.message());
+    }
+    int64_t applied_sm = Int(answer, "sm", new_sm);
+    placement_.Release(a->row.gpu_uuid, a->row.sm, a->row.memory_bytes);
+    placement_.Reserve(a->row.gpu_uuid, static_cast<int>(applied_sm), new_bytes);
+    a->row.sm = static_cast<int>(applied_sm);
+    a->row.memory_bytes = new_bytes;
+    a->row.updated_ms = NowMs();
+    PersistAllocLocked(*a);
+    result["sm"] = applied_sm;
+    result["pause_us"] = Int(answer, "pause_us");
+    result["applied"] = "live";
+    detail = " live, pause " + std::to_string(Int(answer, "pause_us")) + " µs";
+  } else {
+    result["applied"] = "stored";
+    detail = " stored (no running server)";
+  }
+  vm.compute_units = static_cast<int>(new_sm);
+  vm.memory_gb = new_gb;
+  Status s = store_->UpsertVm(vm);
+  if (!s.ok()) return Error("internal", "cannot store VM " + vm_ip + ": " + s.message());
+  vms_[vm_ip] = vm;
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "SMs %" PRId64 " -> %" PRId64 ", memory %.1f -> %.1f GB", old_sm,
+                result["sm"].get<int64_t>(), old_gb, new_gb);
+  EventLocked(direction == 0  ? "change-config"
+              : direction > 0 ? "inc-resources"
+                              : "dec-resources",
+              vm_ip, buf + detail);
+  return Ok(result);
+}
+
+// ---------------------------------------------------------------- operator views
+
+Json ClusterManager::ListVms() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Json vms = Json::array();
+  for (const auto& [ip, v] : vms_) {
+    Json j = VmJson(v);
+    if (auto a = vm_alloc_.find(ip); a != vm_alloc_.end()) {
+      j["allocation"] = AllocJsonLocked(allocs_[a->second]);
+    }
+    vms.push_back(j);
+  }
+  return Ok({{"vms", vms}});
+}
+
+Json ClusterManager::ListNodes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Json nodes = Json::array();
+  for (const auto& [id, n] : nodes_) nodes.push_back(NodeJsonLocked(n));
+  return Ok({{"nodes", nodes}});
+}
+
+Json ClusterManager::ListServers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Json servers = Json::array();
+  for (const auto& [id, a] : allocs_) servers.push_back(AllocJsonLocked(a));
+  return Ok({{"servers", servers}});
+}
+
+Json ClusterManager::ListEvents(const Json& req) {
+  int64_t limit = Int(req, "limit", 50);
+  std::vector<store::Event> events;
+  Status s = store_->ListEvents(Int(req, "after_id", 0), 0, &events);
+  if (!s.ok()) return Error("internal", "cannot read events: " + s.message());
+  size_t first = limit > 0 && events.size() > static_cast<size_t>(limit)
+                     ? events.size() - static_cast<size_t>(limit)
+                     : 0;
+  Json out = Json::array();
+  for (size_t i = first; i < events.size(); ++i) {
+    const auto& e = events[i];
+    out.push_back(Json{{"id", e.id},
+                       {"time_ms", e.time_ms},
+                       {"kind", e.kind},
+                       {"subject", e.subject},
+                       {"detail", e.detail}});
+  }
+  return Ok({{"events", out}});
+}
+
+Json ClusterManager::Show(const Json& req) {
+  std::string key = Str(req, "id");
+  for (const char* k : {"vm_ip", "node_id", "alloc_id"}) {
+    if (key.empty()) key = Str(req, k);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto v = vms_.find(key); v != vms_.end()) {
+    Json j = VmJson(v->second);
+    if (auto a = vm_alloc_.find(key); a != vm_alloc_.end()) {
+      j["allocation"] = AllocJsonLocked(allocs_[a->second]);
+    }
+    return Ok({{"kind", "vm"}, {"vm", j}});
+  }
+  if (auto n = nodes_.find(key); n != nodes_.end()) {
+    Json servers = Json::array();
+    for (const auto& [id, a] : allocs_) {
+      if (a.row.node_id == key) servers.push_back(AllocJsonLocked(a));
+    }
+    Json j = NodeJsonLocked(n->second);
+    j["servers"] = servers;
+    return Ok({{"kind", "node"}, {"node", j}});
+  }
+  if (auto a = allocs_.find(key); a != allocs_.end()) {
+    return Ok({{"kind", "allocation"}, {"allocation", AllocJsonLocked(a->second)}});
+  }
+  return Error("unknown_vm", "no VM, node or allocation is called '" + key + "'");
+}
+
+Json ClusterManager::DrainNode(const Json& req, bool drain) {
+  std::string node_id = Str(req, "node_id");
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end()) return Error("unknown_node", "unknown node " + node_id);
+  NodeState& n = it->second;
+  if (n.row.state != "down") n.row.state = drain ? "draining" : "up";
+  placement_.SetNodeSchedulable(node_id, !drain && n.row.state == "up");
+  Status s = store_->UpsertNode(n.row);
+  if (!s.ok()) return Error("internal", "cannot store node " + node_id + ": " + s.message());
+  int running = 0;
+  for (const auto& [id, a] : allocs_) running += a.row.node_id == node_id;
+  EventLocked(drain ? "drain-node" : "undrain-node", node_id,
+              drain ? "no new allocations; " + std::to_string(running) +
+                          " running allocation(s) stay until they end"
+                    : "takes new allocations again");
+  return Ok({{"node_id", node_id}, {"state", n.row.state}, {"allocations", running}});
+}
+
+Json ClusterManager::VmAdd(const Json& req) {
+  store::VmRequirement vm;
+  Status s = ParseVm(req, &vm);
+  if (!s.ok()) return Error("bad_request", s.message());
+  std::lock_guard<std::mutex> lock(mu_);
+  bool existed = vms_.count(vm.vm_ip) > 0;
+  s = store_->UpsertVm(vm);
+  if (!s.ok()) return Error("internal", "cannot store VM " + vm.vm_ip + ": " + s.message());
+  vms_[vm.vm_ip] = vm;
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%d SMs, %.1f GB", vm.compute_units, vm.memory_gb);
+  EventLocked(existed ? "vm-update" : "vm-add", vm.vm_ip,
+              "host " + vm.host_ip + ", " + buf + " (applies at its next allocation)");
+  return Ok({{"vm", VmJson(vm)}});
+}
+
+Json ClusterManager::VmRemove(const Json& req) {
+  std::string vm_ip = Str(req, "vm_ip");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!vms_.count(vm_ip)) return Error("unknown_vm", "unknown VM " + vm_ip);
+  }
+  bool had_alloc;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    had_alloc = vm_alloc_.count(vm_ip) > 0;
+  }
+  if (had_alloc) Deallocate(vm_ip, "VM removed");
+  std::lock_guard<std::mutex> lock(mu_);
+  Status s = store_->RemoveVm(vm_ip, nullptr);
+  if (!s.ok()) return Error("internal", "cannot remove VM " + vm_ip + ": " + s.message());
+  vms_.erase(vm_ip);
+  EventLocked("vm-remove", vm_ip, had_alloc ? "its allocation was stopped" : "");
+  return Ok({{"vm_ip", vm_ip}});
+}
+
+Json ClusterManager::VmImport(const Json& req) {
+  std::vector<store::VmRequirement> vms;
+  for (const auto& j : req.value("vms", Json::array())) {
+    store::VmRequirement vm;
+    Status s = ParseVm(j, &vm);
+    if (!s.ok())
+      return Error("bad_request", "entry " + std::to_string(vms.size() + 1) + ": " + s.message());
+    vms.push_back(vm);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  Status s = store_->UpsertVms(vms);
+  if (!s.ok()) return Error("internal", "cannot import VMs: " + s.message());
+  int added = 0;
+  for (const auto& v : vms) {
+    added += vms_.count(v.vm_ip) == 0;
+    vms_[v.vm_ip] = v;
+  }
+  EventLocked("vm-import", "cluster",
+              std::to_string(vms.size()) + " VM(s), " + std::to_string(added) + " new");
+  return Ok({{"imported", vms.size()}, {"new", added}});
+}
+
+// ---------------------------------------------------------------- monitor
+
+void ClusterManager::MonitorLoop() {
+  const auto tick = std::chrono::milliseconds(std::max<int64_t>(20, options_.heartbeat_ms / 4));
+  while (!stopping_.load()) {
+    std::this_thread::sleep_for(tick);
+    std::vector<std::string> idle;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto now = Clock::now();
+      auto deadline =
+          std::chrono::milliseconds(options_.heartbeat_ms * options_.node_dead_after_heartbeats);
+      for (auto& [id, n] : nodes_) {
+        if (n.row.state == "down" || now - n.last_seen <= deadline) continue;
+        int64_t silent =
+            std::chrono::duration_cast<std::chrono::milliseconds>(now - n.last_seen).count();
+        n.row.state = "down";
+        placement_.SetNodeSchedulable(id, false);
+        n.channel->reset();
+        Status s = store_->UpsertNode(n.row);
+        if (!s.ok()) FLYT_ERROR("cannot store node %s: %s", id.c_str(), s.message().c_str());
+        int lost = 0;
+        for (auto& [aid, a] : allocs_) {
+          if (a.row.node_id != id || a.busy) continue;
+          a.row.state = "node_down";
+          a.row.updated_ms = NowMs();
+          PersistAllocLocked(a);
+          ++lost;
+        }
+        EventLocked("node-down", id,
+                    "no heartbeat for " + std::to_string(silent) + " ms; " + std::to_string(lost) +
+                        " allocation(s) affected");
+      }
+      if (options_.idle_grace_ms > 0) {
+        for (auto& [aid, a] : allocs_) {
+          if (a.busy || a.row.state != "running" || !a.report.contains("idle_ms")) continue;
+          if (Int(a.report, "sessions") == 0 &&
+              Int(a.report, "idle_ms") >= options_.idle_grace_ms) {
+            idle.push_back(a.row.vm_ip);
+            a.report["idle_ms"] = 0;  // until the next report, so it is not picked twice
+          }
+        }
+      }
+    }
+    for (const auto& vm : idle) {
+      std::lock_guard<std::mutex> lock(bg_mu_);
+      if (stopping_.load()) break;
+      background_.emplace_back([this, vm] { Deallocate(vm, "idle"); });
+    }
+    // Reap finished background threads now and then.
+    std::lock_guard<std::mutex> lock(bg_mu_);
+    if (background_.size() > 64) {
+      for (auto& t : background_) t.join();
+      background_.clear();
+    }
+  }
+}
+
+}  // namespace flyt::cluster

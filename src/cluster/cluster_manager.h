@@ -1,0 +1,115 @@
+// The cluster manager: Flyt's single public endpoint.
+//
+// Owns: the live view of the cluster (VMs' required resources, nodes and their
+// GPUs, allocations and the usage their servers report), every decision made on
+// it (placement, start/stop/resize of a tenant's flyt-server through its node
+// manager, restart-or-free when a server dies, node-down detection, automatic
+// deallocation of idle shares) and the audit trail of those decisions (events).
+// Every change is written through to the Store before it is answered, so a
+// restarted manager rebuilds its view from the database and the node managers'
+// re-registrations. Must not touch GPUs or processes itself: node managers do.
+// Verbs and fields: docs/control_plane.md.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "cluster/placement.h"
+#include "control/channel.h"
+#include "store/store.h"
+
+namespace flyt::cluster {
+
+struct ClusterOptions {
+  int64_t heartbeat_ms = 1000;             // asked of node managers
+  int64_t node_dead_after_heartbeats = 3;  // missed heartbeats before a node is down
+  int64_t idle_grace_ms = 300000;          // auto-deallocation; 0 = off
+  int64_t max_server_restarts = 3;         // per allocation, then its share is freed
+  int64_t node_call_timeout_ms = 30000;    // start-server waits for readiness
+  PlacementOptions placement;
+};
+
+class ClusterManager {
+ public:
+  ClusterManager(ClusterOptions options, std::unique_ptr<store::Store> store,
+                 control::Credentials creds);
+  ~ClusterManager();
+
+  // Rebuilds the view from the store and starts the monitor thread.
+  Status Start();
+  void Stop();
+  // Answers one request of an authenticated peer (control::Handler).
+  control::Json Handle(const control::Peer& peer, const control::Json& request);
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct NodeState {
+    store::Node row;
+    std::vector<store::Gpu> gpus;
+    Clock::time_point last_seen;
+    std::shared_ptr<std::mutex> call_mu = std::make_shared<std::mutex>();
+    std::shared_ptr<std::unique_ptr<control::Channel>> channel =
+        std::make_shared<std::unique_ptr<control::Channel>>();
+  };
+  struct AllocState {
+    store::Allocation row;
+    control::Json report;  // the server's last ServerReport (sessions, memory_used, ...)
+    int restarts = 0;
+    bool busy = false;  // a start/stop/resize is in flight: others wait
+  };
+
+  // Verbs.
+  control::Json RegisterNode(const control::Peer& peer, const control::Json& req);
+  control::Json Heartbeat(const control::Peer& peer, const control::Json& req);
+  control::Json ServerExited(const control::Peer& peer, const control::Json& req);
+  control::Json RequestAllocation(const std::string& vm_ip);
+  control::Json Deallocate(const std::string& vm_ip, const std::string& why);
+  control::Json ChangeConfig(const control::Json& req, int direction);  // 0 set, +1 inc, -1 dec
+  control::Json ListVms();
+  control::Json ListNodes();
+  control::Json ListServers();
+  control::Json ListEvents(const control::Json& req);
+  control::Json Show(const control::Json& req);
+  control::Json DrainNode(const control::Json& req, bool drain);
+  control::Json VmAdd(const control::Json& req);
+  control::Json VmRemove(const control::Json& req);
+  control::Json VmImport(const control::Json& req);
+
+  // Helpers; names ending in Locked need mu_ held.
+  control::Json CallNode(const std::string& node_id, const std::string& verb,
+                         const control::Json& args, Status* status);
+  void EventLocked(const std::string& kind, const std::string& subject, const std::string& detail);
+  void PersistAllocLocked(const AllocState& a);
+  void FreeAllocLocked(const std::string& alloc_id);
+  control::Json AllocJsonLocked(const AllocState& a) const;
+  control::Json NodeJsonLocked(const NodeState& n) const;
+  void ApplyReportsLocked(const std::string& node_id, const control::Json& servers, bool adopt);
+  void MonitorLoop();
+  void StopServerAsync(const std::string& node_id, const std::string& alloc_id);
+  static int64_t NowMs();
+
+  ClusterOptions options_;
+  std::unique_ptr<store::Store> store_;
+  control::Credentials creds_;
+
+  std::mutex mu_;
+  std::condition_variable changed_;  // an allocation stopped being busy
+  std::map<std::string, store::VmRequirement> vms_;
+  std::map<std::string, NodeState> nodes_;
+  std::map<std::string, AllocState> allocs_;     // by alloc_id
+  std::map<std::string, std::string> vm_alloc_;  // vm_ip -> alloc_id
+  Placement placement_;
+
+  std::atomic<bool> stopping_{false};
+  std::thread monitor_;
+  std::mutex bg_mu_;
+  std::vector<std::thread> background_;
+};
+
+}  // namespace flyt::cluster

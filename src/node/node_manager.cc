@@ -1,0 +1,496 @@
+#include "node/node_manager.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+
+#include "common/log.h"
+#include "transport/transport.h"
+
+namespace flyt::node {
+namespace {
+
+using control::Json;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kDialTimeoutMs = 5000;
+constexpr int kCallTimeoutMs = 10000;
+constexpr int kBackoffFirstMs = 500;
+constexpr int kBackoffMaxMs = 10000;
+
+// Required string field.
+Status GetString(const Json& req, const char* key, std::string* out) {
+  auto it = req.find(key);
+  if (it == req.end() || !it->is_string())
+    return Status::Error(std::string("missing or non-string field \"") + key + "\"");
+  *out = it->get<std::string>();
+  return Status::Ok();
+}
+
+// Required non-negative integer field.
+Status GetCount(const Json& req, const char* key, int64_t* out) {
+  auto it = req.find(key);
+  if (it == req.end() || !(it->is_number_integer() || it->is_number_unsigned()) ||
+      (it->is_number_integer() && it->get<int64_t>() < 0) ||
+      (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)))
+    return Status::Error(std::string("missing field \"") + key +
+                         "\" or not a non-negative integer");
+  *out = it->get<int64_t>();
+  return Status::Ok();
+}
+
+std::string ExecutableDir() {
+  char buf[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  std::string path(buf, static_cast<size_t>(n));
+  size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+// A refusal is an answer with ok:false; anything else is a dead channel.
+bool IsRefusal(const Json& answer) { return answer.is_object() && answer.contains("ok"); }
+
+// A string field of an answer, "" when absent or not a string.
+std::string StringOf(const Json& answer, const char* key) {
+  if (!answer.is_object()) return "";
+  auto it = answer.find(key);
+  return it != answer.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+}  // namespace
+
+std::string DetectHostIp() {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) {
+    FLYT_WARN("getifaddrs: %s: advertising 127.0.0.1 (set advertise_host)", std::strerror(errno));
+    return "127.0.0.1";
+  }
+  std::string found;
+  for (ifaddrs* i = list; i != nullptr && found.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    if ((i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_LOOPBACK) != 0) continue;
+    char text[INET_ADDRSTRLEN];
+    auto* in = reinterpret_cast<sockaddr_in*>(i->ifa_addr);
+    if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text)) != nullptr) found = text;
+  }
+  ::freeifaddrs(list);
+  return found.empty() ? "127.0.0.1" : found;
+}
+
+void RegisterSettings(control::Settings* s, NodeConfig* c) {
+  s->Add("listen", &c->listen, "address for commands from the cluster manager");
+  s->Add("advertise_host", &c->advertise_host,
+         "host that clients dial for this node's servers (default: first non-loopback IPv4)");
+  s->Add("host_ip", &c->host_ip,
+         "this host's IP as VMs' host_ip names it, for placement (default: advertise_host)");
+  s->Add("node_id", &c->node_id, "this node's name in the cluster (default: host name)");
+  s->Add("cluster_manager", &c->cluster_manager, "HOST:PORT of the cluster manager");
+  s->Add("secret", &c->secret, "cluster secret (default: $FLYT_SECRET, else secret_file)");
+  s->Add("secret_file", &c->secret_file,
+         "file holding the cluster secret (default: <state_dir>/cluster.secret)");
+  s->Add("heartbeat_ms", &c->heartbeat_ms,
+         "interval of heartbeats (the cluster manager's answer to register-node overrides it)");
+  s->Add("state_dir", &c->state_dir, "folder for state (default: $FLYT_STATE_DIR or per user)");
+  s->Add("run_dir", &c->run_dir,
+         "folder for servers' control sockets, logs and state (default: <state_dir>/node)");
+  s->Add("server_binary", &c->server_binary,
+         "path of flyt-server (default: next to flyt-node-manager)");
+  s->Add("server_backend", &c->server_backend, "flyt-server --backend: cuda, or sim for tests");
+  s->Add("server_listen_host", &c->server_listen_host,
+         "host servers listen on (port chosen by the kernel)");
+  s->Add("server_sm_mechanism", &c->server_sm_mechanism,
+         "how SM shares are enforced: green (green contexts in the server) or mps "
+         "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, needs mps=true)");
+  s->Add("inventory", &c->inventory,
+         "GPUs: nvml (the real ones), sim:N or sim:FILE.json (simulated, for tests)");
+  s->Add("mps", &c->mps, "run flyt-servers under an MPS control daemon");
+  s->Add("mps_control", &c->mps_control, "path of nvidia-cuda-mps-control");
+  s->Add("mps_pipe_dir", &c->mps_pipe_dir, "MPS pipe folder (default: <run_dir>/mps-pipe)");
+  s->Add("mps_log_dir", &c->mps_log_dir, "MPS log folder (default: <run_dir>/mps-log)");
+  s->Add("mps_memory_limit", &c->mps_memory_limit,
+         "under MPS, also cap each server's device memory with "
+         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (off by default: flyt-server enforces the quota "
+         "itself, and MPS's cap is fixed at start so set-share could not raise it)");
+  s->Add("ready_timeout_ms", &c->ready_timeout_ms,
+         "how long a starting flyt-server may take to answer on its control socket");
+  s->Add("stop_timeout_ms", &c->stop_timeout_ms, "SIGTERM to SIGKILL delay when stopping a server");
+}
+
+Status ResolveDefaults(NodeConfig* c) {
+  if (c->node_id.empty()) {
+    char host[256] = {};
+    if (::gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0')
+      return Status::Error(std::string("cannot read the host name (") + std::strerror(errno) +
+                           "): set node_id");
+    c->node_id = host;
+  }
+  if (c->advertise_host.empty()) c->advertise_host = DetectHostIp();
+  if (c->host_ip.empty()) c->host_ip = c->advertise_host;
+  if (c->secret.empty())
+    if (const char* s = std::getenv("FLYT_SECRET")) c->secret = s;
+  if (c->state_dir.empty()) c->state_dir = control::DefaultStateDir();
+  if (c->secret_file.empty()) c->secret_file = c->state_dir + "/cluster.secret";
+  if (c->run_dir.empty()) c->run_dir = c->state_dir + "/node";
+  if (c->mps_pipe_dir.empty()) c->mps_pipe_dir = c->run_dir + "/mps-pipe";
+  if (c->mps_log_dir.empty()) c->mps_log_dir = c->run_dir + "/mps-log";
+  if (c->server_binary.empty()) c->server_binary = ExecutableDir() + "/flyt-server";
+  if (c->heartbeat_ms < 50 || c->heartbeat_ms > 3600000)
+    return Status::Error("heartbeat_ms must be between 50 and 3600000, not " +
+                         std::to_string(c->heartbeat_ms));
+  if (c->ready_timeout_ms < 100 || c->ready_timeout_ms > 600000)
+    return Status::Error("ready_timeout_ms must be between 100 and 600000, not " +
+                         std::to_string(c->ready_timeout_ms));
+  if (c->stop_timeout_ms < 0 || c->stop_timeout_ms > 600000)
+    return Status::Error("stop_timeout_ms must be between 0 and 600000, not " +
+                         std::to_string(c->stop_timeout_ms));
+  if (c->server_sm_mechanism != "green" && c->server_sm_mechanism != "mps")
+    return Status::Error("server_sm_mechanism must be green or mps, not '" +
+                         c->server_sm_mechanism + "'");
+  if (c->server_sm_mechanism == "mps" && !c->mps)
+    return Status::Error("server_sm_mechanism=mps needs mps=true");
+  if (c->server_backend != "cuda" && c->server_backend != "sim")
+    return Status::Error("server_backend must be cuda or sim, not '" + c->server_backend + "'");
+  if (c->server_listen_host.empty()) return Status::Error("server_listen_host must not be empty");
+  return Status::Ok();
+}
+
+NodeManager::NodeManager(NodeConfig config) : config_(std::move(config)) {}
+
+NodeManager::~NodeManager() { Shutdown(); }
+
+Status NodeManager::Start() {
+  Status st = control::LoadSecret(config_.secret, config_.secret_file, /*create=*/false, &creds_);
+  if (!st.ok())
+    return Status::Error("no cluster secret: " + st.message() +
+                         " (copy the cluster manager's secret file to " + config_.secret_file +
+                         " with mode 0600, or set secret / FLYT_SECRET)");
+  if (creds_.secret.empty())
+    return Status::Error(
+        "the cluster secret is empty: the node manager takes commands only from "
+        "an authenticated cluster manager; set secret or secret_file");
+  st = LoadInventory(config_.inventory, config_.node_id, &gpus_);
+  if (!st.ok()) return st;
+  if (gpus_.empty()) FLYT_WARN("no GPU found (inventory=%s)", config_.inventory.c_str());
+  for (const auto& g : gpus_)
+    FLYT_INFO("GPU %d: %s, %s, %d SMs, %lld MiB", g.index, g.name.c_str(), g.uuid.c_str(),
+              g.sm_count, static_cast<long long>(g.memory_bytes >> 20));
+  if (IsSimulatedInventory(config_.inventory) && config_.server_backend == "cuda")
+    FLYT_WARN(
+        "simulated GPUs with server_backend=cuda: servers will not find these GPUs; "
+        "use server_backend=sim");
+  if (config_.mps) {
+    MpsOptions mo;
+    mo.control_binary = config_.mps_control;
+    mo.pipe_dir = config_.mps_pipe_dir;
+    mo.log_dir = config_.mps_log_dir;
+    st = mps_.Start(mo);
+    if (!st.ok()) return st;
+  }
+  SupervisorOptions so;
+  so.server_binary = config_.server_binary;
+  so.backend = config_.server_backend;
+  so.listen_host = config_.server_listen_host;
+  so.advertise_host = config_.advertise_host;
+  so.run_dir = config_.run_dir;
+  so.ready_timeout_ms = static_cast<int>(config_.ready_timeout_ms);
+  so.stop_timeout_ms = static_cast<int>(config_.stop_timeout_ms);
+  so.pin_gpu = !IsSimulatedInventory(config_.inventory);
+  so.extra_env = [this](const ServerParams& p) { return ServerEnv(p); };
+  so.on_exit = [this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    wake_ = true;
+    cv_.notify_all();
+  };
+  supervisor_ = std::make_unique<ServerSupervisor>(std::move(so));
+  st = supervisor_->Open();
+  if (!st.ok()) return st;
+  st = control::Listener::Start(
+      config_.listen, creds_,
+      [this](const control::Peer& peer, const Json& request) { return Handle(peer, request); },
+      &listener_);
+  if (!st.ok())
+    return Status::Error("cannot listen for the cluster manager: " + st.message() +
+                         " (set listen, or stop whatever holds the port)");
+  listen_address_ = listener_->Describe();
+  reporter_ = std::thread([this] { ReportLoop(); });
+  return Status::Ok();
+}
+
+void NodeManager::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    stop_ = true;
+    cv_.notify_all();
+  }
+  // Servers first: a start-server still waiting for readiness then returns at
+  // once, and the listener (which waits for its handlers) stops quickly.
+  if (supervisor_) supervisor_->StopAll();
+  if (listener_) listener_->Stop();
+  if (reporter_.joinable()) reporter_.join();
+  Status st = mps_.Quit();
+  if (!st.ok()) FLYT_ERROR("%s", st.message().c_str());
+}
+
+std::string NodeManager::ListenAddress() const { return listen_address_; }
+
+std::string NodeManager::AdvertisedAddress() const {
+  transport::Address a;
+  int port = 12401;
+  if (transport::ParseAddress(listen_address_.empty() ? config_.listen : listen_address_, &a).ok())
+    port = a.port;
+  std::string host = config_.advertise_host;
+  if (host.find(':') != std::string::npos) host = "[" + host + "]";
+  return host + ":" + std::to_string(port);
+}
+
+const GpuInfo* NodeManager::FindGpu(const std::string& uuid) const {
+  for (const auto& g : gpus_)
+    if (g.uuid == uuid) return &g;
+  return nullptr;
+}
+
+EnvList NodeManager::ServerEnv(const ServerParams& p) const {
+  if (!config_.mps) return {};
+  int pct = 0;
+  if (config_.server_sm_mechanism == "mps") {
+    const GpuInfo* g = FindGpu(p.gpu_uuid);
+    pct = MpsDaemon::ActiveThreadPercentage(p.sm, g ? g->sm_count : 0);
+  }
+  return mps_.ServerEnv(config_.mps_memory_limit ? p.memory_bytes : 0, pct);
+}
+
+Json NodeManager::Handle(const control::Peer& peer, const Json& request) {
+  if (peer.role != "cluster")
+    return control::Error("bad_request",
+                          "flyt-node-manager takes commands only from the cluster manager (role "
+                          "\"cluster\"); this connection authenticated as role \"" +
+                              peer.role + "\" (name \"" + peer.name + "\")");
+  try {
+    std::string verb;
+    if (!request.is_object() || !GetString(request, "verb", &verb).ok())
+      return control::Error("bad_request", "a request needs a \"verb\"");
+    if (verb == "start-server") return StartServer(request);
+    if (verb == "stop-server") return StopServer(request);
+    if (verb == "set-share") return SetShare(request);
+    if (verb == "list-servers") return ListServers();
+    return control::Error("bad_request", "unknown verb '" + verb +
+                                             "': the node manager answers start-server, "
+                                             "stop-server, set-share, list-servers");
+  } catch (const Json::exception& e) {
+    return control::Error("bad_request", std::string("malformed request: ") + e.what());
+  }
+}
+
+Json NodeManager::StartServer(const Json& req) {
+  ServerParams p;
+  Status st = GetString(req, "alloc_id", &p.alloc_id);
+  if (st.ok()) st = GetString(req, "gpu_uuid", &p.gpu_uuid);
+  if (st.ok()) st = GetCount(req, "sm", &p.sm);
+  if (st.ok()) st = GetCount(req, "memory_bytes", &p.memory_bytes);
+  if (st.ok()) st = GetString(req, "token", &p.token);
+  if (!st.ok()) return control::Error("bad_request", "start-server: " + st.message());
+  const GpuInfo* gpu = FindGpu(p.gpu_uuid);
+  if (gpu == nullptr) {
+    std::string known;
+    for (const auto& g : gpus_) known += (known.empty() ? "" : ", ") + g.uuid;
+    return control::Error("bad_request", "start-server: GPU " + p.gpu_uuid + " is not on node " +
+                                             config_.node_id +
+                                             " (it has: " + (known.empty() ? "none" : known) + ")");
+  }
+  if (p.sm > gpu->sm_count || p.memory_bytes > gpu->memory_bytes)
+    return control::Error("bad_request", "start-server: " + std::to_string(p.sm) + " SMs and " +
+                                             std::to_string(p.memory_bytes) + " bytes exceed GPU " +
+                                             gpu->uuid + " (" + std::to_string(gpu->sm_count) +
+                                             " SMs, " + std::to_string(gpu->memory_bytes) +
+                                             " bytes)");
+  ServerSupervisor::Started started;
+  std::string code;
+  st = supervisor_->Start(p, &started, &code);
+  if (!st.ok()) return control::Error(code, st.message());
+  return control::Ok(
+      Json{{"endpoint", started.endpoint}, {"pid", started.pid}, {"ready_ms", started.ready_ms}});
+}
+
+Json NodeManager::StopServer(const Json& req) {
+  std::string id, code;
+  Status st = GetString(req, "alloc_id", &id);
+  if (!st.ok()) return control::Error("bad_request", "stop-server: " + st.message());
+  st = supervisor_->Stop(id, &code);
+  if (!st.ok()) return control::Error(code, st.message());
+  return control::Ok();
+}
+
+Json NodeManager::SetShare(const Json& req) {
+  std::string id, code;
+  int64_t sm = 0, memory = 0;
+  Status st = GetString(req, "alloc_id", &id);
+  if (st.ok()) st = GetCount(req, "sm", &sm);
+  if (st.ok()) st = GetCount(req, "memory_bytes", &memory);
+  if (!st.ok()) return control::Error("bad_request", "set-share: " + st.message());
+  ServerParams p;
+  int64_t memory_at_start = 0;
+  if (!supervisor_->Lookup(id, &p, &memory_at_start))
+    return control::Error("unknown_allocation",
+                          "no server for allocation " + id + " on node " + config_.node_id);
+  const GpuInfo* gpu = FindGpu(p.gpu_uuid);
+  if (gpu != nullptr && (sm > gpu->sm_count || memory > gpu->memory_bytes))
+    return control::Error("bad_request", "set-share: " + std::to_string(sm) + " SMs and " +
+                                             std::to_string(memory) + " bytes exceed GPU " +
+                                             gpu->uuid);
+  if (config_.mps && config_.mps_memory_limit && memory > memory_at_start)
+    return control::Error(
+        "over_quota",
+        "set-share: server " + id + " runs under MPS with CUDA_MPS_PINNED_DEVICE_MEM_LIMIT " +
+            MpsDaemon::PinnedMemLimit(memory_at_start) +
+            ", fixed when it started; a larger quota needs a new server (stop-server, "
+            "start-server) or mps_memory_limit=false on this node");
+  Json answer;
+  st = supervisor_->SetShare(id, sm, memory, &answer, &code);
+  if (!st.ok()) return control::Error(code, st.message());
+  Json fields = Json::object();
+  for (auto it = answer.begin(); it != answer.end(); ++it)
+    if (it.key() != "ok" && it.key() != "id") fields[it.key()] = it.value();
+  if (!fields.contains("pause_us")) fields["pause_us"] = 0;
+  return control::Ok(fields);
+}
+
+Json NodeManager::ListServers() {
+  Json list = Json::array();
+  for (const auto& r : supervisor_->Reports()) list.push_back(ToJson(r));
+  return control::Ok(Json{{"servers", list}});
+}
+
+Json NodeManager::RegisterRequest() {
+  Json gpus = Json::array();
+  for (const auto& g : gpus_) gpus.push_back(ToJson(g));
+  Json servers = Json::array();
+  for (const auto& r : supervisor_->Reports()) servers.push_back(ToJson(r));
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "?");
+  return Json{{"node_id", config_.node_id}, {"hostname", host},   {"address", AdvertisedAddress()},
+              {"host_ip", config_.host_ip}, {"mps", config_.mps}, {"gpus", gpus},
+              {"servers", servers}};
+}
+
+void NodeManager::Sleep(int64_t ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, std::chrono::milliseconds(ms), [this] { return stop_ || wake_; });
+  wake_ = false;
+}
+
+void NodeManager::ReportLoop() {
+  std::unique_ptr<control::Channel> channel;
+  std::vector<ServerExit> pending;  // exits the cluster manager has not answered yet
+  int64_t heartbeat_ms = config_.heartbeat_ms;
+  int backoff_ms = kBackoffFirstMs;
+  int failures = 0;
+  auto next_heartbeat = Clock::now();
+  auto stopping = [this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stop_;
+  };
+  auto drop = [&](const std::string& why) {
+    FLYT_WARN("cluster manager %s: %s; reconnecting", config_.cluster_manager.c_str(), why.c_str());
+    if (channel) channel->Close();
+    channel.reset();
+    registered_ = false;
+  };
+  while (!stopping()) {
+    if (!channel) {
+      Json answer;
+      Status st = control::Channel::Dial(config_.cluster_manager, creds_, "node", config_.node_id,
+                                         kDialTimeoutMs, &channel);
+      if (st.ok()) st = channel->Call("register-node", RegisterRequest(), &answer, kCallTimeoutMs);
+      if (!st.ok()) {
+        channel.reset();
+        if (failures++ == 0)
+          FLYT_WARN(
+              "cannot register with the cluster manager at %s: %s (retrying every %d s at "
+              "most)",
+              config_.cluster_manager.c_str(), st.message().c_str(), kBackoffMaxMs / 1000);
+        else
+          FLYT_DEBUG("register-node: %s", st.message().c_str());
+        Sleep(backoff_ms);
+        backoff_ms = std::min(backoff_ms * 2, kBackoffMaxMs);
+        continue;
+      }
+      auto hb = answer.find("heartbeat_ms");
+      if (hb != answer.end() && hb->is_number_integer() && hb->get<int64_t>() >= 50)
+        heartbeat_ms = hb->get<int64_t>();
+      FLYT_INFO("registered with the cluster manager at %s as %s (%zu GPU(s), heartbeat %lld ms)",
+                config_.cluster_manager.c_str(), config_.node_id.c_str(), gpus_.size(),
+                static_cast<long long>(heartbeat_ms));
+      registered_ = true;
+      failures = 0;
+      backoff_ms = kBackoffFirstMs;
+      next_heartbeat = Clock::now() + std::chrono::milliseconds(heartbeat_ms);
+    }
+    for (auto& e : supervisor_->TakeExits()) pending.push_back(std::move(e));
+    while (channel && !pending.empty()) {
+      const ServerExit& e = pending.front();
+      Json answer;
+      Status st = channel->Call("server-exited",
+                                Json{{"node_id", config_.node_id},
+                                     {"alloc_id", e.alloc_id},
+                                     {"exit_status", e.exit_status},
+                                     {"reason", e.reason}},
+                                &answer, kCallTimeoutMs);
+      if (!st.ok() && !IsRefusal(answer)) {
+        drop("server-exited: " + st.message());
+        break;
+      }
+      if (!st.ok() && StringOf(answer, "code") == "unknown_node") {
+        drop("it no longer knows this node");
+        break;
+      }
+      std::string action = st.ok() ? StringOf(answer, "action") : "free";
+      if (!st.ok())
+        FLYT_WARN("server-exited for %s refused (%s): forgetting the server", e.alloc_id.c_str(),
+                  st.message().c_str());
+      if (action == "restart") {
+        FLYT_INFO("server %s: restarting as the cluster manager asks", e.alloc_id.c_str());
+        Status rs = supervisor_->Restart(e.alloc_id);
+        if (!rs.ok()) FLYT_WARN("server %s: %s", e.alloc_id.c_str(), rs.message().c_str());
+      } else {
+        if (action != "free")
+          FLYT_WARN("server-exited for %s: unknown action '%s': freeing", e.alloc_id.c_str(),
+                    action.c_str());
+        supervisor_->Forget(e.alloc_id);
+      }
+      pending.erase(pending.begin());
+    }
+    if (!channel) continue;
+    if (Clock::now() >= next_heartbeat) {
+      Json servers = Json::array();
+      for (const auto& r : supervisor_->Reports()) servers.push_back(ToJson(r));
+      Json answer;
+      Status st =
+          channel->Call("heartbeat", Json{{"node_id", config_.node_id}, {"servers", servers}},
+                        &answer, kCallTimeoutMs);
+      if (!st.ok()) {
+        drop("heartbeat: " + st.message());
+        continue;
+      }
+      next_heartbeat = Clock::now() + std::chrono::milliseconds(heartbeat_ms);
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(next_heartbeat - Clock::now())
+                    .count();
+    if (left > 0) Sleep(left);
+  }
+  if (channel) channel->Close();
+  registered_ = false;
+}
+
+}  // namespace flyt::node

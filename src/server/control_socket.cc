@@ -1,0 +1,207 @@
+// Implementation of server/control_socket.h.
+#include "server/control_socket.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <chrono>
+
+#include "common/log.h"
+#include "transport/transport.h"
+
+namespace flyt::server {
+
+using Json = nlohmann::json;
+
+namespace {
+
+size_t OpenSessions(ServerState* state, bool* capturing, size_t* pending) {
+  std::lock_guard<std::mutex> lock(state->sessions_mu);
+  if (capturing != nullptr) *capturing = false;
+  if (pending != nullptr) *pending = 0;
+  for (const auto& [id, session] : state->sessions) {
+    if (capturing != nullptr && session->capturing()) *capturing = true;
+    if (pending != nullptr && session->switch_pending()) ++*pending;
+  }
+  return state->sessions.size();
+}
+
+Json Stats(ServerState* state) {
+  Share::Snapshot share = state->share.Get();
+  size_t pending = 0;
+  size_t sessions = OpenSessions(state, nullptr, &pending);
+  int64_t idle_ms = 0;
+  if (sessions == 0) {  // since the last session ended, or since the start
+    int64_t since = state->last_session_end_ns.load();
+    if (since == 0) since = state->start_ns;
+    idle_ms = (SteadyNowNs() - since) / 1000000;
+  }
+  Json listen = Json::array();
+  for (const auto& l : state->listen) listen.push_back(l);
+  return control::Ok({{"pid", static_cast<int64_t>(getpid())},
+                      {"listen", listen},
+                      {"sessions", sessions},
+                      {"memory_used", share.memory_used},
+                      {"memory_quota", share.memory_quota},
+                      {"sm", share.sm},
+                      {"sm_requested", share.sm_requested},
+                      {"sm_total", share.sm_total},
+                      {"sm_mechanism", SmMechanismName(share.mechanism)},
+                      {"calls", state->calls.load()},
+                      {"idle_ms", idle_ms},
+                      {"switch_pending", pending},
+                      {"last_switch_us", share.last_switch_us}});
+}
+
+// Replaces FLAG's value in the server's argv (or appends it), so that a
+// restart after a sticky error keeps the share set live.
+void SetArg(std::vector<std::string>* argv, const std::string& flag, const std::string& value) {
+  for (size_t i = 1; i + 1 < argv->size(); ++i) {
+    if ((*argv)[i] == flag) {
+      (*argv)[i + 1] = value;
+      return;
+    }
+  }
+  argv->push_back(flag);
+  argv->push_back(value);
+}
+
+Json SetShare(ServerState* state, const Json& request) {
+  auto t0 = std::chrono::steady_clock::now();
+  Share::Change change;
+  if (request.contains("sm")) {
+    const Json& v = request["sm"];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > (1 << 20))
+      return control::Error("bad_request", "sm must be a whole number of SMs, 0 for the whole GPU");
+    change.has_sm = true;
+    change.sm = static_cast<int>(v.get<int64_t>());
+  }
+  if (request.contains("memory_bytes")) {
+    const Json& v = request["memory_bytes"];
+    if (!v.is_number_integer() || (!v.is_number_unsigned() && v.get<int64_t>() < 0))
+      return control::Error("bad_request", "memory_bytes must be a byte count, 0 for no quota");
+    change.has_memory = true;
+    change.memory_bytes = v.get<uint64_t>();
+  }
+  if (!change.has_sm && !change.has_memory)
+    return control::Error("bad_request", "set-share needs sm and/or memory_bytes");
+  bool capturing = false;
+  OpenSessions(state, &capturing, nullptr);
+  std::string note;
+  bool busy = false;
+  Status s = state->share.Apply(change, capturing, &note, &busy);
+  if (!s.ok()) return control::Error(busy ? "busy" : "refused", s.message());
+  auto pause_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
+  Share::Snapshot share = state->share.Get();
+  {
+    std::lock_guard<std::mutex> lock(state->argv_mu);
+    if (!state->argv.empty()) {
+      SetArg(&state->argv, "--memory-quota", std::to_string(share.memory_quota));
+      SetArg(&state->argv, "--sm-count", std::to_string(share.sm_requested));
+    }
+  }
+  size_t pending = 0;
+  OpenSessions(state, nullptr, &pending);
+  Json answer = control::Ok({{"pause_us", static_cast<int64_t>(pause_us)},
+                             {"sm", share.sm},
+                             {"sm_mechanism", SmMechanismName(share.mechanism)},
+                             {"memory_quota", share.memory_quota},
+                             {"memory_used", share.memory_used},
+                             {"switch_pending", pending}});
+  if (!note.empty()) answer["note"] = note;
+  FLYT_INFO("control: set-share done in %lld us%s%s", static_cast<long long>(pause_us),
+            note.empty() ? "" : ": ", note.c_str());
+  return answer;
+}
+
+}  // namespace
+
+Json HandleControlRequest(ServerState* state, const Json& request) {
+  if (!request.is_object() || !request.contains("verb") || !request["verb"].is_string())
+    return control::Error("bad_request", "a request is a JSON object with a \"verb\"");
+  const std::string verb = request["verb"].get<std::string>();
+  if (verb == "stats") return Stats(state);
+  if (verb == "set-share") return SetShare(state, request);
+  return control::Error("bad_request",
+                        "unknown verb '" + verb + "': flyt-server answers stats and set-share");
+}
+
+bool ParseByteCount(const std::string& text, uint64_t* out) {
+  size_t i = 0;
+  uint64_t v = 0;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) {
+    if (__builtin_mul_overflow(v, 10, &v) ||
+        __builtin_add_overflow(v, static_cast<uint64_t>(text[i] - '0'), &v))
+      return false;
+    ++i;
+  }
+  if (i == 0) return false;
+  int shift = 0;
+  if (i < text.size()) {
+    switch (std::toupper(static_cast<unsigned char>(text[i]))) {
+      case 'K':
+        shift = 10;
+        break;
+      case 'M':
+        shift = 20;
+        break;
+      case 'G':
+        shift = 30;
+        break;
+      case 'T':
+        shift = 40;
+        break;
+      default:
+        return false;
+    }
+    ++i;
+    if (i < text.size() && (text[i] == 'i' || text[i] == 'I')) ++i;
+    if (i < text.size() && (text[i] == 'B' || text[i] == 'b')) ++i;
+  }
+  if (i != text.size()) return false;
+  if (shift > 0 && (v >> (64 - shift)) != 0) return false;
+  *out = v << shift;
+  return true;
+}
+
+Status ControlSocket::Start(const std::string& address, ServerState* state,
+                            std::unique_ptr<ControlSocket>* out) {
+  transport::Address addr;
+  Status s = transport::ParseAddress(address, &addr);
+  if (!s.ok()) return Status::Error("--control: " + s.message());
+  if (addr.kind != transport::Address::Kind::kUnix)
+    return Status::Error(
+        "--control must be unix:///PATH: the control socket has no "
+        "authentication, only the file's permissions");
+  auto c = std::unique_ptr<ControlSocket>(new ControlSocket());
+  c->path_ = addr.path;
+  ::unlink(addr.path.c_str());  // a stale file of a dead server
+  // Born 0600: no moment where another user could connect.
+  mode_t old_mask = ::umask(0177);
+  s = control::Listener::Start(
+      address, control::Credentials{},
+      [state](const control::Peer&, const Json& request) {
+        return HandleControlRequest(state, request);
+      },
+      &c->listener_);
+  ::umask(old_mask);
+  if (!s.ok()) return Status::Error("control socket: " + s.message());
+  if (::chmod(addr.path.c_str(), 0600) != 0)
+    return Status::Error("control socket: cannot make " + addr.path + " 0600");
+  *out = std::move(c);
+  return Status::Ok();
+}
+
+ControlSocket::~ControlSocket() {
+  if (listener_ != nullptr) listener_->Stop();
+  if (!path_.empty()) ::unlink(path_.c_str());
+}
+
+std::string ControlSocket::Describe() const {
+  return listener_ != nullptr ? listener_->Describe() : "unix://" + path_;
+}
+
+}  // namespace flyt::server
