@@ -65,7 +65,15 @@ void ClientManager::ServeOne(std::unique_ptr<transport::Connection> conn) {
   conn->SetReceiveTimeout(5000);
   std::string line;
   char c = 0;
-  while (line.size() < 256 && conn->Receive(&c, 1).ok() && c != '\n') line += c;
+  bool got_newline = false;
+  while (line.size() < 256 && conn->Receive(&c, 1).ok()) {
+    if (c == '\n') {
+      got_newline = true;
+      break;
+    }
+    line += c;
+  }
+  if (!got_newline && line.empty()) return;  // a probe that connected and left
   std::string reply;
   if (line == "ALLOCATE") {
     reply = Allocate();

@@ -294,6 +294,13 @@ Json ClusterManager::CallNode(const std::string& node_id, const std::string& ver
   return answer;
 }
 
+void ClusterManager::ForgetChannelLocked(NodeState* n) {
+  // A call may be in flight on the old channel (it holds its own references):
+  // later calls dial afresh instead of touching it.
+  n->channel = std::make_shared<std::unique_ptr<control::Channel>>();
+  n->call_mu = std::make_shared<std::mutex>();
+}
+
 void ClusterManager::StopServerAsync(const std::string& node_id, const std::string& alloc_id) {
   std::lock_guard<std::mutex> lock(bg_mu_);
   if (stopping_.load()) return;
@@ -337,7 +344,7 @@ Json ClusterManager::RegisterNode(const control::Peer&, const Json& req) {
   row.registered_ms = known && ns.row.registered_ms ? ns.row.registered_ms : NowMs();
   row.last_heartbeat_ms = NowMs();
   row.state = previous == "draining" ? "draining" : "up";
-  if (ns.row.address != row.address && ns.channel) ns.channel->reset();
+  if (ns.row.address != row.address) ForgetChannelLocked(&ns);
   ns.row = row;
   ns.gpus = gpus;
   ns.last_seen = Clock::now();
@@ -856,7 +863,7 @@ void ClusterManager::MonitorLoop() {
             std::chrono::duration_cast<std::chrono::milliseconds>(now - n.last_seen).count();
         n.row.state = "down";
         placement_.SetNodeSchedulable(id, false);
-        n.channel->reset();
+        ForgetChannelLocked(&n);
         Status s = store_->UpsertNode(n.row);
         if (!s.ok()) FLYT_ERROR("cannot store node %s: %s", id.c_str(), s.message().c_str());
         int lost = 0;

@@ -91,6 +91,7 @@ class ClusterManager {
   control::Json NodeJsonLocked(const NodeState& n) const;
   void ApplyReportsLocked(const std::string& node_id, const control::Json& servers, bool adopt);
   void MonitorLoop();
+  void ForgetChannelLocked(NodeState* n);
   void StopServerAsync(const std::string& node_id, const std::string& alloc_id);
   static int64_t NowMs();
 

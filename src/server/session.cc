@@ -375,6 +375,14 @@ void Session::NoteAllocation(HandleKind kind, uint64_t handle, uint64_t bytes) {
 }
 
 CUstream Session::RealStream(uint64_t raw) const {
+  if (green_ != nullptr && (raw == 2 || (raw == 0 && pt_call_))) {
+    if (pt_stream_ == nullptr &&
+        state_->api.cuStreamCreate(&pt_stream_, CU_STREAM_DEFAULT) != CUDA_SUCCESS) {
+      pt_stream_ = nullptr;
+      return reinterpret_cast<CUstream>(raw);  // the driver's own error follows
+    }
+    return pt_stream_;
+  }
   if (raw > 2 && !stream_map_.empty()) {
     auto it = stream_map_.find(raw);
     if (it != stream_map_.end()) return it->second;
@@ -695,10 +703,14 @@ void Session::ReleaseAll() {
   size_t total = 0;
   for (auto& set : handles_) total += set.size();
   if (total == 0 && host_funcs_in_flight_.load() == 0 && captured_.empty() &&
-      retired_streams_.empty())
+      retired_streams_.empty() && pt_stream_ == nullptr)
     return;
   if (exec_ != nullptr || primary_ != nullptr) a.cuCtxSetCurrent(exec_ ? exec_ : primary_);
-  if (a.cuCtxSynchronize != nullptr) a.cuCtxSynchronize();
+  // Only this session's work: a context-wide synchronize would invalidate
+  // another session's stream capture.
+  SynchronizeSession();
+  if (pt_stream_ != nullptr) retired_streams_.push_back(pt_stream_);
+  pt_stream_ = nullptr;
   auto each = [&](HandleKind k, auto&& fn) {
     for (uint64_t h : handles_[static_cast<int>(k)]) fn(h);
     handles_[static_cast<int>(k)].clear();
@@ -740,6 +752,9 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
   DriverApi& a = state_->api;
   req_ = h;
   bool per_thread = (h.flags & wire::kFlagPerThread) != 0;
+  pt_call_ = per_thread;
+  // In a green context the legacy entry points run on pt_stream_ (RealStream).
+  if (green_ != nullptr) per_thread = false;
   switch (h.op) {
     case ops::kOpPrimaryCtxRetain: {
       int32_t dev = 0;

@@ -210,6 +210,11 @@ class Session {
   std::vector<CUstream> retired_streams_;  // streams replaced at a switch, kept so that
                                            // their handle values cannot be reused
   std::unordered_map<uint64_t, CUstream> stream_map_;  // client handle -> its stream now
+  // Green contexts have no per-thread default stream (the driver answers
+  // CUDA_ERROR_INVALID_HANDLE): a blocking stream of the session's green
+  // context stands in for it (made on first use, retired at a switch).
+  mutable CUstream pt_stream_ = nullptr;
+  bool pt_call_ = false;  // the current call asked for the per-thread default stream
   // Bytes charged to the quota per memory / array handle.
   std::unordered_map<uint64_t, uint64_t> memory_bytes_;
   std::unordered_map<uint64_t, uint64_t> array_bytes_;

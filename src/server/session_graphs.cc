@@ -298,7 +298,7 @@ CUresult Session::SynchronizeSession() {
   };
   for (uint64_t s : handles_[static_cast<int>(HandleKind::kStream)])
     keep(a.cuStreamSynchronize(RealStream(s)));
-  keep(a.cuStreamSynchronize(CU_STREAM_PER_THREAD));
+  keep(a.cuStreamSynchronize(RealStream(2)));  // per-thread default (or its stand-in)
   keep(a.cuStreamSynchronize(nullptr));
   return first;
 }

@@ -109,6 +109,8 @@ void Session::SwitchExec() {
     return;
   }
   if (green_ != nullptr) old_greens_.push_back(green_);
+  if (pt_stream_ != nullptr) retired_streams_.push_back(pt_stream_);
+  pt_stream_ = nullptr;  // made again in the new context on first use
   green_ = green;
   exec_ = ctx;
   // Each stream moves: a new stream with the same flags and priority in the

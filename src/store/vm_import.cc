@@ -85,7 +85,9 @@ bool NumberText(const Json& v, std::string* text, std::string* why) {
     return true;
   }
   if (v.is_object() && v.size() == 1) {
-    const auto& [key, inner] = *v.items().begin();
+    auto first = v.begin();
+    const std::string key = first.key();
+    const Json& inner = first.value();
     if (key == "$numberInt" || key == "$numberLong" || key == "$numberDouble" ||
         key == "$numberDecimal") {
       if (inner.is_string() || inner.is_number()) {

@@ -621,7 +621,8 @@ class Session {
  public:
   explicit Session(const Options& opts) : opts_(opts) {}
 
-  // Resolves the address and secret from flags, environment and config file.
+  // Resolves the address and secret from flags, environment and config file
+  // (at the first request, so that command-line mistakes are reported first).
   bool Configure(std::string* error) {
     std::string cm = "127.0.0.1:12400";
     std::string secret;
@@ -697,6 +698,14 @@ class Session {
  private:
   bool Connect() {
     if (channel_) return true;
+    if (!configured_) {
+      std::string error;
+      if (!Configure(&error)) {
+        std::fprintf(stderr, "flytctl: %s\n", error.c_str());
+        return false;
+      }
+      configured_ = true;
+    }
     std::string name = UserAtHost();
     const int dial_timeout = std::min(opts_.timeout_ms, 10000);
     Status st = control::Channel::Dial(address_, creds_, "admin", name, dial_timeout, &channel_);
@@ -751,6 +760,7 @@ class Session {
   }
 
   const Options& opts_;
+  bool configured_ = false;
   std::string address_;
   std::string secret_file_;
   control::Credentials creds_;
@@ -1048,10 +1058,6 @@ int Main(int argc, char** argv) {
     return kExitOk;
   }
   Session session(opts);
-  if (!session.Configure(&error)) {
-    std::fprintf(stderr, "flytctl: %s\n", error.c_str());
-    return kExitFailed;
-  }
   Context ctx{opts, session, rest};
   if (verb == "list-vms" || verb == "list-nodes" || verb == "list-servers" ||
       verb == "list-events") {

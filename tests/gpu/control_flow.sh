@@ -13,7 +13,7 @@
 set -uo pipefail
 BUILD_DIR=${BUILD_DIR:-build}
 BIN=$BUILD_DIR/bin
-PROG=${SM_SHARE_PROG:-$BUILD_DIR/gpu-tests/sm_share}
+PROG=${SM_SHARE_PROG:-$BUILD_DIR/gpu-tests/flyt-only/sm_share.static}
 OUT=${OUT:-$(mktemp -d)}
 W=$(mktemp -d /tmp/flyt-ctl.XXXXXX)
 S="$OUT/control_flow.md"
@@ -49,7 +49,8 @@ pids+=($!)
 wait_for 10 $CTL list-nodes || { echo "cluster manager did not start" >>"$S"; exit 1; }
 "$BIN/flyt-node-manager" --listen 127.0.0.1:12401 --advertise-host 127.0.0.1 \
   --host-ip 127.0.0.1 --node-id gpu-host --cluster-manager $CM --heartbeat-ms 500 \
-  --inventory nvml --mps true --server-backend cuda --server-binary "$BIN/flyt-server" \
+  --inventory ${INVENTORY:-nvml} --mps ${MPS:-true} --server-backend ${BACKEND:-cuda} \
+  --server-binary "$BIN/flyt-server" \
   --run-dir "$W/node" >"$W/node-manager.log" 2>&1 &
 pids+=($!)
 wait_for 30 bash -c "$CTL --json list-nodes | grep -q '\"uuid\"'" || {
@@ -74,7 +75,7 @@ wait_for 10 test -S "$W/cm-a.sock"
 echo "## Two tenants at once, and a live change-config" >>"$S"
 echo >>"$S"
 echo "VM a: 32 SMs, 8 GiB; VM b: 64 SMs, 16 GiB. Each runs sm_share for 12 s; after ~5 s" >>"$S"
-echo "\`flytctl change-config --vm 10.9.0.1 --sm 96 --memory 12\` resizes VM a." >>"$S"
+echo "\`flytctl change-config --vm 10.9.0.1 --sm 64 --memory 12\` resizes VM a." >>"$S"
 echo >>"$S"
 t0=$(now_ms)
 FLYT_CLIENT_MANAGER=$W/cm-a.sock timeout 120 "$BIN/flyt" run -- "$PROG" 12 >"$W/vm-a.out" 2>"$W/vm-a.err" &
@@ -83,7 +84,7 @@ FLYT_CLIENT_MANAGER=$W/cm-b.sock timeout 120 "$BIN/flyt" run -- "$PROG" 12 >"$W/
 pb=$!
 sleep 5
 c0=$(now_ms)
-$CTL change-config --vm 10.9.0.1 --sm 96 --memory 12 >"$W/change-config.out" 2>&1
+$CTL change-config --vm 10.9.0.1 --sm 64 --memory 12 >"$W/change-config.out" 2>&1
 crc=$?
 c1=$(now_ms)
 wait $pa; ra=$?
@@ -91,7 +92,10 @@ wait $pb; rb=$?
 for vm in a b; do
   r=$([[ $vm == a ]] && echo $ra || echo $rb)
   echo "### VM $vm (exit $r)" >>"$S"
-  echo '```' >>"$S"; cat "$W/vm-$vm.out" >>"$S"; tail -3 "$W/vm-$vm.err" >>"$S"; echo '```' >>"$S"
+  echo "(samples shown when what the program sees changes)" >>"$S"
+  echo '```' >>"$S"
+  awk '!/^sample/ {print; next} {k=$3" "$4" "$6; if (k!=p) print; p=k}' "$W/vm-$vm.out" >>"$S"
+  tail -3 "$W/vm-$vm.err" >>"$S"; echo '```' >>"$S"
 done
 echo "change-config (exit $crc, $((c1 - c0)) ms round trip):" >>"$S"
 echo '```' >>"$S"; cat "$W/change-config.out" >>"$S"; echo '```' >>"$S"

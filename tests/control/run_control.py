@@ -1,0 +1,1435 @@
+#!/usr/bin/env python3
+"""Control-plane end-to-end tests: the real daemons as processes on loopback.
+
+Each test starts, in its own temporary directory and on free ports:
+  - flyt-cluster-manager on a real database (SQLite file, or a throwaway PostgreSQL server
+    started by tests/support/pg_server.py),
+  - flyt-node-managers with a simulated inventory (--inventory sim:2) that start real
+    `flyt-server --backend sim` processes,
+  - flyt-client-managers on Unix sockets,
+and drives them with flytctl and with real nvcc-built CUDA programs run through
+`flyt run -- PROGRAM` with FLYT_CLIENT_MANAGER set (no FLYT_SERVER), so that Flyt's client
+library asks the client manager where its server is. Every wait polls with a generous
+deadline; nothing asserts a timing. Every process is killed in tearDown, the flyt-servers
+the node managers started too (found by their run directory).
+
+Usage (CMake registers one ctest test per method and database, label "control"):
+
+  python3 tests/control/run_control.py --bin-dir build/bin --database sqlite \\
+      [--programs-dir build/tests/control/programs] \\
+      [--e2e-programs-dir build/tests/e2e/programs] [--keep] [unittest args]
+
+  --database postgres: each test starts its own PostgreSQL (needs initdb/postgres/pg_ctl
+  on the PATH or where tests/support/pg_server.py finds them; a missing server fails the
+  test with a message, it never skips).
+
+Python 3 standard library only.
+"""
+
+import argparse
+import contextlib
+import inspect
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SUPPORT_DIR = os.path.join(HERE, os.pardir, "support")
+
+
+class Config:
+    bin_dir = None
+    programs_dir = None      # quota_probe
+    e2e_programs_dir = None  # memory_roundtrip
+    database = "sqlite"
+    keep = False
+
+
+CFG = Config()
+
+SECRET = "control-e2e-secret-5b1e9c"
+HEARTBEAT_MS = 200
+DEAD_AFTER_HEARTBEATS = 3
+
+# Deadlines of the polling waits: generous, for a loaded 2-core machine.
+START_S = 30          # a daemon comes up / registers
+STATE_S = 20          # a state change shows (node down, resize, ...)
+DEALLOC_S = 40        # an idle server is freed after its grace period
+RUN_TIMEOUT_S = 150   # one program run
+CTL_TIMEOUT_S = 90    # one flytctl run
+CLIENT_TIMEOUT_MS = 20000
+
+NODE_UP = ("up",)
+NODE_DOWN = ("down", "dead", "lost")
+NODE_DRAINING = ("draining", "drained")
+SERVER_RUNNING = ("running",)
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+UNREACHABLE_TEXT = "cannot reach the cluster manager at"
+
+SANITIZER_RE = re.compile(
+    r"ERROR: AddressSanitizer|ERROR: ThreadSanitizer|WARNING: ThreadSanitizer|"
+    r"runtime error:|ERROR: UndefinedBehaviorSanitizer")
+
+
+# ---------------------------------------------------------------------------------------
+# Helpers.
+
+
+def tail(text, limit=4000):
+    if text is None:
+        return "<none>"
+    return text if len(text) <= limit else "...[%d bytes cut]...\n%s" % (
+        len(text) - limit, text[-limit:])
+
+
+def read_text(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+    except OSError as e:
+        return "<cannot read %s: %s>" % (path, e)
+
+
+def describe_rc(rc):
+    if rc is None:
+        return "did not exit (killed after timeout)"
+    if rc < 0:
+        try:
+            return "killed by %s" % signal.Signals(-rc).name
+        except ValueError:
+            return "killed by signal %d" % -rc
+    return "exit %d" % rc
+
+
+def clean_env(extra=None):
+    """The caller's environment without FLYT_* settings, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLYT_")}
+    for k, v in (extra or {}).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = str(v)
+    return env
+
+
+def free_tcp_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tcp_open(port):
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def unix_open(path):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(1.0)
+    try:
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def kill_group(proc):
+    """SIGKILL a process started with start_new_session=True and its group."""
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        try:
+            proc.kill()
+        except ProcessLookupError:
+            pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def pids_with_arg(fragment, exe_name=None):
+    """Pids of live processes whose command line contains `fragment` (and whose argv[0]
+    ends with exe_name when given). Used to find the flyt-servers a node manager started:
+    their command lines name the node's run directory, which lives in the test's tmp."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % entry, "rb") as f:
+                argv = f.read().split(b"\0")
+            with open("/proc/%s/stat" % entry, "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state == b"Z":
+            continue
+        args = [a.decode("utf-8", "replace") for a in argv if a]
+        if not args or not any(fragment in a for a in args):
+            continue
+        if exe_name and os.path.basename(args[0]) != exe_name:
+            continue
+        out.append(int(entry))
+    return sorted(out)
+
+
+def pid_alive(pid):
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def mentions(obj, *needles):
+    text = json.dumps(obj)
+    return any(n in text for n in needles)
+
+
+# ---------------------------------------------------------------------------------------
+# PostgreSQL (tests/support/pg_server.py: a context manager that starts a throwaway
+# server and yields its URL).
+
+
+def postgres_context():
+    """Returns tests/support/pg_server.py's postgres_server() context manager, or raises
+    AssertionError with the reason (this variant never skips)."""
+    path = os.path.abspath(os.path.join(SUPPORT_DIR, "pg_server.py"))
+    if not os.path.isfile(path):
+        raise AssertionError(
+            "the PostgreSQL variant needs %s (a context manager that starts a throwaway "
+            "PostgreSQL and yields its URL); it is missing" % path)
+    if os.path.abspath(SUPPORT_DIR) not in sys.path:
+        sys.path.insert(0, os.path.abspath(SUPPORT_DIR))
+    import pg_server  # noqa: E402  (tests/support)
+    return pg_server.postgres_server()
+
+
+def url_of(value):
+    if isinstance(value, str):
+        return value
+    for attr in ("url", "dsn", "uri"):
+        v = getattr(value, attr, None)
+        if isinstance(v, str):
+            return v
+    raise AssertionError("tests/support/pg_server.py yielded %r, not a URL" % (value,))
+
+
+# ---------------------------------------------------------------------------------------
+# Processes.
+
+
+class Daemon:
+    """One daemon process with its output in files under the test's directory."""
+
+    def __init__(self, tmp, name, cmd, env):
+        self.tmp = tmp
+        self.name = name
+        self.cmd = cmd
+        self.env = env
+        self.out_path = os.path.join(tmp, name + ".out")
+        self.proc = None
+        self.starts = 0
+
+    def start(self):
+        self.starts += 1
+        with open(self.out_path, "ab") as out:
+            out.write(("\n===== start #%d: %s\n" % (self.starts, " ".join(self.cmd))).encode())
+            out.flush()
+            self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=self.env,
+                                         start_new_session=True)
+        return self
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self):
+        return self.proc.pid if self.proc else None
+
+    def kill9(self):
+        """SIGKILL the daemon alone (not its process group: a node manager's servers must
+        outlive it, as they would after a crash)."""
+        if self.alive():
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self):
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            kill_group(self.proc)
+
+    def output(self):
+        return read_text(self.out_path) if os.path.exists(self.out_path) else ""
+
+    def describe(self):
+        state = "running" if self.alive() else (
+            describe_rc(self.proc.returncode) if self.proc else "not started")
+        return "--- %s (%s): %s\n%s" % (self.name, state, " ".join(self.cmd),
+                                        tail(self.output(), 3000))
+
+
+class Result:
+    def __init__(self, cmd, rc, stdout, stderr, log_path=None, elapsed=0.0):
+        self.cmd = cmd
+        self.rc = rc
+        self.stdout = stdout
+        self.stderr = stderr
+        self.log_path = log_path
+        self.elapsed = elapsed
+        self.json = None
+        if stdout.strip().startswith("{"):
+            try:
+                self.json = json.loads(stdout)
+            except ValueError:
+                pass
+
+    @property
+    def log(self):
+        return read_text(self.log_path) if self.log_path and os.path.exists(
+            self.log_path) else ""
+
+    def describe(self):
+        return ("--- command: %s\n--- result: %s after %.1fs\n--- stdout:\n%s\n--- stderr:\n%s%s"
+                % (" ".join(self.cmd), describe_rc(self.rc), self.elapsed, tail(self.stdout),
+                   tail(self.stderr),
+                   ("\n--- client log:\n" + tail(self.log)) if self.log_path else ""))
+
+
+def run(cmd, env, timeout, log_path=None):
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        out, err = proc.communicate()
+        rc = None
+    finally:
+        kill_group(proc)
+    return Result(cmd, rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
+                  log_path, time.monotonic() - start)
+
+
+_counter_lock = threading.Lock()
+_counter = [0]
+
+
+def next_id():
+    with _counter_lock:
+        _counter[0] += 1
+        return _counter[0]
+
+
+def binary(name):
+    return os.path.join(CFG.bin_dir, name)
+
+
+# ---------------------------------------------------------------------------------------
+# The tests.
+
+
+class Control(unittest.TestCase):
+    maxDiff = None
+
+    @classmethod
+    def setUpClass(cls):
+        need = [binary(n) for n in ("flyt-cluster-manager", "flyt-node-manager",
+                                    "flyt-client-manager", "flytctl", "flyt-server", "flyt")]
+        need.append(os.path.join(CFG.bin_dir, os.pardir, "lib", "flyt", "libcuda.so.1"))
+        need.append(os.path.join(CFG.programs_dir, "quota_probe"))
+        need.append(os.path.join(CFG.e2e_programs_dir, "memory_roundtrip"))
+        missing = [os.path.normpath(p) for p in need if not os.path.isfile(p)]
+        if missing:
+            raise AssertionError("missing binaries (build the flyt_control_tests target "
+                                 "first):\n  " + "\n  ".join(missing))
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="flyt-control-")
+        self.daemons = []
+        self.cm = None
+        self.cm_port = None
+        self.cm_args = None
+        self.nodes = {}
+        self.stack = contextlib.ExitStack()
+        self.db_url = None
+        self.state_dir = os.path.join(self.tmp, "state")
+        os.makedirs(self.state_dir)
+        if CFG.database == "sqlite":
+            self.db_url = "sqlite:" + os.path.join(self.tmp, "flyt.db")
+        else:
+            try:
+                self.db_url = url_of(self.stack.enter_context(postgres_context()))
+            except AssertionError:
+                self.stack.close()
+                raise
+            except Exception as e:  # the helper's own failure (binaries missing, ...)
+                self.stack.close()
+                raise AssertionError("cannot start a throwaway PostgreSQL server for the "
+                                     "postgres variant: %s: %s" % (type(e).__name__, e))
+
+    def tearDown(self):
+        problems = []
+        for d in reversed(self.daemons):
+            d.stop()
+            m = SANITIZER_RE.search(d.output())
+            if m:
+                problems.append("sanitizer report from %s:\n%s" % (
+                    d.name, tail(d.output()[m.start():])))
+        # flyt-servers whose node manager was killed (or that a node manager left behind).
+        for pid in pids_with_arg(self.tmp):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.stack.close()
+        if CFG.keep:
+            sys.stderr.write("\n[control] kept %s\n" % self.tmp)
+        else:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        if problems:
+            self.fail("\n".join(problems))
+
+    # -- diagnostics
+
+    def logs(self):
+        return "\n".join(d.describe() for d in self.daemons)
+
+    def fail_with(self, message, *results):
+        parts = [message] + [r.describe() for r in results] + [self.logs()]
+        self.fail("\n".join(parts))
+
+    def wait_for(self, what, probe, timeout=STATE_S, interval=0.2):
+        """Polls probe() until it returns a true value (returned). On timeout fails with
+        `what`, the last value seen and every daemon's output."""
+        deadline = time.monotonic() + timeout
+        last = None
+        while True:
+            try:
+                value = probe()
+            except AssertionError as e:
+                value, last = None, "assertion: %s" % e
+            else:
+                if value:
+                    return value
+                last = value
+            if time.monotonic() >= deadline:
+                self.fail_with("timed out after %ds waiting for %s; last seen: %s" % (
+                    timeout, what, tail(repr(last), 3000)))
+            time.sleep(interval)
+
+    # -- daemons
+
+    def daemon_env(self, extra=None):
+        e = {"FLYT_LOG": "info", "FLYT_STATE_DIR": self.state_dir}
+        e.update(extra or {})
+        return clean_env(e)
+
+    def start_cluster_manager(self, idle_grace_ms=0, policy="spread", secret=SECRET,
+                              extra=()):
+        """Starts flyt-cluster-manager (the first time on a free port, later on the same
+        one) and waits until flytctl gets answers from it."""
+        if self.cm_port is None:
+            self.cm_port = free_tcp_port()
+        self.cm_args = [
+            binary("flyt-cluster-manager"),
+            "--listen", "127.0.0.1:%d" % self.cm_port,
+            "--database", self.db_url,
+            "--secret", secret,
+            "--heartbeat-ms", str(HEARTBEAT_MS),
+            "--node-dead-after-heartbeats", str(DEAD_AFTER_HEARTBEATS),
+            "--idle-grace-ms", str(idle_grace_ms),
+            "--placement-policy", policy,
+            "--oversubscribe-sm", "false",
+            "--oversubscribe-memory", "false",
+        ] + list(extra)
+        if self.cm is None:
+            self.cm = Daemon(self.tmp, "cluster-manager", self.cm_args, self.daemon_env())
+            self.daemons.append(self.cm)
+        self.cm.cmd = self.cm_args
+        self.cm.start()
+        deadline = time.monotonic() + START_S
+        while True:
+            if not self.cm.alive():
+                # A port still held after a kill -9 restart: try again on the same port.
+                if time.monotonic() < deadline and "in use" in self.cm.output().lower():
+                    time.sleep(0.5)
+                    self.cm.start()
+                    continue
+                self.fail_with("flyt-cluster-manager exited during start-up")
+            if tcp_open(self.cm_port):
+                res = self.ctl("list-vms", check=False)
+                if res.rc == 0:
+                    return self.cm
+            if time.monotonic() >= deadline:
+                self.fail_with("flyt-cluster-manager did not answer within %ds" % START_S)
+            time.sleep(0.2)
+
+    def start_node(self, node_id, host_ip, inventory="sim:2", secret=SECRET, wait=True):
+        """Starts flyt-node-manager `node_id` and (wait=True) waits until list-nodes shows
+        it up with its GPUs."""
+        run_dir = os.path.join(self.tmp, node_id)
+        os.makedirs(run_dir, exist_ok=True)
+
+        def command(port):
+            return [
+                binary("flyt-node-manager"),
+                "--listen", "127.0.0.1:%d" % port,
+                "--advertise-host", "127.0.0.1",
+                "--host-ip", host_ip,
+                "--node-id", node_id,
+                "--cluster-manager", "127.0.0.1:%d" % self.cm_port,
+                "--secret", secret,
+                "--heartbeat-ms", str(HEARTBEAT_MS),
+                "--inventory", inventory,
+                "--server-backend", "sim",
+                "--server-binary", binary("flyt-server"),
+                "--run-dir", run_dir,
+            ]
+        d = Daemon(self.tmp, "node-" + node_id, command(free_tcp_port()), self.daemon_env())
+        d.run_dir = run_dir
+        d.node_id = node_id
+        d.host_ip = host_ip
+        self.daemons.append(d)
+        self.nodes[node_id] = d
+        d.start()
+        if not wait:
+            return d
+        retries = 3
+        deadline = time.monotonic() + START_S
+        while True:
+            if not d.alive():
+                # A port taken between the probe and the bind (tests side by side): retry.
+                if retries > 0 and "in use" in d.output().lower():
+                    retries -= 1
+                    d.cmd = command(free_tcp_port())
+                    d.start()
+                    continue
+                self.fail_with("flyt-node-manager %s exited during start-up" % node_id)
+            n = self.node_list().get(node_id)
+            if n and n.get("state") in NODE_UP:
+                return d
+            if time.monotonic() >= deadline:
+                self.fail_with("node %s did not come up within %ds; last seen: %s"
+                               % (node_id, START_S, json.dumps(n)))
+            time.sleep(0.1)
+
+    def start_client_manager(self, vm_ip, secret=SECRET, cm_port=None):
+        sock = os.path.join(self.tmp, "cm-%s.sock" % vm_ip)
+        cmd = [
+            binary("flyt-client-manager"),
+            "--socket", sock,
+            "--cluster-manager", "127.0.0.1:%d" % (cm_port or self.cm_port),
+            "--secret", secret,
+            "--vm-ip", vm_ip,
+        ]
+        d = Daemon(self.tmp, "client-manager-" + vm_ip, cmd, self.daemon_env())
+        d.socket = sock
+        d.vm_ip = vm_ip
+        self.daemons.append(d)
+        d.start()
+        deadline = time.monotonic() + START_S
+        while not (os.path.exists(sock) and unix_open(sock)):
+            if not d.alive():
+                self.fail_with("flyt-client-manager exited during start-up")
+            if time.monotonic() >= deadline:
+                self.fail_with("flyt-client-manager's socket %s did not open within %ds"
+                               % (sock, START_S))
+            time.sleep(0.1)
+        return d
+
+    def server_pids(self, node_id=None):
+        """flyt-server processes started by one node manager (or by any of this test's)."""
+        frag = self.nodes[node_id].run_dir if node_id else self.tmp
+        return pids_with_arg(frag, "flyt-server")
+
+    # -- flytctl
+
+    def ctl(self, *args, check=True, json_out=True, secret=SECRET, address=None,
+            env_extra=None):
+        cmd = [binary("flytctl")]
+        if address is not False:
+            cmd += ["--cluster-manager", address or "127.0.0.1:%d" % self.cm_port]
+        if secret is not None:
+            cmd += ["--secret", secret]
+        if json_out:
+            cmd.append("--json")
+        cmd += [str(a) for a in args]
+        res = run(cmd, self.daemon_env(env_extra), CTL_TIMEOUT_S)
+        if check:
+            if res.rc != 0:
+                self.fail_with("flytctl %s failed" % " ".join(map(str, args)), res)
+            if json_out and not isinstance(res.json, dict):
+                self.fail_with("flytctl --json %s printed no JSON object" % " ".join(
+                    map(str, args)), res)
+        return res
+
+    def ctl_json(self, *args):
+        return self.ctl(*args).json
+
+    def ctl_fails(self, *args, **kw):
+        """Runs flytctl expecting exit 1 with a message on stderr; returns the Result."""
+        res = self.ctl(*args, check=False, **kw)
+        if res.rc != 1:
+            self.fail_with("flytctl %s: expected exit 1, got %s" % (
+                " ".join(map(str, args)), describe_rc(res.rc)), res)
+        if not res.stderr.strip():
+            self.fail_with("flytctl %s failed without a message on stderr" % " ".join(
+                map(str, args)), res)
+        return res
+
+    def vms(self):
+        return {v["vm_ip"]: v for v in self.ctl_json("list-vms").get("vms", [])}
+
+    def node_list(self):
+        return {n["node_id"]: n for n in self.ctl_json("list-nodes").get("nodes", [])}
+
+    def servers(self):
+        return self.ctl_json("list-servers").get("servers", [])
+
+    def server_of(self, vm_ip):
+        found = [s for s in self.servers() if s.get("vm_ip") == vm_ip]
+        return found[0] if found else None
+
+    def events(self, limit=500):
+        return self.ctl_json("list-events", "--limit", limit).get("events", [])
+
+    def last_event_id(self):
+        ids = [e.get("id", 0) for e in self.events()]
+        return max(ids) if ids else 0
+
+    def events_after(self, event_id):
+        return [e for e in self.events() if e.get("id", 0) > event_id]
+
+    def wait_event(self, what, after_id, *needles, timeout=STATE_S):
+        """Waits for an event newer than after_id that mentions one of `needles`."""
+        return self.wait_for(
+            "an event about %s (mentioning %s)" % (what, " or ".join(needles)),
+            lambda: [e for e in self.events_after(after_id) if mentions(e, *needles)],
+            timeout=timeout)
+
+    def add_vm(self, vm_ip, host_ip, sm, memory_gb):
+        self.ctl("vm", "add", "--vm", vm_ip, "--host", host_ip, "--sm", sm, "--memory",
+                 memory_gb)
+
+    def wait_node_state(self, node_id, states, timeout=STATE_S):
+        def probe():
+            n = self.node_list().get(node_id)
+            return n if n and n.get("state") in states else None
+        return self.wait_for("node %s in state %s" % (node_id, "/".join(states)), probe,
+                             timeout=timeout)
+
+    def wait_server_running(self, vm_ip, timeout=STATE_S, **expect):
+        def probe():
+            s = self.server_of(vm_ip)
+            if not s or s.get("state") not in SERVER_RUNNING:
+                return None
+            for k, v in expect.items():
+                if s.get(k) != v:
+                    return None
+            return s
+        return self.wait_for("a running server for VM %s%s" % (
+            vm_ip, (" with %s" % expect) if expect else ""), probe, timeout=timeout)
+
+    def gpu_capacity(self, node_id):
+        """(sm_count, memory_bytes) of the node's first GPU."""
+        gpus = self.node_list()[node_id].get("gpus", [])
+        self.assertTrue(gpus, "node %s lists no GPUs\n%s" % (node_id, self.logs()))
+        return gpus[0]["sm_count"], gpus[0]["memory_bytes"]
+
+    # -- clients
+
+    def run_client(self, client_manager, program, args=(), timeout=RUN_TIMEOUT_S,
+                   client_timeout_ms=CLIENT_TIMEOUT_MS):
+        """Runs `flyt run -- program args` asking `client_manager` (no FLYT_SERVER)."""
+        log_path = os.path.join(self.tmp, "client-%d.log" % next_id())
+        env = clean_env({
+            "FLYT_CLIENT_MANAGER": client_manager.socket,
+            "FLYT_LOG": "info",
+            "FLYT_LOG_FILE": log_path,
+            "FLYT_TIMEOUT_MS": client_timeout_ms,
+            "E2E_WATCHDOG_S": max(10, timeout - 20),
+        })
+        cmd = [binary("flyt"), "run", "--", program] + [str(a) for a in args]
+        return run(cmd, env, timeout, log_path)
+
+    def start_client(self, client_manager, program, args=(), timeout=RUN_TIMEOUT_S):
+        """Starts `flyt run -- program args` in the background; returns a handle whose
+        finish() waits (bounded) and returns the Result."""
+        n = next_id()
+        log_path = os.path.join(self.tmp, "client-%d.log" % n)
+        out_path = os.path.join(self.tmp, "client-%d.stdout" % n)
+        err_path = os.path.join(self.tmp, "client-%d.stderr" % n)
+        env = clean_env({
+            "FLYT_CLIENT_MANAGER": client_manager.socket,
+            "FLYT_LOG": "info",
+            "FLYT_LOG_FILE": log_path,
+            "FLYT_TIMEOUT_MS": CLIENT_TIMEOUT_MS,
+            "E2E_WATCHDOG_S": max(10, timeout - 20),
+        })
+        cmd = [binary("flyt"), "run", "--", program] + [str(a) for a in args]
+        start = time.monotonic()
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                    env=env, start_new_session=True)
+        test = self
+
+        class Handle:
+            def finish(self):
+                try:
+                    proc.wait(timeout=max(1, timeout - (time.monotonic() - start)))
+                    rc = proc.returncode
+                except subprocess.TimeoutExpired:
+                    rc = None
+                finally:
+                    kill_group(proc)
+                return Result(cmd, rc, read_text(out_path), read_text(err_path), log_path,
+                              time.monotonic() - start)
+
+            def kill(self):
+                kill_group(proc)
+
+        handle = Handle()
+        test.addCleanup(handle.kill)
+        return handle
+
+    def run_ok(self, client_manager, program, args=()):
+        res = self.run_client(client_manager, program, args)
+        name = os.path.basename(program)
+        if res.rc is None:
+            self.fail_with("%s hung (killed after %ds)" % (name, RUN_TIMEOUT_S), res)
+        lines = res.stdout.splitlines()
+        if res.rc != 0 or not lines or lines[-1] != "%s: PASS" % name:
+            self.fail_with("%s failed through the client manager" % name, res)
+        return res
+
+    def memory_roundtrip(self):
+        return os.path.join(CFG.e2e_programs_dir, "memory_roundtrip")
+
+    def quota_probe(self):
+        return os.path.join(CFG.programs_dir, "quota_probe")
+
+    @staticmethod
+    def ask_client_manager(client_manager, timeout=60):
+        """The client library's request, made by hand: ALLOCATE -> 'OK endpoint token'."""
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(timeout)
+        try:
+            s.connect(client_manager.socket)
+            s.sendall(b"ALLOCATE\n")
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+            return data.decode("utf-8", "replace").strip()
+        finally:
+            s.close()
+
+    # -- a small standard cluster
+
+    def basic_cluster(self, vm_ip="10.1.0.5", host_ip="10.0.0.1", sm=16, memory_gb=2,
+                      **cm_kw):
+        self.start_cluster_manager(**cm_kw)
+        self.start_node("n1", "10.0.0.1")
+        self.add_vm(vm_ip, host_ip, sm, memory_gb)
+        return self.start_client_manager(vm_ip)
+
+    # =====================================================================================
+    # Allocation through the client manager.
+
+    def test_allocation_via_client_manager(self):
+        cmgr = self.basic_cluster(sm=16, memory_gb=2)
+        self.assertIsNone(self.server_of("10.1.0.5"), "a server before any client asked")
+        before = self.last_event_id()
+        res = self.run_ok(cmgr, self.memory_roundtrip())
+
+        srv = self.wait_server_running("10.1.0.5")
+        self.assertEqual(srv.get("node_id"), "n1", json.dumps(srv))
+        self.assertEqual(srv.get("sm"), 16, json.dumps(srv))
+        self.assertEqual(srv.get("memory_bytes"), 2 * GiB, json.dumps(srv))
+        self.assertTrue(str(srv.get("endpoint", "")).startswith("tcp://127.0.0.1:"),
+                        json.dumps(srv))
+        self.assertGreater(srv.get("calls", 0), 0,
+                           "the server reports no calls after the program ran: %s\n%s"
+                           % (json.dumps(srv), res.describe()))
+        self.assertEqual(len(self.server_pids("n1")), 1,
+                         "expected one flyt-server process of node n1\n" + self.logs())
+
+        # The same allocation everywhere: list-vms, show, the table, the events.
+        vm = self.vms()["10.1.0.5"]
+        self.assertEqual((vm.get("allocation") or {}).get("alloc_id"), srv["alloc_id"],
+                         json.dumps(vm))
+        shown = self.ctl_json("show", "10.1.0.5")
+        self.assertTrue(mentions(shown, srv["alloc_id"]), json.dumps(shown))
+        shown = self.ctl_json("show", srv["alloc_id"])
+        self.assertTrue(mentions(shown, "10.1.0.5"), json.dumps(shown))
+        table = self.ctl("list-servers", json_out=False)
+        self.assertIn("VM IP", table.stdout, table.describe())
+        self.assertIn("10.1.0.5", table.stdout, table.describe())
+        self.assertIn(srv["alloc_id"], table.stdout, table.describe())
+        self.wait_event("the allocation", before, srv["alloc_id"], "10.1.0.5")
+
+        # A second run reuses the server.
+        self.run_ok(cmgr, self.quota_probe(), ["alloc:16", "info"])
+        again = self.wait_server_running("10.1.0.5")
+        self.assertEqual(again["alloc_id"], srv["alloc_id"])
+        self.assertEqual(len(self.server_pids("n1")), 1, self.logs())
+
+    def test_flytctl_tables_and_aliases(self):
+        self.basic_cluster()
+        self.ctl("allocate", "--vm", "10.1.0.5")
+        self.wait_server_running("10.1.0.5")
+        for verb, header in (("list-vms", "VM IP"), ("list-nodes", "NODE"),
+                             ("list-servers", "ALLOCATION"), ("list-events", "KIND")):
+            res = self.ctl(verb, json_out=False)
+            first = res.stdout.splitlines()[0] if res.stdout else ""
+            self.assertIn(header, first, res.describe())
+        nodes = self.ctl("list-nodes", json_out=False).stdout
+        self.assertIn("n1", nodes)
+        gpu_gib = str(self.node_list()["n1"]["gpus"][0]["memory_bytes"] // GiB)
+        self.assertIn("/" + gpu_gib, nodes, "GPU memory is shown in GiB:\n" + nodes)
+        events = self.events()
+        limited = self.ctl_json("list-events", "--limit", 2)["events"]
+        self.assertEqual([e["id"] for e in limited], [e["id"] for e in events[-2:]],
+                         "--limit N gives the newest N events")
+        # Flyt's original verb names.
+        self.assertEqual([n["node_id"] for n in self.ctl_json("list-servernodes")["nodes"]],
+                         [n["node_id"] for n in self.ctl_json("list-nodes")["nodes"]])
+        a = self.ctl_json("list-virt-servers")["servers"]
+        self.assertEqual([s["alloc_id"] for s in a], [s["alloc_id"] for s in self.servers()])
+        # Help and usage errors.
+        res = self.ctl("--help", json_out=False, check=False)
+        self.assertEqual(res.rc, 0, res.describe())
+        self.assertIn("list-vms", res.stdout)
+        res = self.ctl("change-config", "--help", json_out=False, check=False)
+        self.assertEqual(res.rc, 0, res.describe())
+        self.assertIn("--memory", res.stdout)
+        res = self.ctl("no-such-verb", json_out=False, check=False)
+        self.assertEqual(res.rc, 2, res.describe())
+        self.assertIn("unknown verb", res.stderr)
+
+    def test_vm_commands(self):
+        self.start_cluster_manager()
+        self.add_vm("10.1.0.7", "10.0.0.3", 24, 3)
+        vm = self.vms().get("10.1.0.7")
+        self.assertIsNotNone(vm, "vm add did not show in list-vms")
+        self.assertEqual((vm["host_ip"], vm["compute_units"], vm["memory_gb"]),
+                         ("10.0.0.3", 24, 3), json.dumps(vm))
+        self.assertTrue(mentions(self.ctl_json("show", "10.1.0.7"), "10.0.0.3"))
+        self.ctl("vm", "remove", "10.1.0.7")
+        self.assertNotIn("10.1.0.7", self.vms())
+        res = self.ctl_fails("vm", "remove", "10.1.0.7", json_out=False)
+        self.assertIn("10.1.0.7", res.stderr, res.describe())
+        res = self.ctl_fails("show", "10.1.0.99", json_out=False)
+        self.assertIn("10.1.0.99", res.stderr, res.describe())
+        res = self.ctl_fails("allocate", "--vm", "10.1.0.99", json_out=False)
+        self.assertIn("10.1.0.99", res.stderr, res.describe())
+
+    def test_deallocate(self):
+        self.basic_cluster()
+        self.ctl("allocate", "--vm", "10.1.0.5")
+        srv = self.wait_server_running("10.1.0.5")
+        pids = self.server_pids("n1")
+        self.assertEqual(len(pids), 1, self.logs())
+        before = self.last_event_id()
+        self.ctl("deallocate", "--vm", "10.1.0.5")
+        self.wait_for("no server for 10.1.0.5 in list-servers",
+                      lambda: self.server_of("10.1.0.5") is None)
+        self.wait_for("flyt-server pid %d to exit" % pids[0], lambda: not pid_alive(pids[0]))
+        self.assertIsNone(self.vms()["10.1.0.5"].get("allocation"))
+        self.wait_event("the deallocation", before, srv["alloc_id"], "10.1.0.5")
+        # Removing a VM stops its server.
+        self.ctl("allocate", "--vm", "10.1.0.5")
+        self.wait_server_running("10.1.0.5")
+        pids = self.server_pids("n1")
+        self.assertEqual(len(pids), 1, self.logs())
+        self.ctl("vm", "remove", "10.1.0.5")
+        self.assertIsNone(self.server_of("10.1.0.5"))
+        self.wait_for("flyt-server pid %d to exit" % pids[0], lambda: not pid_alive(pids[0]))
+        self.ctl_fails("deallocate", "--vm", "10.1.0.5", json_out=False)
+
+    # =====================================================================================
+    # Placement.
+
+    def test_placement_host_preference(self):
+        # pack would put every tenant on one GPU; the host rule comes first.
+        self.start_cluster_manager(policy="pack")
+        self.start_node("n1", "10.0.0.1")
+        self.start_node("n2", "10.0.0.2")
+        self.add_vm("10.1.0.11", "10.0.0.2", 8, 1)
+        self.add_vm("10.1.0.12", "10.0.0.1", 8, 1)
+        self.add_vm("10.1.0.13", "10.0.0.2", 8, 1)
+        for vm in ("10.1.0.11", "10.1.0.12", "10.1.0.13"):
+            self.ctl("allocate", "--vm", vm)
+        where = {vm: self.wait_server_running(vm)["node_id"]
+                 for vm in ("10.1.0.11", "10.1.0.12", "10.1.0.13")}
+        self.assertEqual(where, {"10.1.0.11": "n2", "10.1.0.12": "n1", "10.1.0.13": "n2"},
+                         "a VM goes to the node on its own host\n" + json.dumps(self.servers()))
+        self.assertEqual(len(self.server_pids("n2")), 2, self.logs())
+        self.assertEqual(len(self.server_pids("n1")), 1, self.logs())
+
+    def _place_two(self, policy):
+        self.start_cluster_manager(policy=policy)
+        self.start_node("n1", "10.0.0.1")  # two simulated GPUs
+        # Hosts with no node: only the policy decides.
+        self.add_vm("10.1.0.21", "10.0.9.9", 16, 2)
+        self.add_vm("10.1.0.22", "10.0.9.9", 16, 2)
+        self.ctl("allocate", "--vm", "10.1.0.21")
+        a = self.wait_server_running("10.1.0.21")
+        self.ctl("allocate", "--vm", "10.1.0.22")
+        b = self.wait_server_running("10.1.0.22")
+        gpus = {g["uuid"]: g for g in self.node_list()["n1"]["gpus"]}
+        self.assertEqual(len(gpus), 2, "sim:2 gives two GPUs: %s" % json.dumps(gpus))
+        return a, b, gpus
+
+    def test_placement_spread(self):
+        a, b, gpus = self._place_two("spread")
+        self.assertNotEqual(a["gpu_uuid"], b["gpu_uuid"],
+                            "spread puts the second tenant on the emptier GPU\n%s"
+                            % json.dumps(self.servers()))
+        self.wait_for("sm_used 16 on both GPUs",
+                      lambda: sorted(g.get("sm_used") for g in
+                                     self.node_list()["n1"]["gpus"]) == [16, 16])
+
+    def test_placement_pack(self):
+        a, b, gpus = self._place_two("pack")
+        self.assertEqual(a["gpu_uuid"], b["gpu_uuid"],
+                         "pack puts the second tenant on the fuller GPU\n%s"
+                         % json.dumps(self.servers()))
+        self.wait_for("sm_used 32 and 0 on the GPUs",
+                      lambda: sorted(g.get("sm_used") for g in
+                                     self.node_list()["n1"]["gpus"]) == [0, 32])
+
+    def test_drain_node(self):
+        self.start_cluster_manager(policy="spread")
+        self.start_node("n1", "10.0.0.1")
+        self.start_node("n2", "10.0.0.2")
+        before = self.last_event_id()
+        self.ctl("drain-node", "n1")
+        self.wait_node_state("n1", NODE_DRAINING)
+        self.wait_event("the drain", before, "n1")
+        # Host preference says n1, but n1 takes nothing new.
+        self.add_vm("10.1.0.31", "10.0.0.1", 8, 1)
+        self.ctl("allocate", "--vm", "10.1.0.31")
+        self.assertEqual(self.wait_server_running("10.1.0.31")["node_id"], "n2")
+        self.ctl_fails("drain-node", "no-such-node", json_out=False)
+
+    # =====================================================================================
+    # Refusals.
+
+    def test_refusal_no_capacity_flytctl(self):
+        self.start_cluster_manager()
+        self.start_node("n1", "10.0.0.1")  # two GPUs
+        sm_count, memory = self.gpu_capacity("n1")
+        big = sm_count // 2 + 1  # two of these never share a GPU
+        for i, vm in enumerate(("10.1.0.41", "10.1.0.42", "10.1.0.43")):
+            self.add_vm(vm, "10.0.0.1", big, 1)
+        self.ctl("allocate", "--vm", "10.1.0.41")
+        self.ctl("allocate", "--vm", "10.1.0.42")
+        res = self.ctl_fails("allocate", "--vm", "10.1.0.43", json_out=False)
+        self.assertNotIn(UNREACHABLE_TEXT, res.stderr, res.describe())
+        self.assertIn(str(big), res.stderr,
+                      "the refusal says what was asked (%d SMs)\n%s" % (big, res.describe()))
+        self.assertIn("SM", res.stderr, res.describe())
+        self.assertIsNone(self.server_of("10.1.0.43"))
+        self.assertEqual(len(self.server_pids()), 2, self.logs())
+        # --json: the manager's answer with its code.
+        res = self.ctl("allocate", "--vm", "10.1.0.43", check=False)
+        self.assertEqual(res.rc, 1, res.describe())
+        self.assertIsNotNone(res.json, "--json prints the failed answer too\n" + res.describe())
+        self.assertEqual(res.json.get("code"), "no_capacity", res.describe())
+        # More memory than any GPU has.
+        self.add_vm("10.1.0.44", "10.0.0.1", 1, memory // GiB + 1)
+        res = self.ctl_fails("allocate", "--vm", "10.1.0.44", json_out=False)
+        self.assertIn("GiB", res.stderr, res.describe())
+
+    def test_refusal_client_library(self):
+        self.start_cluster_manager()
+        self.start_node("n1", "10.0.0.1")
+        sm_count, _ = self.gpu_capacity("n1")
+        self.add_vm("10.1.0.51", "10.0.0.1", sm_count + 1, 1)  # fits no GPU
+        refusal = self.ctl_fails("allocate", "--vm", "10.1.0.51", json_out=False)
+        manager_message = refusal.stderr.strip().splitlines()[0]
+        if manager_message.startswith("flytctl: "):
+            manager_message = manager_message[len("flytctl: "):]
+        cmgr = self.start_client_manager("10.1.0.51")
+        res = self.run_client(cmgr, self.quota_probe(), ["info"])
+        if res.rc is None:
+            self.fail_with("the program hung instead of failing", res)
+        if res.rc == 0:
+            self.fail_with("the program ran although its VM cannot be placed", res)
+        said = res.stderr + res.stdout + res.log
+        self.assertIn(manager_message, said,
+                      "the client tells the manager's reason\n" + res.describe())
+        # A VM the manager does not know.
+        other = self.start_client_manager("10.1.0.52")
+        res = self.run_client(other, self.quota_probe(), ["info"])
+        if res.rc is None or res.rc == 0:
+            self.fail_with("a client of an unknown VM must fail, not %s" % describe_rc(res.rc),
+                           res)
+        self.assertIn("10.1.0.52", res.stderr + res.stdout + res.log, res.describe())
+        self.assertEqual(self.server_pids(), [], self.logs())
+
+    # =====================================================================================
+    # Quota and live changes.
+
+    def test_memory_quota(self):
+        cmgr = self.basic_cluster(sm=8, memory_gb=1)
+        res = self.run_ok(cmgr, self.quota_probe(),
+                          ["alloc:600", "alloc:600", "free", "alloc:900", "alloc:200", "free",
+                           "alloc:1100"])
+        lines = [l for l in res.stdout.splitlines() if l.startswith("alloc ")]
+        self.assertEqual(lines, ["alloc 600 ok", "alloc 600 oom", "alloc 900 ok",
+                                 "alloc 200 oom", "alloc 1100 oom"],
+                         "a 1 GiB share: allocations beyond it get out-of-memory\n"
+                         + res.describe())
+        srv = self.wait_server_running("10.1.0.5")
+        self.assertEqual(srv.get("memory_bytes"), GiB, json.dumps(srv))
+
+    def test_change_config_live(self):
+        cmgr = self.basic_cluster(sm=16, memory_gb=1)
+        self.ctl("allocate", "--vm", "10.1.0.5")
+        srv = self.wait_server_running("10.1.0.5", sm=16, memory_bytes=GiB)
+        pids = self.server_pids("n1")
+        before = self.last_event_id()
+
+        ans = self.ctl_json("change-config", "--vm", "10.1.0.5", "--sm", 32, "--memory", 2)
+        self.assertEqual(ans.get("applied"), "live", json.dumps(ans))
+        self.assertEqual((ans.get("sm"), ans.get("memory_bytes")), (32, 2 * GiB),
+                         json.dumps(ans))
+        self.wait_server_running("10.1.0.5", sm=32, memory_bytes=2 * GiB)
+        self.wait_event("the change of config", before, "10.1.0.5", srv["alloc_id"])
+        self.assertEqual(self.server_pids("n1"), pids, "applied live: the same process")
+        # The application sees the new quota: 1.5 GiB fits now.
+        res = self.run_ok(cmgr, self.quota_probe(), ["alloc:1536", "alloc:1024"])
+        self.assertIn("alloc 1536 ok", res.stdout, res.describe())
+        self.assertIn("alloc 1024 oom", res.stdout, res.describe())
+
+        # Live while an application runs: it holds 768 MiB of a 2 GiB share; the share drops
+        # to 1 GiB, so its next 768 MiB is refused; back to 2 GiB and it fits.
+        ready = os.path.join(self.tmp, "ready")
+        go1 = os.path.join(self.tmp, "go1")
+        go2 = os.path.join(self.tmp, "go2")
+        done1 = os.path.join(self.tmp, "done1")
+        app = self.start_client(cmgr, self.quota_probe(),
+                                ["alloc:768", "touch:" + ready, "wait:" + go1, "alloc:768",
+                                 "touch:" + done1, "wait:" + go2, "alloc:768"])
+        self.wait_for("the application to hold 768 MiB", lambda: os.path.exists(ready),
+                      timeout=RUN_TIMEOUT_S)
+        busy = self.wait_for("list-servers to show the application's session",
+                             lambda: (lambda s: s if s and s.get("sessions", 0) >= 1 else None)(
+                                 self.server_of("10.1.0.5")))
+        self.assertGreaterEqual(busy.get("memory_used", 0), 768 * MiB, json.dumps(busy))
+        ans = self.ctl_json("change-config", "--vm", "10.1.0.5", "--memory", 1)
+        self.assertEqual(ans.get("applied"), "live", json.dumps(ans))
+        open(go1, "w").close()
+        self.wait_for("the application's second allocation", lambda: os.path.exists(done1),
+                      timeout=RUN_TIMEOUT_S)
+        self.ctl("change-config", "--vm", "10.1.0.5", "--memory", 2)
+        open(go2, "w").close()
+        res = app.finish()
+        allocs = [l for l in res.stdout.splitlines() if l.startswith("alloc ")]
+        if res.rc != 0 or allocs != ["alloc 768 ok", "alloc 768 oom", "alloc 768 ok"]:
+            self.fail_with("a running application sees its share change live: expected "
+                           "ok/oom/ok", res)
+
+        ans = self.ctl_json("inc-resources", "--vm", "10.1.0.5", "--sm", 8)
+        self.assertEqual(ans.get("sm"), 40, json.dumps(ans))
+        self.wait_server_running("10.1.0.5", sm=40, memory_bytes=2 * GiB)
+        ans = self.ctl_json("dec-resources", "--vm", "10.1.0.5", "--memory", 1)
+        self.assertEqual(ans.get("memory_bytes"), GiB, json.dumps(ans))
+        self.wait_server_running("10.1.0.5", sm=40, memory_bytes=GiB)
+        self.assertEqual(self.vms()["10.1.0.5"]["compute_units"], 40)
+        table = self.ctl("change-config", "--vm", "10.1.0.5", "--sm", 24, json_out=False)
+        self.assertIn("live", table.stdout, table.describe())
+
+        # Growth beyond the GPU is refused and changes nothing.
+        sm_count, _ = self.gpu_capacity("n1")
+        res = self.ctl_fails("inc-resources", "--vm", "10.1.0.5", "--sm", sm_count,
+                             json_out=False)
+        self.assertNotIn(UNREACHABLE_TEXT, res.stderr)
+        self.assertEqual(self.server_of("10.1.0.5").get("sm"), 24)
+        # Unknown VM.
+        res = self.ctl_fails("change-config", "--vm", "10.1.0.99", "--sm", 8, json_out=False)
+        self.assertIn("10.1.0.99", res.stderr, res.describe())
+        # A VM without a server: stored for its next allocation.
+        self.add_vm("10.1.0.6", "10.0.0.1", 8, 1)
+        ans = self.ctl_json("change-config", "--vm", "10.1.0.6", "--memory", 3)
+        self.assertEqual(ans.get("applied"), "stored", json.dumps(ans))
+        self.assertEqual(self.vms()["10.1.0.6"]["memory_gb"], 3)
+
+    # =====================================================================================
+    # Idle servers.
+
+    def test_auto_deallocation(self):
+        cmgr = self.basic_cluster(idle_grace_ms=1500)
+        # A session open for longer than the grace period keeps its server.
+        self.run_ok(cmgr, self.quota_probe(), ["alloc:1", "sleep:4000", "alloc:1"])
+        srv = self.wait_server_running("10.1.0.5")
+        pids = self.server_pids("n1")
+        self.assertEqual(len(pids), 1, self.logs())
+        self.wait_for("the idle server of 10.1.0.5 to be freed",
+                      lambda: self.server_of("10.1.0.5") is None, timeout=DEALLOC_S)
+        self.wait_for("its flyt-server (pid %d) to exit" % pids[0],
+                      lambda: not pid_alive(pids[0]))
+        self.assertIsNone(self.vms()["10.1.0.5"].get("allocation"))
+        self.wait_event("the idle deallocation", 0, srv["alloc_id"])
+        # The next client gets a new server.
+        self.run_ok(cmgr, self.quota_probe(), ["alloc:1"])
+        self.assertNotEqual(self.wait_server_running("10.1.0.5")["alloc_id"], srv["alloc_id"])
+
+    def test_auto_deallocation_off(self):
+        cmgr = self.basic_cluster(idle_grace_ms=0)
+        self.run_ok(cmgr, self.quota_probe(), ["alloc:1"])
+        srv = self.wait_server_running("10.1.0.5")
+        pids = self.server_pids("n1")
+        # Wait until the server itself reports a long idle time (several heartbeats and far
+        # beyond any automatic grace period used here); it must still be allocated.
+        self.wait_for("the server to report idle_ms >= 4000",
+                      lambda: (self.server_of("10.1.0.5") or {}).get("idle_ms", 0) >= 4000,
+                      timeout=DEALLOC_S)
+        still = self.server_of("10.1.0.5")
+        self.assertIsNotNone(still, "idle-grace-ms 0 switches auto-deallocation off\n"
+                             + self.logs())
+        self.assertEqual(still["alloc_id"], srv["alloc_id"])
+        self.assertTrue(all(pid_alive(p) for p in pids), self.logs())
+
+    # =====================================================================================
+    # Failures of the daemons.
+
+    def test_cluster_manager_restart(self):
+        cmgr = self.basic_cluster()
+        self.add_vm("10.1.0.8", "10.0.0.1", 8, 1)
+        self.run_ok(cmgr, self.quota_probe(), ["alloc:8"])
+        srv = self.wait_server_running("10.1.0.5")
+        first = self.ask_client_manager(cmgr)
+        self.assertTrue(first.startswith("OK "), "client manager said %r\n%s" % (first,
+                                                                                self.logs()))
+        vms_before = self.vms()
+        pids = self.server_pids("n1")
+
+        self.cm.kill9()
+        # While it is down: flytctl says so clearly.
+        res = self.ctl_fails("list-vms", json_out=False)
+        self.assertIn(UNREACHABLE_TEXT, res.stderr, res.describe())
+        self.start_cluster_manager()
+
+        vms_after = self.vms()
+        self.assertEqual(sorted(vms_after), sorted(vms_before))
+        for ip in vms_before:
+            for k in ("host_ip", "compute_units", "memory_gb"):
+                self.assertEqual(vms_after[ip].get(k), vms_before[ip].get(k), ip)
+        self.wait_node_state("n1", NODE_UP)
+        again = self.wait_server_running("10.1.0.5")
+        for k in ("alloc_id", "endpoint", "gpu_uuid", "node_id", "sm", "memory_bytes"):
+            self.assertEqual(again.get(k), srv.get(k), "%s after the restart\nbefore %s\n"
+                             "after %s" % (k, json.dumps(srv), json.dumps(again)))
+        self.assertEqual(self.server_pids("n1"), pids, "the same flyt-server processes")
+        # A new client reaches the same server, through the same client manager.
+        second = self.wait_for("the client manager to answer OK after the restart",
+                               lambda: (lambda a: a if a.startswith("OK ") else None)(
+                                   self.ask_client_manager(cmgr)))
+        self.assertEqual(second.split()[1], first.split()[1], "the same endpoint")
+        self.run_ok(cmgr, self.quota_probe(), ["alloc:8"])
+        self.assertEqual(self.server_of("10.1.0.5")["alloc_id"], srv["alloc_id"])
+        # The restarted manager still places new work.
+        self.ctl("allocate", "--vm", "10.1.0.8")
+        self.wait_server_running("10.1.0.8")
+
+    def test_node_manager_death(self):
+        self.start_cluster_manager()
+        self.start_node("n1", "10.0.0.1")
+        self.start_node("n2", "10.0.0.2")
+        self.add_vm("10.1.0.60", "10.0.0.1", 8, 1)
+        cmgr = self.start_client_manager("10.1.0.60")
+        self.run_ok(cmgr, self.quota_probe(), ["alloc:8"])
+        first = self.wait_server_running("10.1.0.60")
+        self.assertEqual(first["node_id"], "n1")
+        before = self.last_event_id()
+        self.nodes["n1"].kill9()
+        down = self.wait_node_state("n1", NODE_DOWN)
+        self.assertIn(self.node_list()["n2"]["state"], NODE_UP)
+        self.wait_event("node n1 going down", before, "n1")
+        table = self.ctl("list-nodes", json_out=False)
+        self.assertIn(down["state"], table.stdout, table.describe())
+        # New work avoids the dead node, even when the VM's host is n1's.
+        self.add_vm("10.1.0.61", "10.0.0.1", 8, 1)
+        self.ctl("allocate", "--vm", "10.1.0.61")
+        self.assertEqual(self.wait_server_running("10.1.0.61")["node_id"], "n2")
+        # The tenant whose node died is placed again when its next client asks.
+        self.assertNotEqual((self.server_of("10.1.0.60") or {}).get("state"), "running",
+                            json.dumps(self.servers()))
+        self.run_ok(cmgr, self.quota_probe(), ["alloc:8"])
+        moved = self.wait_server_running("10.1.0.60")
+        self.assertEqual(moved["node_id"], "n2", json.dumps(moved))
+        self.assertNotEqual(moved["alloc_id"], first["alloc_id"])
+
+    def test_node_manager_restart(self):
+        """kill -9 of a node manager that runs a server; once the node is down, the same
+        node manager again (same node id and run directory): the node is up again, the VM's
+        clients work, and no flyt-server runs that the cluster does not account for."""
+        cmgr = self.basic_cluster()
+        self.run_ok(cmgr, self.quota_probe(), ["alloc:8"])
+        first = self.wait_server_running("10.1.0.5")
+        self.assertEqual(len(self.server_pids("n1")), 1, self.logs())
+        self.nodes["n1"].kill9()
+        self.wait_node_state("n1", NODE_DOWN)
+        self.start_node("n1", "10.0.0.1", wait=False)
+        self.wait_node_state("n1", NODE_UP, timeout=START_S)
+        self.run_ok(cmgr, self.quota_probe(), ["alloc:8"])
+        now = self.wait_server_running("10.1.0.5")
+
+        def consistent():
+            # Every flyt-server of n1 is one the cluster knows, and vice versa.
+            known = [s for s in self.servers() if s.get("node_id") == "n1"]
+            pids = self.server_pids("n1")
+            if len(known) != len(pids):
+                return None
+            reported = sorted(s.get("pid") for s in known if "pid" in s)
+            return (known, pids) if not reported or reported == pids else None
+        known, pids = self.wait_for("the flyt-servers of n1 and list-servers to agree",
+                                    consistent)
+        self.assertEqual(len(pids), 1, "one server for the one VM: %s\n%s"
+                         % (json.dumps(known), self.logs()))
+        if now["alloc_id"] == first["alloc_id"]:
+            self.assertEqual(now["endpoint"], first["endpoint"])
+
+    def test_node_manager_pause(self):
+        """SIGSTOP a node manager until it is declared down, then SIGCONT: it must notice and
+        register again by itself, its running server adopted (as after a network cut)."""
+        cmgr = self.basic_cluster()
+        self.run_ok(cmgr, self.quota_probe(), ["alloc:8"])
+        first = self.wait_server_running("10.1.0.5")
+        node = self.nodes["n1"]
+        os.kill(node.pid, signal.SIGSTOP)
+        try:
+            self.wait_node_state("n1", NODE_DOWN)
+        finally:
+            os.kill(node.pid, signal.SIGCONT)
+        self.wait_node_state("n1", NODE_UP)
+        again = self.wait_server_running("10.1.0.5")
+        self.assertEqual(again["alloc_id"], first["alloc_id"], json.dumps(again))
+        self.run_ok(cmgr, self.quota_probe(), ["alloc:8"])
+        self.assertEqual(len(self.server_pids("n1")), 1, self.logs())
+
+    def test_node_hangs_during_start(self):
+        """The node manager stops answering in the middle of a start-server (SIGSTOP): the
+        node is declared down while the cluster manager waits on it. The manager must
+        survive, answer the operator, and once the node is back (SIGCONT) place again with
+        no flyt-server left that the cluster does not account for."""
+        self.start_cluster_manager()
+        self.start_node("n1", "10.0.0.1")
+        self.add_vm("10.1.0.70", "10.0.0.1", 8, 1)
+        self.add_vm("10.1.0.71", "10.0.0.1", 8, 1)
+        # A first server: the cluster manager's channel to n1 exists before the hang.
+        self.ctl("allocate", "--vm", "10.1.0.70")
+        self.wait_server_running("10.1.0.70")
+        node = self.nodes["n1"]
+        os.kill(node.pid, signal.SIGSTOP)
+        try:
+            res = {}
+            t = threading.Thread(target=lambda: res.update(
+                r=self.ctl("allocate", "--vm", "10.1.0.71", check=False)))
+            t.start()
+            self.wait_node_state("n1", NODE_DOWN)
+            # The manager still answers while its start-server call hangs.
+            self.ctl("list-servers")
+        finally:
+            os.kill(node.pid, signal.SIGCONT)
+        t.join(CTL_TIMEOUT_S + 10)
+        self.assertFalse(t.is_alive(), "flytctl allocate never returned\n" + self.logs())
+        if not self.cm.alive():
+            self.fail_with("flyt-cluster-manager died while a node hung during start-server",
+                           res["r"])
+        self.wait_node_state("n1", NODE_UP)
+        # Whatever the first answer was, the VM can be served now; the flyt-servers running
+        # on n1 are exactly those list-servers shows.
+        self.ctl("allocate", "--vm", "10.1.0.71")
+        self.wait_server_running("10.1.0.71")
+        self.wait_server_running("10.1.0.70")
+        self.wait_for("the flyt-servers on n1 to be the two list-servers shows",
+                      lambda: len(self.server_pids("n1")) == 2 and len(self.servers()) == 2,
+                      timeout=STATE_S)
+        self.assertTrue(self.cm.alive(), self.logs())
+
+    # =====================================================================================
+    # vm import.
+
+    def _check_imported(self, expected):
+        vms = self.vms()
+        for ip, (host, sm, mem) in expected.items():
+            self.assertIn(ip, vms, "imported VM %s missing: %s" % (ip, json.dumps(vms)))
+            got = vms[ip]
+            self.assertEqual((got.get("host_ip"), got.get("compute_units"), got.get("memory_gb")),
+                             (host, sm, mem), json.dumps(got))
+
+    def test_vm_import_mongodb_json(self):
+        self.start_cluster_manager()
+        # mongoexport's default: one relaxed Extended JSON document per line.
+        lines_path = os.path.join(self.tmp, "vms.json")
+        with open(lines_path, "w") as f:
+            f.write('{"_id":{"$oid":"65f0c0ffee0000000000a001"},"vm_ip":"10.2.0.1",'
+                    '"host_ip":"10.0.0.1","compute_units":16,"memory":4}\n'
+                    '{"_id":{"$oid":"65f0c0ffee0000000000a002"},"vm_ip":"10.2.0.2",'
+                    '"host_ip":"10.0.0.2","compute_units":8,"memory":2}\n'
+                    '{"_id":{"$oid":"65f0c0ffee0000000000a003"},"vm_ip":"10.2.0.3",'
+                    '"host_ip":"10.0.0.1","compute_units":32,"memory":{"$numberLong":"8"}}\n')
+        res = self.ctl("vm", "import", lines_path, json_out=False)
+        self.assertIn("3", res.stdout, res.describe())
+        self._check_imported({"10.2.0.1": ("10.0.0.1", 16, 4), "10.2.0.2": ("10.0.0.2", 8, 2),
+                              "10.2.0.3": ("10.0.0.1", 32, 8)})
+        # mongoexport --jsonArray, with an update of 10.2.0.1.
+        array_path = os.path.join(self.tmp, "vms-array.json")
+        with open(array_path, "w") as f:
+            json.dump([
+                {"_id": {"$oid": "65f0c0ffee0000000000b001"}, "vm_ip": "10.2.0.4",
+                 "host_ip": "10.0.0.3", "compute_units": 4, "memory": 1},
+                {"_id": {"$oid": "65f0c0ffee0000000000a001"}, "vm_ip": "10.2.0.1",
+                 "host_ip": "10.0.0.1", "compute_units": 20, "memory": 6},
+            ], f, indent=1)
+        self.ctl("vm", "import", array_path)
+        self._check_imported({"10.2.0.4": ("10.0.0.3", 4, 1), "10.2.0.1": ("10.0.0.1", 20, 6)})
+        self.assertEqual(len(self.vms()), 4)
+        # A broken file fails locally, naming the file.
+        bad = os.path.join(self.tmp, "bad.json")
+        with open(bad, "w") as f:
+            f.write('{"vm_ip": "10.2.0.9", "host_ip": \n')
+        res = self.ctl_fails("vm", "import", bad, json_out=False)
+        self.assertIn("bad.json", res.stderr, res.describe())
+        self.assertNotIn("10.2.0.9", self.vms())
+
+    def test_vm_import_csv(self):
+        self.start_cluster_manager()
+        path = os.path.join(self.tmp, "vms.csv")
+        with open(path, "w") as f:
+            f.write("vm_ip,host_ip,compute_units,memory\n"
+                    "10.3.0.1,10.0.0.1,16,4\n"
+                    "10.3.0.2,10.0.0.2,8,2\n"
+                    "10.3.0.3,10.0.0.1,66,40\n")
+        self.ctl("vm", "import", path)
+        self._check_imported({"10.3.0.1": ("10.0.0.1", 16, 4), "10.3.0.2": ("10.0.0.2", 8, 2),
+                              "10.3.0.3": ("10.0.0.1", 66, 40)})
+        # Imported VMs are placeable at once.
+        self.start_node("n1", "10.0.0.1")
+        self.ctl("allocate", "--vm", "10.3.0.3")
+        srv = self.wait_server_running("10.3.0.3")
+        self.assertEqual((srv["sm"], srv["memory_bytes"]), (66, 40 * GiB), json.dumps(srv))
+
+    # =====================================================================================
+    # Authentication and reachability.
+
+    def test_wrong_secret(self):
+        self.start_cluster_manager()
+        self.start_node("n1", "10.0.0.1")
+        self.add_vm("10.1.0.5", "10.0.0.1", 8, 1)
+        res = self.ctl_fails("list-vms", secret="not-the-secret", json_out=False)
+        self.assertNotIn(UNREACHABLE_TEXT, res.stderr, res.describe())
+        self.assertIn("refused", res.stderr, res.describe())
+        self.assertIn("secret", res.stderr, res.describe())
+        # A node manager with the wrong secret never joins.
+        self.start_node("intruder", "10.0.0.9", secret="not-the-secret", wait=False)
+        # A client manager with the wrong secret gets the client a clear error.
+        cmgr = self.start_client_manager("10.1.0.5", secret="not-the-secret")
+        res = self.run_client(cmgr, self.quota_probe(), ["info"])
+        if res.rc is None or res.rc == 0:
+            self.fail_with("a client behind a client manager with the wrong secret must fail, "
+                           "not %s" % describe_rc(res.rc), res)
+        said = (res.stderr + res.stdout + res.log).lower()
+        self.assertTrue("secret" in said or "refused" in said or "authenticat" in said,
+                        "the client's error names the cause\n" + res.describe())
+        # By now the intruder has tried for many heartbeats.
+        self.wait_for("the intruder node manager to log a refusal",
+                      lambda: "refused" in self.nodes["intruder"].output().lower() or
+                      "secret" in self.nodes["intruder"].output().lower())
+        self.assertNotIn("intruder", self.node_list())
+        self.assertIsNone(self.server_of("10.1.0.5"))
+
+    def test_unreachable_manager(self):
+        port = free_tcp_port()  # nothing listens there
+        addr = "127.0.0.1:%d" % port
+        res = self.ctl_fails("list-vms", address=addr, json_out=False)
+        self.assertIn("%s %s" % (UNREACHABLE_TEXT, addr), res.stderr, res.describe())
+        self.assertIn("is flyt-cluster-manager running?", res.stderr, res.describe())
+        self.assertIn("FLYT_CLUSTER_MANAGER", res.stderr, res.describe())
+        # The address from the environment.
+        res = self.ctl_fails("list-nodes", address=False, json_out=False,
+                             env_extra={"FLYT_CLUSTER_MANAGER": addr})
+        self.assertIn("%s %s" % (UNREACHABLE_TEXT, addr), res.stderr, res.describe())
+        # The address from the config file's [flytctl] section.
+        conf = os.path.join(self.tmp, "flyt.toml")
+        with open(conf, "w") as f:
+            f.write('[flytctl]\ncluster_manager = "%s"\nsecret = "%s"\n' % (addr, SECRET))
+        res = self.ctl_fails("--config", conf, "list-servers", address=False, secret=None,
+                             json_out=False)
+        self.assertIn("%s %s" % (UNREACHABLE_TEXT, addr), res.stderr, res.describe())
+        # A client whose client manager cannot reach the cluster manager fails clearly.
+        self.cm_port = port
+        cmgr = self.start_client_manager("10.1.0.5")
+        res = self.run_client(cmgr, self.quota_probe(), ["info"])
+        if res.rc is None or res.rc == 0:
+            self.fail_with("a client must fail when the cluster manager is down, not %s"
+                           % describe_rc(res.rc), res)
+        said = res.stderr + res.stdout + res.log
+        self.assertTrue("cluster manager" in said or addr in said,
+                        "the client's error names the cluster manager\n" + res.describe())
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin-dir", required=True, help="directory holding the Flyt binaries")
+    ap.add_argument("--programs-dir", help="built tests/control programs "
+                    "(default: <bin-dir>/../tests/control/programs)")
+    ap.add_argument("--e2e-programs-dir", help="built tests/e2e programs "
+                    "(default: <bin-dir>/../tests/e2e/programs)")
+    ap.add_argument("--database", choices=("sqlite", "postgres"), default="sqlite")
+    ap.add_argument("--keep", action="store_true", help="keep temporary directories")
+    args, rest = ap.parse_known_args()
+    CFG.bin_dir = os.path.abspath(args.bin_dir)
+    CFG.programs_dir = os.path.abspath(
+        args.programs_dir or os.path.join(CFG.bin_dir, os.pardir, "tests", "control",
+                                          "programs"))
+    CFG.e2e_programs_dir = os.path.abspath(
+        args.e2e_programs_dir or os.path.join(CFG.bin_dir, os.pardir, "tests", "e2e",
+                                              "programs"))
+    CFG.database = args.database
+    CFG.keep = args.keep
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+
+
+if __name__ == "__main__":
+    main()
