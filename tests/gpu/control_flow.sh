@@ -75,7 +75,7 @@ wait_for 10 test -S "$W/cm-a.sock"
 echo "## Two tenants at once, and a live change-config" >>"$S"
 echo >>"$S"
 echo "VM a: 32 SMs, 8 GiB; VM b: 64 SMs, 16 GiB. Each runs sm_share for 12 s; after ~5 s" >>"$S"
-echo "\`flytctl change-config --vm 10.9.0.1 --sm 64 --memory 12\` resizes VM a." >>"$S"
+echo "\`flytctl change-config --vm 10.9.0.1 --sm 48 --memory 12\` resizes VM a." >>"$S"
 echo >>"$S"
 t0=$(now_ms)
 FLYT_CLIENT_MANAGER=$W/cm-a.sock timeout 120 "$BIN/flyt" run -- "$PROG" 12 >"$W/vm-a.out" 2>"$W/vm-a.err" &
@@ -84,7 +84,7 @@ FLYT_CLIENT_MANAGER=$W/cm-b.sock timeout 120 "$BIN/flyt" run -- "$PROG" 12 >"$W/
 pb=$!
 sleep 5
 c0=$(now_ms)
-$CTL change-config --vm 10.9.0.1 --sm 64 --memory 12 >"$W/change-config.out" 2>&1
+$CTL change-config --vm 10.9.0.1 --sm 48 --memory 12 >"$W/change-config.out" 2>&1
 crc=$?
 c1=$(now_ms)
 wait $pa; ra=$?
