@@ -74,11 +74,12 @@ wait_for 10 test -S "$W/cm-a.sock"
 
 echo "## Two tenants at once, and a live change-config" >>"$S"
 echo >>"$S"
-echo "VM a: 32 SMs, 8 GiB; VM b: 64 SMs, 16 GiB. Each runs sm_share for 12 s; after ~5 s" >>"$S"
+echo "VM a: 32 SMs, 8 GiB; VM b: 64 SMs, 16 GiB. Each runs sm_share for 12 s (VM a on a stream and
+an event it created before the change, VM b on the legacy default stream); after ~5 s" >>"$S"
 echo "\`flytctl change-config --vm 10.9.0.1 --sm 48 --memory 12\` resizes VM a." >>"$S"
 echo >>"$S"
 t0=$(now_ms)
-FLYT_CLIENT_MANAGER=$W/cm-a.sock timeout 120 "$BIN/flyt" run -- "$PROG" 12 >"$W/vm-a.out" 2>"$W/vm-a.err" &
+FLYT_CLIENT_MANAGER=$W/cm-a.sock timeout 120 "$BIN/flyt" run -- "$PROG" 12 stream >"$W/vm-a.out" 2>"$W/vm-a.err" &
 pa=$!
 FLYT_CLIENT_MANAGER=$W/cm-b.sock timeout 120 "$BIN/flyt" run -- "$PROG" 12 >"$W/vm-b.out" 2>"$W/vm-b.err" &
 pb=$!

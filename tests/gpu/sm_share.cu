@@ -4,7 +4,9 @@
 // native run (tests/gpu/run_sm_share.sh runs it; build.sh builds it into
 // OUTDIR/flyt-only/).
 //
-// Usage: sm_share SECONDS
+// Usage: sm_share SECONDS [stream]
+// With `stream`, the work goes to a stream and an event the program created
+// before the loop, so a live change must move them (handles stay valid).
 // About every 200 ms for SECONDS it launches a kernel of many blocks, each
 // recording the SM it ran on (%smid) and spinning a little so that blocks
 // spread over every SM they may use, and prints one line:
@@ -19,6 +21,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -55,12 +58,19 @@ __global__ void RecordSm(int* sm_of_block, long long spin_cycles) {
 
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
-  if (argc != 2) {
-    fprintf(stderr, "usage: sm_share SECONDS\n");
+  if (argc != 2 && argc != 3) {
+    fprintf(stderr, "usage: sm_share SECONDS [stream]\n");
     return 2;
   }
   const int seconds = atoi(argv[1]);
   CHECK(cudaSetDevice(0));
+  const bool own_stream = argc == 3 && std::string(argv[2]) == "stream";
+  cudaStream_t stream = nullptr;
+  cudaEvent_t done = nullptr;
+  if (own_stream) {
+    CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    CHECK(cudaEventCreate(&done));
+  }
   int* d_sm = nullptr;
   CHECK(cudaMalloc(&d_sm, kBlocks * sizeof(int)));
   std::vector<int> sm_of_block(kBlocks);
@@ -74,10 +84,21 @@ int main(int argc, char** argv) {
     CHECK(cudaMemGetInfo(&mem_free, &mem_total));
     int attr_sm = 0;
     CHECK(cudaDeviceGetAttribute(&attr_sm, cudaDevAttrMultiProcessorCount, 0));
-    CHECK(cudaMemset(d_sm, 0xff, kBlocks * sizeof(int)));
-    RecordSm<<<kBlocks, kThreads>>>(d_sm, 20000);
-    CHECK(cudaGetLastError());
-    CHECK(cudaMemcpy(sm_of_block.data(), d_sm, kBlocks * sizeof(int), cudaMemcpyDeviceToHost));
+    if (own_stream) {
+      CHECK(cudaMemsetAsync(d_sm, 0xff, kBlocks * sizeof(int), stream));
+      RecordSm<<<kBlocks, kThreads, 0, stream>>>(d_sm, 20000);
+      CHECK(cudaGetLastError());
+      CHECK(cudaEventRecord(done, stream));
+      CHECK(cudaEventSynchronize(done));
+      CHECK(cudaMemcpyAsync(sm_of_block.data(), d_sm, kBlocks * sizeof(int),
+                            cudaMemcpyDeviceToHost, stream));
+      CHECK(cudaStreamSynchronize(stream));
+    } else {
+      CHECK(cudaMemset(d_sm, 0xff, kBlocks * sizeof(int)));
+      RecordSm<<<kBlocks, kThreads>>>(d_sm, 20000);
+      CHECK(cudaGetLastError());
+      CHECK(cudaMemcpy(sm_of_block.data(), d_sm, kBlocks * sizeof(int), cudaMemcpyDeviceToHost));
+    }
     std::vector<bool> used(kMaxSm, false);
     int distinct = 0;
     for (int id : sm_of_block) {
@@ -106,6 +127,10 @@ int main(int argc, char** argv) {
   bool oom_ok = err == cudaErrorMemoryAllocation;
   if (err == cudaSuccess) CHECK(cudaFree(big));
   (void)cudaGetLastError();  // the failed allocation is not sticky
+  if (own_stream) {
+    CHECK(cudaEventDestroy(done));
+    CHECK(cudaStreamDestroy(stream));
+  }
   CHECK(cudaFree(d_sm));
   CHECK(cudaDeviceSynchronize());
   if (over_share || !oom_ok) {
