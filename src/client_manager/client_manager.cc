@@ -1,8 +1,5 @@
 #include "client_manager/client_manager.h"
 
-#include <arpa/inet.h>
-#include <ifaddrs.h>
-#include <net/if.h>
 #include <sys/stat.h>
 
 #include <filesystem>
@@ -11,24 +8,6 @@
 #include "common/log.h"
 
 namespace flyt::client_manager {
-
-std::string FirstHostAddress() {
-  ifaddrs* list = nullptr;
-  std::string found = "127.0.0.1";
-  if (::getifaddrs(&list) != 0) return found;
-  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
-    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
-    if (i->ifa_flags & IFF_LOOPBACK) continue;
-    char buf[INET_ADDRSTRLEN];
-    auto* in = reinterpret_cast<sockaddr_in*>(i->ifa_addr);
-    if (inet_ntop(AF_INET, &in->sin_addr, buf, sizeof(buf)) != nullptr) {
-      found = buf;
-      break;
-    }
-  }
-  ::freeifaddrs(list);
-  return found;
-}
 
 ClientManager::ClientManager(Options options, control::Credentials creds)
     : options_(std::move(options)), creds_(std::move(creds)) {}

@@ -40,7 +40,4 @@ class ClientManager {
   std::unique_ptr<control::Channel> channel_;
 };
 
-// The first non-loopback IPv4 address of this host, else 127.0.0.1.
-std::string FirstHostAddress();
-
 }  // namespace flyt::client_manager

@@ -28,22 +28,10 @@ int main(int argc, char** argv) {
   settings.Add("secret_file", &secret_file, "file holding the cluster secret");
   settings.Add("request_timeout_ms", &opt.request_timeout_ms,
                "how long an allocation (which may start a server) may take");
-  bool help = false;
-  Status st = settings.Load(argc, argv, &help);
-  if (help) {
-    std::fputs(settings.Usage().c_str(), stderr);
-    return 0;
-  }
-  if (!st.ok()) {
-    std::fprintf(stderr, "flyt-client-manager: %s\n", st.message().c_str());
-    return 2;
-  }
-  if (secret.empty()) {
-    if (const char* e = std::getenv("FLYT_SECRET")) secret = e;
-  }
-  if (opt.vm_ip.empty()) opt.vm_ip = client_manager::FirstHostAddress();
+  if (int rc = 0; !settings.LoadForMain(argc, argv, &rc)) return rc;
+  if (opt.vm_ip.empty()) opt.vm_ip = control::DefaultHostAddress();
   control::Credentials creds;
-  st = control::LoadSecret(secret, secret_file, /*create=*/false, &creds);
+  Status st = control::LoadSecret(secret, secret_file, /*create=*/false, &creds);
   if (!st.ok()) {
     std::fprintf(stderr, "flyt-client-manager: %s\n", st.message().c_str());
     return 1;

@@ -45,19 +45,7 @@ int main(int argc, char** argv) {
   settings.Add("oversubscribe_sm", &over_sm, "allow more SMs to be promised than a GPU has");
   settings.Add("oversubscribe_memory", &over_mem,
                "allow more memory to be promised than a GPU has");
-  bool help = false;
-  Status st = settings.Load(argc, argv, &help);
-  if (help) {
-    std::fputs(settings.Usage().c_str(), stderr);
-    return 0;
-  }
-  if (!st.ok()) {
-    std::fprintf(stderr, "flyt-cluster-manager: %s\n", st.message().c_str());
-    return 2;
-  }
-  if (secret.empty()) {
-    if (const char* e = std::getenv("FLYT_SECRET")) secret = e;
-  }
+  if (int rc = 0; !settings.LoadForMain(argc, argv, &rc)) return rc;
   if (policy != "spread" && policy != "pack") {
     std::fprintf(stderr, "flyt-cluster-manager: placement_policy must be spread or pack\n");
     return 2;
@@ -74,7 +62,7 @@ int main(int argc, char** argv) {
   if (database.empty()) database = "sqlite:" + state_dir + "/flyt.db";
   if (secret_file.empty()) secret_file = state_dir + "/cluster.secret";
   control::Credentials creds;
-  st = control::LoadSecret(secret, secret_file, /*create=*/true, &creds);
+  Status st = control::LoadSecret(secret, secret_file, /*create=*/true, &creds);
   std::unique_ptr<store::Store> store;
   if (st.ok()) st = store::Store::Open(database, &store);
   if (!st.ok()) {

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -63,7 +64,8 @@ std::string HmacSha256Hex(const std::string& key, const std::string& data) {
   unsigned char mac[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-           reinterpret_cast<const unsigned char*>(data.data()), data.size(), mac, &len) == nullptr) {
+           reinterpret_cast<const unsigned char*>(data.data()), data.size(), mac,
+           &len) == nullptr) {
     return std::string();
   }
   return ToHex(mac, len);
@@ -87,6 +89,10 @@ Status LoadSecret(const std::string& secret, const std::string& secret_file, boo
                   Credentials* out) {
   if (!secret.empty()) {
     out->secret = secret;
+    return Status::Ok();
+  }
+  if (const char* env = std::getenv("FLYT_SECRET"); env != nullptr && env[0] != '\0') {
+    out->secret = env;
     return Status::Ok();
   }
   if (secret_file.empty()) {
@@ -148,8 +154,7 @@ Status ReceiveMessage(transport::Connection& conn, Json* out) {
   if (!s.ok()) return s;
   Json parsed = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded() || !parsed.is_object()) {
-    return Status::Error("malformed control message from " + conn.Peer() +
-                         " (not a JSON object)");
+    return Status::Error("malformed control message from " + conn.Peer() + " (not a JSON object)");
   }
   *out = std::move(parsed);
   return Status::Ok();
@@ -185,9 +190,8 @@ Status Channel::Dial(const std::string& address, const Credentials& creds, const
       return Status::Error(address + " is not a Flyt control endpoint (unexpected greeting)");
     }
     std::string n2 = RandomHex(32);
-    std::string proof =
-        HmacSha256Hex(creds.secret, std::string(kProtocol) + "|dialer|" + role + "|" + name + "|" +
-                                        n1 + "|" + n2);
+    std::string proof = HmacSha256Hex(creds.secret, std::string(kProtocol) + "|dialer|" + role +
+                                                        "|" + name + "|" + n1 + "|" + n2);
     s = SendMessage(*conn, Json{{"role", role}, {"name", name}, {"nonce", n2}, {"proof", proof}});
     Json verdict;
     if (s.ok()) s = ReceiveMessage(*conn, &verdict);
@@ -195,8 +199,8 @@ Status Channel::Dial(const std::string& address, const Credentials& creds, const
     if (!verdict.value("ok", false)) {
       return Status::Error(address + " refused us: " + verdict.value("error", "no reason given"));
     }
-    std::string expect = HmacSha256Hex(creds.secret, std::string(kProtocol) + "|listener|" + n1 +
-                                                         "|" + n2);
+    std::string expect =
+        HmacSha256Hex(creds.secret, std::string(kProtocol) + "|listener|" + n1 + "|" + n2);
     if (!SameProof(Field(verdict, "proof"), expect)) {
       return Status::Error(address +
                            " could not prove it knows the cluster secret: check `secret`/"
@@ -280,8 +284,8 @@ void Listener::AcceptLoop() {
     std::unique_ptr<transport::Connection> conn;
     Status s = listener_->Accept(&conn);
     if (!s.ok()) {
-      if (!stopping_.load()) FLYT_ERROR("control listener %s: %s", Describe().c_str(),
-                                        s.message().c_str());
+      if (!stopping_.load())
+        FLYT_ERROR("control listener %s: %s", Describe().c_str(), s.message().c_str());
       return;
     }
     serving_.fetch_add(1);
@@ -311,9 +315,9 @@ void Listener::Serve(std::unique_ptr<transport::Connection> conn) {
       peer.role = Field(hello, "role");
       peer.name = Field(hello, "name");
       std::string n2 = Field(hello, "nonce");
-      std::string expect = HmacSha256Hex(creds_.secret, std::string(kProtocol) + "|dialer|" +
-                                                            peer.role + "|" + peer.name + "|" +
-                                                            n1 + "|" + n2);
+      std::string expect =
+          HmacSha256Hex(creds_.secret, std::string(kProtocol) + "|dialer|" + peer.role + "|" +
+                                           peer.name + "|" + n1 + "|" + n2);
       if (n2.size() >= 32 && !n1.empty() && SameProof(Field(hello, "proof"), expect)) {
         authenticated = true;
         std::string proof =

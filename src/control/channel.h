@@ -34,8 +34,8 @@ struct Credentials {
   std::string secret;
 };
 
-// Resolves the secret: `secret` when not empty, else the contents of
-// `secret_file`. When the file is missing and `create` is set, writes a new
+// Resolves the secret: `secret` when not empty, else $FLYT_SECRET, else the
+// contents of `secret_file`. When the file is missing and `create` is set, writes a new
 // random secret there (mode 0600, parent folders created).
 Status LoadSecret(const std::string& secret, const std::string& secret_file, bool create,
                   Credentials* out);

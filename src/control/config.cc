@@ -1,9 +1,13 @@
 #include "control/config.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <unistd.h>
 
 #include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <sstream>
@@ -27,7 +31,8 @@ std::string EnvName(const std::string& prefix, const std::string& name) {
 }  // namespace
 
 Settings::Settings(std::string program, std::string section, std::string env_prefix)
-    : program_(std::move(program)), section_(std::move(section)),
+    : program_(std::move(program)),
+      section_(std::move(section)),
       env_prefix_(std::move(env_prefix)) {}
 
 void Settings::Add(const char* name, std::string* target, const char* doc) {
@@ -185,6 +190,22 @@ Status Settings::Load(int argc, char** argv, bool* help) {
   return Status::Ok();
 }
 
+bool Settings::LoadForMain(int argc, char** argv, int* exit_code) {
+  bool help = false;
+  Status st = Load(argc, argv, &help);
+  if (help) {
+    std::fputs(Usage().c_str(), stderr);
+    *exit_code = 0;
+    return false;
+  }
+  if (!st.ok()) {
+    std::fprintf(stderr, "%s: %s\n", program_.c_str(), st.message().c_str());
+    *exit_code = 2;
+    return false;
+  }
+  return true;
+}
+
 std::string Settings::Usage() const {
   std::ostringstream os;
   os << "usage: " << program_ << " [--config FILE] [--SETTING VALUE]...\n\n"
@@ -222,6 +243,21 @@ std::string DefaultStateDir() {
   if (::geteuid() == 0) return "/var/lib/flyt";
   const char* home = std::getenv("HOME");
   return std::string(home && *home ? home : "/tmp") + "/.local/state/flyt";
+}
+
+std::string DefaultHostAddress() {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "127.0.0.1";
+  std::string found;
+  for (ifaddrs* i = list; i != nullptr && found.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    if ((i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_LOOPBACK) != 0) continue;
+    char text[INET_ADDRSTRLEN];
+    auto* in = reinterpret_cast<sockaddr_in*>(i->ifa_addr);
+    if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text)) != nullptr) found = text;
+  }
+  ::freeifaddrs(list);
+  return found.empty() ? "127.0.0.1" : found;
 }
 
 }  // namespace flyt::control

@@ -30,6 +30,9 @@ class Settings {
   // of the section and badly typed values are errors that name the source.
   // Sets *help (and loads nothing more) on --help/-h.
   Status Load(int argc, char** argv, bool* help);
+  // For a daemon's main(): Load, then --help's text or the error (prefixed
+  // with the program's name) on stderr. False: main returns *exit_code.
+  bool LoadForMain(int argc, char** argv, int* exit_code);
   std::string Usage() const;
   // Where the values came from, for the start-up log line.
   const std::string& config_file() const { return config_file_; }
@@ -50,5 +53,9 @@ class Settings {
 // The folder for state (database, secret) when none is configured:
 // $FLYT_STATE_DIR, else /var/lib/flyt for root, else ~/.local/state/flyt.
 std::string DefaultStateDir();
+
+// The first non-loopback IPv4 address of an interface that is up, else
+// 127.0.0.1: what a host advertises and a VM calls itself by default.
+std::string DefaultHostAddress();
 
 }  // namespace flyt::control

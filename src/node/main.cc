@@ -21,13 +21,8 @@ int main(int argc, char** argv) {
   node::NodeConfig config;
   control::Settings settings("flyt-node-manager", "node_manager", "NM");
   node::RegisterSettings(&settings, &config);
-  bool help = false;
-  Status st = settings.Load(argc, argv, &help);
-  if (help) {
-    std::fprintf(stderr, "%s", settings.Usage().c_str());
-    return 0;
-  }
-  if (st.ok()) st = node::ResolveDefaults(&config);
+  if (int rc = 0; !settings.LoadForMain(argc, argv, &rc)) return rc;
+  Status st = node::ResolveDefaults(&config);
   if (!st.ok()) {
     std::fprintf(stderr, "flyt-node-manager: %s\n", st.message().c_str());
     return 2;

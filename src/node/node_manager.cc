@@ -69,24 +69,6 @@ std::string StringOf(const Json& answer, const char* key) {
 
 }  // namespace
 
-std::string DetectHostIp() {
-  ifaddrs* list = nullptr;
-  if (::getifaddrs(&list) != 0) {
-    FLYT_WARN("getifaddrs: %s: advertising 127.0.0.1 (set advertise_host)", std::strerror(errno));
-    return "127.0.0.1";
-  }
-  std::string found;
-  for (ifaddrs* i = list; i != nullptr && found.empty(); i = i->ifa_next) {
-    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
-    if ((i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_LOOPBACK) != 0) continue;
-    char text[INET_ADDRSTRLEN];
-    auto* in = reinterpret_cast<sockaddr_in*>(i->ifa_addr);
-    if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text)) != nullptr) found = text;
-  }
-  ::freeifaddrs(list);
-  return found.empty() ? "127.0.0.1" : found;
-}
-
 void RegisterSettings(control::Settings* s, NodeConfig* c) {
   s->Add("listen", &c->listen, "address for commands from the cluster manager");
   s->Add("advertise_host", &c->advertise_host,
@@ -134,7 +116,7 @@ Status ResolveDefaults(NodeConfig* c) {
                            "): set node_id");
     c->node_id = host;
   }
-  if (c->advertise_host.empty()) c->advertise_host = DetectHostIp();
+  if (c->advertise_host.empty()) c->advertise_host = control::DefaultHostAddress();
   if (c->host_ip.empty()) c->host_ip = c->advertise_host;
   if (c->secret.empty())
     if (const char* s = std::getenv("FLYT_SECRET")) c->secret = s;

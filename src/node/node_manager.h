@@ -61,8 +61,6 @@ struct NodeConfig {
 void RegisterSettings(control::Settings* settings, NodeConfig* config);
 // Fills the derived defaults and checks the values.
 Status ResolveDefaults(NodeConfig* config);
-// First non-loopback IPv4 address of an interface that is up, else 127.0.0.1.
-std::string DetectHostIp();
 
 class NodeManager {
  public:
