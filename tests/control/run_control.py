@@ -806,6 +806,34 @@ class Control(unittest.TestCase):
         self.assertEqual(again["alloc_id"], srv["alloc_id"])
         self.assertEqual(len(self.server_pids("n1")), 1, self.logs())
 
+    def test_credentials_are_per_tenant(self):
+        """Each allocation has its own token: a tenant's token opens its own server
+        and no other tenant's."""
+        cm_a = self.basic_cluster(vm_ip="10.1.0.5", sm=16, memory_gb=2)
+        self.add_vm("10.1.0.6", "10.0.0.1", 16, 2)
+        cm_b = self.start_client_manager("10.1.0.6")
+        answer_a = self.ask_client_manager(cm_a).split()
+        answer_b = self.ask_client_manager(cm_b).split()
+        self.assertEqual(answer_a[0], "OK", answer_a)
+        self.assertEqual(answer_b[0], "OK", answer_b)
+        (endpoint_a, token_a), (endpoint_b, token_b) = answer_a[1:3], answer_b[1:3]
+        self.assertNotEqual(endpoint_a, endpoint_b)
+        self.assertNotEqual(token_a, token_b)
+
+        def direct(endpoint, token):
+            env = clean_env({"FLYT_SERVER": endpoint, "FLYT_TOKEN": token, "FLYT_LOG": "warn",
+                             "FLYT_TIMEOUT_MS": CLIENT_TIMEOUT_MS,
+                             "E2E_WATCHDOG_S": max(10, RUN_TIMEOUT_S - 20)})
+            return run([binary("flyt"), "run", "--", self.memory_roundtrip()], env,
+                       RUN_TIMEOUT_S)
+
+        own = direct(endpoint_a, token_a)
+        self.assertEqual(own.rc, 0, own.describe())
+        other = direct(endpoint_b, token_a)
+        self.assertNotEqual(other.rc, 0, "tenant a's token opened tenant b's server\n" +
+                            other.describe())
+        self.assertIn("refused", other.stderr, other.describe())
+
     def test_flytctl_tables_and_aliases(self):
         self.basic_cluster()
         self.ctl("allocate", "--vm", "10.1.0.5")
