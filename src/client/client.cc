@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "common/log.h"
+#include "transport/emulated_transport.h"
 
 namespace flyt::client {
 namespace {
@@ -94,6 +95,11 @@ CUresult Client::Init() {
     if (!st.ok()) {
       init_rc_ = Fail("cannot reach flyt-server: " + st.message() +
                       ". Start flyt-server there or point FLYT_SERVER (flyt run --server) at it");
+      return;
+    }
+    st = transport::WrapFromEnvironment(&conn_);  // FLYT_EMULATE: network emulator
+    if (!st.ok()) {
+      init_rc_ = Fail(st.message());
       return;
     }
     wire::Writer w;
@@ -330,6 +336,7 @@ CUresult Client::EnsureCallbackChannel() {
   if (callback_channel_) return CUDA_SUCCESS;
   std::unique_ptr<transport::Connection> conn;
   Status st = transport::Dial(address_, liveness_, &conn);
+  if (st.ok()) st = transport::WrapFromEnvironment(&conn);
   wire::Writer w;
   w.Put<uint32_t>(wire::kProtocolVersion);
   w.Put<uint64_t>(session_id_);

@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "server/control_socket.h"
 #include "server/session.h"
+#include "transport/emulated_transport.h"
 #include "transport/transport.h"
 
 namespace {
@@ -27,7 +28,7 @@ void Usage() {
       stderr,
       "usage: flyt-server [--listen ADDR]... [--backend cuda|sim] [--token TOKEN]\n"
       "                   [--memory-quota BYTES] [--sm-count N] [--control unix:///PATH]\n"
-      "                   [--sim-record FILE] [--sim-green-contexts]\n"
+      "                   [--sim-record FILE] [--sim-green-contexts] [--emulate SPEC]\n"
       "  ADDR: tcp://HOST:PORT (default tcp://0.0.0.0:14833; port 0: the kernel picks) or\n"
       "        unix:///PATH\n"
       "  --token: credential clients must present (default: $FLYT_TOKEN, else none)\n"
@@ -38,6 +39,8 @@ void Usage() {
       "  --control: JSON control socket (stats, set-share), created 0600\n"
       "  --backend sim: host memory, records launches, runs no kernel (testing only);\n"
       "        --sim-green-contexts gives it fake green contexts\n"
+      "  --emulate: delay replies as a network would, e.g. rtt=100us,bandwidth=1gbit\n"
+      "        (default: $FLYT_EMULATE or $FLYT_EMULATE_FILE; docs/emulator.md)\n"
       "  logging: FLYT_LOG=error|warn|info|debug|trace, FLYT_LOG_FILE=PATH\n");
 }
 
@@ -83,6 +86,8 @@ int main(int argc, char** argv) {
   auto state = std::make_unique<server::ServerState>();
   for (int i = 0; i < argc; ++i) state->argv.push_back(argv[i]);
   if (const char* t = std::getenv("FLYT_TOKEN")) state->token = t;
+  transport::EmulationSettings emulate;
+  Status emulate_st = transport::EmulationFromEnvironment(&emulate);
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     auto value = [&](const char* name) -> std::string {
@@ -114,6 +119,9 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "flyt-server: --sm-count '%s' is not a number of SMs\n", v.c_str());
         return 2;
       }
+    } else if (arg == "--emulate") {
+      emulate_st = transport::ParseEmulation(value("--emulate"), &emulate);
+      if (!emulate_st.ok()) emulate_st = Status::Error("--emulate: " + emulate_st.message());
     } else if (arg == "--control") {
       control_address = value("--control");
     } else if (arg == "-h" || arg == "--help") {
@@ -126,6 +134,14 @@ int main(int argc, char** argv) {
     }
   }
   if (listens.empty()) listens.push_back("tcp://0.0.0.0:14833");
+  if (!emulate_st.ok()) {
+    std::fprintf(stderr, "flyt-server: %s\n", emulate_st.message().c_str());
+    return 2;
+  }
+  if (emulate.enabled()) {
+    std::fprintf(stderr, "flyt-server: network emulation on for replies: %s\n",
+                 emulate.ToString().c_str());
+  }
   Status st;
   if (backend == "cuda") {
     st = server::LoadCudaDriver(&state->api);
@@ -183,10 +199,11 @@ int main(int argc, char** argv) {
   std::vector<std::thread> acceptors;
   server::ServerState* shared = state.get();
   for (auto& l : listeners) {
-    acceptors.emplace_back([shared, listener = l.get()] {
+    acceptors.emplace_back([shared, emulate, listener = l.get()] {
       for (;;) {
         std::unique_ptr<transport::Connection> conn;
         Status s = listener->Accept(&conn);
+        if (s.ok() && emulate.enabled()) conn = transport::WrapEmulated(std::move(conn), emulate);
         if (!s.ok()) {
           FLYT_ERROR("%s: %s", listener->Describe().c_str(), s.message().c_str());
           return;
