@@ -20,7 +20,7 @@
 #   DEADLINE_S=0           stop starting runs this many seconds after start (0: none);
 #                          what is left is reported as SKIP
 #   JOBS=1                 programs run in parallel (needs flock when > 1)
-#   MODES="tcp unix"       Flyt transports to test
+#   MODES="tcp unix"       Flyt transports to test (also: shm)
 #   PROGRAMS=""            only these programs (space-separated names)
 #   FLYT_TOKEN=""          pass --token to server and clients
 #   SERVER_BACKEND=cuda    --backend of the server (sim: plumbing checks without a GPU)
@@ -108,12 +108,15 @@ start_server() {
     echo "# flyt-server #$n started $(date -u +%H:%M:%S) port $port socket $sock"
     echo "# $SERVER_BIN --listen tcp://127.0.0.1:$port --listen unix://$sock --backend $SERVER_BACKEND ${tokargs[*]}"
   } >"$logf"
+  local shmargs=()
+  [[ " $MODES " == *" shm "* ]] && shmargs=(--listen "shm://$WORK/flyt-$n-shm.sock")
   FLYT_LOG=$SERVER_LOG_LEVEL setsid "$SERVER_BIN" --listen "tcp://127.0.0.1:$port" --listen "unix://$sock" \
-    --backend "$SERVER_BACKEND" "${tokargs[@]}" </dev/null >>"$logf" 2>&1 &
+    "${shmargs[@]}" --backend "$SERVER_BACKEND" "${tokargs[@]}" </dev/null >>"$logf" 2>&1 &
   pid=$!
   echo "$pid" >"$WORK/server.pid"
   echo "tcp://127.0.0.1:$port" >"$WORK/server.tcp"
   echo "unix://$sock" >"$WORK/server.unix"
+  echo "shm://$WORK/flyt-$n-shm.sock" >"$WORK/server.shm"
   echo "$logf" >"$WORK/server.log"
   local i
   for i in $(seq 1 300); do  # up to 30 s
