@@ -3,9 +3,11 @@
 #
 # Usage: bench/run.sh BUILD_DIR OUTDIR
 #
-# Runs bench/cuda_bench natively, through `flyt run` over TCP loopback and over a Unix
-# socket against BUILD_DIR/bin/flyt-server --backend cuda, plus the plain-socket
-# reference bench/tcp_loopback_bw; then renders OUTDIR/bench.md with bench/report.awk.
+# Runs bench/cuda_bench natively, through `flyt run` over TCP loopback, over a Unix
+# socket and over shared memory (shm://) against one BUILD_DIR/bin/flyt-server --backend
+# cuda, plus the plain-socket reference bench/tcp_loopback_bw; then renders
+# OUTDIR/bench.md with bench/report.awk (native/tcp/unix table), followed by the same
+# table with the shm column in the tcp column's place.
 # Every step has a timeout; a missing binary or a failed step yields 'n/a' cells. The
 # server is stopped on exit, whatever happens.
 #
@@ -13,7 +15,7 @@
 # BUILD_DIR/bin, BUILD_DIR; if absent they are built into OUTDIR/bin with bench/build.sh.
 #
 # Environment (all optional):
-#   FLYT_BENCH_MODES      modes to run            (default "native tcp unix")
+#   FLYT_BENCH_MODES      modes to run            (default "native tcp unix shm")
 #   FLYT_BENCH_GROUPS     cuda_bench groups       (default "init launch memcpy bw malloc query")
 #   FLYT_BENCH_ARGS       extra cuda_bench args   (e.g. "--quick 0.5")
 #   FLYT_BENCH_TIMEOUT    seconds per invocation  (default 120)
@@ -32,7 +34,7 @@ mkdir -p "$2/raw" || exit 1
 OUT=$(cd "$2" && pwd)
 RAW=$OUT/raw
 
-MODES=${FLYT_BENCH_MODES:-"native tcp unix"}
+MODES=${FLYT_BENCH_MODES:-"native tcp unix shm"}
 BENCH_GROUPS=${FLYT_BENCH_GROUPS:-"init launch memcpy bw malloc query"}
 read -r -a BENCH_ARGS <<<"${FLYT_BENCH_ARGS:-}"
 read -r -a SERVER_ARGS <<<"${FLYT_BENCH_SERVER_ARGS:-}"
@@ -221,6 +223,7 @@ server_alive() { [[ -n $SERVER_PID ]] && kill -0 "$SERVER_PID" 2>/dev/null; }
 
 TCP_URL=""
 UNIX_URL=""
+SHM_URL=""
 start_server() {
   [[ -x $SERVER && -x $FLYT ]] || return 1
   SOCKDIR=$(mktemp -d /tmp/flyt-bench.XXXXXX) || return 1
@@ -228,9 +231,10 @@ start_server() {
   port=$(free_port)
   TCP_URL=tcp://127.0.0.1:$port
   UNIX_URL=unix://$SOCKDIR/server.sock
-  meta "server" "$SERVER --listen $TCP_URL --listen $UNIX_URL --backend cuda ${SERVER_ARGS[*]}"
+  SHM_URL=shm://$SOCKDIR/server.shm.sock
+  meta "server" "$SERVER --listen $TCP_URL --listen $UNIX_URL --listen $SHM_URL --backend cuda ${SERVER_ARGS[*]}"
   timeout -k 5 $((DEADLINE + 120)) "$SERVER" --listen "$TCP_URL" --listen "$UNIX_URL" \
-    --backend cuda "${SERVER_ARGS[@]}" >"$RAW/server.log" 2>&1 </dev/null &
+    --listen "$SHM_URL" --backend cuda "${SERVER_ARGS[@]}" >"$RAW/server.log" 2>&1 </dev/null &
   SERVER_TPID=$!
   local i
   for i in $(seq 300); do
@@ -245,14 +249,14 @@ start_server() {
       [[ -z $SERVER_PID ]] && command -v pgrep >/dev/null &&
         SERVER_PID=$(pgrep -P "$SERVER_TPID" | head -1)
     fi
-    if [[ -n $SERVER_PID && -S $SOCKDIR/server.sock ]] &&
+    if [[ -n $SERVER_PID && -S $SOCKDIR/server.sock && -S $SOCKDIR/server.shm.sock ]] &&
       (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
       sleep 0.2
       return 0
     fi
     sleep 0.1
   done
-  note "flyt-server not accepting on $TCP_URL and $UNIX_URL after 30 s"
+  note "flyt-server not accepting on $TCP_URL, $UNIX_URL and $SHM_URL after 30 s"
   stop_server
   return 1
 }
@@ -320,19 +324,22 @@ if [[ " $MODES " == *" native "* ]]; then
 fi
 
 # 3. through flyt
-if [[ " $MODES " == *" tcp "* || " $MODES " == *" unix "* ]]; then
+if [[ " $MODES " == *" tcp "* || " $MODES " == *" unix "* || " $MODES " == *" shm "* ]]; then
   if start_server; then
     kb=$(rss_kb "$SERVER_PID") && [[ -n $kb ]] && result server start rss_start_kb "$kb" kB
     # Discarded warm-up session: the server's first session creates its CUDA context.
     if [[ " $MODES " == *" tcp "* ]]; then
       run_case warmup-tcp init "$TCP_URL"
-    else
+    elif [[ " $MODES " == *" unix "* ]]; then
       run_case warmup-unix init "$UNIX_URL"
+    else
+      run_case warmup-shm init "$SHM_URL"
     fi
-    for mode in tcp unix; do
+    for mode in tcp unix shm; do
       [[ " $MODES " == *" $mode "* ]] || continue
       url=$TCP_URL
       [[ $mode == unix ]] && url=$UNIX_URL
+      [[ $mode == shm ]] && url=$SHM_URL
       for g in $BENCH_GROUPS; do
         server_alive || {
           note "flyt-server died before $mode/$g (see raw/server.log)"
@@ -347,6 +354,7 @@ if [[ " $MODES " == *" tcp "* || " $MODES " == *" unix "* ]]; then
       if ((IDLE_N > 0)) && [[ -n $CUDA_BENCH ]] && (($(remaining) > 20)); then
         url=$TCP_URL
         [[ " $MODES " == *" tcp "* ]] || url=$UNIX_URL
+        [[ " $MODES " == *" tcp "* || " $MODES " == *" unix "* ]] || url=$SHM_URL
         idle_sessions "$IDLE_N" "$url"
       fi
       kb=$(rss_kb "$SERVER_PID" VmHWM) && [[ -n $kb ]] && result server end hwm_kb "$kb" kB
@@ -362,6 +370,23 @@ fi
 meta "total wall" "$(($(date +%s) - t_start)) s"
 if awk -F'\t' -f "$here/report.awk" "$META" "$RESULTS" "$RUNS" "$NOTES" >"$OUT/bench.md.tmp"; then
   mv "$OUT/bench.md.tmp" "$OUT/bench.md"
+  # The shm column: report.awk's results table rendered again with the shm rows in the
+  # tcp column's place (and the header says so), appended as its own section.
+  if [[ " $MODES " == *" shm "* ]]; then
+    mkdir -p "$OUT/shm-table"
+    awk -F'\t' -v OFS='\t' '$1 == "tcp" { next } $1 == "shm" { $1 = "tcp" } { print }' \
+      "$RESULTS" >"$OUT/shm-table/results.tsv"
+    {
+      echo ""
+      echo "## Shared memory (shm://, same server)"
+      echo ""
+      echo "The results table again, with the shm column in place of tcp (unix for comparison)."
+      echo ""
+      awk -F'\t' -f "$here/report.awk" "$META" "$OUT/shm-table/results.tsv" "$RUNS" "$NOTES" |
+        awk '/^\| metric \|/ { on = 1; gsub(/tcp/, "shm") } on && /^$/ { exit } on'
+    } >>"$OUT/bench.md"
+    rm -rf "$OUT/shm-table"
+  fi
   echo "run.sh: wrote $OUT/bench.md" >&2
 else
   note "report.awk failed"

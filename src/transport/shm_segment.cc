@@ -223,4 +223,55 @@ Status OpenPciBarSegment(const std::string& path, std::unique_ptr<Segment>* out)
   return Status::Ok();
 }
 
+Status CreateMemfdSegment(size_t size, std::unique_ptr<Segment>* out, int* fd_out) {
+  Status st = CheckSize(size);
+  if (!st.ok()) return st;
+  const std::string name = "memfd:flyt-shm";
+  const int fd = memfd_create("flyt-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return SysError("memfd_create", name, errno);
+  st = Truncate(fd, size, name);
+  if (st.ok() && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    st = SysError("seal", name, errno);
+  }
+  void* base = nullptr;
+  if (st.ok()) {
+    base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) st = SysError("mmap", name, errno);
+  }
+  if (!st.ok()) {
+    close(fd);  // already failing; the first error is the one to report
+    return st;
+  }
+  out->reset(new MappedSegment(base, size, name, Cleanup::kNone));
+  *fd_out = fd;
+  return Status::Ok();
+}
+
+Status MapFdSegment(int fd, size_t expected_size, std::unique_ptr<Segment>* out) {
+  const std::string name = "memfd from the peer";
+  size_t size = 0;
+  Status st = SizeOf(fd, name, &size);
+  if (st.ok() && size != expected_size) {
+    st = Status::Error("shm segment: the peer's memfd is " + std::to_string(size) +
+                       " bytes, its header says " + std::to_string(expected_size));
+  }
+  if (st.ok()) {
+    const int seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0) {
+      st = SysError("F_GET_SEALS on", name, errno);
+    } else if ((seals & F_SEAL_SHRINK) == 0) {
+      st = Status::Error("shm segment: the peer's memfd is not sealed against shrinking");
+    }
+  }
+  if (!st.ok()) {
+    close(fd);
+    return st;
+  }
+  void* base = nullptr;
+  st = MapFd(fd, size, name, &base);
+  if (!st.ok()) return st;
+  out->reset(new MappedSegment(base, size, name, Cleanup::kNone));
+  return Status::Ok();
+}
+
 }  // namespace flyt::transport

@@ -4,7 +4,8 @@
 // name of one this process created (POSIX shm unlinks on destruction). Three
 // backings: POSIX shared memory (/dev/shm), a plain file (tmpfs, hugetlbfs, a
 // file a hypervisor shares) and a PCI BAR resource file (QEMU ivshmem as a
-// guest sees it). Must not touch: what lives inside the segment (see
+// guest sees it), plus anonymous sealed memfds (the shm:// transport passes
+// their fd over a Unix socket). Must not touch: what lives inside the segment (see
 // shm_ring.h) or who may attach (the control plane hands out names).
 #pragma once
 
@@ -47,5 +48,15 @@ Status OpenFileSegment(const std::string& path, size_t min_size, std::unique_ptr
 // guest sees it). Its size comes from the file; nothing is created, resized
 // or removed. Needs permission to open the file (root or a udev rule).
 Status OpenPciBarSegment(const std::string& path, std::unique_ptr<Segment>* out);
+
+// Creates an anonymous memfd (memfd_create, MFD_CLOEXEC | MFD_ALLOW_SEALING)
+// of `size` bytes, maps it and seals its size (F_SEAL_SHRINK | F_SEAL_GROW |
+// F_SEAL_SEAL), so whoever gets the fd can neither shrink it (SIGBUS on our
+// side) nor grow it. No name exists anywhere: the memory goes away with the
+// last fd and mapping. *fd is the caller's to pass on (SCM_RIGHTS) and close.
+Status CreateMemfdSegment(size_t size, std::unique_ptr<Segment>* out, int* fd);
+// Maps a memfd received from a peer: it must be exactly `expected_size` bytes
+// and sealed against shrinking. Closes `fd` in every case.
+Status MapFdSegment(int fd, size_t expected_size, std::unique_ptr<Segment>* out);
 
 }  // namespace flyt::transport

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "transport/shm_transport.h"
 #include "transport/transport.h"
 
 namespace flyt::transport {
@@ -206,6 +207,7 @@ bool ConnectWithin(int fd, const sockaddr* sa, socklen_t len, int timeout_ms) {
 
 std::string Address::ToString() const {
   if (kind == Kind::kUnix) return "unix://" + path;
+  if (kind == Kind::kShm) return "shm://" + path;
   return "tcp://" + host + ":" + std::to_string(port);
 }
 
@@ -216,6 +218,13 @@ Status ParseAddress(const std::string& text, Address* out) {
     out->path = rest.substr(rest.rfind("unix://", 0) == 0 ? 7 : 5);
     if (out->path.empty() || out->path.size() >= sizeof(sockaddr_un::sun_path))
       return Status::Error("bad Unix socket address '" + text + "': expected unix:///path");
+    return Status::Ok();
+  }
+  if (rest.rfind("shm://", 0) == 0 || rest.rfind("shm:", 0) == 0) {
+    out->kind = Address::Kind::kShm;
+    out->path = rest.substr(rest.rfind("shm://", 0) == 0 ? 6 : 4);
+    if (out->path.empty() || out->path.size() >= sizeof(sockaddr_un::sun_path))
+      return Status::Error("bad shared-memory address '" + text + "': expected shm:///path");
     return Status::Ok();
   }
   if (rest.rfind("tcp://", 0) == 0) rest = rest.substr(6);
@@ -241,6 +250,7 @@ namespace {
 Status DialOnce(const Address& a, const Liveness& l, std::unique_ptr<Connection>* out,
                 bool* retryable) {
   *retryable = false;
+  if (a.kind == Address::Kind::kShm) return DialShm(a, l, out, retryable);
   if (a.kind == Address::Kind::kUnix) {
     int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return Status::Error(Errno("socket"));
@@ -297,6 +307,7 @@ Status Dial(const Address& a, const Liveness& l, std::unique_ptr<Connection>* ou
 }
 
 Status Listen(const Address& a, std::unique_ptr<Listener>* out) {
+  if (a.kind == Address::Kind::kShm) return ListenShm(a, out);
   if (a.kind == Address::Kind::kUnix) {
     int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return Status::Error(Errno("socket"));

@@ -1,9 +1,9 @@
 // Transports: byte streams between a client library and flyt-server.
 //
-// Owns: the Connection/Listener interface every transport implements (TCP and
-// Unix sockets today; shared memory, the network emulator and RDMA plug in
-// here later), address parsing ("tcp://host:port", "unix:///path",
-// "host:port"), and liveness settings (connect timeout, dead-peer timeout).
+// Owns: the Connection/Listener interface every transport implements (TCP,
+// Unix sockets and shared memory (shm_transport.h); the network emulator and
+// RDMA plug in here too), address parsing ("tcp://host:port", "unix:///path",
+// "shm:///path", "host:port"), and liveness settings (connect timeout, dead-peer timeout).
 // Must not know about frames or CUDA: it moves bytes.
 #pragma once
 
@@ -18,14 +18,16 @@
 namespace flyt::transport {
 
 struct Address {
-  enum class Kind { kTcp, kUnix } kind = Kind::kTcp;
+  // kShm: shared-memory rings; `path` is the Unix socket of the handshake.
+  enum class Kind { kTcp, kUnix, kShm } kind = Kind::kTcp;
   std::string host;  // tcp
   int port = 0;      // tcp
-  std::string path;  // unix
+  std::string path;  // unix, shm
   std::string ToString() const;
 };
 
-// Parses "tcp://host:port", "host:port", "unix:///path" or "unix:path".
+// Parses "tcp://host:port", "host:port", "unix:///path", "unix:path",
+// "shm:///path" or "shm:path".
 Status ParseAddress(const std::string& text, Address* out);
 
 class Connection {

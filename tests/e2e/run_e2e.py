@@ -3,8 +3,8 @@
 `flyt-server --backend sim` (device memory is host memory, launches are recorded, no
 kernel runs).
 
-Each test starts its own server(s) on a free TCP port and a Unix socket in a temporary
-directory, with a token and a launch record file, and kills them in a finally block.
+Each test starts its own server(s) on a free TCP port, a Unix socket and a shared-memory
+(shm://) socket in a temporary directory, with a token and a launch record file, and kills them in a finally block.
 Every subprocess runs under a timeout. Failures show the command, exit status, stdout,
 stderr and the client and server logs.
 
@@ -14,7 +14,8 @@ Usage (CMake registers one ctest test per unittest method, see CMakeLists.txt):
       --programs-dir build/tests/e2e/programs [unittest args, e.g. E2E.test_kernel_args]
 
   --server-bin / --flyt-bin override the binaries found in --bin-dir;
-  --variants static,shared and --transports tcp,unix narrow the matrix;
+  --variants static,shared and --transports tcp,unix,shm narrow the matrix (shm: the
+  shared-memory transport, shm://<tmp>/<name>.shm.sock);
   --keep keeps the temporary directories (their paths are printed).
 
 Programs are looked up as <programs-dir>/<name> (static cudart) and
@@ -52,7 +53,7 @@ class Config:
     flyt_bin = None
     programs_dir = None
     variants = ("static", "shared")
-    transports = ("tcp", "unix")
+    transports = ("tcp", "unix", "shm")
     keep = False
 
 
@@ -206,7 +207,8 @@ def rss_kb(pid):
 
 
 class Server:
-    """flyt-server --backend sim on a free TCP port and a Unix socket in `tmp`; with
+    """flyt-server --backend sim on a free TCP port, a Unix socket and a shared-memory
+    transport (shm://, its handshake socket) in `tmp`; with
     control=True also a control socket (--control unix://<tmp>/<name>.ctl)."""
 
     def __init__(self, tmp, name="server", token=TOKEN, log_level="info", extra_args=(),
@@ -218,6 +220,7 @@ class Server:
         self.extra_args = list(extra_args)
         self.control_path = os.path.join(tmp, name + ".ctl") if control else None
         self.sock_path = os.path.join(tmp, name + ".sock")
+        self.shm_path = os.path.join(tmp, name + ".shm.sock")
         self.record_path = os.path.join(tmp, name + ".record")
         self.log_path = os.path.join(tmp, name + ".log")
         self.out_path = os.path.join(tmp, name + ".stdout")
@@ -233,12 +236,14 @@ class Server:
         last_error = None
         for _ in range(3):  # a port taken between probe and bind: try another
             self.port = free_tcp_port()
-            if os.path.exists(self.sock_path):
-                os.unlink(self.sock_path)
+            for p in (self.sock_path, self.shm_path):
+                if os.path.exists(p):
+                    os.unlink(p)
             self.cmd = [
                 CFG.server_bin,
                 "--listen", "tcp://127.0.0.1:%d" % self.port,
                 "--listen", "unix://" + self.sock_path,
+                "--listen", "shm://" + self.shm_path,
                 "--backend", "sim",
                 "--sim-record", self.record_path,
             ]
@@ -273,8 +278,11 @@ class Server:
                 tcp_ok = self._probe(socket.AF_INET, ("127.0.0.1", self.port))
             if not unix_ok:
                 unix_ok = self._probe(socket.AF_UNIX, self.sock_path)
-            if tcp_ok and unix_ok and (not self.control_path
-                                       or os.path.exists(self.control_path)):
+            # The shm socket is not probed by connecting (that would start a
+            # session): it listens once it exists.
+            shm_ok = os.path.exists(self.shm_path)
+            if tcp_ok and unix_ok and shm_ok and (not self.control_path
+                                                  or os.path.exists(self.control_path)):
                 return
             time.sleep(0.05)
         raise RuntimeError("no listener after %ds (tcp %s, unix %s)"
@@ -340,9 +348,13 @@ class Server:
             return "tcp://127.0.0.1:%d" % self.port
         if transport == "unix":
             return "unix://" + self.sock_path
+        if transport == "shm":
+            return "shm://" + self.shm_path
         raise ValueError(transport)
 
     def address(self, transport):
+        """Where raw socket bytes go; shm has no byte stream on a socket (its frames
+        travel in rings), so raw frames for it go to the Unix socket."""
         if transport == "tcp":
             return socket.AF_INET, ("127.0.0.1", self.port)
         return socket.AF_UNIX, self.sock_path
@@ -1234,7 +1246,8 @@ class E2E(unittest.TestCase):
                 mechanism = "green_context" if green else "none"
                 self.assert_stats(srv, sessions=0, memory_used=0, memory_quota=quota, sm=sm,
                                   sm_total=SIM_SMS, sm_mechanism=mechanism, calls=0,
-                                  listen=[srv.url("tcp"), srv.url("unix")])
+                                  listen=[srv.url("tcp"), srv.url("unix"),
+                                          srv.url("shm")])
                 res = self.run_ok(srv, transport, "share_quota", variant,
                                   args=("quota", str(quota), str(sm)))
                 kv = self.kv(res)
@@ -1416,7 +1429,7 @@ def main():
     ap.add_argument("--programs-dir", help="directory of the built e2e programs "
                     "(default: <bin-dir>/../tests/e2e/programs)")
     ap.add_argument("--variants", default="static,shared")
-    ap.add_argument("--transports", default="tcp,unix")
+    ap.add_argument("--transports", default="tcp,unix,shm")
     ap.add_argument("--keep", action="store_true", help="keep temporary directories")
     args, rest = ap.parse_known_args()
 
@@ -1441,7 +1454,7 @@ def main():
         if v not in ("static", "shared"):
             ap.error("unknown variant %r" % v)
     for t in CFG.transports:
-        if t not in ("tcp", "unix"):
+        if t not in ("tcp", "unix", "shm"):
             ap.error("unknown transport %r" % t)
     CFG.keep = args.keep
     unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)

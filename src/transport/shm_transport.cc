@@ -1,0 +1,453 @@
+// The shared-memory transport: handshake over a Unix socket, bytes through two
+// rings in a sealed memfd, the socket kept open as the liveness channel.
+// See shm_transport.h and docs/shared_memory.md.
+#include "transport/shm_transport.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "common/log.h"
+#include "transport/shm_ring.h"
+#include "transport/shm_segment.h"
+
+namespace flyt::transport {
+namespace {
+
+constexpr size_t kDefaultRingBytes = size_t{8} << 20;
+constexpr size_t kMinRingBytes = size_t{64} << 10;
+constexpr size_t kMaxRingBytes = size_t{1} << 30;
+constexpr size_t kPage = 4096;
+
+std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+ShmRingOptions RingOptions() {
+  ShmRingOptions o;
+  o.spin_us = 50;
+  if (const char* s = std::getenv("FLYT_SHM_SPIN_US"); s != nullptr && *s != '\0') {
+    char* end = nullptr;
+    long v = std::strtol(s, &end, 10);
+    if (*end == '\0' && v >= 0 && v <= 1000000) o.spin_us = static_cast<int>(v);
+  }
+  o.max_message_bytes = kMaxRingBytes;  // frames are at most 64 MiB plus a header
+  return o;
+}
+
+// Reading the peer's pid is diagnostics only; failures leave it out.
+std::string PeerPid(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return "";
+  return " (pid " + std::to_string(cred.pid) + ")";
+}
+
+class ShmConnection final : public Connection {
+ public:
+  ShmConnection(int sock, std::unique_ptr<Segment> segment, std::unique_ptr<ShmRing> tx,
+                std::unique_ptr<ShmRing> rx, std::string peer, std::string gone)
+      : sock_(sock),
+        segment_(std::move(segment)),
+        tx_(std::move(tx)),
+        rx_(std::move(rx)),
+        peer_(std::move(peer)),
+        gone_message_(std::move(gone)) {
+    monitor_ = std::thread([this] { Monitor(); });
+  }
+
+  ~ShmConnection() override {
+    Shutdown();
+    monitor_.join();
+    if (::close(sock_) != 0) {
+      // Nothing to do about it in a destructor; the fd is gone either way.
+    }
+  }
+
+  Status Send(const iovec* iov, int count) override {
+    if (count < 0) return Status::Error("bad iovec count");
+    Status st = tx_->Write(iov, count, 0);
+    return st.ok() ? st : Translate(st);
+  }
+
+  Status Receive(void* dst, size_t n) override {
+    auto* out = static_cast<uint8_t*>(dst);
+    const int timeout_ms = timeout_ms_.load(std::memory_order_relaxed);
+    while (n > 0) {
+      if (left_in_record_ == 0) {
+        uint64_t len = 0;
+        Status st = rx_->BeginRead(&len, timeout_ms);
+        if (!st.ok()) return Translate(st);
+        left_in_record_ = len;  // 0-byte records are skipped
+        continue;
+      }
+      // Straight from the ring into the destination: one copy, whatever n is.
+      const size_t take = left_in_record_ < n ? static_cast<size_t>(left_in_record_) : n;
+      Status st = rx_->ReadBody(out, take, timeout_ms);
+      if (!st.ok()) return Translate(st);
+      left_in_record_ -= take;
+      out += take;
+      n -= take;
+    }
+    return Status::Ok();
+  }
+
+  void Shutdown() override {
+    local_shutdown_.store(true);
+    tx_->Close();  // wakes a peer (or a thread of ours) waiting on either ring
+    rx_->Close();
+    ::shutdown(sock_, SHUT_RDWR);  // ENOTCONN once the peer is gone: nothing to do
+  }
+
+  void SetReceiveTimeout(int timeout_ms) override {
+    timeout_ms_.store(timeout_ms < 0 ? 0 : timeout_ms, std::memory_order_relaxed);
+  }
+  std::string Peer() const override { return peer_; }
+
+ private:
+  // Waits for the socket to hang up (the peer exited, crashed or shut down,
+  // or we did) and then closes both rings, so that every wait ends at once.
+  void Monitor() {
+    std::string why;
+    for (;;) {
+      pollfd p{sock_, POLLIN | POLLRDHUP, 0};
+      const int rc = ::poll(&p, 1, -1);
+      if (rc < 0) {
+        if (errno == EINTR) continue;
+        why = Errno("poll");
+        break;
+      }
+      if ((p.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) != 0) break;
+      if ((p.revents & POLLIN) != 0) {
+        char buf[64];
+        const ssize_t r = ::recv(sock_, buf, sizeof(buf), MSG_DONTWAIT);
+        if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (r > 0) why = "sent bytes on the liveness socket";
+        break;  // EOF, an error, or a protocol violation: the connection is over
+      }
+    }
+    if (!local_shutdown_.load()) {
+      why_ = why;  // published by the store below
+      gone_.store(true);
+    }
+    tx_->Close();
+    rx_->Close();
+  }
+
+  Status Translate(const Status& st) {
+    if (local_shutdown_.load()) return Status::Error("connection to " + peer_ + " was shut down");
+    const std::string& m = st.message();
+    if (m.find("corrupted") != std::string::npos || m.find("timed out") != std::string::npos) {
+      return Status::Error(peer_ + ": " + m);
+    }
+    if (gone_.load() || rx_->closed() || tx_->closed()) {
+      // The peer's own Shutdown closes the rings just before its socket goes:
+      // give the monitor a moment to see the hang-up and say why.
+      for (int i = 0; i < 20 && !gone_.load(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      if (gone_.load() && !why_.empty()) return Status::Error(gone_message_ + " (" + why_ + ")");
+      return Status::Error(gone_message_);
+    }
+    return Status::Error(peer_ + ": " + m);
+  }
+
+  int sock_;
+  std::unique_ptr<Segment> segment_;
+  std::unique_ptr<ShmRing> tx_;
+  std::unique_ptr<ShmRing> rx_;
+  std::string peer_;
+  const std::string gone_message_;
+  std::string why_;  // written by the monitor before gone_ is set, then never again
+  std::atomic<bool> gone_{false};
+  std::atomic<bool> local_shutdown_{false};
+  std::atomic<int> timeout_ms_{0};
+  uint64_t left_in_record_ = 0;  // bytes of the current rx record not yet received
+  std::thread monitor_;
+};
+
+// Server side of the handshake on a fresh connection. Never blocks on the
+// client: it only sends (a few bytes into an empty socket buffer).
+Status ServeHandshake(int sock, const Address& addr, std::unique_ptr<Connection>* out) {
+  const size_t cap = ShmRingBytesFromEnv();
+  ShmHandshake h;
+  h.c2s_offset = 0;
+  h.c2s_capacity = cap;
+  h.s2c_offset = AlignUp(ShmRing::BytesFor(cap), kPage);
+  h.s2c_capacity = cap;
+  h.segment_bytes = h.s2c_offset + AlignUp(ShmRing::BytesFor(cap), kPage);
+  std::unique_ptr<Segment> seg;
+  int memfd = -1;
+  Status st = CreateMemfdSegment(h.segment_bytes, &seg, &memfd);
+  if (!st.ok()) return st;
+  const ShmRingOptions options = RingOptions();
+  auto* base = static_cast<uint8_t*>(seg->base());
+  std::unique_ptr<ShmRing> rx, tx;
+  st = ShmRing::Create(base + h.c2s_offset, ShmRing::BytesFor(cap), cap, options, &rx);
+  if (st.ok()) st = ShmRing::Create(base + h.s2c_offset, ShmRing::BytesFor(cap), cap, options, &tx);
+  if (st.ok()) {
+    iovec iov{&h, sizeof(h)};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &memfd, sizeof(int));
+    ssize_t n;
+    do {
+      n = ::sendmsg(sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) {
+      st = Status::Error(Errno("shm handshake: sendmsg"));
+    } else if (static_cast<size_t>(n) != sizeof(h)) {
+      st = Status::Error("shm handshake: short send");
+    }
+  }
+  if (::close(memfd) != 0 && st.ok()) st = Status::Error(Errno("shm handshake: close memfd"));
+  if (!st.ok()) return st;
+  const std::string peer = addr.ToString() + PeerPid(sock);
+  *out = std::make_unique<ShmConnection>(sock, std::move(seg), std::move(tx), std::move(rx), peer,
+                                         "client at " + peer + " went away");
+  return Status::Ok();
+}
+
+class ShmListener final : public Listener {
+ public:
+  ShmListener(int fd, Address addr) : fd_(fd), addr_(std::move(addr)) {}
+  ~ShmListener() override {
+    Close();
+    ::unlink(addr_.path.c_str());  // ENOENT if someone removed it: fine
+  }
+
+  Status Accept(std::unique_ptr<Connection>* out) override {
+    for (;;) {
+      const int fd = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        return Status::Error(Errno("accept on " + addr_.ToString()));
+      }
+      Status st = ServeHandshake(fd, addr_, out);
+      if (st.ok()) return st;
+      // One client's failed handshake must not stop the listener.
+      FLYT_WARN("%s: dropped a connection: %s", addr_.ToString().c_str(), st.message().c_str());
+      ::close(fd);
+    }
+  }
+
+  void Close() override {
+    if (!closed_.exchange(true)) {
+      ::shutdown(fd_, SHUT_RDWR);
+      ::close(fd_);
+    }
+  }
+  std::string Describe() const override { return addr_.ToString(); }
+
+ private:
+  int fd_;
+  Address addr_;
+  std::atomic<bool> closed_{false};
+};
+
+// Connects a Unix stream socket within timeout_ms (EAGAIN: backlog full).
+Status ConnectUnix(const std::string& path, int timeout_ms, int* fd_out, bool* retryable) {
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  std::strncpy(sa.sun_path, path.c_str(), sizeof(sa.sun_path) - 1);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return Status::Error(Errno("socket"));
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0) {
+      const int flags = fcntl(fd, F_GETFL);
+      if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+        Status s = Status::Error(Errno("fcntl"));
+        ::close(fd);
+        return s;
+      }
+      *fd_out = fd;
+      return Status::Ok();
+    }
+    const int err = errno;
+    ::close(fd);
+    if ((err == EAGAIN || err == EINTR) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    *retryable = err == ECONNREFUSED || err == ENOENT;
+    errno = err == EAGAIN ? ETIMEDOUT : err;
+    return Status::Error(Errno("connect to shm://" + path));
+  }
+}
+
+// Receives the handshake and its fd (*memfd stays -1 if none came).
+Status ReceiveHandshake(int sock, int timeout_ms, ShmHandshake* h, int* memfd) {
+  *memfd = -1;
+  auto* dst = reinterpret_cast<uint8_t*>(h);
+  size_t got = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (got < sizeof(*h)) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return Status::Error("shm handshake: no answer in time (timed out)");
+    pollfd p{sock, POLLIN, 0};
+    const int rc = ::poll(&p, 1, static_cast<int>(left.count()));
+    if (rc < 0) {
+      if (errno == EINTR) continue;
+      return Status::Error(Errno("shm handshake: poll"));
+    }
+    if (rc == 0) continue;
+    iovec iov{dst + got, sizeof(*h) - got};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    const ssize_t n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return Status::Error(Errno("shm handshake: recvmsg"));
+    }
+    bool extra = false;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        if (*memfd < 0) {
+          *memfd = fd;
+        } else {
+          ::close(fd);
+          extra = true;
+        }
+      }
+    }
+    if (extra || (msg.msg_flags & MSG_CTRUNC) != 0) {
+      return Status::Error("shm handshake: the server sent more than one descriptor");
+    }
+    if (n == 0) return Status::Error("shm handshake: the server closed the connection");
+    got += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+size_t ShmRingBytesFromEnv() {
+  const char* s = std::getenv("FLYT_SHM_RING_BYTES");
+  if (s == nullptr || *s == '\0') return kDefaultRingBytes;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(s, &end, 10);
+  if (*end != '\0' || v == 0) return kDefaultRingBytes;
+  size_t cap = kMinRingBytes;
+  while (cap < v && cap < kMaxRingBytes) cap <<= 1;
+  return cap;
+}
+
+Status ValidateShmHandshake(const ShmHandshake& h) {
+  if (h.magic != ShmHandshake::kMagic) {
+    return Status::Error("shm handshake: bad magic (is this a flyt-server shm:// socket?)");
+  }
+  if (h.version != ShmHandshake::kVersion) {
+    return Status::Error("shm handshake: server speaks version " + std::to_string(h.version) +
+                         ", this client " + std::to_string(ShmHandshake::kVersion));
+  }
+  auto bad = [&](const std::string& why) {
+    return Status::Error("shm handshake: bad ring layout from the server: " + why);
+  };
+  for (uint64_t cap : {h.c2s_capacity, h.s2c_capacity}) {
+    if (cap < ShmRing::kMinCapacity || cap > kMaxRingBytes || (cap & (cap - 1)) != 0) {
+      return bad("ring capacity " + std::to_string(cap) + " is not a power of two in [" +
+                 std::to_string(ShmRing::kMinCapacity) + ", " + std::to_string(kMaxRingBytes) +
+                 "]");
+    }
+  }
+  if (h.segment_bytes > 4 * kMaxRingBytes) {
+    return bad("segment of " + std::to_string(h.segment_bytes) + " bytes is too large");
+  }
+  if (h.c2s_offset % 64 != 0 || h.s2c_offset % 64 != 0) return bad("ring offsets not aligned");
+  // All values are bounded above, so these sums cannot overflow.
+  const uint64_t c2s_end = h.c2s_offset + ShmRing::BytesFor(h.c2s_capacity);
+  const uint64_t s2c_end = h.s2c_offset + ShmRing::BytesFor(h.s2c_capacity);
+  if (h.c2s_offset > h.segment_bytes || h.s2c_offset > h.segment_bytes ||
+      c2s_end > h.segment_bytes || s2c_end > h.segment_bytes) {
+    return bad("a ring lies outside the " + std::to_string(h.segment_bytes) + "-byte segment");
+  }
+  if (h.c2s_offset < s2c_end && h.s2c_offset < c2s_end) return bad("the rings overlap");
+  return Status::Ok();
+}
+
+Status DialShm(const Address& a, const Liveness& l, std::unique_ptr<Connection>* out,
+               bool* retryable) {
+  *retryable = false;
+  int sock = -1;
+  Status st = ConnectUnix(a.path, l.connect_timeout_ms, &sock, retryable);
+  if (!st.ok()) return st;
+  ShmHandshake h;
+  int memfd = -1;
+  st = ReceiveHandshake(sock, l.connect_timeout_ms, &h, &memfd);
+  if (st.ok()) st = ValidateShmHandshake(h);
+  if (st.ok() && memfd < 0)
+    st = Status::Error("shm handshake: the server sent no memory descriptor");
+  std::unique_ptr<Segment> seg;
+  if (st.ok()) {
+    st = MapFdSegment(memfd, h.segment_bytes, &seg);  // closes memfd
+    memfd = -1;
+  }
+  if (memfd >= 0) ::close(memfd);  // already failing
+  std::unique_ptr<ShmRing> tx, rx;
+  if (st.ok()) {
+    const ShmRingOptions options = RingOptions();
+    auto* base = static_cast<uint8_t*>(seg->base());
+    st = ShmRing::Attach(base + h.c2s_offset, ShmRing::BytesFor(h.c2s_capacity), options, &tx);
+    if (st.ok()) {
+      st = ShmRing::Attach(base + h.s2c_offset, ShmRing::BytesFor(h.s2c_capacity), options, &rx);
+    }
+  }
+  if (!st.ok()) {
+    ::close(sock);
+    return Status::Error("connect to " + a.ToString() + ": " + st.message());
+  }
+  *out = std::make_unique<ShmConnection>(sock, std::move(seg), std::move(tx), std::move(rx),
+                                         a.ToString(),
+                                         "flyt-server at " + a.ToString() + " went away");
+  return Status::Ok();
+}
+
+Status ListenShm(const Address& a, std::unique_ptr<Listener>* out) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::Error(Errno("socket"));
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  std::strncpy(sa.sun_path, a.path.c_str(), sizeof(sa.sun_path) - 1);
+  if (::unlink(a.path.c_str()) != 0 && errno != ENOENT) {  // a stale socket of a dead server
+    Status s = Status::Error(Errno("listen on " + a.ToString() + ": unlink"));
+    ::close(fd);
+    return s;
+  }
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) < 0 || ::listen(fd, 128) < 0) {
+    Status s = Status::Error(Errno("listen on " + a.ToString()));
+    ::close(fd);
+    return s;
+  }
+  *out = std::make_unique<ShmListener>(fd, a);
+  return Status::Ok();
+}
+
+}  // namespace flyt::transport

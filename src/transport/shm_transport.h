@@ -1,0 +1,48 @@
+// The shared-memory transport ("shm:///path"): a Unix socket for the handshake
+// and liveness, two SPSC rings in a memfd segment for the bytes.
+//
+// Owns: the handshake (the server creates a sealed memfd per connection,
+// formats a client->server and a server->client ring in it and passes the fd
+// with SCM_RIGHTS plus ShmHandshake), and ShmConnection (Send = one ring
+// record; Receive = exactly n bytes of the record stream, copied once from
+// the ring into the caller's buffer). The socket stays open: its hang-up
+// means the peer is gone, which closes the rings and wakes any waiter.
+// Must not touch: frames or CUDA. Layout and protocol: docs/shared_memory.md.
+// transport::Dial/Listen (socket_transport.cc) call in here for Kind::kShm.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "transport/transport.h"
+
+namespace flyt::transport {
+
+// Sent by the server with the memfd (SCM_RIGHTS), little-endian, 56 bytes.
+struct ShmHandshake {
+  static constexpr uint32_t kMagic = 0x53594c46;  // "FLYS" in little-endian memory
+  static constexpr uint32_t kVersion = 1;
+  uint32_t magic = kMagic;
+  uint32_t version = kVersion;
+  uint64_t segment_bytes = 0;  // the memfd's size (the client checks it with fstat)
+  uint64_t c2s_offset = 0;     // client->server ring: offset of its 256-byte header
+  uint64_t c2s_capacity = 0;   // its data bytes (a power of two)
+  uint64_t s2c_offset = 0;     // server->client ring
+  uint64_t s2c_capacity = 0;
+  uint64_t reserved = 0;
+};
+static_assert(sizeof(ShmHandshake) == 56);
+
+// Ring capacity the server uses: FLYT_SHM_RING_BYTES (rounded up to a power
+// of two, 64 KiB .. 1 GiB) or 8 MiB.
+size_t ShmRingBytesFromEnv();
+
+// Checks a handshake a server sent (sizes, offsets, overlap); used by Dial.
+Status ValidateShmHandshake(const ShmHandshake& h);
+
+Status DialShm(const Address& address, const Liveness& liveness, std::unique_ptr<Connection>* out,
+               bool* retryable);
+Status ListenShm(const Address& address, std::unique_ptr<Listener>* out);
+
+}  // namespace flyt::transport
