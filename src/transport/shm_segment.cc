@@ -103,6 +103,27 @@ Status Truncate(int fd, size_t size, const std::string& name) {
 
 }  // namespace
 
+// Maps an existing object at its whole size (at least min_size); closes fd in
+// every case.
+Status MapWhole(int fd, const std::string& name, size_t min_size, Cleanup cleanup,
+                std::unique_ptr<Segment>* out) {
+  size_t size = 0;
+  Status st = SizeOf(fd, name, &size);
+  if (st.ok() && size < min_size) {
+    st = Status::Error("shm segment: " + name + " is " + std::to_string(size) +
+                       " bytes, need at least " + std::to_string(min_size));
+  }
+  if (!st.ok()) {
+    close(fd);
+    return st;
+  }
+  void* base = nullptr;
+  st = MapFd(fd, size, name, &base);
+  if (!st.ok()) return st;
+  out->reset(new MappedSegment(base, size, name, cleanup));
+  return Status::Ok();
+}
+
 Status CreatePosixSegment(size_t size, std::unique_ptr<Segment>* out) {
   Status st = CheckSize(size);
   if (!st.ok()) return st;
@@ -142,17 +163,7 @@ Status OpenPosixSegment(const std::string& name, std::unique_ptr<Segment>* out) 
   }
   const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
   if (fd < 0) return SysError("shm_open", name, errno);
-  size_t size = 0;
-  Status st = SizeOf(fd, name, &size);
-  if (!st.ok()) {
-    close(fd);
-    return st;
-  }
-  void* base = nullptr;
-  st = MapFd(fd, size, name, &base);
-  if (!st.ok()) return st;
-  out->reset(new MappedSegment(base, size, name, Cleanup::kNone));
-  return Status::Ok();
+  return MapWhole(fd, name, 0, Cleanup::kNone, out);
 }
 
 Status CreateFileSegment(const std::string& path, size_t size, std::unique_ptr<Segment>* out) {
@@ -178,21 +189,7 @@ Status CreateFileSegment(const std::string& path, size_t size, std::unique_ptr<S
 Status OpenFileSegment(const std::string& path, size_t min_size, std::unique_ptr<Segment>* out) {
   const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) return SysError("open", path, errno);
-  size_t size = 0;
-  Status st = SizeOf(fd, path, &size);
-  if (st.ok() && size < min_size) {
-    st = Status::Error("shm segment: " + path + " is " + std::to_string(size) +
-                       " bytes, need at least " + std::to_string(min_size));
-  }
-  if (!st.ok()) {
-    close(fd);
-    return st;
-  }
-  void* base = nullptr;
-  st = MapFd(fd, size, path, &base);
-  if (!st.ok()) return st;
-  out->reset(new MappedSegment(base, size, path, Cleanup::kNone));
-  return Status::Ok();
+  return MapWhole(fd, path, min_size, Cleanup::kNone, out);
 }
 
 Status OpenPciBarSegment(const std::string& path, std::unique_ptr<Segment>* out) {
@@ -207,20 +204,12 @@ Status OpenPciBarSegment(const std::string& path, std::unique_ptr<Segment>* out)
     }
     return st;
   }
-  size_t size = 0;
-  Status st = SizeOf(fd, path, &size);
-  if (!st.ok()) {
-    close(fd);
-    return st;
-  }
-  void* base = nullptr;
-  st = MapFd(fd, size, path, &base);
-  if (!st.ok()) {
+  Status st = MapWhole(fd, path, 0, Cleanup::kNone, out);
+  if (!st.ok() && st.message().find("mmap") != std::string::npos) {
     return Status::Error(st.message() +
                          " (an I/O-port BAR cannot be mapped; ivshmem's memory is BAR2)");
   }
-  out->reset(new MappedSegment(base, size, path, Cleanup::kNone));
-  return Status::Ok();
+  return st;
 }
 
 Status CreateMemfdSegment(size_t size, std::unique_ptr<Segment>* out, int* fd_out) {
