@@ -36,5 +36,9 @@ inline constexpr uint32_t kFatbinMagic = 0xBA55ED50;
 // Returns false (out->kind = kUnknown, out->size = 0) when `image` is null or none of
 // the shapes above is recognised, or when its headers are implausible.
 bool LocateImage(const void* image, ImageSpan* out);
+// The same for bytes received from elsewhere: never reads past `available`
+// bytes, and fails when the image the headers describe does not fit in them
+// (or is a wrapper, which points outside itself).
+bool LocateImageWithin(const void* image, size_t available, ImageSpan* out);
 
 }  // namespace flyt

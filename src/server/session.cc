@@ -13,6 +13,7 @@
 #include <thread>
 #include <tuple>
 
+#include "common/cuda_image.h"
 #include "common/log.h"
 
 namespace flyt::server {
@@ -1050,6 +1051,15 @@ bool Session::LoadImage(Reader& in, Writer& out, CUresult* rc) {
   }
   if (image == nullptr) {
     *rc = CUDA_ERROR_NOT_FOUND;
+    return true;
+  }
+  // The driver parses the image from its headers alone: bytes whose headers
+  // reach past what was received would make it read beyond the buffer.
+  ImageSpan span;
+  if (!LocateImageWithin(image->data(), image->size(), &span)) {
+    FLYT_WARN("session %llu: refused a code image of %zu bytes whose headers do not fit in it",
+              static_cast<unsigned long long>(id_), image->size());
+    *rc = CUDA_ERROR_INVALID_IMAGE;
     return true;
   }
   bool library = loader == static_cast<uint8_t>(ops::ImageLoader::kLibrary);

@@ -227,5 +227,33 @@ TEST(CudaImageTest, ShortStringsAtThePageEnd) {
   munmap(base, 2 * page);
 }
 
+
+// Received bytes (the server's side): whole images are found, and any cut of
+// them is refused without reading past the cut (ASan builds check the reads).
+TEST(CudaImageTest, WithinAcceptsWholeImagesAndRefusesEveryCut) {
+  for (const char* name : {"kernels.fatbin", "kernels_zstd.fatbin", "kernels.cubin"}) {
+    SCOPED_TRACE(name);
+    const std::vector<uint8_t> file = ReadTestImage(name);
+    ASSERT_FALSE(file.empty());
+    ImageSpan span{};
+    ASSERT_TRUE(LocateImageWithin(file.data(), file.size(), &span));
+    EXPECT_EQ(span.size, file.size());
+    for (size_t cut : {size_t{0}, size_t{2}, size_t{15}, size_t{63}, file.size() / 2,
+                       file.size() - 1}) {
+      std::vector<uint8_t> head(file.begin(), file.begin() + static_cast<long>(cut));
+      EXPECT_FALSE(LocateImageWithin(head.data(), head.size(), &span)) << "cut at " << cut;
+    }
+  }
+  std::vector<uint8_t> ptx = ReadTestImage("kernels.ptx");
+  ASSERT_FALSE(ptx.empty());
+  ImageSpan span{};
+  EXPECT_FALSE(LocateImageWithin(ptx.data(), ptx.size(), &span));  // no NUL inside
+  ptx.push_back(0);
+  EXPECT_TRUE(LocateImageWithin(ptx.data(), ptx.size(), &span));
+  EXPECT_EQ(span.size, ptx.size());
+  const uint8_t wrapper[24] = {0xb1, 0x43, 0x62, 0x46, 1, 0, 0, 0, 8};
+  EXPECT_FALSE(LocateImageWithin(wrapper, sizeof(wrapper), &span));  // points elsewhere
+}
+
 }  // namespace
 }  // namespace flyt
