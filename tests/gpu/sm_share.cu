@@ -90,8 +90,8 @@ int main(int argc, char** argv) {
       CHECK(cudaGetLastError());
       CHECK(cudaEventRecord(done, stream));
       CHECK(cudaEventSynchronize(done));
-      CHECK(cudaMemcpyAsync(sm_of_block.data(), d_sm, kBlocks * sizeof(int),
-                            cudaMemcpyDeviceToHost, stream));
+      CHECK(cudaMemcpyAsync(sm_of_block.data(), d_sm, kBlocks * sizeof(int), cudaMemcpyDeviceToHost,
+                            stream));
       CHECK(cudaStreamSynchronize(stream));
     } else {
       CHECK(cudaMemset(d_sm, 0xff, kBlocks * sizeof(int)));
@@ -107,9 +107,9 @@ int main(int argc, char** argv) {
         ++distinct;
       }
     }
-    long long t_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                         std::chrono::steady_clock::now() - t0)
-                         .count();
+    long long t_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
     printf("sample t_ms=%lld sms_used=%d attr_sm=%d mem_free=%zu mem_total=%zu\n", t_ms, distinct,
            attr_sm, mem_free, mem_total);
     if (distinct > attr_sm) {

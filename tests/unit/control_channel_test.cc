@@ -26,13 +26,13 @@ TEST(RandomHex, LengthAndVariety) {
 
 std::unique_ptr<Listener> EchoListener(const std::string& secret) {
   std::unique_ptr<Listener> l;
-  Status s = Listener::Start("tcp://127.0.0.1:0", Credentials{secret},
-                             [](const Peer& peer, const Json& req) {
-                               if (req["verb"] == "fail") return Error("no_capacity", "full");
-                               return Ok({{"role", peer.role}, {"name", peer.name},
-                                          {"echo", req.value("x", 0)}});
-                             },
-                             &l);
+  Status s = Listener::Start(
+      "tcp://127.0.0.1:0", Credentials{secret},
+      [](const Peer& peer, const Json& req) {
+        if (req["verb"] == "fail") return Error("no_capacity", "full");
+        return Ok({{"role", peer.role}, {"name", peer.name}, {"echo", req.value("x", 0)}});
+      },
+      &l);
   EXPECT_TRUE(s.ok()) << s.message();
   return l;
 }
@@ -73,8 +73,12 @@ TEST(Channel, UnreachableNamesTheAddress) {
 TEST(Channel, PlainUnixSocket) {
   std::string path = ::testing::TempDir() + "/ctl-" + std::to_string(::getpid()) + ".sock";
   std::unique_ptr<Listener> l;
-  ASSERT_TRUE(Listener::Start("unix://" + path, Credentials{},
-                              [](const Peer&, const Json&) { return Ok({{"sessions", 2}}); }, &l)
+  ASSERT_TRUE(Listener::Start(
+                  "unix://" + path, Credentials{},
+                  [](const Peer&, const Json&) {
+                    return Ok({{"sessions", 2}});
+                  },
+                  &l)
                   .ok());
   EXPECT_EQ(std::filesystem::status(path).permissions() & std::filesystem::perms::all,
             std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);

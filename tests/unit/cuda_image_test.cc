@@ -227,7 +227,6 @@ TEST(CudaImageTest, ShortStringsAtThePageEnd) {
   munmap(base, 2 * page);
 }
 
-
 // Received bytes (the server's side): whole images are found, and any cut of
 // them is refused without reading past the cut (ASan builds check the reads).
 TEST(CudaImageTest, WithinAcceptsWholeImagesAndRefusesEveryCut) {
@@ -238,8 +237,8 @@ TEST(CudaImageTest, WithinAcceptsWholeImagesAndRefusesEveryCut) {
     ImageSpan span{};
     ASSERT_TRUE(LocateImageWithin(file.data(), file.size(), &span));
     EXPECT_EQ(span.size, file.size());
-    for (size_t cut : {size_t{0}, size_t{2}, size_t{15}, size_t{63}, file.size() / 2,
-                       file.size() - 1}) {
+    for (size_t cut :
+         {size_t{0}, size_t{2}, size_t{15}, size_t{63}, file.size() / 2, file.size() - 1}) {
       std::vector<uint8_t> head(file.begin(), file.begin() + static_cast<long>(cut));
       EXPECT_FALSE(LocateImageWithin(head.data(), head.size(), &span)) << "cut at " << cut;
     }
