@@ -8,6 +8,33 @@
 
 namespace flyt::server {
 
+uint64_t MulSat(uint64_t a, uint64_t b) {
+  uint64_t r = 0;
+  return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+namespace {
+
+uint64_t FormatBytes(CUarray_format f) {
+  switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+      return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+      return 2;
+    default:
+      return 4;  // 32-bit, and an upper bound per channel for packed/compressed formats
+  }
+}
+
+}  // namespace
+
+uint64_t ArrayBytes(size_t w, size_t h, size_t d, unsigned channels, CUarray_format f) {
+  return MulSat(MulSat(MulSat(w ? w : 1, h ? h : 1), d ? d : 1), MulSat(channels, FormatBytes(f)));
+}
+
 const char* SmMechanismName(SmMechanism m) {
   switch (m) {
     case SmMechanism::kGreenContext:

@@ -29,6 +29,13 @@ struct ShareOptions {
   int sm_count = 0;           // 0 = the whole GPU
 };
 
+// a * b, or UINT64_MAX when it overflows (sizes from clients are hostile).
+uint64_t MulSat(uint64_t a, uint64_t b);
+
+// Bytes a CUDA array of these dimensions takes, as the quota charges it (and
+// the sim allocates it); saturates instead of overflowing. 0 dimensions count as 1.
+uint64_t ArrayBytes(size_t w, size_t h, size_t d, unsigned channels, CUarray_format f);
+
 enum class SmMechanism { kNone, kGreenContext, kMpsPercentage };
 const char* SmMechanismName(SmMechanism m);
 

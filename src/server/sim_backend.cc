@@ -26,6 +26,7 @@
 #include "common/cuda_image.h"
 #include "common/log.h"
 #include "server/driver_api.h"
+#include "server/share.h"
 #include "server/sim_kernels.h"
 
 namespace flyt::server {
@@ -616,25 +617,11 @@ struct SimArray {
   CUDA_ARRAY3D_DESCRIPTOR desc{};
   CUdeviceptr mem = 0;
 };
-size_t SimFormatBytes(CUarray_format f) {
-  switch (f) {
-    case CU_AD_FORMAT_UNSIGNED_INT8:
-    case CU_AD_FORMAT_SIGNED_INT8:
-      return 1;
-    case CU_AD_FORMAT_UNSIGNED_INT16:
-    case CU_AD_FORMAT_SIGNED_INT16:
-    case CU_AD_FORMAT_HALF:
-      return 2;
-    default:
-      return 4;
-  }
-}
 CUresult simArray3DCreate(CUarray* out, const CUDA_ARRAY3D_DESCRIPTOR* d) {
   if (out == nullptr || d == nullptr || d->Width == 0 ||
       (d->NumChannels != 1 && d->NumChannels != 2 && d->NumChannels != 4))
     return CUDA_ERROR_INVALID_VALUE;
-  size_t bytes = d->Width * (d->Height ? d->Height : 1) * (d->Depth ? d->Depth : 1) *
-                 d->NumChannels * SimFormatBytes(d->Format);
+  uint64_t bytes = ArrayBytes(d->Width, d->Height, d->Depth, d->NumChannels, d->Format);
   auto a = std::make_unique<SimArray>();
   a->desc = *d;
   CUresult rc = Alloc(&a->mem, bytes);
