@@ -146,16 +146,6 @@ class PostgresDatabase final : public Database {
     return Run("ROLLBACK", {}, nullptr, nullptr);
   }
 
- protected:
-  Status DoExec(const std::string& sql, const std::vector<SqlValue>& params,
-                int64_t* rows_affected) override {
-    return Run(sql, params, nullptr, rows_affected);
-  }
-  Status DoQuery(const std::string& sql, const std::vector<SqlValue>& params,
-                 std::vector<SqlRow>* rows) override {
-    return Run(sql, params, rows, nullptr);
-  }
-
  private:
   Status Reconnect() {
     pq_->reset(conn_);
@@ -169,7 +159,7 @@ class PostgresDatabase final : public Database {
   }
 
   Status Run(const std::string& sql, const std::vector<SqlValue>& params, std::vector<SqlRow>* rows,
-             int64_t* rows_affected) {
+             int64_t* rows_affected) override {
     const std::string pg_sql = ToDollarPlaceholders(sql);
     std::vector<std::string> texts(params.size());
     std::vector<const char*> values(params.size(), nullptr);

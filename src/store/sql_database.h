@@ -68,13 +68,13 @@ class Database {
   // receives the number of rows inserted/updated/deleted.
   Status Exec(const std::string& sql, const std::vector<SqlValue>& params = {},
               int64_t* rows_affected = nullptr) {
-    return DoExec(sql, params, rows_affected);
+    return Run(sql, params, nullptr, rows_affected);
   }
   // Runs one statement; *rows receives its rows (what was there is dropped).
   Status Query(const std::string& sql, const std::vector<SqlValue>& params,
                std::vector<SqlRow>* rows) {
     rows->clear();
-    return DoQuery(sql, params, rows);
+    return Run(sql, params, rows, nullptr);
   }
 
   // Transactions do not nest. After a failed statement inside a transaction
@@ -85,10 +85,10 @@ class Database {
 
  protected:
   Database() = default;
-  virtual Status DoExec(const std::string& sql, const std::vector<SqlValue>& params,
-                        int64_t* rows_affected) = 0;
-  virtual Status DoQuery(const std::string& sql, const std::vector<SqlValue>& params,
-                         std::vector<SqlRow>* rows) = 0;
+  // One statement: rows (when not null) receives what it returns,
+  // *rows_affected (when not null) how many rows it changed.
+  virtual Status Run(const std::string& sql, const std::vector<SqlValue>& params,
+                     std::vector<SqlRow>* rows, int64_t* rows_affected) = 0;
 };
 
 // SQLite file (created when missing; its folder must exist) or ":memory:".

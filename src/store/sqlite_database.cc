@@ -42,16 +42,6 @@ class SqliteDatabase final : public Database {
     return Simple("ROLLBACK");
   }
 
- protected:
-  Status DoExec(const std::string& sql, const std::vector<SqlValue>& params,
-                int64_t* rows_affected) override {
-    return Run(sql, params, nullptr, rows_affected);
-  }
-  Status DoQuery(const std::string& sql, const std::vector<SqlValue>& params,
-                 std::vector<SqlRow>* rows) override {
-    return Run(sql, params, rows, nullptr);
-  }
-
  private:
   Status Error(const std::string& what, const std::string& sql) const {
     return Status::Error("sqlite: " + what + ": " + sqlite3_errmsg(db_) + " (in: " + Abbrev(sql) +
@@ -149,7 +139,7 @@ class SqliteDatabase final : public Database {
   }
 
   Status Run(const std::string& sql, const std::vector<SqlValue>& params, std::vector<SqlRow>* rows,
-             int64_t* rows_affected) {
+             int64_t* rows_affected) override {
     sqlite3_stmt* stmt = nullptr;
     Status s = Prepare(sql, &stmt);
     if (!s.ok()) return s;
