@@ -27,15 +27,7 @@
 
 #include <cuda_runtime.h>
 
-#define CHECK(call)                                                                              \
-  do {                                                                                           \
-    cudaError_t err_ = (call);                                                                   \
-    if (err_ != cudaSuccess) {                                                                   \
-      printf("CUDA error %s in %s:%d: %s\n", cudaGetErrorName(err_), __FILE__, __LINE__, #call); \
-      fflush(stdout);                                                                            \
-      exit(1);                                                                                   \
-    }                                                                                            \
-  } while (0)
+#include "programs/common.h"  // CHECK
 
 namespace {
 
