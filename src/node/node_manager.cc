@@ -118,8 +118,6 @@ Status ResolveDefaults(NodeConfig* c) {
   }
   if (c->advertise_host.empty()) c->advertise_host = control::DefaultHostAddress();
   if (c->host_ip.empty()) c->host_ip = c->advertise_host;
-  if (c->secret.empty())
-    if (const char* s = std::getenv("FLYT_SECRET")) c->secret = s;
   if (c->state_dir.empty()) c->state_dir = control::DefaultStateDir();
   if (c->secret_file.empty()) c->secret_file = c->state_dir + "/cluster.secret";
   if (c->run_dir.empty()) c->run_dir = c->state_dir + "/node";
