@@ -2,9 +2,12 @@
 // pointer queries are answered locally), host buffers, and copies of every
 // shape. Bulk data is cut into chunks that the server moves while the next
 // chunk is on the wire.
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "client/client.h"
@@ -23,12 +26,38 @@ uint64_t StreamRaw(CUstream s) { return reinterpret_cast<uintptr_t>(s); }
 
 bool IsDevice(uint64_t p, uint64_t n = 1) { return Client::Get().FindDeviceRange(p, n); }
 
+// A copy between the device and pinned memory shared with the server: the
+// GPU reads or writes the client's buffer itself (DMA), nothing crosses the
+// rings. Synchronous copies wait for the server, as the buffer may be reused
+// at once; asynchronous ones complete in stream order, as natively.
+CUresult CopyShared(const char* name, bool to_device, CUdeviceptr device,
+                    const Client::HostBuffer& b, const void* host, size_t n, CUstream stream,
+                    bool async, bool pt) {
+  Client& c = Client::Get();
+  wire::Writer w;
+  w.Put<uint8_t>(to_device ? 1 : 0);
+  w.Put<uint64_t>(device);
+  w.Put<uint64_t>(b.server_addr + (reinterpret_cast<uintptr_t>(host) - b.base));
+  w.Put<uint64_t>(n);
+  w.Put<uint64_t>(StreamRaw(stream));
+  w.Put<uint8_t>(async ? 1 : 0);
+  if (async) return c.Post(name, ops::kOpCopyShared, w, Flags(pt));
+  return c.Call(name, ops::kOpCopyShared, w, ReplySink{}, Flags(pt));
+}
+
+// The shared buffer that holds all of [p, p+n), if any.
+bool SharedBuffer(const void* p, size_t n, Client::HostBuffer* b) {
+  return Client::Get().FindHostBuffer(p, b) && b->server_addr != 0 && b->Covers(p, n);
+}
+
 CUresult CopyHtoD(const char* name, CUdeviceptr dst, const void* src, size_t n, CUstream stream,
                   bool async, bool pt) {
   Client& c = Client::Get();
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (n == 0) return CUDA_SUCCESS;
   if (src == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (Client::HostBuffer b; SharedBuffer(src, n, &b))
+    return CopyShared(name, true, dst, b, src, n, stream, async, pt);
   // A destination we know is valid: the copy can be fire-and-forget, its
   // bytes are on the wire when we return. Otherwise wait for the verdict.
   bool known = c.FindDeviceRange(dst, n);
@@ -60,6 +89,8 @@ CUresult CopyDtoH(const char* name, void* dst, CUdeviceptr src, size_t n, CUstre
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (n == 0) return CUDA_SUCCESS;
   if (dst == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (Client::HostBuffer b; SharedBuffer(dst, n, &b))
+    return CopyShared(name, false, src, b, dst, n, stream, async, pt);
   auto* out = static_cast<uint8_t*>(dst);
   for (size_t off = 0; off < n; off += wire::kMaxPayload) {
     size_t len = std::min<size_t>(wire::kMaxPayload, n - off);
@@ -288,58 +319,144 @@ FLYT_API CUresult cuLibraryGetGlobal(CUdeviceptr* p, size_t* size, CUlibrary l, 
   return rc;
 }
 
-// --- host memory: allocated here. Over a network the GPU cannot reach it, so
-// it is page-aligned client memory that copies treat like any host buffer.
+// --- host memory. Over shm:// a pinned buffer is a sealed memfd shared with
+// the server, which registers it with the driver: copies to and from it are
+// DMA and kernels reach it (zero copy). Otherwise (a network, or a server that
+// refuses) it is page-aligned client memory that copies treat like any host
+// buffer. cuMemHostRegister of the app's own memory is bookkeeping only: the
+// server cannot map another process's private pages, so copies from it take
+// the pageable path and the GPU cannot map it.
+
+namespace {
+
+size_t PageRound(size_t n) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return ((n ? n : 1) + page - 1) / page * page;
+}
+
+// A buffer shared with the server; CUDA_ERROR_NOT_SUPPORTED means "use private memory".
+CUresult AllocShared(size_t bytes, unsigned flags, Client::HostBuffer* b) {
+  Client& c = Client::Get();
+  if (!c.SharesMemory()) return CUDA_ERROR_NOT_SUPPORTED;
+  int fd = memfd_create("flyt-pinned", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return CUDA_ERROR_NOT_SUPPORTED;
+  void* p = MAP_FAILED;
+  uint64_t id = 0;
+  CUresult rc = CUDA_ERROR_NOT_SUPPORTED;
+  if (ftruncate(fd, static_cast<off_t>(bytes)) == 0 &&
+      (p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) != MAP_FAILED &&
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0)
+    rc = c.ShareFd(fd, &id);
+  close(fd);  // the mapping (and the server's copy of the descriptor) keep the memory
+  if (rc != CUDA_SUCCESS) {
+    if (p != MAP_FAILED) munmap(p, bytes);
+    return rc == CUDA_ERROR_OPERATING_SYSTEM ? CUDA_ERROR_NOT_SUPPORTED : rc;
+  }
+  wire::Writer w;
+  w.Put<uint64_t>(id);
+  w.Put<uint64_t>(bytes);
+  w.Put<uint32_t>(flags);
+  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(p));
+  std::vector<uint8_t> reply;
+  rc = c.Call("cuMemHostAlloc", ops::kOpHostShare, w, ReplySink{&reply});
+  wire::Reader r(reply.data(), reply.size());
+  if (rc == CUDA_SUCCESS && (!r.Get(&b->server_addr) || !r.Get(&b->device_ptr)))
+    rc = CUDA_ERROR_UNKNOWN;
+  if (rc != CUDA_SUCCESS) {
+    munmap(p, bytes);
+    return rc;
+  }
+  b->base = reinterpret_cast<uintptr_t>(p);
+  b->size = bytes;
+  b->flags = flags;
+  b->owned = true;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
 
 FLYT_API CUresult cuMemHostAlloc(void** pp, size_t n, unsigned int flags) {
   if (pp == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!Client::Get().initialized()) return CUDA_ERROR_NOT_INITIALIZED;
-  void* p = mmap(nullptr, n ? n : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
-  Client::Get().AddHostRange(p, n ? n : 1, flags, true);
-  *pp = p;
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  const size_t bytes = PageRound(n);
+  Client::HostBuffer b;
+  CUresult rc = AllocShared(bytes, flags, &b);
+  if (rc == CUDA_ERROR_NOT_SUPPORTED) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    b = Client::HostBuffer{reinterpret_cast<uintptr_t>(p), bytes, flags, true, 0, 0};
+  } else if (rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  // Where the server could not map the buffer at the client's address, its
+  // device pointer differs: known as device memory, copies with it stay on the GPU.
+  if (b.device_ptr != 0 && b.device_ptr != b.base) c.AddDeviceRange(b.device_ptr, b.size, true);
+  c.AddHostBuffer(b);
+  *pp = reinterpret_cast<void*>(b.base);
   return CUDA_SUCCESS;
 }
 
 FLYT_API CUresult cuMemAllocHost_v2(void** pp, size_t n) { return cuMemHostAlloc(pp, n, 0); }
 
 FLYT_API CUresult cuMemFreeHost(void* p) {
-  bool owned = false;
-  size_t size = 0;
-  if (!Client::Get().RemoveHostRange(p, &owned, &size)) return CUDA_ERROR_INVALID_VALUE;
-  if (owned) munmap(p, size);
-  return CUDA_SUCCESS;
+  Client& c = Client::Get();
+  Client::HostBuffer b;
+  if (!c.FindHostBuffer(p, &b) || b.base != reinterpret_cast<uintptr_t>(p) || !b.owned)
+    return CUDA_ERROR_INVALID_VALUE;
+  c.RemoveHostBuffer(p, &b);
+  if (b.device_ptr != 0 && b.device_ptr != b.base) c.RemoveDeviceRange(b.device_ptr);
+  CUresult rc = CUDA_SUCCESS;
+  if (b.server_addr != 0) {
+    // The server drains the GPU's work on it, then unregisters and unmaps.
+    wire::Writer w;
+    w.Put<uint64_t>(b.server_addr);
+    rc = c.Call("cuMemFreeHost", ops::kOpHostUnshare, w, ReplySink{});
+  }
+  munmap(p, b.size);
+  return rc;
 }
 
 FLYT_API CUresult cuMemHostRegister_v2(void* p, size_t n, unsigned int flags) {
   if (p == nullptr || n == 0) return CUDA_ERROR_INVALID_VALUE;
-  if (Client::Get().FindHostRange(p, nullptr, nullptr, nullptr))
-    return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
-  Client::Get().AddHostRange(p, n, flags, false);
+  Client& c = Client::Get();
+  if (c.FindHostBuffer(p, nullptr)) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  c.AddHostBuffer(Client::HostBuffer{reinterpret_cast<uintptr_t>(p), n, flags, false, 0, 0});
   return CUDA_SUCCESS;
 }
 
 FLYT_API CUresult cuMemHostUnregister(void* p) {
-  bool owned = false;
-  size_t size = 0;
-  if (!Client::Get().RemoveHostRange(p, &owned, &size))
+  Client& c = Client::Get();
+  Client::HostBuffer b;
+  if (!c.FindHostBuffer(p, &b) || b.base != reinterpret_cast<uintptr_t>(p) || b.owned)
     return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  c.RemoveHostBuffer(p, &b);
   return CUDA_SUCCESS;
 }
 
 FLYT_API CUresult cuMemHostGetFlags(unsigned int* flags, void* p) {
   if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return Client::Get().FindHostRange(p, nullptr, nullptr, flags) ? CUDA_SUCCESS
-                                                                 : CUDA_ERROR_INVALID_VALUE;
+  Client::HostBuffer b;
+  if (!Client::Get().FindHostBuffer(p, &b)) return CUDA_ERROR_INVALID_VALUE;
+  *flags = b.flags;
+  return CUDA_SUCCESS;
 }
 
-FLYT_API CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr*, void*, unsigned int) {
-  static bool logged = false;
-  if (!logged) {
-    logged = true;
+FLYT_API CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* out, void* p, unsigned int flags) {
+  if (out == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  Client::HostBuffer b;
+  if (Client::Get().FindHostBuffer(p, &b) && b.device_ptr != 0) {
+    *out = b.device_ptr + (reinterpret_cast<uintptr_t>(p) - b.base);
+    return CUDA_SUCCESS;
+  }
+  static std::atomic<bool> logged{false};
+  if (!logged.exchange(true)) {
     FLYT_WARN(
-        "cuMemHostGetDevicePointer: mapped pinned memory cannot be reached by a GPU over "
-        "the network; copy the data with cudaMemcpy instead");
+        "cuMemHostGetDevicePointer: only memory from cudaHostAlloc/cudaMallocHost over a "
+        "shm:// connection can be mapped for the GPU (this %s); copy the data with cudaMemcpy "
+        "instead",
+        b.base != 0 ? "buffer was registered with cudaHostRegister"
+                    : "process reaches its GPU over the network");
   }
   return CUDA_ERROR_NOT_SUPPORTED;
 }
@@ -350,14 +467,12 @@ namespace {
 CUresult PointerAttribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr, bool lenient) {
   Client& c = Client::Get();
   uint64_t base = 0, size = 0;
-  void* hbase = nullptr;
-  size_t hsize = 0;
-  unsigned hflags = 0;
+  Client::HostBuffer hb;
   bool dev = c.FindDeviceRange(ptr, 0, &base, &size);
-  bool host = !dev && c.FindHostRange(reinterpret_cast<void*>(ptr), &hbase, &hsize, &hflags);
+  bool host = !dev && c.FindHostBuffer(reinterpret_cast<void*>(ptr), &hb);
   if (host) {
-    base = reinterpret_cast<uintptr_t>(hbase);
-    size = hsize;
+    base = hb.base;
+    size = hb.size;
   }
   CUcontext ctx = nullptr;
   if ((dev || host) && c.device_count() > 0) {
@@ -376,7 +491,10 @@ CUresult PointerAttribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr,
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
       if (!dev && !host) return lenient ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-      *static_cast<CUdeviceptr*>(data) = ptr;
+      // A shared pinned buffer: the GPU's mapping of it (the same address
+      // when the server could map it there).
+      *static_cast<CUdeviceptr*>(data) =
+          host && hb.device_ptr != 0 ? hb.device_ptr + (ptr - hb.base) : ptr;
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_HOST_POINTER:
       if (!host) return lenient ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;

@@ -14,6 +14,7 @@
 
 #include "common/log.h"
 #include "transport/emulated_transport.h"
+#include "transport/shm_transport.h"
 
 namespace flyt::client {
 namespace {
@@ -102,49 +103,115 @@ CUresult Client::Init() {
       init_rc_ = Fail(st.message());
       return;
     }
-    wire::Writer w;
     const char* token = std::getenv("FLYT_TOKEN");
-    std::string tok = !manager_token.empty() ? manager_token : token ? token : "";
-    wire::HelloRequest req{wire::kProtocolVersion, CUDA_VERSION, static_cast<uint32_t>(getpid()),
-                           static_cast<uint32_t>(tok.size())};
-    w.Put(req);
-    w.PutBytes(tok.data(), tok.size());
+    token_ = !manager_token.empty() ? manager_token : token ? token : "";
     init_done_ = true;  // lets Call() run the handshake
     init_rc_ = CUDA_SUCCESS;
-    std::vector<uint8_t> reply;
-    CUresult rc = Call("hello", ops::kOpHello, w, ReplySink{&reply});
-    wire::Reader r(reply.data(), reply.size());
-    wire::HelloReply rep{};
-    std::string message;
-    if (!r.Get(&rep) || !r.GetString(&message)) {
-      init_done_ = false;
-      init_rc_ = rc == CUDA_SUCCESS ? CUDA_ERROR_UNKNOWN : rc;
-      FLYT_ERROR("handshake with flyt-server at %s failed (error %d)", server_.c_str(), rc);
-      return;
-    }
+    Hello hello;
+    CUresult rc = SayHello(&hello);
     if (rc != CUDA_SUCCESS) {
       init_done_ = false;
       init_rc_ = rc;
-      FLYT_ERROR("flyt-server at %s refused this client: %s", server_.c_str(), message.c_str());
-      conn_.reset();
-      broken_ = rc;
+      if (hello.answered) {
+        FLYT_ERROR("flyt-server at %s refused this client: %s", server_.c_str(),
+                   hello.message.c_str());
+        conn_.reset();
+        broken_ = rc;
+      } else {
+        FLYT_ERROR("handshake with flyt-server at %s failed (error %d)", server_.c_str(), rc);
+      }
       return;
     }
-    uint32_t n = 0;
-    r.Get(&n);
-    for (uint32_t i = 0; i < n && r.ok(); ++i) {
-      ops::DeviceInfo d{};
-      if (r.Get(&d)) devices_.push_back(d);
-    }
-    driver_version_ = rep.driver_version < CUDA_VERSION ? rep.driver_version : CUDA_VERSION;
-    session_id_ = rep.session_id;
-    session_secret_ = rep.session_secret;
+    MoveToSharedMemory(&hello);
+    devices_ = std::move(hello.devices);
+    driver_version_ =
+        hello.rep.driver_version < CUDA_VERSION ? hello.rep.driver_version : CUDA_VERSION;
+    session_id_ = hello.rep.session_id;
+    session_secret_ = hello.rep.session_secret;
     primaries_.resize(devices_.size());
     FLYT_INFO("connected to flyt-server at %s: session %llu, %zu GPU(s), driver %d",
-              server_.c_str(), static_cast<unsigned long long>(rep.session_id), devices_.size(),
-              rep.driver_version);
+              server_.c_str(), static_cast<unsigned long long>(hello.rep.session_id),
+              devices_.size(), hello.rep.driver_version);
   });
   return init_rc_;
+}
+
+CUresult Client::SayHello(Hello* out) {
+  wire::Writer w;
+  wire::HelloRequest req{wire::kProtocolVersion, CUDA_VERSION, static_cast<uint32_t>(getpid()),
+                         static_cast<uint32_t>(token_.size())};
+  w.Put(req);
+  w.PutBytes(token_.data(), token_.size());
+  std::vector<uint8_t> reply;
+  CUresult rc = Call("hello", ops::kOpHello, w, ReplySink{&reply});
+  wire::Reader r(reply.data(), reply.size());
+  if (!r.Get(&out->rep) || !r.GetString(&out->message))
+    return rc == CUDA_SUCCESS ? CUDA_ERROR_UNKNOWN : rc;
+  out->answered = true;
+  if (rc != CUDA_SUCCESS) return rc;
+  uint32_t n = 0;
+  r.Get(&n);
+  for (uint32_t i = 0; i < n && r.ok(); ++i) {
+    ops::DeviceInfo d{};
+    if (r.Get(&d)) out->devices.push_back(d);
+  }
+  // Servers that offer shared memory say where, and which kernel they run on.
+  if (!r.GetString(&out->shm_offer) || !r.GetString(&out->boot_id)) {
+    out->shm_offer.clear();
+    out->boot_id.clear();
+  }
+  return r.ok() ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN;
+}
+
+void Client::MoveToSharedMemory(Hello* hello) {
+  // FLYT_SHM=off keeps the transport the app was given; an emulated network
+  // is never replaced by shared memory.
+  const char* mode = std::getenv("FLYT_SHM");
+  const char* emulate = std::getenv("FLYT_EMULATE");
+  const char* emulate_file = std::getenv("FLYT_EMULATE_FILE");
+  if ((mode != nullptr && std::strcmp(mode, "off") == 0) ||
+      address_.kind == transport::Address::Kind::kShm || hello->shm_offer.empty() ||
+      (emulate != nullptr && *emulate != '\0') ||
+      (emulate_file != nullptr && *emulate_file != '\0'))
+    return;
+  transport::Address shm;
+  if (!transport::ParseAddress(hello->shm_offer, &shm).ok() ||
+      shm.kind != transport::Address::Kind::kShm)
+    return;
+  const std::string local_boot = transport::KernelBootId();
+  if (local_boot.empty() || local_boot != hello->boot_id) return;  // another host or VM
+  std::unique_ptr<transport::Connection> shm_conn;
+  Status st = transport::Dial(shm, liveness_, &shm_conn);
+  if (!st.ok()) {
+    FLYT_INFO(
+        "flyt-server offers shared memory at %s, which this process cannot reach (%s); "
+        "staying on %s",
+        hello->shm_offer.c_str(), st.message().c_str(), server_.c_str());
+    return;
+  }
+  std::unique_ptr<transport::Connection> old = std::move(conn_);
+  conn_ = std::move(shm_conn);
+  Hello upgraded;
+  CUresult rc = SayHello(&upgraded);
+  if (rc != CUDA_SUCCESS) {
+    FLYT_INFO("shared memory at %s refused this client (error %d); staying on %s",
+              hello->shm_offer.c_str(), rc, server_.c_str());
+    conn_ = std::move(old);
+    broken_ = CUDA_SUCCESS;
+    return;
+  }
+  // The first session owns nothing yet: end it.
+  wire::FrameHeader bye{wire::kMagic, ops::kOpGoodbye, 0, next_call_++, 0, 0, 0, 0};
+  iovec iov{&bye, sizeof(bye)};
+  if (!old->Send(&iov, 1).ok()) {
+    // It ends when the connection closes anyway.
+  }
+  old.reset();
+  FLYT_INFO("flyt-server at %s is on this host: using shared memory (%s)", server_.c_str(),
+            hello->shm_offer.c_str());
+  address_ = shm;
+  server_ = hello->shm_offer;
+  *hello = std::move(upgraded);
 }
 
 CUresult Client::SendLocked(const wire::FrameHeader& h, const wire::Writer& req, const void* bulk,
@@ -590,32 +657,45 @@ bool Client::FindDeviceRange(uint64_t p, uint64_t n, uint64_t* base, uint64_t* s
   return true;
 }
 
-void Client::AddHostRange(void* p, size_t size, unsigned flags, bool owned) {
+void Client::AddHostBuffer(const HostBuffer& b) {
   std::lock_guard<std::mutex> lock(state_mu_);
-  host_ranges_[reinterpret_cast<uintptr_t>(p)] = {size, flags, owned};
+  host_buffers_[b.base] = b;
 }
 
-bool Client::RemoveHostRange(void* p, bool* owned, size_t* size) {
+bool Client::RemoveHostBuffer(const void* base, HostBuffer* out) {
   std::lock_guard<std::mutex> lock(state_mu_);
-  auto it = host_ranges_.find(reinterpret_cast<uintptr_t>(p));
-  if (it == host_ranges_.end()) return false;
-  *owned = it->second.owned;
-  *size = it->second.size;
-  host_ranges_.erase(it);
+  auto it = host_buffers_.find(reinterpret_cast<uintptr_t>(base));
+  if (it == host_buffers_.end()) return false;
+  *out = it->second;
+  host_buffers_.erase(it);
   return true;
 }
 
-bool Client::FindHostRange(const void* p, void** base, size_t* size, unsigned* flags) {
+bool Client::FindHostBuffer(const void* p, HostBuffer* out) {
   uintptr_t v = reinterpret_cast<uintptr_t>(p);
   std::lock_guard<std::mutex> lock(state_mu_);
-  auto it = host_ranges_.upper_bound(v);
-  if (it == host_ranges_.begin()) return false;
+  auto it = host_buffers_.upper_bound(v);
+  if (it == host_buffers_.begin()) return false;
   --it;
   if (v - it->first >= it->second.size) return false;
-  if (base) *base = reinterpret_cast<void*>(it->first);
-  if (size) *size = it->second.size;
-  if (flags) *flags = it->second.flags;
+  if (out != nullptr) *out = it->second;
   return true;
+}
+
+bool Client::SharesMemory() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return conn_ != nullptr && broken_ == CUDA_SUCCESS && conn_->SharesMemory();
+}
+
+CUresult Client::ShareFd(int fd, uint64_t* id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (conn_ == nullptr || broken_ != CUDA_SUCCESS) return CUDA_ERROR_NOT_SUPPORTED;
+  Status st = conn_->ShareFd(fd, id);
+  if (!st.ok()) {
+    FLYT_WARN("%s", st.message().c_str());
+    return CUDA_ERROR_OPERATING_SYSTEM;
+  }
+  return CUDA_SUCCESS;
 }
 
 // --- code

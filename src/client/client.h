@@ -104,9 +104,26 @@ class Client {
   bool RemoveDeviceRange(uint64_t base);
   // True when [p, p+n) lies in a known device range; *base/*size describe it.
   bool FindDeviceRange(uint64_t p, uint64_t n, uint64_t* base = nullptr, uint64_t* size = nullptr);
-  void AddHostRange(void* p, size_t size, unsigned flags, bool owned);
-  bool RemoveHostRange(void* p, bool* owned, size_t* size);
-  bool FindHostRange(const void* p, void** base, size_t* size, unsigned* flags);
+  struct HostBuffer {
+    uintptr_t base = 0;
+    size_t size = 0;
+    unsigned flags = 0;
+    bool owned = false;        // allocated here (cuMemHostAlloc), not an app buffer
+    uint64_t server_addr = 0;  // shared with the server (shm://): its mapping there; 0: not shared
+    uint64_t device_ptr = 0;   // the GPU's pointer to a shared buffer; 0: not mapped
+    bool Covers(const void* p, size_t n) const {
+      auto v = reinterpret_cast<uintptr_t>(p);
+      return v >= base && v - base <= size && n <= size - (v - base);
+    }
+  };
+  void AddHostBuffer(const HostBuffer& b);
+  bool RemoveHostBuffer(const void* base, HostBuffer* out);
+  // The pinned or registered buffer that holds p.
+  bool FindHostBuffer(const void* p, HostBuffer* out);
+  // Memory shared with the server: a shared-memory transport (not wrapped in
+  // the emulator). ShareFd passes a sealed memfd; *id names it in a request.
+  bool SharesMemory();
+  CUresult ShareFd(int fd, uint64_t* id);
 
   // --- code
   void AddImage(uint64_t handle, bool is_library, std::vector<std::pair<uint64_t, FuncInfo>> fns);
@@ -122,6 +139,19 @@ class Client {
  private:
   Client() = default;
   CUresult Fail(const std::string& why);
+  // The handshake on conn_ (ops::kOpHello) and what the server answered.
+  struct Hello {
+    wire::HelloReply rep{};
+    std::string message;  // the reason of a refusal
+    bool answered = false;
+    std::vector<ops::DeviceInfo> devices;
+    std::string shm_offer;  // the server's shm:// address, if it has one
+    std::string boot_id;    // the server's kernel (transport::KernelBootId)
+  };
+  CUresult SayHello(Hello* out);
+  // When the server offers shared memory and runs on this kernel (same host
+  // or a container on it), moves to a new session over shm:// (FLYT_SHM=off: never).
+  void MoveToSharedMemory(Hello* hello);
   CUresult SendLocked(const wire::FrameHeader& h, const wire::Writer& req, const void* bulk,
                       size_t bulk_len);
   CUresult FlushLocked();
@@ -143,6 +173,7 @@ class Client {
   uint64_t next_call_ = 1;
   CUresult broken_ = CUDA_SUCCESS;  // once set, every remote call fails with it
   std::string server_;
+  std::string token_;  // sent in every handshake
   transport::Address address_;
   transport::Liveness liveness_;
   uint64_t session_id_ = 0;
@@ -174,12 +205,7 @@ class Client {
   };
   std::vector<Primary> primaries_;
   std::map<uint64_t, std::pair<uint64_t, bool>> device_ranges_;  // base -> size, reserved
-  struct HostRange {
-    size_t size;
-    unsigned flags;
-    bool owned;
-  };
-  std::map<uintptr_t, HostRange> host_ranges_;
+  std::map<uintptr_t, HostBuffer> host_buffers_;                 // by base
   std::unordered_map<uint64_t, std::shared_ptr<const FuncInfo>> funcs_;
   std::unordered_map<uint64_t, ImageInfo> images_;
   std::unordered_map<uint64_t, int> max_dynamic_shared_;

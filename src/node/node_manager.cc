@@ -93,6 +93,8 @@ void RegisterSettings(control::Settings* s, NodeConfig* c) {
   s->Add("server_sm_mechanism", &c->server_sm_mechanism,
          "how SM shares are enforced: green (green contexts in the server) or mps "
          "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, needs mps=true)");
+  s->Add("server_shared_memory", &c->server_shared_memory,
+         "servers also listen on a shm:// socket in run_dir; clients on this host move to it");
   s->Add("inventory", &c->inventory,
          "GPUs: nvml (the real ones), sim:N or sim:FILE.json (simulated, for tests)");
   s->Add("mps", &c->mps, "run flyt-servers under an MPS control daemon");
@@ -185,6 +187,7 @@ Status NodeManager::Start() {
   so.ready_timeout_ms = static_cast<int>(config_.ready_timeout_ms);
   so.stop_timeout_ms = static_cast<int>(config_.stop_timeout_ms);
   so.pin_gpu = !IsSimulatedInventory(config_.inventory);
+  so.shared_memory = config_.server_shared_memory;
   so.extra_env = [this](const ServerParams& p) { return ServerEnv(p); };
   so.on_exit = [this] {
     std::lock_guard<std::mutex> lock(mu_);

@@ -46,6 +46,7 @@ struct NodeConfig {
   std::string server_backend = "cuda";
   std::string server_listen_host = "0.0.0.0";
   std::string server_sm_mechanism = "green";  // "green" or "mps" (see mps_daemon.h)
+  bool server_shared_memory = true;           // servers also listen on shm:// (same-host clients)
   std::string inventory = "nvml";             // "nvml", "sim:N", "sim:FILE.json"
   bool mps = false;
   std::string mps_control = "nvidia-cuda-mps-control";

@@ -129,6 +129,9 @@ ServerSupervisor::~ServerSupervisor() { StopAll(); }
 std::string ServerSupervisor::SocketPath(const std::string& id) const {
   return options_.run_dir + "/" + id + ".ctl";
 }
+std::string ServerSupervisor::ShmPath(const std::string& id) const {
+  return options_.run_dir + "/" + id + ".shm";
+}
 std::string ServerSupervisor::LogPath(const std::string& id) const {
   return options_.run_dir + "/" + id + ".log";
 }
@@ -181,6 +184,7 @@ void ServerSupervisor::WriteStateFile(const std::string& id, const Entry& e) {
 void ServerSupervisor::RemoveFiles(const std::string& id) {
   // The log stays for post-mortems; socket and state file go.
   ::unlink(SocketPath(id).c_str());
+  ::unlink(ShmPath(id).c_str());
   ::unlink(StatePath(id).c_str());
   stats_failing_.erase(id);
 }
@@ -197,6 +201,11 @@ Status ServerSupervisor::SpawnLocked(const EntryPtr& e) {
                 "tcp://" + HostForUrl(options_.listen_host) + ":0",
                 "--control",
                 "unix://" + ctl};
+  if (options_.shared_memory) {
+    // Clients on this host learn it in the handshake and move to it.
+    spawn.argv.push_back("--listen");
+    spawn.argv.push_back("shm://" + ShmPath(p.alloc_id));
+  }
   if (p.memory_bytes > 0) {
     spawn.argv.push_back("--memory-quota");
     spawn.argv.push_back(std::to_string(p.memory_bytes));

@@ -68,6 +68,7 @@ struct SupervisorOptions {
   int stop_timeout_ms = 2000;                // SIGTERM until SIGKILL
   int control_timeout_ms = 2000;             // one request on a control socket
   bool pin_gpu = true;                       // CUDA_VISIBLE_DEVICES=<gpu_uuid>
+  bool shared_memory = true;                 // also --listen shm://<run_dir>/<id>.shm
   // Extra environment of one server (MPS variables), asked at every (re)start.
   std::function<EnvList(const ServerParams&)> extra_env;
   // Called from the monitor thread after a server exited on its own
@@ -126,6 +127,7 @@ class ServerSupervisor {
 
   std::string SocketPath(const std::string& alloc_id) const;
   std::string LogPath(const std::string& alloc_id) const;
+  std::string ShmPath(const std::string& alloc_id) const;
   std::string StatePath(const std::string& alloc_id) const;
 
  private:

@@ -53,6 +53,15 @@ enum : uint16_t {
   kOpMemPoolAttribute = 70,
   // cuStreamGetCaptureInfo*: u64 stream -> u32 status, u64 id, u64 graph, u64 deps.
   kOpStreamCaptureInfo = 71,
+  // Pinned host memory shared with the server (shm:// only; see
+  // server/session_shared_host.cc). kOpHostShare: u64 descriptor id (shared
+  // through the transport), u64 bytes, u32 flags, u64 client address ->
+  // u64 server address, u64 device pointer. kOpHostUnshare: u64 server address.
+  kOpHostShare = 90,
+  kOpHostUnshare = 91,
+  // A copy between the device and shared host memory: u8 to_device, u64 device
+  // pointer, u64 server address, u64 bytes, u64 stream, u8 async.
+  kOpCopyShared = 92,
 };
 
 // Which loader the app called; the server answers with the same kind of handle.

@@ -65,6 +65,9 @@ namespace flyt::server {
   X(cuThreadExchangeStreamCaptureMode) \
   X(cuGraphAddHostNode)                \
   X(cuMemFreeHost)                     \
+  X(cuMemHostRegister_v2)              \
+  X(cuMemHostUnregister)               \
+  X(cuMemHostGetDevicePointer_v2)      \
   X(cuDeviceGetDevResource)            \
   X(cuDevSmResourceSplitByCount)       \
   X(cuDevResourceGenerateDesc)         \

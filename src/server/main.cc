@@ -5,6 +5,7 @@
 // socket files when a signal ends the server. Must not execute CUDA calls
 // itself: sessions do (and the share, server/share.h, at start and set-share).
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -19,6 +20,7 @@
 #include "server/control_socket.h"
 #include "server/session.h"
 #include "transport/emulated_transport.h"
+#include "transport/shm_transport.h"
 #include "transport/transport.h"
 
 namespace {
@@ -29,8 +31,12 @@ void Usage() {
       "usage: flyt-server [--listen ADDR]... [--backend cuda|sim] [--token TOKEN]\n"
       "                   [--memory-quota BYTES] [--sm-count N] [--control unix:///PATH]\n"
       "                   [--sim-record FILE] [--sim-green-contexts] [--emulate SPEC]\n"
-      "  ADDR: tcp://HOST:PORT (default tcp://0.0.0.0:14833; port 0: the kernel picks) or\n"
-      "        unix:///PATH\n"
+      "                   [--shm-backing memfd|file:DIR]\n"
+      "  ADDR: tcp://HOST:PORT (default tcp://0.0.0.0:14833; port 0: the kernel picks),\n"
+      "        unix:///PATH or shm:///PATH (shared memory for clients on this host, which\n"
+      "        also move to it by themselves from tcp/unix; docs/shared_memory.md)\n"
+      "  --shm-backing: where shm:// segments live: memfd (default, sealed) or file:DIR\n"
+      "        (a file in DIR, unlinked at once; default: $FLYT_SHM_BACKING)\n"
       "  --token: credential clients must present (default: $FLYT_TOKEN, else none)\n"
       "  --memory-quota: device memory all sessions together may allocate (suffix K, M, G,\n"
       "        T: binary multiples); 0 (default) = no quota\n"
@@ -124,6 +130,8 @@ int main(int argc, char** argv) {
       if (!emulate_st.ok()) emulate_st = Status::Error("--emulate: " + emulate_st.message());
     } else if (arg == "--control") {
       control_address = value("--control");
+    } else if (arg == "--shm-backing") {
+      setenv("FLYT_SHM_BACKING", value("--shm-backing").c_str(), 1);
     } else if (arg == "-h" || arg == "--help") {
       Usage();
       return 0;
@@ -134,6 +142,17 @@ int main(int argc, char** argv) {
     }
   }
   if (listens.empty()) listens.push_back("tcp://0.0.0.0:14833");
+  std::string shm_file_dir;
+  if (Status backing = transport::ShmBackingFromEnv(&shm_file_dir); !backing.ok()) {
+    std::fprintf(stderr, "flyt-server: %s\n", backing.message().c_str());
+    return 2;
+  }
+  if (struct stat sb{};
+      !shm_file_dir.empty() && (stat(shm_file_dir.c_str(), &sb) != 0 || !S_ISDIR(sb.st_mode))) {
+    std::fprintf(stderr, "flyt-server: --shm-backing file:%s: not a folder\n",
+                 shm_file_dir.c_str());
+    return 2;
+  }
   if (!emulate_st.ok()) {
     std::fprintf(stderr, "flyt-server: %s\n", emulate_st.message().c_str());
     return 2;
@@ -169,9 +188,14 @@ int main(int argc, char** argv) {
       return 1;
     }
     if (addr.kind == transport::Address::Kind::kUnix) AddCleanup(addr.path);
+    // Clients on this kernel that reach us another way move to shared memory.
+    if (addr.kind == transport::Address::Kind::kShm && state->shm_offer.empty() &&
+        !emulate.enabled() && !addr.path.empty() && addr.path[0] == '/')
+      state->shm_offer = l->Describe();
     state->listen.push_back(l->Describe());
     listeners.push_back(std::move(l));
   }
+  state->boot_id = transport::KernelBootId();
   state->start_ns = server::SteadyNowNs();
   struct sigaction sa {};
   sa.sa_handler = OnTerminate;

@@ -494,6 +494,8 @@ Session::Opening Session::Handshake() {
   exec_generation_ = state_->share.exec_generation();
   out.Put<uint32_t>(static_cast<uint32_t>(devices.size()));
   for (const auto& d : devices) out.Put(d);
+  out.PutString(state_->shm_offer);
+  out.PutString(state_->boot_id);
   FLYT_INFO("session %llu: client pid %u from %s, CUDA %d", static_cast<unsigned long long>(id_),
             req.pid, peer_.c_str(), req.client_cuda_version);
   {
@@ -631,6 +633,7 @@ void Session::Run() {
     }
   }
   ReleaseAll();
+  ReleaseSharedHost();
   ReleaseExec();
   if (retained_primary_) {
     std::lock_guard<std::mutex> lock(state_->context_mu);
@@ -892,6 +895,12 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       return CopyFromDevice(in, per_thread, out, rc);
     case ops::kOpCopy3D:
       return Copy3D(in, per_thread, out, rc);
+    case ops::kOpHostShare:
+      return ShareHost(in, out, rc);
+    case ops::kOpHostUnshare:
+      return UnshareHost(in, rc);
+    case ops::kOpCopyShared:
+      return CopyShared(in, per_thread, rc);
     case ops::kOpHostFunc: {
       uint64_t stream = 0, id = 0;
       if (!in.Get(&stream) || !in.Get(&id) || in.remaining() != 0) return false;

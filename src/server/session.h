@@ -13,6 +13,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -67,6 +68,10 @@ struct ServerState {
   std::atomic<int64_t> last_session_end_ns{0};
   // The data-plane listeners' bound addresses (real ports).
   std::vector<std::string> listen;
+  // Offered in the handshake: the shm:// listener (empty: none) and this
+  // kernel's boot id, so that a client on the same host can move to it.
+  std::string shm_offer;
+  std::string boot_id;
   // A session hit a sticky error (illegal address, ...): the shared context is
   // unusable until it is reset, which happens once no session is left.
   std::atomic<bool> context_poisoned{false};
@@ -171,6 +176,13 @@ class Session {
   bool CopyToDevice(wire::Reader& in, bool per_thread, CUresult* rc);
   bool CopyFromDevice(wire::Reader& in, bool per_thread, wire::Writer& out, CUresult* rc);
   bool Copy3D(wire::Reader& in, bool per_thread, wire::Writer& out, CUresult* rc);
+  // --- pinned host memory shared with the client (session_shared_host.cc)
+  bool ShareHost(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  bool UnshareHost(wire::Reader& in, CUresult* rc);
+  CUresult UnshareHostRegion(uint64_t addr, uint64_t bytes);
+  bool InSharedHost(uint64_t addr, uint64_t n) const;
+  bool CopyShared(wire::Reader& in, bool per_thread, CUresult* rc);
+  void ReleaseSharedHost();
   void DescribeFunction(uint64_t handle, bool is_kernel, wire::Writer& out);
   void DescribeImage(uint64_t image, bool library, wire::Writer& out);
   void ReleaseAll();
@@ -218,6 +230,8 @@ class Session {
   // Bytes charged to the quota per memory / array handle.
   std::unordered_map<uint64_t, uint64_t> memory_bytes_;
   std::unordered_map<uint64_t, uint64_t> array_bytes_;
+  // Shared pinned host regions: server address -> bytes (mapped and registered).
+  std::map<uint64_t, uint64_t> shared_host_;
   std::atomic<int> captures_{0};
   bool keep_deferred_ = false;  // this reply must not carry the deferred error
   bool retained_primary_ = false;

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <functional>
 #include <future>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -65,6 +66,9 @@ struct SimEvent {
 struct Sim {
   std::mutex mu;
   std::map<uint64_t, uint64_t> allocs;  // base -> size
+  // Registered host memory (cuMemHostRegister): base -> size. Its device
+  // pointer is the host address, as on a UVA GPU.
+  std::map<uint64_t, uint64_t> registered;
   uint64_t used = 0;
   FILE* record = nullptr;
   std::mutex record_mu;
@@ -85,13 +89,17 @@ struct SimDesc {
 constexpr unsigned kSimSms = 132;
 constexpr unsigned kSimSmGranularity = 8;
 
-// True when [p, p+n) lies inside one allocation.
-bool Valid(uint64_t p, size_t n) {
-  std::lock_guard<std::mutex> lock(g_sim->mu);
-  auto it = g_sim->allocs.upper_bound(p);
-  if (it == g_sim->allocs.begin()) return false;
+bool Within(const std::map<uint64_t, uint64_t>& ranges, uint64_t p, size_t n) {
+  auto it = ranges.upper_bound(p);
+  if (it == ranges.begin()) return false;
   --it;
   return p >= it->first && n <= it->second && p - it->first <= it->second - n;
+}
+
+// True when [p, p+n) lies inside one allocation or one registered host range.
+bool Valid(uint64_t p, size_t n) {
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  return Within(g_sim->allocs, p, n) || Within(g_sim->registered, p, n);
 }
 
 CUresult Alloc(CUdeviceptr* out, size_t n) {
@@ -820,6 +828,31 @@ CUresult simMemFreeHost(void* p) {
   std::free(p);
   return CUDA_SUCCESS;
 }
+CUresult simMemHostRegister(void* p, size_t n, unsigned) {
+  if (p == nullptr || n == 0) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  auto base = reinterpret_cast<uint64_t>(p);
+  auto next = g_sim->registered.lower_bound(base);
+  if (next != g_sim->registered.end() && next->first < base + n)
+    return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  if (next != g_sim->registered.begin() && std::prev(next)->first + std::prev(next)->second > base)
+    return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  g_sim->registered[base] = n;
+  return CUDA_SUCCESS;
+}
+CUresult simMemHostUnregister(void* p) {
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  return g_sim->registered.erase(reinterpret_cast<uint64_t>(p)) == 1
+             ? CUDA_SUCCESS
+             : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+}
+CUresult simMemHostGetDevicePointer(CUdeviceptr* d, void* p, unsigned flags) {
+  if (d == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  if (!Within(g_sim->registered, reinterpret_cast<uint64_t>(p), 1)) return CUDA_ERROR_INVALID_VALUE;
+  *d = reinterpret_cast<uint64_t>(p);
+  return CUDA_SUCCESS;
+}
 
 }  // namespace
 
@@ -918,6 +951,9 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuEventQuery = simEventQuery;
   a->cuEventElapsedTime_v2 = simEventElapsedTime;
   a->cuMemHostAlloc = simMemHostAlloc;
+  a->cuMemHostRegister_v2 = simMemHostRegister;
+  a->cuMemHostUnregister = simMemHostUnregister;
+  a->cuMemHostGetDevicePointer_v2 = simMemHostGetDevicePointer;
   a->cuMemFreeHost = simMemFreeHost;
   a->cuArrayCreate_v2 = simArrayCreate;
   a->cuArray3DCreate_v2 = simArray3DCreate;

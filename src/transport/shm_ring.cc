@@ -87,6 +87,7 @@ ShmRing::ShmRing(uint8_t* mem, uint64_t capacity, const ShmRingOptions& options)
       mask_(capacity - 1),
       options_(options) {
   futex_ok_.store(options.use_futex, std::memory_order_relaxed);
+  if (options_.publish_bytes == 0) options_.publish_bytes = SIZE_MAX;  // 0: whole steps
 }
 
 Status ShmRing::Create(void* mem, size_t mem_bytes, size_t capacity, const ShmRingOptions& options,
@@ -362,7 +363,7 @@ Status ShmRing::Write(const iovec* iov, int count, int timeout_ms) {
     Status st = Wait(U32(mem_, kTailSeqOff), U32(mem_, kWriterWaitingOff), timeout_ms, "space",
                      [&](Status* e) { return LoadTail(&free_bytes, e); });
     if (!st.ok()) return (started || producer_.broken) ? Fail(&producer_, st) : st;
-    uint64_t chunk = std::min(free_bytes, left);
+    uint64_t chunk = std::min<uint64_t>({free_bytes, left, options_.publish_bytes});
     left -= chunk;
     while (chunk > 0) {
       const uint8_t* src;
@@ -442,7 +443,8 @@ Status ShmRing::ReadBody(void* dst, size_t n, int timeout_ms) {
     Status st = Wait(U32(mem_, kHeadSeqOff), U32(mem_, kReaderWaitingOff), timeout_ms,
                      "the rest of a message", [&](Status* e) { return LoadHead(&available, e); });
     if (!st.ok()) return Fail(&consumer_, st);
-    const size_t c = static_cast<size_t>(std::min<uint64_t>(available, n));
+    const size_t c =
+        static_cast<size_t>(std::min<uint64_t>({available, n, options_.publish_bytes}));
     CopyOut(tail_, out, c);
     tail_ += c;
     out += c;

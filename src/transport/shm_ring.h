@@ -38,6 +38,10 @@ struct ShmRingOptions {
   bool use_futex = true;
   // A record header announcing more than this is treated as corruption.
   uint64_t max_message_bytes = uint64_t{1} << 30;
+  // Each side publishes its index after at most this many bytes, so that a
+  // large record is copied in by the producer and out by the consumer at the
+  // same time instead of in turns of a whole ring.
+  size_t publish_bytes = size_t{256} << 10;
 };
 
 class ShmRing {

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -236,7 +237,33 @@ Status CreateMemfdSegment(size_t size, std::unique_ptr<Segment>* out, int* fd_ou
   return Status::Ok();
 }
 
-Status MapFdSegment(int fd, size_t expected_size, std::unique_ptr<Segment>* out) {
+Status CreateUnlinkedFileSegment(const std::string& dir, size_t size, std::unique_ptr<Segment>* out,
+                                 int* fd_out) {
+  Status st = CheckSize(size);
+  if (!st.ok()) return st;
+  static std::atomic<uint64_t> counter{0};
+  const std::string path = dir + "/flyt-" + std::to_string(getpid()) + "-" +
+                           std::to_string(counter.fetch_add(1)) + ".seg";
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return SysError("create", path, errno);
+  if (unlink(path.c_str()) != 0) st = SysError("unlink", path, errno);
+  if (st.ok()) st = Truncate(fd, size, path);
+  void* base = nullptr;
+  if (st.ok()) {
+    base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) st = SysError("mmap", path, errno);
+  }
+  if (!st.ok()) {
+    close(fd);  // already failing; the first error is the one to report
+    return st;
+  }
+  out->reset(new MappedSegment(base, size, path, Cleanup::kNone));
+  *fd_out = fd;
+  return Status::Ok();
+}
+
+Status MapFdSegment(int fd, size_t expected_size, std::unique_ptr<Segment>* out,
+                    bool allow_unsealed) {
   const std::string name = "memfd from the peer";
   size_t size = 0;
   Status st = SizeOf(fd, name, &size);
@@ -244,7 +271,7 @@ Status MapFdSegment(int fd, size_t expected_size, std::unique_ptr<Segment>* out)
     st = Status::Error("shm segment: the peer's memfd is " + std::to_string(size) +
                        " bytes, its header says " + std::to_string(expected_size));
   }
-  if (st.ok()) {
+  if (st.ok() && !allow_unsealed) {
     const int seals = fcntl(fd, F_GET_SEALS);
     if (seals < 0) {
       st = SysError("F_GET_SEALS on", name, errno);

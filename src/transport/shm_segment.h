@@ -55,8 +55,17 @@ Status OpenPciBarSegment(const std::string& path, std::unique_ptr<Segment>* out)
 // side) nor grow it. No name exists anywhere: the memory goes away with the
 // last fd and mapping. *fd is the caller's to pass on (SCM_RIGHTS) and close.
 Status CreateMemfdSegment(size_t size, std::unique_ptr<Segment>* out, int* fd);
+// Creates a file in `dir` (O_EXCL, mode 0600) and removes its name at once,
+// then sizes and maps it: a segment on the filesystem of `dir` (hugetlbfs,
+// a DAX mount, a size-limited tmpfs) that nothing can open by name and that
+// no crash can leave behind. Files cannot be sealed: whoever gets *fd could
+// shrink it. *fd is the caller's to pass on and close.
+Status CreateUnlinkedFileSegment(const std::string& dir, size_t size, std::unique_ptr<Segment>* out,
+                                 int* fd);
 // Maps a memfd received from a peer: it must be exactly `expected_size` bytes
-// and sealed against shrinking. Closes `fd` in every case.
-Status MapFdSegment(int fd, size_t expected_size, std::unique_ptr<Segment>* out);
+// and, unless `allow_unsealed` (a file segment), sealed against shrinking.
+// Closes `fd` in every case.
+Status MapFdSegment(int fd, size_t expected_size, std::unique_ptr<Segment>* out,
+                    bool allow_unsealed = false);
 
 }  // namespace flyt::transport

@@ -12,10 +12,14 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/log.h"
 #include "transport/shm_ring.h"
@@ -69,9 +73,57 @@ class ShmConnection final : public Connection {
   ~ShmConnection() override {
     Shutdown();
     monitor_.join();
+    for (auto& [id, fd] : shared_fds_) ::close(fd);  // shared but never used
     if (::close(sock_) != 0) {
       // Nothing to do about it in a destructor; the fd is gone either way.
     }
+  }
+
+  bool SharesMemory() const override { return true; }
+
+  Status ShareFd(int fd, uint64_t* id) override {
+    ShareNotice notice;
+    {
+      std::lock_guard<std::mutex> lock(share_mu_);
+      notice.id = next_share_id_++;
+    }
+    iovec iov{&notice, sizeof(notice)};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    std::lock_guard<std::mutex> lock(send_mu_);  // one notice at a time on the socket
+    ssize_t n;
+    do {
+      n = ::sendmsg(sock_, &msg, MSG_NOSIGNAL);
+    } while (n < 0 && errno == EINTR);
+    if (n != static_cast<ssize_t>(sizeof(notice))) {
+      return Status::Error(n < 0 ? Errno("share memory with " + peer_ + ": sendmsg")
+                                 : "share memory with " + peer_ + ": short send");
+    }
+    *id = notice.id;
+    return Status::Ok();
+  }
+
+  Status TakeSharedFd(uint64_t id, int timeout_ms, int* fd) override {
+    std::unique_lock<std::mutex> lock(share_mu_);
+    const bool arrived = share_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] {
+      return shared_fds_.count(id) != 0 || monitor_done_;
+    });
+    auto it = shared_fds_.find(id);
+    if (!arrived || it == shared_fds_.end()) {
+      return Status::Error(peer_ + ": shared memory " + std::to_string(id) + " never arrived");
+    }
+    *fd = it->second;
+    shared_fds_.erase(it);
+    return Status::Ok();
   }
 
   Status Send(const iovec* iov, int count) override {
@@ -115,8 +167,65 @@ class ShmConnection final : public Connection {
   std::string Peer() const override { return peer_; }
 
  private:
+  // The only message the socket carries after the handshake: a descriptor
+  // the peer shares (SCM_RIGHTS attached to these 16 bytes).
+  struct ShareNotice {
+    static constexpr uint32_t kMagic = 0x44594c46;  // "FLYD"
+    uint32_t magic = kMagic;
+    uint32_t reserved = 0;
+    uint64_t id = 0;
+  };
+  static_assert(sizeof(ShareNotice) == 16);
+  // Descriptors shared but not yet taken; more is a hostile peer.
+  static constexpr size_t kMaxPendingShares = 64;
+
+  // Reads one share notice. A Unix stream socket delivers the 16 bytes sent
+  // with one sendmsg, and their descriptor, to one recvmsg; anything else
+  // (other bytes, a short notice, no or several descriptors) is a protocol
+  // violation. Returns false with *why set then, or at EOF.
+  bool ReadShareNotice(std::string* why) {
+    ShareNotice notice;
+    iovec iov{&notice, sizeof(notice)};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    const ssize_t r = ::recvmsg(sock_, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN)) return true;
+    std::vector<int> fds;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        fds.push_back(fd);
+      }
+    }
+    const bool valid = r == static_cast<ssize_t>(sizeof(notice)) && fds.size() == 1 &&
+                       (msg.msg_flags & MSG_CTRUNC) == 0 && notice.magic == ShareNotice::kMagic;
+    if (!valid) {
+      for (int fd : fds) ::close(fd);
+      if (r < 0) *why = Errno("recvmsg");
+      if (r > 0) *why = "sent bytes on the liveness socket";
+      return false;  // r == 0: EOF, the peer is gone
+    }
+    std::lock_guard<std::mutex> lock(share_mu_);
+    if (shared_fds_.size() >= kMaxPendingShares || shared_fds_.count(notice.id) != 0) {
+      ::close(fds[0]);
+      *why = "shared descriptors it never used";
+      return false;
+    }
+    shared_fds_[notice.id] = fds[0];
+    share_cv_.notify_all();
+    return true;
+  }
+
   // Waits for the socket to hang up (the peer exited, crashed or shut down,
   // or we did) and then closes both rings, so that every wait ends at once.
+  // Meanwhile it collects the descriptors the peer shares.
   void Monitor() {
     std::string why;
     for (;;) {
@@ -127,14 +236,9 @@ class ShmConnection final : public Connection {
         why = Errno("poll");
         break;
       }
+      // Read what is there first: a notice may arrive just before a hang-up.
+      if ((p.revents & POLLIN) != 0 && !ReadShareNotice(&why)) break;
       if ((p.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) != 0) break;
-      if ((p.revents & POLLIN) != 0) {
-        char buf[64];
-        const ssize_t r = ::recv(sock_, buf, sizeof(buf), MSG_DONTWAIT);
-        if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-        if (r > 0) why = "sent bytes on the liveness socket";
-        break;  // EOF, an error, or a protocol violation: the connection is over
-      }
     }
     if (!local_shutdown_.load()) {
       why_ = why;  // published by the store below
@@ -142,6 +246,9 @@ class ShmConnection final : public Connection {
     }
     tx_->Close();
     rx_->Close();
+    std::lock_guard<std::mutex> lock(share_mu_);
+    monitor_done_ = true;
+    share_cv_.notify_all();
   }
 
   Status Translate(const Status& st) {
@@ -173,6 +280,13 @@ class ShmConnection final : public Connection {
   std::atomic<bool> local_shutdown_{false};
   std::atomic<int> timeout_ms_{0};
   uint64_t left_in_record_ = 0;  // bytes of the current rx record not yet received
+  // Shared descriptors: sending side (client) and receiving side (server).
+  std::mutex send_mu_;
+  std::mutex share_mu_;
+  std::condition_variable share_cv_;
+  uint64_t next_share_id_ = 1;
+  std::map<uint64_t, int> shared_fds_;  // arrived, not yet taken
+  bool monitor_done_ = false;
   std::thread monitor_;
 };
 
@@ -188,7 +302,15 @@ Status ServeHandshake(int sock, const Address& addr, std::unique_ptr<Connection>
   h.segment_bytes = h.s2c_offset + AlignUp(ShmRing::BytesFor(cap), kPage);
   std::unique_ptr<Segment> seg;
   int memfd = -1;
-  Status st = CreateMemfdSegment(h.segment_bytes, &seg, &memfd);
+  std::string file_dir;
+  Status st = ShmBackingFromEnv(&file_dir);
+  if (!st.ok()) return st;
+  if (file_dir.empty()) {
+    st = CreateMemfdSegment(h.segment_bytes, &seg, &memfd);
+  } else {
+    st = CreateUnlinkedFileSegment(file_dir, h.segment_bytes, &seg, &memfd);
+    h.flags |= ShmHandshake::kFlagFileBacked;
+  }
   if (!st.ok()) return st;
   const ShmRingOptions options = RingOptions();
   auto* base = static_cast<uint8_t*>(seg->base());
@@ -349,6 +471,29 @@ Status ReceiveHandshake(int sock, int timeout_ms, ShmHandshake* h, int* memfd) {
 
 }  // namespace
 
+Status ShmBackingFromEnv(std::string* dir) {
+  dir->clear();
+  const char* s = std::getenv("FLYT_SHM_BACKING");
+  if (s == nullptr || *s == '\0' || std::strcmp(s, "memfd") == 0) return Status::Ok();
+  if (std::strncmp(s, "file:", 5) == 0 && s[5] != '\0') {
+    *dir = s + 5;
+    return Status::Ok();
+  }
+  return Status::Error(std::string("FLYT_SHM_BACKING must be memfd or file:DIR, not '") + s + "'");
+}
+
+std::string KernelBootId() {
+  const int fd = ::open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  char buf[64];
+  const ssize_t n = ::read(fd, buf, sizeof(buf));
+  ::close(fd);
+  if (n <= 0) return "";
+  std::string id(buf, static_cast<size_t>(n));
+  while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
+  return id;
+}
+
 size_t ShmRingBytesFromEnv() {
   const char* s = std::getenv("FLYT_SHM_RING_BYTES");
   if (s == nullptr || *s == '\0') return kDefaultRingBytes;
@@ -407,7 +552,8 @@ Status DialShm(const Address& a, const Liveness& l, std::unique_ptr<Connection>*
     st = Status::Error("shm handshake: the server sent no memory descriptor");
   std::unique_ptr<Segment> seg;
   if (st.ok()) {
-    st = MapFdSegment(memfd, h.segment_bytes, &seg);  // closes memfd
+    // closes memfd
+    st = MapFdSegment(memfd, h.segment_bytes, &seg, (h.flags & ShmHandshake::kFlagFileBacked) != 0);
     memfd = -1;
   }
   if (memfd >= 0) ::close(memfd);  // already failing

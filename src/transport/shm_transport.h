@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "transport/transport.h"
 
@@ -30,7 +31,9 @@ struct ShmHandshake {
   uint64_t c2s_capacity = 0;   // its data bytes (a power of two)
   uint64_t s2c_offset = 0;     // server->client ring
   uint64_t s2c_capacity = 0;
-  uint64_t reserved = 0;
+  uint64_t flags = 0;  // kFlagFileBacked
+  // The segment is a file (FLYT_SHM_BACKING=file:DIR), which cannot be sealed.
+  static constexpr uint64_t kFlagFileBacked = 1;
 };
 static_assert(sizeof(ShmHandshake) == 56);
 
@@ -38,8 +41,18 @@ static_assert(sizeof(ShmHandshake) == 56);
 // of two, 64 KiB .. 1 GiB) or 8 MiB.
 size_t ShmRingBytesFromEnv();
 
+// Where the server puts each connection's segment: FLYT_SHM_BACKING is
+// "memfd" (the default: anonymous, sealed) or "file:DIR" (a file created in
+// DIR and unlinked at once, e.g. on hugetlbfs). *dir is empty for memfd.
+Status ShmBackingFromEnv(std::string* dir);
+
 // Checks a handshake a server sent (sizes, offsets, overlap); used by Dial.
 Status ValidateShmHandshake(const ShmHandshake& h);
+
+// This kernel's boot id (/proc/sys/kernel/random/boot_id); "" if unreadable.
+// Two processes with the same id run on one kernel, so they can share memory
+// (a process in a VM has its own kernel and id).
+std::string KernelBootId();
 
 Status DialShm(const Address& address, const Liveness& liveness, std::unique_ptr<Connection>* out,
                bool* retryable);

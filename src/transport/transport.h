@@ -10,6 +10,7 @@
 #include <sys/uio.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -42,6 +43,21 @@ class Connection {
   // A Receive that waits longer than this fails ("timed out"); 0 = wait forever.
   virtual void SetReceiveTimeout(int timeout_ms) = 0;
   virtual std::string Peer() const = 0;
+
+  // --- Memory shared with the peer (same-host transports, shm://; the others
+  // answer SharesMemory() false and fail these calls).
+  virtual bool SharesMemory() const { return false; }
+  // Client: passes `fd` (a sealed memfd; the caller keeps its own descriptor)
+  // to the server beside the byte stream; *id names it in the request that
+  // uses it. Send the descriptor before that request.
+  virtual Status ShareFd(int /*fd*/, uint64_t* /*id*/) {
+    return Status::Error("this transport cannot share memory");
+  }
+  // Server: the descriptor the client shared as `id` (waits up to timeout_ms
+  // for it to arrive). The caller owns the descriptor it gets.
+  virtual Status TakeSharedFd(uint64_t /*id*/, int /*timeout_ms*/, int* /*fd*/) {
+    return Status::Error("this transport cannot share memory");
+  }
 };
 
 class Listener {

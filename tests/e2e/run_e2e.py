@@ -67,6 +67,7 @@ PROGRAMS = (
     "unsupported_api",
     "server_gone",
     "share_quota",
+    "pinned_shared",
 )
 
 TOKEN = "e2e-secret-token-7f3a"
@@ -501,6 +502,10 @@ def client_env(tmp, server, transport, log_level="info", timeout_ms=NORMAL_CLIEN
                extra=None):
     log_path = os.path.join(tmp, "client-%d.log" % next_id()) if log_to_file else None
     e = {"FLYT_LOG": log_level, "FLYT_TIMEOUT_MS": timeout_ms, "E2E_WATCHDOG_S": watchdog_s}
+    if transport != "shm":
+        # The server offers shared memory and runs on this host: without this the
+        # client would move to shm:// and tcp/unix would go untested.
+        e["FLYT_SHM"] = "off"
     if log_path:
         e["FLYT_LOG_FILE"] = log_path
     if not use_flags:
@@ -964,6 +969,111 @@ class E2E(unittest.TestCase):
                 self.assertRegex(log, r"\bcuGraphicsUnregisterResource\S* is not supported by "
                                  r"Flyt yet", where)
                 self.stop_server(srv)
+
+    def test_pinned_shared(self):
+        """Pinned memory over shm:// is shared with the server (the GPU reaches the client's
+        bytes: mapped pointer); over tcp/unix it stays client memory. The server's mappings
+        and driver registrations of it go when the client frees it, exits, or is killed."""
+        pids = []
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                srv = self.start_server()
+                pids.append(srv.proc.pid)
+                res = self.run_ok(srv, transport, "pinned_shared", variant)
+                kv = self.kv(res)
+                self.assertEqual(kv.get("mapped"), "1" if transport == "shm" else "0",
+                                 res.describe())
+                self.assert_no_shared_maps(srv)
+                if transport == "shm":
+                    self.kill_while_sharing(srv, variant)
+                self.stop_server(srv)
+        # Automatic selection: a client given the TCP address of a server on this host
+        # moves to its shm:// listener by itself (FLYT_SHM unset = auto).
+        srv = self.start_server()
+        pids.append(srv.proc.pid)
+        res = self.run_ok(srv, "tcp", "pinned_shared", CFG.variants[0],
+                          extra={"FLYT_SHM": "auto"})
+        self.assertEqual(self.kv(res).get("mapped"), "1", res.describe())
+        self.assertIn("using shared memory (%s)" % srv.url("shm"), res.client_log, res.describe())
+        self.stop_server(srv)
+        # Named shared memory of ours would be /dev/shm/flyt-<pid>-...; other tests
+        # running at the same time may own other names.
+        if os.path.isdir("/dev/shm"):
+            leaked = [n for n in os.listdir("/dev/shm")
+                      if any(n.startswith("flyt-%d-" % p) for p in pids)]
+            self.assertEqual(leaked, [], "files left in /dev/shm")
+
+    def test_shm_file_backing(self):
+        """--shm-backing file:DIR: each connection's rings live in a file of DIR whose name
+        is gone at once (nothing to leak); the programs run over it as over a memfd."""
+        seg_dir = os.path.join(self.tmp, "segments")
+        os.mkdir(seg_dir)
+        srv = self.start_server(extra_args=["--shm-backing", "file:" + seg_dir])
+        for variant in CFG.variants:
+            with self.subTest(variant=variant):
+                self.run_ok(srv, "shm", "memory_roundtrip", variant)
+                res = self.run_ok(srv, "shm", "pinned_shared", variant)
+                self.assertEqual(self.kv(res).get("mapped"), "1", res.describe())
+        # While a client is connected the server maps a deleted file of seg_dir.
+        prog = RunningProgram(self.tmp, srv, "shm", program_path("pinned_shared",
+                                                                  CFG.variants[0]), ["hold"])
+        try:
+            self.assertTrue(prog.wait_line("^holding$", 60), "pinned_shared hold did not get "
+                            "ready\n" + srv.logs())
+            with open("/proc/%d/maps" % srv.proc.pid) as f:
+                segs = [l for l in f if seg_dir + "/flyt-" in l]
+            self.assertTrue(segs and all(l.rstrip().endswith("(deleted)") for l in segs),
+                            "want the ring segment mapped from a deleted file of %s: %s"
+                            % (seg_dir, segs))
+        finally:
+            kill_group(prog.proc)
+            prog.finish(10)
+        self.assertEqual(os.listdir(seg_dir), [], "segment files left behind")
+        self.stop_server(srv)
+        bad = Server(self.tmp, name="badbacking", extra_args=["--shm-backing", "disk:/x"])
+        with self.assertRaises(Exception):
+            bad.start()
+
+    @staticmethod
+    def shared_maps(srv):
+        with open("/proc/%d/maps" % srv.proc.pid) as f:
+            return [l for l in f if "flyt-pinned" in l]
+
+    def assert_no_shared_maps(self, srv, wait_s=10):
+        deadline = time.monotonic() + wait_s
+        maps = self.shared_maps(srv)
+        while maps and time.monotonic() < deadline:
+            time.sleep(0.05)
+            maps = self.shared_maps(srv)
+        self.assertEqual(maps, [], "the server still maps a client's pinned memory\n%s"
+                         % srv.logs())
+
+    def kill_while_sharing(self, srv, variant):
+        cmd = flyt_command(srv, "shm", program_path("pinned_shared", variant), ["hold"])
+        env, note, log_path = client_env(self.tmp, srv, "shm")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 60
+            line = b""
+            while time.monotonic() < deadline:
+                line = proc.stdout.readline()
+                if not line or line.strip() == b"holding":
+                    break
+            self.assertEqual(line.strip(), b"holding", "pinned_shared hold did not get ready\n"
+                             + srv.logs())
+            inodes = {l.split()[4] for l in self.shared_maps(srv)}
+            self.assertEqual(len(inodes), 3,
+                             "want the client's three pinned buffers mapped in the server\n"
+                             + srv.logs())
+        finally:
+            kill_group(proc)
+            proc.wait()
+            proc.stdout.close()
+        self.assert_no_shared_maps(srv)
+        # The server goes on serving.
+        res = self.run_ok(srv, "shm", "pinned_shared", variant)
+        self.assertEqual(self.kv(res).get("mapped"), "1", res.describe())
 
     def test_server_gone(self):
         for variant, transport in self.matrix():
