@@ -35,6 +35,9 @@ OUT=$(cd "$2" && pwd)
 RAW=$OUT/raw
 
 MODES=${FLYT_BENCH_MODES:-"native tcp unix shm"}
+# The server also listens on shm://: without this a tcp or unix client on this host
+# would move to it by itself, and those columns would measure shared memory.
+export FLYT_SHM=off
 BENCH_GROUPS=${FLYT_BENCH_GROUPS:-"init launch memcpy bw malloc query"}
 read -r -a BENCH_ARGS <<<"${FLYT_BENCH_ARGS:-}"
 read -r -a SERVER_ARGS <<<"${FLYT_BENCH_SERVER_ARGS:-}"

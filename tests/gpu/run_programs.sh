@@ -42,6 +42,8 @@ JOBS=${JOBS:-1}
 MODES=${MODES:-tcp unix}
 PROGRAMS=${PROGRAMS:-}
 FLYT_TOKEN=${FLYT_TOKEN:-}
+# tcp and unix runs stay on their transport (the server also listens on shm://).
+export FLYT_SHM=off
 SERVER_BACKEND=${SERVER_BACKEND:-cuda}
 SERVER_LOG_LEVEL=${SERVER_LOG_LEVEL:-info}
 CLIENT_LOG_LEVEL=${CLIENT_LOG_LEVEL:-warn}
