@@ -57,6 +57,28 @@ std::string PeerPid(int fd) {
   return " (pid " + std::to_string(cred.pid) + ")";
 }
 
+// Sends `n` bytes with `fd` attached (SCM_RIGHTS); retries EINTR. Returns
+// what sendmsg returned.
+ssize_t SendWithFd(int sock, const void* data, size_t n, int fd, int flags) {
+  iovec iov{const_cast<void*>(data), n};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  ssize_t sent;
+  do {
+    sent = ::sendmsg(sock, &msg, MSG_NOSIGNAL | flags);
+  } while (sent < 0 && errno == EINTR);
+  return sent;
+}
+
 class ShmConnection final : public Connection {
  public:
   ShmConnection(int sock, std::unique_ptr<Segment> segment, std::unique_ptr<ShmRing> tx,
@@ -87,23 +109,8 @@ class ShmConnection final : public Connection {
       std::lock_guard<std::mutex> lock(share_mu_);
       notice.id = next_share_id_++;
     }
-    iovec iov{&notice, sizeof(notice)};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
     std::lock_guard<std::mutex> lock(send_mu_);  // one notice at a time on the socket
-    ssize_t n;
-    do {
-      n = ::sendmsg(sock_, &msg, MSG_NOSIGNAL);
-    } while (n < 0 && errno == EINTR);
+    const ssize_t n = SendWithFd(sock_, &notice, sizeof(notice), fd, 0);
     if (n != static_cast<ssize_t>(sizeof(notice))) {
       return Status::Error(n < 0 ? Errno("share memory with " + peer_ + ": sendmsg")
                                  : "share memory with " + peer_ + ": short send");
@@ -318,22 +325,7 @@ Status ServeHandshake(int sock, const Address& addr, std::unique_ptr<Connection>
   st = ShmRing::Create(base + h.c2s_offset, ShmRing::BytesFor(cap), cap, options, &rx);
   if (st.ok()) st = ShmRing::Create(base + h.s2c_offset, ShmRing::BytesFor(cap), cap, options, &tx);
   if (st.ok()) {
-    iovec iov{&h, sizeof(h)};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &memfd, sizeof(int));
-    ssize_t n;
-    do {
-      n = ::sendmsg(sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-    } while (n < 0 && errno == EINTR);
+    const ssize_t n = SendWithFd(sock, &h, sizeof(h), memfd, MSG_DONTWAIT);
     if (n < 0) {
       st = Status::Error(Errno("shm handshake: sendmsg"));
     } else if (static_cast<size_t>(n) != sizeof(h)) {
