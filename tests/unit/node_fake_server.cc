@@ -43,9 +43,10 @@ int main(int argc, char** argv) {
       return 2;
     }
     std::string v = argv[++i];
-    if (a == "--listen")
-      listen = v;
-    else if (a == "--control")
+    if (a == "--listen") {
+      // The data plane is TCP only here; a node manager also asks for shm://.
+      if (v.rfind("tcp://", 0) == 0) listen = v;
+    } else if (a == "--control")
       control = v;
     else if (a == "--memory-quota")
       memory = std::atoll(v.c_str());
