@@ -213,16 +213,13 @@ Status OpenPciBarSegment(const std::string& path, std::unique_ptr<Segment>* out)
   return st;
 }
 
-Status CreateMemfdSegment(size_t size, std::unique_ptr<Segment>* out, int* fd_out) {
-  Status st = CheckSize(size);
-  if (!st.ok()) return st;
-  const std::string name = "memfd:flyt-shm";
-  const int fd = memfd_create("flyt-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0) return SysError("memfd_create", name, errno);
-  st = Truncate(fd, size, name);
-  if (st.ok() && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    st = SysError("seal", name, errno);
-  }
+namespace {
+
+// Ends the creation of a segment whose descriptor the caller hands on: when
+// `st` (the creation so far) is ok, maps `fd` shared and passes it out in
+// *fd_out; otherwise, or if the mapping fails, closes it.
+Status MapCreated(int fd, size_t size, const std::string& name, Status st,
+                  std::unique_ptr<Segment>* out, int* fd_out) {
   void* base = nullptr;
   if (st.ok()) {
     base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -237,6 +234,21 @@ Status CreateMemfdSegment(size_t size, std::unique_ptr<Segment>* out, int* fd_ou
   return Status::Ok();
 }
 
+}  // namespace
+
+Status CreateMemfdSegment(size_t size, std::unique_ptr<Segment>* out, int* fd_out) {
+  Status st = CheckSize(size);
+  if (!st.ok()) return st;
+  const std::string name = "memfd:flyt-shm";
+  const int fd = memfd_create("flyt-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return SysError("memfd_create", name, errno);
+  st = Truncate(fd, size, name);
+  if (st.ok() && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    st = SysError("seal", name, errno);
+  }
+  return MapCreated(fd, size, name, st, out, fd_out);
+}
+
 Status CreateUnlinkedFileSegment(const std::string& dir, size_t size, std::unique_ptr<Segment>* out,
                                  int* fd_out) {
   Status st = CheckSize(size);
@@ -248,18 +260,7 @@ Status CreateUnlinkedFileSegment(const std::string& dir, size_t size, std::uniqu
   if (fd < 0) return SysError("create", path, errno);
   if (unlink(path.c_str()) != 0) st = SysError("unlink", path, errno);
   if (st.ok()) st = Truncate(fd, size, path);
-  void* base = nullptr;
-  if (st.ok()) {
-    base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (base == MAP_FAILED) st = SysError("mmap", path, errno);
-  }
-  if (!st.ok()) {
-    close(fd);  // already failing; the first error is the one to report
-    return st;
-  }
-  out->reset(new MappedSegment(base, size, path, Cleanup::kNone));
-  *fd_out = fd;
-  return Status::Ok();
+  return MapCreated(fd, size, path, st, out, fd_out);
 }
 
 Status MapFdSegment(int fd, size_t expected_size, std::unique_ptr<Segment>* out,
