@@ -23,6 +23,7 @@ class ScriptedConnection final : public flyt::transport::Connection {
     return flyt::Status::Ok();
   }
   void Shutdown() override {}
+  void AbandonAfterFork() override {}
   void SetReceiveTimeout(int) override {}
   std::string Peer() const override { return "fuzzer"; }
 

@@ -6,6 +6,7 @@
 #include "client/client.h"
 
 using flyt::client::Client;
+using flyt::client::Forward;
 using flyt::client::ReplySink;
 namespace wire = flyt::wire;
 namespace ops = flyt::ops;
@@ -20,6 +21,17 @@ CUresult CaptureInfo(const char* name, CUstream s, bool pt, CUstreamCaptureStatu
   Client& c = Client::Get();
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!c.AnyCapture()) {
+    // No capture anywhere in this process: PyTorch asks around every
+    // allocation and cuBLAS call, so this must cost no round trip.
+    *status = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (id) *id = 0;
+    if (graph) *graph = nullptr;
+    if (deps) *deps = nullptr;
+    if (edges) *edges = nullptr;
+    if (count) *count = 0;
+    return CUDA_SUCCESS;
+  }
   wire::Writer w;
   w.Put<uint64_t>(reinterpret_cast<uintptr_t>(s));
   std::vector<uint8_t> reply;
@@ -38,7 +50,41 @@ CUresult CaptureInfo(const char* name, CUstream s, bool pt, CUstreamCaptureStatu
   if (count) *count = 0;
   return CUDA_SUCCESS;
 }
+CUresult IsCapturing(const char* name, CUstream s, bool pt, CUstreamCaptureStatus* status) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!c.AnyCapture()) {
+    *status = CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+  }
+  return pt ? Forward<120, true, true>(name, s, status)
+            : Forward<120, true, false>(name, s, status);
+}
+
+CUresult EndCapture(const char* name, CUstream s, bool pt, CUgraph* graph) {
+  CUresult rc =
+      pt ? Forward<119, true, true>(name, s, graph) : Forward<119, true, false>(name, s, graph);
+  // These answers end the capture; any other leaves the count high (safe).
+  if (rc == CUDA_SUCCESS || rc == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ||
+      rc == CUDA_ERROR_STREAM_CAPTURE_UNJOINED)
+    Client::Get().CaptureEnded();
+  return rc;
+}
 }  // namespace
+
+FLYT_API CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus* status) {
+  return IsCapturing("cuStreamIsCapturing", s, false, status);
+}
+FLYT_API CUresult cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus* status) {
+  return IsCapturing("cuStreamIsCapturing_ptsz", s, true, status);
+}
+FLYT_API CUresult cuStreamEndCapture(CUstream s, CUgraph* graph) {
+  return EndCapture("cuStreamEndCapture", s, false, graph);
+}
+FLYT_API CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph* graph) {
+  return EndCapture("cuStreamEndCapture_ptsz", s, true, graph);
+}
 
 FLYT_API CUresult cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus* st, cuuint64_t* id) {
   return CaptureInfo("cuStreamGetCaptureInfo", s, false, st, id, nullptr, nullptr, nullptr,

@@ -8,12 +8,14 @@
 #include <iterator>
 
 #include "client/client.h"
+#include "client/query_cache.h"
 #include "common/cuda_image.h"
 #include "common/log.h"
 
 using flyt::client::Client;
 using flyt::client::Forward;
 using flyt::client::FuncInfo;
+using flyt::client::QueryCache;
 using flyt::client::ReplySink;
 namespace wire = flyt::wire;
 namespace ops = flyt::ops;
@@ -329,17 +331,24 @@ FLYT_API CUresult cuKernelGetFunction(CUfunction* f, CUkernel k) {
   if (f == nullptr) return CUDA_ERROR_INVALID_VALUE;
   auto info = c.Func(reinterpret_cast<uintptr_t>(k));
   if (info == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  // cudart asks before every launch of a CUkernel; the answer is fixed per context.
+  const uint64_t ctx = reinterpret_cast<uintptr_t>(flyt::client::CurrentContext());
+  uint64_t h = 0;
+  if (QueryCache::Get().FindFunction(reinterpret_cast<uintptr_t>(k), ctx, &h)) {
+    *f = reinterpret_cast<CUfunction>(h);
+    return CUDA_SUCCESS;
+  }
   wire::Writer w;
   w.Put<uint64_t>(reinterpret_cast<uintptr_t>(k));
   std::vector<uint8_t> reply;
   CUresult rc = c.Call("cuKernelGetFunction", ops::kOpKernelGetFunction, w, ReplySink{&reply});
   if (rc != CUDA_SUCCESS) return rc;
-  uint64_t h = 0;
   wire::Reader r(reply.data(), reply.size());
   if (!r.Get(&h)) return CUDA_ERROR_UNKNOWN;
   FuncInfo copy = *info;
   copy.is_kernel = false;
   c.AliasFunc(h, std::make_shared<const FuncInfo>(std::move(copy)));
+  QueryCache::Get().PutFunction(reinterpret_cast<uintptr_t>(k), ctx, h);
   *f = reinterpret_cast<CUfunction>(h);
   return CUDA_SUCCESS;
 }
@@ -458,8 +467,10 @@ FLYT_API CUresult cuOccupancyMaxActiveClusters(int* n, CUfunction f, const CUlau
 }
 
 // Function attributes: the dynamic shared memory opt-in is remembered so that
-// launches above 48 KiB without it fail at once, as with the driver.
+// launches above 48 KiB without it fail at once, as with the driver. Every
+// answer is kept (QueryCache) until an attribute is set.
 FLYT_API CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute attr, int value) {
+  QueryCache::Get().AttributeSet(reinterpret_cast<uintptr_t>(f), false, attr, -1, value);
   CUresult rc = Forward<191, false, false>("cuFuncSetAttribute", f, attr, value);
   if (rc == CUDA_SUCCESS && attr == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
     Client::Get().SetMaxDynamicShared(reinterpret_cast<uintptr_t>(f), value);
@@ -467,10 +478,91 @@ FLYT_API CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute attr, in
 }
 FLYT_API CUresult cuKernelSetAttribute(CUfunction_attribute attr, int value, CUkernel k,
                                        CUdevice dev) {
+  QueryCache::Get().AttributeSet(reinterpret_cast<uintptr_t>(k), true, attr, dev, value);
   CUresult rc = Forward<194, false, false>("cuKernelSetAttribute", attr, value, k, dev);
   if (rc == CUDA_SUCCESS && attr == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
     Client::Get().SetMaxDynamicShared(reinterpret_cast<uintptr_t>(k), value);
   return rc;
+}
+FLYT_API CUresult cuFuncGetAttribute(int* value, CUfunction_attribute attr, CUfunction f) {
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  QueryCache& q = QueryCache::Get();
+  const uint64_t h = reinterpret_cast<uintptr_t>(f);
+  if (q.FindAttribute(h, false, attr, -1, value)) return CUDA_SUCCESS;
+  CUresult rc = Forward<190, true, false>("cuFuncGetAttribute", value, attr, f);
+  if (rc == CUDA_SUCCESS) q.PutAttribute(h, false, attr, -1, *value);
+  return rc;
+}
+FLYT_API CUresult cuKernelGetAttribute(int* value, CUfunction_attribute attr, CUkernel k,
+                                       CUdevice dev) {
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  QueryCache& q = QueryCache::Get();
+  const uint64_t h = reinterpret_cast<uintptr_t>(k);
+  if (q.FindAttribute(h, true, attr, dev, value)) return CUDA_SUCCESS;
+  CUresult rc = Forward<193, true, false>("cuKernelGetAttribute", value, attr, k, dev);
+  if (rc == CUDA_SUCCESS) q.PutAttribute(h, true, attr, dev, *value);
+  return rc;
+}
+
+// Cache configurations change what the occupancy calculator answers.
+FLYT_API CUresult cuFuncSetCacheConfig(CUfunction f, CUfunc_cache config) {
+  QueryCache::Get().CacheConfigChanged();
+  return Forward<192, false, false>("cuFuncSetCacheConfig", f, config);
+}
+FLYT_API CUresult cuKernelSetCacheConfig(CUkernel k, CUfunc_cache config, CUdevice dev) {
+  QueryCache::Get().CacheConfigChanged();
+  return Forward<195, false, false>("cuKernelSetCacheConfig", k, config, dev);
+}
+FLYT_API CUresult cuCtxSetCacheConfig(CUfunc_cache config) {
+  QueryCache::Get().CacheConfigChanged();
+  return Forward<104, false, false>("cuCtxSetCacheConfig", config);
+}
+
+namespace {
+CUresult Occupancy(int* blocks, CUfunction f, int block, size_t smem, unsigned flags,
+                   bool with_flags) {
+  if (blocks == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  QueryCache& q = QueryCache::Get();
+  const uint64_t h = reinterpret_cast<uintptr_t>(f);
+  if (q.FindOccupancy(h, block, smem, flags, blocks)) return CUDA_SUCCESS;
+  CUresult rc =
+      with_flags ? Forward<197, true, false>("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+                                             blocks, f, block, smem, flags)
+                 : Forward<196, true, false>("cuOccupancyMaxActiveBlocksPerMultiprocessor", blocks,
+                                             f, block, smem);
+  if (rc == CUDA_SUCCESS) q.PutOccupancy(h, block, smem, flags, *blocks);
+  return rc;
+}
+}  // namespace
+
+FLYT_API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, CUfunction f, int block,
+                                                              size_t smem) {
+  return Occupancy(blocks, f, block, smem, 0, false);
+}
+FLYT_API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, CUfunction f,
+                                                                       int block, size_t smem,
+                                                                       unsigned int flags) {
+  return Occupancy(blocks, f, block, smem, flags, true);
+}
+
+// A stream whose work is known to be finished (Client::StreamDrained) is
+// answered here; every other synchronize goes to the server.
+namespace {
+CUresult StreamSynchronize(const char* name, CUstream s, bool pt) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (c.StreamDrained(s, pt)) return CUDA_SUCCESS;
+  CUresult rc = pt ? Forward<113, true, true>(name, s) : Forward<113, true, false>(name, s);
+  if (rc == CUDA_SUCCESS && !c.AnyCapture()) c.NoteStreamDrained(s, pt);
+  return rc;
+}
+}  // namespace
+
+FLYT_API CUresult cuStreamSynchronize(CUstream s) {
+  return StreamSynchronize("cuStreamSynchronize", s, false);
+}
+FLYT_API CUresult cuStreamSynchronize_ptsz(CUstream s) {
+  return StreamSynchronize("cuStreamSynchronize_ptsz", s, true);
 }
 
 // Queries: a plain synchronous call (they also flush queued work, so polling

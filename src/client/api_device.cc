@@ -41,6 +41,30 @@ thread_local std::vector<CUcontext> t_stack;  // cuCtxPushCurrent / PopCurrent
 // Lets flyt-server refuse to load this library as NVIDIA's driver.
 FLYT_API int flyt_client_marker() { return 1; }
 
+// Flyt's own extension: the calls this process made so far, for benchmarks
+// (tests/gpu/ml/bench_ml.py reads it with ctypes). out[0] synchronous calls,
+// out[1] asynchronous calls, out[2] messages sent; returns how many it wrote.
+FLYT_API int flyt_client_stats(uint64_t* out, int n) {
+  if (out == nullptr || n <= 0) return 0;
+  Client::CallStats s = Client::Get().Stats();
+  const uint64_t values[] = {s.sync_calls, s.async_calls, s.sends};
+  int count = n < 3 ? n : 3;
+  for (int i = 0; i < count; ++i) out[i] = values[i];
+  return count;
+}
+
+// With FLYT_CALL_COUNTS=1 in the environment: writes "SYNC|ASYNC count name"
+// lines (NUL-terminated, truncated to len) and returns the full text's length.
+FLYT_API size_t flyt_client_call_counts(char* buf, size_t len) {
+  std::string text = Client::Get().CallCounts();
+  if (buf != nullptr && len > 0) {
+    size_t n = text.size() < len - 1 ? text.size() : len - 1;
+    std::memcpy(buf, text.data(), n);
+    buf[n] = '\0';
+  }
+  return text.size();
+}
+
 FLYT_API CUresult cuInit(unsigned int flags) {
   if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
   return Client::Get().Init();
@@ -292,13 +316,17 @@ FLYT_API CUresult cuCtxGetId(CUcontext ctx, unsigned long long* id) {
   return CUDA_SUCCESS;
 }
 
-// Stream capture mode is per thread and only guards which calls are legal
-// while a capture runs; the server enforces the capture itself.
+// Stream capture mode is per thread: it decides which calls are legal while a
+// capture runs (an allocation in global mode invalidates it). The client keeps
+// each thread's mode and the server's session thread takes it on before that
+// thread's next call (Client::SyncContextLocked).
 FLYT_API CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
-  static thread_local CUstreamCaptureMode t_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
   if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  CUstreamCaptureMode old = t_mode;
-  t_mode = *mode;
+  if (*mode != CU_STREAM_CAPTURE_MODE_GLOBAL && *mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+      *mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+    return CUDA_ERROR_INVALID_VALUE;
+  CUstreamCaptureMode old = flyt::client::CurrentCaptureMode();
+  flyt::client::SetCaptureMode(*mode);
   *mode = old;
   return CUDA_SUCCESS;
 }

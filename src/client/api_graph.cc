@@ -20,6 +20,9 @@ CUresult BeginCapture(const char* name, CUstream s, CUstreamCaptureMode mode, bo
   // Host functions and host copies captured into the graph run over it.
   CUresult rc = c.EnsureCallbackChannel();
   if (rc != CUDA_SUCCESS) return rc;
+  // Counted before it is sent: even a failing answer (perhaps an earlier
+  // call's deferred error) may come after the capture began on the server.
+  c.CaptureBegan();
   return pt ? Forward<118, true, true>(name, s, mode) : Forward<118, true, false>(name, s, mode);
 }
 

@@ -104,6 +104,9 @@ CUresult CopyDtoH(const char* name, void* dst, CUdeviceptr src, size_t n, CUstre
         c.Call(name, ops::kOpCopyFromDevice, w, ReplySink{nullptr, out + off, len}, Flags(pt));
     if (rc != CUDA_SUCCESS) return rc;
   }
+  // The bytes came back, so the stream had finished: an app's following
+  // cuStreamSynchronize (PyTorch's .item()) needs no second round trip.
+  if (async && !c.AnyCapture()) c.NoteStreamDrained(stream, pt);
   return CUDA_SUCCESS;
 }
 
@@ -469,6 +472,12 @@ CUresult PointerAttribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr,
   uint64_t base = 0, size = 0;
   Client::HostBuffer hb;
   bool dev = c.FindDeviceRange(ptr, 0, &base, &size);
+  // In a mapped range (cuMemMap), the driver names the whole reservation.
+  uint64_t rbase = 0, rsize = 0;
+  if (dev && c.FindReservation(ptr, &rbase, &rsize)) {
+    base = rbase;
+    size = rsize;
+  }
   bool host = !dev && c.FindHostBuffer(reinterpret_cast<void*>(ptr), &hb);
   if (host) {
     base = hb.base;

@@ -1,15 +1,18 @@
 // Implementation of client/client.h.
 #include "client/client.h"
 #include "client/client_manager_lookup.h"
+#include "client/query_cache.h"
 
 #include <pthread.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <thread>
 
 #include "common/log.h"
@@ -21,6 +24,16 @@ namespace {
 
 thread_local CUcontext t_current = nullptr;
 thread_local uint32_t t_last_reply_info = 0;
+thread_local CUstreamCaptureMode t_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+thread_local uint64_t t_last_call_seq = 0;  // calls_seq_ of this thread's last Call
+
+// One name per stream: the per-thread default stream as CU_STREAM_PER_THREAD,
+// the legacy one as 0.
+uint64_t StreamKey(CUstream stream, bool per_thread) {
+  auto raw = reinterpret_cast<uintptr_t>(stream);
+  if (raw == 0) return per_thread ? 2 : 0;
+  return raw == 1 ? 0 : raw;
+}
 
 uint64_t NowNs() {
   timespec ts{};
@@ -41,14 +54,24 @@ constexpr size_t kQueueLimit = 256 << 10;
 }  // namespace
 
 CUcontext CurrentContext() { return t_current; }
+CUstreamCaptureMode CurrentCaptureMode() { return t_capture_mode; }
+void SetCaptureMode(CUstreamCaptureMode mode) { t_capture_mode = mode; }
 uint32_t Client::LastReplyInfo() { return t_last_reply_info; }
 void SetCurrentContext(CUcontext ctx) { t_current = ctx; }
 
 void AfterForkInChild() {
   // The child shares the parent's socket: it must never speak on it. As with
   // NVIDIA's driver, CUDA is unusable in a child forked after initialisation.
+  // Destroying the connection would shut it down for the parent too (and
+  // join threads that only the parent has): close our descriptors, leak the rest.
+  // A lock another parent thread held at fork() would stay held forever here:
+  // the child starts with fresh ones (no thread of the child holds any yet).
   Client& c = Client::Get();
-  c.conn_.reset();
+  new (&c.mu_) std::mutex();
+  new (&c.state_mu_) std::mutex();
+  new (&c.callback_mu_) std::mutex();
+  if (c.conn_ != nullptr) c.conn_->AbandonAfterFork();
+  (void)c.conn_.release();
   c.queue_.clear();
   c.broken_ = CUDA_ERROR_NOT_INITIALIZED;
   c.init_rc_ = CUDA_ERROR_NOT_INITIALIZED;
@@ -67,6 +90,12 @@ CUresult Client::Fail(const std::string& why) {
 CUresult Client::Init() {
   std::call_once(init_once_, [this] {
     pthread_atfork(nullptr, nullptr, AfterForkInChild);
+    const char* counts = std::getenv("FLYT_CALL_COUNTS");
+    count_calls_ = counts != nullptr && std::strcmp(counts, "1") == 0;
+    const char* flush_us = std::getenv("FLYT_FLUSH_US");  // 0: every call goes at once
+    flush_after_ns_ = flush_us != nullptr && std::strcmp(flush_us, "0") == 0
+                          ? 0
+                          : static_cast<uint64_t>(EnvInt("FLYT_FLUSH_US", 20)) * 1000;
     const char* server = std::getenv("FLYT_SERVER");
     std::string manager_socket, manager_token;
     if (server != nullptr && server[0] != '\0') {
@@ -223,6 +252,8 @@ CUresult Client::SendLocked(const wire::FrameHeader& h, const wire::Writer& req,
   if (req.size() > 0) iov[n++] = {const_cast<uint8_t*>(req.data()), req.size()};
   if (bulk_len > 0) iov[n++] = {const_cast<void*>(bulk), bulk_len};
   Status st = conn_->Send(iov, n);
+  sends_.fetch_add(1, std::memory_order_relaxed);
+  last_send_ns_ = NowNs();
   queue_.clear();
   if (!st.ok()) {
     broken_ = CUDA_ERROR_DEVICE_UNAVAILABLE;
@@ -236,16 +267,28 @@ CUresult Client::SendLocked(const wire::FrameHeader& h, const wire::Writer& req,
 }
 
 CUresult Client::SyncContextLocked() {
+  // The server runs a session's calls on one thread: before a call, that
+  // thread takes on the calling client thread's context and capture mode.
   CUcontext cur = t_current;
-  if (cur == nullptr || cur == sent_ctx_) return CUDA_SUCCESS;
-  sent_ctx_ = cur;
-  wire::FrameHeader h{wire::kMagic, ops::kOpSetCurrentContext, 0, next_call_++, 8, 0, 0, 0};
-  uint64_t raw = reinterpret_cast<uintptr_t>(cur);
-  size_t at = queue_.size();
-  queue_.resize(at + sizeof(h) + 8);
-  std::memcpy(queue_.data() + at, &h, sizeof(h));
-  std::memcpy(queue_.data() + at + sizeof(h), &raw, 8);
+  if (cur != nullptr && cur != sent_ctx_) {
+    sent_ctx_ = cur;
+    uint64_t raw = reinterpret_cast<uintptr_t>(cur);
+    QueueLocked(ops::kOpSetCurrentContext, &raw, sizeof(raw));
+  }
+  if (t_capture_mode != sent_capture_mode_) {
+    sent_capture_mode_ = t_capture_mode;
+    uint32_t raw = static_cast<uint32_t>(t_capture_mode);
+    QueueLocked(ops::kOpSetCaptureMode, &raw, sizeof(raw));
+  }
   return CUDA_SUCCESS;
+}
+
+void Client::QueueLocked(uint16_t op, const void* payload, uint32_t n) {
+  wire::FrameHeader h{wire::kMagic, op, 0, next_call_++, n, 0, 0, 0};
+  size_t at = queue_.size();
+  queue_.resize(at + sizeof(h) + n);
+  std::memcpy(queue_.data() + at, &h, sizeof(h));
+  std::memcpy(queue_.data() + at + sizeof(h), payload, n);
 }
 
 void Client::TraceCall(const char* name, const char* cls, uint64_t t0_ns) {
@@ -258,6 +301,9 @@ CUresult Client::Post(const char* name, uint16_t op, const wire::Writer& req, ui
   std::lock_guard<std::mutex> lock(mu_);
   if (broken_ != CUDA_SUCCESS) return broken_;
   SyncContextLocked();
+  async_calls_.fetch_add(1, std::memory_order_relaxed);
+  ++calls_seq_;
+  if (count_calls_) ++async_by_name_[name];
   wire::FrameHeader h{
       wire::kMagic, op, flags, next_call_++, static_cast<uint32_t>(req.size() + bulk_len), 0, 0, 0};
   CUresult rc = CUDA_SUCCESS;
@@ -269,15 +315,62 @@ CUresult Client::Post(const char* name, uint16_t op, const wire::Writer& req, ui
     std::memcpy(queue_.data() + at, &h, sizeof(h));
     if (req.size() > 0) std::memcpy(queue_.data() + at + sizeof(h), req.data(), req.size());
     if (bulk_len > 0) std::memcpy(queue_.data() + at + sizeof(h) + req.size(), bulk, bulk_len);
+    // Calls that come faster than flush_after_ns_ travel together; a call
+    // after a pause goes at once, so the GPU starts on it while the app
+    // prepares the next (a decoder's launches, one every ~15 us of Python).
+    if (NowNs() - last_send_ns_ >= flush_after_ns_) rc = FlushLocked();
   }
   if (t0 != 0) TraceCall(name, "ASYNC", t0);
   return rc;
+}
+
+void Client::CaptureEnded() {
+  int n = active_captures_.load(std::memory_order_acquire);
+  while (n > 0 && !active_captures_.compare_exchange_weak(n, n - 1, std::memory_order_acq_rel)) {
+  }
+}
+
+void Client::NoteStreamDrained(CUstream stream, bool per_thread) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (calls_seq_ != t_last_call_seq) return;  // another call came in between
+  drained_ = Drained{true, StreamKey(stream, per_thread), calls_seq_};
+}
+
+bool Client::StreamDrained(CUstream stream, bool per_thread) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return drained_.valid && drained_.seq == calls_seq_ &&
+         drained_.stream == StreamKey(stream, per_thread) && broken_ == CUDA_SUCCESS;
+}
+
+Client::CallStats Client::Stats() const {
+  return CallStats{sync_calls_.load(std::memory_order_relaxed),
+                   async_calls_.load(std::memory_order_relaxed),
+                   sends_.load(std::memory_order_relaxed)};
+}
+
+std::string Client::CallCounts() {
+  std::vector<std::pair<uint64_t, std::string>> rows;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [name, n] : sync_by_name_) rows.emplace_back(n, std::string("SYNC ") + name);
+    for (const auto& [name, n] : async_by_name_) rows.emplace_back(n, std::string("ASYNC ") + name);
+  }
+  std::sort(rows.begin(), rows.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::string out;
+  for (const auto& [n, what] : rows) {
+    size_t space = what.find(' ');
+    out += what.substr(0, space) + " " + std::to_string(n) + what.substr(space) + "\n";
+  }
+  return out;
 }
 
 CUresult Client::FlushLocked() {
   if (queue_.empty() || broken_ != CUDA_SUCCESS) return broken_;
   iovec iov{queue_.data(), queue_.size()};
   Status st = conn_->Send(&iov, 1);
+  sends_.fetch_add(1, std::memory_order_relaxed);
+  last_send_ns_ = NowNs();
   queue_.clear();
   if (!st.ok()) {
     broken_ = CUDA_ERROR_DEVICE_UNAVAILABLE;
@@ -298,6 +391,9 @@ CUresult Client::Call(const char* name, uint16_t op, const wire::Writer& req, Re
   std::lock_guard<std::mutex> lock(mu_);
   if (broken_ != CUDA_SUCCESS) return broken_;
   if (op != ops::kOpHello) SyncContextLocked();
+  sync_calls_.fetch_add(1, std::memory_order_relaxed);
+  t_last_call_seq = ++calls_seq_;
+  if (count_calls_) ++sync_by_name_[name];
   uint64_t id = next_call_++;
   wire::FrameHeader h{wire::kMagic,
                       op,
@@ -597,10 +693,12 @@ CUresult Client::ResetPrimary(CUdevice dev) {
   if (dev < 0 || dev >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
   wire::Writer w;
   CUresult rc = Call("cuDevicePrimaryCtxReset", ops::kOpPrimaryCtxReset, w, ReplySink{});
+  QueryCache::Get().Clear();
   std::lock_guard<std::mutex> lock(state_mu_);
   for (auto& [base, r] : device_ranges_)
     if (r.second) munmap(reinterpret_cast<void*>(base), r.first);
   device_ranges_.clear();
+  ForgetVmmLocked();
   funcs_.clear();
   images_.clear();
   primaries_[dev].refs = 0;
@@ -647,13 +745,33 @@ bool Client::RemoveDeviceRange(uint64_t base) {
 bool Client::FindDeviceRange(uint64_t p, uint64_t n, uint64_t* base, uint64_t* size) {
   std::lock_guard<std::mutex> lock(state_mu_);
   auto it = device_ranges_.upper_bound(p);
-  if (it == device_ranges_.begin()) return false;
+  if (it != device_ranges_.begin()) {
+    --it;
+    uint64_t b = it->first, s = it->second.first;
+    if ((p - b < s || (s == 0 && p == b)) && n <= s - (p - b)) {
+      if (base) *base = b;
+      if (size) *size = s;
+      return true;
+    }
+  }
+  return FindMappedLocked(p, n, base, size);
+}
+
+// Mapped ranges (cuMemMap) that follow one another form one span of device
+// memory, as the GPU sees it: a copy may cross from one into the next.
+bool Client::FindMappedLocked(uint64_t p, uint64_t n, uint64_t* base, uint64_t* size) {
+  auto it = vmm_mapped_.upper_bound(p);
+  if (it == vmm_mapped_.begin()) return false;
   --it;
-  uint64_t b = it->first, s = it->second.first;
-  if (p - b >= s && !(s == 0 && p == b)) return false;
-  if (n > s - (p - b)) return false;
-  if (base) *base = b;
-  if (size) *size = s;
+  if (p - it->first >= it->second) return false;
+  if (base) *base = it->first;
+  if (size) *size = it->second;
+  uint64_t end = it->first + it->second;  // covered so far
+  while (n > end - p) {
+    ++it;
+    if (it == vmm_mapped_.end() || it->first != end) return false;
+    end += it->second;
+  }
   return true;
 }
 
@@ -713,6 +831,7 @@ void Client::AddImage(uint64_t handle, bool is_library,
 }
 
 void Client::RemoveImage(uint64_t handle) {
+  QueryCache::Get().Clear();  // its handles may come back for other code
   std::lock_guard<std::mutex> lock(state_mu_);
   auto it = images_.find(handle);
   if (it == images_.end()) return;

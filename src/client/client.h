@@ -11,6 +11,7 @@
 
 #include <cuda.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <map>
@@ -69,6 +70,17 @@ class Client {
   CUresult Flush();
   // wire::ReplyInfo bits of the calling thread's last synchronous reply.
   static uint32_t LastReplyInfo();
+  // Calls made since start: synchronous (waited for a reply), asynchronous
+  // (queued), and messages sent on the connection (flyt_client_stats).
+  struct CallStats {
+    uint64_t sync_calls = 0;
+    uint64_t async_calls = 0;
+    uint64_t sends = 0;
+  };
+  CallStats Stats() const;
+  // With FLYT_CALL_COUNTS=1: "SYNC|ASYNC count name" lines, most frequent
+  // first, of every call so far (flyt_client_call_counts).
+  std::string CallCounts();
 
   // Queues a host function behind the stream's work (cuLaunchHostFunc): the
   // server's driver asks for it over a second connection when the stream
@@ -82,6 +94,20 @@ class Client {
   // default stream) have run: an asynchronous upload queued behind them must
   // see what they wrote, so its bytes may only be read afterwards.
   void WaitHostFuncs(CUstream stream);
+
+  // --- answers without a round trip
+  // Stream captures begun and not yet ended in this process. While there is
+  // none, no stream can be capturing (a capture only starts with
+  // cuStreamBeginCapture), so capture queries are answered here. The count
+  // errs high (a begin that may have failed still counts), never low.
+  void CaptureBegan() { active_captures_.fetch_add(1, std::memory_order_acq_rel); }
+  void CaptureEnded();
+  bool AnyCapture() const { return active_captures_.load(std::memory_order_acquire) > 0; }
+  // After a synchronous call whose reply came once `stream`'s work had
+  // finished (a device-to-host copy with bytes, cuStreamSynchronize): while no
+  // call at all follows it, synchronizing that stream again is answered here.
+  void NoteStreamDrained(CUstream stream, bool per_thread);
+  bool StreamDrained(CUstream stream, bool per_thread);
 
   // --- devices (answered locally)
   int device_count() const { return static_cast<int>(devices_.size()); }
@@ -125,6 +151,24 @@ class Client {
   bool SharesMemory();
   CUresult ShareFd(int fd, uint64_t* id);
 
+  // --- virtual memory management (client/api_vmm.cc). A reserved range
+  // keeps this process's host memory out of it, as allocations do; a mapped
+  // range is device memory to copies and pointer queries (FindDeviceRange),
+  // and adjacent mapped ranges count as one.
+  void AddReservation(uint64_t base, uint64_t size);
+  // True when [base, base+size) is a reservation and holds no mapped range
+  // (then it is forgotten); with `force`, it and the ranges inside go anyway.
+  bool RemoveReservation(uint64_t base, uint64_t size, bool force);
+  bool FindReservation(uint64_t p, uint64_t* base, uint64_t* size);
+  void AddMappedRange(uint64_t base, uint64_t size);
+  // True when mapped ranges tile [base, base+size) exactly; they are then
+  // forgotten. With `force`, the ranges inside go whatever they are.
+  bool RemoveMappedRanges(uint64_t base, uint64_t size, bool force);
+  // References the app holds on an allocation handle (cuMemCreate and
+  // cuMemRetainAllocationHandle add one, cuMemRelease drops one); false when none.
+  void AddVmmHandleRef(uint64_t handle);
+  bool DropVmmHandleRef(uint64_t handle);
+
   // --- code
   void AddImage(uint64_t handle, bool is_library, std::vector<std::pair<uint64_t, FuncInfo>> fns);
   void RemoveImage(uint64_t handle);
@@ -156,6 +200,8 @@ class Client {
                       size_t bulk_len);
   CUresult FlushLocked();
   CUresult SyncContextLocked();
+  // Appends a small no-reply frame to the queue.
+  void QueueLocked(uint16_t op, const void* payload, uint32_t n);
   // Receives the reply to call `id` (device output frames before it go to
   // stdout); on failure the connection is marked broken.
   CUresult ReceiveReplyLocked(const char* name, uint64_t id, ReplySink sink,
@@ -179,6 +225,22 @@ class Client {
   uint64_t session_id_ = 0;
   uint64_t session_secret_ = 0;
   CUcontext sent_ctx_ = nullptr;
+  CUstreamCaptureMode sent_capture_mode_ = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  // Written under mu_, read by Stats() from any thread.
+  std::atomic<uint64_t> sync_calls_{0};
+  std::atomic<uint64_t> async_calls_{0};
+  std::atomic<uint64_t> sends_{0};
+  std::atomic<int> active_captures_{0};
+  uint64_t calls_seq_ = 0;  // under mu_: every call and post
+  struct Drained {
+    bool valid = false;
+    uint64_t stream = 0;
+    uint64_t seq = 0;
+  } drained_;                        // under mu_
+  bool count_calls_ = false;         // FLYT_CALL_COUNTS=1, read once by Init()
+  uint64_t last_send_ns_ = 0;        // under mu_
+  uint64_t flush_after_ns_ = 20000;  // FLYT_FLUSH_US
+  std::unordered_map<const char*, uint64_t> sync_by_name_, async_by_name_;  // under mu_
 
   std::mutex callback_mu_;  // the callback channel and the queued host functions
   bool callback_channel_ = false;
@@ -206,6 +268,12 @@ class Client {
   std::vector<Primary> primaries_;
   std::map<uint64_t, std::pair<uint64_t, bool>> device_ranges_;  // base -> size, reserved
   std::map<uintptr_t, HostBuffer> host_buffers_;                 // by base
+  // Virtual memory (client/api_vmm.cc).
+  std::map<uint64_t, std::pair<uint64_t, bool>> vmm_reserved_;  // base -> size, host VA held
+  std::map<uint64_t, uint64_t> vmm_mapped_;                     // base -> size
+  std::unordered_map<uint64_t, uint32_t> vmm_handle_refs_;      // handle -> app's references
+  void ForgetVmmLocked();  // cudaDeviceReset: the server released it all
+  bool FindMappedLocked(uint64_t p, uint64_t n, uint64_t* base, uint64_t* size);
   std::unordered_map<uint64_t, std::shared_ptr<const FuncInfo>> funcs_;
   std::unordered_map<uint64_t, ImageInfo> images_;
   std::unordered_map<uint64_t, int> max_dynamic_shared_;
@@ -217,6 +285,10 @@ class Client {
 std::shared_ptr<const FuncInfo> FuncLayout(uint64_t func);
 // Appends a launch's parameter block (blob) built from kernelParams or extra.
 CUresult PackKernelParams(const FuncInfo& info, void** params, void** extra, wire::Writer& w);
+
+// The calling thread's stream-capture mode (cuThreadExchangeStreamCaptureMode).
+CUstreamCaptureMode CurrentCaptureMode();
+void SetCaptureMode(CUstreamCaptureMode mode);
 
 // The calling thread's current context (cuCtxGetCurrent).
 CUcontext CurrentContext();

@@ -13,6 +13,18 @@
 // X(op_id, symbol, call_class, releases) where call_class is SYNC (the caller
 // needs the reply) or ASYNC (fire-and-forget, errors are deferred), and
 // releases is the handle kind the call destroys through its first argument.
+//
+// Virtual memory management (245-253; cuMemSetAccess and
+// cuMemRetainAllocationHandle are hand-written, protocol/ops.h): the server
+// runs them through the session (server/session_vmm.cc), which checks that
+// handles and ranges are the session's own, charges cuMemCreate to the quota
+// and undoes everything at the session's end. cuMemMap and cuMemSetAccess are
+// SYNC although nothing comes back: an allocator (PyTorch's expandable
+// segments) checks their result at once and grows a segment only when they
+// worked, and the client may know a range as device memory only after the
+// driver mapped it. The calls that tear down (cuMemUnmap, cuMemRelease,
+// cuMemAddressFree) are ASYNC when the client knows the range or handle, and
+// SYNC otherwise, so that a bad argument fails at the call (client/api_vmm.cc).
 #pragma once
 
 #define FLYT_GENERIC_APIS(X)                                               \
@@ -104,24 +116,49 @@
   X(241, cuMemAllocFromPoolAsync, SYNC, None)                              \
   X(242, cuMemFreeAsync, ASYNC, Memory)                                    \
   X(243, cuGraphExecUpdate_v2, SYNC, None)                                 \
-  X(244, cuDeviceGraphMemTrim, SYNC, None)
+  X(244, cuDeviceGraphMemTrim, SYNC, None)                                 \
+  X(245, cuMemAddressReserve, SYNC, None)                                  \
+  X(246, cuMemAddressFree, ASYNC, None)                                    \
+  X(247, cuMemCreate, SYNC, None)                                          \
+  X(248, cuMemRelease, ASYNC, None)                                        \
+  X(249, cuMemMap, SYNC, None)                                             \
+  X(250, cuMemUnmap, ASYNC, None)                                          \
+  X(251, cuMemGetAccess, SYNC, None)                                       \
+  X(252, cuMemGetAllocationGranularity, SYNC, None)                        \
+  X(253, cuMemGetAllocationPropertiesFromHandle, SYNC, None)
 
 // Generic calls whose client entry point is hand-written because the client
 // keeps state about them (client/api_*.cc calls Forward<> itself).
-#define FLYT_CLIENT_WRAPPED(X) \
-  X(cuMemAlloc_v2)             \
-  X(cuMemAllocPitch_v2)        \
-  X(cuMemFree_v2)              \
-  X(cuModuleUnload)            \
-  X(cuLibraryUnload)           \
-  X(cuModuleGetGlobal_v2)      \
-  X(cuLibraryGetGlobal)        \
-  X(cuMemGetAddressRange_v2)   \
-  X(cuEventQuery)              \
-  X(cuStreamQuery)             \
-  X(cuMemAllocAsync)           \
-  X(cuMemAllocFromPoolAsync)   \
-  X(cuMemFreeAsync)            \
-  X(cuFuncSetAttribute)        \
-  X(cuKernelSetAttribute)      \
-  X(cuStreamBeginCapture_v2)
+#define FLYT_CLIENT_WRAPPED(X)                            \
+  X(cuMemAlloc_v2)                                        \
+  X(cuMemAllocPitch_v2)                                   \
+  X(cuMemFree_v2)                                         \
+  X(cuModuleUnload)                                       \
+  X(cuLibraryUnload)                                      \
+  X(cuModuleGetGlobal_v2)                                 \
+  X(cuLibraryGetGlobal)                                   \
+  X(cuMemGetAddressRange_v2)                              \
+  X(cuEventQuery)                                         \
+  X(cuStreamQuery)                                        \
+  X(cuMemAllocAsync)                                      \
+  X(cuMemAllocFromPoolAsync)                              \
+  X(cuMemFreeAsync)                                       \
+  X(cuFuncSetAttribute)                                   \
+  X(cuKernelSetAttribute)                                 \
+  X(cuStreamBeginCapture_v2)                              \
+  X(cuStreamEndCapture)                                   \
+  X(cuStreamIsCapturing)                                  \
+  X(cuStreamSynchronize)                                  \
+  X(cuFuncGetAttribute)                                   \
+  X(cuKernelGetAttribute)                                 \
+  X(cuFuncSetCacheConfig)                                 \
+  X(cuKernelSetCacheConfig)                               \
+  X(cuCtxSetCacheConfig)                                  \
+  X(cuOccupancyMaxActiveBlocksPerMultiprocessor)          \
+  X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags) \
+  X(cuMemAddressReserve)                                  \
+  X(cuMemAddressFree)                                     \
+  X(cuMemCreate)                                          \
+  X(cuMemRelease)                                         \
+  X(cuMemMap)                                             \
+  X(cuMemUnmap)

@@ -18,6 +18,10 @@ enum : uint16_t {
   kOpAttachCallbackChannel = 3,
   kOpPrimaryCtxRetain = 10,
   kOpSetCurrentContext = 11,
+  // u32 CUstreamCaptureMode: the calling client thread's capture mode
+  // (cuThreadExchangeStreamCaptureMode), set on the session's thread before
+  // the calls that follow, as kOpSetCurrentContext does for the context.
+  kOpSetCaptureMode = 96,
   kOpPrimaryCtxReset = 12,
   kOpCtxCreate = 13,
   kOpCtxDestroy = 14,
@@ -62,6 +66,15 @@ enum : uint16_t {
   // A copy between the device and shared host memory: u8 to_device, u64 device
   // pointer, u64 server address, u64 bytes, u64 stream, u8 async.
   kOpCopyShared = 92,
+  // The tenant's view for Flyt's NVML library (src/nvml/): u32 flags (0) ->
+  // NvmlHead, head.device_count x NvmlDevice, head.process_count x NvmlProcess.
+  // The deferred error of earlier asynchronous calls stays for the app.
+  kOpNvmlSnapshot = 93,
+  // Virtual memory management (the rest is generic: protocol/api_list.h).
+  // cuMemSetAccess: u64 ptr, u64 size, u32 count, count x CUmemAccessDesc.
+  kOpMemSetAccess = 94,
+  // cuMemRetainAllocationHandle: u8 want handle, u64 address -> u64 handle.
+  kOpMemRetainAllocationHandle = 95,
 };
 
 // Which loader the app called; the server answers with the same kind of handle.
@@ -78,6 +91,7 @@ inline constexpr uint32_t kMaxParams = 1024;
 inline constexpr uint32_t kMaxParamBytes = 32764;  // CUDA 12.1+ limit for kernel params
 inline constexpr uint32_t kMaxKernelsPerImage = 1u << 20;
 inline constexpr uint32_t kMaxNameLen = 64 * 1024;
+inline constexpr uint32_t kMaxAccessDescs = 64;  // cuMemSetAccess: one per device is plenty
 
 // Launch flags (kOpLaunch).
 enum LaunchFlags : uint32_t {
@@ -96,5 +110,72 @@ struct DeviceInfo {
   uint8_t luid[8];
   uint32_t luid_mask;
 };
+
+// kOpNvmlSnapshot reply (docs/nvml.md). Fixed-size records, no padding.
+inline constexpr uint32_t kNvmlSnapshotVersion = 1;
+inline constexpr uint32_t kMaxNvmlDevices = 64;
+inline constexpr uint32_t kMaxNvmlProcesses = 4096;
+struct NvmlHead {
+  uint32_t version;       // kNvmlSnapshotVersion
+  uint32_t head_size;     // sizeof(NvmlHead), sizeof(NvmlDevice), sizeof(NvmlProcess):
+  uint32_t device_size;   // the client checks them
+  uint32_t process_size;  //
+  uint32_t device_count;
+  uint32_t process_count;
+  int32_t cuda_driver_version;  // cuDriverGetVersion (the client library puts its own)
+  uint32_t reserved;
+  char driver_version[80];  // NVIDIA's driver version text; "" when unknown
+  char nvml_version[80];    // the GPU host's NVML version text; "" when unknown
+};
+// Which NvmlDevice fields hold values (the others answer NVML_ERROR_NOT_SUPPORTED).
+enum NvmlValid : uint32_t {
+  kNvmlHasUtilization = 1u << 0,
+  kNvmlHasTemperature = 1u << 1,
+  kNvmlHasPower = 1u << 2,
+  kNvmlHasPowerLimit = 1u << 3,
+  kNvmlHasClocks = 1u << 4,
+  kNvmlHasMaxClocks = 1u << 5,
+  kNvmlHasPerfState = 1u << 6,
+  kNvmlHasFan = 1u << 7,
+  kNvmlHasMinor = 1u << 8,
+  kNvmlHasPciIds = 1u << 9,
+};
+// Where the utilization comes from.
+enum class NvmlUtilSource : uint32_t {
+  kNone = 0,
+  kServerProcess = 1,  // the GPU host's NVML, samples of flyt-server's own process
+  kWholeGpu = 2,       // the GPU host's NVML, the whole GPU (other tenants included)
+  kSim = 3,            // the sim backend's fixed values
+};
+struct NvmlDevice {
+  char name[96];
+  uint8_t uuid[16];  // the real GPU's
+  uint32_t valid;    // NvmlValid bits
+  uint32_t util_source;
+  uint32_t pci_domain, pci_bus, pci_device;
+  uint32_t pci_device_id, pci_subsystem_id;  // kNvmlHasPciIds
+  uint32_t minor;                            // kNvmlHasMinor
+  int32_t cc_major, cc_minor;
+  uint32_t sm_count;               // the tenant's SMs
+  uint32_t sm_total;               // the GPU's
+  uint64_t memory_total;           // the tenant's quota, else the GPU's memory
+  uint64_t memory_used;            // what the tenant's sessions hold
+  uint64_t memory_free;            // total - used, and no more than the GPU has free
+  uint32_t util_gpu, util_memory;  // percent
+  uint32_t temperature_c, fan_percent;
+  uint32_t power_mw, power_limit_mw;
+  uint32_t perf_state;        // 0 (P0) .. 15
+  uint32_t clock_mhz[4];      // nvmlClockType_t order: graphics, SM, memory, video
+  uint32_t max_clock_mhz[4];  //
+  uint32_t reserved;
+};
+struct NvmlProcess {
+  uint32_t pid;     // in the client's own PID namespace (its handshake)
+  uint32_t device;  // device index it has a context on
+  uint64_t used_memory;
+};
+static_assert(sizeof(NvmlHead) == 192);
+static_assert(sizeof(NvmlDevice) == 248);
+static_assert(sizeof(NvmlProcess) == 16);
 
 }  // namespace flyt::ops

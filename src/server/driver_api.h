@@ -73,7 +73,9 @@ namespace flyt::server {
   X(cuDevResourceGenerateDesc)         \
   X(cuGreenCtxCreate)                  \
   X(cuGreenCtxDestroy)                 \
-  X(cuCtxFromGreenCtx)
+  X(cuCtxFromGreenCtx)                 \
+  X(cuMemSetAccess)                    \
+  X(cuMemRetainAllocationHandle)
 
 struct DriverApi {
 #define FLYT_DECLARE_GENERIC(op, sym, cls, rel) \

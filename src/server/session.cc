@@ -15,6 +15,7 @@
 
 #include "common/cuda_image.h"
 #include "common/log.h"
+#include "server/session_vmm.h"
 
 namespace flyt::server {
 
@@ -206,7 +207,12 @@ bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CU
       return true;
     }
   }
-  *rc = std::apply([&](auto&... sl) { return fn(sl.Get()...); }, slots);
+  if constexpr (ThroughSession<Op>::kYes) {  // the session's own checks (server/session_vmm.h)
+    *rc = std::apply([&](auto&... sl) { return (s.*ThroughSession<Op>::kMethod)(sl.Get()...); },
+                     slots);
+  } else {
+    *rc = std::apply([&](auto&... sl) { return fn(sl.Get()...); }, slots);
+  }
   if constexpr (ChargesMemory(Op)) {
     if (*rc != CUDA_SUCCESS) {
       s.RefundMemory(charge);
@@ -498,6 +504,7 @@ Session::Opening Session::Handshake() {
   out.PutString(state_->boot_id);
   FLYT_INFO("session %llu: client pid %u from %s, CUDA %d", static_cast<unsigned long long>(id_),
             req.pid, peer_.c_str(), req.client_cuda_version);
+  client_pid_ = req.pid;
   {
     std::lock_guard<std::mutex> lock(state_->sessions_mu);
     state_->sessions[id_] = this;
@@ -684,7 +691,7 @@ void Session::ReleaseAll() {
   size_t total = 0;
   for (auto& set : handles_) total += set.size();
   if (total == 0 && host_funcs_in_flight_.load() == 0 && captured_.empty() &&
-      retired_streams_.empty() && pt_stream_ == nullptr)
+      retired_streams_.empty() && pt_stream_ == nullptr && VmmEmpty())
     return;
   if (exec_ != nullptr || primary_ != nullptr) a.cuCtxSetCurrent(exec_ ? exec_ : primary_);
   // Only this session's work: a context-wide synchronize would invalidate
@@ -712,6 +719,7 @@ void Session::ReleaseAll() {
   old_greens_.clear();
   each(HandleKind::kArray, [&](uint64_t h) { a.cuArrayDestroy(reinterpret_cast<CUarray>(h)); });
   each(HandleKind::kMemory, [&](uint64_t h) { a.cuMemFree_v2(static_cast<CUdeviceptr>(h)); });
+  ReleaseVmm();  // unmaps, releases, frees; refunds its own charges
   // The session's memory no longer counts against the tenant's quota.
   uint64_t charged = 0;
   for (auto& [h, bytes] : memory_bytes_) charged += bytes;
@@ -775,6 +783,18 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       *rc = a.cuCtxSetCurrent(RealContext(ctx));
       return true;
     }
+    case ops::kOpSetCaptureMode: {
+      uint32_t mode = 0;
+      if (!in.Get(&mode) || in.remaining() != 0) return false;
+      if (mode > CU_STREAM_CAPTURE_MODE_RELAXED) {
+        *rc = CUDA_ERROR_INVALID_VALUE;
+        return true;
+      }
+      auto m = static_cast<CUstreamCaptureMode>(mode);
+      *rc = a.cuThreadExchangeStreamCaptureMode != nullptr ? a.cuThreadExchangeStreamCaptureMode(&m)
+                                                           : CUDA_ERROR_NOT_SUPPORTED;
+      return true;
+    }
     case ops::kOpDeviceInfo: {
       // The inventory with the share applied, after a live change. The
       // deferred error stays for the app's next reply.
@@ -802,6 +822,8 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       if (want_total) out.Put(total_bytes);
       return true;
     }
+    case ops::kOpNvmlSnapshot:
+      return NvmlSnapshot(in, out, rc);
     case ops::kOpPrimaryCtxReset: {
       // cudaDeviceReset: this process's state goes, other sessions keep theirs.
       CUcontext keep = primary_;
@@ -811,6 +833,10 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       *rc = CUDA_SUCCESS;
       return in.remaining() == 0;
     }
+    case ops::kOpMemSetAccess:
+      return VmmSetAccess(in, rc);
+    case ops::kOpMemRetainAllocationHandle:
+      return VmmRetainHandle(in, out, rc);
     case ops::kOpLoadImage:
       return LoadImage(in, out, rc);
     case ops::kOpKernelGetFunction: {
@@ -1324,8 +1350,9 @@ bool Session::CopyFromDevice(Reader& in, bool per_thread, Writer& out, CUresult*
   }
   uint8_t* dst = out.Grow(size);
   if (async) {
-    *rc = a.cuMemcpyDtoHAsync_v2(dst, src, size, RealStream(stream));
-    if (*rc == CUDA_SUCCESS) *rc = a.cuStreamSynchronize(RealStream(stream));
+    CUstream s = RealStream(stream == 0 && per_thread ? 2 : stream);
+    *rc = a.cuMemcpyDtoHAsync_v2(dst, src, size, s);
+    if (*rc == CUDA_SUCCESS) *rc = a.cuStreamSynchronize(s);
   } else {
     auto copy = per_thread && a.cuMemcpyDtoH_v2_pt ? a.cuMemcpyDtoH_v2_pt : a.cuMemcpyDtoH_v2;
     *rc = copy(dst, src, size);

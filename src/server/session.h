@@ -96,6 +96,17 @@ void RestartServer(const ServerState& state);
 // forwarded to the client whose call flushed it.
 Status CaptureDeviceOutput(ServerState* state);
 
+// A session's virtual memory (cuMemCreate / cuMemMap, session_vmm.cc).
+struct VmmMapping {
+  uint64_t size = 0;
+  uint64_t handle = 0;
+};
+struct VmmHandle {
+  uint64_t charged = 0;   // bytes charged to the quota at cuMemCreate
+  uint32_t refs = 0;      // references the client holds (create, retain - release)
+  uint32_t mappings = 0;  // this session's mappings of it
+};
+
 class Session {
  public:
   // Host-side work captured into a graph (session_graphs.cc).
@@ -120,9 +131,34 @@ class Session {
   DriverApi& api() { return state_->api; }
   // Memory quota bookkeeping of the generic allocation handlers: charged
   // before the driver allocates, recorded per handle, refunded when freed.
-  bool ChargeMemory(uint64_t bytes) { return state_->share.Charge(bytes); }
-  void RefundMemory(uint64_t bytes) { state_->share.Refund(bytes); }
+  bool ChargeMemory(uint64_t bytes) {
+    if (!state_->share.Charge(bytes)) return false;
+    charged_ += bytes;
+    return true;
+  }
+  void RefundMemory(uint64_t bytes) {
+    state_->share.Refund(bytes);
+    uint64_t c = charged_.load();
+    while (!charged_.compare_exchange_weak(c, c > bytes ? c - bytes : 0)) {
+    }
+  }
   void NoteAllocation(marshal::HandleKind kind, uint64_t handle, uint64_t bytes);
+  // Virtual memory management (session_vmm.cc): the generic handlers of these
+  // calls decode the arguments and call these instead of the driver. They
+  // accept only the session's own ranges and handles (CUDA_ERROR_INVALID_VALUE
+  // otherwise: the driver crashes on a bogus handle), charge cuMemCreate to
+  // the quota, and keep what ReleaseVmm undoes at the session's end.
+  CUresult VmmAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                             unsigned long long flags);
+  CUresult VmmAddressFree(CUdeviceptr ptr, size_t size);
+  CUresult VmmCreate(CUmemGenericAllocationHandle* handle, size_t size,
+                     const CUmemAllocationProp* prop, unsigned long long flags);
+  CUresult VmmRelease(CUmemGenericAllocationHandle handle);
+  CUresult VmmMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                  unsigned long long flags);
+  CUresult VmmUnmap(CUdeviceptr ptr, size_t size);
+  CUresult VmmGetAccess(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr);
+  CUresult VmmGetProperties(CUmemAllocationProp* prop, CUmemGenericAllocationHandle handle);
   // The stream that runs a client's stream handle now: after a live SM change
   // the session's streams move to new streams in the new context, under the
   // same client-visible handles. 0, 1 and 2 follow the current context.
@@ -132,6 +168,12 @@ class Session {
   CUcontext RealContext(uint64_t raw) const;
   // True while a stream capture of this session is in progress.
   bool capturing() const { return captures_.load() > 0; }
+  // For NVML's process list (session_nvml.cc), read by other sessions' threads:
+  // the client's pid (0 before the handshake), the device of its context (-1:
+  // none yet) and the bytes it holds against the quota.
+  uint32_t client_pid() const { return client_pid_.load(); }
+  int context_device() const { return context_device_.load(); }
+  uint64_t memory_charged() const { return charged_.load(); }
   // True when this session runs under an older execution config than the server's.
   bool switch_pending() const { return exec_generation_.load() != state_->share.exec_generation(); }
   // Runs a client host function: asks the client over the callback channel and
@@ -156,6 +198,23 @@ class Session {
                         uint64_t* fn, CUresult* rc);
   bool Launch(wire::Reader& in, bool per_thread, CUresult* rc);
   bool MaxActiveClusters(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  // kOpNvmlSnapshot (session_nvml.cc).
+  bool NvmlSnapshot(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  // --- virtual memory management, hand-written calls (session_vmm.cc)
+  bool VmmSetAccess(wire::Reader& in, CUresult* rc);
+  bool VmmRetainHandle(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  // The mappings inside [ptr, ptr+size), a range of one reservation that
+  // cuts no mapping in two; false when it is not such a range.
+  bool VmmUnmappable(uint64_t ptr, uint64_t size, std::map<uint64_t, VmmMapping>::iterator* first,
+                     std::map<uint64_t, VmmMapping>::iterator* last);
+  // The mapping that holds `ptr`, or vmm_mapped_.end().
+  std::map<uint64_t, VmmMapping>::iterator VmmMappingAt(uint64_t ptr);
+  void VmmDropHandleIfUnused(uint64_t handle);
+  bool VmmEmpty() const {
+    return vmm_reserved_.empty() && vmm_mapped_.empty() && vmm_handles_.empty();
+  }
+  // Unmaps, releases and frees all the session's VMM state (ReleaseAll).
+  void ReleaseVmm();
   // --- graphs (session_graphs.cc)
   bool Capturing(CUstream stream);
   CUresult HostFunc(CUstream stream, uint64_t id, bool per_thread, bool* captured);
@@ -232,7 +291,16 @@ class Session {
   std::unordered_map<uint64_t, uint64_t> array_bytes_;
   // Shared pinned host regions: server address -> bytes (mapped and registered).
   std::map<uint64_t, uint64_t> shared_host_;
+  // Virtual memory (session_vmm.cc): reservations (base -> size), mappings
+  // by base, and allocation handles with the references the client holds.
+  std::map<uint64_t, uint64_t> vmm_reserved_;
+  std::map<uint64_t, VmmMapping> vmm_mapped_;
+  std::unordered_map<uint64_t, VmmHandle> vmm_handles_;
   std::atomic<int> captures_{0};
+  // For NVML (client_pid(), context_device(), memory_charged()).
+  std::atomic<uint32_t> client_pid_{0};
+  std::atomic<int> context_device_{-1};
+  std::atomic<uint64_t> charged_{0};
   bool keep_deferred_ = false;  // this reply must not carry the deferred error
   bool retained_primary_ = false;
   std::vector<uint8_t> payload_;

@@ -67,6 +67,7 @@ void Session::EnterExec(int device) {
   green_ = green;
   exec_ = ctx;
   exec_device_ = device;
+  context_device_ = device;
   exec_generation_ = config.generation;
   if (green_ != nullptr)
     FLYT_INFO("session %llu: green context of %d SMs", static_cast<unsigned long long>(id_),

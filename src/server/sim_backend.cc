@@ -5,8 +5,12 @@
 // (server/sim_kernels.h), and the launch record: with --sim-record FILE each
 // launch appends `launch kernel=NAME grid=X,Y,Z block=X,Y,Z shared=N
 // params=HEX:HEX...` (parameter bytes as the app passed them). Everything runs
-// synchronously and no kernel executes. Never a product feature.
+// synchronously and no kernel executes. Virtual memory management: a
+// reservation is a PROT_NONE host range, a physical allocation a memfd, and
+// cuMemMap maps the memfd into the range, so copies and memsets reach it and
+// two mappings of one allocation share their bytes. Never a product feature.
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -69,6 +73,23 @@ struct Sim {
   // Registered host memory (cuMemHostRegister): base -> size. Its device
   // pointer is the host address, as on a UVA GPU.
   std::map<uint64_t, uint64_t> registered;
+  // Virtual memory management (cuMemAddressReserve / cuMemCreate / cuMemMap).
+  struct Physical {
+    int fd = -1;
+    uint64_t size = 0;
+    CUmemAllocationProp prop{};
+    uint32_t refs = 0;      // create + retain - release
+    uint32_t mappings = 0;  // freed when both are 0
+  };
+  struct Mapping {
+    uint64_t size = 0;
+    uint64_t handle = 0;
+    unsigned long long access = 0;  // CUmemAccess_flags for device 0
+  };
+  std::map<uint64_t, uint64_t> reserved;  // base -> size
+  std::map<uint64_t, Mapping> mapped;     // base -> mapping
+  std::map<uint64_t, Physical> physical;  // handle -> allocation
+  uint64_t next_handle = 0x10000;
   uint64_t used = 0;
   FILE* record = nullptr;
   std::mutex record_mu;
@@ -96,10 +117,28 @@ bool Within(const std::map<uint64_t, uint64_t>& ranges, uint64_t p, size_t n) {
   return p >= it->first && n <= it->second && p - it->first <= it->second - n;
 }
 
-// True when [p, p+n) lies inside one allocation or one registered host range.
+// True when [p, p+n) lies in mappings that follow one another and all grant
+// access (cuMemSetAccess); a copy may cross from one mapping into the next.
+bool WithinMapped(uint64_t p, size_t n) {
+  auto& m = g_sim->mapped;
+  auto it = m.upper_bound(p);
+  if (it == m.begin()) return false;
+  --it;
+  if (p - it->first >= it->second.size) return false;
+  uint64_t end = it->first;
+  for (; it != m.end() && it->first == end; ++it) {
+    if (it->second.access == CU_MEM_ACCESS_FLAGS_PROT_NONE) return false;
+    end += it->second.size;
+    if (n <= end - p) return true;
+  }
+  return false;
+}
+
+// True when [p, p+n) lies inside one allocation, one registered host range or
+// accessible mappings.
 bool Valid(uint64_t p, size_t n) {
   std::lock_guard<std::mutex> lock(g_sim->mu);
-  return Within(g_sim->allocs, p, n) || Within(g_sim->registered, p, n);
+  return Within(g_sim->allocs, p, n) || Within(g_sim->registered, p, n) || WithinMapped(p, n);
 }
 
 CUresult Alloc(CUdeviceptr* out, size_t n) {
@@ -401,18 +440,29 @@ CUresult simLibraryGetGlobal(CUdeviceptr* p, size_t* size, CUlibrary l, const ch
 CUresult simModuleGetGlobal(CUdeviceptr* p, size_t* size, CUmodule m, const char* name) {
   return simLibraryGetGlobal(p, size, reinterpret_cast<CUlibrary>(m), name);
 }
-CUresult simFuncGetAttribute(int* v, CUfunction_attribute a, CUfunction) {
+// Settable attributes read back what was set, per handle, as with the driver
+// (dynamic shared memory size, carveout, cluster shape).
+std::mutex g_attr_mu;
+std::map<std::pair<uint64_t, int>, int> g_attr_set;
+CUresult simFuncGetAttribute(int* v, CUfunction_attribute a, CUfunction f) {
   if (v == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *v = a == CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK ? 1024 : 0;
   if (a == CU_FUNC_ATTRIBUTE_PTX_VERSION || a == CU_FUNC_ATTRIBUTE_BINARY_VERSION) *v = 90;
+  std::lock_guard<std::mutex> lock(g_attr_mu);
+  auto it = g_attr_set.find({reinterpret_cast<uintptr_t>(f), static_cast<int>(a)});
+  if (it != g_attr_set.end()) *v = it->second;
   return CUDA_SUCCESS;
 }
-CUresult simFuncSetAttribute(CUfunction, CUfunction_attribute, int) { return CUDA_SUCCESS; }
+CUresult simFuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) {
+  std::lock_guard<std::mutex> lock(g_attr_mu);
+  g_attr_set[{reinterpret_cast<uintptr_t>(f), static_cast<int>(a)}] = v;
+  return CUDA_SUCCESS;
+}
 CUresult simKernelGetAttribute(int* v, CUfunction_attribute a, CUkernel k, CUdevice) {
   return simFuncGetAttribute(v, a, reinterpret_cast<CUfunction>(k));
 }
-CUresult simKernelSetAttribute(CUfunction_attribute, int, CUkernel, CUdevice) {
-  return CUDA_SUCCESS;
+CUresult simKernelSetAttribute(CUfunction_attribute a, int v, CUkernel k, CUdevice) {
+  return simFuncSetAttribute(reinterpret_cast<CUfunction>(k), a, v);
 }
 CUresult simOccupancy(int* n, CUfunction, int block, size_t) {
   if (n == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -506,11 +556,18 @@ CUresult simMemGetInfo(size_t* free_b, size_t* total) {
 CUresult simMemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
   std::lock_guard<std::mutex> lock(g_sim->mu);
   auto it = g_sim->allocs.upper_bound(p);
-  if (it == g_sim->allocs.begin()) return CUDA_ERROR_NOT_FOUND;
-  --it;
-  if (p - it->first >= it->second) return CUDA_ERROR_NOT_FOUND;
-  if (base) *base = it->first;
-  if (size) *size = it->second;
+  if (it != g_sim->allocs.begin() && p - std::prev(it)->first < std::prev(it)->second) {
+    --it;
+    if (base) *base = it->first;
+    if (size) *size = it->second;
+    return CUDA_SUCCESS;
+  }
+  auto m = g_sim->mapped.upper_bound(p);  // a mapping: its own range, as the driver answers
+  if (m == g_sim->mapped.begin() || p - std::prev(m)->first >= std::prev(m)->second.size)
+    return CUDA_ERROR_NOT_FOUND;
+  --m;
+  if (base) *base = m->first;
+  if (size) *size = m->second.size;
   return CUDA_SUCCESS;
 }
 CUresult simHtoD(CUdeviceptr d, const void* h, size_t n) {
@@ -674,6 +731,227 @@ CUresult simMemAllocFromPoolAsync(CUdeviceptr* p, size_t n, CUmemoryPool, CUstre
 }
 CUresult simMemFreeAsync(CUdeviceptr p, CUstream) { return simMemFree(p); }
 
+// --- virtual memory management. Sizes, addresses and offsets must be
+// multiples of the granularity, 2 MiB as on H100/H200 (the driver's answers
+// to misuse, as measured on an H200, are kept).
+constexpr uint64_t kSimVmmGranularity = 2ull << 20;
+
+bool Granular(uint64_t v) { return v % kSimVmmGranularity == 0; }
+
+CUresult CheckProp(const CUmemAllocationProp* prop) {
+  if (prop == nullptr || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+    return CUDA_ERROR_INVALID_VALUE;
+  return prop->location.id == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+CUresult simMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp* prop,
+                                        CUmemAllocationGranularity_flags) {
+  if (granularity == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult rc = CheckProp(prop); rc != CUDA_SUCCESS) return rc;
+  *granularity = kSimVmmGranularity;  // minimum and recommended alike
+  return CUDA_SUCCESS;
+}
+
+CUresult simMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                              unsigned long long) {
+  if (ptr == nullptr || size == 0 || !Granular(size) || (alignment & (alignment - 1)) != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  uint64_t align = std::max<uint64_t>(alignment, kSimVmmGranularity);
+  const int kFlags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+  void* p = MAP_FAILED;
+  if (addr != 0 && addr % align == 0)  // a hint: taken when that range is free
+    p = mmap(reinterpret_cast<void*>(addr), size, PROT_NONE, kFlags | MAP_FIXED_NOREPLACE, -1, 0);
+  if (p != MAP_FAILED && p != reinterpret_cast<void*>(addr)) {
+    munmap(p, size);
+    p = MAP_FAILED;
+  }
+  if (p == MAP_FAILED) {  // anywhere, then trimmed to the alignment
+    if (size > UINT64_MAX - align) return CUDA_ERROR_OUT_OF_MEMORY;
+    void* raw = mmap(nullptr, size + align, PROT_NONE, kFlags, -1, 0);
+    if (raw == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t lo = reinterpret_cast<uint64_t>(raw);
+    uint64_t base = (lo + align - 1) / align * align;
+    if (base > lo) munmap(raw, base - lo);
+    if (base + size < lo + size + align)
+      munmap(reinterpret_cast<void*>(base + size), lo + size + align - (base + size));
+    p = reinterpret_cast<void*>(base);
+  }
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  g_sim->reserved[reinterpret_cast<uint64_t>(p)] = size;
+  *ptr = reinterpret_cast<uint64_t>(p);
+  return CUDA_SUCCESS;
+}
+
+CUresult simMemAddressFree(CUdeviceptr ptr, size_t size) {
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  auto it = g_sim->reserved.find(ptr);
+  if (it == g_sim->reserved.end() || it->second != size) return CUDA_ERROR_INVALID_VALUE;
+  auto inside = g_sim->mapped.lower_bound(ptr);
+  if (inside != g_sim->mapped.end() && inside->first < ptr + size)
+    return CUDA_ERROR_INVALID_VALUE;  // unmap first
+  munmap(reinterpret_cast<void*>(ptr), size);
+  g_sim->reserved.erase(it);
+  return CUDA_SUCCESS;
+}
+
+CUresult simMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
+                      const CUmemAllocationProp* prop, unsigned long long flags) {
+  if (handle == nullptr || size == 0 || !Granular(size) || flags != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult rc = CheckProp(prop); rc != CUDA_SUCCESS) return rc;
+  {
+    std::lock_guard<std::mutex> lock(g_sim->mu);
+    if (size > kSimMemory - g_sim->used) return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  int fd = memfd_create("flyt-sim-vmm", MFD_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  uint64_t h = g_sim->next_handle++;
+  Sim::Physical& phys = g_sim->physical[h];
+  phys.fd = fd;
+  phys.size = size;
+  phys.prop = *prop;
+  phys.refs = 1;
+  g_sim->used += size;
+  *handle = h;
+  return CUDA_SUCCESS;
+}
+
+// Frees a physical allocation nobody holds or maps any more (g_sim->mu held).
+void FreeIfUnused(std::map<uint64_t, Sim::Physical>::iterator it) {
+  if (it->second.refs > 0 || it->second.mappings > 0) return;
+  close(it->second.fd);
+  g_sim->used -= it->second.size;
+  g_sim->physical.erase(it);
+}
+
+CUresult simMemRelease(CUmemGenericAllocationHandle handle) {
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  auto it = g_sim->physical.find(handle);
+  if (it == g_sim->physical.end() || it->second.refs == 0) return CUDA_ERROR_INVALID_VALUE;
+  it->second.refs--;
+  FreeIfUnused(it);
+  return CUDA_SUCCESS;
+}
+
+CUresult simMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                   unsigned long long flags) {
+  if (flags != 0 || size == 0 || !Granular(ptr) || !Granular(size)) return CUDA_ERROR_INVALID_VALUE;
+  if (!Granular(offset)) return CUDA_ERROR_NOT_SUPPORTED;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  auto phys = g_sim->physical.find(handle);
+  if (phys == g_sim->physical.end() || phys->second.refs == 0 || offset > phys->second.size ||
+      size > phys->second.size - offset)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!Within(g_sim->reserved, ptr, size)) return CUDA_ERROR_INVALID_VALUE;
+  auto next = g_sim->mapped.lower_bound(ptr);
+  if ((next != g_sim->mapped.end() && next->first - ptr < size) ||
+      (next != g_sim->mapped.begin() &&
+       ptr - std::prev(next)->first < std::prev(next)->second.size))
+    return CUDA_ERROR_INVALID_VALUE;  // overlaps a mapping
+  void* p = mmap(reinterpret_cast<void*>(ptr), size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                 phys->second.fd, static_cast<off_t>(offset));
+  if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  g_sim->mapped[ptr] = Sim::Mapping{size, handle, CU_MEM_ACCESS_FLAGS_PROT_NONE};
+  phys->second.mappings++;
+  return CUDA_SUCCESS;
+}
+
+// A range of one reservation that cuts no mapping in two; holes are fine.
+CUresult simMemUnmap(CUdeviceptr ptr, size_t size) {
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  auto& m = g_sim->mapped;
+  if (size == 0 || !Within(g_sim->reserved, ptr, size)) return CUDA_ERROR_INVALID_VALUE;
+  auto first = m.lower_bound(ptr);
+  auto last = m.lower_bound(ptr + size);
+  if ((first != m.begin() && ptr - std::prev(first)->first < std::prev(first)->second.size) ||
+      (last != first && std::prev(last)->second.size > ptr + size - std::prev(last)->first))
+    return CUDA_ERROR_INVALID_VALUE;  // a part of a mapping
+  // Back to a reservation: the range stays the client's, without memory.
+  void* p = mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  if (p == MAP_FAILED) return CUDA_ERROR_UNKNOWN;
+  std::vector<uint64_t> handles;
+  for (auto it = first; it != last; ++it) handles.push_back(it->second.handle);
+  g_sim->mapped.erase(first, last);
+  for (uint64_t h : handles) {
+    auto phys = g_sim->physical.find(h);
+    if (phys == g_sim->physical.end()) continue;
+    phys->second.mappings--;
+    FreeIfUnused(phys);
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult simMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
+  if (size == 0 || (desc == nullptr && count > 0)) return CUDA_ERROR_INVALID_VALUE;
+  unsigned long long access = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  for (size_t i = 0; i < count; ++i) {
+    if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+    if (desc[i].location.id != 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
+        desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+        desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+      return CUDA_ERROR_INVALID_VALUE;
+    access = desc[i].flags;
+  }
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  auto& m = g_sim->mapped;
+  auto it = m.upper_bound(ptr);
+  if (it == m.begin() || ptr - std::prev(it)->first >= std::prev(it)->second.size)
+    return CUDA_ERROR_INVALID_VALUE;
+  --it;
+  auto first = it;
+  uint64_t end = it->first;
+  for (; it != m.end() && it->first == end && end - ptr < size; ++it) end += it->second.size;
+  if (end - ptr < size) return CUDA_ERROR_INVALID_VALUE;  // a hole in the range
+  for (auto at = first; at != it; ++at) at->second.access = access;
+  return CUDA_SUCCESS;
+}
+
+CUresult simMemGetAccess(unsigned long long* flags, const CUmemLocation* location,
+                         CUdeviceptr ptr) {
+  if (flags == nullptr || location == nullptr || location->type != CU_MEM_LOCATION_TYPE_DEVICE)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (location->id != 0) return CUDA_ERROR_INVALID_DEVICE;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  auto it = g_sim->mapped.upper_bound(ptr);
+  if (it == g_sim->mapped.begin() || ptr - std::prev(it)->first >= std::prev(it)->second.size)
+    return CUDA_ERROR_INVALID_VALUE;
+  *flags = std::prev(it)->second.access;
+  return CUDA_SUCCESS;
+}
+
+CUresult simMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
+                                                 CUmemGenericAllocationHandle handle) {
+  if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  auto it = g_sim->physical.find(handle);  // released but still mapped counts, as natively
+  if (it == g_sim->physical.end()) return CUDA_ERROR_INVALID_VALUE;
+  *prop = it->second.prop;
+  return CUDA_SUCCESS;
+}
+
+CUresult simMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* addr) {
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  uint64_t p = reinterpret_cast<uint64_t>(addr);
+  auto it = g_sim->mapped.upper_bound(p);
+  if (it == g_sim->mapped.begin() || p - std::prev(it)->first >= std::prev(it)->second.size)
+    return CUDA_ERROR_INVALID_VALUE;
+  uint64_t h = std::prev(it)->second.handle;
+  auto phys = g_sim->physical.find(h);
+  if (phys == g_sim->physical.end()) return CUDA_ERROR_INVALID_VALUE;
+  phys->second.refs++;
+  *handle = h;
+  return CUDA_SUCCESS;
+}
+
 // --- streams and events
 SimStream g_default_stream;
 
@@ -760,6 +1038,12 @@ CUresult simStreamGetPriority(CUstream s, int* p) {
 CUresult simStreamGetFlags(CUstream s, unsigned* f) {
   if (f == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *f = AsStream(s) ? AsStream(s)->flags : 0;
+  return CUDA_SUCCESS;
+}
+thread_local CUstreamCaptureMode t_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+CUresult simThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+  if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::swap(*mode, t_capture_mode);
   return CUDA_SUCCESS;
 }
 CUresult simStreamIsCapturing(CUstream, CUstreamCaptureStatus* st) {
@@ -941,6 +1225,7 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuStreamGetPriority = simStreamGetPriority;
   a->cuStreamGetFlags = simStreamGetFlags;
   a->cuStreamIsCapturing = simStreamIsCapturing;
+  a->cuThreadExchangeStreamCaptureMode = simThreadExchangeStreamCaptureMode;
   a->cuStreamGetCaptureInfo_v3 = simStreamGetCaptureInfo;
   a->cuStreamGetId = simStreamGetId;
   a->cuEventCreate = simEventCreate;
@@ -963,6 +1248,17 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuMemAllocAsync = simMemAllocAsync;
   a->cuMemAllocFromPoolAsync = simMemAllocFromPoolAsync;
   a->cuMemFreeAsync = simMemFreeAsync;
+  a->cuMemGetAllocationGranularity = simMemGetAllocationGranularity;
+  a->cuMemAddressReserve = simMemAddressReserve;
+  a->cuMemAddressFree = simMemAddressFree;
+  a->cuMemCreate = simMemCreate;
+  a->cuMemRelease = simMemRelease;
+  a->cuMemMap = simMemMap;
+  a->cuMemUnmap = simMemUnmap;
+  a->cuMemSetAccess = simMemSetAccess;
+  a->cuMemGetAccess = simMemGetAccess;
+  a->cuMemGetAllocationPropertiesFromHandle = simMemGetAllocationPropertiesFromHandle;
+  a->cuMemRetainAllocationHandle = simMemRetainAllocationHandle;
   sim.green = options.green_contexts;
   if (options.green_contexts) {
     a->cuDeviceGetDevResource = simDeviceGetDevResource;

@@ -22,7 +22,8 @@ void Usage() {
                "  logging: FLYT_LOG=error|warn|info|debug|trace, FLYT_LOG_FILE, FLYT_TRACE=1\n");
 }
 
-// The folder holding Flyt's libcuda.so.1: FLYT_LIB_DIR, else ../lib/flyt next to this binary.
+// The folder holding Flyt's libcuda.so.1 and libnvidia-ml.so.1: FLYT_LIB_DIR, else
+// ../lib/flyt next to this binary.
 std::string LibraryDir(const char* argv0) {
   if (const char* d = std::getenv("FLYT_LIB_DIR"); d != nullptr && d[0] != '\0') return d;
   char self[PATH_MAX];

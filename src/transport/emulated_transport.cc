@@ -191,6 +191,7 @@ class EmulatedConnection final : public Connection {
     inner_->Shutdown();
   }
 
+  void AbandonAfterFork() override { inner_->AbandonAfterFork(); }
   void SetReceiveTimeout(int timeout_ms) override { inner_->SetReceiveTimeout(timeout_ms); }
   std::string Peer() const override { return inner_->Peer(); }
 

@@ -168,6 +168,15 @@ class ShmConnection final : public Connection {
     ::shutdown(sock_, SHUT_RDWR);  // ENOTCONN once the peer is gone: nothing to do
   }
 
+  void AbandonAfterFork() override {
+    // The rings and the segment stay mapped (they are the parent's too); only
+    // this process's descriptors go, so the server still sees the parent.
+    ::close(sock_);
+    sock_ = -1;
+    for (auto& [id, fd] : shared_fds_) ::close(fd);
+    shared_fds_.clear();
+  }
+
   void SetReceiveTimeout(int timeout_ms) override {
     timeout_ms_.store(timeout_ms < 0 ? 0 : timeout_ms, std::memory_order_relaxed);
   }

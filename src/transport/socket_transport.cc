@@ -92,6 +92,10 @@ class SocketConnection final : public Connection {
   }
 
   void Shutdown() override { ::shutdown(fd_, SHUT_RDWR); }
+  void AbandonAfterFork() override {
+    ::close(fd_);
+    fd_ = -1;
+  }
   void SetReceiveTimeout(int timeout_ms) override {
     timeval tv{};
     tv.tv_sec = timeout_ms / 1000;

@@ -40,6 +40,11 @@ class Connection {
   virtual Status Receive(void* dst, size_t n) = 0;
   // Closes the connection; later calls fail. Safe to call from another thread.
   virtual void Shutdown() = 0;
+  // In a child process after fork(): closes this process's copies of the
+  // descriptors and touches nothing the parent still uses (no shutdown(), no
+  // ring or peer notification). The object must then be leaked, never
+  // destroyed: the threads it owned exist only in the parent.
+  virtual void AbandonAfterFork() = 0;
   // A Receive that waits longer than this fails ("timed out"); 0 = wait forever.
   virtual void SetReceiveTimeout(int timeout_ms) = 0;
   virtual std::string Peer() const = 0;

@@ -82,6 +82,8 @@ RECORD_WAIT_S = 10.0
 SERVER_RSS_LIMIT_KB = 2 * 1024 * 1024  # after the hostile-frame storm
 
 SIM_NAME = "Flyt Simulated GPU"
+SIM_UUID = "GPU-f0f1f2f3-f4f5-f6f7-f8f9-fafbfcfdfeff"
+SIM_BUS_ID = "00000000:19:00.0"
 SIM_TOTAL_MEM = 85899345920
 SIM_SMS = 132
 
@@ -1003,6 +1005,78 @@ class E2E(unittest.TestCase):
                       if any(n.startswith("flyt-%d-" % p) for p in pids)]
             self.assertEqual(leaked, [], "files left in /dev/shm")
 
+    def test_vmm(self):
+        """Virtual memory management (cuMemAddressReserve/Create/Map/SetAccess/...): vmm's
+        own checks over every transport and cudart, the sim's answers (2 MiB granularity,
+        properties), misuse refused without harm, the unsupported sharing calls logged
+        once; another session's handle and range refused; a killed client's memory
+        released."""
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                srv = self.start_server()
+                res = self.run_ok(srv, transport, "vmm", variant, log_level="warn")
+                kv = self.kv(res)
+                where = res.describe()
+                for key, want in (("granularity", "2097152"), ("recommended", "2097152"),
+                                  ("access", "readwrite"), ("pointer_type", "2"),
+                                  ("prop.type", "1"), ("prop.location", "1/0"),
+                                  ("under_flyt", "1"), ("misuse", "ok")):
+                    self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
+                said = [l for l in res.client_log.splitlines() if re.search(
+                    r"\bcuMemExportToShareableHandle is not supported by Flyt yet", l)]
+                self.assertEqual(len(said), 1, "want cuMemExportToShareableHandle logged once "
+                                 "as unsupported (called twice)\n" + where)
+                self.stop_server(srv)
+
+        # Sessions are isolated: one program's handle and range are refused to another;
+        # the holder, killed, has its memory released by the server.
+        srv = self.start_server(control=True)
+        holder = RunningProgram(self.tmp, srv, "tcp", program_path("vmm", CFG.variants[0]),
+                                ("hold",))
+        try:
+            if holder.wait_line(r"^holding$") is None:
+                self.fail("vmm hold never got to holding\n" + holder.finish(5).describe())
+            held = {}
+            for line in holder.out:
+                if line.startswith("held."):
+                    k, v = line.split("=", 1)
+                    held[k] = v
+            res = self.run_ok(srv, "unix", "vmm", CFG.variants[0],
+                              args=("foreign", held.get("held.handle", "0"),
+                                    held.get("held.va", "0")))
+            self.assertEqual(self.kv(res).get("foreign"), "ok", res.describe())
+        finally:
+            kill_group(holder.proc)
+            holder.finish(10)
+        self.assert_stats(srv, sessions=0, memory_used=0)
+        self.assertRegex(srv.log_text(), r"released 2 mappings, 2 allocation handles, "
+                         r"1 reservations", "the killed holder's memory was not released\n"
+                         + srv.logs())
+        self.stop_server(srv)
+
+    def test_vmm_quota(self):
+        """--memory-quota holds cuMemCreate: the quota is charged, OOM beyond it, refunded
+        when released and unmapped; a client that leaves without freeing anything has its
+        mappings, handles and reservations released by the server, and the quota back."""
+        quota = 64 << 20
+        gran = 2 << 20
+        for transport in CFG.transports:
+            with self.subTest(transport=transport):
+                srv = self.start_server(control=True, extra_args=["--memory-quota", "64M"])
+                res = self.run_ok(srv, transport, "vmm", CFG.variants[0], args=("leak",))
+                self.assertIn("leaving", res.lines(), res.describe())
+                self.assert_stats(srv, sessions=0, memory_used=0, memory_quota=quota)
+                self.assertRegex(srv.log_text(), r"released 2 mappings, 2 allocation handles, "
+                                 r"1 reservations", "the server did not release the leaked "
+                                 "memory\n" + srv.logs())
+                res = self.run_ok(srv, transport, "vmm", CFG.variants[0], args=("quota",),
+                                  extra={"VMM_QUOTA_BYTES": str(quota)})
+                kv = self.kv(res)
+                self.assertEqual(kv.get("quota.chunks"), str(quota // gran), res.describe())
+                self.assertEqual(kv.get("quota"), "ok", res.describe())
+                self.assert_stats(srv, sessions=0, memory_used=0, memory_quota=quota)
+                self.stop_server(srv)
+
     def test_shm_file_backing(self):
         """--shm-backing file:DIR: each connection's rings live in a file of DIR whose name
         is gone at once (nothing to leak); the programs run over it as over a memfd."""
@@ -1525,6 +1599,147 @@ class E2E(unittest.TestCase):
                     pass
             kill_group(proc)
         self.assertFalse(os.path.exists(ctl), "the control socket file outlived the server")
+
+
+    # -- Flyt's NVML library (libnvidia-ml.so.1 beside libcuda.so.1; docs/nvml.md)
+
+    def test_framework_calls(self):
+        """What frameworks ask around every step costs no round trip: an attribute set to
+        the value it has, function attributes, occupancy, capture queries, a second
+        synchronize; only the scalar copy (PyTorch's .item()) waits for a reply. A
+        synchronize after a launch still reaches the server. A child forked after
+        initialisation gets CUDA errors at once and the parent keeps working, on every
+        transport (over shm the child must not close the parent's rings)."""
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                srv = self.start_server()
+                res = self.run_ok(srv, transport, "framework_calls", variant)
+                kv = self.kv(res)
+                where = res.describe()
+                self.assertEqual(kv.get("flyt_stats"), "1", where)
+                self.assertEqual(kv.get("sync_per_iter"), "1.00", where)
+                self.assertEqual(kv.get("sync_after_launch"), "1", where)
+                self.assertEqual(kv.get("fork_child_malloc"), "error", where)
+                self.assertEqual(kv.get("fork_child_memcpy"), "error", where)
+                self.stop_server(srv)
+
+    def test_nvml(self):
+        """nvml_query (a plain C program) through `flyt run`: the tenant's view (identity as
+        CUDA reports it, memory total = quota, SMs, used memory and processes following this
+        program's and another program's allocations), unsupported entry points logged once;
+        nvmlInit without a server, with NVIDIA's libcuda.so.1 first, and a server killed
+        while NVML is in use."""
+        quota = 64 << 20
+        held = 8 << 20  # what share_quota's "watch" mode holds
+        prog = os.path.join(CFG.programs_dir, "nvml_query")
+        fake_driver = os.path.join(CFG.programs_dir, "fake_driver")
+        lib_dir = os.path.normpath(os.path.join(os.path.dirname(CFG.flyt_bin), os.pardir,
+                                                "lib", "flyt"))
+        nvml_lib = os.path.join(lib_dir, "libnvidia-ml.so.1")
+        for path in (prog, nvml_lib, os.path.join(fake_driver, "libcuda.so.1")):
+            self.assertTrue(os.path.isfile(path), "missing %s (build flyt_e2e)" % path)
+        self.assert_nvml_exports(nvml_lib)
+
+        for transport in CFG.transports:
+            with self.subTest(transport=transport):
+                srv = self.start_server(extra_args=["--memory-quota", "64M", "--sm-count", "20"])
+                holder = RunningProgram(self.tmp, srv, transport,
+                                        program_path("share_quota", CFG.variants[0]),
+                                        ("watch", "60", "1", "1"))
+                try:
+                    if holder.wait_line(r"^ready$") is None:
+                        self.fail("share_quota never got ready\n" + holder.finish(5).describe())
+                    res = run_program(self.tmp, srv, transport, prog,
+                                      ("check", str(quota), "20", str(holder.proc.pid),
+                                       str(held)), log_level="info")
+                finally:
+                    kill_group(holder.proc)
+                    holder.finish(10)
+                self.assert_passed(res, "nvml_query", srv)
+                kv = self.kv(res)
+                where = res.describe()
+                self.assertEqual(kv.get("name"), SIM_NAME, where)
+                self.assertEqual(kv.get("uuid"), SIM_UUID, where)
+                self.assertEqual(kv.get("bus_id"), SIM_BUS_ID, where)
+                self.assertEqual(kv.get("compute_capability"), "9.0", where)
+                self.assertEqual(kv.get("mem_total"), str(quota), where)
+                self.assertEqual(kv.get("mem_used_before"), str(held), where)
+                self.assertEqual(kv.get("mem_used_after"), str(held + (8 << 20)), where)
+                self.assertEqual(kv.get("sm_count"), "20", where)
+                procs = sorted(l.split("=", 1)[1] for l in res.lines()
+                               if l.startswith("process="))
+                self.assertEqual(procs, sorted(["%d:%d" % (holder.proc.pid, held),
+                                                "%s:%d" % (kv.get("pid"), 8 << 20)]), where)
+                said = [l for l in res.client_log.splitlines()
+                        if "nvmlDeviceGetBAR1MemoryInfo is not answered by Flyt's NVML" in l]
+                self.assertEqual(len(said), 1, "want the unsupported entry point logged once "
+                                 "(called twice)\n" + where)
+                stray = [l for l in res.lines() if not re.match(r"^[a-z0-9_]+=", l)
+                         and l != "nvml_query: PASS"]
+                self.assertEqual(stray, [], "lines on stdout that the program did not print\n"
+                                 + where)
+                self.stop_server(srv)
+
+        # No server: nvmlInit fails (NVML_ERROR_DRIVER_NOT_LOADED) within the timeout.
+        class Nowhere:
+            @staticmethod
+            def url(transport):
+                return "tcp://127.0.0.1:%d" % free_tcp_port()
+
+        res = run_program(self.tmp, Nowhere, "tcp", prog, ("noserver",),
+                          timeout_ms=SHORT_CLIENT_TIMEOUT_MS)
+        where = res.describe()
+        self.assertEqual(res.rc, 0, where)
+        self.assertEqual(self.kv(res).get("init_rc"), "9", where)
+        self.assertLess(res.elapsed, SHORT_CLIENT_TIMEOUT_MS / 1000.0 + DEAD_SERVER_SLACK_S, where)
+        self.assertIn("flyt-server cannot be reached", res.client_log, where)
+
+        # NVIDIA's libcuda.so.1 found first: NVML_ERROR_LIBRARY_NOT_FOUND and why.
+        env = clean_env({"LD_LIBRARY_PATH": fake_driver + os.pathsep + lib_dir,
+                         "E2E_WATCHDOG_S": RUN_TIMEOUT_S - 20})
+        proc = subprocess.run([prog, "notflyt"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL, env=env, timeout=RUN_TIMEOUT_S)
+        out, err = proc.stdout.decode(), proc.stderr.decode()
+        where = "--- stdout:\n%s\n--- stderr:\n%s" % (out, err)
+        self.assertEqual(proc.returncode, 0, where)
+        self.assertIn("init_rc=12", out.splitlines(), where)
+        self.assertIn("run the program under `flyt run`", err, where)
+
+        # The server dies while NVML is in use: NVML_ERROR_GPU_IS_LOST, no hang.
+        srv = self.start_server()
+        prog_run = RunningProgram(self.tmp, srv, CFG.transports[0], prog, ("gone",),
+                                  timeout_ms=SHORT_CLIENT_TIMEOUT_MS)
+        try:
+            if prog_run.wait_line(r"^ready$") is None:
+                self.fail("nvml_query gone never got ready\n" + prog_run.finish(5).describe())
+            killed = time.monotonic()
+            srv.kill()
+            res = prog_run.finish(SHORT_CLIENT_TIMEOUT_MS / 1000.0 + DEAD_SERVER_SLACK_S + 5)
+        finally:
+            kill_group(prog_run.proc)
+        where = res.describe()
+        self.assertEqual(res.rc, 0, where)
+        self.assertIn("lost_rc=15", res.lines(), where)
+        self.assertLess(time.monotonic() - killed,
+                        SHORT_CLIENT_TIMEOUT_MS / 1000.0 + DEAD_SERVER_SLACK_S, where)
+
+    def assert_nvml_exports(self, path):
+        """Only nvml* entry points (and Flyt's marker) leave libnvidia-ml.so.1."""
+        nm = shutil.which("nm")
+        if nm is None:
+            return
+        out = subprocess.run([nm, "-D", "--defined-only", path], stdout=subprocess.PIPE,
+                             check=True).stdout.decode()
+        names = [l.split()[-1] for l in out.splitlines() if l.strip()]
+        stray = [n for n in names if not n.startswith("nvml") and n != "flyt_nvml_marker"]
+        self.assertEqual(stray, [], "symbols that are not NVML entry points")
+        for name in ("nvmlInit_v2", "nvmlInitWithFlags", "nvmlShutdown", "nvmlErrorString",
+                     "nvmlDeviceGetCount_v2", "nvmlDeviceGetHandleByIndex_v2",
+                     "nvmlDeviceGetUUID", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2",
+                     "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetComputeRunningProcesses_v3",
+                     "nvmlDeviceGetPciInfo_v3", "nvmlSystemGetCudaDriverVersion_v2",
+                     "nvmlDeviceGetNvLinkRemoteDeviceType"):
+            self.assertIn(name, names)
 
 
 # ---------------------------------------------------------------------------------------

@@ -66,6 +66,7 @@ class FakeConnection final : public Connection {
     s_->shut_down = true;
     s_->cv.notify_all();
   }
+  void AbandonAfterFork() override {}
   void SetReceiveTimeout(int) override {}
   std::string Peer() const override { return "fake"; }
 

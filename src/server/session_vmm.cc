@@ -1,0 +1,297 @@
+// Virtual memory management of one session: cuMemAddressReserve, cuMemCreate,
+// cuMemMap, cuMemSetAccess and the calls that undo them (server/session.h).
+//
+// Owns: the session's reservations, mappings and allocation handles, the
+// checks that a client names only its own (the driver crashes on a bogus
+// handle, and another session's ranges are not this one's to touch), the
+// quota charge of physical memory, and the release of it all when the session
+// ends, however it ends. Most calls arrive through the generic handler
+// (server/session_vmm.h); cuMemSetAccess and cuMemRetainAllocationHandle are
+// hand-written (protocol/ops.h). Must not touch other sessions' state.
+//
+// Quota: cuMemCreate charges its size before the driver allocates. The
+// driver frees physical memory once it is released AND unmapped, and the
+// refund comes then: at the cuMemRelease that drops the client's last
+// reference when nothing maps it any more, or at the cuMemUnmap of its last
+// mapping after that. Reservations are address space only and charge nothing.
+#include <iterator>
+#include <vector>
+
+#include "common/log.h"
+#include "server/session.h"
+
+namespace flyt::server {
+
+namespace {
+
+unsigned long long Id(uint64_t v) { return static_cast<unsigned long long>(v); }
+
+// [base, base+size) holds [p, p+n); n > 0, no overflow.
+bool Holds(uint64_t base, uint64_t size, uint64_t p, uint64_t n) {
+  return p >= base && p - base <= size && n <= size - (p - base);
+}
+
+}  // namespace
+
+std::map<uint64_t, VmmMapping>::iterator Session::VmmMappingAt(uint64_t ptr) {
+  auto it = vmm_mapped_.upper_bound(ptr);
+  if (it == vmm_mapped_.begin()) return vmm_mapped_.end();
+  --it;
+  return ptr - it->first < it->second.size ? it : vmm_mapped_.end();
+}
+
+bool Session::VmmUnmappable(uint64_t ptr, uint64_t size,
+                            std::map<uint64_t, VmmMapping>::iterator* first,
+                            std::map<uint64_t, VmmMapping>::iterator* last) {
+  auto r = vmm_reserved_.upper_bound(ptr);
+  if (size == 0 || r == vmm_reserved_.begin() ||
+      !Holds(std::prev(r)->first, std::prev(r)->second, ptr, size))
+    return false;
+  *first = vmm_mapped_.lower_bound(ptr);
+  *last = vmm_mapped_.lower_bound(ptr + size);
+  // No mapping may stick out at either end.
+  if (*first != vmm_mapped_.begin() &&
+      ptr - std::prev(*first)->first < std::prev(*first)->second.size)
+    return false;
+  return *last == *first || std::prev(*last)->second.size <= ptr + size - std::prev(*last)->first;
+}
+
+void Session::VmmDropHandleIfUnused(uint64_t handle) {
+  auto it = vmm_handles_.find(handle);
+  if (it == vmm_handles_.end() || it->second.refs > 0 || it->second.mappings > 0) return;
+  RefundMemory(it->second.charged);  // the driver has freed the physical memory
+  vmm_handles_.erase(it);
+}
+
+CUresult Session::VmmAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment,
+                                    CUdeviceptr addr, unsigned long long flags) {
+  CUresult rc = api().cuMemAddressReserve(ptr, size, alignment, addr, flags);
+  if (rc == CUDA_SUCCESS && ptr != nullptr) vmm_reserved_[*ptr] = size;
+  return rc;
+}
+
+CUresult Session::VmmAddressFree(CUdeviceptr ptr, size_t size) {
+  auto it = vmm_reserved_.find(ptr);
+  if (it == vmm_reserved_.end() || it->second != size) {
+    FLYT_INFO(
+        "session %llu: cuMemAddressFree(0x%llx, %zu) refused: not a range this client "
+        "reserved with that size",
+        Id(id_), Id(ptr), size);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  CUresult rc = api().cuMemAddressFree(ptr, size);
+  if (rc != CUDA_SUCCESS) return rc;
+  vmm_reserved_.erase(it);
+  // Whatever the driver did with mappings still inside, they are gone for the client.
+  auto first = vmm_mapped_.lower_bound(ptr);
+  auto last = vmm_mapped_.lower_bound(ptr + size);
+  std::vector<uint64_t> handles;
+  for (auto m = first; m != last; ++m) handles.push_back(m->second.handle);
+  vmm_mapped_.erase(first, last);
+  for (uint64_t h : handles) {
+    auto hit = vmm_handles_.find(h);
+    if (hit != vmm_handles_.end() && hit->second.mappings > 0) hit->second.mappings--;
+    VmmDropHandleIfUnused(h);
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult Session::VmmCreate(CUmemGenericAllocationHandle* handle, size_t size,
+                            const CUmemAllocationProp* prop, unsigned long long flags) {
+  if (!ChargeMemory(size)) {
+    FLYT_INFO("session %llu: cuMemCreate of %zu bytes refused: over the tenant's memory quota",
+              Id(id_), size);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  CUresult rc = api().cuMemCreate(handle, size, prop, flags);
+  if (rc != CUDA_SUCCESS || handle == nullptr) {
+    RefundMemory(size);
+    return rc;
+  }
+  VmmHandle& h = vmm_handles_[*handle];
+  h.charged += size;  // (+=: were the driver to hand out a value still in the table)
+  h.refs++;
+  return CUDA_SUCCESS;
+}
+
+CUresult Session::VmmRelease(CUmemGenericAllocationHandle handle) {
+  auto it = vmm_handles_.find(handle);
+  if (it == vmm_handles_.end() || it->second.refs == 0) {
+    FLYT_INFO(
+        "session %llu: cuMemRelease(0x%llx) refused: not an allocation handle this client "
+        "holds (released already, or never made by cuMemCreate here)",
+        Id(id_), Id(handle));
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  CUresult rc = api().cuMemRelease(handle);
+  if (rc != CUDA_SUCCESS) return rc;
+  it->second.refs--;
+  VmmDropHandleIfUnused(handle);
+  return CUDA_SUCCESS;
+}
+
+CUresult Session::VmmMap(CUdeviceptr ptr, size_t size, size_t offset,
+                         CUmemGenericAllocationHandle handle, unsigned long long flags) {
+  auto h = vmm_handles_.find(handle);
+  if (h == vmm_handles_.end() || h->second.refs == 0) {
+    FLYT_INFO(
+        "session %llu: cuMemMap of handle 0x%llx refused: not an allocation handle this "
+        "client holds",
+        Id(id_), Id(handle));
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  // The range must lie in one of this session's reservations and overlap none
+  // of its mappings: another session's addresses are not this one's to map.
+  auto r = vmm_reserved_.upper_bound(ptr);
+  bool reserved = size > 0 && r != vmm_reserved_.begin() &&
+                  Holds(std::prev(r)->first, std::prev(r)->second, ptr, size);
+  auto next = vmm_mapped_.lower_bound(ptr);
+  bool overlaps =
+      (next != vmm_mapped_.end() && next->first - ptr < size) ||
+      (next != vmm_mapped_.begin() && ptr - std::prev(next)->first < std::prev(next)->second.size);
+  if (!reserved || overlaps) {
+    FLYT_INFO("session %llu: cuMemMap(0x%llx, %zu) refused: %s", Id(id_), Id(ptr), size,
+              !reserved ? "the range is not inside a reservation of this client"
+                        : "the range overlaps a mapping");
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  CUresult rc = api().cuMemMap(ptr, size, offset, handle, flags);
+  if (rc != CUDA_SUCCESS) return rc;
+  vmm_mapped_[ptr] = VmmMapping{size, handle};
+  h->second.mappings++;
+  return CUDA_SUCCESS;
+}
+
+CUresult Session::VmmUnmap(CUdeviceptr ptr, size_t size) {
+  // Inside one of this session's reservations, cutting no mapping in two; the
+  // driver accepts a range that maps nothing (measured on H100/H200).
+  std::map<uint64_t, VmmMapping>::iterator first, last;
+  if (!VmmUnmappable(ptr, size, &first, &last)) {
+    FLYT_INFO(
+        "session %llu: cuMemUnmap(0x%llx, %zu) refused: the range is not whole mappings "
+        "inside a reservation of this client",
+        Id(id_), Id(ptr), size);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  CUresult rc = api().cuMemUnmap(ptr, size);
+  if (rc != CUDA_SUCCESS) return rc;
+  std::vector<uint64_t> handles;
+  for (auto m = first; m != last; ++m) handles.push_back(m->second.handle);
+  vmm_mapped_.erase(first, last);
+  for (uint64_t handle : handles) {
+    auto it = vmm_handles_.find(handle);
+    if (it != vmm_handles_.end() && it->second.mappings > 0) it->second.mappings--;
+    VmmDropHandleIfUnused(handle);
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult Session::VmmGetAccess(unsigned long long* flags, const CUmemLocation* location,
+                               CUdeviceptr ptr) {
+  if (VmmMappingAt(ptr) == vmm_mapped_.end()) return CUDA_ERROR_INVALID_VALUE;
+  return api().cuMemGetAccess(flags, location, ptr);
+}
+
+CUresult Session::VmmGetProperties(CUmemAllocationProp* prop, CUmemGenericAllocationHandle handle) {
+  // A released handle still mapped is still known to the driver, which answers.
+  if (vmm_handles_.count(handle) == 0) return CUDA_ERROR_INVALID_VALUE;
+  return api().cuMemGetAllocationPropertiesFromHandle(prop, handle);
+}
+
+// Request: u64 ptr, u64 size, u32 count, count x CUmemAccessDesc.
+bool Session::VmmSetAccess(wire::Reader& in, CUresult* rc) {
+  uint64_t ptr = 0, size = 0;
+  uint32_t count = 0;
+  if (!in.Get(&ptr) || !in.Get(&size) || !in.Get(&count) || count > ops::kMaxAccessDescs)
+    return false;
+  CUmemAccessDesc descs[ops::kMaxAccessDescs];
+  if (!in.GetBytes(descs, sizeof(CUmemAccessDesc) * count) || in.remaining() != 0) return false;
+  // The range must lie in this session's mappings (following one another);
+  // whether a part of a mapping will do is the driver's to judge.
+  auto at = VmmMappingAt(ptr);
+  bool covered = at != vmm_mapped_.end() && size > 0;
+  if (covered) {
+    uint64_t end = at->first + at->second.size;
+    for (auto it = std::next(at); end - ptr < size && it != vmm_mapped_.end() && it->first == end;
+         ++it)
+      end += it->second.size;
+    covered = end - ptr >= size;
+  }
+  if (!covered) {
+    FLYT_INFO(
+        "session %llu: cuMemSetAccess(0x%llx, %llu) refused: the range is not mapped by "
+        "this client",
+        Id(id_), Id(ptr), Id(size));
+    *rc = CUDA_ERROR_INVALID_VALUE;
+    return true;
+  }
+  if (api().cuMemSetAccess == nullptr) {
+    *rc = CUDA_ERROR_NOT_SUPPORTED;
+    return true;
+  }
+  *rc = api().cuMemSetAccess(ptr, size, count > 0 ? descs : nullptr, count);
+  return true;
+}
+
+// Request: u8 want handle, u64 address. Reply: u64 handle.
+bool Session::VmmRetainHandle(wire::Reader& in, wire::Writer& out, CUresult* rc) {
+  uint8_t want = 0;
+  uint64_t addr = 0;
+  if (!in.Get(&want) || !in.Get(&addr) || in.remaining() != 0) return false;
+  auto at = VmmMappingAt(addr);
+  if (at == vmm_mapped_.end()) {
+    *rc = CUDA_ERROR_INVALID_VALUE;  // the driver's answer for an address it did not map
+    return true;
+  }
+  if (api().cuMemRetainAllocationHandle == nullptr) {
+    *rc = CUDA_ERROR_NOT_SUPPORTED;
+    return true;
+  }
+  CUmemGenericAllocationHandle handle = 0;
+  *rc = api().cuMemRetainAllocationHandle(want ? &handle : nullptr,
+                                          reinterpret_cast<void*>(static_cast<uintptr_t>(addr)));
+  if (*rc != CUDA_SUCCESS) return true;
+  // The handle of the mapping: the driver gave it a reference more.
+  vmm_handles_[handle].refs++;
+  out.Put<uint64_t>(handle);
+  return true;
+}
+
+void Session::ReleaseVmm() {
+  if (VmmEmpty()) return;
+  DriverApi& a = api();
+  size_t mappings = vmm_mapped_.size(), handles = vmm_handles_.size(),
+         reservations = vmm_reserved_.size();
+  for (auto& [base, m] : vmm_mapped_) {
+    CUresult rc = a.cuMemUnmap(base, m.size);
+    if (rc != CUDA_SUCCESS)
+      FLYT_WARN("session %llu: cuMemUnmap(0x%llx) at the session's end failed with error %d",
+                Id(id_), Id(base), rc);
+  }
+  vmm_mapped_.clear();
+  uint64_t charged = 0;
+  for (auto& [handle, h] : vmm_handles_) {
+    for (uint32_t i = 0; i < h.refs; ++i) {
+      CUresult rc = a.cuMemRelease(handle);
+      if (rc != CUDA_SUCCESS) {
+        FLYT_WARN("session %llu: cuMemRelease(0x%llx) at the session's end failed with error %d",
+                  Id(id_), Id(handle), rc);
+        break;
+      }
+    }
+    charged += h.charged;
+  }
+  vmm_handles_.clear();
+  RefundMemory(charged);
+  for (auto& [base, size] : vmm_reserved_) {
+    CUresult rc = a.cuMemAddressFree(base, size);
+    if (rc != CUDA_SUCCESS)
+      FLYT_WARN("session %llu: cuMemAddressFree(0x%llx) at the session's end failed with error %d",
+                Id(id_), Id(base), rc);
+  }
+  vmm_reserved_.clear();
+  FLYT_INFO("session %llu: released %zu mappings, %zu allocation handles, %zu reservations",
+            Id(id_), mappings, handles, reservations);
+}
+
+}  // namespace flyt::server
