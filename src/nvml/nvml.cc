@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "common/gpu_uuid.h"
 #include "common/log.h"
 #include "nvml/nvml_types.h"
 #include "protocol/ops.h"
@@ -223,15 +224,6 @@ nvmlReturn_t PutText(char* dst, unsigned len, const char* text) {
   if (n + 1 > len) return NVML_ERROR_INSUFFICIENT_SIZE;
   std::memcpy(dst, text, n + 1);
   return NVML_SUCCESS;
-}
-
-std::string UuidText(const uint8_t* b) {
-  char text[64];
-  std::snprintf(text, sizeof(text),
-                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
-                b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
-                b[14], b[15]);
-  return text;
 }
 
 // "domain:bus:device.function", "domain:bus:device" or "bus:device.function", hex.
@@ -522,7 +514,7 @@ FLYT_NVML_API nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDe
 
 FLYT_NVML_API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char* uuid, nvmlDevice_t* device) {
   return FindHandle(device, uuid, [&](const NvmlDevice& d) {
-    return strcasecmp(UuidText(d.uuid).c_str(), uuid) == 0;
+    return strcasecmp(flyt::GpuUuidText(d.uuid).c_str(), uuid) == 0;
   });
 }
 
@@ -555,7 +547,7 @@ FLYT_NVML_API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char* name, un
 
 FLYT_NVML_API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char* uuid, unsigned int length) {
   return WithDevice(device, false, [&](const NvmlDevice& d, int, State&) {
-    return PutText(uuid, length, UuidText(d.uuid).c_str());
+    return PutText(uuid, length, flyt::GpuUuidText(d.uuid).c_str());
   });
 }
 

@@ -210,6 +210,10 @@ class Session {
   // The mapping that holds `ptr`, or vmm_mapped_.end().
   std::map<uint64_t, VmmMapping>::iterator VmmMappingAt(uint64_t ptr);
   void VmmDropHandleIfUnused(uint64_t handle);
+  // Forgets the mappings [first, last) (unmapped, or freed with their
+  // reservation): each handle loses one mapping and goes when unused.
+  void VmmForgetMappings(std::map<uint64_t, VmmMapping>::iterator first,
+                         std::map<uint64_t, VmmMapping>::iterator last);
   bool VmmEmpty() const {
     return vmm_reserved_.empty() && vmm_mapped_.empty() && vmm_handles_.empty();
   }

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/gpu_uuid.h"
 #include "common/log.h"
 #include "nvml/nvml_types.h"
 #include "server/session.h"
@@ -117,15 +118,6 @@ const HostNvml& LoadHostNvml() {
   return *nvml;
 }
 
-std::string UuidText(const uint8_t* b) {
-  char text[64];
-  std::snprintf(text, sizeof(text),
-                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
-                b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
-                b[14], b[15]);
-  return text;
-}
-
 uint64_t WallMicros() {
   timeval tv{};
   gettimeofday(&tv, nullptr);
@@ -176,7 +168,7 @@ bool ServerProcessUtilization(const HostNvml& nv, nvmlDevice_t dev, unsigned* gp
 // Telemetry of one GPU from the host's NVML.
 void ReadHostNvml(const HostNvml& nv, const uint8_t* uuid, ops::NvmlDevice* d) {
   nvmlDevice_t dev = nullptr;
-  if (nv.HandleByUuid(UuidText(uuid).c_str(), &dev) != NVML_SUCCESS) return;
+  if (nv.HandleByUuid(GpuUuidText(uuid).c_str(), &dev) != NVML_SUCCESS) return;
   unsigned a = 0, b = 0;
   if (ServerProcessUtilization(nv, dev, &a, &b)) {
     d->util_gpu = a;

@@ -83,16 +83,7 @@ CUresult Session::VmmAddressFree(CUdeviceptr ptr, size_t size) {
   if (rc != CUDA_SUCCESS) return rc;
   vmm_reserved_.erase(it);
   // Whatever the driver did with mappings still inside, they are gone for the client.
-  auto first = vmm_mapped_.lower_bound(ptr);
-  auto last = vmm_mapped_.lower_bound(ptr + size);
-  std::vector<uint64_t> handles;
-  for (auto m = first; m != last; ++m) handles.push_back(m->second.handle);
-  vmm_mapped_.erase(first, last);
-  for (uint64_t h : handles) {
-    auto hit = vmm_handles_.find(h);
-    if (hit != vmm_handles_.end() && hit->second.mappings > 0) hit->second.mappings--;
-    VmmDropHandleIfUnused(h);
-  }
+  VmmForgetMappings(vmm_mapped_.lower_bound(ptr), vmm_mapped_.lower_bound(ptr + size));
   return CUDA_SUCCESS;
 }
 
@@ -175,6 +166,12 @@ CUresult Session::VmmUnmap(CUdeviceptr ptr, size_t size) {
   }
   CUresult rc = api().cuMemUnmap(ptr, size);
   if (rc != CUDA_SUCCESS) return rc;
+  VmmForgetMappings(first, last);
+  return CUDA_SUCCESS;
+}
+
+void Session::VmmForgetMappings(std::map<uint64_t, VmmMapping>::iterator first,
+                                std::map<uint64_t, VmmMapping>::iterator last) {
   std::vector<uint64_t> handles;
   for (auto m = first; m != last; ++m) handles.push_back(m->second.handle);
   vmm_mapped_.erase(first, last);
@@ -183,7 +180,6 @@ CUresult Session::VmmUnmap(CUdeviceptr ptr, size_t size) {
     if (it != vmm_handles_.end() && it->second.mappings > 0) it->second.mappings--;
     VmmDropHandleIfUnused(handle);
   }
-  return CUDA_SUCCESS;
 }
 
 CUresult Session::VmmGetAccess(unsigned long long* flags, const CUmemLocation* location,

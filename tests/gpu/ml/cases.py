@@ -155,16 +155,14 @@ def case_conv():
     return out
 
 
-def _train(model, make_batch, steps, lr, opt="sgd", record_every=10):
+def _train(model, data, labels, batch, steps, lr, record_every=10):
+    """SGD with momentum over consecutive batches of (data, labels); the loss curve."""
     torch = _torch()
-    if opt == "sgd":
-        optim = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    else:
-        optim = torch.optim.AdamW(model.parameters(), lr=lr)
+    optim = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     losses = []
     for step in range(steps):
-        x, y = make_batch(step)
-        loss = torch.nn.functional.cross_entropy(model(x), y)
+        i = (step * batch) % data.shape[0]
+        loss = torch.nn.functional.cross_entropy(model(data[i:i + batch]), labels[i:i + batch])
         optim.zero_grad(set_to_none=True)
         loss.backward()
         optim.step()
@@ -187,12 +185,7 @@ def case_train_mlp():
     data, labels = _synthetic_classes(torch, (64,), 10, 8192, 3)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
                                 torch.nn.GELU(), torch.nn.Linear(256, 10)).cuda()
-
-    def batch(step):
-        i = (step * 128) % 8192
-        return data[i:i + 128], labels[i:i + 128]
-
-    losses = _train(model, batch, 300, 0.05)
+    losses = _train(model, data, labels, 128, 300, 0.05)
     return {"steps": 300, "loss_curve": Approx(losses, rtol=2e-2, atol=2e-3),
             "learned": losses[-1] < losses[0] * 0.5}
 
@@ -214,12 +207,7 @@ def case_train_cnn():
     model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
                           nn.MaxPool2d(2), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
                           GlobalMean(), nn.Linear(32, 10)).cuda()
-
-    def batch(step):
-        i = (step * 64) % 4096
-        return data[i:i + 64], labels[i:i + 64]
-
-    losses = _train(model, batch, 200, 0.05)
+    losses = _train(model, data, labels, 64, 200, 0.05)
     return {"steps": 200, "loss_curve": Approx(losses, rtol=3e-2, atol=3e-3),
             "learned": losses[-1] < losses[0] * 0.7}
 
@@ -433,12 +421,7 @@ def _alloc_workload(torch):
     torch.manual_seed(0)
     data, labels = _synthetic_classes(torch, (64,), 10, 2048, 4)
     model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)).cuda()
-
-    def batch(step):
-        i = (step * 128) % 2048
-        return data[i:i + 128], labels[i:i + 128]
-
-    losses = _train(model, batch, 60, 0.05)
+    losses = _train(model, data, labels, 128, 60, 0.05)
     # Growth and release of differently sized blocks.
     blocks = [torch.ones(n << 18, device="cuda") for n in (1, 7, 33, 2, 65)]
     total = sum(int(b.sum().item()) for b in blocks)
