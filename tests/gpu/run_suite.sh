@@ -10,6 +10,7 @@
 #   3. tests/gpu/run_programs.sh build $GPU_BIN_DIR (native vs flyt over TCP and Unix)
 #   3b. tests/gpu/run_sm_share.sh (Flyt-only: SM share and memory quota changed live)
 #   4. bash bench/run.sh build "$OUT", if bench/run.sh exists
+#   5. with ML_SUITE=1: tests/gpu/ml/run_ml.py (ml.md, ml-logs.tgz), if torch imports
 # Writes to $OUT (at most 8 files come back):
 #   summary.md        everything above, rewritten after every step
 #   server.log        the flyt-server logs of step 3 (capped at 15 MiB)
@@ -131,6 +132,10 @@ write_summary() {
       echo '```'
       tail -n 60 "$WORK/programs.txt"
       echo '```'
+    fi
+    if [[ -s "$OUT/ml.md" ]]; then
+      echo
+      sed -n '/^## Cases/,/^## Failure details/p' "$OUT/ml.md" | sed '$d'
     fi
     if [[ -s "$OUT/bench.md" ]]; then
       echo
@@ -255,8 +260,23 @@ else
   printf 'bench/run.sh\tskipped\t0\tbench/run.sh not found\n' >>"$STEPS"
 fi
 
+# ---------------------------------------------------------------- ML suite --
+# ML_SUITE=1: PyTorch, CuPy and NVML cases and the training/decode benchmarks
+# (tests/gpu/ml/run_ml.py) with what is left of the budget, when torch imports.
+if [[ "${ML_SUITE:-0}" == 1 ]]; then
+  limit=$(( $(left) - 15 ))
+  if ! python3 -c 'import torch' >/dev/null 2>&1; then
+    printf 'ML suite (tests/gpu/ml)\tskipped\t0\tpython3 cannot import torch\n' >>"$STEPS"
+  else
+    step "ML suite (tests/gpu/ml)" "$limit" \
+      python3 "$HERE/ml/run_ml.py" --build "$BUILD_DIR" --out "$OUT" \
+      --budget "$(( limit > 60 ? limit - 20 : 40 ))" >"$WORK/ml.txt" 2>&1
+  fi
+  write_summary
+fi
+
 # Only 8 files come back: pack whatever else landed in $OUT into one archive.
-KEEP=" summary.md server.log gpu-run-logs.tgz bench.md "
+KEEP=" summary.md server.log gpu-run-logs.tgz bench.md ml.md ml-logs.tgz "
 extra=()
 while IFS= read -r -d '' f; do
   rel=${f#"$OUT"/}
