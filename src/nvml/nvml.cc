@@ -46,6 +46,8 @@ using flyt::ops::NvmlProcess;
 
 // flyt_nvml_snapshot in Flyt's libcuda.so.1 (src/client/api_nvml.cc); returns a CUresult.
 using SnapshotFn = int (*)(void* buf, size_t cap, size_t* len);
+// flyt_client_stats: the calls this process made through Flyt (optional).
+using StatsFn = int (*)(uint64_t* out, int n);
 constexpr int kCudaErrorInvalidValue = 1;
 
 nvmlDevice_st g_handles[flyt::ops::kMaxNvmlDevices];
@@ -54,9 +56,11 @@ struct State {
   std::mutex mu;  // everything below
   int refs = 0;   // nvmlInit calls not yet balanced by nvmlShutdown
   SnapshotFn snapshot = nullptr;
+  StatsFn stats = nullptr;
   uint64_t cache_ns = 50ull * 1000000;
   uint64_t fetched_ns = 0;
-  bool lost = false;  // the last fetch failed (said once in the log)
+  uint64_t calls_at_fetch = 0;  // ProcessCalls() after the last fetch
+  bool lost = false;            // the last fetch failed (said once in the log)
   NvmlHead head{};
   std::vector<NvmlDevice> devices;
   std::vector<NvmlProcess> processes;
@@ -65,6 +69,17 @@ struct State {
 State& S() {
   static State* state = new State();  // never destroyed: atexit order is unknown
   return *state;
+}
+
+// CUDA calls this process has made (0 without flyt_client_stats). A cached
+// answer is only reused while it is unchanged: right after its own cudaMalloc a
+// process must see its memory and itself in the process list, as with NVIDIA's
+// NVML; other processes' changes may show up to FLYT_NVML_CACHE_MS late.
+uint64_t ProcessCalls(const State& s) {
+  if (s.stats == nullptr) return 0;
+  uint64_t v[2] = {0, 0};
+  if (s.stats(v, 2) != 2) return 0;
+  return v[0] + v[1];
 }
 
 uint64_t NowNs() {
@@ -133,13 +148,15 @@ nvmlReturn_t FetchLocked(State& s, bool at_init) {
   if (!s.processes.empty())
     std::memcpy(s.processes.data(), p, s.processes.size() * sizeof(NvmlProcess));
   s.fetched_ns = NowNs();
+  s.calls_at_fetch = ProcessCalls(s);  // counts the snapshot call itself
   if (s.lost) FLYT_INFO("NVML: flyt-server answers again");
   s.lost = false;
   return NVML_SUCCESS;
 }
 
 nvmlReturn_t RefreshLocked(State& s) {
-  if (NowNs() - s.fetched_ns < s.cache_ns && !s.lost) return NVML_SUCCESS;
+  if (NowNs() - s.fetched_ns < s.cache_ns && !s.lost && ProcessCalls(s) == s.calls_at_fetch)
+    return NVML_SUCCESS;
   return FetchLocked(s, false);
 }
 
@@ -172,6 +189,7 @@ nvmlReturn_t Init() {
       return NVML_ERROR_LIBRARY_NOT_FOUND;
     }
     s.snapshot = fn;
+    s.stats = reinterpret_cast<StatsFn>(dlsym(lib, "flyt_client_stats"));
   }
   s.cache_ns = 50ull * 1000000;
   if (const char* v = std::getenv("FLYT_NVML_CACHE_MS"); v != nullptr && v[0] != '\0') {

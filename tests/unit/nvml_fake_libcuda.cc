@@ -11,7 +11,24 @@ std::mutex g_mu;
 int g_rc = 100;  // CUDA_ERROR_NO_DEVICE until the test says otherwise
 std::vector<unsigned char> g_bytes;
 int g_calls = 0;
+unsigned long long g_cuda_calls = 0;  // what flyt_client_stats reports
 }  // namespace
+
+// The test's stand-in for the CUDA calls the process makes between queries.
+extern "C" __attribute__((visibility("default"))) void nvml_fake_cuda_call() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  ++g_cuda_calls;
+}
+
+// The contract of src/client/api_device.cc: out[0] sync, out[1] async calls.
+extern "C" __attribute__((visibility("default"))) int flyt_client_stats(unsigned long long* out,
+                                                                        int n) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (out == nullptr || n < 2) return 0;
+  out[0] = g_cuda_calls + static_cast<unsigned long long>(g_calls);  // snapshots are calls too
+  out[1] = 0;
+  return 2;
+}
 
 extern "C" __attribute__((visibility("default"))) void nvml_fake_set(int rc, const void* bytes,
                                                                      size_t n) {

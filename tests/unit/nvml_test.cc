@@ -17,6 +17,7 @@
 
 extern "C" void nvml_fake_set(int rc, const void* bytes, size_t n);
 extern "C" int nvml_fake_calls();
+extern "C" void nvml_fake_cuda_call();
 
 namespace {
 
@@ -205,6 +206,33 @@ TEST_F(Nvml, ALargeProcessListIsFetchedWithMoreRoom) {
             NVML_SUCCESS);
   EXPECT_EQ(v1[2999].pid, 3999u);
   EXPECT_EQ(v1[2999].usedGpuMemory, 1u << 20);
+}
+
+TEST_F(Nvml, OwnCudaCallsEndTheCacheAtOnce) {
+  // A process that allocates and then lists processes must see the new state
+  // at once, however long the cache lasts for others' changes.
+  setenv("FLYT_NVML_CACHE_MS", "60000", 1);
+  Snapshot s;
+  s.Serve();
+  ASSERT_EQ(Init(), NVML_SUCCESS);
+  nvmlDevice_t dev = nullptr;
+  ASSERT_EQ(Handle(0, &dev), NVML_SUCCESS);
+  nvmlMemory_t m{};
+  ASSERT_EQ(Memory(dev, &m), NVML_SUCCESS);
+  int calls = nvml_fake_calls();
+  ASSERT_EQ(Memory(dev, &m), NVML_SUCCESS);
+  EXPECT_EQ(nvml_fake_calls(), calls) << "no CUDA call in between: cached";
+  nvml_fake_cuda_call();
+  s.devices[0].memory_used = 16 << 20;
+  s.devices[0].memory_free = 48 << 20;
+  s.Serve();
+  ASSERT_EQ(Memory(dev, &m), NVML_SUCCESS);
+  EXPECT_EQ(nvml_fake_calls(), calls + 1) << "a CUDA call in between: fetched again";
+  EXPECT_EQ(m.used, 16u << 20);
+  ASSERT_EQ(Memory(dev, &m), NVML_SUCCESS);
+  EXPECT_EQ(nvml_fake_calls(), calls + 1) << "the fetch itself does not count";
+  ASSERT_EQ(Shutdown(), NVML_SUCCESS);
+  unsetenv("FLYT_NVML_CACHE_MS");
 }
 
 TEST_F(Nvml, DynamicValuesAreCachedForFlytNvmlCacheMs) {
