@@ -3,7 +3,7 @@
 
 Usage: python3 tests/gpu/ml/run_ml.py --build BUILD_DIR --out OUT_DIR
            [--modes "tcp unix shm"] [--cases "a b"] [--bench "resnet18_train ..."]
-           [--jobs 4] [--timeout 240] [--budget 500]
+           [--jobs 4] [--timeout 240] [--budget 500] [--bench-repeat 2] [--backend cuda]
 
 Owns: one flyt-server (--backend cuda) listening on TCP loopback, a Unix
 socket and shared memory; each case of cases.py run once natively and once per
@@ -40,7 +40,7 @@ def free_port():
 
 
 class Server:
-    def __init__(self, build, work, modes):
+    def __init__(self, build, work, modes, backend="cuda"):
         self.work = work
         self.port = free_port()
         self.addr = {"tcp": f"tcp://127.0.0.1:{self.port}", "unix": f"unix://{work}/flyt.sock",
@@ -50,7 +50,7 @@ class Server:
             listen += ["--listen", self.addr[m]]
         self.log_path = os.path.join(work, "server.log")
         env = dict(os.environ, FLYT_LOG=os.environ.get("SERVER_LOG_LEVEL", "info"))
-        self.proc = subprocess.Popen([os.path.join(build, "bin", "flyt-server"), "--backend", "cuda"] + listen,
+        self.proc = subprocess.Popen([os.path.join(build, "bin", "flyt-server"), "--backend", backend] + listen,
                                      stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
         deadline = time.time() + 30
@@ -177,6 +177,8 @@ def main():
     ap.add_argument("--cases", default="")
     ap.add_argument("--bench", default="resnet18_train gpt_train gpt_decode")
     ap.add_argument("--jobs", type=int, default=4)
+    ap.add_argument("--backend", default="cuda", help="flyt-server's backend (sim: plumbing only)")
+    ap.add_argument("--bench-repeat", type=int, default=2, help="runs per benchmark and mode")
     ap.add_argument("--count-mode", default="unix", help="mode of the call-counting run ('' for none)")
     ap.add_argument("--timeout", type=int, default=240)
     ap.add_argument("--budget", type=int, default=500, help="seconds for cases and benchmarks together")
@@ -193,7 +195,7 @@ def main():
     modes = a.modes.split()
     names = a.cases.split() or sorted(case_module.CASES)
     env_info = probe_env()
-    server = Server(build, work, modes)
+    server = Server(build, work, modes, a.backend)
     report = ["# Flyt ML suite (tests/gpu/ml)", "", "| | |", "|---|---|",
               f"| date (UTC) | {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} |"]
     report += [f"| {k} | {v} |" for k, v in env_info.items()]
@@ -251,13 +253,24 @@ def main():
         # Benchmarks: one run at a time.
         bench_rows = []
         for w in a.bench.split():
+            key = "ms_per_token" if w == "gpt_decode" else "ms_per_step"
+            tries = {m: [] for m in [None] + modes}
+            # Repeats interleave the modes, so that drift on the host hits all alike;
+            # the run with the median time stands for its mode.
+            for rep in range(a.bench_repeat):
+                for m in [None] + modes:
+                    left = start + a.budget - time.time()
+                    if left < 20:
+                        continue
+                    tries[m].append(run(a, build, server, m, "bench_ml.py", w, runs,
+                                        int(min(a.timeout, left)), suffix=f".r{rep}"))
             per = {}
-            for m in [None] + modes:
-                left = start + a.budget - time.time()
-                if left < 20:
-                    per[m] = {"status": "skip", "error": "out of time"}
-                    continue
-                per[m] = run(a, build, server, m, "bench_ml.py", w, runs, int(min(a.timeout, left)))
+            for m, docs in tries.items():
+                timed = sorted((d for d in docs if key in d), key=lambda d: d[key])
+                if timed:
+                    per[m] = dict(timed[(len(timed) - 1) // 2], all_times=[d[key] for d in docs if key in d])
+                else:
+                    per[m] = docs[-1] if docs else {"status": "skip", "error": "out of time"}
             # Which calls a step makes: a separate run that counts them by name.
             if a.count_mode in modes and start + a.budget - time.time() > 20:
                 per["counts"] = run(a, build, server, a.count_mode, "bench_ml.py", w, runs,
@@ -266,6 +279,7 @@ def main():
             bench_rows.append((w, per))
         report += ["## Benchmarks", "",
                    "Ratio = native time / Flyt time (throughput relative to native; 1.0 = native speed).",
+                   f"Each cell: the median of {a.bench_repeat} runs (all runs in brackets), modes interleaved.",
                    "Calls per step: the client's driver calls during the timed steps (sync: waited for a reply).",
                    "", "| workload | native | " + " | ".join(modes) + " |", "|---|---|" + "---|" * len(modes)]
         for w, per in bench_rows:
@@ -275,7 +289,9 @@ def main():
             if key not in nat:
                 report.append(f"| {w} | {nat.get('status')}: {nat.get('error', '')[-200:]!r} |")
                 continue
-            cells = [f"{nat[key]:.3f} {unit}"]
+            spread = lambda r: (" [" + ", ".join(f"{t:.3f}" for t in r["all_times"]) + "]"
+                                if len(r.get("all_times", [])) > 1 else "")
+            cells = [f"{nat[key]:.3f} {unit}{spread(nat)}"]
             for m in modes:
                 r = per[m]
                 if key not in r:
@@ -286,7 +302,7 @@ def main():
                 if "sync_calls_per_step" in r:
                     calls = (f"; {r['sync_calls_per_step'] + r['async_calls_per_step']:.0f} calls/step, "
                              f"{r['sync_calls_per_step']:.1f} sync, {r['sends_per_step']:.0f} sends")
-                cells.append(f"{r[key]:.3f} ({nat[key] / r[key]:.3f}×{calls})")
+                cells.append(f"{r[key]:.3f}{spread(r)} ({nat[key] / r[key]:.3f}×{calls})")
             report.append(f"| {w} | " + " | ".join(cells) + " |")
         report.append("")
         for w, per in bench_rows:
