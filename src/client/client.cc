@@ -464,6 +464,9 @@ CUresult Client::ReceiveReplyLocked(const char* name, uint64_t id, ReplySink sin
 }
 
 void Client::RefreshDevicesLocked() {
+  // The session may now run in another (green) context: functions fetched for
+  // the old one, and occupancy for the old SM count, are asked again.
+  QueryCache::Get().Clear();
   uint64_t id = next_call_++;
   wire::FrameHeader h{wire::kMagic, ops::kOpDeviceInfo, wire::kFlagWantReply, id, 0, 0, 0, 0};
   wire::Writer none;
