@@ -1336,21 +1336,22 @@ bool Session::CopyFromDevice(Reader& in, bool per_thread, Writer& out, CUresult*
     *rc = CUDA_ERROR_INVALID_HANDLE;
     return true;
   }
-  if (async && Capturing(RealStream(stream == 0 && per_thread ? 2 : stream))) {
+  // The per-thread default stream, when a per-thread call names stream 0.
+  const uint64_t target = stream == 0 && per_thread ? 2 : stream;
+  if (async && Capturing(RealStream(target))) {
     // Into a graph: each run of the graph delivers the bytes to the client.
-    *rc =
-        CaptureDownload(RealStream(stream == 0 && per_thread ? 2 : stream), src, client_dst, size);
+    *rc = CaptureDownload(RealStream(target), src, client_dst, size);
     reply_info_ |= wire::kReplyCaptured;
     return true;
   }
   if (size > kStagedMin && EnsureStaging()) {
-    CUstream s = RealStream(stream == 0 && per_thread ? 2 : stream);
-    if (!StagedDownload(req_, src, size, s, rc)) conn_->Shutdown();  // next receive ends it
+    if (!StagedDownload(req_, src, size, RealStream(target), rc))
+      conn_->Shutdown();  // next receive ends it
     return true;
   }
   uint8_t* dst = out.Grow(size);
   if (async) {
-    CUstream s = RealStream(stream == 0 && per_thread ? 2 : stream);
+    CUstream s = RealStream(target);
     *rc = a.cuMemcpyDtoHAsync_v2(dst, src, size, s);
     if (*rc == CUDA_SUCCESS) *rc = a.cuStreamSynchronize(s);
   } else {
