@@ -27,16 +27,9 @@ namespace ops = flyt::ops;
 namespace flyt::client {
 
 void Client::AddReservation(uint64_t base, uint64_t size) {
-  // As for allocations (AddDeviceRange): this process's own memory must never
-  // land where the GPU's addresses are, so that unified addressing stays
-  // unambiguous. A range already taken here is still tracked, just not held.
-  bool held = false;
-  if (size > 0) {
-    void* p = mmap(reinterpret_cast<void*>(base), size, PROT_NONE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
-    held = p == reinterpret_cast<void*>(base);
-    if (p != MAP_FAILED && !held) munmap(p, size);
-  }
+  // As for allocations (AddDeviceRange). A range already taken here is still
+  // tracked, just not held.
+  const bool held = HoldAddressRange(base, size);
   std::lock_guard<std::mutex> lock(state_mu_);
   vmm_reserved_[base] = {size, held};
 }

@@ -25,7 +25,7 @@ namespace {
 thread_local CUcontext t_current = nullptr;
 thread_local uint32_t t_last_reply_info = 0;
 thread_local CUstreamCaptureMode t_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
-thread_local uint64_t t_last_call_seq = 0;  // calls_seq_ of this thread's last Call
+thread_local uint64_t t_last_call_seq = 0;  // CallsLocked() at this thread's last Call
 
 // One name per stream: the per-thread default stream as CU_STREAM_PER_THREAD,
 // the legacy one as 0.
@@ -302,7 +302,6 @@ CUresult Client::Post(const char* name, uint16_t op, const wire::Writer& req, ui
   if (broken_ != CUDA_SUCCESS) return broken_;
   SyncContextLocked();
   async_calls_.fetch_add(1, std::memory_order_relaxed);
-  ++calls_seq_;
   if (count_calls_) ++async_by_name_[name];
   wire::FrameHeader h{
       wire::kMagic, op, flags, next_call_++, static_cast<uint32_t>(req.size() + bulk_len), 0, 0, 0};
@@ -332,13 +331,13 @@ void Client::CaptureEnded() {
 
 void Client::NoteStreamDrained(CUstream stream, bool per_thread) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (calls_seq_ != t_last_call_seq) return;  // another call came in between
-  drained_ = Drained{true, StreamKey(stream, per_thread), calls_seq_};
+  if (CallsLocked() != t_last_call_seq) return;  // another call came in between
+  drained_ = Drained{true, StreamKey(stream, per_thread), t_last_call_seq};
 }
 
 bool Client::StreamDrained(CUstream stream, bool per_thread) {
   std::lock_guard<std::mutex> lock(mu_);
-  return drained_.valid && drained_.seq == calls_seq_ &&
+  return drained_.valid && drained_.seq == CallsLocked() &&
          drained_.stream == StreamKey(stream, per_thread) && broken_ == CUDA_SUCCESS;
 }
 
@@ -349,19 +348,21 @@ Client::CallStats Client::Stats() const {
 }
 
 std::string Client::CallCounts() {
-  std::vector<std::pair<uint64_t, std::string>> rows;
+  struct Row {
+    uint64_t n;
+    const char* kind;
+    const char* name;
+  };
+  std::vector<Row> rows;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [name, n] : sync_by_name_) rows.emplace_back(n, std::string("SYNC ") + name);
-    for (const auto& [name, n] : async_by_name_) rows.emplace_back(n, std::string("ASYNC ") + name);
+    for (const auto& [name, n] : sync_by_name_) rows.push_back({n, "SYNC", name});
+    for (const auto& [name, n] : async_by_name_) rows.push_back({n, "ASYNC", name});
   }
-  std::sort(rows.begin(), rows.end(),
-            [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.n > b.n; });
   std::string out;
-  for (const auto& [n, what] : rows) {
-    size_t space = what.find(' ');
-    out += what.substr(0, space) + " " + std::to_string(n) + what.substr(space) + "\n";
-  }
+  for (const Row& r : rows)
+    out += std::string(r.kind) + " " + std::to_string(r.n) + " " + r.name + "\n";
   return out;
 }
 
@@ -392,7 +393,7 @@ CUresult Client::Call(const char* name, uint16_t op, const wire::Writer& req, Re
   if (broken_ != CUDA_SUCCESS) return broken_;
   if (op != ops::kOpHello) SyncContextLocked();
   sync_calls_.fetch_add(1, std::memory_order_relaxed);
-  t_last_call_seq = ++calls_seq_;
+  t_last_call_seq = CallsLocked();
   if (count_calls_) ++sync_by_name_[name];
   uint64_t id = next_call_++;
   wire::FrameHeader h{wire::kMagic,
@@ -722,16 +723,19 @@ int Client::ContextDevice(CUcontext ctx) {
 
 // --- ranges
 
+bool HoldAddressRange(uint64_t base, uint64_t size) {
+  // Keep this process from ever placing host memory where the GPU's memory
+  // lives in the server, so that unified addressing stays unambiguous.
+  if (size == 0) return false;
+  void* p = mmap(reinterpret_cast<void*>(base), size, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+  const bool held = p == reinterpret_cast<void*>(base);
+  if (p != MAP_FAILED && !held) munmap(p, size);
+  return held;
+}
+
 void Client::AddDeviceRange(uint64_t base, uint64_t size, bool reserve_va) {
-  bool reserved = false;
-  if (reserve_va && size > 0) {
-    // Keep this process from ever placing host memory where the GPU's memory
-    // lives in the server, so that unified addressing stays unambiguous.
-    void* p = mmap(reinterpret_cast<void*>(base), size, PROT_NONE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
-    reserved = p == reinterpret_cast<void*>(base);
-    if (p != MAP_FAILED && !reserved) munmap(p, size);
-  }
+  const bool reserved = reserve_va && HoldAddressRange(base, size);
   std::lock_guard<std::mutex> lock(state_mu_);
   device_ranges_[base] = {size, reserved};
 }

@@ -200,6 +200,8 @@ class Client {
                       size_t bulk_len);
   CUresult FlushLocked();
   CUresult SyncContextLocked();
+  // Calls and posts so far (under mu_): changes with every one of them.
+  uint64_t CallsLocked() const { return sync_calls_.load() + async_calls_.load(); }
   // Appends a small no-reply frame to the queue.
   void QueueLocked(uint16_t op, const void* payload, uint32_t n);
   // Receives the reply to call `id` (device output frames before it go to
@@ -226,12 +228,12 @@ class Client {
   uint64_t session_secret_ = 0;
   CUcontext sent_ctx_ = nullptr;
   CUstreamCaptureMode sent_capture_mode_ = CU_STREAM_CAPTURE_MODE_GLOBAL;
-  // Written under mu_, read by Stats() from any thread.
+  // Written under mu_, read by Stats() from any thread; under mu_ their sum
+  // (CallsLocked) numbers every call and post.
   std::atomic<uint64_t> sync_calls_{0};
   std::atomic<uint64_t> async_calls_{0};
   std::atomic<uint64_t> sends_{0};
   std::atomic<int> active_captures_{0};
-  uint64_t calls_seq_ = 0;  // under mu_: every call and post
   struct Drained {
     bool valid = false;
     uint64_t stream = 0;
@@ -280,6 +282,11 @@ class Client {
 
   friend void AfterForkInChild();
 };
+
+// Maps [base, base+size) PROT_NONE in this process if it is free, so that no
+// host memory lands on the GPU's addresses; true when it now holds the range
+// (munmap it when the GPU range goes).
+bool HoldAddressRange(uint64_t base, uint64_t size);
 
 // Parameter layout of a kernel or function, fetched from the server if unseen.
 std::shared_ptr<const FuncInfo> FuncLayout(uint64_t func);
