@@ -9,7 +9,8 @@
 #   // FLYT_ARCH: <-gencode ...>            (replaces the default sm_90 SASS + compute_90 PTX)
 #   // FLYT_LIBS: <-lfoo ...>               (link; e.g. -lcublas, -lcublasLt, -lnvrtc)
 #   // FLYT_EXPECT_RC: <n>                  (exit code of a correct run; default 0)
-#   // FLYT_RUN_LAST: 1                     (run after all others: it may break a shared context)
+#   // FLYT_RUN_LAST: 1                     (run alone after all others: it may break a shared
+#                                           context, or prints from the device)
 # Binaries are stripped and carry RUNPATH $ORIGIN:/usr/local/cuda/lib64, so the
 # .shared ones find the copied libcudart and cuBLAS/NVRTC come from the GPU
 # host's CUDA toolkit. Also writes OUTDIR/programs.tsv (name, expected rc,

@@ -10,8 +10,8 @@
 # listener, then for every binary runs it natively, via `flyt run` over TCP
 # and via the Unix socket, each under `timeout`. A Flyt run passes when its
 # exit code and stdout equal the native run's. Programs marked run-last in
-# programs.tsv (faulting kernels) run after all others, one at a time, and
-# are followed by a health check (vector_add over TCP on the same server). A
+# programs.tsv (faulting kernels, device printf) run after all others, one at
+# a time, and are followed by a health check (vector_add over TCP on the same server). A
 # server that dies is noted and restarted. Exit status: 0 when nothing failed
 # (skips do not count), 1 otherwise, 2 on bad usage.
 #
