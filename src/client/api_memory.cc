@@ -448,7 +448,9 @@ FLYT_API CUresult cuMemHostGetFlags(unsigned int* flags, void* p) {
 FLYT_API CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* out, void* p, unsigned int flags) {
   if (out == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   Client::HostBuffer b;
-  if (Client::Get().FindHostBuffer(p, &b) && b.device_ptr != 0) {
+  // Memory the driver never pinned has no device address natively either.
+  if (!Client::Get().FindHostBuffer(p, &b)) return CUDA_ERROR_INVALID_VALUE;
+  if (b.device_ptr != 0) {
     *out = b.device_ptr + (reinterpret_cast<uintptr_t>(p) - b.base);
     return CUDA_SUCCESS;
   }
@@ -456,10 +458,10 @@ FLYT_API CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* out, void* p, unsign
   if (!logged.exchange(true)) {
     FLYT_WARN(
         "cuMemHostGetDevicePointer: only memory from cudaHostAlloc/cudaMallocHost over a "
-        "shm:// connection can be mapped for the GPU (this %s); copy the data with cudaMemcpy "
+        "shm:// connection can be mapped for the GPU (%s); copy the data with cudaMemcpy "
         "instead",
-        b.base != 0 ? "buffer was registered with cudaHostRegister"
-                    : "process reaches its GPU over the network");
+        b.owned ? "this process reaches its server over a socket"
+                : "this buffer was registered with cudaHostRegister");
   }
   return CUDA_ERROR_NOT_SUPPORTED;
 }

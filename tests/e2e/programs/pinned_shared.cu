@@ -81,6 +81,15 @@ int main(int argc, char** argv) {
     EXPECT(mapped == cudaErrorNotSupported, "cudaHostGetDevicePointer: %s",
            cudaGetErrorString(mapped));
   }
+  // Memory that was never pinned has no device address, natively or through Flyt.
+  {
+    std::vector<unsigned char> plain(64);
+    void* none = nullptr;
+    cudaError_t r = cudaHostGetDevicePointer(&none, plain.data(), 0);
+    cudaGetLastError();
+    EXPECT(r == cudaErrorInvalidValue, "cudaHostGetDevicePointer of malloc'd memory: %s",
+           cudaGetErrorString(r));
+  }
 
   if (hold) {
     printf("holding\n");

@@ -1,8 +1,9 @@
 // pinned_memory: page-locked host memory from cudaMallocHost, cudaHostAlloc
 // (portable, write-combined) and cudaHostRegister on malloc'd memory;
 // cudaHostGetFlags, cudaPointerGetAttributes (host vs device vs unregistered
-// memory), async copies in both directions from each kind, cudaHostUnregister,
-// and cudaMemcpy with cudaMemcpyDefault (kind inferred through UVA).
+// memory), cudaHostGetDevicePointer of pageable memory, async copies in both
+// directions from each kind, cudaHostUnregister, and cudaMemcpy with
+// cudaMemcpyDefault (kind inferred through UVA).
 #include <vector>
 #include "common.h"
 
@@ -70,6 +71,11 @@ int main() {
   std::vector<int> other(16);
   CHECK(cudaPointerGetAttributes(&attr, other.data()));
   printf("pageable pointer: %s\n", type_name(attr.type));
+  // Pageable memory has no device address: the error, not a crash or a pointer.
+  void* unmapped = nullptr;
+  cudaError_t unmapped_rc = cudaHostGetDevicePointer(&unmapped, other.data(), 0);
+  cudaGetLastError();
+  printf("cudaHostGetDevicePointer(pageable): %s\n", cudaGetErrorName(unmapped_rc));
 
   int bad = 0;
   bad += roundtrip(a, b, dev, n, s);
