@@ -89,11 +89,18 @@ constexpr TableInfo kTableInfo[kNumTables] = {
      CUDA_ERROR_NOT_SUPPORTED},
 };
 
-// Asked for first by every cudart copy. The real driver serves a 3-slot table, but no slot
-// of it was called in our traces, and cudart 13.0 (static and shared), cuBLAS, cuBLASLt and
-// cuDNN all run with it refused; what it is for is unknown. Refused without a warning.
-constexpr unsigned char kRefusedQuietly[16] = {0xf8, 0xcf, 0xf9, 0x51, 0x21, 0x46, 0x8b, 0x4e,
-                                               0xb9, 0xe2, 0xfb, 0x46, 0x9e, 0x7c, 0x0d, 0xd9};
+// Tables refused without a warning: asked for by libraries that work with them refused.
+// f8cff951: asked first by every cudart copy; the driver serves 3 slots, none of which was
+// called in our traces; cudart 13.0 (static and shared), cuBLAS, cuBLASLt and cuDNN run with
+// it refused. da9151d3: asked by NVRTC and nvJitLink 13.0; the driver serves it (56 bytes),
+// and NVRTC-compiled code (jiterator, CuPy, cuDNN runtime fusion) runs with it refused.
+// What either is for is unknown.
+constexpr unsigned char kRefusedQuietly[][16] = {
+    {0xf8, 0xcf, 0xf9, 0x51, 0x21, 0x46, 0x8b, 0x4e, 0xb9, 0xe2, 0xfb, 0x46, 0x9e, 0x7c, 0x0d,
+     0xd9},
+    {0xda, 0x91, 0x51, 0xd3, 0x3a, 0xe6, 0xcc, 0x41, 0xa5, 0xc0, 0x4f, 0x26, 0xd5, 0x33, 0xe3,
+     0x28},
+};
 
 constexpr size_t kPadSlots = 32;
 
@@ -798,7 +805,11 @@ CUresult GetExportTable(const void** table, const CUuuid* id) {
   if (FirstRefusal(id)) {
     char text[37];
     FormatUuid(id, text);
-    if (std::memcmp(id->bytes, kRefusedQuietly, sizeof(id->bytes)) == 0) {
+    bool optional = false;
+    for (const auto& quiet : kRefusedQuietly) {
+      optional = optional || std::memcmp(id->bytes, quiet, sizeof(id->bytes)) == 0;
+    }
+    if (optional) {
       FLYT_DEBUG("cuGetExportTable: refusing %s (optional)", text);
     } else {
       FLYT_WARN("cuGetExportTable: no table %s; refusing it", text);

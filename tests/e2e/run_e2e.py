@@ -970,6 +970,10 @@ class E2E(unittest.TestCase):
                                      else "2", where))
                 self.assertRegex(log, r"\bcuGraphicsUnregisterResource\S* is not supported by "
                                  r"Flyt yet", where)
+                self.assertEqual(log.count("no table 0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"), 1,
+                                 "want one warning for an unknown export table\n" + where)
+                self.assertNotIn("da9151d3", log,
+                                 "NVRTC's export table is refused without a warning\n" + where)
                 self.stop_server(srv)
 
     def test_pinned_shared(self):
