@@ -255,15 +255,21 @@ CUresult Client::SendLocked(const wire::FrameHeader& h, const wire::Writer& req,
   sends_.fetch_add(1, std::memory_order_relaxed);
   last_send_ns_ = NowNs();
   queue_.clear();
-  if (!st.ok()) {
-    broken_ = CUDA_ERROR_DEVICE_UNAVAILABLE;
-    FLYT_ERROR(
-        "lost the connection to flyt-server at %s (%s): the GPU's state for this process "
-        "is gone; restart the application once the server is back",
-        server_.c_str(), st.message().c_str());
-    return broken_;
-  }
+  if (!st.ok()) return MarkLostLocked(nullptr, st.message());
   return CUDA_SUCCESS;
+}
+
+CUresult Client::MarkLostLocked(const char* during, const std::string& why) {
+  if (broken_ == CUDA_SUCCESS) {
+    FLYT_ERROR(
+        "lost the connection to flyt-server at %s%s%s (%s): the GPU's state for this process "
+        "is gone; every further CUDA call fails with CUDA_ERROR_DEVICE_UNAVAILABLE; restart "
+        "the application once the server is back",
+        server_.c_str(), during != nullptr ? " during " : "", during != nullptr ? during : "",
+        why.c_str());
+  }
+  broken_ = CUDA_ERROR_DEVICE_UNAVAILABLE;
+  return broken_;
 }
 
 CUresult Client::SyncContextLocked() {
@@ -373,11 +379,7 @@ CUresult Client::FlushLocked() {
   sends_.fetch_add(1, std::memory_order_relaxed);
   last_send_ns_ = NowNs();
   queue_.clear();
-  if (!st.ok()) {
-    broken_ = CUDA_ERROR_DEVICE_UNAVAILABLE;
-    FLYT_ERROR("lost the connection to flyt-server at %s (%s)", server_.c_str(),
-               st.message().c_str());
-  }
+  if (!st.ok()) return MarkLostLocked(nullptr, st.message());
   return broken_;
 }
 
@@ -453,14 +455,8 @@ CUresult Client::ReceiveReplyLocked(const char* name, uint64_t id, ReplySink sin
       st = conn_->Receive(dst->data(), rep.payload_len);
     }
   }
-  if (!st.ok() || malformed) {
-    broken_ = CUDA_ERROR_DEVICE_UNAVAILABLE;
-    FLYT_ERROR(
-        "lost the connection to flyt-server at %s during %s (%s): the GPU's state for "
-        "this process is gone; restart the application once the server is back",
-        server_.c_str(), name, malformed ? "malformed reply" : st.message().c_str());
-    return broken_;
-  }
+  if (!st.ok() || malformed)
+    return MarkLostLocked(name, malformed ? "malformed reply" : st.message());
   return CUDA_SUCCESS;
 }
 

@@ -199,6 +199,9 @@ class Client {
   CUresult SendLocked(const wire::FrameHeader& h, const wire::Writer& req, const void* bulk,
                       size_t bulk_len);
   CUresult FlushLocked();
+  // The connection failed (`during`: the call that noticed, or null): every later remote call
+  // fails with CUDA_ERROR_DEVICE_UNAVAILABLE; says so in the log once, with what to do.
+  CUresult MarkLostLocked(const char* during, const std::string& why);
   CUresult SyncContextLocked();
   // Calls and posts so far (under mu_): changes with every one of them.
   uint64_t CallsLocked() const { return sync_calls_.load() + async_calls_.load(); }

@@ -1227,6 +1227,10 @@ class E2E(unittest.TestCase):
         self.assertIsNotNone(m2, "no malloc_error line\n" + where)
         self.assertNotEqual(int(m2.group(1)), 0, "cudaMalloc succeeded with no server\n" + where)
         self.assertIn("server_gone: PASS", res.stdout, where)
+        # One error line for the loss, whichever call noticed it, saying what to do.
+        lost = [l for l in res.client_log.splitlines() if "lost the connection" in l]
+        self.assertEqual(len(lost), 1, "want one 'lost the connection' line\n" + where)
+        self.assertIn("restart the application once the server is back", lost[0], where)
 
     def test_wrong_token(self):
         transport_list = CFG.transports

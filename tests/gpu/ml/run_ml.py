@@ -4,10 +4,12 @@
 Usage: python3 tests/gpu/ml/run_ml.py --build BUILD_DIR --out OUT_DIR
            [--modes "tcp unix shm"] [--cases "a b"] [--bench "resnet18_train ..."]
            [--jobs 4] [--timeout 240] [--budget 500] [--bench-repeat 2] [--backend cuda]
+           [--server-loss 1]
 
 Owns: one flyt-server (--backend cuda) listening on TCP loopback, a Unix
 socket and shared memory; each case of cases.py run once natively and once per
-mode through `flyt run`, results compared (compare()); then each benchmark of
+mode through `flyt run`, results compared (compare()); then server_loss.py
+(a server killed under a training loop, per mode); then each benchmark of
 bench_ml.py, natively and per mode, one at a time (nothing else on the GPU).
 Writes OUT_DIR/ml.md (the report) and OUT_DIR/ml-logs.tgz (every run's JSON,
 stderr and client log, and the server log). Exit status 0 when every case
@@ -180,6 +182,8 @@ def main():
     ap.add_argument("--backend", default="cuda", help="flyt-server's backend (sim: plumbing only)")
     ap.add_argument("--bench-repeat", type=int, default=2, help="runs per benchmark and mode")
     ap.add_argument("--count-mode", default="unix", help="mode of the call-counting run ('' for none)")
+    ap.add_argument("--server-loss", type=int, default=1,
+                    help="1: kill a server under a training loop per mode (server_loss.py)")
     ap.add_argument("--timeout", type=int, default=240)
     ap.add_argument("--budget", type=int, default=500, help="seconds for cases and benchmarks together")
     a = ap.parse_args()
@@ -250,6 +254,12 @@ def main():
                 details.append((n, "native", nat["error"][-1500:], nat))
             report.append(f"| {n} | " + " | ".join(row) + " |")
         report.append("")
+        if a.server_loss and start + a.budget - time.time() > 60:
+            import server_loss
+
+            loss_md, loss_ok = server_loss.run_all(build, runs, modes, a.backend)
+            report += loss_md
+            ok_all = ok_all and loss_ok
         # Benchmarks: one run at a time.
         bench_rows = []
         for w in a.bench.split():
