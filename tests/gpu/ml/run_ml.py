@@ -4,12 +4,13 @@
 Usage: python3 tests/gpu/ml/run_ml.py --build BUILD_DIR --out OUT_DIR
            [--modes "tcp unix shm"] [--cases "a b"] [--bench "resnet18_train ..."]
            [--jobs 4] [--timeout 240] [--budget 500] [--bench-repeat 2] [--backend cuda]
-           [--server-loss 1]
+           [--server-loss 1] [--tenant-view 1]
 
 Owns: one flyt-server (--backend cuda) listening on TCP loopback, a Unix
 socket and shared memory; each case of cases.py run once natively and once per
 mode through `flyt run`, results compared (compare()); then server_loss.py
-(a server killed under a training loop, per mode); then each benchmark of
+(a server killed under a training loop, per mode) and tenant_view.py (PyTorch
+under a memory quota and SM share, per mode); then each benchmark of
 bench_ml.py, natively and per mode, one at a time (nothing else on the GPU).
 Writes OUT_DIR/ml.md (the report) and OUT_DIR/ml-logs.tgz (every run's JSON,
 stderr and client log, and the server log). Exit status 0 when every case
@@ -42,7 +43,7 @@ def free_port():
 
 
 class Server:
-    def __init__(self, build, work, modes, backend="cuda"):
+    def __init__(self, build, work, modes, backend="cuda", extra_args=()):
         self.work = work
         self.port = free_port()
         self.addr = {"tcp": f"tcp://127.0.0.1:{self.port}", "unix": f"unix://{work}/flyt.sock",
@@ -52,7 +53,8 @@ class Server:
             listen += ["--listen", self.addr[m]]
         self.log_path = os.path.join(work, "server.log")
         env = dict(os.environ, FLYT_LOG=os.environ.get("SERVER_LOG_LEVEL", "info"))
-        self.proc = subprocess.Popen([os.path.join(build, "bin", "flyt-server"), "--backend", backend] + listen,
+        self.proc = subprocess.Popen([os.path.join(build, "bin", "flyt-server"), "--backend", backend] + listen
+                                     + list(extra_args),
                                      stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
         deadline = time.time() + 30
@@ -184,6 +186,8 @@ def main():
     ap.add_argument("--count-mode", default="unix", help="mode of the call-counting run ('' for none)")
     ap.add_argument("--server-loss", type=int, default=1,
                     help="1: kill a server under a training loop per mode (server_loss.py)")
+    ap.add_argument("--tenant-view", type=int, default=1,
+                    help="1: PyTorch under a memory quota and SM share, per mode (tenant_view.py)")
     ap.add_argument("--timeout", type=int, default=240)
     ap.add_argument("--budget", type=int, default=500, help="seconds for cases and benchmarks together")
     a = ap.parse_args()
@@ -260,6 +264,12 @@ def main():
             loss_md, loss_ok = server_loss.run_all(build, runs, modes, a.backend)
             report += loss_md
             ok_all = ok_all and loss_ok
+        if a.tenant_view and start + a.budget - time.time() > 60:
+            import tenant_view
+
+            view_md, view_ok = tenant_view.run_all(build, runs, modes, a.backend)
+            report += view_md
+            ok_all = ok_all and view_ok
         # Benchmarks: one run at a time.
         bench_rows = []
         for w in a.bench.split():

@@ -14,16 +14,16 @@ failed device); any other signal fails.
 Must not touch: any other flyt-server; anything outside OUT_DIR and its temporary folder.
 """
 
-import argparse
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import check_runner  # noqa: E402
 STEPS_BEFORE_KILL = 20
 EXIT_WITHIN_S = 30
 
@@ -114,16 +114,7 @@ def one_mode(build, work, log_dir, mode, backend, server_cls):
 def run_all(build, work, modes, backend="cuda"):
     """Markdown lines and whether every mode passed; the child's stderr and client log of
     each mode are left in `work`."""
-    sys.path.insert(0, HERE)
-    from run_ml import Server
-
-    rows = []
-    for m in modes:
-        mode_work = tempfile.mkdtemp(prefix=f"loss-{m}.", dir=work)
-        try:
-            rows.append(one_mode(os.path.abspath(build), mode_work, work, m, backend, Server))
-        except Exception as e:  # a setup problem is a failure of this check, not of the suite
-            rows.append({"mode": m, "verdict": f"FAIL: {type(e).__name__}: {e}"})
+    rows = check_runner.run_modes(one_mode, "loss", build, work, modes, backend)
     md = ["## Server loss (tests/gpu/ml/server_loss.py)", "",
           f"A training loop through Flyt; its flyt-server is killed (SIGKILL) after step {STEPS_BEFORE_KILL}. "
           f"Pass: Python gets a CUDA error, the next call fails too, and the process ends within "
@@ -145,20 +136,5 @@ def run_all(build, work, modes, backend="cuda"):
     return md, all(r["verdict"] == "PASS" for r in rows)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--modes", default="tcp unix shm")
-    ap.add_argument("--backend", default="cuda")
-    a = ap.parse_args()
-    os.makedirs(a.out, exist_ok=True)
-    md, ok = run_all(a.build, tempfile.mkdtemp(prefix="flyt-loss."), a.modes.split(), a.backend)
-    with open(os.path.join(a.out, "server_loss.md"), "w") as f:
-        f.write("\n".join(md) + "\n")
-    print("\n".join(md))
-    return 0 if ok else 1
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(check_runner.main(run_all, "server_loss"))
