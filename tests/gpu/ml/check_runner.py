@@ -1,7 +1,8 @@
 """Shared driver of the checks that need a flyt-server of their own (server_loss.py,
 tenant_view.py): one server per mode, one row per mode, a command line for each.
 
-Owns: calling a check's one_mode() per transport with its own server folder, turning a
+Owns: the `flyt run` command line and logs of a check's child, calling its one_mode() per
+transport with its own server folder, turning a
 setup exception into a failed row, and the OUT_DIR/NAME.md file of a standalone run.
 Must not touch: anything a check does inside one_mode().
 """
@@ -12,6 +13,18 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def child_run(build, server, mode, log_dir, name, script):
+    """(command, environment, client log path, stderr path) for running HERE/script through
+    `flyt run` against `server` over `mode`, its logs named after `name` in log_dir."""
+    log_path = os.path.join(log_dir, f"{name}.{mode}.client.log")
+    err_path = os.path.join(log_dir, f"{name}.{mode}.stderr")
+    env = dict(os.environ, FLYT_LOG="warn", FLYT_LOG_FILE=log_path,
+               FLYT_SHM="on" if mode == "shm" else "off")
+    cmd = [os.path.join(build, "bin", "flyt"), "run", "--server", server.addr[mode], "--",
+           sys.executable, os.path.join(HERE, script)]
+    return cmd, env, log_path, err_path
 
 
 def run_modes(one_mode, prefix, build, work, modes, backend):

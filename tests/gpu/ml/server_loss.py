@@ -30,12 +30,8 @@ EXIT_WITHIN_S = 30
 
 def one_mode(build, work, log_dir, mode, backend, server_cls):
     server = server_cls(build, work, [mode], backend)
-    log_path = os.path.join(log_dir, f"server_loss.{mode}.client.log")
-    err_path = os.path.join(log_dir, f"server_loss.{mode}.stderr")
-    env = dict(os.environ, FLYT_LOG="warn", FLYT_LOG_FILE=log_path,
-               FLYT_SHM="on" if mode == "shm" else "off")
-    cmd = [os.path.join(build, "bin", "flyt"), "run", "--server", server.addr[mode], "--",
-           sys.executable, os.path.join(HERE, "server_loss_child.py")]
+    cmd, env, log_path, err_path = check_runner.child_run(build, server, mode, log_dir, "server_loss",
+                                                          "server_loss_child.py")
     lines = []  # (seconds since start, text)
     t0 = time.monotonic()
     with open(err_path, "w") as err:

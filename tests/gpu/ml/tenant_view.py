@@ -27,12 +27,8 @@ SMS = 64  # a multiple of 8: Hopper's green-context granularity
 def one_mode(build, work, log_dir, mode, backend, server_cls):
     server = server_cls(build, work, [mode], backend,
                         ["--memory-quota", str(QUOTA), "--sm-count", str(SMS)])
-    log_path = os.path.join(log_dir, f"tenant_view.{mode}.client.log")
-    err_path = os.path.join(log_dir, f"tenant_view.{mode}.stderr")
-    env = dict(os.environ, FLYT_LOG="warn", FLYT_LOG_FILE=log_path,
-               FLYT_SHM="on" if mode == "shm" else "off")
-    cmd = [os.path.join(build, "bin", "flyt"), "run", "--server", server.addr[mode], "--",
-           sys.executable, os.path.join(HERE, "tenant_view_child.py")]
+    cmd, env, log_path, err_path = check_runner.child_run(build, server, mode, log_dir, "tenant_view",
+                                                          "tenant_view_child.py")
     try:
         with open(err_path, "w") as err:
             p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=err, timeout=120,
