@@ -79,6 +79,34 @@ ssize_t SendWithFd(int sock, const void* data, size_t n, int fd, int flags) {
   return sent;
 }
 
+// Receives up to `n` bytes and the descriptors attached to them (SCM_RIGHTS,
+// close-on-exec; at most 4 fit, *truncated says more were cut off). Returns
+// what recvmsg returned, errno as it left it.
+ssize_t RecvWithFds(int sock, void* data, size_t n, int flags, std::vector<int>* fds,
+                    bool* truncated) {
+  iovec iov{data, n};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  const ssize_t r = ::recvmsg(sock, &msg, flags | MSG_CMSG_CLOEXEC);
+  const int err = errno;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      fds->push_back(fd);
+    }
+  }
+  *truncated = (msg.msg_flags & MSG_CTRUNC) != 0;
+  errno = err;
+  return r;
+}
+
 class ShmConnection final : public Connection {
  public:
   ShmConnection(int sock, std::unique_ptr<Segment> segment, std::unique_ptr<ShmRing> tx,
@@ -201,27 +229,12 @@ class ShmConnection final : public Connection {
   // violation. Returns false with *why set then, or at EOF.
   bool ReadShareNotice(std::string* why) {
     ShareNotice notice;
-    iovec iov{&notice, sizeof(notice)};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    const ssize_t r = ::recvmsg(sock_, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    if (r < 0 && (errno == EINTR || errno == EAGAIN)) return true;
     std::vector<int> fds;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count; ++i) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        fds.push_back(fd);
-      }
-    }
-    const bool valid = r == static_cast<ssize_t>(sizeof(notice)) && fds.size() == 1 &&
-                       (msg.msg_flags & MSG_CTRUNC) == 0 && notice.magic == ShareNotice::kMagic;
+    bool truncated = false;
+    const ssize_t r = RecvWithFds(sock_, &notice, sizeof(notice), MSG_DONTWAIT, &fds, &truncated);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN)) return true;
+    const bool valid = r == static_cast<ssize_t>(sizeof(notice)) && fds.size() == 1 && !truncated &&
+                       notice.magic == ShareNotice::kMagic;
     if (!valid) {
       for (int fd : fds) ::close(fd);
       if (r < 0) *why = Errno("recvmsg");
@@ -434,34 +447,22 @@ Status ReceiveHandshake(int sock, int timeout_ms, ShmHandshake* h, int* memfd) {
       return Status::Error(Errno("shm handshake: poll"));
     }
     if (rc == 0) continue;
-    iovec iov{dst + got, sizeof(*h) - got};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    const ssize_t n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    std::vector<int> fds;
+    bool extra = false;
+    const ssize_t n = RecvWithFds(sock, dst + got, sizeof(*h) - got, 0, &fds, &extra);
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
       return Status::Error(Errno("shm handshake: recvmsg"));
     }
-    bool extra = false;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count; ++i) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        if (*memfd < 0) {
-          *memfd = fd;
-        } else {
-          ::close(fd);
-          extra = true;
-        }
+    for (int fd : fds) {
+      if (*memfd < 0) {
+        *memfd = fd;
+      } else {
+        ::close(fd);
+        extra = true;
       }
     }
-    if (extra || (msg.msg_flags & MSG_CTRUNC) != 0) {
+    if (extra) {
       return Status::Error("shm handshake: the server sent more than one descriptor");
     }
     if (n == 0) return Status::Error("shm handshake: the server closed the connection");
