@@ -251,6 +251,10 @@ CUresult Client::SendLocked(const wire::FrameHeader& h, const wire::Writer& req,
   iov[n++] = {const_cast<wire::FrameHeader*>(&h), sizeof(h)};
   if (req.size() > 0) iov[n++] = {const_cast<uint8_t*>(req.data()), req.size()};
   if (bulk_len > 0) iov[n++] = {const_cast<void*>(bulk), bulk_len};
+  return SendMessageLocked(iov, n);
+}
+
+CUresult Client::SendMessageLocked(iovec* iov, int n) {
   Status st = conn_->Send(iov, n);
   sends_.fetch_add(1, std::memory_order_relaxed);
   last_send_ns_ = NowNs();
@@ -375,12 +379,7 @@ std::string Client::CallCounts() {
 CUresult Client::FlushLocked() {
   if (queue_.empty() || broken_ != CUDA_SUCCESS) return broken_;
   iovec iov{queue_.data(), queue_.size()};
-  Status st = conn_->Send(&iov, 1);
-  sends_.fetch_add(1, std::memory_order_relaxed);
-  last_send_ns_ = NowNs();
-  queue_.clear();
-  if (!st.ok()) return MarkLostLocked(nullptr, st.message());
-  return broken_;
+  return SendMessageLocked(&iov, 1);
 }
 
 CUresult Client::Flush() {

@@ -199,6 +199,9 @@ class Client {
   CUresult SendLocked(const wire::FrameHeader& h, const wire::Writer& req, const void* bulk,
                       size_t bulk_len);
   CUresult FlushLocked();
+  // Sends iov[0..n) as one message (its first entry the queued frames, if any), counts
+  // it, and empties the queue; a failure marks the connection lost.
+  CUresult SendMessageLocked(iovec* iov, int n);
   // The connection failed (`during`: the call that noticed, or null): every later remote call
   // fails with CUDA_ERROR_DEVICE_UNAVAILABLE; says so in the log once, with what to do.
   CUresult MarkLostLocked(const char* during, const std::string& why);
