@@ -29,14 +29,14 @@ void QueryCache::EraseAttributeLocked(std::unordered_map<Key, int, KeyHash>* map
 void QueryCache::AttributeSet(uint64_t handle, bool kernel, int attr, int dev, int value) {
   std::lock_guard<std::mutex> lock(mu_);
   auto& own = kernel ? kernel_attrs_ : function_attrs_;
-  auto it = own.find(AttributeKey(handle, attr, kernel ? dev : -1));
+  const Key key = AttributeKey(handle, attr, kernel ? dev : -1);
+  auto it = own.find(key);
   if (it != own.end() && it->second == value) return;
   // A CUkernel and the CUfunctions made from it share their settings, and the
   // client does not know every pairing: the other kind forgets the attribute
   // for all handles.
-  const auto a = static_cast<uint64_t>(static_cast<uint32_t>(attr));
   for (auto e = own.begin(); e != own.end();)
-    e = e->first.a == handle && e->first.b == a ? own.erase(e) : ++e;
+    e = e->first.a == handle && e->first.b == key.b ? own.erase(e) : ++e;
   EraseAttributeLocked(kernel ? &function_attrs_ : &kernel_attrs_, attr);
   occupancy_.clear();
 }
@@ -57,8 +57,7 @@ void QueryCache::PutFunction(uint64_t kernel, uint64_t ctx, uint64_t function) {
 bool QueryCache::FindOccupancy(uint64_t function, int block, size_t dynamic_smem, unsigned flags,
                                int* value) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = occupancy_.find(Key{
-      function, static_cast<uint32_t>(block) | static_cast<uint64_t>(flags) << 32, dynamic_smem});
+  auto it = occupancy_.find(OccupancyKey(function, block, dynamic_smem, flags));
   if (it == occupancy_.end()) return false;
   *value = it->second;
   return true;
@@ -67,8 +66,7 @@ bool QueryCache::FindOccupancy(uint64_t function, int block, size_t dynamic_smem
 void QueryCache::PutOccupancy(uint64_t function, int block, size_t dynamic_smem, unsigned flags,
                               int value) {
   std::lock_guard<std::mutex> lock(mu_);
-  occupancy_[Key{function, static_cast<uint32_t>(block) | static_cast<uint64_t>(flags) << 32,
-                 dynamic_smem}] = value;
+  occupancy_[OccupancyKey(function, block, dynamic_smem, flags)] = value;
 }
 
 void QueryCache::CacheConfigChanged() {

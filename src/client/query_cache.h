@@ -60,6 +60,10 @@ class QueryCache {
     return Key{handle, static_cast<uint64_t>(static_cast<uint32_t>(attr)),
                static_cast<uint64_t>(static_cast<int64_t>(dev))};
   }
+  static Key OccupancyKey(uint64_t function, int block, size_t dynamic_smem, unsigned flags) {
+    return Key{function, static_cast<uint32_t>(block) | static_cast<uint64_t>(flags) << 32,
+               dynamic_smem};
+  }
   void EraseAttributeLocked(std::unordered_map<Key, int, KeyHash>* map, int attr);
 
   std::mutex mu_;
