@@ -1,5 +1,6 @@
-// libFuzzer target for flyt-server's decoder: a session of the sim backend is
-// fed a valid handshake followed by the fuzzer's bytes as the client's stream.
+// libFuzzer target for flyt-server's decoder: a session of the sim backend (as
+// a worker runs it after the main process's handshake) is fed the fuzzer's
+// bytes as the client's stream.
 // Any crash, hang, leak or sanitizer report is a bug in the server's handling
 // of hostile frames.
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include "protocol/ops.h"
 #include "protocol/wire.h"
 #include "server/session.h"
+#include "server/tenant_board.h"
 
 namespace {
 
@@ -39,6 +41,12 @@ flyt::server::ServerState* State() {
     sim.memory_bytes = 64ull << 20;
     flyt::server::LoadSimDriver(sim, &s->api);
     flyt::server::DescribeDevices(s);
+    static std::unique_ptr<flyt::server::TenantBoard> board;
+    if (flyt::server::TenantBoard::Create(&board).ok()) {
+      s->board = board.get();
+      s->slot = &board->layout().slots[0];
+      s->share.UseCounters(&board->layout().memory_used, &board->layout().memory_quota);
+    }
     return s;
   }();
   return state;
@@ -47,21 +55,12 @@ flyt::server::ServerState* State() {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  std::vector<uint8_t> stream;
-  flyt::wire::HelloRequest hello{flyt::wire::kProtocolVersion, 13000, 1, 0};
-  flyt::wire::FrameHeader h{flyt::wire::kMagic,
-                            flyt::ops::kOpHello,
-                            flyt::wire::kFlagWantReply,
-                            1,
-                            sizeof(hello),
-                            0,
-                            0,
-                            0};
-  stream.insert(stream.end(), reinterpret_cast<uint8_t*>(&h), reinterpret_cast<uint8_t*>(&h + 1));
-  stream.insert(stream.end(), reinterpret_cast<uint8_t*>(&hello),
-                reinterpret_cast<uint8_t*>(&hello + 1));
-  stream.insert(stream.end(), data, data + size);
-  flyt::server::Session session(State(), std::make_unique<ScriptedConnection>(std::move(stream)));
+  std::vector<uint8_t> stream(data, data + size);
+  flyt::server::channel::Ticket ticket;
+  ticket.session = 1;
+  ticket.client_pid = 1;
+  flyt::server::Session session(State(), std::make_unique<ScriptedConnection>(std::move(stream)),
+                                ticket);
   session.Run();
   return 0;
 }

@@ -261,6 +261,8 @@ FLYT_API CUresult cuMemAllocPitch_v2(CUdeviceptr* p, size_t* pitch, size_t w, si
 
 FLYT_API CUresult cuMemFree_v2(CUdeviceptr p) {
   if (p == 0) return CUDA_SUCCESS;
+  // Memory opened over IPC: the driver refuses to free it (cuIpcCloseMemHandle does).
+  if (flyt::client::IsIpcMapping(p)) return CUDA_ERROR_INVALID_VALUE;
   if (Client::Get().RemoveDeviceRange(p)) return Forward<152, false, false>("cuMemFree_v2", p);
   return Forward<152, true, false>("cuMemFree_v2", p);  // unknown: let the server judge now
 }
@@ -283,10 +285,12 @@ FLYT_ASYNC_ALLOC(cuMemAllocAsync_ptsz, true)
 FLYT_POOL_ALLOC(cuMemAllocFromPoolAsync, false)
 FLYT_POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz, true)
 FLYT_API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
+  if (flyt::client::IsIpcMapping(p)) return CUDA_ERROR_INVALID_VALUE;
   if (Client::Get().RemoveDeviceRange(p)) return Forward<242, false, false>("cuMemFreeAsync", p, s);
   return Forward<242, true, false>("cuMemFreeAsync", p, s);
 }
 FLYT_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) {
+  if (flyt::client::IsIpcMapping(p)) return CUDA_ERROR_INVALID_VALUE;
   if (Client::Get().RemoveDeviceRange(p))
     return Forward<242, false, true>("cuMemFreeAsync_ptsz", p, s);
   return Forward<242, true, true>("cuMemFreeAsync_ptsz", p, s);

@@ -294,6 +294,10 @@ class Client {
 // (munmap it when the GPU range goes).
 bool HoldAddressRange(uint64_t base, uint64_t size);
 
+// True when `base` is memory this process opened with cuIpcOpenMemHandle and
+// has not closed (client/api_ipc.cc): it is freed with cuIpcCloseMemHandle only.
+bool IsIpcMapping(uint64_t base);
+
 // Parameter layout of a kernel or function, fetched from the server if unseen.
 std::shared_ptr<const FuncInfo> FuncLayout(uint64_t func);
 // Appends a launch's parameter block (blob) built from kernelParams or extra.

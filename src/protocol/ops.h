@@ -1,7 +1,7 @@
 // Op ids and shared message layouts for the hand-written calls.
 //
 // Owns: the stable op ids of calls that need hand-written marshalling
-// (handshake, code loading, launches, copies, contexts, host callbacks) and the
+// (handshake, code loading, launches, copies, contexts, host callbacks, IPC) and the
 // plain structs both sides exchange for them. Generic calls have their ids in
 // protocol/api_list.h. Ids are stable across versions: append only.
 #pragma once
@@ -75,7 +75,16 @@ enum : uint16_t {
   kOpMemSetAccess = 94,
   // cuMemRetainAllocationHandle: u8 want handle, u64 address -> u64 handle.
   kOpMemRetainAllocationHandle = 95,
+  // CUDA IPC (server/session_ipc.cc). Handles are the driver's 64 bytes,
+  // passed through unopened (kIpcHandleBytes).
+  kOpIpcGetMemHandle = 84,     // u64 device pointer -> handle
+  kOpIpcOpenMemHandle = 85,    // handle, u32 flags -> u64 device pointer, u64 bytes mapped
+  kOpIpcCloseMemHandle = 86,   // u64 device pointer (as the open returned it)
+  kOpIpcGetEventHandle = 87,   // u64 event -> handle
+  kOpIpcOpenEventHandle = 88,  // handle -> u64 event (an event handle of the session)
 };
+
+inline constexpr uint32_t kIpcHandleBytes = 64;  // CU_IPC_HANDLE_SIZE
 
 // Which loader the app called; the server answers with the same kind of handle.
 enum class ImageLoader : uint8_t { kLibrary = 0, kModule = 1 };

@@ -6,8 +6,11 @@
 
 #include <cctype>
 #include <chrono>
+#include <cstdio>
 
 #include "common/log.h"
+#include "server/tenant_board.h"
+#include "server/worker_pool.h"
 #include "transport/transport.h"
 
 namespace flyt::server {
@@ -16,55 +19,74 @@ using Json = nlohmann::json;
 
 namespace {
 
-size_t OpenSessions(ServerState* state, bool* capturing, size_t* pending) {
-  std::lock_guard<std::mutex> lock(state->sessions_mu);
+uint64_t ProcessRss() {
+  FILE* f = std::fopen("/proc/self/statm", "re");
+  if (f == nullptr) return 0;
+  unsigned long long size = 0, resident = 0;
+  int n = std::fscanf(f, "%llu %llu", &size, &resident);
+  std::fclose(f);
+  return n == 2 ? resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE)) : 0;
+}
+
+// Sessions whose worker has not adopted the last share change yet, and
+// whether any has a stream capture in progress.
+size_t PendingSwitches(ServerState* state, bool* capturing) {
+  BoardLayout& b = state->board->layout();
+  const uint64_t generation = b.share_generation.load();
+  size_t pending = 0;
   if (capturing != nullptr) *capturing = false;
-  if (pending != nullptr) *pending = 0;
-  for (const auto& [id, session] : state->sessions) {
-    if (capturing != nullptr && session->capturing()) *capturing = true;
-    if (pending != nullptr && session->switch_pending()) ++*pending;
+  for (const WorkerSlot& w : b.slots) {
+    if (w.state.load() != static_cast<uint32_t>(WorkerState::kServing)) continue;
+    if (w.share_generation.load() != generation) ++pending;
+    if (capturing != nullptr && w.capturing.load() > 0) *capturing = true;
   }
-  return state->sessions.size();
+  return pending;
 }
 
 Json Stats(ServerState* state) {
   Share::Snapshot share = state->share.Get();
-  size_t pending = 0;
-  size_t sessions = OpenSessions(state, nullptr, &pending);
+  WorkerPool::Counters pool = state->pool->counters();
+  const size_t pending = PendingSwitches(state, nullptr);
   int64_t idle_ms = 0;
-  if (sessions == 0) {  // since the last session ended, or since the start
-    int64_t since = state->last_session_end_ns.load();
+  if (pool.serving == 0) {  // since the last session ended, or since the start
+    int64_t since = pool.last_end_ns;
     if (since == 0) since = state->start_ns;
     idle_ms = (SteadyNowNs() - since) / 1000000;
   }
   Json listen = Json::array();
   for (const auto& l : state->listen) listen.push_back(l);
+  Json workers = Json::array();
+  for (const auto& w : state->pool->Workers()) {
+    workers.push_back({{"pid", static_cast<int64_t>(w.pid)},
+                       {"client_pid", w.client_pid},
+                       {"session", w.session},
+                       {"state", w.state},
+                       {"memory_used", w.memory_used},
+                       {"calls", w.calls},
+                       {"rss_bytes", w.rss_bytes}});
+  }
   return control::Ok({{"pid", static_cast<int64_t>(getpid())},
                       {"listen", listen},
-                      {"sessions", sessions},
+                      {"sessions", pool.serving},
                       {"memory_used", share.memory_used},
                       {"memory_quota", share.memory_quota},
                       {"sm", share.sm},
                       {"sm_requested", share.sm_requested},
                       {"sm_total", share.sm_total},
                       {"sm_mechanism", SmMechanismName(share.mechanism)},
-                      {"calls", state->calls.load()},
+                      {"calls", pool.calls},
                       {"idle_ms", idle_ms},
                       {"switch_pending", pending},
-                      {"last_switch_us", share.last_switch_us}});
-}
-
-// Replaces FLAG's value in the server's argv (or appends it), so that a
-// restart after a sticky error keeps the share set live.
-void SetArg(std::vector<std::string>* argv, const std::string& flag, const std::string& value) {
-  for (size_t i = 1; i + 1 < argv->size(); ++i) {
-    if ((*argv)[i] == flag) {
-      (*argv)[i + 1] = value;
-      return;
-    }
-  }
-  argv->push_back(flag);
-  argv->push_back(value);
+                      {"last_switch_us", state->board->layout().last_switch_us.load()},
+                      {"pool_size", pool.size},
+                      {"pool_idle", pool.idle},
+                      {"pool_starting", pool.starting},
+                      {"workers_started", pool.started},
+                      {"workers_crashed", pool.crashed},
+                      {"images", pool.images},
+                      {"image_bytes", pool.image_bytes},
+                      {"rss_bytes_main", ProcessRss()},
+                      {"workers", workers}});
 }
 
 Json SetShare(ServerState* state, const Json& request) {
@@ -87,7 +109,7 @@ Json SetShare(ServerState* state, const Json& request) {
   if (!change.has_sm && !change.has_memory)
     return control::Error("bad_request", "set-share needs sm and/or memory_bytes");
   bool capturing = false;
-  OpenSessions(state, &capturing, nullptr);
+  PendingSwitches(state, &capturing);
   std::string note;
   bool busy = false;
   Status s = state->share.Apply(change, capturing, &note, &busy);
@@ -96,15 +118,11 @@ Json SetShare(ServerState* state, const Json& request) {
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
           .count();
   Share::Snapshot share = state->share.Get();
-  {
-    std::lock_guard<std::mutex> lock(state->argv_mu);
-    if (!state->argv.empty()) {
-      SetArg(&state->argv, "--memory-quota", std::to_string(share.memory_quota));
-      SetArg(&state->argv, "--sm-count", std::to_string(share.sm_requested));
-    }
-  }
-  size_t pending = 0;
-  OpenSessions(state, nullptr, &pending);
+  // Every worker adopts the change at its client's next call.
+  BoardLayout& board = state->board->layout();
+  board.sm_requested = share.sm_requested;
+  board.share_generation.fetch_add(1, std::memory_order_acq_rel);
+  size_t pending = PendingSwitches(state, nullptr);
   Json answer = control::Ok({{"pause_us", static_cast<int64_t>(pause_us)},
                              {"sm", share.sm},
                              {"sm_mechanism", SmMechanismName(share.mechanism)},

@@ -75,7 +75,12 @@ namespace flyt::server {
   X(cuGreenCtxDestroy)                 \
   X(cuCtxFromGreenCtx)                 \
   X(cuMemSetAccess)                    \
-  X(cuMemRetainAllocationHandle)
+  X(cuMemRetainAllocationHandle)       \
+  X(cuIpcGetMemHandle)                 \
+  X(cuIpcOpenMemHandle_v2)             \
+  X(cuIpcCloseMemHandle)               \
+  X(cuIpcGetEventHandle)               \
+  X(cuIpcOpenEventHandle)
 
 struct DriverApi {
 #define FLYT_DECLARE_GENERIC(op, sym, cls, rel) \

@@ -1,9 +1,12 @@
 // flyt-server: serves the CUDA calls of remote client processes on this host's GPU.
 //
-// Owns: the command line, the listeners (one accept thread each), one thread
-// per session, the control socket (server/control_socket.h) and removing the
-// socket files when a signal ends the server. Must not execute CUDA calls
-// itself: sessions do (and the share, server/share.h, at start and set-share).
+// One program, two roles. The main process owns the command line, the tenant
+// board (server/tenant_board.h), the listeners and the handshake
+// (server/acceptor.h), the worker pool (server/worker_pool.h), the control
+// socket (server/control_socket.h) and removing the socket files when a
+// signal ends the server; it holds no CUDA context and executes no client's
+// call. Started with --worker (by the pool), the program is a worker
+// (server/worker.h): one client process's CUDA, in a process of its own.
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,8 +20,12 @@
 #include <vector>
 
 #include "common/log.h"
+#include "server/acceptor.h"
 #include "server/control_socket.h"
 #include "server/session.h"
+#include "server/tenant_board.h"
+#include "server/worker.h"
+#include "server/worker_pool.h"
 #include "transport/emulated_transport.h"
 #include "transport/shm_transport.h"
 #include "transport/transport.h"
@@ -31,7 +38,7 @@ void Usage() {
       "usage: flyt-server [--listen ADDR]... [--backend cuda|sim] [--token TOKEN]\n"
       "                   [--memory-quota BYTES] [--sm-count N] [--control unix:///PATH]\n"
       "                   [--sim-record FILE] [--sim-green-contexts] [--emulate SPEC]\n"
-      "                   [--shm-backing memfd|file:DIR]\n"
+      "                   [--shm-backing memfd|file:DIR] [--worker-pool N]\n"
       "  ADDR: tcp://HOST:PORT (default tcp://0.0.0.0:14833; port 0: the kernel picks),\n"
       "        unix:///PATH or shm:///PATH (shared memory for clients on this host, which\n"
       "        also move to it by themselves from tcp/unix; docs/shared_memory.md)\n"
@@ -47,6 +54,9 @@ void Usage() {
       "        --sim-green-contexts gives it fake green contexts\n"
       "  --emulate: delay replies as a network would, e.g. rtt=100us,bandwidth=1gbit\n"
       "        (default: $FLYT_EMULATE or $FLYT_EMULATE_FILE; docs/emulator.md)\n"
+      "  --worker-pool: workers kept started, CUDA initialised, for the next clients\n"
+      "        (default: $FLYT_WORKER_POOL, else 2); each client process is served by a\n"
+      "        worker process of its own\n"
       "  logging: FLYT_LOG=error|warn|info|debug|trace, FLYT_LOG_FILE=PATH\n");
 }
 
@@ -82,18 +92,21 @@ bool ParseCount(const std::string& text, int* out) {
 
 int main(int argc, char** argv) {
   using namespace flyt;
-  log::SetProcessTag("flyt-server");
   signal(SIGPIPE, SIG_IGN);
   std::vector<std::string> listens;
-  std::string backend = "cuda";
   std::string control_address;
-  server::SimOptions sim;
-  server::ShareOptions share;
-  auto state = std::make_unique<server::ServerState>();
-  for (int i = 0; i < argc; ++i) state->argv.push_back(argv[i]);
-  if (const char* t = std::getenv("FLYT_TOKEN")) state->token = t;
-  transport::EmulationSettings emulate;
-  Status emulate_st = transport::EmulationFromEnvironment(&emulate);
+  std::string token;
+  server::ServerOptions options;
+  server::WorkerArgs worker;
+  bool is_worker = false;
+  int pool_size = 2;
+  if (const char* t = std::getenv("FLYT_TOKEN")) token = t;
+  if (const char* p = std::getenv("FLYT_WORKER_POOL");
+      p != nullptr && *p != '\0' && !ParseCount(p, &pool_size)) {
+    std::fprintf(stderr, "flyt-server: FLYT_WORKER_POOL '%s' is not a number of workers\n", p);
+    return 2;
+  }
+  Status emulate_st = transport::EmulationFromEnvironment(&options.emulate);
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     auto value = [&](const char* name) -> std::string {
@@ -106,32 +119,47 @@ int main(int argc, char** argv) {
     if (arg == "--listen") {
       listens.push_back(value("--listen"));
     } else if (arg == "--backend") {
-      backend = value("--backend");
+      options.backend = value("--backend");
     } else if (arg == "--token") {
-      state->token = value("--token");
+      token = value("--token");
     } else if (arg == "--sim-record") {
-      sim.record_path = value("--sim-record");
+      options.sim.record_path = value("--sim-record");
     } else if (arg == "--sim-green-contexts") {
-      sim.green_contexts = true;
+      options.sim.green_contexts = true;
     } else if (arg == "--memory-quota") {
       std::string v = value("--memory-quota");
-      if (!server::ParseByteCount(v, &share.memory_quota)) {
+      if (!server::ParseByteCount(v, &options.share.memory_quota)) {
         std::fprintf(stderr, "flyt-server: --memory-quota '%s' is not a byte count\n", v.c_str());
         return 2;
       }
     } else if (arg == "--sm-count") {
       std::string v = value("--sm-count");
-      if (!ParseCount(v, &share.sm_count)) {
+      if (!ParseCount(v, &options.share.sm_count)) {
         std::fprintf(stderr, "flyt-server: --sm-count '%s' is not a number of SMs\n", v.c_str());
         return 2;
       }
+    } else if (arg == "--worker-pool") {
+      std::string v = value("--worker-pool");
+      if (!ParseCount(v, &pool_size) || pool_size > 32) {
+        std::fprintf(stderr, "flyt-server: --worker-pool '%s' is not a number of workers (0-32)\n",
+                     v.c_str());
+        return 2;
+      }
     } else if (arg == "--emulate") {
-      emulate_st = transport::ParseEmulation(value("--emulate"), &emulate);
+      emulate_st = transport::ParseEmulation(value("--emulate"), &options.emulate);
       if (!emulate_st.ok()) emulate_st = Status::Error("--emulate: " + emulate_st.message());
     } else if (arg == "--control") {
       control_address = value("--control");
     } else if (arg == "--shm-backing") {
       setenv("FLYT_SHM_BACKING", value("--shm-backing").c_str(), 1);
+    } else if (arg == "--worker") {
+      std::string v = value("--worker");
+      if (!server::ParseWorkerArgs(v, &worker)) {
+        std::fprintf(stderr, "flyt-server: --worker '%s': started by flyt-server only\n",
+                     v.c_str());
+        return 2;
+      }
+      is_worker = true;
     } else if (arg == "-h" || arg == "--help") {
       Usage();
       return 0;
@@ -141,6 +169,11 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (is_worker) return server::RunWorker(worker, options);
+  log::SetProcessTag("flyt-server");
+  auto state = std::make_unique<server::ServerState>();
+  state->token = token;
+  const transport::EmulationSettings& emulate = options.emulate;
   if (listens.empty()) listens.push_back("tcp://0.0.0.0:14833");
   std::string shm_file_dir;
   if (Status backing = transport::ShmBackingFromEnv(&shm_file_dir); !backing.ok()) {
@@ -162,17 +195,28 @@ int main(int argc, char** argv) {
                  emulate.ToString().c_str());
   }
   Status st;
-  if (backend == "cuda") {
+  if (options.backend == "cuda") {
     st = server::LoadCudaDriver(&state->api);
-  } else if (backend == "sim") {
-    st = server::LoadSimDriver(sim, &state->api);
+  } else if (options.backend == "sim") {
+    st = server::LoadSimDriver(options.sim, &state->api);
   } else {
-    std::fprintf(stderr, "flyt-server: unknown backend '%s' (cuda or sim)\n", backend.c_str());
+    std::fprintf(stderr, "flyt-server: unknown backend '%s' (cuda or sim)\n",
+                 options.backend.c_str());
     return 2;
   }
+  std::unique_ptr<server::TenantBoard> board;
   if (st.ok()) st = server::DescribeDevices(state.get());
-  if (st.ok() && backend == "cuda") st = server::CaptureDeviceOutput(state.get());
-  if (st.ok()) st = state->share.Init(&state->api, state->devices, share);
+  if (st.ok()) st = server::TenantBoard::Create(&board);
+  if (st.ok()) {
+    // The main process holds no context: the workers make (and probe) the
+    // green contexts of the share.
+    state->board = board.get();
+    state->share.UseCounters(&board->layout().memory_used, &board->layout().memory_quota);
+    server::ShareOptions share = options.share;
+    share.probe = false;
+    st = state->share.Init(&state->api, state->devices, share);
+    board->layout().sm_requested = state->share.Get().sm_requested;
+  }
   if (!st.ok()) {
     std::fprintf(stderr, "flyt-server: %s\n", st.message().c_str());
     return 1;
@@ -197,12 +241,20 @@ int main(int argc, char** argv) {
   }
   state->boot_id = transport::KernelBootId();
   state->start_ns = server::SteadyNowNs();
+  std::vector<std::string> worker_argv(argv, argv + argc);
+  server::WorkerPool pool(board.get(), worker_argv, pool_size);
+  state->pool = &pool;
+  st = pool.Start(120000);
+  if (!st.ok()) {
+    std::fprintf(stderr, "flyt-server: %s\n", st.message().c_str());
+    return 1;
+  }
   struct sigaction sa {};
   sa.sa_handler = OnTerminate;
   sigemptyset(&sa.sa_mask);
   for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaction(sig, &sa, nullptr);
   std::fprintf(stderr, "flyt-server: %s backend, %zu GPU(s), driver %d, listening on",
-               backend.c_str(), state->devices.size(), state->driver_version);
+               options.backend.c_str(), state->devices.size(), state->driver_version);
   for (const auto& l : state->listen) std::fprintf(stderr, " %s", l.c_str());
   std::fprintf(stderr, "%s\n", state->token.empty() ? " (no token required)" : "");
   // Last: a control socket that answers means the server is ready.
@@ -216,29 +268,16 @@ int main(int argc, char** argv) {
     AddCleanup(control->path());
   }
   server::Share::Snapshot snap = state->share.Get();
-  std::fprintf(stderr, "flyt-server: share %d of %d SMs (%s), memory quota %s%s%s\n", snap.sm,
-               snap.sm_total, server::SmMechanismName(snap.mechanism),
-               snap.memory_quota ? std::to_string(snap.memory_quota).c_str() : "none",
-               control ? ", control " : "", control ? control->Describe().c_str() : "");
+  std::fprintf(
+      stderr,
+      "flyt-server: share %d of %d SMs (%s), memory quota %s, %d worker(s) kept ready%s%s\n",
+      snap.sm, snap.sm_total, server::SmMechanismName(snap.mechanism),
+      snap.memory_quota ? std::to_string(snap.memory_quota).c_str() : "none", pool_size,
+      control ? ", control " : "", control ? control->Describe().c_str() : "");
   std::vector<std::thread> acceptors;
-  server::ServerState* shared = state.get();
-  for (auto& l : listeners) {
-    acceptors.emplace_back([shared, emulate, listener = l.get()] {
-      for (;;) {
-        std::unique_ptr<transport::Connection> conn;
-        Status s = listener->Accept(&conn);
-        if (s.ok() && emulate.enabled()) conn = transport::WrapEmulated(std::move(conn), emulate);
-        if (!s.ok()) {
-          FLYT_ERROR("%s: %s", listener->Describe().c_str(), s.message().c_str());
-          return;
-        }
-        std::thread([shared, c = std::move(conn)]() mutable {
-          server::Session session(shared, std::move(c));
-          session.Run();
-        }).detach();
-      }
-    });
-  }
+  server::Acceptor acceptor(state.get(), state->pool, emulate);
+  for (auto& l : listeners)
+    acceptors.emplace_back([&acceptor, listener = l.get()] { acceptor.Run(listener); });
   for (auto& t : acceptors) t.join();
   return 1;
 }

@@ -15,7 +15,10 @@
 
 #include "common/cuda_image.h"
 #include "common/log.h"
+#include "server/image_cache.h"
 #include "server/session_vmm.h"
+#include "server/tenant_board.h"
+#include "server/worker.h"
 
 namespace flyt::server {
 
@@ -23,22 +26,6 @@ using marshal::ArgRole;
 using marshal::HandleKind;
 using wire::Reader;
 using wire::Writer;
-
-// ---------------------------------------------------------------------------
-// Image cache
-
-std::shared_ptr<const std::vector<uint8_t>> ImageCache::Find(uint64_t h0, uint64_t h1) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = images_.find(h0);
-  if (it == images_.end() || it->second.first != h1) return nullptr;
-  return it->second.second;
-}
-
-void ImageCache::Insert(uint64_t h0, uint64_t h1, std::vector<uint8_t> bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
-  bytes_ += bytes.size();
-  images_[h0] = {h1, std::make_shared<const std::vector<uint8_t>>(std::move(bytes))};
-}
 
 Status DescribeDevices(ServerState* state) {
   DriverApi& api = state->api;
@@ -298,22 +285,22 @@ bool Session::DispatchGeneric(uint16_t op, bool per_thread, Reader& in, Writer& 
 // ---------------------------------------------------------------------------
 // Session
 
-Session::Session(ServerState* state, std::unique_ptr<transport::Connection> conn)
+Session::Session(ServerState* state, std::unique_ptr<transport::Connection> conn,
+                 const channel::Ticket& ticket)
     : state_(state), conn_(std::move(conn)) {
-  id_ = state_->next_session++;
+  id_ = ticket.session;
+  secret_ = ticket.secret;
+  client_pid_ = ticket.client_pid;
   peer_ = conn_->Peer();
-  state_->live_sessions++;
+  FollowShare();
+  // The client has the inventory of the share it saw in the handshake; a
+  // change since then reaches it with the first reply.
+  info_generation_ =
+      ticket.share_generation == state_->share_seen ? state_->share.info_generation() : 0;
+  exec_generation_ = state_->share.exec_generation();
 }
 
 Session::~Session() {
-  {
-    std::lock_guard<std::mutex> lock(state_->sessions_mu);
-    auto it = state_->sessions.find(id_);
-    if (it != state_->sessions.end() && it->second == this) {
-      state_->sessions.erase(it);
-      state_->last_session_end_ns = SteadyNowNs();
-    }
-  }
   {
     std::lock_guard<std::mutex> lock(callback_mu_);
     if (callback_conn_ != nullptr) callback_conn_->Shutdown();
@@ -321,8 +308,47 @@ Session::~Session() {
   // Host functions still queued in the driver refer to this session.
   while (host_funcs_in_flight_.load() > 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  state_->live_sessions--;
 }
+
+bool Session::ChargeMemory(uint64_t bytes) {
+  if (!state_->share.Charge(bytes)) return false;
+  if (state_->slot != nullptr) state_->slot->charged += bytes;
+  return true;
+}
+
+void Session::RefundMemory(uint64_t bytes) {
+  state_->share.Refund(bytes);
+  if (state_->slot == nullptr) return;
+  uint64_t c = state_->slot->charged.load();
+  while (!state_->slot->charged.compare_exchange_weak(c, c > bytes ? c - bytes : 0)) {
+  }
+}
+
+void Session::NoteCaptures(int delta) {
+  captures_ += delta;
+  if (state_->slot != nullptr)
+    state_->slot->capturing.store(static_cast<uint32_t>(std::max(0, captures_.load())));
+}
+
+void Session::FollowShare() {
+  if (state_->board == nullptr) return;
+  BoardLayout& board = state_->board->layout();
+  const uint64_t generation = board.share_generation.load(std::memory_order_acquire);
+  if (generation == state_->share_seen) return;
+  state_->share_seen = generation;
+  Share::Change change;
+  change.has_sm = true;
+  change.sm = board.sm_requested.load();
+  std::string note;
+  Status st = state_->share.Apply(change, captures_.load() > 0, &note);
+  if (!st.ok())
+    FLYT_WARN("session %llu: cannot adopt the new SM share of %d: %s",
+              static_cast<unsigned long long>(id_), change.sm, st.message().c_str());
+  state_->share.Republish();  // the quota is the board's and may have changed
+  if (state_->slot != nullptr) state_->slot->share_generation = generation;
+}
+
+void Session::Abort() { conn_->Shutdown(); }
 
 bool Session::Owns(HandleKind kind, uint64_t value) const {
   if (handles_[static_cast<int>(kind)].count(value) != 0) return true;
@@ -390,7 +416,6 @@ Status CaptureDeviceOutput(ServerState* state) {
   if (pipe2(fds, O_CLOEXEC) != 0) return Status::Error("pipe: " + std::string(strerror(errno)));
   fcntl(fds[0], F_SETFL, O_NONBLOCK);
   fcntl(fds[0], F_SETPIPE_SZ, 1 << 20);
-  state->original_stdout = fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3);
   if (dup2(fds[1], STDOUT_FILENO) < 0) return Status::Error("dup2 stdout failed");
   close(fds[1]);
   state->device_output_fd = fds[0];
@@ -399,7 +424,7 @@ Status CaptureDeviceOutput(ServerState* state) {
 
 // Forwards what the GPU printed since the last reply. The driver writes device
 // printf output during the synchronising call itself, so it is in the pipe by
-// now. With several sessions at once, output goes to whichever replies first.
+// now. The worker serves one client: what its context printed is the client's.
 void Session::ForwardDeviceOutput() {
   if (state_->device_output_fd < 0) return;
   fflush(stdout);
@@ -450,89 +475,11 @@ bool Session::Reply(const wire::FrameHeader& req, CUresult rc, const Writer& out
   return s.ok();
 }
 
-Session::Opening Session::Handshake() {
-  wire::FrameHeader h{};
-  if (!conn_->Receive(&h, sizeof(h)).ok()) return Opening::kRefused;
-  if (h.magic != wire::kMagic || h.payload_len > 4096 ||
-      (h.op != ops::kOpHello && h.op != ops::kOpAttachCallbackChannel)) {
-    FLYT_WARN("session %llu from %s: not a Flyt handshake; closing",
-              static_cast<unsigned long long>(id_), peer_.c_str());
-    return Opening::kRefused;
-  }
-  payload_.resize(h.payload_len);
-  if (!conn_->Receive(payload_.data(), h.payload_len).ok()) return Opening::kRefused;
-  if (h.op == ops::kOpAttachCallbackChannel)
-    return AttachCallbackChannel(h) ? Opening::kCallbackChannel : Opening::kRefused;
-  Reader in(payload_.data(), payload_.size());
-  wire::HelloRequest req{};
-  const uint8_t* token = nullptr;
-  uint32_t token_len = 0;
-  if (!in.Get(&req) || req.token_len > wire::kMaxTokenLen ||
-      (token = in.Skip(req.token_len)) == nullptr) {
-    FLYT_WARN("session %llu from %s: malformed handshake; closing",
-              static_cast<unsigned long long>(id_), peer_.c_str());
-    return Opening::kRefused;
-  }
-  token_len = req.token_len;
-  Writer out;
-  std::random_device rd;
-  secret_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
-  wire::HelloReply rep{wire::kProtocolVersion, state_->driver_version, id_, secret_};
-  out.Put(rep);
-  std::string refusal;
-  if (req.protocol_version != wire::kProtocolVersion) {
-    refusal = "protocol version mismatch: client speaks " + std::to_string(req.protocol_version) +
-              ", server speaks " + std::to_string(wire::kProtocolVersion) +
-              "; use matching Flyt versions";
-  } else if (std::string(reinterpret_cast<const char*>(token), token_len) != state_->token) {
-    refusal =
-        "wrong token: the server refused the client's credential; set FLYT_TOKEN (or "
-        "--token) to the token the server was started with";
-  }
-  out.PutString(refusal);
-  if (!refusal.empty()) {
-    FLYT_WARN("session %llu from %s (pid %u) refused: %s", static_cast<unsigned long long>(id_),
-              peer_.c_str(), req.pid, refusal.c_str());
-    Reply(h, CUDA_ERROR_NOT_PERMITTED, out);
-    return Opening::kRefused;
-  }
-  std::vector<ops::DeviceInfo> devices = state_->share.Devices(&info_generation_);
-  exec_generation_ = state_->share.exec_generation();
-  out.Put<uint32_t>(static_cast<uint32_t>(devices.size()));
-  for (const auto& d : devices) out.Put(d);
-  out.PutString(state_->shm_offer);
-  out.PutString(state_->boot_id);
-  FLYT_INFO("session %llu: client pid %u from %s, CUDA %d", static_cast<unsigned long long>(id_),
-            req.pid, peer_.c_str(), req.client_cuda_version);
-  client_pid_ = req.pid;
-  {
-    std::lock_guard<std::mutex> lock(state_->sessions_mu);
-    state_->sessions[id_] = this;
-  }
-  return Reply(h, CUDA_SUCCESS, out) ? Opening::kSession : Opening::kRefused;
-}
-
-// The connection proves it belongs to a live session and is handed over to it.
-bool Session::AttachCallbackChannel(const wire::FrameHeader& h) {
-  Reader in(payload_.data(), h.payload_len);
-  uint32_t version = 0;
-  uint64_t session = 0, secret = 0;
-  if (!in.Get(&version) || !in.Get(&session) || !in.Get(&secret) || in.remaining() != 0 ||
-      version != wire::kProtocolVersion)
-    return false;
-  std::lock_guard<std::mutex> lock(state_->sessions_mu);
-  auto it = state_->sessions.find(session);
-  if (it == state_->sessions.end() || it->second->secret_ != secret || secret == 0) {
-    FLYT_WARN("callback channel from %s refused: unknown session or wrong secret", peer_.c_str());
-    return false;
-  }
-  Writer none;
-  if (!Reply(h, CUDA_SUCCESS, none)) return false;
-  Session* target = it->second;
-  std::lock_guard<std::mutex> cb(target->callback_mu_);
-  target->callback_conn_ = std::move(conn_);
-  target->callback_cv_.notify_all();
-  return true;
+void Session::AttachCallbackChannel(std::unique_ptr<transport::Connection> conn) {
+  std::lock_guard<std::mutex> lock(callback_mu_);
+  if (callback_conn_ != nullptr) callback_conn_->Shutdown();
+  callback_conn_ = std::move(conn);
+  callback_cv_.notify_all();
 }
 
 bool Session::CallbackExchange(wire::FrameHeader h, const void* a, size_t na, const void* b,
@@ -583,93 +530,66 @@ void Session::FetchFromClient(uint64_t client_src, void* bytes, size_t n) {
 }
 
 void Session::Run() {
-  Opening opening = Handshake();
-  if (opening == Opening::kCallbackChannel) return;  // the connection now serves its session
-  if (opening == Opening::kSession) {
-    Writer out;
-    for (;;) {
-      wire::FrameHeader h{};
-      Status s = conn_->Receive(&h, sizeof(h));
-      if (!s.ok()) {
-        FLYT_INFO("session %llu ended: %s", static_cast<unsigned long long>(id_),
-                  s.message().c_str());
-        break;
-      }
-      if (h.magic != wire::kMagic || (h.flags & wire::kFlagReply) ||
-          h.payload_len > wire::kMaxPayload) {
-        FLYT_WARN("session %llu from %s: malformed frame (magic %08x, op %u, %u bytes); closing",
-                  static_cast<unsigned long long>(id_), peer_.c_str(), h.magic, h.op,
-                  h.payload_len);
-        break;
-      }
-      if (h.op == ops::kOpGoodbye) break;
-      state_->calls++;
-      // A live SM change takes effect at the session's first call after it.
-      if (exec_generation_.load(std::memory_order_relaxed) != state_->share.exec_generation())
-        SwitchExec();
-      out.Clear();
-      CUresult rc = CUDA_SUCCESS;
-      replied_ = false;
-      keep_deferred_ = false;
-      reply_info_ = 0;
-      if (h.op == ops::kOpCopyToDevice && !(h.flags & wire::kFlagWantReply) &&
-          h.payload_len > kStagedMin && EnsureStaging()) {
-        if (!StagedUpload(h, &rc)) break;
-        if (rc != CUDA_SUCCESS && deferred_ == CUDA_SUCCESS) deferred_ = rc;
-        continue;
-      }
-      FinishUploads();
-      if (payload_.size() < h.payload_len) payload_.resize(h.payload_len);
-      if (!conn_->Receive(payload_.data(), h.payload_len).ok()) break;
-      Reader in(payload_.data(), h.payload_len);
-      if (!Dispatch(h, in, out, &rc)) {
-        FLYT_WARN("session %llu from %s: malformed or unknown request (op %u, %u bytes); closing",
-                  static_cast<unsigned long long>(id_), peer_.c_str(), h.op, h.payload_len);
-        break;
-      }
-      if (IsStickyError(rc) && !state_->context_poisoned.exchange(true))
-        FLYT_WARN("session %llu: sticky error %d; the context will be reset when its sessions end",
-                  static_cast<unsigned long long>(id_), rc);
-      if (h.flags & wire::kFlagWantReply) {
-        if (!replied_ && !Reply(h, rc, out)) break;
-      } else if (rc != CUDA_SUCCESS && deferred_ == CUDA_SUCCESS) {
-        FLYT_DEBUG("session %llu: asynchronous op %u failed with %d (deferred)",
-                   static_cast<unsigned long long>(id_), h.op, rc);
-        deferred_ = rc;
-      }
+  Writer out;
+  for (;;) {
+    wire::FrameHeader h{};
+    Status s = conn_->Receive(&h, sizeof(h));
+    if (!s.ok()) {
+      FLYT_INFO("session %llu ended: %s", static_cast<unsigned long long>(id_),
+                s.message().c_str());
+      break;
+    }
+    if (h.magic != wire::kMagic || (h.flags & wire::kFlagReply) ||
+        h.payload_len > wire::kMaxPayload) {
+      FLYT_WARN("session %llu from %s: malformed frame (magic %08x, op %u, %u bytes); closing",
+                static_cast<unsigned long long>(id_), peer_.c_str(), h.magic, h.op, h.payload_len);
+      break;
+    }
+    if (h.op == ops::kOpGoodbye) break;
+    if (state_->slot != nullptr) state_->slot->calls.fetch_add(1, std::memory_order_relaxed);
+    // A live share change takes effect at the session's first call after it.
+    FollowShare();
+    if (exec_generation_.load(std::memory_order_relaxed) != state_->share.exec_generation())
+      SwitchExec();
+    out.Clear();
+    CUresult rc = CUDA_SUCCESS;
+    replied_ = false;
+    keep_deferred_ = false;
+    reply_info_ = 0;
+    if (h.op == ops::kOpCopyToDevice && !(h.flags & wire::kFlagWantReply) &&
+        h.payload_len > kStagedMin && EnsureStaging()) {
+      if (!StagedUpload(h, &rc)) break;
+      if (rc != CUDA_SUCCESS && deferred_ == CUDA_SUCCESS) deferred_ = rc;
+      continue;
+    }
+    FinishUploads();
+    if (payload_.size() < h.payload_len) payload_.resize(h.payload_len);
+    if (!conn_->Receive(payload_.data(), h.payload_len).ok()) break;
+    Reader in(payload_.data(), h.payload_len);
+    if (!Dispatch(h, in, out, &rc)) {
+      FLYT_WARN("session %llu from %s: malformed or unknown request (op %u, %u bytes); closing",
+                static_cast<unsigned long long>(id_), peer_.c_str(), h.op, h.payload_len);
+      break;
+    }
+    if (IsStickyError(rc) && !sticky_logged_) {
+      sticky_logged_ = true;
+      FLYT_WARN(
+          "session %llu (client pid %u): sticky error %d; this client's CUDA state is "
+          "unusable until it exits, as on a local GPU",
+          static_cast<unsigned long long>(id_), client_pid_, rc);
+    }
+    if (h.flags & wire::kFlagWantReply) {
+      if (!replied_ && !Reply(h, rc, out)) break;
+    } else if (rc != CUDA_SUCCESS && deferred_ == CUDA_SUCCESS) {
+      FLYT_DEBUG("session %llu: asynchronous op %u failed with %d (deferred)",
+                 static_cast<unsigned long long>(id_), h.op, rc);
+      deferred_ = rc;
     }
   }
   ReleaseAll();
   ReleaseSharedHost();
   ReleaseExec();
-  if (retained_primary_) {
-    std::lock_guard<std::mutex> lock(state_->context_mu);
-    state_->api.cuDevicePrimaryCtxRelease_v2(primary_device_);
-    // A sticky error (illegal address, ...) leaves CUDA unusable for the whole
-    // server process, as for any process; a context reset does not clear it.
-    // When its last session is gone the server starts afresh, so the next
-    // client does not inherit the error.
-    if (state_->live_sessions.load() == 1 && state_->context_poisoned.load())
-      RestartServer(*state_);
-  }
-}
-
-void RestartServer(const ServerState& state) {
-  std::vector<std::string> argv;
-  {
-    std::lock_guard<std::mutex> lock(state.argv_mu);
-    argv = state.argv;
-  }
-  if (argv.empty()) return;
-  FLYT_WARN("a client hit a sticky CUDA error; restarting flyt-server to clear it");
-  if (state.original_stdout >= 0) dup2(state.original_stdout, STDOUT_FILENO);
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  execv("/proc/self/exe", args.data());
-  FLYT_ERROR("restart failed (%s): exiting so that a supervisor can restart flyt-server",
-             std::strerror(errno));
-  _exit(3);
+  if (retained_primary_) state_->api.cuDevicePrimaryCtxRelease_v2(primary_device_);
 }
 
 void Session::ReleaseStaging() {
@@ -687,16 +607,17 @@ void Session::ReleaseStaging() {
 void Session::ReleaseAll() {
   DriverApi& a = state_->api;
   ReleaseStaging();
-  captures_ = 0;
+  NoteCaptures(-captures_.load());
   size_t total = 0;
   for (auto& set : handles_) total += set.size();
   if (total == 0 && host_funcs_in_flight_.load() == 0 && captured_.empty() &&
-      retired_streams_.empty() && pt_stream_ == nullptr && VmmEmpty())
+      retired_streams_.empty() && pt_stream_ == nullptr && VmmEmpty() && ipc_opened_.empty())
     return;
   if (exec_ != nullptr || primary_ != nullptr) a.cuCtxSetCurrent(exec_ ? exec_ : primary_);
   // Only this session's work: a context-wide synchronize would invalidate
   // another session's stream capture.
   SynchronizeSession();
+  ReleaseIpc();  // closed, not freed: the memory is the exporter's
   if (pt_stream_ != nullptr) retired_streams_.push_back(pt_stream_);
   pt_stream_ = nullptr;
   auto each = [&](HandleKind k, auto&& fn) {
@@ -837,6 +758,16 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       return VmmSetAccess(in, rc);
     case ops::kOpMemRetainAllocationHandle:
       return VmmRetainHandle(in, out, rc);
+    case ops::kOpIpcGetMemHandle:  // CUDA IPC: server/session_ipc.cc
+      return IpcGetMemHandle(in, out, rc);
+    case ops::kOpIpcOpenMemHandle:
+      return IpcOpenMemHandle(in, out, rc);
+    case ops::kOpIpcCloseMemHandle:
+      return IpcCloseMemHandle(in, rc);
+    case ops::kOpIpcGetEventHandle:
+      return IpcGetEventHandle(in, out, rc);
+    case ops::kOpIpcOpenEventHandle:
+      return IpcOpenEventHandle(in, out, rc);
     case ops::kOpLoadImage:
       return LoadImage(in, out, rc);
     case ops::kOpKernelGetFunction: {
@@ -969,10 +900,10 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       const uint8_t* args = in.Skip(0);
       bool ok = DispatchGeneric(h.op, per_thread, in, out, rc, &known);
       // Captures in progress hold live SM changes back (they would move streams).
-      if (ok && h.op == 118 && *rc == CUDA_SUCCESS) captures_++;
+      if (ok && h.op == 118 && *rc == CUDA_SUCCESS) NoteCaptures(1);
       if (ok && h.op == 119 && captures_.load() > 0 && *rc != CUDA_ERROR_INVALID_HANDLE &&
           *rc != CUDA_ERROR_ILLEGAL_STATE && *rc != CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD)
-        captures_--;
+        NoteCaptures(-1);
       // cuCtxSetLimit on the shared context: limits that can no longer change
       // once kernels ran count as set when they are already large enough.
       if (ok && h.op == 102 && *rc != CUDA_SUCCESS && at == 12 && args != nullptr) {
@@ -1050,14 +981,15 @@ bool Session::LoadImage(Reader& in, Writer& out, CUresult* rc) {
   if (!in.Get(&loader) || !in.Get(&h0) || !in.Get(&h1) || !in.Get(&size) || !in.Get(&has_bytes))
     return false;
   if (loader > 1 || size > wire::kMaxPayload) return false;
-  std::shared_ptr<const std::vector<uint8_t>> image = state_->images.Find(h0, h1);
+  // Without a main process (tests) images are this session's own.
+  std::shared_ptr<const ImageBytes> image =
+      state_->link != nullptr ? state_->link->FindImage(h0, h1) : nullptr;
   if (has_bytes) {
     if (in.remaining() != size) return false;
-    if (image == nullptr) {
-      const uint8_t* p = in.Skip(size);
-      state_->images.Insert(h0, h1, std::vector<uint8_t>(p, p + size));
-      image = state_->images.Find(h0, h1);
-    }
+    const uint8_t* bytes = in.Skip(size);
+    if (image == nullptr)
+      image = state_->link != nullptr ? state_->link->PutImage(h0, h1, bytes, size)
+                                      : ImageBytes::Copy(bytes, size);
   } else if (in.remaining() != 0) {
     return false;
   }

@@ -27,73 +27,56 @@
 #include "protocol/wire.h"
 #include "server/driver_api.h"
 #include "server/share.h"
+#include "server/worker_channel.h"
 #include "transport/transport.h"
 
 namespace flyt::server {
 
-// Kernel images by content hash, shared by all sessions of this server, so an
-// image crosses the wire once per server.
-class ImageCache {
- public:
-  std::shared_ptr<const std::vector<uint8_t>> Find(uint64_t h0, uint64_t h1);
-  void Insert(uint64_t h0, uint64_t h1, std::vector<uint8_t> bytes);
+class MainLink;
+struct WorkerSlot;
+class TenantBoard;
+class WorkerPool;
 
- private:
-  std::mutex mu_;
-  std::unordered_map<uint64_t, std::pair<uint64_t, std::shared_ptr<const std::vector<uint8_t>>>>
-      images_;
-  size_t bytes_ = 0;
-};
-
+// One process's view of the server: the main process (acceptor, pool,
+// control socket) and each worker have their own; what is the tenant's lives
+// in the tenant board (server/tenant_board.h).
 struct ServerState {
   DriverApi api;
-  // The tenant's share (memory quota, SM count) and its live changes.
+  // The tenant's share (memory quota, SM count) and its live changes. Its
+  // memory counters are the board's.
   Share share;
-  // Read end of the pipe that replaced the server's stdout, where NVIDIA's
+  // Read end of the pipe that replaced this process's stdout, where NVIDIA's
   // driver writes device printf output; -1 when not captured.
   int device_output_fd = -1;
   std::string token;
   int driver_version = 0;
   std::vector<ops::DeviceInfo> devices;
-  ImageCache images;
-  std::mutex sessions_mu;
-  std::unordered_map<uint64_t, class Session*> sessions;  // live sessions by id
-  std::atomic<uint64_t> next_session{1};
-  std::atomic<int> live_sessions{0};
-  // Requests served (all sessions), for the control socket's stats.
-  std::atomic<uint64_t> calls{0};
-  // Steady-clock nanoseconds of the server's start and of the end of the last
-  // session (0: none ended yet).
-  int64_t start_ns = 0;
-  std::atomic<int64_t> last_session_end_ns{0};
+  TenantBoard* board = nullptr;
+  // --- worker only
+  WorkerSlot* slot = nullptr;  // this worker's slot in the board
+  MainLink* link = nullptr;    // requests to the main process (code images)
+  uint64_t share_seen = 0;     // the board's share generation this worker adopted
+  // The worker's own reference to the primary context, taken before its
+  // client came (server/worker.cc).
+  std::mutex context_mu;
+  bool server_holds_context = false;
+  // --- main process only
+  WorkerPool* pool = nullptr;
   // The data-plane listeners' bound addresses (real ports).
   std::vector<std::string> listen;
   // Offered in the handshake: the shm:// listener (empty: none) and this
   // kernel's boot id, so that a client on the same host can move to it.
   std::string shm_offer;
   std::string boot_id;
-  // A session hit a sticky error (illegal address, ...): the shared context is
-  // unusable until it is reset, which happens once no session is left.
-  std::atomic<bool> context_poisoned{false};
-  // The server's own reference to the primary context keeps it warm between
-  // clients; it is dropped to reset a poisoned context.
-  std::mutex context_mu;
-  bool server_holds_context = false;
-  // How this server was started, to start it afresh (see Session::Run); a
-  // live share change rewrites its --memory-quota / --sm-count.
-  mutable std::mutex argv_mu;
-  std::vector<std::string> argv;
-  int original_stdout = -1;
+  int64_t start_ns = 0;  // steady clock at the server's start
 };
 
 // Builds the device inventory (the share is applied to it when sent).
 Status DescribeDevices(ServerState* state);
 // Monotonic clock in nanoseconds.
 int64_t SteadyNowNs();
-// Replaces this server process with a fresh copy of itself (same arguments).
-void RestartServer(const ServerState& state);
-// Points the server's stdout at a pipe so that device printf output can be
-// forwarded to the client whose call flushed it.
+// Points this worker's stdout at a pipe so that device printf output can be
+// forwarded to its client.
 Status CaptureDeviceOutput(ServerState* state);
 
 // A session's virtual memory (cuMemCreate / cuMemMap, session_vmm.cc).
@@ -119,10 +102,17 @@ class Session {
     size_t len = 0;
     bool owns_mirror = false;  // exactly one entry owns (and frees) each mirror
   };
-  Session(ServerState* state, std::unique_ptr<transport::Connection> conn);
+  // `conn` passed the handshake in the main process (server/acceptor.h),
+  // which gave the client `ticket`.
+  Session(ServerState* state, std::unique_ptr<transport::Connection> conn,
+          const channel::Ticket& ticket);
   ~Session();
   // Serves the client until it leaves, dies or misbehaves; then frees all it owned.
   void Run();
+  // The client's second connection, for host functions (from the main process).
+  void AttachCallbackChannel(std::unique_ptr<transport::Connection> conn);
+  // Ends Run: the main process is gone.
+  void Abort();
 
   // Handle bookkeeping used by the generic handlers.
   bool Owns(marshal::HandleKind kind, uint64_t value) const;
@@ -131,17 +121,8 @@ class Session {
   DriverApi& api() { return state_->api; }
   // Memory quota bookkeeping of the generic allocation handlers: charged
   // before the driver allocates, recorded per handle, refunded when freed.
-  bool ChargeMemory(uint64_t bytes) {
-    if (!state_->share.Charge(bytes)) return false;
-    charged_ += bytes;
-    return true;
-  }
-  void RefundMemory(uint64_t bytes) {
-    state_->share.Refund(bytes);
-    uint64_t c = charged_.load();
-    while (!charged_.compare_exchange_weak(c, c > bytes ? c - bytes : 0)) {
-    }
-  }
+  bool ChargeMemory(uint64_t bytes);
+  void RefundMemory(uint64_t bytes);
   void NoteAllocation(marshal::HandleKind kind, uint64_t handle, uint64_t bytes);
   // Virtual memory management (session_vmm.cc): the generic handlers of these
   // calls decode the arguments and call these instead of the driver. They
@@ -166,16 +147,6 @@ class Session {
   // The context behind a client's context handle (its primary context stands
   // for the session's execution context, possibly a green context).
   CUcontext RealContext(uint64_t raw) const;
-  // True while a stream capture of this session is in progress.
-  bool capturing() const { return captures_.load() > 0; }
-  // For NVML's process list (session_nvml.cc), read by other sessions' threads:
-  // the client's pid (0 before the handshake), the device of its context (-1:
-  // none yet) and the bytes it holds against the quota.
-  uint32_t client_pid() const { return client_pid_.load(); }
-  int context_device() const { return context_device_.load(); }
-  uint64_t memory_charged() const { return charged_.load(); }
-  // True when this session runs under an older execution config than the server's.
-  bool switch_pending() const { return exec_generation_.load() != state_->share.exec_generation(); }
   // Runs a client host function: asks the client over the callback channel and
   // waits for it to finish. Called on the driver's callback thread.
   void RunClientHostFunc(uint64_t id, bool persistent);
@@ -185,9 +156,10 @@ class Session {
   void FetchFromClient(uint64_t client_src, void* bytes, size_t n);
 
  private:
-  enum class Opening { kRefused, kSession, kCallbackChannel };
-  Opening Handshake();
-  bool AttachCallbackChannel(const wire::FrameHeader& h);
+  // Adopts a live share change the main process published in the board.
+  void FollowShare();
+  // Keeps the board's slot in step with the session's captures.
+  void NoteCaptures(int delta);
   // Executes one request. Returns false when the frame is malformed (the
   // session then ends); otherwise *rc is the call's result.
   bool Dispatch(const wire::FrameHeader& h, wire::Reader& in, wire::Writer& out, CUresult* rc);
@@ -301,10 +273,8 @@ class Session {
   std::map<uint64_t, VmmMapping> vmm_mapped_;
   std::unordered_map<uint64_t, VmmHandle> vmm_handles_;
   std::atomic<int> captures_{0};
-  // For NVML (client_pid(), context_device(), memory_charged()).
-  std::atomic<uint32_t> client_pid_{0};
-  std::atomic<int> context_device_{-1};
-  std::atomic<uint64_t> charged_{0};
+  uint32_t client_pid_ = 0;
+  bool sticky_logged_ = false;
   bool keep_deferred_ = false;  // this reply must not carry the deferred error
   bool retained_primary_ = false;
   std::vector<uint8_t> payload_;
@@ -328,6 +298,28 @@ class Session {
   std::condition_variable callback_cv_;
   std::unique_ptr<transport::Connection> callback_conn_;
   std::atomic<int> host_funcs_in_flight_{0};
+
+  // --- CUDA IPC (server/session_ipc.cc) ----------------------------------------
+ public:
+  // True when [p, p+n) lies in memory this session opened with cuIpcOpenMemHandle.
+  bool IpcMapped(uint64_t p, uint64_t n) const;
+
+ private:
+  bool IpcGetMemHandle(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  bool IpcOpenMemHandle(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  bool IpcCloseMemHandle(wire::Reader& in, CUresult* rc);
+  bool IpcGetEventHandle(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  bool IpcOpenEventHandle(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  // Closes the IPC memory the session still has open (ReleaseAll).
+  void ReleaseIpc();
+  struct IpcOpened {
+    uint64_t size = 0;
+    uint32_t refs = 0;  // opens not yet closed
+  };
+  std::map<uint64_t, IpcOpened> ipc_opened_;  // by base
+  // The handles this client exported (their 64 bytes): it may not open them.
+  std::unordered_set<std::string> ipc_exported_mem_, ipc_exported_events_;
+  // --- end of CUDA IPC ---------------------------------------------------------
 };
 
 }  // namespace flyt::server

@@ -26,6 +26,7 @@
 #include "common/log.h"
 #include "nvml/nvml_types.h"
 #include "server/session.h"
+#include "server/tenant_board.h"
 
 namespace flyt::server {
 namespace {
@@ -267,16 +268,14 @@ bool Session::NvmlSnapshot(wire::Reader& in, wire::Writer& out, CUresult* rc) {
 
   // One entry per client process with a context or memory, merged by (pid, device).
   std::map<std::pair<uint32_t, uint32_t>, uint64_t> procs;
-  {
-    std::lock_guard<std::mutex> lock(state_->sessions_mu);
-    for (const auto& [id, s] : state_->sessions) {
-      uint32_t pid = s->client_pid();
-      int dev = s->context_device();
-      uint64_t bytes = s->memory_charged();
-      if (pid == 0 || (dev < 0 && bytes == 0)) continue;
-      if (procs.size() >= ops::kMaxNvmlProcesses) break;
-      procs[{pid, static_cast<uint32_t>(dev < 0 ? 0 : dev)}] += bytes;
-    }
+  for (const WorkerSlot& w : state_->board->layout().slots) {  // every client of the tenant
+    if (w.state.load() != static_cast<uint32_t>(WorkerState::kServing)) continue;
+    uint32_t pid = w.client_pid.load();
+    int dev = w.device.load();
+    uint64_t bytes = w.charged.load();
+    if (pid == 0 || (dev < 0 && bytes == 0)) continue;
+    if (procs.size() >= ops::kMaxNvmlProcesses) break;
+    procs[{pid, static_cast<uint32_t>(dev < 0 ? 0 : dev)}] += bytes;
   }
 
   ops::NvmlHead head{};

@@ -15,6 +15,7 @@
 
 #include "common/log.h"
 #include "server/session.h"
+#include "server/tenant_board.h"
 
 namespace flyt::server {
 
@@ -67,7 +68,7 @@ void Session::EnterExec(int device) {
   green_ = green;
   exec_ = ctx;
   exec_device_ = device;
-  context_device_ = device;
+  if (state_->slot != nullptr) state_->slot->device = device;
   exec_generation_ = config.generation;
   if (green_ != nullptr)
     FLYT_INFO("session %llu: green context of %d SMs", static_cast<unsigned long long>(id_),
@@ -139,6 +140,7 @@ void Session::SwitchExec() {
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
           .count();
   state_->share.NoteSwitch(static_cast<uint64_t>(us));
+  if (state_->board != nullptr) state_->board->layout().last_switch_us = static_cast<uint64_t>(us);
   FLYT_INFO("session %llu: now on %s%s, %zu stream(s) moved in %lld us",
             static_cast<unsigned long long>(id_), green_ != nullptr ? "a green context of " : "",
             green_ != nullptr ? (std::to_string(config.sm) + " SMs").c_str() : "the whole GPU",

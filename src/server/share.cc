@@ -96,6 +96,9 @@ Status Share::MakeGreen(int sm, std::vector<CUdevResourceDesc>* desc, int* actua
     rc = api_->cuDevResourceGenerateDesc(&d, &part, 1);
     if (rc != CUDA_SUCCESS)
       return Status::Error("cuDevResourceGenerateDesc failed with error " + std::to_string(rc));
+    (*desc)[i] = d;
+    if (i == 0) *actual = static_cast<int>(part.sm.smCount);
+    if (!probe_) continue;
     // Probe: a green context must be creatable from it (MPS may refuse).
     CUgreenCtx probe = nullptr;
     rc = api_->cuGreenCtxCreate(&probe, d, dev, CU_GREEN_CTX_DEFAULT_STREAM);
@@ -104,8 +107,6 @@ Status Share::MakeGreen(int sm, std::vector<CUdevResourceDesc>* desc, int* actua
     CUresult destroyed = api_->cuGreenCtxDestroy(probe);
     if (destroyed != CUDA_SUCCESS)
       FLYT_WARN("cuGreenCtxDestroy of the probe green context failed with error %d", destroyed);
-    (*desc)[i] = d;
-    if (i == 0) *actual = static_cast<int>(part.sm.smCount);
   }
   return Status::Ok();
 }
@@ -116,7 +117,8 @@ Status Share::Init(DriverApi* api, const std::vector<ops::DeviceInfo>& devices,
   api_ = api;
   green_failed_ = false;
   real_ = devices;
-  quota_ = options.memory_quota;
+  probe_ = options.probe;
+  quota_->store(options.memory_quota);
   const char* mps = std::getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
   mps_ = mps != nullptr && mps[0] != '\0';
   sm_requested_ = options.sm_count;
@@ -127,7 +129,7 @@ Status Share::Init(DriverApi* api, const std::vector<ops::DeviceInfo>& devices,
   if (options.sm_count > 0 && !devices.empty()) {
     bool green = false;
     if (GreenAvailable()) {
-      if (!api_->is_sim) {
+      if (!api_->is_sim && probe_) {
         // Green contexts are best made while the primary context is active;
         // this reference stays for the server's life.
         for (size_t i = 0; i < devices.size(); ++i) {
@@ -174,13 +176,13 @@ Status Share::Init(DriverApi* api, const std::vector<ops::DeviceInfo>& devices,
   if (options.sm_count > 0 || options.memory_quota > 0)
     FLYT_INFO("share: %d of %d SMs (%s), memory quota %llu bytes", sm_ > 0 ? sm_ : RealSmCount(),
               RealSmCount(), SmMechanismName(mechanism_),
-              static_cast<unsigned long long>(quota_.load()));
+              static_cast<unsigned long long>(quota_->load()));
   return Status::Ok();
 }
 
 void Share::PublishInfoLocked() {
   view_ = real_;
-  uint64_t quota = quota_.load();
+  uint64_t quota = quota_->load();
   for (auto& d : view_) {
     if (sm_ > 0) d.attributes[CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT] = sm_;
     if (quota != 0) d.total_mem = quota;
@@ -188,26 +190,31 @@ void Share::PublishInfoLocked() {
   info_generation_.fetch_add(1, std::memory_order_acq_rel);
 }
 
+void Share::Republish() {
+  std::lock_guard<std::mutex> lock(mu_);
+  PublishInfoLocked();
+}
+
 bool Share::Charge(uint64_t bytes) {
   if (bytes == 0) return true;
-  uint64_t used = used_.load();
+  uint64_t used = used_->load();
   for (;;) {
-    uint64_t quota = quota_.load();
+    uint64_t quota = quota_->load();
     if (quota != 0 && (used > quota || bytes > quota - used)) return false;
-    if (used_.compare_exchange_weak(used, used + bytes)) return true;
+    if (used_->compare_exchange_weak(used, used + bytes)) return true;
   }
 }
 
 void Share::Refund(uint64_t bytes) {
-  uint64_t used = used_.load();
-  while (!used_.compare_exchange_weak(used, used > bytes ? used - bytes : 0)) {
+  uint64_t used = used_->load();
+  while (!used_->compare_exchange_weak(used, used > bytes ? used - bytes : 0)) {
   }
 }
 
 void Share::ClampMemInfo(size_t* free_bytes, size_t* total_bytes) const {
-  uint64_t quota = quota_.load();
+  uint64_t quota = quota_->load();
   if (quota == 0) return;
-  uint64_t used = used_.load();
+  uint64_t used = used_->load();
   uint64_t left = used < quota ? quota - used : 0;
   if (free_bytes != nullptr && *free_bytes > left) *free_bytes = left;
   if (total_bytes != nullptr) *total_bytes = quota;
@@ -235,8 +242,8 @@ Share::Snapshot Share::Get() const {
   s.sm_requested = sm_requested_;
   s.sm_total = RealSmCount();
   s.mechanism = mechanism_;
-  s.memory_quota = quota_.load();
-  s.memory_used = used_.load();
+  s.memory_quota = quota_->load();
+  s.memory_used = used_->load();
   s.last_switch_us = last_switch_us_.load();
   return s;
 }
@@ -295,8 +302,8 @@ Status Share::Apply(const Change& change, bool capturing, std::string* note, boo
   }
   bool switch_exec = next.desc != exec_.desc;
   bool info_changed = false;
-  if (change.has_memory && change.memory_bytes != quota_.load()) {
-    quota_ = change.memory_bytes;
+  if (change.has_memory && change.memory_bytes != quota_->load()) {
+    quota_->store(change.memory_bytes);
     info_changed = true;
   }
   if (sm_change) {
@@ -310,7 +317,7 @@ Status Share::Apply(const Change& change, bool capturing, std::string* note, boo
     exec_generation_.fetch_add(1, std::memory_order_acq_rel);
   }
   if (info_changed) PublishInfoLocked();
-  uint64_t quota = quota_.load(), used = used_.load();
+  uint64_t quota = quota_->load(), used = used_->load();
   if (quota != 0 && used > quota)
     *note =
         Join(*note, "memory quota " + std::to_string(quota) + " is below current use " +

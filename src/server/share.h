@@ -27,6 +27,10 @@ namespace flyt::server {
 struct ShareOptions {
   uint64_t memory_quota = 0;  // bytes; 0 = no quota
   int sm_count = 0;           // 0 = the whole GPU
+  // Make a green context from each new descriptor to see that the driver
+  // accepts it. flyt-server's main process, which holds no CUDA context,
+  // leaves this to the workers.
+  bool probe = true;
 };
 
 // a * b, or UINT64_MAX when it overflows (sizes from clients are hostile).
@@ -58,12 +62,21 @@ class Share {
   Status Init(DriverApi* api, const std::vector<ops::DeviceInfo>& devices,
               const ShareOptions& options);
 
+  // Keeps the memory accounting in `used` and `quota` instead (the tenant
+  // board, shared by all of a server's processes); call before Init.
+  void UseCounters(std::atomic<uint64_t>* used, std::atomic<uint64_t>* quota) {
+    used_ = used;
+    quota_ = quota;
+  }
+  // The quota may have changed elsewhere: recompute what clients see.
+  void Republish();
+
   // --- memory
   // Charges `bytes` against the quota; false (nothing charged) when over it.
   bool Charge(uint64_t bytes);
   void Refund(uint64_t bytes);
-  uint64_t memory_used() const { return used_.load(); }
-  uint64_t memory_quota() const { return quota_.load(); }
+  uint64_t memory_used() const { return used_->load(); }
+  uint64_t memory_quota() const { return quota_->load(); }
   // cuMemGetInfo as the tenant sees it: free = min(free, quota - used), total = quota.
   void ClampMemInfo(size_t* free_bytes, size_t* total_bytes) const;
 
@@ -110,8 +123,11 @@ class Share {
   void PublishInfoLocked();
 
   DriverApi* api_ = nullptr;
-  std::atomic<uint64_t> used_{0};
-  std::atomic<uint64_t> quota_{0};
+  std::atomic<uint64_t> own_used_{0};
+  std::atomic<uint64_t> own_quota_{0};
+  std::atomic<uint64_t>* used_ = &own_used_;
+  std::atomic<uint64_t>* quota_ = &own_quota_;
+  bool probe_ = true;
   std::atomic<uint64_t> info_generation_{1};
   std::atomic<uint64_t> exec_generation_{1};
   std::atomic<uint64_t> last_switch_us_{0};

@@ -9,11 +9,32 @@
 // reservation is a PROT_NONE host range, a physical allocation a memfd, and
 // cuMemMap maps the memfd into the range, so copies and memsets reach it and
 // two mappings of one allocation share their bytes. Never a product feature.
+//
+// Sticky faults: a launch of a kernel whose name contains `flyt_sim_fault`
+// succeeds, and from then on every call of this process that touches the
+// context answers CUDA_ERROR_ILLEGAL_ADDRESS, as the driver does after a kernel
+// touched an illegal address (the lists below follow NVIDIA's driver 580 as
+// measured on an H200): synchronisation, streams, events, allocations, copies,
+// memsets, launches, module loads, occupancy, IPC. Device queries, library
+// loads, contexts and the VMM calls keep working. The state is per process,
+// as a real context's is.
+//
+// CUDA IPC works across processes: cuIpcGetMemHandle moves the allocation's
+// pages into a memfd mapped over the same address, and the handle carries
+// {magic, kind, exporter pid, descriptor, inode}; the opener maps
+// /proc/<pid>/fd/<n> (the inode proves it is still that memfd). An
+// interprocess event keeps its completion state (records issued and done) in a
+// shared page the same way. Unlike the driver, the sim also opens handles of
+// its own process, because one sim process may serve several client processes
+// (the session refuses a client's own handles, as the driver would).
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -23,6 +44,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -60,12 +82,53 @@ struct SimStream {
   std::shared_ptr<StreamWork> work = std::make_shared<StreamWork>();
   CUcontext ctx = nullptr;  // current at creation (checked with fake green contexts)
 };
+// Completion state of an interprocess event, in a page that the processes
+// which opened the event map too: a record takes the next sequence number,
+// and `done` reaches it once the stream's work before the record has run.
+struct SimEventPage {
+  uint32_t magic;
+  uint32_t reserved;
+  std::atomic<uint64_t> recorded;
+  std::atomic<uint64_t> done;
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared-page atomics");
+// One process's mapping of such a page; unmapped with the last reference
+// (host functions queued behind a record hold one).
+struct SimEventShared {
+  SimEventPage* page = nullptr;
+  ~SimEventShared() {
+    if (page != nullptr) munmap(page, sizeof(SimEventPage));
+  }
+};
 struct SimEvent {
   std::chrono::steady_clock::time_point at{};
   bool recorded = false;
   std::shared_ptr<StreamWork> work;  // the stream's pending host functions at record time
   std::shared_future<void> after;    // completes when those host functions have run
+  unsigned flags = 0;                // CUevent_flags
+  bool imported = false;             // opened with cuIpcOpenEventHandle
+  int ipc_fd = -1;                   // exporter: the shared page's memfd
+  uint64_t ipc_dev = 0, ipc_ino = 0;
+  std::shared_ptr<SimEventShared> shared;  // interprocess events only
 };
+
+// The 64 bytes of a sim CUipcMemHandle / CUipcEventHandle.
+struct SimIpcHandle {
+  uint32_t magic;  // kSimIpcMagic
+  uint32_t kind;   // kSimIpcMemory or kSimIpcEvent
+  uint32_t pid;    // the exporting process
+  int32_t fd;      // its descriptor of the memfd
+  uint64_t dev;    // the memfd's device and inode: a descriptor number that was
+  uint64_t ino;    // reused for another file since is noticed
+  uint64_t size;   // bytes of the allocation (memory)
+  uint64_t base;   // the allocation's address in the exporter (diagnostics)
+  uint8_t reserved[16];
+};
+static_assert(sizeof(SimIpcHandle) == CU_IPC_HANDLE_SIZE);
+constexpr uint32_t kSimIpcMagic = 0x43504946;  // "FIPC"
+constexpr uint32_t kSimIpcMemory = 1;
+constexpr uint32_t kSimIpcEvent = 2;
+constexpr uint32_t kSimEventPageMagic = 0x45504946;  // "FIPE"
 
 struct Sim {
   std::mutex mu;
@@ -91,6 +154,23 @@ struct Sim {
   std::map<uint64_t, Physical> physical;  // handle -> allocation
   uint64_t next_handle = 0x10000;
   uint64_t used = 0;
+  // Stream-ordered allocations (cuMemAllocAsync): not exportable over IPC.
+  std::set<uint64_t> pool_allocs;
+  // CUDA IPC. Exported allocations: base -> their memfd (the pages were moved
+  // into it at the first cuIpcGetMemHandle).
+  struct Exported {
+    int fd = -1;
+    uint64_t dev = 0, ino = 0;
+  };
+  std::map<uint64_t, Exported> exported;
+  // Memory opened with cuIpcOpenMemHandle: base -> size (for range checks),
+  // and what it maps with the opens not yet closed.
+  struct Opened {
+    uint64_t dev = 0, ino = 0;
+    uint32_t refs = 0;
+  };
+  std::map<uint64_t, uint64_t> ipc_mapped;
+  std::map<uint64_t, Opened> ipc_opened;
   FILE* record = nullptr;
   std::mutex record_mu;
   int ctx_token = 0;
@@ -98,6 +178,12 @@ struct Sim {
 };
 Sim* g_sim = nullptr;
 thread_local CUcontext t_current = nullptr;
+
+// Set by a launch of a kernel named *flyt_sim_fault*: the process's context
+// is broken for good, as after an illegal address on a GPU.
+std::atomic<bool> g_faulted{false};
+constexpr const char* kFaultKernelMark = "flyt_sim_fault";
+bool Faulted() { return g_faulted.load(std::memory_order_relaxed); }
 
 // Fake green contexts: an SM count, and a context token of their own.
 struct SimGreen {
@@ -134,14 +220,16 @@ bool WithinMapped(uint64_t p, size_t n) {
   return false;
 }
 
-// True when [p, p+n) lies inside one allocation, one registered host range or
-// accessible mappings.
+// True when [p, p+n) lies inside one allocation, one registered host range,
+// accessible mappings or memory opened over IPC.
 bool Valid(uint64_t p, size_t n) {
   std::lock_guard<std::mutex> lock(g_sim->mu);
-  return Within(g_sim->allocs, p, n) || Within(g_sim->registered, p, n) || WithinMapped(p, n);
+  return Within(g_sim->allocs, p, n) || Within(g_sim->registered, p, n) || WithinMapped(p, n) ||
+         Within(g_sim->ipc_mapped, p, n);
 }
 
 CUresult Alloc(CUdeviceptr* out, size_t n) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (n == 0) return CUDA_ERROR_INVALID_VALUE;
   {
@@ -158,14 +246,27 @@ CUresult Alloc(CUdeviceptr* out, size_t n) {
   return CUDA_SUCCESS;
 }
 
-CUresult simMemFree(CUdeviceptr p) {
+// Frees an allocation, also after a fault (the sim's own cleanup). An
+// exported allocation's memfd goes too; processes that opened it keep their
+// mappings (using them is undefined natively).
+CUresult FreeAlloc(CUdeviceptr p) {
   std::lock_guard<std::mutex> lock(g_sim->mu);
   auto it = g_sim->allocs.find(p);
   if (it == g_sim->allocs.end()) return CUDA_ERROR_INVALID_VALUE;
   munmap(reinterpret_cast<void*>(p), it->second);
   g_sim->used -= it->second;
   g_sim->allocs.erase(it);
+  g_sim->pool_allocs.erase(p);
+  auto ex = g_sim->exported.find(p);
+  if (ex != g_sim->exported.end()) {
+    close(ex->second.fd);
+    g_sim->exported.erase(ex);
+  }
   return CUDA_SUCCESS;
+}
+CUresult simMemFree(CUdeviceptr p) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  return FreeAlloc(p);
 }
 
 CUresult simInit(unsigned) { return CUDA_SUCCESS; }
@@ -243,6 +344,7 @@ CUresult simDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice) {
       {CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR, 32},
       {CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 1},
       {CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 1},
+      {CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED, 1},
       {CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK, 1024},
   };
   auto it = kAttrs.find(a);
@@ -263,17 +365,22 @@ CUresult simCtxSetCurrent(CUcontext c) {
 }
 std::atomic<int> g_pending_host_funcs{0};
 CUresult simCtxSynchronize() {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   while (g_pending_host_funcs.load() > 0)
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   return CUDA_SUCCESS;
 }
 CUresult simCtxGetLimit(size_t* v, CUlimit) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (v == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *v = 1024;
   return CUDA_SUCCESS;
 }
-CUresult simCtxSetLimit(CUlimit, size_t) { return CUDA_SUCCESS; }
+CUresult simCtxSetLimit(CUlimit, size_t) {
+  return Faulted() ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
+}
 CUresult simCtxGetStreamPriorityRange(int* least, int* greatest) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (least) *least = 0;
   if (greatest) *greatest = -5;
   return CUDA_SUCCESS;
@@ -368,17 +475,22 @@ CUresult simLibraryLoadData(CUlibrary* out, const void* code, CUjit_option*, voi
   *out = reinterpret_cast<CUlibrary>(lib.release());
   return CUDA_SUCCESS;
 }
+// Libraries load lazily and keep working after a fault; modules do not.
 CUresult simModuleLoadData(CUmodule* out, const void* code) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   return simLibraryLoadData(reinterpret_cast<CUlibrary*>(out), code, nullptr, nullptr, 0, nullptr,
                             nullptr, 0);
 }
 CUresult simLibraryUnload(CUlibrary l) {
   auto* lib = reinterpret_cast<SimLibrary*>(l);
-  for (auto& [name, p] : lib->globals) simMemFree(p);
+  for (auto& [name, p] : lib->globals) FreeAlloc(p);
   delete lib;
   return CUDA_SUCCESS;
 }
-CUresult simModuleUnload(CUmodule m) { return simLibraryUnload(reinterpret_cast<CUlibrary>(m)); }
+CUresult simModuleUnload(CUmodule m) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  return simLibraryUnload(reinterpret_cast<CUlibrary>(m));
+}
 CUresult simLibraryGetKernelCount(unsigned* n, CUlibrary l) {
   if (n == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *n = static_cast<unsigned>(reinterpret_cast<SimLibrary*>(l)->kernels.size());
@@ -417,6 +529,7 @@ CUresult simFuncGetParamInfo(CUfunction f, size_t i, size_t* off, size_t* size) 
   return simKernelGetParamInfo(reinterpret_cast<CUkernel>(f), i, off, size);
 }
 CUresult simKernelGetFunction(CUfunction* f, CUkernel k) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (f == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *f = reinterpret_cast<CUfunction>(k);
   return CUDA_SUCCESS;
@@ -424,6 +537,7 @@ CUresult simKernelGetFunction(CUfunction* f, CUkernel k) {
 // Device globals: the sim cannot read their sizes from the image, so each
 // named global is a zeroed 1 MiB buffer created on first use.
 CUresult simLibraryGetGlobal(CUdeviceptr* p, size_t* size, CUlibrary l, const char* name) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (name == nullptr || l == nullptr) return CUDA_ERROR_INVALID_VALUE;
   auto* lib = reinterpret_cast<SimLibrary*>(l);
   auto it = lib->globals.find(name);
@@ -444,7 +558,7 @@ CUresult simModuleGetGlobal(CUdeviceptr* p, size_t* size, CUmodule m, const char
 // (dynamic shared memory size, carveout, cluster shape).
 std::mutex g_attr_mu;
 std::map<std::pair<uint64_t, int>, int> g_attr_set;
-CUresult simFuncGetAttribute(int* v, CUfunction_attribute a, CUfunction f) {
+CUresult FuncGetAttribute(int* v, CUfunction_attribute a, CUfunction f) {
   if (v == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *v = a == CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK ? 1024 : 0;
   if (a == CU_FUNC_ATTRIBUTE_PTX_VERSION || a == CU_FUNC_ATTRIBUTE_BINARY_VERSION) *v = 90;
@@ -453,29 +567,41 @@ CUresult simFuncGetAttribute(int* v, CUfunction_attribute a, CUfunction f) {
   if (it != g_attr_set.end()) *v = it->second;
   return CUDA_SUCCESS;
 }
-CUresult simFuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) {
+CUresult FuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) {
   std::lock_guard<std::mutex> lock(g_attr_mu);
   g_attr_set[{reinterpret_cast<uintptr_t>(f), static_cast<int>(a)}] = v;
   return CUDA_SUCCESS;
 }
+// Function attributes need the context; kernel attributes do not.
+CUresult simFuncGetAttribute(int* v, CUfunction_attribute a, CUfunction f) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  return FuncGetAttribute(v, a, f);
+}
+CUresult simFuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  return FuncSetAttribute(f, a, v);
+}
 CUresult simKernelGetAttribute(int* v, CUfunction_attribute a, CUkernel k, CUdevice) {
-  return simFuncGetAttribute(v, a, reinterpret_cast<CUfunction>(k));
+  return FuncGetAttribute(v, a, reinterpret_cast<CUfunction>(k));
 }
 CUresult simKernelSetAttribute(CUfunction_attribute a, int v, CUkernel k, CUdevice) {
-  return simFuncSetAttribute(reinterpret_cast<CUfunction>(k), a, v);
+  return FuncSetAttribute(reinterpret_cast<CUfunction>(k), a, v);
 }
 CUresult simOccupancy(int* n, CUfunction, int block, size_t) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (n == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *n = block > 0 ? 2048 / block : 0;
   if (*n > 32) *n = 32;
   return CUDA_SUCCESS;
 }
 CUresult simOccupancyAvailableSmem(size_t* bytes, CUfunction, int blocks, int) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (bytes == nullptr || blocks <= 0) return CUDA_ERROR_INVALID_VALUE;
   *bytes = 232448 / static_cast<size_t>(blocks);
   return CUDA_SUCCESS;
 }
 CUresult simMaxActiveClusters(int* n, CUfunction, const CUlaunchConfig* cfg) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (n == nullptr || cfg == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *n = 132;
   return CUDA_SUCCESS;
@@ -506,6 +632,7 @@ CUresult CheckStreamContext(CUstream s) {
 }
 
 CUresult simLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction f, void** params, void** extra) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   auto* k = reinterpret_cast<SimKernel*>(f);
   if (CUresult rc = CheckStreamContext(cfg->hStream); rc != CUDA_SUCCESS) return rc;
   if (cfg->gridDimX == 0 || cfg->gridDimY == 0 || cfg->gridDimZ == 0 || cfg->blockDimX == 0 ||
@@ -536,6 +663,12 @@ CUresult simLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction f, void** param
     std::fprintf(g_sim->record, "%s\n", line.c_str());
     std::fflush(g_sim->record);
   }
+  // The launch itself succeeds; the fault shows from the next call on.
+  if (k->name.find(kFaultKernelMark) != std::string::npos && !g_faulted.exchange(true))
+    FLYT_WARN(
+        "sim: kernel %s faults (illegal address): this process's CUDA calls now fail "
+        "with CUDA_ERROR_ILLEGAL_ADDRESS",
+        k->name.c_str());
   return CUDA_SUCCESS;
 }
 
@@ -548,19 +681,23 @@ CUresult simMemAllocPitch(CUdeviceptr* p, size_t* pitch, size_t w, size_t h, uns
   return Alloc(p, *pitch * h);
 }
 CUresult simMemGetInfo(size_t* free_b, size_t* total) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   std::lock_guard<std::mutex> lock(g_sim->mu);
   if (free_b) *free_b = kSimMemory - g_sim->used;
   if (total) *total = kSimMemory;
   return CUDA_SUCCESS;
 }
 CUresult simMemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   std::lock_guard<std::mutex> lock(g_sim->mu);
-  auto it = g_sim->allocs.upper_bound(p);
-  if (it != g_sim->allocs.begin() && p - std::prev(it)->first < std::prev(it)->second) {
-    --it;
-    if (base) *base = it->first;
-    if (size) *size = it->second;
-    return CUDA_SUCCESS;
+  for (const auto* ranges : {&g_sim->allocs, &g_sim->ipc_mapped}) {  // IPC: its own range
+    auto it = ranges->upper_bound(p);
+    if (it != ranges->begin() && p - std::prev(it)->first < std::prev(it)->second) {
+      --it;
+      if (base) *base = it->first;
+      if (size) *size = it->second;
+      return CUDA_SUCCESS;
+    }
   }
   auto m = g_sim->mapped.upper_bound(p);  // a mapping: its own range, as the driver answers
   if (m == g_sim->mapped.begin() || p - std::prev(m)->first >= std::prev(m)->second.size)
@@ -571,6 +708,7 @@ CUresult simMemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
   return CUDA_SUCCESS;
 }
 CUresult simHtoD(CUdeviceptr d, const void* h, size_t n) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (!Valid(d, n)) return CUDA_ERROR_INVALID_VALUE;
   std::memcpy(reinterpret_cast<void*>(d), h, n);
   return CUDA_SUCCESS;
@@ -580,6 +718,7 @@ CUresult simHtoDAsync(CUdeviceptr d, const void* h, size_t n, CUstream s) {
   return simHtoD(d, h, n);
 }
 CUresult simDtoH(void* h, CUdeviceptr d, size_t n) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (!Valid(d, n)) return CUDA_ERROR_INVALID_VALUE;
   std::memcpy(h, reinterpret_cast<void*>(d), n);
   return CUDA_SUCCESS;
@@ -589,6 +728,7 @@ CUresult simDtoHAsync(void* h, CUdeviceptr d, size_t n, CUstream s) {
   return simDtoH(h, d, n);
 }
 CUresult simDtoD(CUdeviceptr d, CUdeviceptr s, size_t n) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (!Valid(d, n) || !Valid(s, n)) return CUDA_ERROR_INVALID_VALUE;
   std::memmove(reinterpret_cast<void*>(d), reinterpret_cast<void*>(s), n);
   return CUDA_SUCCESS;
@@ -596,6 +736,7 @@ CUresult simDtoD(CUdeviceptr d, CUdeviceptr s, size_t n) {
 CUresult simDtoDAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream) { return simDtoD(d, s, n); }
 template <typename T>
 CUresult Fill2D(CUdeviceptr d, size_t pitch, T v, size_t w, size_t h) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (h == 0 || w == 0) return CUDA_SUCCESS;
   if (pitch < w * sizeof(T) || !Valid(d, pitch * (h - 1) + w * sizeof(T)))
     return CUDA_ERROR_INVALID_VALUE;
@@ -647,6 +788,7 @@ CUresult simMemsetD2D32Async(CUdeviceptr d, size_t p, unsigned int v, size_t w, 
 
 // One side of a 3D copy: base address of row (y, z); host or device.
 CUresult simMemcpy3D(const CUDA_MEMCPY3D* c) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (c->srcMemoryType == CU_MEMORYTYPE_ARRAY || c->dstMemoryType == CU_MEMORYTYPE_ARRAY)
     return CUDA_ERROR_NOT_SUPPORTED;
   size_t w = c->WidthInBytes, h = c->Height, dep = c->Depth;
@@ -704,18 +846,21 @@ CUresult simArrayCreate(CUarray* out, const CUDA_ARRAY_DESCRIPTOR* d) {
   return simArray3DCreate(out, &d3);
 }
 CUresult simArrayDestroy(CUarray a) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (a == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   auto* arr = reinterpret_cast<SimArray*>(a);
-  simMemFree(arr->mem);
+  FreeAlloc(arr->mem);
   delete arr;
   return CUDA_SUCCESS;
 }
 CUresult simArray3DGetDescriptor(CUDA_ARRAY3D_DESCRIPTOR* d, CUarray a) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (d == nullptr || a == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *d = reinterpret_cast<SimArray*>(a)->desc;
   return CUDA_SUCCESS;
 }
 CUresult simArrayGetDescriptor(CUDA_ARRAY_DESCRIPTOR* d, CUarray a) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (d == nullptr || a == nullptr) return CUDA_ERROR_INVALID_VALUE;
   const CUDA_ARRAY3D_DESCRIPTOR& d3 = reinterpret_cast<SimArray*>(a)->desc;
   d->Width = d3.Width;
@@ -725,9 +870,17 @@ CUresult simArrayGetDescriptor(CUDA_ARRAY_DESCRIPTOR* d, CUarray a) {
   return CUDA_SUCCESS;
 }
 // Stream-ordered allocations: immediate (everything here is synchronous).
-CUresult simMemAllocAsync(CUdeviceptr* p, size_t n, CUstream) { return Alloc(p, n); }
+// Pool memory cannot be exported with cuIpcGetMemHandle.
+CUresult PoolAlloc(CUdeviceptr* p, size_t n) {
+  CUresult rc = Alloc(p, n);
+  if (rc != CUDA_SUCCESS) return rc;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  g_sim->pool_allocs.insert(*p);
+  return CUDA_SUCCESS;
+}
+CUresult simMemAllocAsync(CUdeviceptr* p, size_t n, CUstream) { return PoolAlloc(p, n); }
 CUresult simMemAllocFromPoolAsync(CUdeviceptr* p, size_t n, CUmemoryPool, CUstream) {
-  return Alloc(p, n);
+  return PoolAlloc(p, n);
 }
 CUresult simMemFreeAsync(CUdeviceptr p, CUstream) { return simMemFree(p); }
 
@@ -960,6 +1113,7 @@ void WaitIdle(const std::shared_ptr<StreamWork>& w) {
 }
 
 CUresult simStreamCreate(CUstream* s, unsigned flags) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (s == nullptr) return CUDA_ERROR_INVALID_VALUE;
   auto* st = new SimStream{0, flags};
   st->ctx = t_current;
@@ -967,6 +1121,7 @@ CUresult simStreamCreate(CUstream* s, unsigned flags) {
   return CUDA_SUCCESS;
 }
 CUresult simStreamCreateWithPriority(CUstream* s, unsigned flags, int prio) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (s == nullptr) return CUDA_ERROR_INVALID_VALUE;
   auto* st = new SimStream{prio < -5 ? -5 : (prio > 0 ? 0 : prio), flags};
   st->ctx = t_current;
@@ -982,10 +1137,12 @@ SimStream* StreamOf(CUstream s) {
   return st != nullptr ? st : &g_default_stream;
 }
 CUresult simStreamDestroy(CUstream s) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   delete AsStream(s);  // queued host functions keep their StreamWork alive
   return CUDA_SUCCESS;
 }
 CUresult simStreamSynchronize(CUstream s) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (AsStream(s) == nullptr) {
     while (g_pending_host_funcs.load() > 0)
       std::this_thread::sleep_for(std::chrono::microseconds(200));
@@ -995,6 +1152,7 @@ CUresult simStreamSynchronize(CUstream s) {
   return CUDA_SUCCESS;
 }
 CUresult simStreamQuery(CUstream s) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   bool busy = AsStream(s) == nullptr ? g_pending_host_funcs.load() > 0
                                      : StreamOf(s)->work->pending.load() > 0;
   return busy ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
@@ -1018,24 +1176,42 @@ void EnqueueOnStream(CUstream s, std::function<void()> body) {
   }).detach();
 }
 CUresult simLaunchHostFunc(CUstream s, CUhostFn fn, void* data) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
   EnqueueOnStream(s, [fn, data] { fn(data); });
   return CUDA_SUCCESS;
 }
+// An interprocess event is done when its page says its last record is.
+bool PageDone(const SimEventPage* page, uint64_t target) {
+  return page->done.load(std::memory_order_acquire) >= target;
+}
+void WaitPage(const SimEventPage* page, uint64_t target) {
+  while (!PageDone(page, target)) std::this_thread::sleep_for(std::chrono::microseconds(200));
+}
 // Later host functions of the waiting stream run only after those the event
-// was recorded behind.
+// was recorded behind (for an interprocess event, in whichever process).
 CUresult simStreamWaitEvent(CUstream s, CUevent e, unsigned) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  std::shared_future<void> dep = reinterpret_cast<SimEvent*>(e)->after;
+  auto* ev = reinterpret_cast<SimEvent*>(e);
+  if (ev->shared != nullptr) {
+    uint64_t target = ev->shared->page->recorded.load(std::memory_order_acquire);
+    if (!PageDone(ev->shared->page, target))
+      EnqueueOnStream(s, [shared = ev->shared, target] { WaitPage(shared->page, target); });
+    return CUDA_SUCCESS;
+  }
+  std::shared_future<void> dep = ev->after;
   if (dep.valid()) EnqueueOnStream(s, [dep] { dep.wait(); });
   return CUDA_SUCCESS;
 }
 CUresult simStreamGetPriority(CUstream s, int* p) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *p = AsStream(s) ? AsStream(s)->priority : 0;
   return CUDA_SUCCESS;
 }
 CUresult simStreamGetFlags(CUstream s, unsigned* f) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (f == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *f = AsStream(s) ? AsStream(s)->flags : 0;
   return CUDA_SUCCESS;
@@ -1047,6 +1223,7 @@ CUresult simThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
   return CUDA_SUCCESS;
 }
 CUresult simStreamIsCapturing(CUstream, CUstreamCaptureStatus* st) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (st == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *st = CU_STREAM_CAPTURE_STATUS_NONE;
   return CUDA_SUCCESS;
@@ -1054,6 +1231,7 @@ CUresult simStreamIsCapturing(CUstream, CUstreamCaptureStatus* st) {
 CUresult simStreamGetCaptureInfo(CUstream, CUstreamCaptureStatus* st, cuuint64_t* id, CUgraph* g,
                                  const CUgraphNode** deps, const CUgraphEdgeData** edges,
                                  size_t* n) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (st) *st = CU_STREAM_CAPTURE_STATUS_NONE;
   if (id) *id = 0;
   if (g) *g = nullptr;
@@ -1063,56 +1241,126 @@ CUresult simStreamGetCaptureInfo(CUstream, CUstreamCaptureStatus* st, cuuint64_t
   return CUDA_SUCCESS;
 }
 CUresult simStreamGetId(CUstream s, unsigned long long* id) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (id == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *id = reinterpret_cast<uintptr_t>(s);
   return CUDA_SUCCESS;
 }
-CUresult simEventCreate(CUevent* e, unsigned) {
-  if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *e = reinterpret_cast<CUevent>(new SimEvent);
+// A memfd of one page holding a SimEventPage, mapped here.
+CUresult NewEventPage(SimEvent* ev) {
+  int fd = memfd_create("flyt-sim-ipc-event", MFD_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  struct stat st {};
+  void* p = MAP_FAILED;
+  if (ftruncate(fd, sizeof(SimEventPage)) != 0 || fstat(fd, &st) != 0 ||
+      (p = mmap(nullptr, sizeof(SimEventPage), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) ==
+          MAP_FAILED) {
+    close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  auto* page = new (p) SimEventPage{kSimEventPageMagic, 0, {0}, {0}};
+  ev->shared = std::make_shared<SimEventShared>();
+  ev->shared->page = page;
+  ev->ipc_fd = fd;
+  ev->ipc_dev = st.st_dev;
+  ev->ipc_ino = st.st_ino;
+  return CUDA_SUCCESS;
+}
+
+constexpr unsigned kSimEventFlags =
+    CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+CUresult simEventCreate(CUevent* e, unsigned flags) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (e == nullptr || (flags & ~kSimEventFlags) != 0) return CUDA_ERROR_INVALID_VALUE;
+  // An interprocess event must not time (as the driver demands).
+  if ((flags & CU_EVENT_INTERPROCESS) && !(flags & CU_EVENT_DISABLE_TIMING))
+    return CUDA_ERROR_INVALID_VALUE;
+  auto ev = std::make_unique<SimEvent>();
+  ev->flags = flags;
+  if (flags & CU_EVENT_INTERPROCESS) {
+    if (CUresult rc = NewEventPage(ev.get()); rc != CUDA_SUCCESS) return rc;
+  }
+  *e = reinterpret_cast<CUevent>(ev.release());
   return CUDA_SUCCESS;
 }
 CUresult simEventDestroy(CUevent e) {
-  delete reinterpret_cast<SimEvent*>(e);
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  auto* ev = reinterpret_cast<SimEvent*>(e);
+  if (ev != nullptr && ev->ipc_fd >= 0) close(ev->ipc_fd);
+  delete ev;  // queued waits keep the shared page mapped
   return CUDA_SUCCESS;
 }
 CUresult simEventRecord(CUevent e, CUstream s) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   auto* ev = reinterpret_cast<SimEvent*>(e);
   ev->at = std::chrono::steady_clock::now();
   ev->recorded = true;
   ev->work = StreamOf(s)->work;
+  if (ev->shared != nullptr) {
+    // Done at once, or when the host functions queued before it have run.
+    SimEventPage* page = ev->shared->page;
+    uint64_t seq = page->recorded.fetch_add(1, std::memory_order_acq_rel) + 1;
+    auto mark = [shared = ev->shared, seq] {
+      std::atomic<uint64_t>& done = shared->page->done;
+      uint64_t was = done.load(std::memory_order_acquire);
+      while (was < seq && !done.compare_exchange_weak(was, seq, std::memory_order_acq_rel)) {
+      }
+    };
+    if (ev->work->pending.load() > 0) {
+      EnqueueOnStream(s, mark);
+    } else {
+      mark();
+    }
+    return CUDA_SUCCESS;
+  }
   std::lock_guard<std::mutex> lock(ev->work->mu);
   ev->after = ev->work->last;
   return CUDA_SUCCESS;
 }
 CUresult simEventQuery(CUevent e) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   auto* ev = reinterpret_cast<SimEvent*>(e);
+  if (ev->shared != nullptr) {
+    const SimEventPage* page = ev->shared->page;
+    return PageDone(page, page->recorded.load(std::memory_order_acquire)) ? CUDA_SUCCESS
+                                                                          : CUDA_ERROR_NOT_READY;
+  }
   return ev->work != nullptr && ev->work->pending.load() > 0 ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 CUresult simEventSynchronize(CUevent e) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   auto* ev = reinterpret_cast<SimEvent*>(e);
+  if (ev->shared != nullptr) {
+    WaitPage(ev->shared->page, ev->shared->page->recorded.load(std::memory_order_acquire));
+    return CUDA_SUCCESS;
+  }
   if (ev->work != nullptr) WaitIdle(ev->work);
   return CUDA_SUCCESS;
 }
 CUresult simEventRecordWithFlags(CUevent e, CUstream s, unsigned) { return simEventRecord(e, s); }
 CUresult simEventElapsedTime(float* ms, CUevent a, CUevent b) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (ms == nullptr) return CUDA_ERROR_INVALID_VALUE;
   auto* ea = reinterpret_cast<SimEvent*>(a);
   auto* eb = reinterpret_cast<SimEvent*>(b);
-  if (!ea->recorded || !eb->recorded) return CUDA_ERROR_INVALID_HANDLE;
+  if (!ea->recorded || !eb->recorded || ((ea->flags | eb->flags) & CU_EVENT_DISABLE_TIMING))
+    return CUDA_ERROR_INVALID_HANDLE;
   *ms = std::chrono::duration<float, std::milli>(eb->at - ea->at).count();
   return CUDA_SUCCESS;
 }
 CUresult simMemHostAlloc(void** p, size_t n, unsigned) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *p = std::malloc(n ? n : 1);
   return *p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 CUresult simMemFreeHost(void* p) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   std::free(p);
   return CUDA_SUCCESS;
 }
 CUresult simMemHostRegister(void* p, size_t n, unsigned) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (p == nullptr || n == 0) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard<std::mutex> lock(g_sim->mu);
   auto base = reinterpret_cast<uint64_t>(p);
@@ -1125,16 +1373,198 @@ CUresult simMemHostRegister(void* p, size_t n, unsigned) {
   return CUDA_SUCCESS;
 }
 CUresult simMemHostUnregister(void* p) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   std::lock_guard<std::mutex> lock(g_sim->mu);
   return g_sim->registered.erase(reinterpret_cast<uint64_t>(p)) == 1
              ? CUDA_SUCCESS
              : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
 }
 CUresult simMemHostGetDevicePointer(CUdeviceptr* d, void* p, unsigned flags) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (d == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard<std::mutex> lock(g_sim->mu);
   if (!Within(g_sim->registered, reinterpret_cast<uint64_t>(p), 1)) return CUDA_ERROR_INVALID_VALUE;
   *d = reinterpret_cast<uint64_t>(p);
+  return CUDA_SUCCESS;
+}
+
+// --- CUDA IPC (see the top of this file)
+
+// Opens the exporter's memfd through /proc (works for this process too) and
+// checks that it is still the file the handle names.
+int OpenExported(const SimIpcHandle& h) {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%u/fd/%d", h.pid, h.fd);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    FLYT_DEBUG("sim: cannot open IPC handle of pid %u (%s): %s", h.pid, path, strerror(errno));
+    return -1;
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || st.st_dev != h.dev || st.st_ino != h.ino ||
+      static_cast<uint64_t>(st.st_size) < h.size) {
+    FLYT_DEBUG("sim: IPC handle of pid %u names a file that is gone", h.pid);
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Moves an allocation's pages into a memfd mapped over the same addresses
+// (g_sim->mu held). Pages of zeros are left out (the memfd reads as zero
+// there), so that a large allocation never written costs no memory.
+CUresult ShareAllocation(uint64_t base, uint64_t size, Sim::Exported* out) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t bytes = (size + page - 1) / page * page;
+  int fd = memfd_create("flyt-sim-ipc", MFD_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  struct stat st {};
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0 || fstat(fd, &st) != 0) {
+    close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  static const std::vector<char> zeros(1 << 16);
+  for (uint64_t at = 0; at < bytes; at += page) {
+    const char* from = reinterpret_cast<const char*>(base + at);
+    bool zero = true;
+    for (uint64_t off = 0; zero && off < page; off += zeros.size())
+      zero =
+          std::memcmp(from + off, zeros.data(), std::min<uint64_t>(zeros.size(), page - off)) == 0;
+    for (uint64_t off = 0; !zero && off < page;) {
+      ssize_t n = pwrite(fd, from + off, page - off, static_cast<off_t>(at + off));
+      if (n <= 0) {
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+      }
+      off += static_cast<uint64_t>(n);
+    }
+  }
+  void* p = mmap(reinterpret_cast<void*>(base), size, PROT_READ | PROT_WRITE,
+                 MAP_SHARED | MAP_FIXED, fd, 0);
+  if (p == MAP_FAILED) {  // MAP_FIXED failed: the old mapping is still in place
+    close(fd);
+    return CUDA_ERROR_MAP_FAILED;
+  }
+  *out = Sim::Exported{fd, st.st_dev, st.st_ino};
+  return CUDA_SUCCESS;
+}
+
+// Any address inside an allocation made by cuMemAlloc/cuMemAllocPitch names
+// it, as with the driver; pool memory and memory opened over IPC do not.
+CUresult simIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr d) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  auto it = g_sim->allocs.upper_bound(d);
+  if (it == g_sim->allocs.begin() || d - std::prev(it)->first >= std::prev(it)->second)
+    return CUDA_ERROR_INVALID_VALUE;
+  --it;
+  if (g_sim->pool_allocs.count(it->first) != 0) return CUDA_ERROR_INVALID_VALUE;
+  auto ex = g_sim->exported.find(it->first);
+  if (ex == g_sim->exported.end()) {
+    Sim::Exported shared;
+    if (CUresult rc = ShareAllocation(it->first, it->second, &shared); rc != CUDA_SUCCESS)
+      return rc;
+    ex = g_sim->exported.emplace(it->first, shared).first;
+  }
+  SimIpcHandle h{};
+  h.magic = kSimIpcMagic;
+  h.kind = kSimIpcMemory;
+  h.pid = static_cast<uint32_t>(getpid());
+  h.fd = ex->second.fd;
+  h.dev = ex->second.dev;
+  h.ino = ex->second.ino;
+  h.size = it->second;
+  h.base = it->first;
+  std::memcpy(handle->reserved, &h, sizeof(h));
+  return CUDA_SUCCESS;
+}
+
+// Opening one allocation again returns the same address and counts the open.
+CUresult simIpcOpenMemHandle(CUdeviceptr* out, CUipcMemHandle handle, unsigned flags) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (out == nullptr || !(flags & CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS))
+    return CUDA_ERROR_INVALID_VALUE;
+  SimIpcHandle h{};
+  std::memcpy(&h, handle.reserved, sizeof(h));
+  if (h.magic != kSimIpcMagic || h.kind != kSimIpcMemory || h.size == 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  int fd = OpenExported(h);
+  if (fd < 0) return CUDA_ERROR_INVALID_HANDLE;  // as the driver, once the exporter has exited
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  for (auto& [base, opened] : g_sim->ipc_opened) {
+    if (opened.dev == h.dev && opened.ino == h.ino) {
+      close(fd);
+      opened.refs++;
+      *out = base;
+      return CUDA_SUCCESS;
+    }
+  }
+  void* p = mmap(nullptr, h.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);  // the mapping keeps the memory
+  if (p == MAP_FAILED) return CUDA_ERROR_MAP_FAILED;
+  uint64_t base = reinterpret_cast<uint64_t>(p);
+  g_sim->ipc_mapped[base] = h.size;
+  g_sim->ipc_opened[base] = Sim::Opened{h.dev, h.ino, 1};
+  *out = base;
+  return CUDA_SUCCESS;
+}
+
+CUresult simIpcCloseMemHandle(CUdeviceptr d) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  auto it = g_sim->ipc_opened.find(d);
+  if (it == g_sim->ipc_opened.end()) return CUDA_ERROR_INVALID_VALUE;
+  if (--it->second.refs > 0) return CUDA_SUCCESS;
+  munmap(reinterpret_cast<void*>(d), g_sim->ipc_mapped[d]);
+  g_sim->ipc_mapped.erase(d);
+  g_sim->ipc_opened.erase(it);
+  return CUDA_SUCCESS;
+}
+
+CUresult simIpcGetEventHandle(CUipcEventHandle* handle, CUevent e) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto* ev = reinterpret_cast<SimEvent*>(e);
+  // Only events created interprocess, never one that was itself opened.
+  if (ev == nullptr || ev->imported || ev->ipc_fd < 0) return CUDA_ERROR_INVALID_HANDLE;
+  SimIpcHandle h{};
+  h.magic = kSimIpcMagic;
+  h.kind = kSimIpcEvent;
+  h.pid = static_cast<uint32_t>(getpid());
+  h.fd = ev->ipc_fd;
+  h.dev = ev->ipc_dev;
+  h.ino = ev->ipc_ino;
+  h.size = sizeof(SimEventPage);
+  std::memcpy(handle->reserved, &h, sizeof(h));
+  return CUDA_SUCCESS;
+}
+
+// Each open gives a new event that shares the exporter's completion state.
+// (Unlike the driver, the sim cannot open an event whose exporter exited.)
+CUresult simIpcOpenEventHandle(CUevent* out, CUipcEventHandle handle) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  SimIpcHandle h{};
+  std::memcpy(&h, handle.reserved, sizeof(h));
+  if (h.magic != kSimIpcMagic || h.kind != kSimIpcEvent || h.size != sizeof(SimEventPage))
+    return CUDA_ERROR_MAP_FAILED;  // what the driver answers for a handle it cannot map
+  int fd = OpenExported(h);
+  if (fd < 0) return CUDA_ERROR_MAP_FAILED;
+  void* p = mmap(nullptr, sizeof(SimEventPage), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return CUDA_ERROR_MAP_FAILED;
+  auto* page = static_cast<SimEventPage*>(p);
+  if (page->magic != kSimEventPageMagic) {
+    munmap(p, sizeof(SimEventPage));
+    return CUDA_ERROR_MAP_FAILED;
+  }
+  auto ev = std::make_unique<SimEvent>();
+  ev->flags = CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING;
+  ev->imported = true;
+  ev->shared = std::make_shared<SimEventShared>();
+  ev->shared->page = page;
+  *out = reinterpret_cast<CUevent>(ev.release());
   return CUDA_SUCCESS;
 }
 
@@ -1259,6 +1689,11 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuMemGetAccess = simMemGetAccess;
   a->cuMemGetAllocationPropertiesFromHandle = simMemGetAllocationPropertiesFromHandle;
   a->cuMemRetainAllocationHandle = simMemRetainAllocationHandle;
+  a->cuIpcGetMemHandle = simIpcGetMemHandle;
+  a->cuIpcOpenMemHandle_v2 = simIpcOpenMemHandle;
+  a->cuIpcCloseMemHandle = simIpcCloseMemHandle;
+  a->cuIpcGetEventHandle = simIpcGetEventHandle;
+  a->cuIpcOpenEventHandle = simIpcOpenEventHandle;
   sim.green = options.green_contexts;
   if (options.green_contexts) {
     a->cuDeviceGetDevResource = simDeviceGetDevResource;

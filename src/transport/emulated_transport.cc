@@ -126,8 +126,28 @@ class EmulatedConnection final : public Connection {
       core_->wake.notify_all();
       core_->space.notify_all();
     }
-    if (!drained) inner_->Shutdown();  // unblocks a delivery stuck in inner Send
+    if (!drained && !detached_) inner_->Shutdown();  // unblocks a delivery stuck in inner Send
+    if (core_->thread.joinable()) core_->thread.join();
+  }
+
+  // Delivers what is queued first: the peer must see every byte sent before
+  // the hand-over, in order, before the new owner speaks.
+  Status Detach(DetachedConnection* out) override {
+    {
+      std::unique_lock<std::mutex> lock(core_->mu);
+      core_->closing = true;
+      core_->wake.notify_all();
+      Clock::time_point deadline = std::max(Clock::now(), core_->last_due) + kDrainGrace;
+      const bool drained = core_->done_cv.wait_until(lock, deadline, [&] { return core_->done; });
+      core_->stop = true;
+      core_->wake.notify_all();
+      core_->space.notify_all();
+      if (!drained || !core_->error.ok())
+        return Status::Error("emulated link to " + inner_->Peer() + " did not drain");
+    }
     core_->thread.join();
+    detached_ = true;
+    return inner_->Detach(out);
   }
 
   Status Send(const iovec* iov, int count) override {
@@ -277,6 +297,7 @@ class EmulatedConnection final : public Connection {
   const EmulationSettings settings_;
   EmulationLimits limits_;
   const pid_t pid_ = getpid();
+  bool detached_ = false;
   std::unique_ptr<Core> core_ = std::make_unique<Core>();
 };
 

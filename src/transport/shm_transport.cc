@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -109,25 +110,66 @@ ssize_t RecvWithFds(int sock, void* data, size_t n, int flags, std::vector<int>*
 
 class ShmConnection final : public Connection {
  public:
+  // `layout` and `segment_fd` (server side: the segment's descriptor, kept so
+  // that the connection can be handed to another process; -1 on the client).
   ShmConnection(int sock, std::unique_ptr<Segment> segment, std::unique_ptr<ShmRing> tx,
-                std::unique_ptr<ShmRing> rx, std::string peer, std::string gone)
+                std::unique_ptr<ShmRing> rx, std::string peer, std::string gone,
+                const ShmHandshake& layout = ShmHandshake{}, int segment_fd = -1)
       : sock_(sock),
+        segment_fd_(segment_fd),
+        layout_(layout),
         segment_(std::move(segment)),
         tx_(std::move(tx)),
         rx_(std::move(rx)),
         peer_(std::move(peer)),
         gone_message_(std::move(gone)) {
+    stop_fd_ = ::eventfd(0, EFD_CLOEXEC);
     monitor_ = std::thread([this] { Monitor(); });
   }
 
   ~ShmConnection() override {
-    Shutdown();
-    monitor_.join();
+    if (!detached_) Shutdown();
+    if (monitor_.joinable()) monitor_.join();
     for (auto& [id, fd] : shared_fds_) ::close(fd);  // shared but never used
-    if (::close(sock_) != 0) {
+    if (sock_ >= 0 && ::close(sock_) != 0) {
       // Nothing to do about it in a destructor; the fd is gone either way.
     }
+    if (segment_fd_ >= 0) ::close(segment_fd_);
+    if (stop_fd_ >= 0) ::close(stop_fd_);
   }
+
+  // Stops the monitor without touching the rings or the socket, and hands
+  // over the socket, the segment and the descriptors shared but not taken.
+  Status Detach(DetachedConnection* out) override {
+    if (segment_fd_ < 0 || sock_ < 0 || detached_)
+      return Status::Error("shm connection to " + peer_ + " cannot be handed over");
+    if (left_in_record_ != 0)
+      return Status::Error("shm connection to " + peer_ + " is in the middle of a message");
+    if (stop_fd_ < 0) return Status::Error(Errno("eventfd"));
+    uint64_t one = 1;
+    if (::write(stop_fd_, &one, sizeof(one)) != sizeof(one)) return Status::Error(Errno("eventfd"));
+    monitor_.join();
+    if (gone_.load()) return Status::Error(gone_message_);
+    detached_ = true;
+    out->kind = DetachedConnection::Kind::kShm;
+    out->peer = peer_;
+    out->fds = {sock_, segment_fd_};
+    out->state.resize(sizeof(ShmHandshake));
+    std::memcpy(out->state.data(), &layout_, sizeof(layout_));
+    for (auto& [id, fd] : shared_fds_) {
+      const size_t at = out->state.size();
+      out->state.resize(at + sizeof(id));
+      std::memcpy(out->state.data() + at, &id, sizeof(id));
+      out->fds.push_back(fd);
+    }
+    shared_fds_.clear();
+    sock_ = -1;
+    segment_fd_ = -1;
+    return Status::Ok();
+  }
+
+  // The receiving side of Detach: descriptors shared before the hand-over.
+  void AdoptShared(uint64_t id, int fd) { shared_fds_[id] = fd; }
 
   bool SharesMemory() const override { return true; }
 
@@ -258,16 +300,17 @@ class ShmConnection final : public Connection {
   void Monitor() {
     std::string why;
     for (;;) {
-      pollfd p{sock_, POLLIN | POLLRDHUP, 0};
-      const int rc = ::poll(&p, 1, -1);
+      pollfd p[2] = {{sock_, POLLIN | POLLRDHUP, 0}, {stop_fd_, POLLIN, 0}};
+      const int rc = ::poll(p, stop_fd_ >= 0 ? 2 : 1, -1);
       if (rc < 0) {
         if (errno == EINTR) continue;
         why = Errno("poll");
         break;
       }
       // Read what is there first: a notice may arrive just before a hang-up.
-      if ((p.revents & POLLIN) != 0 && !ReadShareNotice(&why)) break;
-      if ((p.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) != 0) break;
+      if ((p[0].revents & POLLIN) != 0 && !ReadShareNotice(&why)) break;
+      if ((p[0].revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) != 0) break;
+      if (stop_fd_ >= 0 && (p[1].revents & POLLIN) != 0) return;  // Detach: hands off
     }
     if (!local_shutdown_.load()) {
       why_ = why;  // published by the store below
@@ -299,6 +342,10 @@ class ShmConnection final : public Connection {
   }
 
   int sock_;
+  int segment_fd_ = -1;
+  int stop_fd_ = -1;  // written by Detach to end the monitor
+  bool detached_ = false;
+  ShmHandshake layout_;
   std::unique_ptr<Segment> segment_;
   std::unique_ptr<ShmRing> tx_;
   std::unique_ptr<ShmRing> rx_;
@@ -354,13 +401,64 @@ Status ServeHandshake(int sock, const Address& addr, std::unique_ptr<Connection>
       st = Status::Error("shm handshake: short send");
     }
   }
-  if (::close(memfd) != 0 && st.ok()) st = Status::Error(Errno("shm handshake: close memfd"));
-  if (!st.ok()) return st;
+  if (!st.ok()) {
+    ::close(memfd);
+    return st;
+  }
   const std::string peer = addr.ToString() + PeerPid(sock);
   *out = std::make_unique<ShmConnection>(sock, std::move(seg), std::move(tx), std::move(rx), peer,
-                                         "client at " + peer + " went away");
+                                         "client at " + peer + " went away", h, memfd);
   return Status::Ok();
 }
+
+}  // namespace
+
+Status ReattachShm(DetachedConnection&& d, std::unique_ptr<Connection>* out) {
+  ShmHandshake h;
+  const size_t ids = d.state.size() >= sizeof(h) ? d.state.size() - sizeof(h) : 0;
+  Status st;
+  if (d.kind != DetachedConnection::Kind::kShm || d.fds.size() < 2 || d.state.size() < sizeof(h) ||
+      ids % sizeof(uint64_t) != 0 || d.fds.size() != 2 + ids / sizeof(uint64_t)) {
+    st = Status::Error("reattach: not a detached shm connection");
+  } else {
+    std::memcpy(&h, d.state.data(), sizeof(h));
+    st = ValidateShmHandshake(h);
+  }
+  std::unique_ptr<Segment> seg;
+  if (st.ok()) {
+    // MapFdSegment consumes the descriptor it maps; d.fds[1] stays with the
+    // connection for a later hand-over.
+    const int dup = ::fcntl(d.fds[1], F_DUPFD_CLOEXEC, 3);
+    if (dup < 0) st = Status::Error(Errno("reattach: dup"));
+    if (st.ok())
+      st = MapFdSegment(dup, h.segment_bytes, &seg, (h.flags & ShmHandshake::kFlagFileBacked) != 0);
+  }
+  std::unique_ptr<ShmRing> tx, rx;
+  if (st.ok()) {
+    const ShmRingOptions options = RingOptions();
+    auto* base = static_cast<uint8_t*>(seg->base());
+    st = ShmRing::Attach(base + h.c2s_offset, ShmRing::BytesFor(h.c2s_capacity), options, &rx);
+    if (st.ok())
+      st = ShmRing::Attach(base + h.s2c_offset, ShmRing::BytesFor(h.s2c_capacity), options, &tx);
+  }
+  if (!st.ok()) {
+    CloseDetached(&d);
+    return st;
+  }
+  auto conn =
+      std::make_unique<ShmConnection>(d.fds[0], std::move(seg), std::move(tx), std::move(rx),
+                                      d.peer, "client at " + d.peer + " went away", h, d.fds[1]);
+  for (size_t i = 0; i < ids / sizeof(uint64_t); ++i) {
+    uint64_t id = 0;
+    std::memcpy(&id, d.state.data() + sizeof(h) + i * sizeof(id), sizeof(id));
+    conn->AdoptShared(id, d.fds[2 + i]);
+  }
+  d.fds.clear();
+  *out = std::move(conn);
+  return Status::Ok();
+}
+
+namespace {
 
 class ShmListener final : public Listener {
  public:

@@ -57,5 +57,7 @@ std::string KernelBootId();
 Status DialShm(const Address& address, const Liveness& liveness, std::unique_ptr<Connection>* out,
                bool* retryable);
 Status ListenShm(const Address& address, std::unique_ptr<Listener>* out);
+// Continues a server-side shm connection another process detached.
+Status ReattachShm(DetachedConnection&& d, std::unique_ptr<Connection>* out);
 
 }  // namespace flyt::transport

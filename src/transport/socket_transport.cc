@@ -29,7 +29,29 @@ class SocketConnection final : public Connection {
   SocketConnection(int fd, std::string peer) : fd_(fd), peer_(std::move(peer)) {
     buf_.resize(256 << 10);
   }
-  ~SocketConnection() override { ::close(fd_); }
+  ~SocketConnection() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  // Bytes the previous owner had received but not consumed come first.
+  void Preload(const std::vector<uint8_t>& bytes) {
+    if (bytes.size() > buf_.size()) buf_.resize(bytes.size());
+    std::memcpy(buf_.data(), bytes.data(), bytes.size());
+    begin_ = 0;
+    end_ = bytes.size();
+  }
+
+  Status Detach(DetachedConnection* out) override {
+    if (fd_ < 0) return Status::Error("connection to " + peer_ + " is already closed");
+    out->kind = DetachedConnection::Kind::kSocket;
+    out->fds = {fd_};
+    out->state.assign(buf_.begin() + static_cast<std::ptrdiff_t>(begin_),
+                      buf_.begin() + static_cast<std::ptrdiff_t>(end_));
+    out->peer = peer_;
+    fd_ = -1;
+    begin_ = end_ = 0;
+    return Status::Ok();
+  }
 
   Status Send(const iovec* iov, int count) override {
     iovec local[16];
@@ -91,7 +113,9 @@ class SocketConnection final : public Connection {
     return Status::Ok();
   }
 
-  void Shutdown() override { ::shutdown(fd_, SHUT_RDWR); }
+  void Shutdown() override {
+    if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+  }
   void AbandonAfterFork() override {
     ::close(fd_);
     fd_ = -1;
@@ -299,6 +323,27 @@ Status DialOnce(const Address& a, const Liveness& l, std::unique_ptr<Connection>
 }
 
 }  // namespace
+
+void CloseDetached(DetachedConnection* d) {
+  for (int fd : d->fds)
+    if (fd >= 0) ::close(fd);
+  d->fds.clear();
+  d->kind = DetachedConnection::Kind::kNone;
+}
+
+Status Reattach(DetachedConnection&& d, std::unique_ptr<Connection>* out) {
+  if (d.kind == DetachedConnection::Kind::kShm) return ReattachShm(std::move(d), out);
+  if (d.kind != DetachedConnection::Kind::kSocket || d.fds.size() != 1 || d.fds[0] < 0 ||
+      d.state.size() > (size_t{64} << 20)) {
+    CloseDetached(&d);
+    return Status::Error("reattach: not a detached socket connection");
+  }
+  auto conn = std::make_unique<SocketConnection>(d.fds[0], d.peer);
+  conn->Preload(d.state);
+  d.fds.clear();
+  *out = std::move(conn);
+  return Status::Ok();
+}
 
 Status Dial(const Address& a, const Liveness& l, std::unique_ptr<Connection>* out) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(l.refused_retry_ms);

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -31,6 +32,18 @@ struct Address {
 // "shm:///path" or "shm:path".
 Status ParseAddress(const std::string& text, Address* out);
 
+// A server-side connection on its way to another process: flyt-server's
+// main process accepts and authenticates a client, then hands the connection
+// to the worker process that serves it (server/worker_pool.h). The holder
+// owns the descriptors until Reattach takes them.
+struct DetachedConnection {
+  enum class Kind : uint32_t { kNone = 0, kSocket = 1, kShm = 2 };
+  Kind kind = Kind::kNone;
+  std::vector<int> fds;        // socket: {socket}; shm: {socket, segment, shared...}
+  std::vector<uint8_t> state;  // kind-specific: bytes already buffered, ring layout
+  std::string peer;
+};
+
 class Connection {
  public:
   virtual ~Connection() = default;
@@ -48,6 +61,13 @@ class Connection {
   // A Receive that waits longer than this fails ("timed out"); 0 = wait forever.
   virtual void SetReceiveTimeout(int timeout_ms) = 0;
   virtual std::string Peer() const = 0;
+  // Server side: gives up the connection's descriptors and state so that
+  // another process can continue it (Reattach) exactly where this one
+  // stopped, at a frame boundary. Afterwards this object is inert: destroying
+  // it neither shuts the connection down nor tells the peer anything.
+  virtual Status Detach(DetachedConnection* /*out*/) {
+    return Status::Error("this connection cannot be handed to another process");
+  }
 
   // --- Memory shared with the peer (same-host transports, shm://; the others
   // answer SharesMemory() false and fail these calls).
@@ -83,6 +103,12 @@ struct Liveness {
   // timeout and keepalive). Processes that exit are noticed at once.
   int dead_peer_timeout_ms = 30000;
 };
+
+// Continues a connection another process detached; takes d's descriptors
+// (closed on failure).
+Status Reattach(DetachedConnection&& d, std::unique_ptr<Connection>* out);
+// Closes the descriptors of a detached connection nobody will continue.
+void CloseDetached(DetachedConnection* d);
 
 Status Dial(const Address& address, const Liveness& liveness, std::unique_ptr<Connection>* out);
 Status Listen(const Address& address, std::unique_ptr<Listener>* out);

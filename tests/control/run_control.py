@@ -170,7 +170,9 @@ def kill_group(proc):
 def pids_with_arg(fragment, exe_name=None):
     """Pids of live processes whose command line contains `fragment` (and whose argv[0]
     ends with exe_name when given). Used to find the flyt-servers a node manager started:
-    their command lines name the node's run directory, which lives in the test's tmp."""
+    their command lines name the node's run directory, which lives in the test's tmp.
+    A flyt-server's worker processes (same command line plus --worker) are not counted:
+    they belong to their server."""
     out = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -188,6 +190,8 @@ def pids_with_arg(fragment, exe_name=None):
         if not args or not any(fragment in a for a in args):
             continue
         if exe_name and os.path.basename(args[0]) != exe_name:
+            continue
+        if "--worker" in args:
             continue
         out.append(int(entry))
     return sorted(out)

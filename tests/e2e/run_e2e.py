@@ -194,6 +194,22 @@ def program_path(name, variant):
     return os.path.join(CFG.programs_dir, name + suffix)
 
 
+def server_pids(srv):
+    """The server's main process and its worker processes (its children)."""
+    pids = [srv.proc.pid]
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == srv.proc.pid:
+            pids.append(int(entry))
+    return pids
+
+
 def rss_kb(pid):
     try:
         with open("/proc/%d/status" % pid) as f:
@@ -1098,8 +1114,10 @@ class E2E(unittest.TestCase):
         try:
             self.assertTrue(prog.wait_line("^holding$", 60), "pinned_shared hold did not get "
                             "ready\n" + srv.logs())
-            with open("/proc/%d/maps" % srv.proc.pid) as f:
-                segs = [l for l in f if seg_dir + "/flyt-" in l]
+            segs = []
+            for pid in server_pids(srv):  # the client's worker maps it
+                with open("/proc/%d/maps" % pid) as f:
+                    segs += [l for l in f if seg_dir + "/flyt-" in l]
             self.assertTrue(segs and all(l.rstrip().endswith("(deleted)") for l in segs),
                             "want the ring segment mapped from a deleted file of %s: %s"
                             % (seg_dir, segs))
@@ -1114,8 +1132,16 @@ class E2E(unittest.TestCase):
 
     @staticmethod
     def shared_maps(srv):
-        with open("/proc/%d/maps" % srv.proc.pid) as f:
-            return [l for l in f if "flyt-pinned" in l]
+        """What the server's processes (its main process and workers) map of clients'
+        pinned memory."""
+        maps = []
+        for pid in server_pids(srv):
+            try:
+                with open("/proc/%d/maps" % pid) as f:
+                    maps += [l for l in f if "flyt-pinned" in l]
+            except OSError:
+                pass  # a worker that just ended
+        return maps
 
     def assert_no_shared_maps(self, srv, wait_s=10):
         deadline = time.monotonic() + wait_s
@@ -1631,6 +1657,42 @@ class E2E(unittest.TestCase):
                 self.assertEqual(kv.get("fork_child_memcpy"), "error", where)
                 self.stop_server(srv)
 
+    def test_ipc(self):
+        """CUDA IPC between two client processes (ipc re-executes itself as the child) of
+        one server, over every transport and cudart: the child reads the parent's bytes
+        through the opened handle and writes its own (copy and memset), records the
+        parent's interprocess event; the driver's errors for a process's own handles
+        (201), bogus handles (1 for memory, 205 for events), non-interprocess events
+        (400), pool memory (1), cudaFree and a close too many on opened memory (1),
+        timing or re-exporting an opened event (400), each leaving the session working;
+        the mapping the child leaves open is closed by the server when the child ends."""
+        srv = self.start_server()
+        expected = (("own_open", "201"), ("own_event_open", "201"), ("bogus_open", "1"),
+                    ("garbage_open", "1"), ("bogus_event_open", "205"),
+                    ("plain_event_export", "400"), ("pool_export", "1"),
+                    ("child.read", "ok"), ("child.write", "ok"),
+                    ("child.event_elapsed", "400"), ("child.event_reexport", "400"),
+                    ("child.bogus_open", "1"), ("child.free_opened", "1"),
+                    ("child.close_again", "1"), ("child.done", "ok"),
+                    ("child.left_open", "1"), ("child_status", "0"), ("parent.read", "ok"))
+        runs = 0
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                res = self.run_ok(srv, transport, "ipc", variant, log_level="warn")
+                runs += 1
+                kv = self.kv(res)
+                where = "%s\n%s" % (res.describe(), srv.logs())
+                for key, want in expected:
+                    self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
+        deadline = time.monotonic() + 10
+        while (srv.log_text().count("closed 1 IPC memory mappings") < runs
+               and time.monotonic() < deadline):
+            time.sleep(0.1)
+        self.assertEqual(srv.log_text().count("closed 1 IPC memory mappings"), runs,
+                         "the server must close the mapping each child left open\n"
+                         + srv.logs())
+        self.stop_server(srv)
+
     def test_nvml(self):
         """nvml_query (a plain C program) through `flyt run`: the tenant's view (identity as
         CUDA reports it, memory total = quota, SMs, used memory and processes following this
@@ -1751,6 +1813,141 @@ class E2E(unittest.TestCase):
 
 
 # ---------------------------------------------------------------------------------------
+
+
+    # -- one worker process per client process (issue 12)
+
+    def stats_when(self, srv, pred, timeout=15.0):
+        """The first stats answer for which pred(stats) holds (or the last one)."""
+        deadline = time.monotonic() + timeout
+        stats = srv.control({"verb": "stats"})
+        while not pred(stats) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            stats = srv.control({"verb": "stats"})
+        return stats
+
+    def worker_of(self, srv, client_pid, timeout=15.0):
+        """The pid of the worker serving the client process `client_pid`."""
+        stats = self.stats_when(srv, lambda s: any(
+            w["client_pid"] == client_pid and w["state"] == "serving" for w in s["workers"]),
+            timeout)
+        for w in stats["workers"]:
+            if w["client_pid"] == client_pid and w["state"] == "serving":
+                return w["pid"]
+        self.fail("no worker serves client pid %d: %s\n%s" % (client_pid, stats, srv.logs()))
+
+    @staticmethod
+    def client_pid(running):
+        """The pid of the program `flyt run` started (it execs the program)."""
+        return running.proc.pid
+
+    def test_process_isolation(self):
+        """A client's sticky fault ends only that client: the others of the same server,
+        on every transport, keep working; each client has a worker process of its own."""
+        srv = self.start_server(control=True)
+        prog = program_path("isolation", CFG.variants[0])
+        workers = []
+        for k, transport in enumerate(CFG.transports * 2):
+            workers.append(RunningProgram(self.tmp, srv, transport, prog, ["work", "4"]))
+        time.sleep(1.0)
+        faults = [run_program(self.tmp, srv, t, prog, ["fault"]) for t in CFG.transports]
+        for res in faults:
+            self.assert_passed(res, "isolation fault", srv)
+            self.assertIn("synchronize cudaErrorIllegalAddress", res.stdout, res.describe())
+            self.assertIn("device count cudaSuccess", res.stdout, res.describe())
+        stats = srv.control({"verb": "stats"})
+        pids = [w["pid"] for w in stats["workers"] if w["state"] == "serving"]
+        self.assertEqual(len(pids), len(set(pids)), "two clients share a worker: %s" % stats)
+        self.assertNotIn(stats["pid"], pids, "a client is served by the main process")
+        for w in workers:
+            self.assert_passed(w.finish(), "isolation work", srv)
+        # The server and a new client are unaffected; no worker crashed.
+        self.run_ok(srv, CFG.transports[0], "isolation", CFG.variants[-1], ["work", "0"])
+        stats = self.stats_when(srv, lambda s: s["sessions"] == 0)
+        self.assertEqual(stats["workers_crashed"], 0, "%s\n%s" % (stats, srv.logs()))
+        self.assertGreaterEqual(stats["workers_started"], len(workers) + len(faults) + 1)
+        self.assertEqual(stats["memory_used"], 0, stats)
+        self.assertIn("sticky error", srv.log_text())
+        self.stop_server(srv)
+
+    def test_quota_across_processes(self):
+        """The memory quota holds for all of a tenant's processes together, and a killed
+        client's memory returns to it."""
+        srv = self.start_server(control=True, extra_args=["--memory-quota", "64M"])
+        prog = program_path("isolation", CFG.variants[0])
+        for transport in CFG.transports:
+            holder = RunningProgram(self.tmp, srv, transport, prog, ["hold", "40"])
+            self.assertIsNotNone(holder.wait_line(r"^holding"), srv.logs())
+            stats = self.stats_when(srv, lambda s: s["memory_used"] >= 40 << 20)
+            self.assertEqual(stats["memory_used"], 40 << 20, stats)
+            worker = self.worker_of(srv, self.client_pid(holder))
+            self.assertEqual([w["memory_used"] for w in stats["workers"] if w["pid"] == worker],
+                             [40 << 20], stats)
+            res = self.run_ok(srv, transport, "isolation", CFG.variants[-1], ["alloc", "32"])
+            self.assertIn("alloc 32 MiB: cudaErrorMemoryAllocation", res.stdout, res.describe())
+            res = self.run_ok(srv, transport, "isolation", CFG.variants[-1], ["alloc", "16"])
+            self.assertIn("alloc 16 MiB: cudaSuccess", res.stdout, res.describe())
+            os.killpg(holder.proc.pid, signal.SIGKILL)
+            holder.finish(timeout=10)
+            stats = self.stats_when(srv, lambda s: s["memory_used"] == 0 and s["sessions"] == 0)
+            self.assertEqual(stats["memory_used"], 0, "%s\n%s" % (stats, srv.logs()))
+            self.assertEqual(stats["workers_crashed"], 0, stats)  # the client died, not the worker
+            res = self.run_ok(srv, transport, "isolation", CFG.variants[-1], ["alloc", "32"])
+            self.assertIn("alloc 32 MiB: cudaSuccess", res.stdout, res.describe())
+        self.stop_server(srv)
+
+    def test_worker_killed(self):
+        """kill -9 of a worker: its memory returns to the
+        quota, the crash is logged and counted, the other clients and the server go on."""
+        srv = self.start_server(control=True, extra_args=["--memory-quota", "64M"])
+        prog = program_path("isolation", CFG.variants[0])
+        for transport in CFG.transports:
+            holder = RunningProgram(self.tmp, srv, transport, prog, ["hold", "24"],
+                                    extra={"E2E_WATCHDOG_S": "0"})
+            bystander = RunningProgram(self.tmp, srv, transport, prog, ["work", "3"])
+            self.assertIsNotNone(holder.wait_line(r"^holding"), srv.logs())
+            crashed = srv.control({"verb": "stats"})["workers_crashed"]
+            worker = self.worker_of(srv, self.client_pid(holder))
+            os.kill(worker, signal.SIGKILL)
+            stats = self.stats_when(srv, lambda s: s["workers_crashed"] == crashed + 1 and
+                                    s["memory_used"] == 0)
+            self.assertEqual(stats["workers_crashed"], crashed + 1, "%s\n%s" % (stats, srv.logs()))
+            self.assertEqual(stats["memory_used"], 0, stats)
+            self.assertNotIn(worker, [w["pid"] for w in stats["workers"]])
+            self.assertIn("worker %d" % worker, srv.log_text())
+            self.assert_passed(bystander.finish(), "isolation work", srv)
+            os.killpg(holder.proc.pid, signal.SIGKILL)  # it waits in pause()
+            holder.finish(timeout=10)
+            self.run_ok(srv, transport, "isolation", CFG.variants[-1], ["work", "0"])
+        self.stop_server(srv)
+
+    def test_live_share_across_workers(self):
+        """set-share reaches every worker: three clients of one server (fake green
+        contexts: each worker makes its own and moves its streams) see the new SM count
+        and quota at their next call, and their streams keep working."""
+        srv = self.start_server(control=True, extra_args=[
+            "--memory-quota", "64M", "--sm-count", "20", "--sim-green-contexts"])
+        new_quota = 48 << 20
+        prog = program_path("share_quota", CFG.variants[0])
+        watchers = [RunningProgram(self.tmp, srv, t, prog, ("watch", "60", "40", str(new_quota)))
+                    for t in CFG.transports]
+        try:
+            for w in watchers:
+                self.assertIsNotNone(w.wait_line(r"^ready$"), "%s\n%s" % (w.out, srv.logs()))
+            self.assert_stats(srv, sessions=len(watchers), memory_used=(8 << 20) * len(watchers))
+            answer = srv.control({"verb": "set-share", "sm": 36, "memory_bytes": new_quota})
+            self.assertTrue(answer.get("ok"), "%s\n%s" % (answer, srv.logs()))
+        finally:
+            results = [w.finish() for w in watchers]
+        for res in results:
+            self.assert_passed(res, "share_quota", srv)
+            self.assertIn("change sm=40 total=%d" % new_quota, res.lines(), res.describe())
+        stats = self.stats_when(srv, lambda st: st["sessions"] == 0)
+        self.assertEqual((stats["sm"], stats["memory_used"], stats["switch_pending"]),
+                         (40, 0, 0), stats)
+        self.assertGreaterEqual(len(re.findall(r"stream\(s\) moved", srv.log_text())),
+                                len(watchers), srv.logs())
+        self.stop_server(srv)
 
 
 def main():

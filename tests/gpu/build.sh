@@ -18,6 +18,9 @@
 # Flyt-only programs (FLYT_ONLY below: tests/gpu/<name>.cu, whose output depends
 # on Flyt's settings, so no native comparison) go to OUTDIR/flyt-only/<name>.static
 # and .shared, outside programs.tsv; their own scripts run them (run_sm_share.sh).
+# Isolation programs (tests/gpu/isolation/*.cu: first_kernel, steady, printf_tag)
+# go to OUTDIR/isolation/<name>.static, outside programs.tsv; run_isolation.sh
+# runs them.
 #
 # Usage: tests/gpu/build.sh OUTDIR        (env: NVCC, JOBS; default JOBS = nproc)
 # Exit status: 0 when every program built in both variants.
@@ -26,6 +29,8 @@ set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PROG_DIR="$HERE/programs"
 FLYT_ONLY=(sm_share)
+ISOLATION=()
+for f in "$HERE"/isolation/*.cu; do [[ -f "$f" ]] && ISOLATION+=("$(basename "$f" .cu)"); done
 DEFAULT_ARCH="-gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90"
 
 find_nvcc() {
@@ -103,10 +108,35 @@ build_flyt_only() {
     "$HERE/$name.cu" -o "$out" && strip "$out"
 }
 
+# build_isolation OUTDIR NAME: tests/gpu/isolation/NAME.cu -> OUTDIR/isolation/NAME.static
+build_isolation() {
+  local outdir=$1 name=$2 nvcc out
+  nvcc=$(find_nvcc) || return 1
+  out="$outdir/isolation/$name.static"
+  mkdir -p "$outdir/isolation" || return 1
+  rm -f "$out"
+  # shellcheck disable=SC2206
+  local arch=($DEFAULT_ARCH)
+  echo "+ nvcc -O2 -std=c++17 ${arch[*]} -I$PROG_DIR -cudart static $HERE/isolation/$name.cu -o $out"
+  # shellcheck disable=SC2016  # $ORIGIN is for the dynamic linker, not the shell
+  "$nvcc" -O2 -std=c++17 "${arch[@]}" -I"$PROG_DIR" -cudart static -Xlinker --enable-new-dtags \
+    -Xlinker -rpath -Xlinker '$ORIGIN/..:/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib' \
+    "$HERE/isolation/$name.cu" -o "$out" && strip "$out"
+}
+
 # Internal: one job of the parallel build (called through xargs).
 if [[ "${1:-}" == "--one" ]]; then
   shift
   outdir=$1 logdir=$2 name=$3 variant=$4
+  if [[ $name == isolation/* ]]; then
+    name=${name#isolation/}
+    if build_isolation "$outdir" "$name" >"$logdir/isolation.$name.log" 2>&1; then
+      echo "  ok      isolation/$name.static"
+      exit 0
+    fi
+    echo "  FAILED  isolation/$name.static"
+    exit 1
+  fi
   if [[ " ${FLYT_ONLY[*]} " == *" $name "* && ! -f "$PROG_DIR/$name.cu" ]]; then
     if build_flyt_only "$outdir" "$name" "$variant" >"$logdir/$name.$variant.log" 2>&1; then
       echo "  ok      flyt-only/$name.$variant"
@@ -138,10 +168,12 @@ for d in "$PROG_DIR"/*/; do
 done
 mapfile -t names < <(printf '%s\n' "${names[@]}" | sort)
 
-echo "building ${#names[@]} programs (+ ${#FLYT_ONLY[@]} Flyt-only) x 2 variants with $JOBS jobs into $OUTDIR"
+echo "building ${#names[@]} programs (+ ${#FLYT_ONLY[@]} Flyt-only) x 2 variants + ${#ISOLATION[@]} isolation programs with $JOBS jobs into $OUTDIR"
 start=$(date +%s)
-for n in "${names[@]}" "${FLYT_ONLY[@]}"; do printf '%s static\n%s shared\n' "$n" "$n"; done |
-  xargs -P "$JOBS" -n 2 bash "$HERE/build.sh" --one "$OUTDIR" "$LOGDIR"
+{
+  for n in "${names[@]}" "${FLYT_ONLY[@]}"; do printf '%s static\n%s shared\n' "$n" "$n"; done
+  for n in "${ISOLATION[@]}"; do printf 'isolation/%s static\n' "$n"; done
+} | xargs -P "$JOBS" -n 2 bash "$HERE/build.sh" --one "$OUTDIR" "$LOGDIR"
 xargs_rc=$?
 rmdir "$OUTDIR/.obj" 2>/dev/null
 
@@ -185,18 +217,26 @@ for n in "${FLYT_ONLY[@]}"; do
     fi
   done
 done
+for n in "${ISOLATION[@]}"; do
+  if [[ ! -x "$OUTDIR/isolation/$n.static" ]]; then
+    failed=$((failed + 1))
+    echo "---- build log of isolation/$n.static (last 40 lines) ----"
+    tail -n 40 "$LOGDIR/isolation.$n.log" 2>/dev/null
+  fi
+done
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "nvcc: $("$NVCC_BIN" --version | tail -n 1)"
   echo "arch: $DEFAULT_ARCH"
   echo "programs: ${#names[@]}"
   echo "flyt-only programs: ${FLYT_ONLY[*]}"
+  echo "isolation programs: ${ISOLATION[*]}"
   echo "failed: $failed"
 } >"$OUTDIR/BUILD_INFO"
 
 size=$(du -sh "$OUTDIR" | cut -f1)
 bytes=$(du -sb "$OUTDIR" | cut -f1)
-echo "built $(( (${#names[@]} + ${#FLYT_ONLY[@]}) * 2 - failed ))/$(( (${#names[@]} + ${#FLYT_ONLY[@]}) * 2 )) binaries in $(( $(date +%s) - start )) s; $OUTDIR holds $size ($bytes bytes)"
+echo "built $(( (${#names[@]} + ${#FLYT_ONLY[@]}) * 2 + ${#ISOLATION[@]} - failed ))/$(( (${#names[@]} + ${#FLYT_ONLY[@]}) * 2 + ${#ISOLATION[@]} )) binaries in $(( $(date +%s) - start )) s; $OUTDIR holds $size ($bytes bytes)"
 if [[ $failed -ne 0 || $xargs_rc -ne 0 ]]; then
   echo "build FAILED ($failed binaries missing)"
   exit 1

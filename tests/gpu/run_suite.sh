@@ -9,12 +9,17 @@
 #      machine by tests/gpu/build.sh); built here with nvcc if absent
 #   3. tests/gpu/run_programs.sh build $GPU_BIN_DIR (native vs flyt over TCP and Unix)
 #   3b. tests/gpu/run_sm_share.sh (Flyt-only: SM share and memory quota changed live)
+#   3c. tests/gpu/isolation/run_isolation.sh (unless ISOLATION_SUITE=0): many programs at
+#       once through one server per transport, faulting ones included, vs native;
+#       process start -> first kernel, native vs Flyt (pool warm and cold)
 #   4. bash bench/run.sh build "$OUT", if bench/run.sh exists
 #   5. with ML_SUITE=1: tests/gpu/ml/run_ml.py (ml.md, ml-logs.tgz), if torch imports
 # Writes to $OUT (at most 8 files come back):
 #   summary.md        everything above, rewritten after every step
 #   server.log        the flyt-server logs of step 3 (capped at 15 MiB)
-#   gpu-run-logs.tgz  outputs, stderr and client logs of every run (if < 15 MiB)
+#   gpu-run-logs.tgz  outputs, stderr and client logs of every run, step 3's and 3c's
+#                     (if < 15 MiB)
+#   isolation.md      step 3c's report, as it wrote it
 #   bench.md          bench/run.sh's report, as it wrote it
 #   bench-files.tgz   every other file bench/run.sh left in $OUT (raw/, *.tsv, ...),
 #                     packed so that $OUT stays under 8 files; bench's built
@@ -22,6 +27,9 @@
 # Environment: SUITE_BUDGET_S=530, PROGRAMS_BUDGET_S=300 (step 3's share),
 #   SUITE_JOBS=4 (programs run in parallel), RUN_TIMEOUT=60, GPU_BIN_DIR,
 #   BUILD_DIR=build, plus run_programs.sh's (MODES, PROGRAMS, FLYT_TOKEN, ...).
+#   ISOLATION_SUITE=1, ISOLATION_BUDGET_S=150 (step 3c's share, cut to what is left
+#   less 60 s), ISO_MODES="tcp unix shm", ISO_RUN_TIMEOUT=30, plus
+#   run_isolation.sh's (TIMING_RUNS, ISO_WAVE1, ...).
 set -uo pipefail
 
 SUITE_START=$(date +%s)
@@ -155,10 +163,25 @@ write_summary() {
       echo
       cat "$WORK/sm_share.md"
     fi
+    if [[ -s "$OUT/isolation.md" ]]; then
+      echo
+      sed '/^### Isolation failure details/,$d' "$OUT/isolation.md"   # details go last
+    elif [[ -s "$WORK/isolation.txt" ]]; then
+      echo
+      echo "## Isolation (no report written; console tail)"
+      echo '```'
+      tail -n 40 "$WORK/isolation.txt"
+      echo '```'
+    fi
     if grep -q '^### Failure details' "$WORK/programs.md" 2>/dev/null; then
       echo
       echo "## Programs: failure details"
       sed -n '/^### Failure details/,$p' "$WORK/programs.md" | sed '1d'
+    fi
+    if grep -q '^### Isolation failure details' "$OUT/isolation.md" 2>/dev/null; then
+      echo
+      echo "## Isolation: failure details"
+      sed -n '/^### Isolation failure details/,$p' "$OUT/isolation.md" | sed '1d'
     fi
     echo
     echo "## Files in OUT"
@@ -229,12 +252,23 @@ if compgen -G "$WORK/programs/logs/server.*.log" >/dev/null; then
     cp "$WORK/server.log" "$OUT/server.log"
   fi
 fi
-if [[ -d "$WORK/programs" ]]; then
-  tar -C "$WORK" -czf "$WORK/gpu-run-logs.tgz" --exclude='*.sock' programs 2>/dev/null
+# pack_run_logs: $OUT/gpu-run-logs.tgz from the work dirs of step 3 (programs/)
+# and step 3c (isolation/), whichever exist; isolation/ is left out if both
+# together pass 15 MiB.
+pack_run_logs() {
+  local dirs=() d
+  for d in programs isolation; do [[ -d "$WORK/$d" ]] && dirs+=("$d"); done
+  [[ ${#dirs[@]} -gt 0 ]] || return 0
+  tar -C "$WORK" -czf "$WORK/gpu-run-logs.tgz" --exclude='*.sock' --exclude='isolation/bins' \
+    "${dirs[@]}" 2>/dev/null
+  if [[ $(stat -c %s "$WORK/gpu-run-logs.tgz" 2>/dev/null || echo 0) -ge $((15 << 20)) && -d "$WORK/programs" ]]; then
+    tar -C "$WORK" -czf "$WORK/gpu-run-logs.tgz" --exclude='*.sock' programs 2>/dev/null
+  fi
   if [[ -f "$WORK/gpu-run-logs.tgz" && $(stat -c %s "$WORK/gpu-run-logs.tgz") -lt $((15 << 20)) ]]; then
     cp "$WORK/gpu-run-logs.tgz" "$OUT/"
   fi
-fi
+}
+pack_run_logs
 write_summary
 
 # --------------------------------------------------------------- sm share --
@@ -246,6 +280,30 @@ if [[ -x "$GPU_BIN_DIR/flyt-only/sm_share.static" ]]; then
     bash "$HERE/run_sm_share.sh" "$BUILD_DIR" "$GPU_BIN_DIR" "$WORK/sm_share.md" >"$WORK/sm_share.txt" 2>&1
 else
   printf 'run_sm_share\tskipped\t0\tno flyt-only/sm_share binary\n' >>"$STEPS"
+fi
+write_summary
+
+# -------------------------------------------------------------- isolation --
+# One flyt-server, many processes at once per transport, three of them faulting
+# on purpose: each must match its native run; then time to first kernel.
+if [[ "${ISOLATION_SUITE:-1}" == 1 ]]; then
+  limit=$(( $(left) - 60 ))                     # keep a minute for bench and the wrap-up
+  [[ $limit -gt ${ISOLATION_BUDGET_S:-150} ]] && limit=${ISOLATION_BUDGET_S:-150}
+  if [[ ! -f "$HERE/isolation/run_isolation.sh" ]]; then
+    printf 'isolation (tests/gpu/isolation)\tskipped\t0\tno run_isolation.sh\n' >>"$STEPS"
+  else
+    # run_isolation ends by itself (and writes isolation.md) 15 s before the step's limit.
+    step "isolation (one server, faults, many processes)" "$limit" \
+      env FLYT_GPU_WORKDIR="$WORK/isolation" BUDGET_S="$(( limit > 30 ? limit - 15 : 15 ))" \
+      MODES="${ISO_MODES:-tcp unix shm}" RUN_TIMEOUT="${ISO_RUN_TIMEOUT:-30}" \
+      bash "$HERE/isolation/run_isolation.sh" "$BUILD_DIR" "$GPU_BIN_DIR" "$OUT/isolation.md" \
+      >"$WORK/isolation.txt" 2>&1
+    result=$(grep -m1 '^\*\*Result' "$OUT/isolation.md" 2>/dev/null | tr -d '*')
+    [[ -n "$result" ]] && sed -i "\$s|\t\$|\t$result|" "$STEPS"
+    pack_run_logs
+  fi
+else
+  printf 'isolation (tests/gpu/isolation)\tskipped\t0\tISOLATION_SUITE=0\n' >>"$STEPS"
 fi
 write_summary
 
@@ -276,7 +334,7 @@ if [[ "${ML_SUITE:-0}" == 1 ]]; then
 fi
 
 # Only 8 files come back: pack whatever else landed in $OUT into one archive.
-KEEP=" summary.md server.log gpu-run-logs.tgz bench.md ml.md ml-logs.tgz "
+KEEP=" summary.md server.log gpu-run-logs.tgz bench.md ml.md ml-logs.tgz isolation.md "
 extra=()
 while IFS= read -r -d '' f; do
   rel=${f#"$OUT"/}

@@ -1,0 +1,48 @@
+// flyt-server's front door, in its main process.
+//
+// Accepts connections on every listener, reads each one's first frame and
+// either (hello) checks the protocol version and the tenant's token, answers
+// with the device inventory as the tenant's share shows it, and hands the
+// connection to a worker (server/worker_pool.h), which talks to the client
+// directly from then on; or (a client's second, callback channel) checks the
+// session's secret and hands the connection to the worker of that session.
+// A connection whose client leaves right after the hello (it moved to shared
+// memory) never takes a worker.
+// Owns: the handshake, session ids and secrets. Must not execute CUDA calls
+// or read anything after the first frame.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "server/session.h"
+#include "server/worker_pool.h"
+#include "transport/emulated_transport.h"
+#include "transport/transport.h"
+
+namespace flyt::server {
+
+class Acceptor {
+ public:
+  Acceptor(ServerState* state, WorkerPool* pool, const transport::EmulationSettings& emulate)
+      : state_(state), pool_(pool), emulate_(emulate) {}
+  // Accepts on `listener` until it fails; one thread per connection.
+  void Run(transport::Listener* listener);
+
+ private:
+  void Handle(std::unique_ptr<transport::Connection> conn);
+  void Hello(std::unique_ptr<transport::Connection> conn, const wire::FrameHeader& h,
+             const std::vector<uint8_t>& payload);
+  void Callback(std::unique_ptr<transport::Connection> conn, const wire::FrameHeader& h,
+                const std::vector<uint8_t>& payload);
+  bool Reply(transport::Connection* conn, const wire::FrameHeader& req, CUresult rc,
+             const wire::Writer& out);
+
+  ServerState* state_;
+  WorkerPool* pool_;
+  transport::EmulationSettings emulate_;
+  std::atomic<uint64_t> next_session_{1};
+};
+
+}  // namespace flyt::server

@@ -1,0 +1,202 @@
+// Implementation of server/worker.h.
+#include "server/worker.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "common/log.h"
+#include "server/session.h"
+#include "server/tenant_board.h"
+#include "server/worker_channel.h"
+
+namespace flyt::server {
+namespace {
+
+// Takes the descriptors of a detached connection and continues it here,
+// behind the same emulated network as the main process, if any.
+Status Continue(transport::DetachedConnection* d, const ServerOptions& options,
+                std::unique_ptr<transport::Connection>* out) {
+  Status st = transport::Reattach(std::move(*d), out);
+  if (st.ok() && options.emulate.enabled())
+    *out = transport::WrapEmulated(std::move(*out), options.emulate);
+  return st;
+}
+
+// Before any client: the primary context of GPU 0, current, with a device
+// printf buffer large enough that an app's own cudaDeviceSetLimit
+// (PrintfFifoSize) later asks for no more. This is what makes a client's
+// first call fast.
+void Prewarm(ServerState* state) {
+  DriverApi& a = state->api;
+  if (state->devices.empty()) return;
+  CUcontext ctx = nullptr;
+  CUresult rc = a.cuDevicePrimaryCtxRetain(&ctx, 0);
+  if (rc != CUDA_SUCCESS) {
+    FLYT_WARN("worker: cannot retain the primary context of GPU 0 (error %d)", rc);
+    return;
+  }
+  state->server_holds_context = true;
+  rc = a.cuCtxSetCurrent(ctx);
+  if (rc == CUDA_SUCCESS && a.cuCtxSetLimit != nullptr)
+    rc = a.cuCtxSetLimit(CU_LIMIT_PRINTF_FIFO_SIZE, 32u << 20);
+  if (rc != CUDA_SUCCESS) FLYT_WARN("worker: preparing the primary context failed (error %d)", rc);
+}
+
+Status Boot(const WorkerArgs& args, const ServerOptions& options, ServerState* state,
+            std::unique_ptr<TenantBoard>* board) {
+  Status st = TenantBoard::Map(args.board, board);
+  if (!st.ok()) return st;
+  state->board = board->get();
+  state->slot = &(*board)->layout().slots[args.slot];
+  st = options.backend == "sim" ? LoadSimDriver(options.sim, &state->api)
+                                : LoadCudaDriver(&state->api);
+  if (st.ok()) st = DescribeDevices(state);
+  if (st.ok() && options.backend != "sim") st = CaptureDeviceOutput(state);
+  if (!st.ok()) return st;
+  BoardLayout& b = state->board->layout();
+  state->share.UseCounters(&b.memory_used, &b.memory_quota);
+  state->share_seen = b.share_generation.load();
+  ShareOptions share;
+  share.memory_quota = b.memory_quota.load();
+  share.sm_count = b.sm_requested.load();
+  st = state->share.Init(&state->api, state->devices, share);
+  state->slot->share_generation = state->share_seen;
+  if (st.ok()) Prewarm(state);
+  return st;
+}
+
+}  // namespace
+
+bool ParseWorkerArgs(const std::string& text, WorkerArgs* out) {
+  int v[4];
+  char tail = 0;
+  if (std::sscanf(text.c_str(), "%d,%d,%d,%d%c", &v[0], &v[1], &v[2], &v[3], &tail) != 4)
+    return false;
+  if (v[0] < 0 || v[1] < 0 || v[2] < 0 || v[3] < 0 || v[3] >= kMaxWorkers) return false;
+  *out = WorkerArgs{v[0], v[1], v[2], v[3]};
+  return true;
+}
+
+std::string FormatWorkerArgs(const WorkerArgs& a) {
+  return std::to_string(a.control) + "," + std::to_string(a.requests) + "," +
+         std::to_string(a.board) + "," + std::to_string(a.slot);
+}
+
+Status MainLink::Ready() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return channel::Send(fd_, channel::Type::kReady, nullptr, 0);
+}
+
+std::shared_ptr<const ImageBytes> MainLink::FindImage(uint64_t h0, uint64_t h1) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t key[2] = {h0, h1};
+  channel::Message m;
+  Status st = channel::Send(fd_, channel::Type::kImageFind, key, sizeof(key));
+  if (st.ok()) st = channel::Receive(fd_, &m);
+  std::shared_ptr<const ImageBytes> image;
+  uint8_t found = 0;
+  uint64_t size = 0;
+  if (st.ok() && m.type == channel::Type::kImage && m.payload.size() == 9) {
+    found = m.payload[0];
+    std::memcpy(&size, m.payload.data() + 1, 8);
+    if (found && m.fds.size() == 1) st = ImageBytes::Map(m.fds[0], size, &image);
+  } else if (st.ok()) {
+    st = Status::Error("unexpected answer");
+  }
+  channel::CloseFds(&m);
+  if (!st.ok()) FLYT_WARN("worker: code image cache: %s", st.message().c_str());
+  return image;
+}
+
+std::shared_ptr<const ImageBytes> MainLink::PutImage(uint64_t h0, uint64_t h1, const uint8_t* bytes,
+                                                     size_t size) {
+  Status st;
+  int fd = ImageToMemfd(bytes, size, &st);
+  std::shared_ptr<const ImageBytes> image;
+  if (fd >= 0) {
+    uint64_t msg[3] = {h0, h1, size};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      st = channel::Send(fd_, channel::Type::kImagePut, msg, sizeof(msg), {fd});
+    }
+    if (st.ok()) st = ImageBytes::Map(fd, size, &image);
+    close(fd);
+  }
+  if (!st.ok()) {
+    FLYT_WARN("worker: code image not shared with the server's other workers: %s",
+              st.message().c_str());
+    image = ImageBytes::Copy(bytes, size);
+  }
+  return image;
+}
+
+int RunWorker(const WorkerArgs& args, const ServerOptions& options) {
+  static char tag[48];
+  std::snprintf(tag, sizeof(tag), "flyt-server worker %d", static_cast<int>(getpid()));
+  log::SetProcessTag(tag);
+  auto state = std::make_unique<ServerState>();
+  std::unique_ptr<TenantBoard> board;
+  Status st = Boot(args, options, state.get(), &board);
+  if (!st.ok()) {
+    FLYT_ERROR("worker cannot start: %s", st.message().c_str());
+    return 1;
+  }
+  MainLink link(args.requests);
+  state->link = &link;
+  st = link.Ready();
+  // Idle in the pool until the main process hands over a client.
+  channel::Message m;
+  if (st.ok()) st = channel::Receive(args.control, &m);
+  if (!st.ok()) return 0;  // the main process is gone: nothing to serve
+  channel::Ticket ticket;
+  transport::DetachedConnection detached;
+  std::unique_ptr<transport::Connection> conn;
+  st = m.type == channel::Type::kServe ? channel::ParseConnection(&m, &ticket, &detached)
+                                       : Status::Error("expected a client to serve");
+  if (st.ok()) st = Continue(&detached, options, &conn);
+  if (!st.ok()) {
+    channel::CloseFds(&m);
+    FLYT_ERROR("worker: cannot take over the client's connection: %s", st.message().c_str());
+    return 1;
+  }
+  state->slot->session = ticket.session;
+  state->slot->client_pid = ticket.client_pid;
+  state->slot->state = static_cast<uint32_t>(WorkerState::kServing);
+  FLYT_INFO("session %llu: client pid %u from %s", static_cast<unsigned long long>(ticket.session),
+            ticket.client_pid, conn->Peer().c_str());
+  {
+    Session session(state.get(), std::move(conn), ticket);
+    // The control channel now brings the client's callback channel; its end
+    // means the main process is gone, which ends the session too.
+    std::thread control([&] {
+      for (;;) {
+        channel::Message c;
+        if (!channel::Receive(args.control, &c).ok()) break;
+        transport::DetachedConnection d;
+        std::unique_ptr<transport::Connection> cb;
+        if (c.type == channel::Type::kCallback && channel::ParseConnection(&c, nullptr, &d).ok() &&
+            Continue(&d, options, &cb).ok()) {
+          session.AttachCallbackChannel(std::move(cb));
+        }
+        channel::CloseFds(&c);
+      }
+      if (state->slot->state.load() == static_cast<uint32_t>(WorkerState::kServing))
+        session.Abort();
+    });
+    session.Run();
+    state->slot->state = static_cast<uint32_t>(WorkerState::kEnding);
+    ::shutdown(args.control, SHUT_RDWR);
+    control.join();
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  // The process's exit returns its contexts and memory to the driver; what
+  // the session charged to the quota it refunded already.
+  _exit(0);
+}
+
+}  // namespace flyt::server

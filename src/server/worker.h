@@ -1,0 +1,67 @@
+// A flyt-server worker: the process that serves one client process.
+//
+// As on a local GPU, each client process has CUDA contexts of its own: a
+// sticky error, device printf, cudaDeviceReset and limits stay with it. The
+// main process (server/worker_pool.h) starts each worker ahead of time with
+// `--worker`; the worker initialises CUDA and retains the primary context
+// before any client comes, tells the main process it is ready, and then
+// serves the one client it is handed (server/session.h) directly over the
+// client's own connection. When that client leaves or dies, the worker
+// releases everything and exits, which returns all its GPU memory.
+// Owns: the worker's start, its link to the main process (MainLink: code
+// images, callback channels, the end of the main process) and its exit.
+// Must not touch another worker's state; what is the tenant's (quota, share,
+// process list) it reads and charges through the tenant board.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "server/driver_api.h"
+#include "server/image_cache.h"
+#include "server/share.h"
+#include "transport/emulated_transport.h"
+
+namespace flyt::server {
+
+// What flyt-server's command line says, for the main process and its workers.
+struct ServerOptions {
+  std::string backend = "cuda";
+  SimOptions sim;
+  ShareOptions share;
+  transport::EmulationSettings emulate;
+};
+
+// The descriptors a worker inherits: "--worker CTL,REQ,BOARD,SLOT".
+struct WorkerArgs {
+  int control = -1;   // main -> worker
+  int requests = -1;  // worker -> main, and the answers
+  int board = -1;     // the tenant board's memfd
+  int slot = -1;      // this worker's slot in the board
+};
+bool ParseWorkerArgs(const std::string& text, WorkerArgs* out);
+std::string FormatWorkerArgs(const WorkerArgs& args);
+
+// Runs a worker to its end; returns the process's exit status.
+int RunWorker(const WorkerArgs& args, const ServerOptions& options);
+
+// The worker's side of the request channel; one request at a time.
+class MainLink {
+ public:
+  explicit MainLink(int fd) : fd_(fd) {}
+  Status Ready();
+  // The image the main process has under this hash, or null.
+  std::shared_ptr<const ImageBytes> FindImage(uint64_t h0, uint64_t h1);
+  // Gives a client's image to the main process for the server's other
+  // workers; returns this worker's view of it.
+  std::shared_ptr<const ImageBytes> PutImage(uint64_t h0, uint64_t h1, const uint8_t* bytes,
+                                             size_t size);
+
+ private:
+  std::mutex mu_;
+  int fd_;
+};
+
+}  // namespace flyt::server

@@ -1,0 +1,65 @@
+// Messages between flyt-server's main process and its workers.
+//
+// Each worker has two SOCK_SEQPACKET socket pairs with the main process: the
+// control channel (main -> worker: a client to serve, a client's callback
+// channel) and the request channel (worker -> main: ready, code images,
+// with the main process's answers). One message = one packet: a fixed header,
+// a payload, and descriptors attached with SCM_RIGHTS.
+// Owns: the message types and their framing. Must not know about CUDA or
+// sessions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "transport/transport.h"
+
+namespace flyt::server::channel {
+
+enum class Type : uint32_t {
+  // main -> worker (control channel)
+  kServe = 1,     // Ticket + detached connection: serve this client
+  kCallback = 2,  // detached connection: the client's callback channel
+  // worker -> main (request channel)
+  kReady = 10,      // CUDA is initialised; the worker waits for a client
+  kImageFind = 11,  // u64 h0, u64 h1 -> kImage
+  kImagePut = 12,   // u64 h0, u64 h1, u64 size + memfd (no answer)
+  // main -> worker (request channel, answers)
+  kImage = 20,  // u8 found, u64 size [+ memfd]
+};
+
+struct Message {
+  Type type{};
+  std::vector<uint8_t> payload;
+  std::vector<int> fds;  // owned by the receiver
+};
+
+// Payload limit: a message is one packet.
+constexpr size_t kMaxPayload = 60 * 1024;
+
+// Sends one message; the caller keeps its descriptors.
+Status Send(int sock, Type type, const void* payload, size_t n, const std::vector<int>& fds = {});
+// Receives one message (descriptors arrive close-on-exec). timeout_ms < 0:
+// wait forever. Fails at end of file ("closed") or on a malformed packet.
+Status Receive(int sock, Message* out, int timeout_ms = -1);
+void CloseFds(Message* m);
+
+// What the main process learnt in the handshake, for the worker.
+struct Ticket {
+  uint64_t session = 0;
+  uint64_t secret = 0;
+  uint32_t client_pid = 0;
+  uint32_t reserved = 0;
+  // The tenant board's share generation whose device inventory the client
+  // got in the handshake.
+  uint64_t share_generation = 0;
+};
+
+// A detached connection as one message (kServe carries a Ticket first).
+Status SendConnection(int sock, Type type, const Ticket* ticket, transport::DetachedConnection* c);
+// Inverse of SendConnection; takes the message's descriptors.
+Status ParseConnection(Message* m, Ticket* ticket, transport::DetachedConnection* c);
+
+}  // namespace flyt::server::channel

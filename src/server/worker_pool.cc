@@ -1,0 +1,341 @@
+// Implementation of server/worker_pool.h.
+#include "server/worker_pool.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "common/log.h"
+#include "server/worker.h"
+
+namespace flyt::server {
+namespace {
+
+constexpr int kMaxFailedStarts = 3;
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+uint64_t RssBytes(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/statm", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "re");
+  if (f == nullptr) return 0;
+  unsigned long long size = 0, resident = 0;
+  int n = std::fscanf(f, "%llu %llu", &size, &resident);
+  std::fclose(f);
+  return n == 2 ? resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE)) : 0;
+}
+
+const char* StateName(uint32_t s) {
+  switch (static_cast<WorkerState>(s)) {
+    case WorkerState::kStarting:
+      return "starting";
+    case WorkerState::kIdle:
+      return "idle";
+    case WorkerState::kServing:
+      return "serving";
+    case WorkerState::kEnding:
+      return "ending";
+    case WorkerState::kFree:
+      break;
+  }
+  return "free";
+}
+
+void Subtract(std::atomic<uint64_t>* v, uint64_t n) {
+  uint64_t cur = v->load();
+  while (!v->compare_exchange_weak(cur, cur > n ? cur - n : 0)) {
+  }
+}
+
+}  // namespace
+
+WorkerPool::WorkerPool(TenantBoard* board, std::vector<std::string> argv, int size)
+    : board_(board), argv_(std::move(argv)), size_(size < 0 ? 0 : size) {}
+
+WorkerPool::~WorkerPool() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stopping_ = true;
+  for (auto& [slot, w] : workers_) ::shutdown(w->control, SHUT_RDWR);  // they exit
+}
+
+Status WorkerPool::Start(int timeout_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  TopUpLocked();
+  if (size_ == 0) return Status::Ok();
+  bool ready = ready_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] {
+    for (auto& [slot, w] : workers_)
+      if (w->ready) return true;
+    return failed_starts_ >= kMaxFailedStarts;
+  });
+  if (failed_starts_ >= kMaxFailedStarts)
+    return Status::Error("workers fail to start (" + last_failure_ + "); see the log above");
+  if (!ready) FLYT_WARN("no worker is ready after %d ms; clients will wait for one", timeout_ms);
+  return Status::Ok();
+}
+
+Status WorkerPool::SpawnLocked() {
+  int slot = -1;
+  for (int i = 0; i < kMaxWorkers && slot < 0; ++i)
+    if (workers_.count(i) == 0 && (*board_)->slots[i].state.load() == 0) slot = i;
+  if (slot < 0)
+    return Status::Error("all " + std::to_string(kMaxWorkers) + " worker slots are in use");
+  int control[2], requests[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, control) != 0)
+    return Status::Error(std::string("socketpair: ") + std::strerror(errno));
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, requests) != 0) {
+    Status st = Status::Error(std::string("socketpair: ") + std::strerror(errno));
+    close(control[0]);
+    close(control[1]);
+    return st;
+  }
+  WorkerArgs args{control[1], requests[1], board_->fd(), slot};
+  std::vector<std::string> text = argv_;
+  text.push_back("--worker");
+  text.push_back(FormatWorkerArgs(args));
+  std::vector<char*> cargv;
+  for (auto& t : text) cargv.push_back(t.data());
+  cargv.push_back(nullptr);
+  WorkerSlot& s = (*board_)->slots[slot];
+  s.state = static_cast<uint32_t>(WorkerState::kStarting);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    // Only async-signal-safe calls between fork and exec.
+    fcntl(args.control, F_SETFD, 0);
+    fcntl(args.requests, F_SETFD, 0);
+    fcntl(args.board, F_SETFD, 0);
+    execv("/proc/self/exe", cargv.data());
+    _exit(127);
+  }
+  close(control[1]);
+  close(requests[1]);
+  if (pid < 0) {
+    Status st = Status::Error(std::string("fork: ") + std::strerror(errno));
+    s.state = 0;
+    close(control[0]);
+    close(requests[0]);
+    return st;
+  }
+  s.pid = pid;
+  auto w = std::make_unique<Worker>();
+  w->slot = slot;
+  w->pid = pid;
+  w->control = control[0];
+  w->requests = requests[0];
+  Worker* raw = w.get();
+  workers_[slot] = std::move(w);
+  ++started_;
+  std::thread([this, raw] { ServeRequests(raw); }).detach();
+  return Status::Ok();
+}
+
+void WorkerPool::TopUpLocked() {
+  if (stopping_) return;
+  int spare = 0;
+  for (auto& [slot, w] : workers_)
+    if (!w->assigned) ++spare;
+  while (spare < size_ && failed_starts_ < kMaxFailedStarts) {
+    Status st = SpawnLocked();
+    if (!st.ok()) {
+      FLYT_ERROR("cannot start a worker: %s", st.message().c_str());
+      return;
+    }
+    ++spare;
+  }
+}
+
+void WorkerPool::ServeRequests(Worker* w) {
+  for (;;) {
+    channel::Message m;
+    if (!channel::Receive(w->requests, &m).ok()) break;
+    if (m.type == channel::Type::kReady) {
+      std::lock_guard<std::mutex> lock(mu_);
+      w->ready = true;
+      failed_starts_ = 0;
+      if (!w->assigned) (*board_)->slots[w->slot].state = static_cast<uint32_t>(WorkerState::kIdle);
+      ready_cv_.notify_all();
+    } else if (m.type == channel::Type::kImageFind && m.payload.size() == 16) {
+      uint64_t key[2];
+      std::memcpy(key, m.payload.data(), sizeof(key));
+      uint64_t size = 0;
+      int fd = images_.Find(key[0], key[1], &size);
+      uint8_t answer[9] = {static_cast<uint8_t>(fd >= 0)};
+      std::memcpy(answer + 1, &size, 8);
+      std::vector<int> fds;
+      if (fd >= 0) fds.push_back(fd);
+      Status st = channel::Send(w->requests, channel::Type::kImage, answer, sizeof(answer), fds);
+      if (fd >= 0) close(fd);
+      if (!st.ok()) break;
+    } else if (m.type == channel::Type::kImagePut && m.payload.size() == 24 && m.fds.size() == 1) {
+      uint64_t v[3];
+      std::memcpy(v, m.payload.data(), sizeof(v));
+      images_.Insert(v[0], v[1], m.fds[0], v[2]);  // takes the descriptor
+      m.fds.clear();
+    } else {
+      FLYT_WARN("worker %d sent an unexpected message (type %u); ignored", static_cast<int>(w->pid),
+                static_cast<unsigned>(m.type));
+    }
+    channel::CloseFds(&m);
+  }
+  Reap(w);
+}
+
+void WorkerPool::Reap(Worker* w) {
+  int status = 0;
+  pid_t r;
+  do {
+    r = waitpid(w->pid, &status, 0);
+  } while (r < 0 && errno == EINTR);
+  std::lock_guard<std::mutex> lock(mu_);
+  WorkerSlot& s = (*board_)->slots[w->slot];
+  const uint64_t charged = s.charged.exchange(0);
+  Subtract(&(*board_)->memory_used, charged);
+  calls_ended_ += s.calls.exchange(0);
+  const bool crashed =
+      r == w->pid && (WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0));
+  std::string how = !WIFSIGNALED(status) ? "exit status " + std::to_string(WEXITSTATUS(status))
+                                         : std::string("signal ") + strsignal(WTERMSIG(status));
+  if (!w->ready) {
+    ++failed_starts_;
+    last_failure_ = "worker " + std::to_string(w->pid) + " ended before it was ready, " + how;
+    FLYT_ERROR("%s", last_failure_.c_str());
+  } else if (crashed) {
+    ++crashed_;
+    FLYT_WARN(
+        "worker %d (session %llu, client pid %u) ended with %s; %llu bytes it held "
+        "returned to the quota; the server and its other clients go on",
+        static_cast<int>(w->pid), static_cast<unsigned long long>(w->session), s.client_pid.load(),
+        how.c_str(), static_cast<unsigned long long>(charged));
+  } else if (w->assigned) {
+    FLYT_INFO("worker %d (session %llu) ended", static_cast<int>(w->pid),
+              static_cast<unsigned long long>(w->session));
+  }
+  if (w->assigned) last_end_ns_ = NowNs();
+  s.pid = 0;
+  s.client_pid = 0;
+  s.device = -1;
+  s.session = 0;
+  s.capturing = 0;
+  s.share_generation = 0;
+  s.state = 0;
+  close(w->control);
+  close(w->requests);
+  workers_.erase(w->slot);  // destroys *w
+  TopUpLocked();
+  ready_cv_.notify_all();
+}
+
+Status WorkerPool::Serve(const channel::Ticket& ticket, transport::DetachedConnection* conn) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  Status st;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    Worker* w = nullptr;
+    for (;;) {
+      for (auto& [slot, cand] : workers_)
+        if (cand->ready && !cand->assigned) w = cand.get();
+      if (w != nullptr) break;
+      bool starting = false;
+      for (auto& [slot, cand] : workers_)
+        if (!cand->ready && !cand->assigned) starting = true;
+      if (!starting) {
+        if (failed_starts_ >= kMaxFailedStarts) failed_starts_ = kMaxFailedStarts - 1;  // once more
+        st = SpawnLocked();
+        if (!st.ok()) return st;
+      }
+      if (ready_cv_.wait_until(lock, deadline) == std::cv_status::timeout)
+        return Status::Error("no worker became ready within 60 s" +
+                             (last_failure_.empty() ? "" : " (" + last_failure_ + ")"));
+      if (failed_starts_ >= kMaxFailedStarts)
+        return Status::Error("workers fail to start: " + last_failure_);
+    }
+    w->assigned = true;
+    w->session = ticket.session;
+    w->secret = ticket.secret;
+    (*board_)->slots[w->slot].session = ticket.session;
+    st = channel::SendConnection(w->control, channel::Type::kServe, &ticket, conn);
+    TopUpLocked();
+    if (st.ok()) {
+      transport::CloseDetached(conn);  // the worker has its own copies now
+      return st;
+    }
+    FLYT_WARN("worker %d could not take a client (%s); trying another", static_cast<int>(w->pid),
+              st.message().c_str());
+  }
+  return st;
+}
+
+bool WorkerPool::KnowsSession(uint64_t session, uint64_t secret) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [slot, w] : workers_)
+    if (w->assigned && w->session == session) return secret != 0 && w->secret == secret;
+  return false;
+}
+
+Status WorkerPool::RouteCallback(uint64_t session, uint64_t secret,
+                                 transport::DetachedConnection* conn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [slot, w] : workers_) {
+    if (!w->assigned || w->session != session) continue;
+    if (secret == 0 || w->secret != secret) break;
+    Status st = channel::SendConnection(w->control, channel::Type::kCallback, nullptr, conn);
+    if (st.ok()) transport::CloseDetached(conn);
+    return st;
+  }
+  return Status::Error("unknown session or wrong secret");
+}
+
+std::vector<WorkerPool::WorkerInfo> WorkerPool::Workers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<WorkerInfo> out;
+  for (auto& [slot, w] : workers_) {
+    const WorkerSlot& s = (*board_)->slots[slot];
+    WorkerInfo i;
+    i.pid = w->pid;
+    i.client_pid = s.client_pid.load();
+    i.session = w->assigned ? w->session : 0;
+    i.state = StateName(s.state.load());
+    i.memory_used = s.charged.load();
+    i.calls = s.calls.load();
+    i.rss_bytes = RssBytes(w->pid);
+    out.push_back(i);
+  }
+  return out;
+}
+
+WorkerPool::Counters WorkerPool::counters() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Counters c;
+  c.size = size_;
+  for (auto& [slot, w] : workers_) {
+    if (w->assigned) {
+      ++c.serving;
+    } else if (w->ready) {
+      ++c.idle;
+    } else {
+      ++c.starting;
+    }
+    c.calls += (*board_)->slots[slot].calls.load();
+  }
+  c.started = started_;
+  c.crashed = crashed_;
+  c.calls += calls_ended_;
+  c.last_end_ns = last_end_ns_;
+  c.images = images_.count();
+  c.image_bytes = images_.bytes();
+  return c;
+}
+
+}  // namespace flyt::server

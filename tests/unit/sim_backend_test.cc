@@ -1,0 +1,337 @@
+// Tests for server/sim_backend: the sticky fault that a launch of a kernel
+// named *flyt_sim_fault* leaves in its process, and CUDA IPC of memory and
+// events between processes, with the driver's answers to misuse.
+//
+// Each case runs the sim in processes of its own (fork): a fault is sticky for
+// the whole process, and IPC needs two. A child reports its gtest failures on
+// its own stdout and through its exit status.
+//
+// Owns: nothing but these tests.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "server/driver_api.h"
+
+namespace flyt::server {
+namespace {
+
+// A kernel that faults, one that does not, and a device global.
+constexpr char kPtx[] =
+    ".version 8.0\n.target sm_90\n.address_size 64\n"
+    ".visible .entry flyt_sim_fault_here(.param .u64 p) { ret; }\n"
+    ".visible .entry harmless(.param .u64 p) { ret; }\n";
+
+// Runs `body` in a child process; a failure there fails the test here.
+void InChild(const std::function<void()>& body) {
+  fflush(stdout);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0) << "fork: " << strerror(errno);
+  if (pid == 0) {
+    body();
+    fflush(stdout);
+    _exit(::testing::Test::HasFailure() ? 1 : 0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "the child process failed (status 0x" << std::hex << status << "; its failures are above)";
+}
+
+class SimBackend : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(LoadSimDriver(SimOptions{}, &api_).ok());
+    ASSERT_EQ(api_.cuInit(0), CUDA_SUCCESS);
+    ASSERT_EQ(api_.cuDevicePrimaryCtxRetain(&ctx_, 0), CUDA_SUCCESS);
+    ASSERT_EQ(api_.cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
+  }
+
+  // The kernel of the PTX above whose name is `name`.
+  CUfunction Kernel(CUlibrary lib, const std::string& name) {
+    unsigned n = 0;
+    EXPECT_EQ(api_.cuLibraryGetKernelCount(&n, lib), CUDA_SUCCESS);
+    std::vector<CUkernel> ks(n);
+    EXPECT_EQ(api_.cuLibraryEnumerateKernels(ks.data(), n, lib), CUDA_SUCCESS);
+    for (CUkernel k : ks) {
+      const char* got = nullptr;
+      if (api_.cuKernelGetName(&got, k) == CUDA_SUCCESS && name == got)
+        return reinterpret_cast<CUfunction>(k);
+    }
+    ADD_FAILURE() << "no kernel " << name;
+    return nullptr;
+  }
+
+  CUresult Launch(CUfunction f, CUstream s = nullptr) {
+    CUlaunchConfig cfg{};
+    cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.hStream = s;
+    alignas(8) uint64_t arg = 0;
+    size_t size = sizeof(arg);
+    void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &arg, CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
+                     CU_LAUNCH_PARAM_END};
+    return api_.cuLaunchKernelEx(&cfg, f, nullptr, extra);
+  }
+
+  DriverApi api_;
+  CUcontext ctx_ = nullptr;
+};
+
+std::vector<uint8_t> Pattern(size_t n, uint32_t seed) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i)
+    v[i] = static_cast<uint8_t>((i * 131 + seed * 7 + (i >> 9)) & 0xff);
+  return v;
+}
+
+// ---------------------------------------------------------------------------
+// Sticky fault
+
+TEST_F(SimBackend, FaultKernelBreaksTheProcessForGood) {
+  InChild([&] {
+    CUdeviceptr d = 0, d2 = 0;
+    ASSERT_EQ(api_.cuMemAlloc_v2(&d, 4096), CUDA_SUCCESS);
+    ASSERT_EQ(api_.cuMemAlloc_v2(&d2, 4096), CUDA_SUCCESS);
+    CUstream s = nullptr;
+    ASSERT_EQ(api_.cuStreamCreate(&s, 0), CUDA_SUCCESS);
+    CUevent e = nullptr;
+    ASSERT_EQ(api_.cuEventCreate(&e, 0), CUDA_SUCCESS);
+    CUlibrary lib = nullptr;
+    ASSERT_EQ(api_.cuLibraryLoadData(&lib, kPtx, nullptr, nullptr, 0, nullptr, nullptr, 0),
+              CUDA_SUCCESS);
+    CUfunction harmless = Kernel(lib, "harmless");
+    CUfunction faulty = Kernel(lib, "flyt_sim_fault_here");
+    ASSERT_EQ(Launch(harmless), CUDA_SUCCESS);
+    ASSERT_EQ(api_.cuCtxSynchronize(), CUDA_SUCCESS);
+
+    EXPECT_EQ(Launch(faulty, s), CUDA_SUCCESS);  // the launch itself succeeds
+    constexpr CUresult kSticky = CUDA_ERROR_ILLEGAL_ADDRESS;
+    EXPECT_EQ(api_.cuCtxSynchronize(), kSticky);
+    EXPECT_EQ(api_.cuCtxSynchronize(), kSticky);  // and stays
+    EXPECT_EQ(api_.cuStreamSynchronize(s), kSticky);
+    EXPECT_EQ(api_.cuStreamSynchronize(nullptr), kSticky);
+    EXPECT_EQ(api_.cuStreamQuery(s), kSticky);
+    EXPECT_EQ(api_.cuEventRecord(e, s), kSticky);
+    EXPECT_EQ(api_.cuEventSynchronize(e), kSticky);
+    EXPECT_EQ(api_.cuEventQuery(e), kSticky);
+    EXPECT_EQ(api_.cuStreamWaitEvent(s, e, 0), kSticky);
+    CUevent e2 = nullptr;
+    EXPECT_EQ(api_.cuEventCreate(&e2, 0), kSticky);
+    CUstream s2 = nullptr;
+    EXPECT_EQ(api_.cuStreamCreate(&s2, 0), kSticky);
+    CUdeviceptr more = 0;
+    EXPECT_EQ(api_.cuMemAlloc_v2(&more, 4096), kSticky);
+    EXPECT_EQ(api_.cuMemAllocAsync(&more, 4096, s), kSticky);
+    EXPECT_EQ(api_.cuMemFree_v2(d2), kSticky);
+    uint8_t buf[16] = {};
+    EXPECT_EQ(api_.cuMemcpyHtoD_v2(d, buf, sizeof(buf)), kSticky);
+    EXPECT_EQ(api_.cuMemcpyDtoH_v2(buf, d, sizeof(buf)), kSticky);
+    EXPECT_EQ(api_.cuMemcpyDtoD_v2(d + 64, d, 16), kSticky);
+    EXPECT_EQ(api_.cuMemcpyHtoDAsync_v2(d, buf, sizeof(buf), s), kSticky);
+    EXPECT_EQ(api_.cuMemsetD8_v2(d, 1, 16), kSticky);
+    EXPECT_EQ(api_.cuMemsetD32Async(d, 1, 4, s), kSticky);
+    size_t free_b = 0, total = 0;
+    EXPECT_EQ(api_.cuMemGetInfo_v2(&free_b, &total), kSticky);
+    void* host = nullptr;
+    EXPECT_EQ(api_.cuMemHostAlloc(&host, 4096, 0), kSticky);
+    CUmodule mod = nullptr;
+    EXPECT_EQ(api_.cuModuleLoadData(&mod, kPtx), kSticky);
+    EXPECT_EQ(Launch(harmless), kSticky);
+    CUipcMemHandle h{};
+    EXPECT_EQ(api_.cuIpcGetMemHandle(&h, d), kSticky);
+
+    // Device queries, contexts and library loads keep working, as natively.
+    int v = 0;
+    EXPECT_EQ(api_.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 0),
+              CUDA_SUCCESS);
+    EXPECT_GT(v, 0);
+    char name[64];
+    EXPECT_EQ(api_.cuDeviceGetName(name, sizeof(name), 0), CUDA_SUCCESS);
+    EXPECT_EQ(api_.cuDriverGetVersion(&v), CUDA_SUCCESS);
+    size_t bytes = 0;
+    EXPECT_EQ(api_.cuDeviceTotalMem_v2(&bytes, 0), CUDA_SUCCESS);
+    EXPECT_EQ(api_.cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
+    CUlibrary lib2 = nullptr;
+    EXPECT_EQ(api_.cuLibraryLoadData(&lib2, kPtx, nullptr, nullptr, 0, nullptr, nullptr, 0),
+              CUDA_SUCCESS);
+  });
+  // The fault was the child's: this process's sim is unaffected.
+  EXPECT_EQ(api_.cuCtxSynchronize(), CUDA_SUCCESS);
+  CUdeviceptr d = 0;
+  EXPECT_EQ(api_.cuMemAlloc_v2(&d, 4096), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuMemFree_v2(d), CUDA_SUCCESS);
+}
+
+// ---------------------------------------------------------------------------
+// IPC memory
+
+TEST_F(SimBackend, IpcMemoryIsSharedWithAnotherProcess) {
+  const size_t n = (1 << 20) + 100;
+  CUdeviceptr d = 0;
+  ASSERT_EQ(api_.cuMemAlloc_v2(&d, n), CUDA_SUCCESS);
+  std::vector<uint8_t> first = Pattern(n / 2, 1), second = Pattern(n, 2), got(n);
+  ASSERT_EQ(api_.cuMemcpyHtoD_v2(d, first.data(), first.size()), CUDA_SUCCESS);
+
+  CUipcMemHandle h{}, again{}, interior{};
+  ASSERT_EQ(api_.cuIpcGetMemHandle(&h, d), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuIpcGetMemHandle(&again, d), CUDA_SUCCESS);
+  EXPECT_EQ(std::memcmp(&h, &again, sizeof(h)), 0) << "one allocation, one handle";
+  EXPECT_EQ(api_.cuIpcGetMemHandle(&interior, d + 4096), CUDA_SUCCESS);
+  // Exporting kept the bytes (written and never written alike).
+  ASSERT_EQ(api_.cuMemcpyDtoH_v2(got.data(), d, n), CUDA_SUCCESS);
+  EXPECT_EQ(std::memcmp(got.data(), first.data(), first.size()), 0);
+  EXPECT_EQ(std::count(got.begin() + first.size(), got.end(), 0),
+            static_cast<long>(n - first.size()));
+
+  InChild([&] {
+    CUdeviceptr p = 0, p2 = 0;
+    ASSERT_EQ(api_.cuIpcOpenMemHandle_v2(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), CUDA_SUCCESS);
+    ASSERT_EQ(api_.cuIpcOpenMemHandle_v2(&p2, interior, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+              CUDA_SUCCESS);
+    EXPECT_EQ(p2, p) << "an open of the same allocation returns the same mapping";
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    EXPECT_EQ(api_.cuMemGetAddressRange_v2(&base, &size, p + 100), CUDA_SUCCESS);
+    EXPECT_EQ(base, p);
+    EXPECT_EQ(size, n);
+    std::vector<uint8_t> seen(n);
+    ASSERT_EQ(api_.cuMemcpyDtoH_v2(seen.data(), p, n), CUDA_SUCCESS);
+    EXPECT_EQ(std::memcmp(seen.data(), first.data(), first.size()), 0);
+    ASSERT_EQ(api_.cuMemcpyHtoD_v2(p, second.data(), n), CUDA_SUCCESS);
+    EXPECT_EQ(api_.cuMemcpyHtoD_v2(p + n - 8, second.data(), 16), CUDA_ERROR_INVALID_VALUE);
+    CUipcMemHandle reexport{};
+    EXPECT_EQ(api_.cuIpcGetMemHandle(&reexport, p), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(api_.cuMemFree_v2(p), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(api_.cuIpcCloseMemHandle(p), CUDA_SUCCESS);
+    EXPECT_EQ(api_.cuIpcCloseMemHandle(p), CUDA_SUCCESS);
+    EXPECT_EQ(api_.cuIpcCloseMemHandle(p), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(api_.cuMemcpyDtoH_v2(seen.data(), p, 16), CUDA_ERROR_INVALID_VALUE);
+  });
+  ASSERT_EQ(api_.cuMemcpyDtoH_v2(got.data(), d, n), CUDA_SUCCESS);
+  EXPECT_EQ(got, second) << "the child's bytes, seen by the exporter";
+
+  // A handle of freed memory names nothing any more.
+  ASSERT_EQ(api_.cuMemFree_v2(d), CUDA_SUCCESS);
+  InChild([&] {
+    CUdeviceptr p = 0;
+    EXPECT_EQ(api_.cuIpcOpenMemHandle_v2(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+              CUDA_ERROR_INVALID_HANDLE);
+  });
+}
+
+TEST_F(SimBackend, IpcMemoryMisuse) {
+  CUdeviceptr d = 0, pooled = 0;
+  ASSERT_EQ(api_.cuMemAlloc_v2(&d, 4096), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuMemAllocAsync(&pooled, 4096, nullptr), CUDA_SUCCESS);
+  CUipcMemHandle h{};
+  EXPECT_EQ(api_.cuIpcGetMemHandle(nullptr, d), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(api_.cuIpcGetMemHandle(&h, 0x1234), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(api_.cuIpcGetMemHandle(&h, pooled), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(api_.cuIpcGetMemHandle(&h, d), CUDA_SUCCESS);
+  CUdeviceptr p = 0;
+  EXPECT_EQ(api_.cuIpcOpenMemHandle_v2(&p, h, 0), CUDA_ERROR_INVALID_VALUE);  // flags first
+  EXPECT_EQ(api_.cuIpcOpenMemHandle_v2(nullptr, h, 1), CUDA_ERROR_INVALID_VALUE);
+  CUipcMemHandle bogus{};
+  EXPECT_EQ(api_.cuIpcOpenMemHandle_v2(&p, bogus, 1), CUDA_ERROR_INVALID_VALUE);
+  std::memset(&bogus, 0xab, sizeof(bogus));
+  EXPECT_EQ(api_.cuIpcOpenMemHandle_v2(&p, bogus, 1), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(api_.cuIpcCloseMemHandle(d), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(api_.cuIpcCloseMemHandle(0x1234), CUDA_ERROR_INVALID_VALUE);
+  // The sim opens its own process's handles (one sim process may serve
+  // several clients; the session refuses a client its own handles).
+  ASSERT_EQ(api_.cuIpcOpenMemHandle_v2(&p, h, 1), CUDA_SUCCESS);
+  EXPECT_NE(p, d);
+  uint32_t v = 0x01020304, back = 0;
+  ASSERT_EQ(api_.cuMemcpyHtoD_v2(p, &v, sizeof(v)), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuMemcpyDtoH_v2(&back, d, sizeof(back)), CUDA_SUCCESS);
+  EXPECT_EQ(back, v) << "two mappings of one allocation";
+  EXPECT_EQ(api_.cuIpcCloseMemHandle(p), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuMemFree_v2(d), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuMemFreeAsync(pooled, nullptr), CUDA_SUCCESS);
+}
+
+TEST_F(SimBackend, IpcHandleOfAnExitedProcessIsRefused) {
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  InChild([&] {
+    CUdeviceptr d = 0;
+    ASSERT_EQ(api_.cuMemAlloc_v2(&d, 4096), CUDA_SUCCESS);
+    CUipcMemHandle h{};
+    ASSERT_EQ(api_.cuIpcGetMemHandle(&h, d), CUDA_SUCCESS);
+    ASSERT_EQ(write(fds[1], &h, sizeof(h)), static_cast<ssize_t>(sizeof(h)));
+  });
+  CUipcMemHandle h{};
+  ASSERT_EQ(read(fds[0], &h, sizeof(h)), static_cast<ssize_t>(sizeof(h)));
+  close(fds[0]);
+  close(fds[1]);
+  CUdeviceptr p = 0;
+  EXPECT_EQ(api_.cuIpcOpenMemHandle_v2(&p, h, 1), CUDA_ERROR_INVALID_HANDLE);
+}
+
+// ---------------------------------------------------------------------------
+// IPC events
+
+void ReadByte(void* fd) {
+  char c = 0;
+  if (read(*static_cast<int*>(fd), &c, 1) != 1) std::abort();
+}
+
+TEST_F(SimBackend, IpcEventSharesCompletionAcrossProcesses) {
+  CUevent e = nullptr, plain = nullptr;
+  EXPECT_EQ(api_.cuEventCreate(&e, CU_EVENT_INTERPROCESS), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(api_.cuEventCreate(&e, 0x8), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(api_.cuEventCreate(&plain, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuEventCreate(&e, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+  CUipcEventHandle h{};
+  EXPECT_EQ(api_.cuIpcGetEventHandle(&h, plain), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(api_.cuIpcGetEventHandle(nullptr, e), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(api_.cuIpcGetEventHandle(&h, e), CUDA_SUCCESS);
+  CUevent bogus_event = nullptr;
+  CUipcEventHandle bogus{};
+  EXPECT_EQ(api_.cuIpcOpenEventHandle(&bogus_event, bogus), CUDA_ERROR_MAP_FAILED);
+
+  // The event is recorded behind a host function that waits for the child.
+  int release[2];
+  ASSERT_EQ(pipe(release), 0);
+  CUstream s = nullptr;
+  ASSERT_EQ(api_.cuStreamCreate(&s, 0), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuLaunchHostFunc(s, ReadByte, &release[0]), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuEventRecord(e, s), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuEventQuery(e), CUDA_ERROR_NOT_READY);
+
+  InChild([&] {
+    CUevent mine = nullptr;
+    ASSERT_EQ(api_.cuIpcOpenEventHandle(&mine, h), CUDA_SUCCESS);
+    EXPECT_EQ(api_.cuEventQuery(mine), CUDA_ERROR_NOT_READY) << "the exporter's pending record";
+    ASSERT_EQ(write(release[1], "x", 1), 1);  // lets the exporter's stream go on
+    EXPECT_EQ(api_.cuEventSynchronize(mine), CUDA_SUCCESS);
+    EXPECT_EQ(api_.cuEventQuery(mine), CUDA_SUCCESS);
+    EXPECT_EQ(api_.cuEventRecord(mine, nullptr), CUDA_SUCCESS);
+    EXPECT_EQ(api_.cuEventQuery(mine), CUDA_SUCCESS);
+    float ms = 0;
+    EXPECT_EQ(api_.cuEventElapsedTime_v2(&ms, mine, mine), CUDA_ERROR_INVALID_HANDLE);
+    CUipcEventHandle reexport{};
+    EXPECT_EQ(api_.cuIpcGetEventHandle(&reexport, mine), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT_EQ(api_.cuEventDestroy_v2(mine), CUDA_SUCCESS);
+  });
+  EXPECT_EQ(api_.cuEventSynchronize(e), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuEventQuery(e), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuStreamSynchronize(s), CUDA_SUCCESS);
+  close(release[0]);
+  close(release[1]);
+  EXPECT_EQ(api_.cuEventDestroy_v2(e), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuEventDestroy_v2(plain), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuStreamDestroy_v2(s), CUDA_SUCCESS);
+}
+
+}  // namespace
+}  // namespace flyt::server
