@@ -222,6 +222,18 @@ s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev
   echo 0
 }
 rss_kb() { awk -v k="${2:-VmRSS}:" '$1 == k { print $2 }' "/proc/$1/status" 2>/dev/null; }
+# The server's RSS: its main process and its worker processes (one per client, plus
+# the pool kept ready), as that is what a tenant's server costs the host.
+server_rss_kb() {
+  local total pid kb
+  total=$(rss_kb "$SERVER_PID")
+  [[ -n $total ]] || return 0
+  for pid in $(cat /proc/"$SERVER_PID"/task/*/children 2>/dev/null); do
+    kb=$(rss_kb "$pid")
+    total=$((total + ${kb:-0}))
+  done
+  echo "$total"
+}
 server_alive() { [[ -n $SERVER_PID ]] && kill -0 "$SERVER_PID" 2>/dev/null; }
 
 TCP_URL=""
@@ -264,13 +276,14 @@ start_server() {
   return 1
 }
 
-# Holds IDLE_N sessions open (one tiny kernel run each) and measures the server's RSS.
+# Holds IDLE_N sessions open (one tiny kernel run each) and measures the server's RSS
+# (main process and workers).
 idle_sessions() {
   local n=$1 url=$2
   local rel=$SOCKDIR/release
   rm -f "$rel"
   local before
-  before=$(rss_kb "$SERVER_PID")
+  before=$(server_rss_kb)
   local i
   IDLE_PIDS=()
   for i in $(seq "$n"); do
@@ -291,13 +304,13 @@ idle_sessions() {
   done
   sleep 0.5
   local held
-  held=$(rss_kb "$SERVER_PID")
+  held=$(server_rss_kb)
   touch "$rel"
   for i in "${IDLE_PIDS[@]}"; do wait "$i" 2>/dev/null; done
   IDLE_PIDS=()
   sleep 0.5
   local after
-  after=$(rss_kb "$SERVER_PID")
+  after=$(server_rss_kb)
   result server idle idle_sessions "$ready" sessions
   [[ -n $before ]] && result server idle rss_before_idle_kb "$before" kB
   [[ -n $held ]] && result server idle rss_idle_held_kb "$held" kB
