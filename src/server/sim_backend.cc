@@ -13,20 +13,24 @@
 // Sticky faults: a launch of a kernel whose name contains `flyt_sim_fault`
 // succeeds, and from then on every call of this process that touches the
 // context answers CUDA_ERROR_ILLEGAL_ADDRESS, as the driver does after a kernel
-// touched an illegal address (the lists below follow NVIDIA's driver 580 as
+// touched an illegal address (which calls fail follows NVIDIA's driver 580 as
 // measured on an H200): synchronisation, streams, events, allocations, copies,
-// memsets, launches, module loads, occupancy, IPC. Device queries, library
-// loads, contexts and the VMM calls keep working. The state is per process,
-// as a real context's is.
+// memsets, launches, module loads, function attributes, occupancy, IPC. Device
+// queries, library loads, kernel attributes, contexts and the VMM calls keep
+// working. The state is per process, as a real context's is (a primary
+// context reset does not clear it natively; the sim does not model the
+// driver's answers after such a reset).
 //
 // CUDA IPC works across processes: cuIpcGetMemHandle moves the allocation's
 // pages into a memfd mapped over the same address, and the handle carries
-// {magic, kind, exporter pid, descriptor, inode}; the opener maps
-// /proc/<pid>/fd/<n> (the inode proves it is still that memfd). An
-// interprocess event keeps its completion state (records issued and done) in a
-// shared page the same way. Unlike the driver, the sim also opens handles of
-// its own process, because one sim process may serve several client processes
-// (the session refuses a client's own handles, as the driver would).
+// {magic, kind, exporter pid, descriptor, device, inode}; the opener maps
+// /proc/<pid>/fd/<n> once its name shows one of the sim's IPC memfds and its
+// inode the same file. An interprocess event keeps its completion state
+// (records issued and done) in a shared page the same way. Unlike the driver,
+// the sim also opens handles of its own process, because one sim process may
+// serve several client processes (the session refuses a client its own
+// handles, as the driver would), and it cannot open an event whose exporter
+// has exited (the driver can).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -129,6 +133,9 @@ constexpr uint32_t kSimIpcMagic = 0x43504946;  // "FIPC"
 constexpr uint32_t kSimIpcMemory = 1;
 constexpr uint32_t kSimIpcEvent = 2;
 constexpr uint32_t kSimEventPageMagic = 0x45504946;  // "FIPE"
+// Names of the memfds behind exported memory and interprocess events.
+constexpr char kMemoryMemfd[] = "flyt-sim-ipc";
+constexpr char kEventMemfd[] = "flyt-sim-ipc-event";
 
 struct Sim {
   std::mutex mu;
@@ -1248,7 +1255,7 @@ CUresult simStreamGetId(CUstream s, unsigned long long* id) {
 }
 // A memfd of one page holding a SimEventPage, mapped here.
 CUresult NewEventPage(SimEvent* ev) {
-  int fd = memfd_create("flyt-sim-ipc-event", MFD_CLOEXEC);
+  int fd = memfd_create(kEventMemfd, MFD_CLOEXEC);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
   struct stat st {};
   void* p = MAP_FAILED;
@@ -1391,10 +1398,19 @@ CUresult simMemHostGetDevicePointer(CUdeviceptr* d, void* p, unsigned flags) {
 // --- CUDA IPC (see the top of this file)
 
 // Opens the exporter's memfd through /proc (works for this process too) and
-// checks that it is still the file the handle names.
-int OpenExported(const SimIpcHandle& h) {
+// checks that it is one of the sim's IPC memfds and still the file the
+// handle names: a made-up handle cannot map any other file of the server.
+int OpenExported(const SimIpcHandle& h, const char* memfd_name) {
   char path[64];
   std::snprintf(path, sizeof(path), "/proc/%u/fd/%d", h.pid, h.fd);
+  char target[128] = {};
+  ssize_t n = readlink(path, target, sizeof(target) - 1);
+  std::string want = std::string("/memfd:") + memfd_name + " (deleted)";
+  if (n < 0 || want != target) {
+    FLYT_DEBUG("sim: IPC handle of pid %u names %s (%s), not an IPC export", h.pid, path,
+               n < 0 ? strerror(errno) : target);
+    return -1;
+  }
   int fd = open(path, O_RDWR | O_CLOEXEC);
   if (fd < 0) {
     FLYT_DEBUG("sim: cannot open IPC handle of pid %u (%s): %s", h.pid, path, strerror(errno));
@@ -1416,7 +1432,7 @@ int OpenExported(const SimIpcHandle& h) {
 CUresult ShareAllocation(uint64_t base, uint64_t size, Sim::Exported* out) {
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   const uint64_t bytes = (size + page - 1) / page * page;
-  int fd = memfd_create("flyt-sim-ipc", MFD_CLOEXEC);
+  int fd = memfd_create(kMemoryMemfd, MFD_CLOEXEC);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
   struct stat st {};
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0 || fstat(fd, &st) != 0) {
@@ -1489,7 +1505,7 @@ CUresult simIpcOpenMemHandle(CUdeviceptr* out, CUipcMemHandle handle, unsigned f
   std::memcpy(&h, handle.reserved, sizeof(h));
   if (h.magic != kSimIpcMagic || h.kind != kSimIpcMemory || h.size == 0)
     return CUDA_ERROR_INVALID_VALUE;
-  int fd = OpenExported(h);
+  int fd = OpenExported(h, kMemoryMemfd);
   if (fd < 0) return CUDA_ERROR_INVALID_HANDLE;  // as the driver, once the exporter has exited
   std::lock_guard<std::mutex> lock(g_sim->mu);
   for (auto& [base, opened] : g_sim->ipc_opened) {
@@ -1549,7 +1565,7 @@ CUresult simIpcOpenEventHandle(CUevent* out, CUipcEventHandle handle) {
   std::memcpy(&h, handle.reserved, sizeof(h));
   if (h.magic != kSimIpcMagic || h.kind != kSimIpcEvent || h.size != sizeof(SimEventPage))
     return CUDA_ERROR_MAP_FAILED;  // what the driver answers for a handle it cannot map
-  int fd = OpenExported(h);
+  int fd = OpenExported(h, kEventMemfd);
   if (fd < 0) return CUDA_ERROR_MAP_FAILED;
   void* p = mmap(nullptr, sizeof(SimEventPage), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);

@@ -7,6 +7,7 @@
 // its own stdout and through its exit status.
 //
 // Owns: nothing but these tests.
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -246,6 +247,25 @@ TEST_F(SimBackend, IpcMemoryMisuse) {
   EXPECT_EQ(api_.cuIpcOpenMemHandle_v2(&p, bogus, 1), CUDA_ERROR_INVALID_VALUE);
   EXPECT_EQ(api_.cuIpcCloseMemHandle(d), CUDA_ERROR_INVALID_VALUE);
   EXPECT_EQ(api_.cuIpcCloseMemHandle(0x1234), CUDA_ERROR_INVALID_VALUE);
+  {
+    // A made-up handle that names another file of this process exactly (the
+    // sim's layout: u32 magic, kind, pid; i32 fd; u64 dev, ino, size) is no export.
+    char name[] = "/tmp/flyt-sim-ipc-XXXXXX";
+    int other = mkstemp(name);
+    ASSERT_GE(other, 0);
+    unlink(name);
+    ASSERT_EQ(ftruncate(other, 4096), 0);
+    struct stat st {};
+    ASSERT_EQ(fstat(other, &st), 0);
+    CUipcMemHandle forged = h;
+    int32_t fd = other;
+    uint64_t dev = st.st_dev, ino = st.st_ino;
+    std::memcpy(forged.reserved + 12, &fd, sizeof(fd));
+    std::memcpy(forged.reserved + 16, &dev, sizeof(dev));
+    std::memcpy(forged.reserved + 24, &ino, sizeof(ino));
+    EXPECT_EQ(api_.cuIpcOpenMemHandle_v2(&p, forged, 1), CUDA_ERROR_INVALID_HANDLE);
+    close(other);
+  }
   // The sim opens its own process's handles (one sim process may serve
   // several clients; the session refuses a client its own handles).
   ASSERT_EQ(api_.cuIpcOpenMemHandle_v2(&p, h, 1), CUDA_SUCCESS);
