@@ -9,11 +9,16 @@
 // (server/session_vmm.cc); this file only decides which calls may go
 // asynchronously: tear-downs of what it knows to exist. Must not touch other
 // device ranges (cuMemAlloc's) or the transport.
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <iterator>
 
 #include "client/client.h"
+#include "client/proc_address.h"
 #include "common/log.h"
 
 using flyt::client::Client;
@@ -183,4 +188,84 @@ FLYT_API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* hand
     c.AddVmmHandleRef(got);
   }
   return rc;
+}
+
+// --- shareable handles (POSIX file descriptors) between processes of one server
+
+namespace {
+
+// What the descriptor the app gets holds: the main process's key and secret for
+// the driver's descriptor, which stays on the GPU host.
+struct ShareableHandleFile {
+  char magic[8] = {'F', 'L', 'Y', 'T', 'V', 'M', 'M', '1'};
+  uint64_t key = 0;
+  uint64_t secret = 0;
+};
+
+bool ServedHandleType(CUmemAllocationHandleType type) {
+  return type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+}
+
+}  // namespace
+
+FLYT_API CUresult cuMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHandle handle,
+                                               CUmemAllocationHandleType type,
+                                               unsigned long long flags) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (shareable == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!ServedHandleType(type))  // fabric and Win32 handles leave the host: not served
+    return static_cast<CUresult>(flyt::client::ReportUnsupported("cuMemExportToShareableHandle"));
+  wire::Writer w;
+  w.Put<uint64_t>(handle);
+  w.Put<uint32_t>(static_cast<uint32_t>(type));
+  w.Put<uint64_t>(flags);
+  uint64_t reply[2] = {0, 0};
+  CUresult rc = c.Call("cuMemExportToShareableHandle", ops::kOpMemExportShareable, w,
+                       ReplySink{nullptr, reply, sizeof(reply)});
+  if (rc != CUDA_SUCCESS) return rc;
+  ShareableHandleFile file;
+  file.key = reply[0];
+  file.secret = reply[1];
+  // Not close-on-exec, like the driver's descriptor: apps hand it on as they like.
+  const int fd = memfd_create("flyt-vmm-handle", MFD_ALLOW_SEALING);
+  if (fd < 0 || pwrite(fd, &file, sizeof(file), 0) != static_cast<ssize_t>(sizeof(file)) ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) {
+    FLYT_ERROR("cuMemExportToShareableHandle: cannot make the descriptor (%s)",
+               std::strerror(errno));
+    if (fd >= 0) close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  *static_cast<int*>(shareable) = fd;
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle,
+                                                 void* os_handle, CUmemAllocationHandleType type) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!ServedHandleType(type))
+    return static_cast<CUresult>(flyt::client::ReportUnsupported("cuMemImportFromShareableHandle"));
+  const int fd = static_cast<int>(reinterpret_cast<uintptr_t>(os_handle));
+  ShareableHandleFile file;
+  char magic[sizeof(file.magic)];
+  std::memcpy(magic, file.magic, sizeof(magic));
+  if (pread(fd, &file, sizeof(file), 0) != static_cast<ssize_t>(sizeof(file)) ||
+      std::memcmp(file.magic, magic, sizeof(magic)) != 0) {
+    FLYT_INFO("cuMemImportFromShareableHandle: descriptor %d is not one a Flyt process exported",
+              fd);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  wire::Writer w;
+  w.Put<uint64_t>(file.key);
+  w.Put<uint64_t>(file.secret);
+  w.Put<uint32_t>(static_cast<uint32_t>(type));
+  CUmemGenericAllocationHandle got = 0;
+  CUresult rc = c.Call("cuMemImportFromShareableHandle", ops::kOpMemImportShareable, w,
+                       ReplySink{nullptr, &got, sizeof(got)});
+  if (rc != CUDA_SUCCESS) return rc;
+  *handle = got;
+  c.AddVmmHandleRef(got);
+  return CUDA_SUCCESS;
 }

@@ -82,6 +82,14 @@ enum : uint16_t {
   kOpIpcCloseMemHandle = 86,   // u64 device pointer (as the open returned it)
   kOpIpcGetEventHandle = 87,   // u64 event -> handle
   kOpIpcOpenEventHandle = 88,  // handle -> u64 event (an event handle of the session)
+  // VMM shareable handles of type POSIX file descriptor, between client
+  // processes of one server (server/session_vmm.cc): the exporter's worker
+  // gives the driver's descriptor to the main process under a random key and
+  // secret; the client wraps them in a descriptor of its own (a sealed memfd)
+  // that the app passes on as it would the driver's; the importer's worker
+  // gets the driver's descriptor back from the main process.
+  kOpMemExportShareable = 300,  // u64 handle, u32 handle type, u64 flags -> u64 key, u64 secret
+  kOpMemImportShareable = 301,  // u64 key, u64 secret, u32 handle type -> u64 handle
 };
 
 inline constexpr uint32_t kIpcHandleBytes = 64;  // CU_IPC_HANDLE_SIZE

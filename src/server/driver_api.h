@@ -76,6 +76,8 @@ namespace flyt::server {
   X(cuCtxFromGreenCtx)                 \
   X(cuMemSetAccess)                    \
   X(cuMemRetainAllocationHandle)       \
+  X(cuMemExportToShareableHandle)      \
+  X(cuMemImportFromShareableHandle)    \
   X(cuIpcGetMemHandle)                 \
   X(cuIpcOpenMemHandle_v2)             \
   X(cuIpcCloseMemHandle)               \

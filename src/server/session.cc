@@ -758,6 +758,10 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       return VmmSetAccess(in, rc);
     case ops::kOpMemRetainAllocationHandle:
       return VmmRetainHandle(in, out, rc);
+    case ops::kOpMemExportShareable:
+      return VmmExportShareable(in, out, rc);
+    case ops::kOpMemImportShareable:
+      return VmmImportShareable(in, out, rc);
     case ops::kOpIpcGetMemHandle:  // CUDA IPC: server/session_ipc.cc
       return IpcGetMemHandle(in, out, rc);
     case ops::kOpIpcOpenMemHandle:

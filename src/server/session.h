@@ -175,6 +175,10 @@ class Session {
   // --- virtual memory management, hand-written calls (session_vmm.cc)
   bool VmmSetAccess(wire::Reader& in, CUresult* rc);
   bool VmmRetainHandle(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  // Shareable handles between client processes of this server (POSIX file
+  // descriptors, kept by the main process: MainLink::PutShareable).
+  bool VmmExportShareable(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  bool VmmImportShareable(wire::Reader& in, wire::Writer& out, CUresult* rc);
   // The mappings inside [ptr, ptr+size), a range of one reservation that
   // cuts no mapping in two; false when it is not such a range.
   bool VmmUnmappable(uint64_t ptr, uint64_t size, std::map<uint64_t, VmmMapping>::iterator* first,

@@ -14,11 +14,14 @@
 // refund comes then: at the cuMemRelease that drops the client's last
 // reference when nothing maps it any more, or at the cuMemUnmap of its last
 // mapping after that. Reservations are address space only and charge nothing.
+#include <unistd.h>
+
 #include <iterator>
 #include <vector>
 
 #include "common/log.h"
 #include "server/session.h"
+#include "server/worker.h"
 
 namespace flyt::server {
 
@@ -249,6 +252,63 @@ bool Session::VmmRetainHandle(wire::Reader& in, wire::Writer& out, CUresult* rc)
   if (*rc != CUDA_SUCCESS) return true;
   // The handle of the mapping: the driver gave it a reference more.
   vmm_handles_[handle].refs++;
+  out.Put<uint64_t>(handle);
+  return true;
+}
+
+bool Session::VmmExportShareable(wire::Reader& in, wire::Writer& out, CUresult* rc) {
+  uint64_t handle = 0, flags = 0;
+  uint32_t type = 0;
+  if (!in.Get(&handle) || !in.Get(&type) || !in.Get(&flags) || in.remaining() != 0) return false;
+  if (vmm_handles_.count(handle) == 0) {
+    *rc = CUDA_ERROR_INVALID_VALUE;  // not a handle of this session: the driver would crash
+    return true;
+  }
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ||
+      api().cuMemExportToShareableHandle == nullptr || state_->link == nullptr) {
+    *rc = CUDA_ERROR_NOT_SUPPORTED;
+    return true;
+  }
+  int fd = -1;
+  *rc = api().cuMemExportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                           flags);
+  if (*rc != CUDA_SUCCESS) return true;
+  uint64_t key = 0, secret = 0;
+  Status st = state_->link->PutShareable(fd, &key, &secret);
+  close(fd);
+  if (!st.ok()) {
+    FLYT_WARN("session %llu: cannot keep a shareable handle: %s", Id(id_), st.message().c_str());
+    *rc = CUDA_ERROR_OUT_OF_MEMORY;
+    return true;
+  }
+  out.Put(key);
+  out.Put(secret);
+  return true;
+}
+
+bool Session::VmmImportShareable(wire::Reader& in, wire::Writer& out, CUresult* rc) {
+  uint64_t key = 0, secret = 0;
+  uint32_t type = 0;
+  if (!in.Get(&key) || !in.Get(&secret) || !in.Get(&type) || in.remaining() != 0) return false;
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ||
+      api().cuMemImportFromShareableHandle == nullptr || state_->link == nullptr) {
+    *rc = CUDA_ERROR_NOT_SUPPORTED;
+    return true;
+  }
+  // Unknown (never exported, or its exporter has ended): what the driver says
+  // of a descriptor that is not a shareable handle.
+  const int fd = state_->link->GetShareable(key, secret);
+  if (fd < 0) {
+    *rc = CUDA_ERROR_INVALID_VALUE;
+    return true;
+  }
+  CUmemGenericAllocationHandle handle = 0;
+  *rc = api().cuMemImportFromShareableHandle(
+      &handle, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  close(fd);
+  if (*rc != CUDA_SUCCESS) return true;
+  vmm_handles_[handle].refs++;  // the exporter's memory: charged to the quota there
   out.Put<uint64_t>(handle);
   return true;
 }

@@ -1112,6 +1112,53 @@ CUresult simMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void
   return CUDA_SUCCESS;
 }
 
+// Shareable handles: a duplicate of the physical allocation's memfd; importing
+// one (in this process or another) makes a handle on the same pages.
+CUresult simMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHandle handle,
+                                       CUmemAllocationHandleType type, unsigned long long) {
+  if (shareable == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  auto it = g_sim->physical.find(handle);
+  if (it == g_sim->physical.end() || it->second.refs == 0) return CUDA_ERROR_INVALID_VALUE;
+  const int fd = fcntl(it->second.fd, F_DUPFD_CLOEXEC, 3);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  *static_cast<int*>(shareable) = fd;
+  return CUDA_SUCCESS;
+}
+
+CUresult simMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, void* os_handle,
+                                         CUmemAllocationHandleType type) {
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+  const int given = static_cast<int>(reinterpret_cast<uintptr_t>(os_handle));
+  // Only what simMemCreate made: a memfd of its name, of a granular size.
+  char link[64], target[128];
+  std::snprintf(link, sizeof(link), "/proc/self/fd/%d", given);
+  ssize_t n = readlink(link, target, sizeof(target) - 1);
+  struct stat sb {};
+  if (n <= 0 || fstat(given, &sb) != 0) return CUDA_ERROR_INVALID_VALUE;
+  target[n] = '\0';
+  if (std::strncmp(target, "/memfd:flyt-sim-vmm", 19) != 0 || sb.st_size <= 0 ||
+      !Granular(static_cast<size_t>(sb.st_size)))
+    return CUDA_ERROR_INVALID_VALUE;
+  const int fd = fcntl(given, F_DUPFD_CLOEXEC, 3);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  uint64_t h = g_sim->next_handle++;
+  Sim::Physical& phys = g_sim->physical[h];
+  phys.fd = fd;
+  phys.size = static_cast<uint64_t>(sb.st_size);
+  phys.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  phys.prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  phys.prop.location.id = 0;
+  phys.prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  phys.refs = 1;
+  g_sim->used += phys.size;
+  *handle = h;
+  return CUDA_SUCCESS;
+}
+
 // --- streams and events
 SimStream g_default_stream;
 
@@ -1705,6 +1752,8 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuMemGetAccess = simMemGetAccess;
   a->cuMemGetAllocationPropertiesFromHandle = simMemGetAllocationPropertiesFromHandle;
   a->cuMemRetainAllocationHandle = simMemRetainAllocationHandle;
+  a->cuMemExportToShareableHandle = simMemExportToShareableHandle;
+  a->cuMemImportFromShareableHandle = simMemImportFromShareableHandle;
   a->cuIpcGetMemHandle = simIpcGetMemHandle;
   a->cuIpcOpenMemHandle_v2 = simIpcOpenMemHandle;
   a->cuIpcCloseMemHandle = simIpcCloseMemHandle;

@@ -134,6 +134,37 @@ std::shared_ptr<const ImageBytes> MainLink::PutImage(uint64_t h0, uint64_t h1, c
   return image;
 }
 
+Status MainLink::PutShareable(int fd, uint64_t* key, uint64_t* secret) {
+  std::lock_guard<std::mutex> lock(mu_);
+  channel::Message m;
+  Status st = channel::Send(fd_, channel::Type::kShareablePut, nullptr, 0, {fd});
+  if (st.ok()) st = channel::Receive(fd_, &m);
+  if (st.ok() && (m.type != channel::Type::kShareableKey || m.payload.size() != 16))
+    st = Status::Error("unexpected answer to a shareable handle");
+  if (st.ok()) {
+    std::memcpy(key, m.payload.data(), 8);
+    std::memcpy(secret, m.payload.data() + 8, 8);
+  }
+  channel::CloseFds(&m);
+  return st;
+}
+
+int MainLink::GetShareable(uint64_t key, uint64_t secret) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t req[2] = {key, secret};
+  channel::Message m;
+  Status st = channel::Send(fd_, channel::Type::kShareableGet, req, sizeof(req));
+  if (st.ok()) st = channel::Receive(fd_, &m);
+  int fd = -1;
+  if (st.ok() && m.type == channel::Type::kShareable && m.payload.size() == 1 && m.payload[0] &&
+      m.fds.size() == 1) {
+    fd = m.fds[0];
+    m.fds.clear();
+  }
+  channel::CloseFds(&m);
+  return fd;
+}
+
 int RunWorker(const WorkerArgs& args, const ServerOptions& options) {
   static char tag[48];
   std::snprintf(tag, sizeof(tag), "flyt-server worker %d", static_cast<int>(getpid()));

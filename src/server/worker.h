@@ -58,6 +58,12 @@ class MainLink {
   // workers; returns this worker's view of it.
   std::shared_ptr<const ImageBytes> PutImage(uint64_t h0, uint64_t h1, const uint8_t* bytes,
                                              size_t size);
+  // Keeps a VMM shareable descriptor (cuMemExportToShareableHandle) in the
+  // main process for the server's other workers while this worker lives;
+  // the caller keeps its own descriptor.
+  Status PutShareable(int fd, uint64_t* key, uint64_t* secret);
+  // A new descriptor for what another worker put under key and secret, or -1.
+  int GetShareable(uint64_t key, uint64_t secret);
 
  private:
   std::mutex mu_;

@@ -26,8 +26,12 @@ enum class Type : uint32_t {
   kReady = 10,      // CUDA is initialised; the worker waits for a client
   kImageFind = 11,  // u64 h0, u64 h1 -> kImage
   kImagePut = 12,   // u64 h0, u64 h1, u64 size + memfd (no answer)
+  kShareablePut = 13,  // + the driver's VMM shareable descriptor -> kShareableKey
+  kShareableGet = 14,  // u64 key, u64 secret -> kShareable
   // main -> worker (request channel, answers)
-  kImage = 20,  // u8 found, u64 size [+ memfd]
+  kImage = 20,         // u8 found, u64 size [+ memfd]
+  kShareableKey = 21,  // u64 key, u64 secret
+  kShareable = 22,     // u8 found [+ the descriptor]
 };
 
 struct Message {

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <thread>
 
 #include "common/log.h"
@@ -183,6 +184,36 @@ void WorkerPool::ServeRequests(Worker* w) {
       std::memcpy(v, m.payload.data(), sizeof(v));
       images_.Insert(v[0], v[1], m.fds[0], v[2]);  // takes the descriptor
       m.fds.clear();
+    } else if (m.type == channel::Type::kShareablePut && m.fds.size() == 1) {
+      std::random_device rd;
+      uint64_t answer[2];
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        do {
+          answer[0] = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+        } while (answer[0] == 0 || shareables_.count(answer[0]) != 0);
+        answer[1] = ((static_cast<uint64_t>(rd()) << 32) ^ rd()) | 1;
+        shareables_[answer[0]] = Shareable{m.fds[0], answer[1], w->slot};
+      }
+      m.fds.clear();
+      if (!channel::Send(w->requests, channel::Type::kShareableKey, answer, sizeof(answer)).ok())
+        break;
+    } else if (m.type == channel::Type::kShareableGet && m.payload.size() == 16) {
+      uint64_t req[2];
+      std::memcpy(req, m.payload.data(), sizeof(req));
+      int fd = -1;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = shareables_.find(req[0]);
+        if (it != shareables_.end() && it->second.secret == req[1])
+          fd = fcntl(it->second.fd, F_DUPFD_CLOEXEC, 3);
+      }
+      uint8_t found = fd >= 0;
+      std::vector<int> fds;
+      if (fd >= 0) fds.push_back(fd);
+      Status st = channel::Send(w->requests, channel::Type::kShareable, &found, 1, fds);
+      if (fd >= 0) close(fd);
+      if (!st.ok()) break;
     } else {
       FLYT_WARN("worker %d sent an unexpected message (type %u); ignored", static_cast<int>(w->pid),
                 static_cast<unsigned>(m.type));
@@ -230,6 +261,14 @@ void WorkerPool::Reap(Worker* w) {
   s.capturing = 0;
   s.share_generation = 0;
   s.state = 0;
+  for (auto it = shareables_.begin(); it != shareables_.end();) {
+    if (it->second.slot == w->slot) {
+      close(it->second.fd);
+      it = shareables_.erase(it);
+    } else {
+      ++it;
+    }
+  }
   close(w->control);
   close(w->requests);
   workers_.erase(w->slot);  // destroys *w

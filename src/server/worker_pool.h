@@ -90,6 +90,15 @@ class WorkerPool {
   void ServeRequests(Worker* w);
   void Reap(Worker* w);
 
+  // VMM shareable descriptors workers exported, by key; each lives as long as
+  // the worker that exported it.
+  struct Shareable {
+    int fd;
+    uint64_t secret;
+    int slot;
+  };
+  std::map<uint64_t, Shareable> shareables_;
+
   TenantBoard* board_;
   std::vector<std::string> argv_;
   const int size_;

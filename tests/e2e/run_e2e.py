@@ -1074,6 +1074,20 @@ class E2E(unittest.TestCase):
                          + srv.logs())
         self.stop_server(srv)
 
+    def test_vmm_share(self):
+        """VMM shareable handles between two client processes of one server: a chunk
+        exported as a POSIX file descriptor, passed with SCM_RIGHTS to a child process,
+        imported, mapped, read and written there; the parent sees the child's bytes.
+        A descriptor that is no shareable handle is refused."""
+        srv = self.start_server(control=True, extra_args=["--memory-quota", "64M"])
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                res = self.run_ok(srv, transport, "vmm", variant, args=("share",))
+                self.assertIn("import=ok", res.lines(), res.describe())
+                self.assertIn("share=ok", res.lines(), res.describe())
+        self.assert_stats(srv, sessions=0, memory_used=0)
+        self.stop_server(srv)
+
     def test_vmm_quota(self):
         """--memory-quota holds cuMemCreate: the quota is charged, OOM beyond it, refunded
         when released and unmapped; a client that leaves without freeing anything has its

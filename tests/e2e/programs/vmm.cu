@@ -14,7 +14,7 @@
 //                  mapped; freeing a reservation that still maps fails; unmap,
 //                  release, free. Under Flyt only (the driver itself crashes on a
 //                  bogus handle): a second release and bogus handles fail with an
-//                  error, cuMemExportToShareableHandle is unsupported (801), and
+//                  error, cuMemExportToShareableHandle of a fabric handle is unsupported (801), and
 //                  the session still works. The driver's answers were measured on
 //                  an H100 (driver 580).
 //   vmm quota      also, with VMM_QUOTA_BYTES set (the server's --memory-quota):
@@ -28,9 +28,17 @@
 //   vmm foreign H A  (Flyt only) another session's handle H and reserved address A:
 //                  every call on them fails with CUDA_ERROR_INVALID_VALUE.
 //
+//   vmm share      a chunk made shareable (POSIX file descriptor), written, exported
+//                  with cuMemExportToShareableHandle and passed with SCM_RIGHTS to a
+//                  child process (this program again, `vmm import SOCKET`), which
+//                  imports, maps and reads it and writes its own bytes, which the
+//                  parent then sees through its mapping.
+//
 // Prints key=value lines and "vmm: PASS". No kernel runs (valid under the sim).
 #include <cuda.h>  // driver types only; the program does not link libcuda
 #include <dlfcn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 
 #include <vector>
 
@@ -51,6 +59,7 @@ struct Driver {
   decltype(&::cuMemGetAllocationPropertiesFromHandle) properties;
   decltype(&::cuMemRetainAllocationHandle) retain;
   decltype(&::cuMemExportToShareableHandle) export_handle;
+  decltype(&::cuMemImportFromShareableHandle) import_handle;
   decltype(&::cuGetErrorName) error_name;
   decltype(&::cuDeviceGetAttribute) attribute;
 };
@@ -172,6 +181,147 @@ void Quota(size_t quota, size_t gran) {
 
 }  // namespace
 
+// Sends `fd` over the Unix socket `sock` (SCM_RIGHTS), as apps pass shareable handles.
+void SendFd(int sock, int fd) {
+  char byte = 'h';
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  msghdr msg;
+  memset(&msg, 0, sizeof(msg));
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  EXPECT(sendmsg(sock, &msg, 0) == 1, "sendmsg: %s", strerror(errno));
+}
+
+int ReceiveFd(int sock) {
+  char byte = 0;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  msghdr msg;
+  memset(&msg, 0, sizeof(msg));
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  EXPECT(recvmsg(sock, &msg, 0) == 1, "recvmsg: %s", strerror(errno));
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  EXPECT(c != nullptr && c->cmsg_type == SCM_RIGHTS, "no descriptor arrived");
+  int fd = -1;
+  memcpy(&fd, CMSG_DATA(c), sizeof(int));
+  return fd;
+}
+
+CUmemAllocationProp ShareableProp() {
+  CUmemAllocationProp prop = DeviceProp();
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return prop;
+}
+
+// Maps handle `h` read-write at a new reservation of `size` bytes.
+CUdeviceptr MapNew(CUmemGenericAllocationHandle h, size_t size) {
+  CUdeviceptr va = 0;
+  CU(g_cu.reserve(&va, size, 0, 0, 0));
+  CU(g_cu.map(va, size, 0, h, 0));
+  SetReadWrite(va, size);
+  return va;
+}
+
+void Unmap(CUdeviceptr va, size_t size) {
+  CU(g_cu.unmap(va, size));
+  CU(g_cu.address_free(va, size));
+}
+
+int ImportChild(int sock, bool flyt) {
+  e2e::Step("import in the child");
+  const CUmemAllocationProp prop = ShareableProp();
+  size_t gran = 0;
+  CU(g_cu.granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  const int fd = ReceiveFd(sock);
+  CUmemGenericAllocationHandle h = 0;
+  CU(g_cu.import_handle(&h, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+  close(fd);
+  const CUdeviceptr va = MapNew(h, gran);
+  std::vector<unsigned char> want(gran), got(gran);
+  e2e::Fill(want.data(), gran, 91);
+  CK(cudaMemcpy(got.data(), reinterpret_cast<void*>(va), gran, cudaMemcpyDeviceToHost));
+  long long diff = e2e::FirstDiff(want.data(), got.data(), gran);
+  EXPECT(diff < 0, "the child reads the parent's bytes: byte %lld differs", diff);
+  e2e::Fill(want.data(), gran, 92);
+  CK(cudaMemcpy(reinterpret_cast<void*>(va), want.data(), gran, cudaMemcpyHostToDevice));
+  CK(cudaDeviceSynchronize());
+  Unmap(va, gran);
+  CU(g_cu.release(h));
+  if (flyt) {
+    e2e::Step("a descriptor that is no shareable handle");
+    int p[2];
+    EXPECT(pipe(p) == 0, "pipe");
+    CUmemGenericAllocationHandle bad = 0;
+    EXPECT_CU(g_cu.import_handle(&bad, reinterpret_cast<void*>(static_cast<uintptr_t>(p[0])),
+                                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+              CUDA_ERROR_INVALID_VALUE);
+    close(p[0]);
+    close(p[1]);
+  }
+  char ok = 'k';
+  EXPECT(write(sock, &ok, 1) == 1, "write");
+  printf("import=ok\n");
+  e2e::Pass();
+  return 0;
+}
+
+int ShareWithChild(const char* self) {
+  e2e::Step("export for a child process");
+  const CUmemAllocationProp prop = ShareableProp();
+  size_t gran = 0;
+  CU(g_cu.granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  CUmemGenericAllocationHandle h = 0;
+  CU(g_cu.create(&h, gran, &prop, 0));
+  const CUdeviceptr va = MapNew(h, gran);
+  std::vector<unsigned char> bytes(gran), got(gran);
+  e2e::Fill(bytes.data(), gran, 91);
+  CK(cudaMemcpy(reinterpret_cast<void*>(va), bytes.data(), gran, cudaMemcpyHostToDevice));
+  int fd = -1;
+  CU(g_cu.export_handle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  EXPECT(fd >= 0, "exported descriptor %d", fd);
+  int sv[2];
+  EXPECT(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
+  pid_t pid = fork();
+  if (pid == 0) {  // a new process, as the app's own helper would be
+    close(sv[0]);
+    char arg[16];
+    snprintf(arg, sizeof(arg), "%d", sv[1]);
+    execl(self, self, "import", arg, static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(sv[1]);
+  SendFd(sv[0], fd);
+  close(fd);  // the child has its own now
+  char ok = 0;
+  EXPECT(read(sv[0], &ok, 1) == 1 && ok == 'k', "the child did not finish its part");
+  int status = 0;
+  EXPECT(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+         "the child failed (status %d)", status);
+  close(sv[0]);
+  e2e::Step("the parent sees the child's bytes");
+  e2e::Fill(bytes.data(), gran, 92);
+  CK(cudaMemcpy(got.data(), reinterpret_cast<void*>(va), gran, cudaMemcpyDeviceToHost));
+  long long diff = e2e::FirstDiff(bytes.data(), got.data(), gran);
+  EXPECT(diff < 0, "byte %lld of the child's write differs", diff);
+  Unmap(va, gran);
+  CU(g_cu.release(h));
+  printf("share=ok\n");
+  e2e::Pass();
+  return 0;
+}
+
 int main(int argc, char** argv) {
   e2e::Init("vmm");
   const std::string mode = argc > 1 ? argv[1] : "";
@@ -190,12 +340,18 @@ int main(int argc, char** argv) {
   Resolve("cuMemGetAllocationPropertiesFromHandle", &g_cu.properties);
   Resolve("cuMemRetainAllocationHandle", &g_cu.retain);
   Resolve("cuMemExportToShareableHandle", &g_cu.export_handle);
+  Resolve("cuMemImportFromShareableHandle", &g_cu.import_handle);
   Resolve("cuGetErrorName", &g_cu.error_name);
   Resolve("cuDeviceGetAttribute", &g_cu.attribute);
   int vmm_supported = 0;
   CU(g_cu.attribute(&vmm_supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0));
   EXPECT(vmm_supported == 1, "VirtualMemoryManagementSupported is %d", vmm_supported);
 
+  if (mode == "share") return ShareWithChild(argv[0]);
+  if (mode == "import") {
+    EXPECT(argc == 3, "usage: vmm import SOCKET");
+    return ImportChild(atoi(argv[2]), UnderFlyt());
+  }
   if (mode == "foreign") {
     e2e::Step("another session's handle and range are not this one's");
     EXPECT(argc == 4, "usage: vmm foreign HANDLE ADDRESS");
@@ -392,8 +548,10 @@ int main(int argc, char** argv) {
     EXPECT_CU(g_cu.unmap(va, gran), CUDA_ERROR_INVALID_VALUE);
     EXPECT_CU(g_cu.address_free(va, 3 * gran), CUDA_ERROR_INVALID_VALUE);
     int fd = -1;
-    for (int i = 0; i < 2; ++i)  // logged once by the client
-      EXPECT_CU(g_cu.export_handle(&fd, a, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+    EXPECT_CU(g_cu.export_handle(&fd, a, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+              CUDA_ERROR_INVALID_VALUE);  // released: no longer a handle
+    for (int i = 0; i < 2; ++i)  // fabric handles are not served; logged once by the client
+      EXPECT_CU(g_cu.export_handle(&fd, a, CU_MEM_HANDLE_TYPE_FABRIC, 0),
                 CUDA_ERROR_NOT_SUPPORTED);
     CK(cudaGetLastError());
     printf("misuse=ok\n");

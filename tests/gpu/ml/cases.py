@@ -545,6 +545,44 @@ def case_fork_after_init():
     return {"child_codes": text, "parent_still_works": ok}
 
 
+def _share_child(to_child, to_parent):
+    """torch.multiprocessing child (spawned): doubles the CUDA tensor it receives in place."""
+    import torch
+
+    t, ev_note = to_child.get(timeout=60)
+    t.mul_(2)
+    torch.cuda.synchronize()
+    to_parent.put((ev_note, t.device.type, float(t.sum().item()), int(t.numel())))
+    del t
+    to_child.get(timeout=60)  # the parent says when it is done with the tensor
+
+
+def case_multiprocessing_share():
+    """torch.multiprocessing (spawn) sending a CUDA tensor to a child process: CUDA IPC of
+    the memory and of the event that guards it, between two client processes of one
+    server; the child doubles it in place and the parent sees the result."""
+    torch = _torch()
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    to_child, to_parent = ctx.Queue(), ctx.Queue()
+    t = torch.arange(1000, device="cuda", dtype=torch.float32)
+    before = float(t.sum().item())
+    p = ctx.Process(target=_share_child, args=(to_child, to_parent))
+    p.start()
+    to_child.put((t, "sent"))
+    try:
+        got = to_parent.get(timeout=120)
+    finally:
+        to_child.put("exit")
+        p.join(60)
+        if p.is_alive():
+            p.kill()
+    torch.cuda.synchronize()
+    return {"before": before, "child": list(got), "parent_after": float(t.sum().item()),
+            "child_exit": p.exitcode}
+
+
 def case_dataloader_pinned():
     """A training loop fed the usual way: DataLoader worker processes forked after CUDA
     initialisation, pinned batches from the pin-memory thread, non_blocking copies."""
