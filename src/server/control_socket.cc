@@ -19,15 +19,6 @@ using Json = nlohmann::json;
 
 namespace {
 
-uint64_t ProcessRss() {
-  FILE* f = std::fopen("/proc/self/statm", "re");
-  if (f == nullptr) return 0;
-  unsigned long long size = 0, resident = 0;
-  int n = std::fscanf(f, "%llu %llu", &size, &resident);
-  std::fclose(f);
-  return n == 2 ? resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE)) : 0;
-}
-
 // Sessions whose worker has not adopted the last share change yet, and
 // whether any has a stream capture in progress.
 size_t PendingSwitches(ServerState* state, bool* capturing) {
@@ -85,7 +76,7 @@ Json Stats(ServerState* state) {
                       {"workers_crashed", pool.crashed},
                       {"images", pool.images},
                       {"image_bytes", pool.image_bytes},
-                      {"rss_bytes_main", ProcessRss()},
+                      {"rss_bytes_main", ResidentBytes(getpid())},
                       {"workers", workers}});
 }
 

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "common/log.h"
+#include "server/session.h"
 #include "server/worker.h"
 
 namespace flyt::server {
@@ -22,13 +23,9 @@ namespace {
 
 constexpr int kMaxFailedStarts = 3;
 
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+}  // namespace
 
-uint64_t RssBytes(pid_t pid) {
+uint64_t ResidentBytes(pid_t pid) {
   char path[64];
   std::snprintf(path, sizeof(path), "/proc/%d/statm", static_cast<int>(pid));
   FILE* f = std::fopen(path, "re");
@@ -38,6 +35,8 @@ uint64_t RssBytes(pid_t pid) {
   std::fclose(f);
   return n == 2 ? resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE)) : 0;
 }
+
+namespace {
 
 const char* StateName(uint32_t s) {
   switch (static_cast<WorkerState>(s)) {
@@ -253,7 +252,7 @@ void WorkerPool::Reap(Worker* w) {
     FLYT_INFO("worker %d (session %llu) ended", static_cast<int>(w->pid),
               static_cast<unsigned long long>(w->session));
   }
-  if (w->assigned) last_end_ns_ = NowNs();
+  if (w->assigned) last_end_ns_ = SteadyNowNs();
   s.pid = 0;
   s.client_pid = 0;
   s.device = -1;
@@ -348,7 +347,7 @@ std::vector<WorkerPool::WorkerInfo> WorkerPool::Workers() {
     i.state = StateName(s.state.load());
     i.memory_used = s.charged.load();
     i.calls = s.calls.load();
-    i.rss_bytes = RssBytes(w->pid);
+    i.rss_bytes = ResidentBytes(w->pid);
     out.push_back(i);
   }
   return out;

@@ -31,6 +31,9 @@
 
 namespace flyt::server {
 
+// Resident memory of process `pid` (0 if it is gone).
+uint64_t ResidentBytes(pid_t pid);
+
 class WorkerPool {
  public:
   // `argv`: how to start a worker (this program and its options; the pool
