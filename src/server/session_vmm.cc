@@ -303,9 +303,9 @@ bool Session::VmmImportShareable(wire::Reader& in, wire::Writer& out, CUresult* 
     return true;
   }
   CUmemGenericAllocationHandle handle = 0;
-  *rc = api().cuMemImportFromShareableHandle(
-      &handle, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
-      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  *rc = api().cuMemImportFromShareableHandle(&handle,
+                                             reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
   close(fd);
   if (*rc != CUDA_SUCCESS) return true;
   vmm_handles_[handle].refs++;  // the exporter's memory: charged to the quota there

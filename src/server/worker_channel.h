@@ -23,9 +23,9 @@ enum class Type : uint32_t {
   kServe = 1,     // Ticket + detached connection: serve this client
   kCallback = 2,  // detached connection: the client's callback channel
   // worker -> main (request channel)
-  kReady = 10,      // CUDA is initialised; the worker waits for a client
-  kImageFind = 11,  // u64 h0, u64 h1 -> kImage
-  kImagePut = 12,   // u64 h0, u64 h1, u64 size + memfd (no answer)
+  kReady = 10,         // CUDA is initialised; the worker waits for a client
+  kImageFind = 11,     // u64 h0, u64 h1 -> kImage
+  kImagePut = 12,      // u64 h0, u64 h1, u64 size + memfd (no answer)
   kShareablePut = 13,  // + the driver's VMM shareable descriptor -> kShareableKey
   kShareableGet = 14,  // u64 key, u64 secret -> kShareable
   // main -> worker (request channel, answers)

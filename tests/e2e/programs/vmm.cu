@@ -551,8 +551,7 @@ int main(int argc, char** argv) {
     EXPECT_CU(g_cu.export_handle(&fd, a, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
               CUDA_ERROR_INVALID_VALUE);  // released: no longer a handle
     for (int i = 0; i < 2; ++i)  // fabric handles are not served; logged once by the client
-      EXPECT_CU(g_cu.export_handle(&fd, a, CU_MEM_HANDLE_TYPE_FABRIC, 0),
-                CUDA_ERROR_NOT_SUPPORTED);
+      EXPECT_CU(g_cu.export_handle(&fd, a, CU_MEM_HANDLE_TYPE_FABRIC, 0), CUDA_ERROR_NOT_SUPPORTED);
     CK(cudaGetLastError());
     printf("misuse=ok\n");
   }
