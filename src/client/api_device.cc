@@ -34,7 +34,20 @@ const flyt::ops::DeviceInfo* Dev(CUdevice d) {
   return c.initialized() ? c.device(d) : nullptr;
 }
 
-thread_local std::vector<CUcontext> t_stack;  // cuCtxPushCurrent / PopCurrent
+// The calling thread's context stack below its current context (the top):
+// cuCtxPushCurrent / PopCurrent, cuCtxCreate, cuCtxDestroy, cuCtxSetCurrent(NULL).
+thread_local std::vector<CUcontext> t_stack;
+
+// Makes the top of the stack current again after the current context is popped.
+CUcontext PopStack() {
+  CUcontext prev = nullptr;
+  if (!t_stack.empty()) {
+    prev = t_stack.back();
+    t_stack.pop_back();
+  }
+  flyt::client::SetCurrentContext(prev);
+  return prev;
+}
 
 }  // namespace
 
@@ -250,30 +263,113 @@ FLYT_API CUresult cuCtxGetCurrent(CUcontext* ctx) {
 
 FLYT_API CUresult cuCtxSetCurrent(CUcontext ctx) {
   if (!Client::Get().initialized()) return CUDA_ERROR_NOT_INITIALIZED;
-  if (ctx != nullptr && Client::Get().ContextDevice(ctx) < 0) return CUDA_ERROR_INVALID_CONTEXT;
-  flyt::client::SetCurrentContext(ctx);
+  if (ctx == nullptr) {  // pops the top of the stack (nothing when it is empty)
+    PopStack();
+    return CUDA_SUCCESS;
+  }
+  if (Client::Get().ContextDevice(ctx) < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  flyt::client::SetCurrentContext(ctx);  // replaces the top
   return CUDA_SUCCESS;
 }
 
 FLYT_API CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
   if (ctx == nullptr || Client::Get().ContextDevice(ctx) < 0) return CUDA_ERROR_INVALID_CONTEXT;
-  t_stack.push_back(flyt::client::CurrentContext());
+  CUcontext cur = flyt::client::CurrentContext();
+  if (cur != nullptr) t_stack.push_back(cur);
   flyt::client::SetCurrentContext(ctx);
   return CUDA_SUCCESS;
 }
 
 FLYT_API CUresult cuCtxPopCurrent_v2(CUcontext* out) {
   CUcontext cur = flyt::client::CurrentContext();
-  if (cur == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (cur == nullptr) return CUDA_ERROR_INVALID_CONTEXT;  // an empty stack
   if (out) *out = cur;
-  CUcontext prev = nullptr;
-  if (!t_stack.empty()) {
-    prev = t_stack.back();
-    t_stack.pop_back();
-  }
-  flyt::client::SetCurrentContext(prev);
+  PopStack();
   return CUDA_SUCCESS;
 }
+
+FLYT_API CUresult cuCtxPushCurrent(CUcontext ctx) { return cuCtxPushCurrent_v2(ctx); }
+FLYT_API CUresult cuCtxPopCurrent(CUcontext* out) { return cuCtxPopCurrent_v2(out); }
+
+// --- contexts the app creates (cuCtxCreate / cuCtxDestroy)
+//
+// Each is a context of the app's worker process on the server (a green context
+// of the tenant's SM share when the share has one), pushed onto the calling
+// thread's stack as the driver does. Execution affinity is not offered
+// (cuDeviceGetExecAffinitySupport answers 0): the tenant's share decides the SMs.
+
+namespace {
+
+CUresult CreateAndPush(CUcontext* pctx, unsigned flags, CUdevice dev) {
+  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (Dev(dev) == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+  CUcontext ctx = nullptr;
+  CUresult rc = c.CreateContext(dev, flags, &ctx);
+  if (rc != CUDA_SUCCESS) return rc;
+  CUcontext cur = flyt::client::CurrentContext();
+  if (cur != nullptr) t_stack.push_back(cur);
+  flyt::client::SetCurrentContext(ctx);
+  *pctx = ctx;
+  return CUDA_SUCCESS;
+}
+
+CUresult CheckAffinity(const CUexecAffinityParam* params, int count) {
+  if (count < 0 || (count > 0 && params == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  return count > 0 ? CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY : CUDA_SUCCESS;
+}
+
+}  // namespace
+
+FLYT_API CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* params, unsigned int flags,
+                                 CUdevice dev) {
+  if (params != nullptr) {
+    // Execution affinity or CUDA-in-graphics, not both; no graphics API here.
+    if (params->numExecAffinityParams > 0 && params->cigParams != nullptr)
+      return CUDA_ERROR_INVALID_VALUE;
+    if (params->cigParams != nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult rc = CheckAffinity(params->execAffinityParams, params->numExecAffinityParams);
+    if (rc != CUDA_SUCCESS) return rc;
+  }
+  return CreateAndPush(pctx, flags, dev);
+}
+
+FLYT_API CUresult cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* params, int count,
+                                 unsigned int flags, CUdevice dev) {
+  CUresult rc = CheckAffinity(params, count);
+  return rc != CUDA_SUCCESS ? rc : CreateAndPush(pctx, flags, dev);
+}
+
+FLYT_API CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev) {
+  return CreateAndPush(pctx, flags, dev);
+}
+
+FLYT_API CUresult cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev) {
+  return CreateAndPush(pctx, flags, dev);
+}
+
+FLYT_API CUresult cuCtxDestroy_v2(CUcontext ctx) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  // The primary context (cuDevicePrimaryCtxRelease / Reset are its calls), a
+  // context destroyed before, or no context at all.
+  if (!c.FindCreatedContext(ctx, nullptr)) return CUDA_ERROR_INVALID_CONTEXT;
+  // cudart's state of it goes first, with the dying context current (as natively).
+  CUcontext caller = flyt::client::CurrentContext();
+  flyt::client::SetCurrentContext(ctx);
+  flyt::client::DestroyContextLocalStorage(ctx);
+  flyt::client::SetCurrentContext(caller);
+  CUresult rc = c.DestroyContext(ctx);
+  if (c.FindCreatedContext(ctx, nullptr)) return rc;  // the server never answered
+  // Popped from the calling thread's stack when current to it; other threads
+  // keep it current (their calls then fail), and so does a stack entry below.
+  if (flyt::client::CurrentContext() == ctx) PopStack();
+  return rc;
+}
+
+FLYT_API CUresult cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
 
 FLYT_API CUresult cuCtxGetDevice(CUdevice* dev) {
   if (dev == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -293,6 +389,11 @@ FLYT_API CUresult cuCtxGetDevice_v2(CUdevice* dev, CUcontext ctx) {
 
 FLYT_API CUresult cuCtxGetFlags(unsigned int* flags) {
   if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Client::CreatedContext created;
+  if (Client::Get().FindCreatedContext(flyt::client::CurrentContext(), &created)) {
+    *flags = created.flags;
+    return CUDA_SUCCESS;
+  }
   int d = Client::Get().ContextDevice(flyt::client::CurrentContext());
   if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
   Client::Get().PrimaryState(d, flags, nullptr);
@@ -310,6 +411,11 @@ FLYT_API CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int* version) {
 FLYT_API CUresult cuCtxGetId(CUcontext ctx, unsigned long long* id) {
   if (id == nullptr) return CUDA_ERROR_INVALID_VALUE;
   CUcontext c = ctx != nullptr ? ctx : flyt::client::CurrentContext();
+  Client::CreatedContext created;
+  if (c != nullptr && Client::Get().FindCreatedContext(c, &created)) {
+    *id = created.id;
+    return CUDA_SUCCESS;
+  }
   int d = Client::Get().ContextDevice(c);
   if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
   *id = static_cast<unsigned long long>(d) + 1;

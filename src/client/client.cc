@@ -407,6 +407,9 @@ CUresult Client::Call(const char* name, uint16_t op, const wire::Writer& req, Re
                       0};
   CUresult rc = SendLocked(h, req, nullptr, 0);
   if (rc != CUDA_SUCCESS) return rc;
+  // Creating or destroying a context changes what the server's thread has
+  // current: the next call says again which context it runs in.
+  if (op == ops::kOpCtxCreate || op == ops::kOpCtxDestroy) sent_ctx_ = nullptr;
   wire::FrameHeader rep{};
   rc = ReceiveReplyLocked(name, id, sink, &rep);
   if (rc != CUDA_SUCCESS) return rc;
@@ -710,10 +713,73 @@ CUcontext Client::PrimaryHandle(CUdevice dev) {
 }
 
 int Client::ContextDevice(CUcontext ctx) {
+  if (ctx == nullptr) return -1;
   std::lock_guard<std::mutex> lock(state_mu_);
   for (size_t i = 0; i < primaries_.size(); ++i)
-    if (primaries_[i].ctx == ctx && ctx != nullptr) return static_cast<int>(i);
-  return -1;
+    if (primaries_[i].ctx == ctx) return static_cast<int>(i);
+  if (created_contexts_.empty()) return -1;
+  auto it = created_contexts_.find(ctx);
+  return it != created_contexts_.end() ? it->second.device : -1;
+}
+
+CUresult Client::CreateContext(CUdevice dev, unsigned flags, CUcontext* out) {
+  if (dev < 0 || dev >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
+  wire::Writer w;
+  w.Put<int32_t>(dev);
+  w.Put<uint32_t>(flags);
+  std::vector<uint8_t> reply;
+  CUresult rc = Call("cuCtxCreate", ops::kOpCtxCreate, w, ReplySink{&reply});
+  if (rc != CUDA_SUCCESS) return rc;
+  uint64_t raw = 0;
+  uint32_t got_flags = 0;
+  wire::Reader r(reply.data(), reply.size());
+  if (!r.Get(&raw) || !r.Get(&got_flags) || raw == 0) return CUDA_ERROR_UNKNOWN;
+  auto ctx = reinterpret_cast<CUcontext>(raw);
+  std::lock_guard<std::mutex> lock(state_mu_);
+  if (next_context_id_ == 0) next_context_id_ = static_cast<uint64_t>(device_count()) + 1;
+  created_contexts_[ctx] = CreatedContext{dev, got_flags, next_context_id_++};
+  *out = ctx;
+  return CUDA_SUCCESS;
+}
+
+CUresult Client::DestroyContext(CUcontext ctx) {
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (created_contexts_.count(ctx) == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  wire::Writer w;
+  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(ctx));
+  std::vector<uint8_t> reply;
+  CUresult rc = Call("cuCtxDestroy", ops::kOpCtxDestroy, w, ReplySink{&reply});
+  // Whatever the driver answered, a server that replied has forgotten the
+  // context and says which handles went with it; without a reply (the
+  // connection is lost) nothing changed.
+  if (reply.empty()) return rc;
+  wire::Reader r(reply.data(), reply.size());
+  std::vector<uint64_t> memory, modules;
+  uint32_t n = 0;
+  if (r.Get(&n) && n <= r.remaining() / sizeof(uint64_t)) {
+    memory.resize(n);
+    for (auto& m : memory) r.Get(&m);
+    if (r.Get(&n) && n <= r.remaining() / sizeof(uint64_t)) {
+      modules.resize(n);
+      for (auto& m : modules) r.Get(&m);
+    }
+  }
+  for (uint64_t m : memory) RemoveDeviceRange(m);
+  for (uint64_t m : modules) RemoveImage(m);
+  QueryCache::Get().Clear();  // answers keyed by this context's handle
+  std::lock_guard<std::mutex> lock(state_mu_);
+  created_contexts_.erase(ctx);
+  return rc;
+}
+
+bool Client::FindCreatedContext(CUcontext ctx, CreatedContext* out) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  auto it = created_contexts_.find(ctx);
+  if (it == created_contexts_.end()) return false;
+  if (out != nullptr) *out = it->second;
+  return true;
 }
 
 // --- ranges

@@ -124,6 +124,18 @@ class Client {
   CUresult ResetPrimary(CUdevice dev);
   int ContextDevice(CUcontext ctx);       // -1 when unknown
   CUcontext PrimaryHandle(CUdevice dev);  // stable for the process's life; null before retain
+  // Contexts the app creates (cuCtxCreate): made on the server (which makes
+  // it current there) and known here until destroyed. DestroyContext refuses
+  // the primary context and unknown handles (CUDA_ERROR_INVALID_CONTEXT) and
+  // forgets the allocations and modules the context took along.
+  CUresult CreateContext(CUdevice dev, unsigned flags, CUcontext* out);
+  CUresult DestroyContext(CUcontext ctx);
+  struct CreatedContext {
+    int device = 0;
+    unsigned flags = 0;  // as the server's driver reports them (cuCtxGetFlags)
+    uint64_t id = 0;     // cuCtxGetId: unique in the process, never a primary's
+  };
+  bool FindCreatedContext(CUcontext ctx, CreatedContext* out);
 
   // --- device allocations (ranges) and pinned host buffers
   void AddDeviceRange(uint64_t base, uint64_t size, bool reserve_va);
@@ -274,6 +286,8 @@ class Client {
     unsigned flags = 0;
   };
   std::vector<Primary> primaries_;
+  std::unordered_map<CUcontext, CreatedContext> created_contexts_;  // cuCtxCreate
+  uint64_t next_context_id_ = 0;  // ids after the primaries' (1..device count)
   std::map<uint64_t, std::pair<uint64_t, bool>> device_ranges_;  // base -> size, reserved
   std::map<uintptr_t, HostBuffer> host_buffers_;                 // by base
   // Virtual memory (client/api_vmm.cc).

@@ -23,6 +23,10 @@ enum : uint16_t {
   // the calls that follow, as kOpSetCurrentContext does for the context.
   kOpSetCaptureMode = 96,
   kOpPrimaryCtxReset = 12,
+  // Contexts the app creates (server/session_contexts.cc). kOpCtxCreate: i32
+  // device, u32 flags -> u64 context (made current on the session's thread),
+  // u32 its flags. kOpCtxDestroy: u64 context -> u32 n, n x u64 device
+  // allocations it took along, u32 m, m x u64 modules it took along.
   kOpCtxCreate = 13,
   kOpCtxDestroy = 14,
   // The device inventory (u32 n, n x DeviceInfo) with the tenant's share

@@ -31,6 +31,9 @@ namespace flyt::server {
   X(cuDevicePrimaryCtxRelease_v2)      \
   X(cuDevicePrimaryCtxReset_v2)        \
   X(cuCtxSetCurrent)                   \
+  X(cuCtxCreate_v4)                    \
+  X(cuCtxDestroy_v2)                   \
+  X(cuCtxGetFlags)                     \
   X(cuLibraryLoadData)                 \
   X(cuLibraryGetKernelCount)           \
   X(cuLibraryEnumerateKernels)         \

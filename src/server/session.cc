@@ -359,9 +359,11 @@ bool Session::Owns(HandleKind kind, uint64_t value) const {
 }
 void Session::Adopt(HandleKind kind, uint64_t value) {
   handles_[static_cast<int>(kind)].insert(value);
+  if (current_user_ != 0) NoteContextHandle(kind, value);  // session_contexts.cc
 }
 void Session::Forget(HandleKind kind, uint64_t value) {
   handles_[static_cast<int>(kind)].erase(value);
+  if (!user_owned_.empty()) DropContextHandle(kind, value);
   auto refund = [&](std::unordered_map<uint64_t, uint64_t>& sizes) {
     auto it = sizes.find(value);
     if (it == sizes.end()) return;
@@ -385,6 +387,7 @@ void Session::NoteAllocation(HandleKind kind, uint64_t handle, uint64_t bytes) {
 }
 
 CUstream Session::RealStream(uint64_t raw) const {
+  if (current_user_ != 0 && (raw == 2 || (raw == 0 && pt_call_))) return UserDefaultStream(raw);
   if (green_ != nullptr && (raw == 2 || (raw == 0 && pt_call_))) {
     if (pt_stream_ == nullptr &&
         state_->api.cuStreamCreate(&pt_stream_, CU_STREAM_DEFAULT) != CUDA_SUCCESS) {
@@ -549,8 +552,10 @@ void Session::Run() {
     if (state_->slot != nullptr) state_->slot->calls.fetch_add(1, std::memory_order_relaxed);
     // A live share change takes effect at the session's first call after it.
     FollowShare();
-    if (exec_generation_.load(std::memory_order_relaxed) != state_->share.exec_generation())
+    if (exec_generation_.load(std::memory_order_relaxed) != state_->share.exec_generation()) {
       SwitchExec();
+      KeepUserContextCurrent();
+    }
     out.Clear();
     CUresult rc = CUDA_SUCCESS;
     replied_ = false;
@@ -586,6 +591,7 @@ void Session::Run() {
       deferred_ = rc;
     }
   }
+  ReleaseUserContexts();  // their handles first, then each context
   ReleaseAll();
   ReleaseSharedHost();
   ReleaseExec();
@@ -664,24 +670,15 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
   bool per_thread = (h.flags & wire::kFlagPerThread) != 0;
   pt_call_ = per_thread;
   // In a green context the legacy entry points run on pt_stream_ (RealStream).
-  if (green_ != nullptr) per_thread = false;
+  if (CurrentIsGreen()) per_thread = false;
   switch (h.op) {
     case ops::kOpPrimaryCtxRetain: {
       int32_t dev = 0;
       if (!in.Get(&dev) || in.remaining() != 0) return false;
       CUcontext ctx = nullptr;
-      std::lock_guard<std::mutex> lock(state_->context_mu);
       *rc = a.cuDevicePrimaryCtxRetain(&ctx, dev);
       if (*rc == CUDA_SUCCESS) {
         primary_device_ = dev;
-        if (!state_->server_holds_context) {
-          CUcontext again = nullptr;
-          state_->server_holds_context = a.cuDevicePrimaryCtxRetain(&again, dev) == CUDA_SUCCESS;
-          // Before any kernel runs: a device printf buffer large enough that an
-          // app's own cudaDeviceSetLimit(PrintfFifoSize) later asks for no more.
-          a.cuCtxSetCurrent(ctx);
-          if (a.cuCtxSetLimit != nullptr) a.cuCtxSetLimit(CU_LIMIT_PRINTF_FIFO_SIZE, 32u << 20);
-        }
         if (retained_primary_) {
           a.cuDevicePrimaryCtxRelease_v2(dev);  // one reference per session is enough
         }
@@ -690,6 +687,7 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
         Adopt(HandleKind::kContext, reinterpret_cast<uintptr_t>(ctx));
         EnterExec(dev);
         *rc = a.cuCtxSetCurrent(exec_);
+        NoteCurrentContext(reinterpret_cast<uintptr_t>(ctx));
       }
       out.Put<uint64_t>(reinterpret_cast<uintptr_t>(ctx));
       return true;
@@ -702,8 +700,13 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
         return true;
       }
       *rc = a.cuCtxSetCurrent(RealContext(ctx));
+      if (*rc == CUDA_SUCCESS) NoteCurrentContext(ctx);
       return true;
     }
+    case ops::kOpCtxCreate:  // contexts the client creates: server/session_contexts.cc
+      return CtxCreate(in, out, rc);
+    case ops::kOpCtxDestroy:
+      return CtxDestroy(in, out, rc);
     case ops::kOpSetCaptureMode: {
       uint32_t mode = 0;
       if (!in.Get(&mode) || in.remaining() != 0) return false;
@@ -749,8 +752,10 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       // cudaDeviceReset: this process's state goes, other sessions keep theirs.
       CUcontext keep = primary_;
       uint64_t keep_raw = reinterpret_cast<uintptr_t>(keep);
+      std::vector<StashedHandle> user = StashUserHandles();  // contexts it created stay
       ReleaseAll();
       if (keep != nullptr) Adopt(HandleKind::kContext, keep_raw);
+      RestoreUserHandles(user);
       *rc = CUDA_SUCCESS;
       return in.remaining() == 0;
     }
@@ -900,26 +905,12 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
     }
     default: {
       bool known = false;
-      size_t at = in.remaining();
-      const uint8_t* args = in.Skip(0);
       bool ok = DispatchGeneric(h.op, per_thread, in, out, rc, &known);
       // Captures in progress hold live SM changes back (they would move streams).
       if (ok && h.op == 118 && *rc == CUDA_SUCCESS) NoteCaptures(1);
       if (ok && h.op == 119 && captures_.load() > 0 && *rc != CUDA_ERROR_INVALID_HANDLE &&
           *rc != CUDA_ERROR_ILLEGAL_STATE && *rc != CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD)
         NoteCaptures(-1);
-      // cuCtxSetLimit on the shared context: limits that can no longer change
-      // once kernels ran count as set when they are already large enough.
-      if (ok && h.op == 102 && *rc != CUDA_SUCCESS && at == 12 && args != nullptr) {
-        uint32_t limit = 0;
-        uint64_t value = 0;
-        std::memcpy(&limit, args, 4);
-        std::memcpy(&value, args + 4, 8);
-        size_t current = 0;
-        if (a.cuCtxGetLimit(&current, static_cast<CUlimit>(limit)) == CUDA_SUCCESS &&
-            current >= value)
-          *rc = CUDA_SUCCESS;
-      }
       return known && ok;
     }
   }

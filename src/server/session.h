@@ -56,10 +56,6 @@ struct ServerState {
   WorkerSlot* slot = nullptr;  // this worker's slot in the board
   MainLink* link = nullptr;    // requests to the main process (code images)
   uint64_t share_seen = 0;     // the board's share generation this worker adopted
-  // The worker's own reference to the primary context, taken before its
-  // client came (server/worker.cc).
-  std::mutex context_mu;
-  bool server_holds_context = false;
   // --- main process only
   WorkerPool* pool = nullptr;
   // The data-plane listeners' bound addresses (real ports).
@@ -324,6 +320,50 @@ class Session {
   // The handles this client exported (their 64 bytes): it may not open them.
   std::unordered_set<std::string> ipc_exported_mem_, ipc_exported_events_;
   // --- end of CUDA IPC ---------------------------------------------------------
+
+  // --- contexts the client created (server/session_contexts.cc) ----------------
+ private:
+  struct UserContext {
+    int device = 0;
+    CUgreenCtx green = nullptr;            // a green context of the tenant's SM share, or null
+    mutable CUstream pt_stream = nullptr;  // a green one's stand-in per-thread default stream
+  };
+  bool CtxCreate(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  bool CtxDestroy(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  // kOpSetCurrentContext and the primary's retain: which context the session's
+  // thread now has current (the client's handle; 0: none).
+  void NoteCurrentContext(uint64_t raw);
+  // Adopt / Forget: handles made while a user context is current go with it.
+  void NoteContextHandle(marshal::HandleKind kind, uint64_t value);
+  void DropContextHandle(marshal::HandleKind kind, uint64_t value);
+  bool UserOwned(marshal::HandleKind kind, uint64_t value) const;
+  // The current context is a green one (the session's or a user context).
+  bool CurrentIsGreen() const;
+  // RealStream for the default streams while a user context is current.
+  CUstream UserDefaultStream(uint64_t raw) const;
+  // Frees the context's handles (refunding their memory), then the context;
+  // appends the freed allocations and modules to the lists when given.
+  CUresult DestroyUserContext(uint64_t raw, std::vector<uint64_t>* memory,
+                              std::vector<uint64_t>* modules);
+  // After SwitchExec: the user context the client had current stays current.
+  void KeepUserContextCurrent();
+  // cudaDeviceReset (kOpPrimaryCtxReset) resets the primary context only:
+  // the user contexts' handles are set aside around ReleaseAll.
+  struct StashedHandle {
+    marshal::HandleKind kind;
+    uint64_t value;
+    uint64_t bytes;  // charged to the quota (memory, arrays)
+  };
+  std::vector<StashedHandle> StashUserHandles();
+  void RestoreUserHandles(const std::vector<StashedHandle>& stash);
+  // The session's end: destroys the user contexts the client left.
+  void ReleaseUserContexts();
+  std::map<uint64_t, UserContext> user_contexts_;  // by the client's handle
+  uint64_t current_ctx_ = 0;   // the client's handle current on the session's thread
+  uint64_t current_user_ = 0;  // current_ctx_ when it is a user context, else 0
+  // (kind, handle) -> the user context current at its creation.
+  std::map<std::pair<uint8_t, uint64_t>, uint64_t> user_owned_;
+  // --- end of contexts the client created -------------------------------------
 };
 
 }  // namespace flyt::server

@@ -119,6 +119,7 @@ void Session::SwitchExec() {
   // new context; the client's handle now names it.
   size_t moved = 0;
   for (uint64_t h : handles_[static_cast<int>(HandleKind::kStream)]) {
+    if (UserOwned(HandleKind::kStream, h)) continue;  // a context the client created keeps it
     CUstream old = RealStream(h);
     unsigned flags = 0;
     int priority = 0;

@@ -182,6 +182,8 @@ struct Sim {
   std::mutex record_mu;
   int ctx_token = 0;
   bool green = false;  // fake green contexts (SimOptions::green_contexts)
+  // Contexts made with cuCtxCreate: their flags, by handle.
+  std::map<CUcontext, unsigned> user_contexts;
 };
 Sim* g_sim = nullptr;
 thread_local CUcontext t_current = nullptr;
@@ -368,6 +370,43 @@ CUresult simPrimaryCtxRelease(CUdevice) { return CUDA_SUCCESS; }
 CUresult simPrimaryCtxReset(CUdevice) { return CUDA_SUCCESS; }
 CUresult simCtxSetCurrent(CUcontext c) {
   t_current = c;
+  return CUDA_SUCCESS;
+}
+// Contexts the app creates: a token each (the handle), current on the thread
+// that made it, and the flags it was made with. The sim has one memory space;
+// the session frees what a context owned before it destroys the context.
+CUresult simCtxCreate(CUcontext* out, CUctxCreateParams* params, unsigned flags, CUdevice d) {
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+  const unsigned sched = flags & CU_CTX_SCHED_MASK;
+  if ((flags & ~static_cast<unsigned>(CU_CTX_FLAGS_MASK)) != 0 ||
+      (sched != CU_CTX_SCHED_AUTO && sched != CU_CTX_SCHED_SPIN && sched != CU_CTX_SCHED_YIELD &&
+       sched != CU_CTX_SCHED_BLOCKING_SYNC))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (params != nullptr && (params->numExecAffinityParams != 0 || params->cigParams != nullptr))
+    return CUDA_ERROR_NOT_SUPPORTED;
+  auto* token = new int(0);
+  auto ctx = reinterpret_cast<CUcontext>(token);
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  g_sim->user_contexts[ctx] = flags;
+  t_current = ctx;
+  *out = ctx;
+  return CUDA_SUCCESS;
+}
+CUresult simCtxDestroy(CUcontext c) {
+  if (c == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  if (g_sim->user_contexts.erase(c) == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  delete reinterpret_cast<int*>(c);
+  if (t_current == c) t_current = nullptr;  // popped from the caller's stack
+  return CUDA_SUCCESS;
+}
+CUresult simCtxGetFlags(unsigned* flags) {
+  if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (t_current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  auto it = g_sim->user_contexts.find(t_current);
+  *flags = it != g_sim->user_contexts.end() ? it->second : 0;
   return CUDA_SUCCESS;
 }
 std::atomic<int> g_pending_host_funcs{0};
@@ -1655,6 +1694,9 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuDevicePrimaryCtxRelease_v2 = simPrimaryCtxRelease;
   a->cuDevicePrimaryCtxReset_v2 = simPrimaryCtxReset;
   a->cuCtxSetCurrent = simCtxSetCurrent;
+  a->cuCtxCreate_v4 = simCtxCreate;
+  a->cuCtxDestroy_v2 = simCtxDestroy;
+  a->cuCtxGetFlags = simCtxGetFlags;
   a->cuCtxSynchronize = simCtxSynchronize;
   a->cuCtxGetLimit = simCtxGetLimit;
   a->cuCtxSetLimit = simCtxSetLimit;

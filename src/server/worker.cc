@@ -26,10 +26,9 @@ Status Continue(transport::DetachedConnection* d, const ServerOptions& options,
   return st;
 }
 
-// Before any client: the primary context of GPU 0, current, with a device
-// printf buffer large enough that an app's own cudaDeviceSetLimit
-// (PrintfFifoSize) later asks for no more. This is what makes a client's
-// first call fast.
+// Before any client: the primary context of GPU 0, retained and current, with
+// the driver's default limits (the client sets its own, as on a local GPU).
+// This is what makes a client's first call fast.
 void Prewarm(ServerState* state) {
   DriverApi& a = state->api;
   if (state->devices.empty()) return;
@@ -39,11 +38,8 @@ void Prewarm(ServerState* state) {
     FLYT_WARN("worker: cannot retain the primary context of GPU 0 (error %d)", rc);
     return;
   }
-  state->server_holds_context = true;
   rc = a.cuCtxSetCurrent(ctx);
-  if (rc == CUDA_SUCCESS && a.cuCtxSetLimit != nullptr)
-    rc = a.cuCtxSetLimit(CU_LIMIT_PRINTF_FIFO_SIZE, 32u << 20);
-  if (rc != CUDA_SUCCESS) FLYT_WARN("worker: preparing the primary context failed (error %d)", rc);
+  if (rc != CUDA_SUCCESS) FLYT_WARN("worker: cuCtxSetCurrent of GPU 0 failed (error %d)", rc);
 }
 
 Status Boot(const WorkerArgs& args, const ServerOptions& options, ServerState* state,

@@ -1088,6 +1088,37 @@ class E2E(unittest.TestCase):
         self.assert_stats(srv, sessions=0, memory_used=0)
         self.stop_server(srv)
 
+    def test_contexts(self):
+        """Contexts the program creates through the driver API (cuCtxCreate at every ABI,
+        push/pop, cuCtxSetCurrent(NULL), another thread, cuCtxDestroy of the current and of
+        a non-current one, the errors): contexts' own checks over every transport and
+        cudart under --memory-quota 64M, where cuMemGetInfo is exact and a destroyed
+        context's 4 MiB come back; the context the program leaves is destroyed by the
+        server with its memory (log, stats memory_used 0). Once more with
+        --sim-green-contexts --sm-count 20: a created context is a green context of the
+        tenant's share."""
+        quota = 64 << 20
+        cases = [(variant, transport, False) for variant, transport in self.matrix()]
+        cases.append((CFG.variants[0], CFG.transports[0], True))
+        for variant, transport, green in cases:
+            with self.subTest(variant=variant, transport=transport, green=green):
+                args = ["--memory-quota", "64M"]
+                if green:
+                    args += ["--sm-count", "20", "--sim-green-contexts"]
+                srv = self.start_server(control=True, extra_args=args)
+                res = self.run_ok(srv, transport, "contexts", variant, args=(str(quota),))
+                kv = self.kv(res)
+                where = res.describe()
+                for key, want in (("under_flyt", "1"), ("freed_by_destroy", str(4 << 20)),
+                                  ("free_after_all", str(quota)), ("destroy_primary", "201"),
+                                  ("destroy_null", "1"), ("destroy_destroyed", "201")):
+                    self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
+                self.assert_stats(srv, sessions=0, memory_used=0, memory_quota=quota)
+                self.assertRegex(srv.log_text(), r"destroyed 1 context\(s\) the client left",
+                                 "the server did not destroy the context left behind\n" +
+                                 srv.logs())
+                self.stop_server(srv)
+
     def test_vmm_quota(self):
         """--memory-quota holds cuMemCreate: the quota is charged, OOM beyond it, refunded
         when released and unmapped; a client that leaves without freeing anything has its

@@ -4,9 +4,8 @@
 // float, string, hex, char, pointer-free formats; cudaDeviceSetLimit on the
 // printf FIFO size. Host lines are flushed before each launch so the order
 // of host and device lines is fixed.
-// Runs alone: sessions share one printf FIFO, so a neighbour's sync could
-// take this output (a documented limit, README "Known limits").
-// FLYT_RUN_LAST: 1
+// Runs among the others: each client process has a worker and a printf FIFO
+// of its own, as on a local GPU.
 #include "common.h"
 
 __global__ void hello(int launch, float f, double d) {

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# The e2e programs that cover process-level behaviour, on a GPU host: natively and
+# through one `flyt-server --backend cuda` per transport, compared.
+#
+# Usage: tests/gpu/run_e2e_programs.sh BUILD_DIR PROGRAMS_DIR OUTFILE
+#   BUILD_DIR     Flyt build (bin/flyt-server, bin/flyt)
+#   PROGRAMS_DIR  tests/e2e's built programs (build/tests/e2e/programs, sm_90)
+#   OUTFILE       markdown report
+# Each case runs natively (FLYT_E2E_NATIVE=1) and through Flyt over tcp, unix and shm
+# against the same server; a case passes when the Flyt run exits as the native run did
+# and prints the same key lines (lines with '=' or ': PASS'/': FAIL'), and when the
+# server is alive afterwards. Cases (CASES to choose): ipc (CUDA IPC between two
+# processes), vmm_share (VMM shareable handle passed to a child process), contexts
+# (cuCtxCreate/push/pop/destroy), isolation_fault (a sticky fault in one process while
+# `isolation work` runs beside it in another).
+# Environment: CASES, RUN_TIMEOUT=60, MODES="tcp unix shm", SERVER_BACKEND=cuda (sim: plumbing
+# only, on a machine without a GPU, where the native runs fail).
+set -uo pipefail
+
+[[ $# -eq 3 ]] || { sed -n '2,8p' "$0" >&2; exit 2; }
+BUILD=$(cd "$1" && pwd) || exit 2
+PROGS=$(cd "$2" && pwd) || exit 2
+OUTFILE=$3
+CASES=${CASES:-"ipc vmm_share contexts isolation_fault"}
+MODES=${MODES:-"tcp unix shm"}
+RUN_TIMEOUT=${RUN_TIMEOUT:-60}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/flyt-e2e-gpu.XXXXXX")
+SERVER_PID=""
+trap '[[ -n $SERVER_PID ]] && kill "$SERVER_PID" 2>/dev/null' EXIT
+
+cmd_of() {  # case -> program and arguments
+  case $1 in
+    ipc) echo "$PROGS/ipc" ;;
+    vmm_share) echo "$PROGS/vmm share" ;;
+    contexts) echo "$PROGS/contexts" ;;
+    isolation_fault) echo "$PROGS/isolation fault" ;;
+  esac
+}
+
+key_lines() { grep -E '=|: (PASS|FAIL)' "$1" | grep -v '^under_flyt=' || true; }
+
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$BUILD/bin/flyt-server" --backend "${SERVER_BACKEND:-cuda}" --listen "tcp://127.0.0.1:$port" \
+  --listen "unix://$WORK/flyt.sock" --listen "shm://$WORK/flyt-shm.sock" \
+  --control "unix://$WORK/control.sock" >"$WORK/server.log" 2>&1 &
+SERVER_PID=$!
+for _ in $(seq 300); do [[ -S $WORK/control.sock ]] && break; sleep 0.1; done
+
+url() {
+  case $1 in
+    tcp) echo "tcp://127.0.0.1:$port" ;;
+    unix) echo "unix://$WORK/flyt.sock" ;;
+    shm) echo "shm://$WORK/flyt-shm.sock" ;;
+  esac
+}
+
+{
+  echo "## e2e programs on the GPU: native vs Flyt"
+  echo
+  echo "| case | native rc | $(echo $MODES | sed 's/ / | /g') |"
+  echo "|---|---|$(for _ in $MODES; do printf -- '---|'; done)"
+} >"$OUTFILE"
+fails=0
+for c in $CASES; do
+  read -r -a cmd <<<"$(cmd_of "$c")"
+  if [[ ! -x ${cmd[0]} ]]; then
+    echo "| $c | missing ${cmd[0]##*/} | $(for _ in $MODES; do printf -- '- | '; done)" >>"$OUTFILE"
+    continue
+  fi
+  npeer=""
+  if [[ $c == isolation_fault ]]; then  # a neighbour works while this process faults
+    FLYT_E2E_NATIVE=1 timeout "$RUN_TIMEOUT" "$PROGS/isolation" work 3 >"$WORK/$c.native.peer" 2>&1 &
+    npeer=$!
+  fi
+  FLYT_E2E_NATIVE=1 timeout "$RUN_TIMEOUT" "${cmd[@]}" >"$WORK/$c.native.out" 2>&1
+  nrc=$?
+  [[ -n $npeer ]] && wait "$npeer"
+  row="| $c | $nrc |"
+  for m in $MODES; do
+    env=(FLYT_LOG=warn FLYT_LOG_FILE="$WORK/$c.$m.log")
+    [[ $m != shm ]] && env+=(FLYT_SHM=off)
+    peer_ok=1
+    if [[ $c == isolation_fault ]]; then
+      env "${env[@]}" timeout "$RUN_TIMEOUT" "$BUILD/bin/flyt" run --server "$(url "$m")" -- \
+        "$PROGS/isolation" work 3 >"$WORK/$c.$m.peer" 2>&1 &
+      peer=$!
+    fi
+    env "${env[@]}" timeout "$RUN_TIMEOUT" "$BUILD/bin/flyt" run --server "$(url "$m")" -- \
+      "${cmd[@]}" >"$WORK/$c.$m.out" 2>&1
+    rc=$?
+    if [[ $c == isolation_fault ]]; then
+      wait "$peer" || peer_ok=0
+      grep -q '^isolation: PASS' "$WORK/$c.$m.peer" || peer_ok=0
+    fi
+    if [[ $rc == "$nrc" && $peer_ok == 1 ]] &&
+      diff <(key_lines "$WORK/$c.native.out") <(key_lines "$WORK/$c.$m.out") >"$WORK/$c.$m.diff"; then
+      row+=" PASS |"
+    else
+      row+=" FAIL (rc $rc$([[ $peer_ok == 1 ]] || echo ', neighbour failed')) |"
+      fails=$((fails + 1))
+    fi
+  done
+  echo "$row" >>"$OUTFILE"
+done
+alive=yes
+kill -0 "$SERVER_PID" 2>/dev/null || alive=no
+{
+  echo
+  echo "Server alive afterwards: $alive. Failures: $fails."
+  for f in "$WORK"/*.diff; do
+    [[ -s $f ]] || continue
+    echo
+    echo "### ${f##*/}"
+    echo '```'
+    head -40 "$f"
+    echo '```'
+    out=${f%.diff}.out
+    echo '```'
+    tail -15 "$out"
+    echo '```'
+  done
+  echo
+  echo '### server log (tail)'
+  echo '```'
+  tail -30 "$WORK/server.log"
+  echo '```'
+} >>"$OUTFILE"
+[[ $fails == 0 && $alive == yes ]]
