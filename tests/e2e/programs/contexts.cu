@@ -362,10 +362,15 @@ int main(int argc, char** argv) {
     auto create_v1 = reinterpret_cast<CreateV1>(dlsym(g_lib, "cuCtxCreate"));
     auto destroy_sym = reinterpret_cast<DestroyV1>(dlsym(g_lib, "cuCtxDestroy"));
     EXPECT(create_v1 != nullptr && destroy_sym != nullptr, "unversioned cuCtxCreate/Destroy");
-    CU(create_v1(&c, 0, dev));
-    EXPECT(Current() == c, "cuCtxCreate (unversioned symbol)");
-    CU(destroy_sym(c));
-    EXPECT(Current() == a, "cuCtxDestroy (unversioned symbol) did not pop");
+    // The unversioned symbol is the CUDA 3.x ABI: driver 580 answers it with
+    // CUDA_ERROR_OUT_OF_MEMORY (H200, 2026-11-25); Flyt serves it as _v2. Either way
+    // the thread's context stack must be consistent afterwards.
+    const CUresult v1 = create_v1(&c, 0, dev);
+    if (v1 == CUDA_SUCCESS) {
+      EXPECT(Current() == c, "cuCtxCreate (unversioned symbol)");
+      CU(destroy_sym(c));
+    }
+    EXPECT(Current() == a, "cuCtxCreate/Destroy (unversioned symbols) left the stack changed");
   }
 
   e2e::Step("destroy B while A is current");
