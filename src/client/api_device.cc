@@ -255,6 +255,15 @@ FLYT_API CUresult cuDevicePrimaryCtxSetFlags(CUdevice d, unsigned int flags) {
   return cuDevicePrimaryCtxSetFlags_v2(d, flags);
 }
 
+// Profiler control (cudaProfilerStart/Stop): with no profiler attached the
+// driver answers success and does nothing; no profiler attaches to a client's
+// worker through Flyt, so the answer is the same. A context must be current.
+FLYT_API CUresult cuProfilerStart() {
+  if (!Client::Get().initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  return flyt::client::CurrentContext() != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+FLYT_API CUresult cuProfilerStop() { return cuProfilerStart(); }
+
 FLYT_API CUresult cuCtxGetCurrent(CUcontext* ctx) {
   if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *ctx = flyt::client::CurrentContext();

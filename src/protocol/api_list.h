@@ -125,7 +125,9 @@
   X(250, cuMemUnmap, ASYNC, None)                                          \
   X(251, cuMemGetAccess, SYNC, None)                                       \
   X(252, cuMemGetAllocationGranularity, SYNC, None)                        \
-  X(253, cuMemGetAllocationPropertiesFromHandle, SYNC, None)
+  X(253, cuMemGetAllocationPropertiesFromHandle, SYNC, None)              \
+  X(254, cuStreamSetAttribute, SYNC, None)                                 \
+  X(255, cuStreamGetAttribute, SYNC, None)
 
 // Generic calls whose client entry point is hand-written because the client
 // keeps state about them (client/api_*.cc calls Forward<> itself).

@@ -78,8 +78,9 @@ constexpr ArgRole RoleOf() {
       return ArgRole::kUnsupported;
     } else if constexpr (!std::is_const_v<P> && std::is_trivially_copyable_v<P>) {
       return ArgRole::kOut;
-    } else if constexpr (std::is_const_v<P> && std::is_class_v<P> &&
-                         std::is_trivially_copyable_v<P>) {
+    } else if constexpr (std::is_const_v<P> &&
+                         (std::is_class_v<P> ||
+                          std::is_union_v<P>)&&std::is_trivially_copyable_v<P>) {
       return ArgRole::kInStruct;
     } else {
       return ArgRole::kUnsupported;

@@ -83,6 +83,7 @@ struct StreamWork {
 struct SimStream {
   int priority = 0;
   unsigned flags = 0;
+  std::map<int, CUstreamAttrValue> attributes{};  // cuStreamSetAttribute
   std::shared_ptr<StreamWork> work = std::make_shared<StreamWork>();
   CUcontext ctx = nullptr;  // current at creation (checked with fake green contexts)
 };
@@ -1309,6 +1310,40 @@ CUresult simStreamGetFlags(CUstream s, unsigned* f) {
   *f = AsStream(s) ? AsStream(s)->flags : 0;
   return CUDA_SUCCESS;
 }
+// Stream attributes are kept per stream as set (the legacy stream keeps none):
+// the access policy window, synchronization policy and priority as the driver
+// reports them back. Values are checked as the driver checks them where the
+// sim can (the window's hit ratio, its properties).
+CUresult simStreamSetAttribute(CUstream s, CUstreamAttrID attr, const CUstreamAttrValue* v) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (v == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (attr == CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW) {
+    const CUaccessPolicyWindow& w = v->accessPolicyWindow;
+    if (w.hitRatio < 0.0f || w.hitRatio > 1.0f || w.hitProp > CU_ACCESS_PROPERTY_PERSISTING ||
+        w.missProp > CU_ACCESS_PROPERTY_PERSISTING)
+      return CUDA_ERROR_INVALID_VALUE;
+  } else if (attr != CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY &&
+             attr != CU_LAUNCH_ATTRIBUTE_PRIORITY && attr != CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN &&
+             attr != CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  SimStream* st = AsStream(s);
+  if (st == nullptr) return CUDA_SUCCESS;  // the default stream keeps nothing here
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  st->attributes[attr] = *v;
+  return CUDA_SUCCESS;
+}
+CUresult simStreamGetAttribute(CUstream s, CUstreamAttrID attr, CUstreamAttrValue* v) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (v == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::memset(v, 0, sizeof(*v));
+  SimStream* st = AsStream(s);
+  if (st == nullptr) return CUDA_SUCCESS;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  auto it = st->attributes.find(attr);
+  if (it != st->attributes.end()) *v = it->second;
+  return CUDA_SUCCESS;
+}
 thread_local CUstreamCaptureMode t_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 CUresult simThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
   if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -1758,6 +1793,8 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuLaunchHostFunc = simLaunchHostFunc;
   a->cuStreamWaitEvent = simStreamWaitEvent;
   a->cuStreamGetPriority = simStreamGetPriority;
+  a->cuStreamSetAttribute = simStreamSetAttribute;
+  a->cuStreamGetAttribute = simStreamGetAttribute;
   a->cuStreamGetFlags = simStreamGetFlags;
   a->cuStreamIsCapturing = simStreamIsCapturing;
   a->cuThreadExchangeStreamCaptureMode = simThreadExchangeStreamCaptureMode;

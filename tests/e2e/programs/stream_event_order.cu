@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include <cuda_profiler_api.h>
+
 #include "e2e_common.h"
 
 __global__ void noop_kernel(int x) {
@@ -301,6 +303,43 @@ int main() {
   for (int i = 0; i < 4; ++i) {
     CK(cudaStreamQuery(s[i]));
     CK(cudaStreamDestroy(s[i]));
+  }
+  e2e::Step("stream attributes and profiler control");
+  {
+    // An L2 access policy window, as apps that pin hot data in L2 set it.
+    int max_window = 0;
+    CK(cudaDeviceGetAttribute(&max_window, cudaDevAttrMaxAccessPolicyWindowSize, 0));
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaStreamAttrValue v;
+    memset(&v, 0, sizeof(v));
+    v.accessPolicyWindow.base_ptr = d0;
+    v.accessPolicyWindow.num_bytes = max_window > 0 && max_window < (1 << 20) ? max_window : 1 << 20;
+    v.accessPolicyWindow.hitRatio = 0.5f;
+    v.accessPolicyWindow.hitProp = cudaAccessPropertyPersisting;
+    v.accessPolicyWindow.missProp = cudaAccessPropertyStreaming;
+    CK(cudaStreamSetAttribute(st, cudaStreamAttributeAccessPolicyWindow, &v));
+    cudaStreamAttrValue got;
+    memset(&got, 0, sizeof(got));
+    CK(cudaStreamGetAttribute(st, cudaStreamAttributeAccessPolicyWindow, &got));
+    EXPECT(got.accessPolicyWindow.base_ptr == d0 &&
+               got.accessPolicyWindow.num_bytes == v.accessPolicyWindow.num_bytes &&
+               got.accessPolicyWindow.hitRatio == 0.5f &&
+               got.accessPolicyWindow.hitProp == cudaAccessPropertyPersisting &&
+               got.accessPolicyWindow.missProp == cudaAccessPropertyStreaming,
+           "the access policy window did not read back as set");
+    cudaStreamAttrValue bad = v;
+    bad.accessPolicyWindow.hitRatio = 2.0f;  // out of [0, 1]
+    EXPECT(cudaStreamSetAttribute(st, cudaStreamAttributeAccessPolicyWindow, &bad) ==
+               cudaErrorInvalidValue,
+           "a hit ratio of 2 was accepted");
+    EXPECT(cudaGetLastError() == cudaErrorInvalidValue, "the last error is not the refusal");
+    CK(cudaGetLastError());  // and it is not sticky
+    CK(cudaStreamSynchronize(st));
+    CK(cudaStreamDestroy(st));
+    CK(cudaProfilerStart());
+    CK(cudaProfilerStop());
+    printf("stream_attributes=ok profiler=ok\n");
   }
   CK(cudaFree(d0));
   CK(cudaFree(d1));
