@@ -125,7 +125,7 @@
   X(250, cuMemUnmap, ASYNC, None)                                          \
   X(251, cuMemGetAccess, SYNC, None)                                       \
   X(252, cuMemGetAllocationGranularity, SYNC, None)                        \
-  X(253, cuMemGetAllocationPropertiesFromHandle, SYNC, None)              \
+  X(253, cuMemGetAllocationPropertiesFromHandle, SYNC, None)               \
   X(254, cuStreamSetAttribute, SYNC, None)                                 \
   X(255, cuStreamGetAttribute, SYNC, None)
 

@@ -14,11 +14,11 @@
 
 #include "e2e_common.h"
 
-#define CHECK(call)                                                                        \
-  do {                                                                                     \
-    cudaError_t err_ = (call);                                                             \
-    if (err_ != cudaSuccess) e2e::Fail(__FILE__, __LINE__, "%s: %s", #call,               \
-                                       cudaGetErrorName(err_));                           \
+#define CHECK(call)                                                           \
+  do {                                                                        \
+    cudaError_t err_ = (call);                                                \
+    if (err_ != cudaSuccess)                                                  \
+      e2e::Fail(__FILE__, __LINE__, "%s: %s", #call, cudaGetErrorName(err_)); \
   } while (0)
 
 __global__ void flyt_sim_fault_kernel(int* p) { *p = 42; }
@@ -78,8 +78,7 @@ static int Fault() {
   printf("isolation fault: launch %s, synchronize %s, malloc after %s, device count %s\n",
          cudaGetErrorName(launch), cudaGetErrorName(sync), cudaGetErrorName(after),
          cudaGetErrorName(query));
-  if (launch != cudaSuccess || sync != cudaErrorIllegalAddress ||
-      after != cudaErrorIllegalAddress)
+  if (launch != cudaSuccess || sync != cudaErrorIllegalAddress || after != cudaErrorIllegalAddress)
     e2e::Fail(__FILE__, __LINE__, "not a sticky illegal-address fault");
   e2e::Pass();
   return 0;

@@ -314,7 +314,8 @@ int main() {
     cudaStreamAttrValue v;
     memset(&v, 0, sizeof(v));
     v.accessPolicyWindow.base_ptr = d0;
-    v.accessPolicyWindow.num_bytes = max_window > 0 && max_window < (1 << 20) ? max_window : 1 << 20;
+    v.accessPolicyWindow.num_bytes =
+        max_window > 0 && max_window < (1 << 20) ? max_window : 1 << 20;
     v.accessPolicyWindow.hitRatio = 0.5f;
     v.accessPolicyWindow.hitProp = cudaAccessPropertyPersisting;
     v.accessPolicyWindow.missProp = cudaAccessPropertyStreaming;
