@@ -1,8 +1,8 @@
 // Op ids and shared message layouts for the hand-written calls.
 //
 // Owns: the stable op ids of calls that need hand-written marshalling
-// (handshake, code loading, launches, copies, contexts, host callbacks, IPC) and the
-// plain structs both sides exchange for them. Generic calls have their ids in
+// (handshake, code loading, launches, copies, contexts, host callbacks, IPC, the JIT
+// linker) and the plain structs both sides exchange for them. Generic calls have their ids in
 // protocol/api_list.h. Ids are stable across versions: append only.
 #pragma once
 
@@ -94,6 +94,15 @@ enum : uint16_t {
   // gets the driver's descriptor back from the main process.
   kOpMemExportShareable = 300,  // u64 handle, u32 handle type, u64 flags -> u64 key, u64 secret
   kOpMemImportShareable = 301,  // u64 key, u64 secret, u32 handle type -> u64 handle
+  // The JIT linker (server/session_link.cc): the link state lives on the server.
+  // Options go as u32 n, n x (u32 CUjit_option, u64 value); the log buffers are
+  // the server's own, of the sizes asked. Outputs (with a complete reply, and with
+  // an add-data reply, failing or not): u32 n, n x u64 the create options' values
+  // now, then the info log and the error log (u32 length, bytes, no NUL each).
+  kOpLinkCreate = 302,    // options -> u64 state
+  kOpLinkAddData = 303,   // u64 state, u32 type, u8 has name, string name, blob data, options
+  kOpLinkComplete = 304,  // u64 state -> outputs, then (success only) u64 size, cubin bytes
+  kOpLinkDestroy = 305,   // u64 state
 };
 
 inline constexpr uint32_t kIpcHandleBytes = 64;  // CU_IPC_HANDLE_SIZE
@@ -113,6 +122,9 @@ inline constexpr uint32_t kMaxParamBytes = 32764;  // CUDA 12.1+ limit for kerne
 inline constexpr uint32_t kMaxKernelsPerImage = 1u << 20;
 inline constexpr uint32_t kMaxNameLen = 64 * 1024;
 inline constexpr uint32_t kMaxAccessDescs = 64;  // cuMemSetAccess: one per device is plenty
+// The JIT linker (kOpLink*).
+inline constexpr uint32_t kMaxLinkOptions = 256;        // options of one cuLinkCreate / AddData
+inline constexpr uint32_t kMaxLinkLogBytes = 4u << 20;  // a log buffer the server makes
 
 // Launch flags (kOpLaunch).
 enum LaunchFlags : uint32_t {

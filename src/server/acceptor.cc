@@ -123,7 +123,13 @@ void Acceptor::Hello(std::unique_ptr<transport::Connection> conn, const wire::Fr
     FLYT_WARN("session %llu from %s (pid %u) refused: %s",
               static_cast<unsigned long long>(ticket.session), peer.c_str(), req.pid,
               refusal.c_str());
-    Reply(conn.get(), h, CUDA_ERROR_NOT_PERMITTED, out);
+    if (Reply(conn.get(), h, CUDA_ERROR_NOT_PERMITTED, out)) {
+      // Hang up only after the client has read the refusal and closed (or 2 s):
+      // a hang-up right after the reply can reach a shm client first.
+      conn->SetReceiveTimeout(2000);
+      uint8_t byte = 0;
+      conn->Receive(&byte, 1).ok();
+    }
     return;
   }
   // The inventory as the share shows it now; the generation tells the

@@ -85,7 +85,11 @@ namespace flyt::server {
   X(cuIpcOpenMemHandle_v2)             \
   X(cuIpcCloseMemHandle)               \
   X(cuIpcGetEventHandle)               \
-  X(cuIpcOpenEventHandle)
+  X(cuIpcOpenEventHandle)              \
+  X(cuLinkCreate_v2)                   \
+  X(cuLinkAddData_v2)                  \
+  X(cuLinkComplete)                    \
+  X(cuLinkDestroy)
 
 struct DriverApi {
 #define FLYT_DECLARE_GENERIC(op, sym, cls, rel) \

@@ -613,6 +613,7 @@ void Session::ReleaseStaging() {
 void Session::ReleaseAll() {
   DriverApi& a = state_->api;
   ReleaseStaging();
+  ReleaseLinks();  // no device state: before the early return below
   NoteCaptures(-captures_.load());
   size_t total = 0;
   for (auto& set : handles_) total += set.size();
@@ -777,6 +778,14 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       return IpcGetEventHandle(in, out, rc);
     case ops::kOpIpcOpenEventHandle:
       return IpcOpenEventHandle(in, out, rc);
+    case ops::kOpLinkCreate:  // the JIT linker: server/session_link.cc
+      return LinkCreate(in, out, rc);
+    case ops::kOpLinkAddData:
+      return LinkAddData(in, out, rc);
+    case ops::kOpLinkComplete:
+      return LinkComplete(in, out, rc);
+    case ops::kOpLinkDestroy:
+      return LinkDestroy(in, rc);
     case ops::kOpLoadImage:
       return LoadImage(in, out, rc);
     case ops::kOpKernelGetFunction: {

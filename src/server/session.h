@@ -364,6 +364,28 @@ class Session {
   // (kind, handle) -> the user context current at its creation.
   std::map<std::pair<uint8_t, uint64_t>, uint64_t> user_owned_;
   // --- end of contexts the client created -------------------------------------
+
+  // --- the JIT linker (server/session_link.cc) ---------------------------------
+ private:
+  // A link state of the driver's and what the driver writes through its
+  // options for as long as it lives: the option arrays and the log buffers.
+  struct LinkState {
+    CUlinkState state = nullptr;
+    std::vector<CUjit_option> options;
+    std::vector<void*> values;
+    std::vector<char> info_log, error_log;  // the server's buffers
+    int info_at = -1, error_at = -1;        // index of the *_LOG_BUFFER option
+  };
+  bool LinkCreate(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  bool LinkAddData(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  bool LinkComplete(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  bool LinkDestroy(wire::Reader& in, CUresult* rc);
+  // The create options' values and the logs, as the reply carries them.
+  void PutLinkOutputs(const LinkState& link, wire::Writer& out) const;
+  // Destroys the link states the client left (ReleaseAll).
+  void ReleaseLinks();
+  std::map<uint64_t, std::unique_ptr<LinkState>> links_;  // by the driver's handle
+  // --- end of the JIT linker ---------------------------------------------------
 };
 
 }  // namespace flyt::server

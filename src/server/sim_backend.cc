@@ -31,6 +31,9 @@
 // serve several client processes (the session refuses a client its own
 // handles, as the driver would), and it cannot open an event whose exporter
 // has exited (the driver can).
+//
+// The JIT linker checks its inputs and hands back the first cubin or fatbin
+// added (else the PTX as is); its logs get one fixed line.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -1705,6 +1708,122 @@ CUresult simIpcOpenEventHandle(CUevent* out, CUipcEventHandle handle) {
   return CUDA_SUCCESS;
 }
 
+// --- the JIT linker: enough for CI. An input is checked by its type (PTX must
+// look like PTX, a cubin must be an ELF, a fatbin a fatbin); the result is the
+// first cubin or fatbin added, else the first PTX as is, which the sim's
+// cuModuleLoadData accepts. The logs get one fixed line.
+struct SimLink {
+  std::vector<CUjit_option> options;
+  void** values = nullptr;  // the caller's, written through as the driver does
+  std::vector<uint8_t> binary, ptx, result;
+  int inputs = 0;
+};
+std::mutex g_link_mu;
+std::set<SimLink*> g_links;  // under g_link_mu
+
+SimLink* FindLink(CUlinkState state) {
+  auto it = g_links.find(reinterpret_cast<SimLink*>(state));
+  return it == g_links.end() ? nullptr : *it;
+}
+// Writes `text` into the info or error log buffer the options name, and the
+// bytes written (with the NUL) into the matching size option.
+void SimLinkLog(SimLink* link, bool error, const std::string& text) {
+  CUjit_option buffer = error ? CU_JIT_ERROR_LOG_BUFFER : CU_JIT_INFO_LOG_BUFFER;
+  CUjit_option size =
+      error ? CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES : CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES;
+  int at_buffer = -1, at_size = -1;
+  for (size_t i = 0; i < link->options.size(); ++i) {
+    if (link->options[i] == buffer) at_buffer = static_cast<int>(i);
+    if (link->options[i] == size) at_size = static_cast<int>(i);
+  }
+  if (at_buffer < 0 || at_size < 0 || link->values[at_buffer] == nullptr) return;
+  auto cap = static_cast<size_t>(
+      static_cast<unsigned>(reinterpret_cast<uintptr_t>(link->values[at_size])));
+  if (cap == 0) return;
+  size_t n = std::min(text.size(), cap - 1);
+  auto* dst = static_cast<char*>(link->values[at_buffer]);
+  std::memcpy(dst, text.data(), n);
+  dst[n] = '\0';
+  link->values[at_size] = reinterpret_cast<void*>(static_cast<uintptr_t>(n + 1));
+}
+CUresult simLinkCreate(unsigned n, CUjit_option* options, void** values, CUlinkState* out) {
+  if (out == nullptr || (n > 0 && (options == nullptr || values == nullptr)))
+    return CUDA_ERROR_INVALID_VALUE;
+  for (unsigned i = 0; i < n; ++i)
+    if (options[i] >= CU_JIT_NUM_OPTIONS) return CUDA_ERROR_INVALID_VALUE;
+  auto* link = new SimLink;
+  link->options.assign(options, options + n);
+  link->values = values;
+  std::lock_guard<std::mutex> lock(g_link_mu);
+  g_links.insert(link);
+  *out = reinterpret_cast<CUlinkState>(link);
+  return CUDA_SUCCESS;
+}
+CUresult simLinkAddData(CUlinkState state, CUjitInputType type, void* data, size_t size,
+                        const char* name, unsigned, CUjit_option*, void**) {
+  std::lock_guard<std::mutex> lock(g_link_mu);
+  SimLink* link = FindLink(state);
+  if (link == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (data == nullptr || size == 0 || type >= CU_JIT_NUM_INPUT_TYPES)
+    return CUDA_ERROR_INVALID_VALUE;
+  std::string what = name != nullptr ? name : "(unnamed input)";
+  const auto* bytes = static_cast<const uint8_t*>(data);
+  if (type == CU_JIT_INPUT_PTX) {
+    std::string text(reinterpret_cast<const char*>(bytes), strnlen(static_cast<char*>(data), size));
+    if (text.find(".version") == std::string::npos || text.find(".target") == std::string::npos) {
+      SimLinkLog(link, true, "ptxas fatal   : sim: " + what + " is not PTX");
+      return CUDA_ERROR_INVALID_PTX;
+    }
+    if (link->ptx.empty()) {
+      link->ptx.assign(text.begin(), text.end());
+      link->ptx.push_back(0);
+    }
+  } else if (type == CU_JIT_INPUT_CUBIN || type == CU_JIT_INPUT_FATBINARY ||
+             type == CU_JIT_INPUT_OBJECT) {
+    ImageSpan span{};
+    ImageKind want = type == CU_JIT_INPUT_FATBINARY ? ImageKind::kFatbin : ImageKind::kElf;
+    if (!LocateImageWithin(data, size, &span) || span.kind != want) {
+      SimLinkLog(link, true, "nvlink error   : sim: " + what + " is not a valid input");
+      return CUDA_ERROR_INVALID_IMAGE;
+    }
+    if (link->binary.empty()) link->binary.assign(bytes, bytes + span.size);
+  } else {
+    return CUDA_ERROR_NOT_SUPPORTED;  // libraries and NVVM: not in the sim
+  }
+  link->inputs++;
+  return CUDA_SUCCESS;
+}
+CUresult simLinkComplete(CUlinkState state, void** cubin, size_t* size) {
+  std::lock_guard<std::mutex> lock(g_link_mu);
+  SimLink* link = FindLink(state);
+  if (link == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (cubin == nullptr || size == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (link->inputs == 0) {
+    SimLinkLog(link, true, "nvlink error   : sim: no input");
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  link->result = !link->binary.empty() ? link->binary : link->ptx;
+  SimLinkLog(link, false, "info    : sim: linked " + std::to_string(link->inputs) + " inputs");
+  for (size_t i = 0; i < link->options.size(); ++i) {
+    if (link->options[i] != CU_JIT_WALL_TIME) continue;
+    float ms = 0.5f;
+    uint32_t bits = 0;
+    std::memcpy(&bits, &ms, sizeof(bits));
+    link->values[i] = reinterpret_cast<void*>(static_cast<uintptr_t>(bits));
+  }
+  *cubin = link->result.data();
+  *size = link->result.size();
+  return CUDA_SUCCESS;
+}
+CUresult simLinkDestroy(CUlinkState state) {
+  std::lock_guard<std::mutex> lock(g_link_mu);
+  SimLink* link = FindLink(state);
+  if (link == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  g_links.erase(link);
+  delete link;
+  return CUDA_SUCCESS;
+}
+
 }  // namespace
 
 Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
@@ -1838,6 +1957,10 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuIpcCloseMemHandle = simIpcCloseMemHandle;
   a->cuIpcGetEventHandle = simIpcGetEventHandle;
   a->cuIpcOpenEventHandle = simIpcOpenEventHandle;
+  a->cuLinkCreate_v2 = simLinkCreate;
+  a->cuLinkAddData_v2 = simLinkAddData;
+  a->cuLinkComplete = simLinkComplete;
+  a->cuLinkDestroy = simLinkDestroy;
   sim.green = options.green_contexts;
   if (options.green_contexts) {
     a->cuDeviceGetDevResource = simDeviceGetDevResource;

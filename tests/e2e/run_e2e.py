@@ -1119,6 +1119,38 @@ class E2E(unittest.TestCase):
                                  srv.logs())
                 self.stop_server(srv)
 
+    def test_jit_link(self):
+        """The JIT linker (cuLinkCreate/AddData/AddFile/Complete/Destroy, also the 5.5
+        ABIs): jit_link's own checks over every transport and cudart: a PTX string linked
+        with log buffers (the info log comes back, the error log stays empty), the cubin
+        loaded and launched and unchanged until cuLinkDestroy; a PTX file through
+        cuLinkAddFile; garbage PTX fails at cuLinkAddData with an error log; a destroyed
+        state is refused. A state the client leaves is destroyed by the server."""
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                srv = self.start_server()
+                res = self.run_ok(srv, transport, "jit_link", variant, log_level="warn")
+                kv = self.kv(res)
+                where = res.describe()
+                for key, want in (("under_flyt", "1"), ("data.launched", "1"),
+                                  ("file.launched", "1"), ("bad.error", "CUDA_ERROR_INVALID_PTX"),
+                                  ("missing.error", "CUDA_ERROR_FILE_NOT_FOUND"),
+                                  ("misuse", "ok")):
+                    self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
+                # The sim's fixed log lines came through the server's buffers.
+                self.assertEqual(kv.get("data.info_log"), "info    : sim: linked 1 inputs", where)
+                self.assertEqual(kv.get("data.cubin_bytes"), kv.get("file.cubin_bytes"), where)
+                self.assertIn("is not PTX", kv.get("bad.error_log", ""), where)
+                self.stop_server(srv)
+
+        srv = self.start_server(control=True)
+        res = self.run_ok(srv, CFG.transports[0], "jit_link", CFG.variants[0], args=("leak",))
+        self.assertIn("leaving", res.stdout, res.describe())
+        self.assert_stats(srv, sessions=0)
+        self.assertRegex(srv.log_text(), r"destroyed 1 JIT link states",
+                         "the server did not destroy the link state left behind\n" + srv.logs())
+        self.stop_server(srv)
+
     def test_vmm_quota(self):
         """--memory-quota holds cuMemCreate: the quota is charged, OOM beyond it, refunded
         when released and unmapped; a client that leaves without freeing anything has its

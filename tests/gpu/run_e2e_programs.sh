@@ -14,7 +14,8 @@
 # processes), vmm_share (VMM shareable handle passed to a child process), contexts
 # (cuCtxCreate/push/pop/destroy), isolation_fault (a sticky fault in one process while
 # `isolation work` runs beside it in another), stream_event_order (streams, events, host
-# functions, stream attributes and profiler control).
+# functions, stream attributes and profiler control), jit_link (the JIT linker: PTX
+# string and file, logs, a bad input; its Flyt-only misuse checks are not compared).
 # Environment: CASES, RUN_TIMEOUT=60, MODES="tcp unix shm", SERVER_BACKEND=cuda (sim: plumbing
 # only, on a machine without a GPU, where the native runs fail).
 set -uo pipefail
@@ -23,7 +24,7 @@ set -uo pipefail
 BUILD=$(cd "$1" && pwd) || exit 2
 PROGS=$(cd "$2" && pwd) || exit 2
 OUTFILE=$3
-CASES=${CASES:-"ipc vmm_share contexts isolation_fault stream_event_order"}
+CASES=${CASES:-"ipc vmm_share contexts isolation_fault stream_event_order jit_link"}
 MODES=${MODES:-"tcp unix shm"}
 RUN_TIMEOUT=${RUN_TIMEOUT:-60}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/flyt-e2e-gpu.XXXXXX")
@@ -37,6 +38,7 @@ cmd_of() {  # case -> program and arguments
     contexts) echo "$PROGS/contexts" ;;
     isolation_fault) echo "$PROGS/isolation fault" ;;
     stream_event_order) echo "$PROGS/stream_event_order" ;;
+    jit_link) echo "$PROGS/jit_link" ;;
   esac
 }
 
@@ -46,7 +48,7 @@ cmd_of() {  # case -> program and arguments
 # which driver 580 itself answers either way (201 in one run, 709 in the next, H200).
 key_lines() {
   grep -E '=|: (PASS|FAIL)' "$1" |
-    grep -vE '^(under_flyt|freed_by_destroy|free_after_all|destroy_destroyed)=' || true
+    grep -vE '^(under_flyt|freed_by_destroy|free_after_all|destroy_destroyed|misuse)=' || true
 }
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
