@@ -40,7 +40,9 @@ struct Driver {
   decltype(&::cuModuleUnload) module_unload;
   decltype(&::cuModuleGetFunction) module_function;
   decltype(&::cuLaunchKernel) launch;
-  decltype(&::cuCtxSynchronize) sync;
+  // cuCtxSynchronize at this CUDA version is cuCtxSynchronize_v2 (it takes a
+  // context): asked by version, the driver hands out the ABI of that version.
+  CUresult (*sync)(CUcontext);
   decltype(&::cuGetErrorName) error_name;
 };
 
@@ -165,7 +167,7 @@ void LoadAndLaunch(const void* image, const char* what) {
   CUdeviceptr dp = reinterpret_cast<CUdeviceptr>(d);
   void* params[] = {&dp, &n};
   CU(g_cu.launch(fn, 1, 1, 1, n, 1, 1, 0, nullptr, params, nullptr));
-  CU(g_cu.sync());
+  CU(g_cu.sync(nullptr));  // the current context
   CK(cudaFree(d));
   CU(g_cu.module_unload(mod));
   printf("%s.launched=1\n", what);
