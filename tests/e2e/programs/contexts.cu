@@ -36,7 +36,7 @@
 #include <thread>
 #include <vector>
 
-#include "e2e_common.h"
+#include "e2e_driver.h"
 
 namespace {
 
@@ -75,7 +75,6 @@ struct Driver {
   decltype(&::cuDevicePrimaryCtxRelease_v2) primary_release;
   decltype(&::cuDeviceGetExecAffinitySupport) affinity_support;
   decltype(&::cuGetProcAddress_v2) proc_address;
-  decltype(&::cuGetErrorName) error_name;
 };
 Driver g_cu;
 void* g_lib = nullptr;
@@ -97,28 +96,6 @@ void Proc(const char* name, int version, F* out) {
   *out = reinterpret_cast<F>(fn);
 }
 
-const char* Name(CUresult r) {
-  const char* n = nullptr;
-  g_cu.error_name(r, &n);
-  return n != nullptr ? n : "?";
-}
-
-#define CU(call)                                                                         \
-  do {                                                                                   \
-    CUresult cu_r_ = (call);                                                             \
-    EXPECT(cu_r_ == CUDA_SUCCESS, "%s returned %d (%s)", #call, static_cast<int>(cu_r_), \
-           Name(cu_r_));                                                                 \
-  } while (0)
-
-#define EXPECT_CU(call, want)                                                                    \
-  do {                                                                                           \
-    CUresult cu_r_ = (call);                                                                     \
-    EXPECT(cu_r_ == (want), "%s returned %d (%s), want %d (%s)", #call, static_cast<int>(cu_r_), \
-           Name(cu_r_), static_cast<int>(want), Name(want));                                     \
-  } while (0)
-
-bool UnderFlyt() { return dlsym(g_lib, "flyt_client_marker") != nullptr; }
-
 CUcontext Current() {
   CUcontext c = nullptr;
   CU(g_cu.get_current(&c));
@@ -130,40 +107,6 @@ size_t FreeBytes() {
   CU(g_cu.mem_info(&free_b, &total));
   return free_b;
 }
-
-// add_one(unsigned* p, unsigned n): p[i] += 1. PTX as NVRTC would hand it over.
-const char kPtx[] = R"(
-.version 8.0
-.target sm_75
-.address_size 64
-
-.visible .entry add_one(
-    .param .u64 add_one_param_0,
-    .param .u32 add_one_param_1
-)
-{
-    .reg .pred %p<2>;
-    .reg .b32 %r<8>;
-    .reg .b64 %rd<5>;
-
-    ld.param.u64 %rd1, [add_one_param_0];
-    ld.param.u32 %r2, [add_one_param_1];
-    mov.u32 %r3, %ctaid.x;
-    mov.u32 %r4, %ntid.x;
-    mov.u32 %r5, %tid.x;
-    mad.lo.s32 %r1, %r3, %r4, %r5;
-    setp.ge.u32 %p1, %r1, %r2;
-    @%p1 bra DONE;
-    cvta.to.global.u64 %rd2, %rd1;
-    mul.wide.u32 %rd3, %r1, 4;
-    add.s64 %rd4, %rd2, %rd3;
-    ld.global.u32 %r6, [%rd4];
-    add.s32 %r7, %r6, 1;
-    st.global.u32 [%rd4], %r7;
-DONE:
-    ret;
-}
-)";
 
 // What vectorAddDrv does in a context: memory, copies both ways, a module, a launch.
 void Work(const char* what, CUdeviceptr* keep, size_t bytes, uint32_t seed) {
@@ -182,7 +125,7 @@ void Work(const char* what, CUdeviceptr* keep, size_t bytes, uint32_t seed) {
   CU(g_cu.dtoh(out.data(), d2, bytes));
   EXPECT(e2e::FirstNot(out.data(), 0x5a, bytes) < 0, "%s: memset", what);
   CUmodule mod = nullptr;
-  CU(g_cu.module_load(&mod, kPtx));
+  CU(g_cu.module_load(&mod, e2e::kAddOnePtx));
   CUfunction fn = nullptr;
   CU(g_cu.module_function(&fn, mod, "add_one"));
   CUstream s = nullptr;
@@ -245,8 +188,8 @@ int main(int argc, char** argv) {
   Sym("cuDevicePrimaryCtxRelease_v2", &g_cu.primary_release);
   Sym("cuDeviceGetExecAffinitySupport", &g_cu.affinity_support);
   Sym("cuGetProcAddress_v2", &g_cu.proc_address);
-  Sym("cuGetErrorName", &g_cu.error_name);
-  const bool flyt = UnderFlyt();
+  Sym("cuGetErrorName", &e2e::g_error_name);
+  const bool flyt = e2e::UnderFlyt();
   printf("under_flyt=%d\n", flyt ? 1 : 0);
 
   e2e::Step("cuInit");
@@ -330,7 +273,7 @@ int main(int argc, char** argv) {
     });
     t.join();
     EXPECT(thread_rc == CUDA_SUCCESS, "the thread's calls: error %d (%s)",
-           static_cast<int>(thread_rc), Name(thread_rc));
+           static_cast<int>(thread_rc), e2e::CuName(thread_rc));
     EXPECT(thread_start == nullptr, "a new thread starts with context %p", (void*)thread_start);
     std::vector<unsigned char> want(seen.size());
     e2e::Fill(want.data(), want.size(), 2);
@@ -388,10 +331,10 @@ int main(int argc, char** argv) {
     CUresult again = g_cu.destroy(b);
     printf("destroy_destroyed=%d\n", static_cast<int>(again));
     EXPECT(again == CUDA_ERROR_INVALID_CONTEXT || again == CUDA_ERROR_CONTEXT_IS_DESTROYED,
-           "destroying B twice: %d (%s)", static_cast<int>(again), Name(again));
+           "destroying B twice: %d (%s)", static_cast<int>(again), e2e::CuName(again));
     CUresult v = g_cu.api_version(b, &version);
     EXPECT(v == CUDA_ERROR_INVALID_CONTEXT || v == CUDA_ERROR_CONTEXT_IS_DESTROYED,
-           "cuCtxGetApiVersion of destroyed B: %d (%s)", static_cast<int>(v), Name(v));
+           "cuCtxGetApiVersion of destroyed B: %d (%s)", static_cast<int>(v), e2e::CuName(v));
   }
   // stream_b went with B (using it now is undefined, as natively).
 
@@ -424,9 +367,9 @@ int main(int argc, char** argv) {
     CU(g_cu.primary_release(dev));
     if (flyt) {  // the driver's answers here are not measured yet (or it crashes)
       EXPECT(r_primary == CUDA_ERROR_INVALID_CONTEXT, "cuCtxDestroy(primary): %d (%s)",
-             static_cast<int>(r_primary), Name(r_primary));
+             static_cast<int>(r_primary), e2e::CuName(r_primary));
       EXPECT(r_null == CUDA_ERROR_INVALID_VALUE, "cuCtxDestroy(NULL): %d (%s)",
-             static_cast<int>(r_null), Name(r_null));
+             static_cast<int>(r_null), e2e::CuName(r_null));
       int bogus = 0;
       EXPECT_CU(g_cu.destroy(reinterpret_cast<CUcontext>(&bogus)), CUDA_ERROR_INVALID_CONTEXT);
       EXPECT_CU(g_cu.push(reinterpret_cast<CUcontext>(&bogus)), CUDA_ERROR_INVALID_CONTEXT);

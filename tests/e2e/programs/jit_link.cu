@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "e2e_common.h"
+#include "e2e_driver.h"
 
 namespace {
 
@@ -43,77 +43,9 @@ struct Driver {
   // cuCtxSynchronize at this CUDA version is cuCtxSynchronize_v2 (it takes a
   // context): asked by version, the driver hands out the ABI of that version.
   CUresult (*sync)(CUcontext);
-  decltype(&::cuGetErrorName) error_name;
 };
 
-template <typename F>
-void Resolve(const char* symbol, F* out, int version = CUDART_VERSION) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
-  cudaError_t err =
-      cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableDefault, &status);
-  EXPECT(err == cudaSuccess && status == cudaDriverEntryPointSuccess && fn != nullptr,
-         "cudaGetDriverEntryPointByVersion(%s, %d): error %d (%s), status %d", symbol, version,
-         static_cast<int>(err), cudaGetErrorName(err), static_cast<int>(status));
-  *out = reinterpret_cast<F>(fn);
-}
-
 Driver g_cu;
-
-const char* Name(CUresult r) {
-  const char* n = nullptr;
-  g_cu.error_name(r, &n);
-  return n != nullptr ? n : "?";
-}
-
-#define CU(call)                                                                             \
-  do {                                                                                       \
-    CUresult cu_r_ = (call);                                                                 \
-    if (cu_r_ != CUDA_SUCCESS)                                                               \
-      ::e2e::Fail(__FILE__, __LINE__, "%s returned %d (%s)", #call, static_cast<int>(cu_r_), \
-                  Name(cu_r_));                                                              \
-  } while (0)
-
-bool UnderFlyt() {
-  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  bool flyt = lib != nullptr && dlsym(lib, "flyt_client_marker") != nullptr;
-  if (lib != nullptr) dlclose(lib);
-  return flyt;
-}
-
-// add_one(unsigned* p, unsigned n): p[i] += 1. PTX as NVRTC would hand it over.
-const char kPtx[] = R"(
-.version 8.0
-.target sm_75
-.address_size 64
-
-.visible .entry add_one(
-    .param .u64 add_one_param_0,
-    .param .u32 add_one_param_1
-)
-{
-    .reg .pred %p<2>;
-    .reg .b32 %r<8>;
-    .reg .b64 %rd<5>;
-
-    ld.param.u64 %rd1, [add_one_param_0];
-    ld.param.u32 %r2, [add_one_param_1];
-    mov.u32 %r3, %ctaid.x;
-    mov.u32 %r4, %ntid.x;
-    mov.u32 %r5, %tid.x;
-    mad.lo.s32 %r1, %r3, %r4, %r5;
-    setp.ge.u32 %p1, %r1, %r2;
-    @%p1 bra DONE;
-    cvta.to.global.u64 %rd2, %rd1;
-    mul.wide.u32 %rd3, %r1, 4;
-    add.s64 %rd4, %rd2, %rd3;
-    ld.global.u32 %r6, [%rd4];
-    add.s32 %r7, %r6, 1;
-    st.global.u32 [%rd4], %r7;
-DONE:
-    ret;
-}
-)";
 
 constexpr unsigned kLogBytes = 8192;
 
@@ -180,28 +112,28 @@ int main(int argc, char** argv) {
   bool leak = argc > 1 && strcmp(argv[1], "leak") == 0;
   e2e::Step("resolve");
   CK(cudaFree(nullptr));  // the primary context, current
-  Resolve("cuGetErrorName", &g_cu.error_name);
-  Resolve("cuLinkCreate", &g_cu.link_create);
-  Resolve("cuLinkAddData", &g_cu.link_add_data);
-  Resolve("cuLinkAddFile", &g_cu.link_add_file);
-  Resolve("cuLinkCreate", &g_cu.link_create_55, 5050);
-  Resolve("cuLinkAddFile", &g_cu.link_add_file_55, 5050);
-  Resolve("cuLinkComplete", &g_cu.link_complete);
-  Resolve("cuLinkDestroy", &g_cu.link_destroy);
-  Resolve("cuModuleLoadData", &g_cu.module_load);
-  Resolve("cuModuleUnload", &g_cu.module_unload);
-  Resolve("cuModuleGetFunction", &g_cu.module_function);
-  Resolve("cuLaunchKernel", &g_cu.launch);
-  Resolve("cuCtxSynchronize", &g_cu.sync);
-  bool flyt = UnderFlyt();
+  e2e::ResolveDriver("cuGetErrorName", &e2e::g_error_name);
+  e2e::ResolveDriver("cuLinkCreate", &g_cu.link_create);
+  e2e::ResolveDriver("cuLinkAddData", &g_cu.link_add_data);
+  e2e::ResolveDriver("cuLinkAddFile", &g_cu.link_add_file);
+  e2e::ResolveDriver("cuLinkCreate", &g_cu.link_create_55, 5050);
+  e2e::ResolveDriver("cuLinkAddFile", &g_cu.link_add_file_55, 5050);
+  e2e::ResolveDriver("cuLinkComplete", &g_cu.link_complete);
+  e2e::ResolveDriver("cuLinkDestroy", &g_cu.link_destroy);
+  e2e::ResolveDriver("cuModuleLoadData", &g_cu.module_load);
+  e2e::ResolveDriver("cuModuleUnload", &g_cu.module_unload);
+  e2e::ResolveDriver("cuModuleGetFunction", &g_cu.module_function);
+  e2e::ResolveDriver("cuLaunchKernel", &g_cu.launch);
+  e2e::ResolveDriver("cuCtxSynchronize", &g_cu.sync);
+  bool flyt = e2e::UnderFlyt();
   printf("under_flyt=%d\n", flyt ? 1 : 0);
 
   if (leak) {  // a link state left to the server to destroy
     e2e::Step("leak");
     CUlinkState left = nullptr;
     CU(g_cu.link_create(0, nullptr, nullptr, &left));
-    CU(g_cu.link_add_data(left, CU_JIT_INPUT_PTX, const_cast<char*>(kPtx), sizeof(kPtx),
-                          "add_one.ptx", 0, nullptr, nullptr));
+    CU(g_cu.link_add_data(left, CU_JIT_INPUT_PTX, const_cast<char*>(e2e::kAddOnePtx),
+                          sizeof(e2e::kAddOnePtx), "add_one.ptx", 0, nullptr, nullptr));
     printf("leaving\n");
     e2e::Pass();
     return 0;
@@ -214,8 +146,8 @@ int main(int argc, char** argv) {
   CUlinkState state = nullptr;
   CU(g_cu.link_create(opt.count, opt.options, opt.values, &state));
   EXPECT(state != nullptr, "no link state");
-  CU(g_cu.link_add_data(state, CU_JIT_INPUT_PTX, const_cast<char*>(kPtx), sizeof(kPtx),
-                        "add_one.ptx", 0, nullptr, nullptr));
+  CU(g_cu.link_add_data(state, CU_JIT_INPUT_PTX, const_cast<char*>(e2e::kAddOnePtx),
+                        sizeof(e2e::kAddOnePtx), "add_one.ptx", 0, nullptr, nullptr));
   void* cubin = nullptr;
   size_t cubin_size = 0;
   CU(g_cu.link_complete(state, &cubin, &cubin_size));
@@ -240,8 +172,8 @@ int main(int argc, char** argv) {
   char path[] = "/tmp/jit_link_XXXXXX.ptx";
   int fd = mkstemps(path, 4);
   EXPECT(fd >= 0, "mkstemps failed");
-  size_t len = strlen(kPtx);
-  EXPECT(write(fd, kPtx, len) == static_cast<ssize_t>(len), "cannot write %s", path);
+  size_t len = strlen(e2e::kAddOnePtx);
+  EXPECT(write(fd, e2e::kAddOnePtx, len) == static_cast<ssize_t>(len), "cannot write %s", path);
   close(fd);
   static LinkOptions opt2;
   opt2.Init(false);
@@ -267,16 +199,16 @@ int main(int argc, char** argv) {
                                     "garbage.ptx", 0, nullptr, nullptr);
   EXPECT(bad != CUDA_SUCCESS, "garbage PTX was accepted");
   EXPECT(opt3.error[0] != '\0', "garbage PTX failed with %d (%s) but left no error log",
-         static_cast<int>(bad), Name(bad));
-  printf("bad.error=%s\n", Name(bad));
+         static_cast<int>(bad), e2e::CuName(bad));
+  printf("bad.error=%s\n", e2e::CuName(bad));
   printf("bad.error_log=%s\n", FirstLine(opt3.error).c_str());
   CUresult missing =
       g_cu.link_add_file(state, CU_JIT_INPUT_PTX, "/nonexistent/jit_link.ptx", 0, nullptr, nullptr);
   EXPECT(missing != CUDA_SUCCESS, "a missing file was accepted");
-  printf("missing.error=%s\n", Name(missing));
+  printf("missing.error=%s\n", e2e::CuName(missing));
   // Completing with no valid input: what the driver answers is printed, not judged.
   CUresult empty = g_cu.link_complete(state, &cubin, &cubin_size);
-  printf("empty.result=%s\n", empty == CUDA_SUCCESS ? "CUDA_SUCCESS" : Name(empty));
+  printf("empty.result=%s\n", empty == CUDA_SUCCESS ? "CUDA_SUCCESS" : e2e::CuName(empty));
   CU(g_cu.link_destroy(state));
 
   // 4. Under Flyt: a destroyed state is refused, and the session goes on.
@@ -284,11 +216,11 @@ int main(int argc, char** argv) {
     e2e::Step("destroyed state");
     CUresult again = g_cu.link_destroy(state);
     EXPECT(again == CUDA_ERROR_INVALID_HANDLE, "second cuLinkDestroy returned %d (%s)",
-           static_cast<int>(again), Name(again));
-    CUresult add = g_cu.link_add_data(state, CU_JIT_INPUT_PTX, const_cast<char*>(kPtx),
-                                      sizeof(kPtx), "x", 0, nullptr, nullptr);
+           static_cast<int>(again), e2e::CuName(again));
+    CUresult add = g_cu.link_add_data(state, CU_JIT_INPUT_PTX, const_cast<char*>(e2e::kAddOnePtx),
+                                      sizeof(e2e::kAddOnePtx), "x", 0, nullptr, nullptr);
     EXPECT(add == CUDA_ERROR_INVALID_HANDLE, "cuLinkAddData of a destroyed state returned %d (%s)",
-           static_cast<int>(add), Name(add));
+           static_cast<int>(add), e2e::CuName(add));
     CU(g_cu.link_create(0, nullptr, nullptr, &state));
     CU(g_cu.link_destroy(state));
     printf("misuse=ok\n");

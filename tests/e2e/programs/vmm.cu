@@ -42,7 +42,7 @@
 
 #include <vector>
 
-#include "e2e_common.h"
+#include "e2e_driver.h"
 
 namespace {
 
@@ -60,51 +60,10 @@ struct Driver {
   decltype(&::cuMemRetainAllocationHandle) retain;
   decltype(&::cuMemExportToShareableHandle) export_handle;
   decltype(&::cuMemImportFromShareableHandle) import_handle;
-  decltype(&::cuGetErrorName) error_name;
   decltype(&::cuDeviceGetAttribute) attribute;
 };
 
-template <typename F>
-void Resolve(const char* symbol, F* out) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
-  cudaError_t err =
-      cudaGetDriverEntryPointByVersion(symbol, &fn, CUDART_VERSION, cudaEnableDefault, &status);
-  EXPECT(err == cudaSuccess && status == cudaDriverEntryPointSuccess && fn != nullptr,
-         "cudaGetDriverEntryPointByVersion(%s): error %d (%s), status %d", symbol,
-         static_cast<int>(err), cudaGetErrorName(err), static_cast<int>(status));
-  *out = reinterpret_cast<F>(fn);
-}
-
 Driver g_cu;
-
-const char* Name(CUresult r) {
-  const char* n = nullptr;
-  g_cu.error_name(r, &n);
-  return n != nullptr ? n : "?";
-}
-
-#define CU(call)                                                                             \
-  do {                                                                                       \
-    CUresult cu_r_ = (call);                                                                 \
-    if (cu_r_ != CUDA_SUCCESS)                                                               \
-      ::e2e::Fail(__FILE__, __LINE__, "%s returned %d (%s)", #call, static_cast<int>(cu_r_), \
-                  Name(cu_r_));                                                              \
-  } while (0)
-
-#define EXPECT_CU(call, want)                                                                    \
-  do {                                                                                           \
-    CUresult cu_r_ = (call);                                                                     \
-    EXPECT(cu_r_ == (want), "%s returned %d (%s), want %d (%s)", #call, static_cast<int>(cu_r_), \
-           Name(cu_r_), static_cast<int>(want), Name(want));                                     \
-  } while (0)
-
-bool UnderFlyt() {
-  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  bool flyt = lib != nullptr && dlsym(lib, "flyt_client_marker") != nullptr;
-  if (lib != nullptr) dlclose(lib);
-  return flyt;
-}
 
 CUmemAllocationProp DeviceProp() {
   CUmemAllocationProp prop;
@@ -157,7 +116,7 @@ void Quota(size_t quota, size_t gran) {
   }
   printf("quota.chunks=%zu\n", handles.size());
   EXPECT(r == CUDA_ERROR_OUT_OF_MEMORY, "cuMemCreate over the quota returned %d (%s), want %d",
-         static_cast<int>(r), Name(r), static_cast<int>(CUDA_ERROR_OUT_OF_MEMORY));
+         static_cast<int>(r), e2e::CuName(r), static_cast<int>(CUDA_ERROR_OUT_OF_MEMORY));
   EXPECT(handles.size() == free0 / gran, "%zu chunks of %zu fit, want %zu", handles.size(), gran,
          free0 / gran);
   CK(cudaGetLastError());  // not sticky
@@ -328,21 +287,21 @@ int main(int argc, char** argv) {
 
   e2e::Step("initialise the runtime and resolve the driver's VMM calls");
   CK(cudaFree(nullptr));
-  Resolve("cuMemGetAllocationGranularity", &g_cu.granularity);
-  Resolve("cuMemAddressReserve", &g_cu.reserve);
-  Resolve("cuMemAddressFree", &g_cu.address_free);
-  Resolve("cuMemCreate", &g_cu.create);
-  Resolve("cuMemRelease", &g_cu.release);
-  Resolve("cuMemMap", &g_cu.map);
-  Resolve("cuMemUnmap", &g_cu.unmap);
-  Resolve("cuMemSetAccess", &g_cu.set_access);
-  Resolve("cuMemGetAccess", &g_cu.get_access);
-  Resolve("cuMemGetAllocationPropertiesFromHandle", &g_cu.properties);
-  Resolve("cuMemRetainAllocationHandle", &g_cu.retain);
-  Resolve("cuMemExportToShareableHandle", &g_cu.export_handle);
-  Resolve("cuMemImportFromShareableHandle", &g_cu.import_handle);
-  Resolve("cuGetErrorName", &g_cu.error_name);
-  Resolve("cuDeviceGetAttribute", &g_cu.attribute);
+  e2e::ResolveDriver("cuMemGetAllocationGranularity", &g_cu.granularity);
+  e2e::ResolveDriver("cuMemAddressReserve", &g_cu.reserve);
+  e2e::ResolveDriver("cuMemAddressFree", &g_cu.address_free);
+  e2e::ResolveDriver("cuMemCreate", &g_cu.create);
+  e2e::ResolveDriver("cuMemRelease", &g_cu.release);
+  e2e::ResolveDriver("cuMemMap", &g_cu.map);
+  e2e::ResolveDriver("cuMemUnmap", &g_cu.unmap);
+  e2e::ResolveDriver("cuMemSetAccess", &g_cu.set_access);
+  e2e::ResolveDriver("cuMemGetAccess", &g_cu.get_access);
+  e2e::ResolveDriver("cuMemGetAllocationPropertiesFromHandle", &g_cu.properties);
+  e2e::ResolveDriver("cuMemRetainAllocationHandle", &g_cu.retain);
+  e2e::ResolveDriver("cuMemExportToShareableHandle", &g_cu.export_handle);
+  e2e::ResolveDriver("cuMemImportFromShareableHandle", &g_cu.import_handle);
+  e2e::ResolveDriver("cuGetErrorName", &e2e::g_error_name);
+  e2e::ResolveDriver("cuDeviceGetAttribute", &g_cu.attribute);
   int vmm_supported = 0;
   CU(g_cu.attribute(&vmm_supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0));
   EXPECT(vmm_supported == 1, "VirtualMemoryManagementSupported is %d", vmm_supported);
@@ -350,7 +309,7 @@ int main(int argc, char** argv) {
   if (mode == "share") return ShareWithChild(argv[0]);
   if (mode == "import") {
     EXPECT(argc == 3, "usage: vmm import SOCKET");
-    return ImportChild(atoi(argv[2]), UnderFlyt());
+    return ImportChild(atoi(argv[2]), e2e::UnderFlyt());
   }
   if (mode == "foreign") {
     e2e::Step("another session's handle and range are not this one's");
@@ -536,7 +495,7 @@ int main(int argc, char** argv) {
   CU(g_cu.address_free(va, 3 * gran));
   CK(cudaDeviceSynchronize());  // the asynchronous tear-downs' errors would show here
 
-  const bool flyt = UnderFlyt();
+  const bool flyt = e2e::UnderFlyt();
   printf("under_flyt=%d\n", flyt ? 1 : 0);
   if (flyt) {
     e2e::Step("misuse fails cleanly (Flyt)");
