@@ -174,6 +174,7 @@ def pids_with_arg(fragment, exe_name=None):
     A flyt-server's worker processes (same command line plus --worker) are not counted:
     they belong to their server."""
     out = []
+    parents = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -181,11 +182,13 @@ def pids_with_arg(fragment, exe_name=None):
             with open("/proc/%s/cmdline" % entry, "rb") as f:
                 argv = f.read().split(b"\0")
             with open("/proc/%s/stat" % entry, "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
+                fields = f.read().rsplit(b")", 1)[1].split()
+            state = fields[0]
         except OSError:
             continue
         if state == b"Z":
             continue
+        parents[int(entry)] = int(fields[1])
         args = [a.decode("utf-8", "replace") for a in argv if a]
         if not args or not any(fragment in a for a in args):
             continue
@@ -194,7 +197,8 @@ def pids_with_arg(fragment, exe_name=None):
         if "--worker" in args:
             continue
         out.append(int(entry))
-    return sorted(out)
+    # A worker between its fork and its exec still shows its server's command line.
+    return sorted(p for p in out if parents.get(p) not in out)
 
 
 def pid_alive(pid):
