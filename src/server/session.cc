@@ -578,6 +578,7 @@ void Session::Run() {
     }
     if (IsStickyError(rc) && !sticky_logged_) {
       sticky_logged_ = true;
+      if (state_->link != nullptr) state_->link->ReportSticky();
       FLYT_WARN(
           "session %llu (client pid %u): sticky error %d; this client's CUDA state is "
           "unusable until it exits, as on a local GPU",

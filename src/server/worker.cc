@@ -161,6 +161,12 @@ int MainLink::GetShareable(uint64_t key, uint64_t secret) {
   return fd;
 }
 
+void MainLink::ReportSticky() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status st = channel::Send(fd_, channel::Type::kSticky, nullptr, 0);
+  if (!st.ok()) FLYT_WARN("worker: %s", st.message().c_str());
+}
+
 int RunWorker(const WorkerArgs& args, const ServerOptions& options) {
   static char tag[48];
   std::snprintf(tag, sizeof(tag), "flyt-server worker %d", static_cast<int>(getpid()));

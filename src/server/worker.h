@@ -64,6 +64,8 @@ class MainLink {
   Status PutShareable(int fd, uint64_t* key, uint64_t* secret);
   // A new descriptor for what another worker put under key and secret, or -1.
   int GetShareable(uint64_t key, uint64_t secret);
+  // Tells the main process that this worker's client hit a sticky error.
+  void ReportSticky();
 
  private:
   std::mutex mu_;

@@ -28,6 +28,7 @@ enum class Type : uint32_t {
   kImagePut = 12,      // u64 h0, u64 h1, u64 size + memfd (no answer)
   kShareablePut = 13,  // + the driver's VMM shareable descriptor -> kShareableKey
   kShareableGet = 14,  // u64 key, u64 secret -> kShareable
+  kSticky = 15,        // its client hit a sticky error (no answer)
   // main -> worker (request channel, answers)
   kImage = 20,         // u8 found, u64 size [+ memfd]
   kShareableKey = 21,  // u64 key, u64 secret

@@ -145,7 +145,7 @@ void WorkerPool::TopUpLocked() {
   if (stopping_) return;
   int spare = 0;
   for (auto& [slot, w] : workers_)
-    if (!w->assigned) ++spare;
+    if (!w->assigned && !w->retired) ++spare;
   while (spare < size_ && failed_starts_ < kMaxFailedStarts) {
     Status st = SpawnLocked();
     if (!st.ok()) {
@@ -183,6 +183,8 @@ void WorkerPool::ServeRequests(Worker* w) {
       std::memcpy(v, m.payload.data(), sizeof(v));
       images_.Insert(v[0], v[1], m.fds[0], v[2]);  // takes the descriptor
       m.fds.clear();
+    } else if (m.type == channel::Type::kSticky) {
+      RetireIdle(w);
     } else if (m.type == channel::Type::kShareablePut && m.fds.size() == 1) {
       std::random_device rd;
       uint64_t answer[2];
@@ -222,6 +224,27 @@ void WorkerPool::ServeRequests(Worker* w) {
   Reap(w);
 }
 
+// Under MPS a fatal fault reaches every client of the GPU's MPS server, which
+// then takes no new client until all of them have exited: idle workers would
+// hold it back for good. So after any client's sticky error the idle workers
+// go, and the pool starts new ones (under MPS they start once it has
+// recovered; without MPS at once).
+void WorkerPool::RetireIdle(Worker* reporter) {
+  std::lock_guard<std::mutex> lock(mu_);
+  int retired = 0;
+  for (auto& [slot, w] : workers_) {
+    if (w->assigned || w.get() == reporter || w->retired) continue;
+    w->retired = true;
+    ::shutdown(w->control, SHUT_RDWR);  // the idle worker sees its control channel end
+    ++retired;
+  }
+  if (retired > 0)
+    FLYT_INFO(
+        "session %llu hit a sticky error: %d idle worker(s) replaced (MPS recovers only "
+        "once every client of the GPU has exited)",
+        static_cast<unsigned long long>(reporter->session), retired);
+}
+
 void WorkerPool::Reap(Worker* w) {
   int status = 0;
   pid_t r;
@@ -237,7 +260,7 @@ void WorkerPool::Reap(Worker* w) {
       r == w->pid && (WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0));
   std::string how = !WIFSIGNALED(status) ? "exit status " + std::to_string(WEXITSTATUS(status))
                                          : std::string("signal ") + strsignal(WTERMSIG(status));
-  if (!w->ready) {
+  if (!w->ready && !w->retired) {
     ++failed_starts_;
     last_failure_ = "worker " + std::to_string(w->pid) + " ended before it was ready, " + how;
     FLYT_ERROR("%s", last_failure_.c_str());
@@ -248,7 +271,7 @@ void WorkerPool::Reap(Worker* w) {
         "returned to the quota; the server and its other clients go on",
         static_cast<int>(w->pid), static_cast<unsigned long long>(w->session), s.client_pid.load(),
         how.c_str(), static_cast<unsigned long long>(charged));
-  } else if (w->assigned) {
+  } else if (w->assigned || w->retired) {
     FLYT_INFO("worker %d (session %llu) ended", static_cast<int>(w->pid),
               static_cast<unsigned long long>(w->session));
   }
@@ -283,11 +306,11 @@ Status WorkerPool::Serve(const channel::Ticket& ticket, transport::DetachedConne
     Worker* w = nullptr;
     for (;;) {
       for (auto& [slot, cand] : workers_)
-        if (cand->ready && !cand->assigned) w = cand.get();
+        if (cand->ready && !cand->assigned && !cand->retired) w = cand.get();
       if (w != nullptr) break;
       bool starting = false;
       for (auto& [slot, cand] : workers_)
-        if (!cand->ready && !cand->assigned) starting = true;
+        if (!cand->ready && !cand->assigned && !cand->retired) starting = true;
       if (!starting) {
         if (failed_starts_ >= kMaxFailedStarts) failed_starts_ = kMaxFailedStarts - 1;  // once more
         st = SpawnLocked();

@@ -85,12 +85,14 @@ class WorkerPool {
     int requests = -1;
     bool ready = false;
     bool assigned = false;
+    bool retired = false;  // an idle worker told to exit (RetireIdle)
     uint64_t session = 0;
     uint64_t secret = 0;
   };
   Status SpawnLocked();
   void TopUpLocked();
   void ServeRequests(Worker* w);
+  void RetireIdle(Worker* reporter);
   void Reap(Worker* w);
 
   // VMM shareable descriptors workers exported, by key; each lives as long as

@@ -1945,6 +1945,11 @@ class E2E(unittest.TestCase):
         self.assertGreaterEqual(stats["workers_started"], len(workers) + len(faults) + 1)
         self.assertEqual(stats["memory_used"], 0, stats)
         self.assertIn("sticky error", srv.log_text())
+        # The pool's idle workers were replaced after the faults (under MPS an idle
+        # client would keep the MPS server from recovering), and the pool is full again.
+        self.assertIn("idle worker(s) replaced", srv.log_text(), srv.logs())
+        stats = self.stats_when(srv, lambda s: s["pool_idle"] == s["pool_size"])
+        self.assertEqual(stats["pool_idle"], stats["pool_size"], stats)
         self.stop_server(srv)
 
     def test_quota_across_processes(self):
