@@ -77,6 +77,30 @@ struct Rng {
   }
 };
 
+// Right after a launch meant to fault: prints what the launch, cudaDeviceSynchronize
+// and cudaGetLastError answer and whether a cudaMalloc still works (a sticky error
+// makes it fail too), and returns the program's exit code: 3 when the synchronize
+// reports `expected`, 1 when the launch itself failed or nothing failed, 4 for any
+// other error. Output is flushed around the synchronize, so that text the driver
+// writes to stdout there (a device assert's) comes in a fixed place.
+static inline int ReportFault(cudaError_t expected) {
+  cudaError_t launch = cudaGetLastError();
+  printf("launch: %s\n", cudaGetErrorName(launch));
+  fflush(stdout);
+  cudaError_t sync = cudaDeviceSynchronize();
+  fflush(stdout);
+  printf("cudaDeviceSynchronize: %s\n", cudaGetErrorName(sync));
+  cudaError_t last = cudaGetLastError();
+  printf("cudaGetLastError: %s\n", cudaGetErrorName(last));
+  int* d2 = nullptr;
+  cudaError_t after = cudaMalloc(&d2, 16);
+  printf("cudaMalloc after fault: %s\n", cudaGetErrorName(after));
+  fflush(stdout);
+  if (launch != cudaSuccess) return 1;
+  if (sync == expected) return 3;
+  return sync == cudaSuccess ? 1 : 4;
+}
+
 static inline void pass(const char* name) {
   printf("%s: PASS\n", name);
   fflush(stdout);
