@@ -44,6 +44,7 @@ enum TableIndex : int {
   kIntegrityCheck,       // d4082055
   kToolsContext,         // 21318c60
   kGpuTopology,          // 1734dc26
+  kModuleFunctions,      // 6e163fbe
   kNumTables,
 };
 
@@ -87,6 +88,10 @@ constexpr TableInfo kTableInfo[kNumTables] = {
      {0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd, 0x8b,
       0xca},
      CUDA_ERROR_NOT_SUPPORTED},
+    {"module_functions",
+     {0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d, 0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99,
+      0x1e},
+     CUDA_ERROR_NOT_SUPPORTED},
 };
 
 // Tables refused without a warning: asked for by libraries that work with them refused.
@@ -118,6 +123,7 @@ constexpr Layout kChecksLayout = MakeLayout(4, 15);
 constexpr Layout kIntegrityLayout = MakeLayout(3, 3);
 constexpr Layout kToolsContextLayout = MakeLayout(52, 93);
 constexpr Layout kGpuTopologyLayout = MakeLayout(14, 17);
+constexpr Layout kModuleFunctionsLayout = MakeLayout(8, 99);
 // The storage table has no size slot: slots 0..2 are functions and slot 3 is null in the
 // real driver (what follows it there is another table), so it is exactly four slots.
 constexpr size_t kStorageCapacity = 4;
@@ -143,6 +149,7 @@ constexpr size_t kToolsContextStreamId = 39;
 constexpr size_t kToolsContextStream = 51;
 constexpr size_t kGpuTopologyGet = 4;
 constexpr size_t kGpuTopologyFree = 13;
+constexpr size_t kModuleFunctionsEach = 7;
 
 template <typename Fn>
 const void* SlotOf(Fn* fn) {
@@ -504,6 +511,31 @@ CUresult GpuTopologyGet(void** gpc_index, void** index_in_gpc) {
 CUresult GpuTopologyFree(void*, void*) { return CUDA_SUCCESS; }
 
 // ---------------------------------------------------------------------------------------
+// 6e163fbe: module functions (cuFFT; 99 slots in driver 580, of which cuFFT 12 calls only
+// slot 7, after checking that the size covers 8 slots). Slot 7
+// `(CUcontext ctx, CUmodule module, void (*each)(void* opaque, CUfunction f), void* opaque)`
+// calls `each` once per function of `module` and returns how many it called it for; cuFFT
+// loads each of its run-time generated kernels as a module of one function, takes the
+// function from the callback without knowing its name, and treats any result other than 1
+// as an internal error. The functions handed out are used only through the public API
+// (launches, attributes): cuFFT never reads the driver object itself (probed with the
+// object in memory that faults on access: every read came from the driver). The client
+// knows every function of each module it loaded, so this is answered without the server.
+
+int ModuleFunctionsEach(CUcontext, CUmodule module, void (*each)(void*, CUfunction), void* opaque) {
+  unsigned int count = 0;
+  if (each == nullptr || cuModuleGetFunctionCount(&count, module) != CUDA_SUCCESS) return 0;
+  std::vector<CUfunction> functions(count);
+  if (count == 0 || cuModuleEnumerateFunctions(functions.data(), count, module) != CUDA_SUCCESS) {
+    FLYT_WARN("export table module_functions: module %p has no functions Flyt knows of",
+              static_cast<void*>(module));
+    return 0;
+  }
+  for (CUfunction f : functions) each(opaque, f);
+  return static_cast<int>(count);
+}
+
+// ---------------------------------------------------------------------------------------
 // d4082055: integrity check. cudart asks for three 16-byte answers while it starts (its
 // `version` argument ends in 0, 1 and 2). The first two are constants. The third is
 // HMAC-MD2, under a fixed key, of: driver version, `version`, pid, thread id, the addresses
@@ -616,6 +648,7 @@ struct Tables {
   const void* integrity[kIntegrityLayout.capacity];
   const void* tools_context[kToolsContextLayout.capacity];
   const void* gpu_topology[kGpuTopologyLayout.capacity];
+  const void* module_functions[kModuleFunctionsLayout.capacity];
 
   const void* const* Get(int index) const {
     switch (index) {
@@ -635,6 +668,8 @@ struct Tables {
         return tools_context;
       case kGpuTopology:
         return gpu_topology;
+      case kModuleFunctions:
+        return module_functions;
       default:
         return nullptr;
     }
@@ -687,6 +722,10 @@ Tables* BuildTables() {
   t->gpu_topology[0] = SizeSlot(kGpuTopologyLayout.claimed);
   t->gpu_topology[kGpuTopologyGet] = SlotOf(&GpuTopologyGet);
   t->gpu_topology[kGpuTopologyFree] = SlotOf(&GpuTopologyFree);
+
+  FillStubs<kModuleFunctions>(t->module_functions);
+  t->module_functions[0] = SizeSlot(kModuleFunctionsLayout.claimed);
+  t->module_functions[kModuleFunctionsEach] = SlotOf(&ModuleFunctionsEach);
   return t;
 }
 

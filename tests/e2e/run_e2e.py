@@ -1119,6 +1119,32 @@ class E2E(unittest.TestCase):
                                  srv.logs())
                 self.stop_server(srv)
 
+    def test_module_functions(self):
+        """cuFFT's private table 6e163fbe (docs/export_tables.md): module_functions asks
+        for it like cuFFT does, over every transport and cudart: the size covers slot 7;
+        slot 7 hands each function of a loaded module to a callback and returns how many
+        (one for a one-function module, the function cuModuleGetFunction finds, which
+        launches; both of a two-function module), also with a NULL context; the client
+        answers it without a warning."""
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                srv = self.start_server()
+                res = self.run_ok(srv, transport, "module_functions", variant, log_level="warn")
+                kv = self.kv(res)
+                where = res.describe()
+                for key, want in (("under_flyt", "1"), ("table.covers_slot7", "1"),
+                                  ("one.result", "1"), ("one.calls", "1"),
+                                  ("one.same_as_by_name", "1"), ("one.launched", "1"),
+                                  ("null_ctx.result", "1"), ("two.result", "2"),
+                                  ("two.same_set", "1")):
+                    self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
+                log = ""
+                if res.client_log_path and os.path.exists(res.client_log_path):
+                    with open(res.client_log_path) as f:
+                        log = f.read()
+                self.assertNotIn("export table", res.stderr + log, where)
+                self.stop_server(srv)
+
     def test_jit_link(self):
         """The JIT linker (cuLinkCreate/AddData/AddFile/Complete/Destroy, also the 5.5
         ABIs): jit_link's own checks over every transport and cudart: a PTX string linked

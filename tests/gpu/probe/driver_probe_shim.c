@@ -1,0 +1,259 @@
+/* driver_probe_shim: a logging libcuda.so.1 placed in front of NVIDIA's driver on the GPU
+ * machine, to learn what a library asks of the driver's private export tables.
+ *
+ * Owns: nothing of Flyt's. It forwards every exported function of the real driver (the
+ * forwarders are generated at build time by probe_build.sh from `nm -D` of the real
+ * libcuda, in probe_forward.inc), and wraps three things:
+ *   - cuGetProcAddress / _v2: logs each symbol asked for, hands back cuGetExportTable's
+ *     wrapper and logging trampolines for the functions named in WATCHED below;
+ *   - cuGetExportTable: logs every UUID asked for and its result; for the tables in
+ *     PROXIED it returns a copy whose every slot is a trampoline that logs the slot and its
+ *     first six integer arguments, then jumps to the driver's slot (arguments, stack and
+ *     return value untouched);
+ *   - slot 7 of 6e163fbe (the module function iterator cuFFT calls): logs its arguments,
+ *     each item handed to the callback and the result. With PROBE_WATCH=1 the caller's
+ *     callback gets a copy of the item in memory that faults on every access, and the shim
+ *     logs which offsets are read and by which library (single-stepping past each read);
+ *     the copy is translated back to the driver's item in the arguments of the watched
+ *     functions.
+ * Log: $PROBE_LOG (default /tmp/driver_probe.log), one line per event, pid first.
+ * Never used by Flyt itself; build and run: tests/gpu/probe/probe_build.sh. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#define HIDDEN __attribute__((visibility("hidden")))
+
+static void* real_driver;
+static int log_fd = -1;
+static volatile int log_lock;
+
+static void logf_(const char* fmt, ...) {
+  char buf[1024];
+  int n = snprintf(buf, sizeof buf, "%d ", (int)getpid());
+  va_list ap;
+  va_start(ap, fmt);
+  n += vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
+  va_end(ap);
+  if (n >= (int)sizeof buf) n = sizeof buf - 1;
+  buf[n++] = '\n';
+  while (__sync_lock_test_and_set(&log_lock, 1)) {
+  }
+  if (log_fd >= 0) (void)!write(log_fd, buf, (size_t)n);
+  __sync_lock_release(&log_lock);
+}
+
+/* ---- forwarders for every real export (generated) ---- */
+#include "probe_forward.inc"
+
+/* ---- trampolines: log slot n, then jump to real_slot[n] with registers intact ---- */
+#define MAX_TRAMPS 256
+HIDDEN void* probe_real_slot[MAX_TRAMPS];
+static const char* tramp_name[MAX_TRAMPS];
+static int tramp_calls[MAX_TRAMPS];
+static int tramp_count;
+
+static void* watch_copy; /* the faulting copy of the last iterator item (PROBE_WATCH) */
+static void* watch_real;
+static size_t watch_len = 0x1000;
+
+HIDDEN void probe_log_slot(int n, uint64_t* saved) {
+  /* saved: r9 r8 rcx rdx rsi rdi rax, in that order */
+  if (watch_copy != NULL)
+    for (int i = 0; i < 6; ++i)
+      if (saved[i] == (uint64_t)(uintptr_t)watch_copy) saved[i] = (uint64_t)(uintptr_t)watch_real;
+  if (++tramp_calls[n] > 40) return;
+  logf_("call %s a0=%#lx a1=%#lx a2=%#lx a3=%#lx a4=%#lx a5=%#lx", tramp_name[n],
+        (unsigned long)saved[5], (unsigned long)saved[4], (unsigned long)saved[3],
+        (unsigned long)saved[2], (unsigned long)saved[1], (unsigned long)saved[0]);
+}
+
+#include "probe_tramps.inc" /* probe_tramp_0 .. _255 and tramps[] (generated) */
+
+static void* make_tramp(const char* name, void* real) {
+  int n = __sync_fetch_and_add(&tramp_count, 1);
+  if (n >= MAX_TRAMPS) return real;
+  probe_real_slot[n] = real;
+  tramp_name[n] = strdup(name);
+  return (void*)tramps[n];
+}
+
+/* ---- watched reads of an iterator item ---- */
+static void on_segv(int sig, siginfo_t* si, void* uc_) {
+  ucontext_t* uc = uc_;
+  char* a = si->si_addr;
+  if (watch_copy == NULL || a < (char*)watch_copy || a >= (char*)watch_copy + watch_len) {
+    signal(sig, SIG_DFL);
+    return;
+  }
+  Dl_info di;
+  void* rip = (void*)uc->uc_mcontext.gregs[REG_RIP];
+  const char* lib = dladdr(rip, &di) && di.dli_fname ? di.dli_fname : "?";
+  logf_("read item+%#lx by %s+%#lx", (unsigned long)(a - (char*)watch_copy), lib,
+        (unsigned long)((char*)rip - (char*)di.dli_fbase));
+  mprotect(watch_copy, watch_len, PROT_READ | PROT_WRITE);
+  uc->uc_mcontext.gregs[REG_EFL] |= 0x100; /* single-step the access */
+}
+static void on_trap(int sig, siginfo_t* si, void* uc_) {
+  (void)sig;
+  (void)si;
+  ucontext_t* uc = uc_;
+  uc->uc_mcontext.gregs[REG_EFL] &= ~0x100;
+  if (watch_copy != NULL) mprotect(watch_copy, watch_len, PROT_NONE);
+}
+
+/* ---- 6e163fbe slot 7 ---- */
+typedef void (*item_cb)(void* opaque, void* item);
+typedef int (*iter_fn)(void*, void*, item_cb, void*, void*, void*);
+static iter_fn real_iter;
+struct iter_ctx {
+  item_cb cb;
+  void* opaque;
+};
+static void iter_item(void* opaque, void* item) {
+  struct iter_ctx* c = opaque;
+  uint64_t* q = item;
+  logf_("iter item=%p w0=%#lx w1=%#lx w2=%#lx w3=%#lx w5=%#lx", item, (unsigned long)q[0],
+        (unsigned long)q[1], (unsigned long)q[2], (unsigned long)q[3], (unsigned long)q[5]);
+  if (getenv("PROBE_WATCH") != NULL) {
+    if (watch_copy == NULL)
+      watch_copy = mmap(NULL, watch_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    else
+      mprotect(watch_copy, watch_len, PROT_READ | PROT_WRITE);
+    memcpy(watch_copy, item, 0x600);
+    watch_real = item;
+    mprotect(watch_copy, watch_len, PROT_NONE);
+    c->cb(c->opaque, watch_copy);
+    return;
+  }
+  c->cb(c->opaque, item);
+}
+static int wrap_iter(void* a0, void* a1, item_cb cb, void* opaque, void* a4, void* a5) {
+  logf_("slot7 a0=%p a1=%p cb=%p opaque=%p a4=%p a5=%p", a0, a1, (void*)cb, opaque, a4, a5);
+  struct iter_ctx c = {cb, opaque};
+  int r = real_iter(a0, a1, iter_item, &c, a4, a5);
+  logf_("slot7 -> %d", r);
+  return r;
+}
+
+/* ---- cuGetExportTable ---- */
+typedef int (*get_table_fn)(const void**, const unsigned char*);
+static get_table_fn real_get_table;
+static const char* const PROXIED[] = {"6e163fbeb958444d835ce182aff1991e",
+                                      "2c8e0ad80710ab4e90dd54719fe5f74b", NULL};
+struct proxy {
+  char uuid[33];
+  const void** table;
+};
+static struct proxy proxies[8];
+
+int cuGetExportTable(const void** table, const unsigned char* uuid) {
+  int r = real_get_table(table, uuid);
+  char u[33];
+  for (int i = 0; i < 16; ++i) sprintf(u + 2 * i, "%02x", uuid[i]);
+  unsigned long size = (r == 0 && table && *table) ? (unsigned long)((uintptr_t*)*table)[0] : 0;
+  logf_("export %s -> %d size=%lu", u, r, size);
+  if (r != 0 || table == NULL || *table == NULL) return r;
+  for (int p = 0; PROXIED[p]; ++p) {
+    if (strcmp(PROXIED[p], u) != 0) continue;
+    for (int k = 0; k < 8; ++k) {
+      if (proxies[k].table != NULL && strcmp(proxies[k].uuid, u) == 0) {
+        *table = proxies[k].table;
+        return r;
+      }
+      if (proxies[k].table == NULL) {
+        const void* const* real = *table;
+        size_t slots = size / 8 < 200 ? (size / 8 > 8 ? size / 8 : 8) : 200;
+        const void** copy = calloc(slots + 32, sizeof(void*));
+        copy[0] = real[0];
+        for (size_t s = 1; s < slots; ++s) {
+          char name[64];
+          snprintf(name, sizeof name, "%.8s[%zu]", u, s);
+          copy[s] = real[s] ? make_tramp(name, (void*)real[s]) : NULL;
+        }
+        if (strcmp(u, PROXIED[0]) == 0 && slots > 7) {
+          real_iter = (iter_fn)real[7];
+          copy[7] = (void*)wrap_iter;
+        }
+        strcpy(proxies[k].uuid, u);
+        proxies[k].table = copy;
+        *table = copy;
+        return r;
+      }
+    }
+  }
+  return r;
+}
+
+/* ---- cuGetProcAddress ---- */
+static const char* const WATCHED[] = {
+    "cuLaunchKernel", "cuLaunchKernelEx", "cuFuncGetAttribute", "cuFuncSetAttribute",
+    "cuFuncSetCacheConfig", "cuModuleGetFunction", "cuModuleLoadData", "cuModuleLoadDataEx",
+    "cuModuleLoadFatBinary", "cuLibraryLoadData", "cuLibraryGetKernel", "cuKernelGetFunction",
+    "cuModuleUnload", "cuLibraryUnload", "cuFuncGetName", "cuModuleEnumerateFunctions",
+    "cuModuleGetFunctionCount", "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+    "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", "cuFuncGetModule",
+    "cuLinkCreate", "cuLinkAddData", "cuLinkComplete", "cuFuncGetParamInfo", NULL};
+
+typedef int (*gpa2_fn)(const char*, void**, int, unsigned long long, int*);
+typedef int (*gpa_fn)(const char*, void**, int, unsigned long long);
+static gpa2_fn real_gpa2;
+static gpa_fn real_gpa;
+
+int cuGetProcAddress_v2(const char*, void**, int, unsigned long long, int*);
+int cuGetProcAddress(const char*, void**, int, unsigned long long);
+
+static void* wrap_symbol(const char* symbol, int version, void* fn) {
+  if (fn == NULL) return fn;
+  if (strcmp(symbol, "cuGetExportTable") == 0) return (void*)cuGetExportTable;
+  if (strcmp(symbol, "cuGetProcAddress") == 0)
+    return version >= 12000 ? (void*)cuGetProcAddress_v2 : (void*)cuGetProcAddress;
+  for (int i = 0; WATCHED[i]; ++i)
+    if (strcmp(WATCHED[i], symbol) == 0) return make_tramp(symbol, fn);
+  return fn;
+}
+
+int cuGetProcAddress_v2(const char* symbol, void** fn, int version, unsigned long long flags,
+                        int* status) {
+  int r = real_gpa2(symbol, fn, version, flags, status);
+  logf_("proc %s v%d -> %d", symbol, version, r);
+  if (r == 0 && fn != NULL) *fn = wrap_symbol(symbol, version, *fn);
+  return r;
+}
+int cuGetProcAddress(const char* symbol, void** fn, int version, unsigned long long flags) {
+  int r = real_gpa(symbol, fn, version, flags);
+  logf_("proc1 %s v%d -> %d", symbol, version, r);
+  if (r == 0 && fn != NULL) *fn = wrap_symbol(symbol, version, *fn);
+  return r;
+}
+
+__attribute__((constructor)) static void probe_init(void) {
+  const char* path = getenv("PROBE_LOG");
+  log_fd = open(path ? path : "/tmp/driver_probe.log", O_WRONLY | O_CREAT | O_APPEND, 0644);
+  real_driver = dlopen(PROBE_REAL_DRIVER, RTLD_NOW | RTLD_LOCAL);
+  if (real_driver == NULL) {
+    logf_("cannot open %s: %s", PROBE_REAL_DRIVER, dlerror());
+    return;
+  }
+  real_get_table = (get_table_fn)dlsym(real_driver, "cuGetExportTable");
+  real_gpa2 = (gpa2_fn)dlsym(real_driver, "cuGetProcAddress_v2");
+  real_gpa = (gpa_fn)dlsym(real_driver, "cuGetProcAddress");
+  probe_forward_init();
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_flags = SA_SIGINFO;
+  sa.sa_sigaction = on_segv;
+  sigaction(SIGSEGV, &sa, NULL);
+  sa.sa_sigaction = on_trap;
+  sigaction(SIGTRAP, &sa, NULL);
+  logf_("probe up, driver %s", PROBE_REAL_DRIVER);
+}
