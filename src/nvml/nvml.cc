@@ -614,6 +614,116 @@ FLYT_NVML_API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t devic
   });
 }
 
+// Interconnect: answers the GPU host's NVML gave flyt-server (NvmlTopology), errors
+// included; NCCL asks these while it starts.
+
+FLYT_NVML_API nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t device2,
+                                                  nvmlGpuP2PCapsIndex_t index,
+                                                  nvmlGpuP2PStatus_t* status) {
+  if (status == nullptr || index >= flyt::ops::kNvmlP2pIndices) return NVML_ERROR_INVALID_ARGUMENT;
+  return WithDevice(device1, false, [&](const NvmlDevice& d, int, State& s) {
+    int j = HandleIndex(s, device2);
+    if (j < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = d.topology.p2p_rc[index][j];
+    if (rc == NVML_SUCCESS) *status = d.topology.p2p[index][j];
+    return rc;
+  });
+}
+
+FLYT_NVML_API nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1,
+                                                               nvmlDevice_t device2,
+                                                               nvmlGpuTopologyLevel_t* level) {
+  if (level == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  return WithDevice(device1, false, [&](const NvmlDevice& d, int, State& s) {
+    int j = HandleIndex(s, device2);
+    if (j < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = d.topology.level_rc[j];
+    if (rc == NVML_SUCCESS) *level = d.topology.level[j] * 10u;
+    return rc;
+  });
+}
+
+namespace {
+
+nvmlReturn_t PcieValue(nvmlDevice_t device, flyt::ops::NvmlPcie which, unsigned* out) {
+  if (out == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  return WithDevice(device, false, [&](const NvmlDevice& d, int, State&) {
+    nvmlReturn_t rc = d.topology.pcie_rc[which];
+    if (rc == NVML_SUCCESS) *out = d.topology.pcie[which];
+    return rc;
+  });
+}
+
+// fn(link) for a valid link number of a valid device.
+template <typename F>
+nvmlReturn_t WithLink(nvmlDevice_t device, unsigned link, F&& fn) {
+  return WithDevice(device, false, [&](const NvmlDevice& d, int, State&) {
+    if (link >= flyt::ops::kNvmlMaxLinks) return NVML_ERROR_INVALID_ARGUMENT;
+    return fn(d.topology.links[link]);
+  });
+}
+
+}  // namespace
+
+FLYT_NVML_API nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t device, unsigned* v) {
+  return PcieValue(device, flyt::ops::kPcieMaxGeneration, v);
+}
+FLYT_NVML_API nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t device, unsigned* v) {
+  return PcieValue(device, flyt::ops::kPcieMaxWidth, v);
+}
+FLYT_NVML_API nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t device, unsigned* v) {
+  return PcieValue(device, flyt::ops::kPcieCurrGeneration, v);
+}
+FLYT_NVML_API nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t device, unsigned* v) {
+  return PcieValue(device, flyt::ops::kPcieCurrWidth, v);
+}
+FLYT_NVML_API nvmlReturn_t nvmlDeviceGetPcieLinkMaxSpeed(nvmlDevice_t device, unsigned* v) {
+  return PcieValue(device, flyt::ops::kPcieMaxSpeed, v);
+}
+
+FLYT_NVML_API nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned link,
+                                                    nvmlEnableState_t* active) {
+  if (active == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  return WithLink(device, link, [&](const flyt::ops::NvmlLink& l) {
+    if (l.state_rc == NVML_SUCCESS) *active = l.active;
+    return static_cast<nvmlReturn_t>(l.state_rc);
+  });
+}
+
+FLYT_NVML_API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned link,
+                                                               nvmlPciInfo_t* pci) {
+  if (pci == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  return WithLink(device, link, [&](const flyt::ops::NvmlLink& l) {
+    if (l.remote_rc == NVML_SUCCESS) std::memcpy(pci, l.remote_pci, sizeof(*pci));
+    return static_cast<nvmlReturn_t>(l.remote_rc);
+  });
+}
+
+// The unversioned symbol is the ABI from before _v2: the legacy layout (a 16-byte bus id,
+// reserved words where _v2 has the long one). NCCL binds this name.
+FLYT_NVML_API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t device, unsigned link,
+                                                            nvmlPciInfoLegacy_t* pci) {
+  if (pci == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  nvmlPciInfo_t full{};
+  nvmlReturn_t rc = nvmlDeviceGetNvLinkRemotePciInfo_v2(device, link, &full);
+  if (rc != NVML_SUCCESS) return rc;
+  nvmlPciInfoLegacy_t out{};
+  static_assert(offsetof(nvmlPciInfo_t, busId) == offsetof(nvmlPciInfoLegacy_t, reserved0));
+  std::memcpy(&out, &full, offsetof(nvmlPciInfoLegacy_t, reserved0));
+  *pci = out;
+  return NVML_SUCCESS;
+}
+
+FLYT_NVML_API nvmlReturn_t nvmlDeviceGetNvLinkCapability(nvmlDevice_t device, unsigned link,
+                                                         nvmlNvLinkCapability_t cap,
+                                                         unsigned* result) {
+  if (result == nullptr || cap >= flyt::ops::kNvmlLinkCaps) return NVML_ERROR_INVALID_ARGUMENT;
+  return WithLink(device, link, [&](const flyt::ops::NvmlLink& l) {
+    if (l.cap_rc[cap] == NVML_SUCCESS) *result = l.cap[cap];
+    return static_cast<nvmlReturn_t>(l.cap_rc[cap]);
+  });
+}
+
 FLYT_NVML_API nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device,
                                                      nvmlDeviceArchitecture_t* arch) {
   if (arch == nullptr) return NVML_ERROR_INVALID_ARGUMENT;

@@ -175,6 +175,23 @@ enum : unsigned {
   NVML_DEVICE_ARCH_UNKNOWN = 0xffffffffu,
 };
 
+// Interconnect queries (NCCL asks them while it starts).
+typedef unsigned int nvmlEnableState_t;
+enum : unsigned { NVML_FEATURE_DISABLED = 0, NVML_FEATURE_ENABLED = 1 };
+typedef unsigned int nvmlGpuP2PCapsIndex_t;  // READ 0, WRITE 1, NVLINK 2, ATOMICS 3, PCI 4
+typedef unsigned int nvmlGpuP2PStatus_t;
+enum : unsigned { NVML_P2P_STATUS_OK = 0, NVML_P2P_STATUS_NOT_SUPPORTED = 5 };
+typedef unsigned int nvmlGpuTopologyLevel_t;
+enum : unsigned {
+  NVML_TOPOLOGY_INTERNAL = 0,
+  NVML_TOPOLOGY_SINGLE = 10,
+  NVML_TOPOLOGY_MULTIPLE = 20,
+  NVML_TOPOLOGY_HOSTBRIDGE = 30,
+  NVML_TOPOLOGY_NODE = 40,
+  NVML_TOPOLOGY_SYSTEM = 50,
+};
+typedef unsigned int nvmlNvLinkCapability_t;  // P2P_SUPPORTED 0 .. VALID 5
+
 }  // extern "C"
 
 static_assert(sizeof(nvmlMemory_t) == 24);

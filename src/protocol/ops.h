@@ -145,7 +145,7 @@ struct DeviceInfo {
 };
 
 // kOpNvmlSnapshot reply (docs/nvml.md). Fixed-size records, no padding.
-inline constexpr uint32_t kNvmlSnapshotVersion = 1;
+inline constexpr uint32_t kNvmlSnapshotVersion = 2;
 inline constexpr uint32_t kMaxNvmlDevices = 64;
 inline constexpr uint32_t kMaxNvmlProcesses = 4096;
 struct NvmlHead {
@@ -180,6 +180,39 @@ enum class NvmlUtilSource : uint32_t {
   kWholeGpu = 2,       // the GPU host's NVML, the whole GPU (other tenants included)
   kSim = 3,            // the sim backend's fixed values
 };
+// Interconnect facts of one GPU as the GPU host's NVML answers them (docs/nvml.md):
+// what NCCL and other libraries ask before they start. Each answer carries the
+// nvmlReturn_t the host's NVML gave, so errors come back as they were.
+inline constexpr uint32_t kNvmlMaxLinks = 18;    // NVML_NVLINK_MAX_LINKS
+inline constexpr uint32_t kNvmlP2pIndices = 5;   // NVML_P2P_CAPS_INDEX_READ .. _PCI
+inline constexpr uint32_t kNvmlLinkCaps = 6;     // NVML_NVLINK_CAP_P2P_SUPPORTED .. _VALID
+enum NvmlPcie : uint32_t {  // NvmlTopology::pcie order
+  kPcieMaxGeneration = 0,
+  kPcieMaxWidth = 1,
+  kPcieCurrGeneration = 2,
+  kPcieCurrWidth = 3,
+  kPcieMaxSpeed = 4,  // MB/s
+  kPcieCount = 5,
+};
+struct NvmlLink {
+  int32_t state_rc;  // nvmlDeviceGetNvLinkState
+  uint32_t active;   // nvmlEnableState_t
+  int32_t remote_rc;  // nvmlDeviceGetNvLinkRemotePciInfo_v2
+  uint8_t remote_pci[68];  // nvmlPciInfo_t
+  int32_t cap_rc[kNvmlLinkCaps];  // nvmlDeviceGetNvLinkCapability
+  uint32_t cap[kNvmlLinkCaps];
+};
+struct NvmlTopology {
+  int32_t pcie_rc[kPcieCount];
+  uint32_t pcie[kPcieCount];
+  // Toward each device j of the snapshot (by index): nvmlDeviceGetP2PStatus per caps
+  // index, and nvmlDeviceGetTopologyCommonAncestor.
+  uint8_t p2p_rc[kNvmlP2pIndices][kMaxNvmlDevices];
+  uint8_t p2p[kNvmlP2pIndices][kMaxNvmlDevices];  // nvmlGpuP2PStatus_t
+  uint8_t level_rc[kMaxNvmlDevices];
+  uint8_t level[kMaxNvmlDevices];  // nvmlGpuTopologyLevel_t / 10
+  NvmlLink links[kNvmlMaxLinks];
+};
 struct NvmlDevice {
   char name[96];
   uint8_t uuid[16];  // the real GPU's
@@ -201,6 +234,7 @@ struct NvmlDevice {
   uint32_t clock_mhz[4];      // nvmlClockType_t order: graphics, SM, memory, video
   uint32_t max_clock_mhz[4];  //
   uint32_t reserved;
+  NvmlTopology topology;
 };
 struct NvmlProcess {
   uint32_t pid;     // in the client's own PID namespace (its handshake)
@@ -208,7 +242,9 @@ struct NvmlProcess {
   uint64_t used_memory;
 };
 static_assert(sizeof(NvmlHead) == 192);
-static_assert(sizeof(NvmlDevice) == 248);
+static_assert(sizeof(NvmlLink) == 128);
+static_assert(sizeof(NvmlTopology) == 40 + 12 * kMaxNvmlDevices + 128 * kNvmlMaxLinks);
+static_assert(sizeof(NvmlDevice) == 248 + sizeof(NvmlTopology));
 static_assert(sizeof(NvmlProcess) == 16);
 
 }  // namespace flyt::ops

@@ -50,6 +50,15 @@ struct HostNvml {
   nvmlReturn_t (*MinorNumber)(nvmlDevice_t, unsigned*) = nullptr;
   nvmlReturn_t (*PciInfo)(nvmlDevice_t, nvmlPciInfo_t*) = nullptr;
   nvmlReturn_t (*MemoryInfo)(nvmlDevice_t, nvmlMemory_t*) = nullptr;
+  // Interconnect (NvmlTopology).
+  nvmlReturn_t (*Pcie[ops::kPcieCount])(nvmlDevice_t, unsigned*) = {};
+  nvmlReturn_t (*P2PStatus)(nvmlDevice_t, nvmlDevice_t, nvmlGpuP2PCapsIndex_t,
+                            nvmlGpuP2PStatus_t*) = nullptr;
+  nvmlReturn_t (*CommonAncestor)(nvmlDevice_t, nvmlDevice_t, nvmlGpuTopologyLevel_t*) = nullptr;
+  nvmlReturn_t (*LinkState)(nvmlDevice_t, unsigned, nvmlEnableState_t*) = nullptr;
+  nvmlReturn_t (*LinkRemotePci)(nvmlDevice_t, unsigned, nvmlPciInfo_t*) = nullptr;
+  nvmlReturn_t (*LinkCapability)(nvmlDevice_t, unsigned, nvmlNvLinkCapability_t,
+                                 unsigned*) = nullptr;
   std::string driver_version;
   std::string nvml_version;
 };
@@ -94,6 +103,16 @@ const HostNvml& LoadHostNvml() {
     Bind(lib, "nvmlDeviceGetMinorNumber", &nv->MinorNumber);
     Bind(lib, "nvmlDeviceGetPciInfo_v3", &nv->PciInfo);
     Bind(lib, "nvmlDeviceGetMemoryInfo", &nv->MemoryInfo);
+    Bind(lib, "nvmlDeviceGetMaxPcieLinkGeneration", &nv->Pcie[ops::kPcieMaxGeneration]);
+    Bind(lib, "nvmlDeviceGetMaxPcieLinkWidth", &nv->Pcie[ops::kPcieMaxWidth]);
+    Bind(lib, "nvmlDeviceGetCurrPcieLinkGeneration", &nv->Pcie[ops::kPcieCurrGeneration]);
+    Bind(lib, "nvmlDeviceGetCurrPcieLinkWidth", &nv->Pcie[ops::kPcieCurrWidth]);
+    Bind(lib, "nvmlDeviceGetPcieLinkMaxSpeed", &nv->Pcie[ops::kPcieMaxSpeed]);
+    Bind(lib, "nvmlDeviceGetP2PStatus", &nv->P2PStatus);
+    Bind(lib, "nvmlDeviceGetTopologyCommonAncestor", &nv->CommonAncestor);
+    Bind(lib, "nvmlDeviceGetNvLinkState", &nv->LinkState);
+    Bind(lib, "nvmlDeviceGetNvLinkRemotePciInfo_v2", &nv->LinkRemotePci);
+    Bind(lib, "nvmlDeviceGetNvLinkCapability", &nv->LinkCapability);
     nvmlReturn_t (*driver)(char*, unsigned) = nullptr;
     nvmlReturn_t (*version)(char*, unsigned) = nullptr;
     Bind(lib, "nvmlSystemGetDriverVersion", &driver);
@@ -225,6 +244,89 @@ void ReadHostNvml(const HostNvml& nv, const uint8_t* uuid, ops::NvmlDevice* d) {
     d->memory_free = std::min<uint64_t>(d->memory_free, m.free);
 }
 
+// Every interconnect answer "not supported": what a client sees when the host has no NVML.
+void NoTopology(ops::NvmlTopology* t) {
+  for (auto& rc : t->pcie_rc) rc = NVML_ERROR_NOT_SUPPORTED;
+  for (auto& row : t->p2p_rc)
+    for (auto& rc : row) rc = NVML_ERROR_NOT_SUPPORTED;
+  for (auto& rc : t->level_rc) rc = NVML_ERROR_NOT_SUPPORTED;
+  for (auto& l : t->links) {
+    l.state_rc = l.remote_rc = NVML_ERROR_NOT_SUPPORTED;
+    for (auto& rc : l.cap_rc) rc = NVML_ERROR_NOT_SUPPORTED;
+  }
+}
+
+// The host NVML's answers for GPU `self` among the snapshot's `all` (by index).
+void ReadHostTopology(const HostNvml& nv, nvmlDevice_t self, const std::vector<nvmlDevice_t>& all,
+                      ops::NvmlTopology* t) {
+  if (self == nullptr) return;
+  for (uint32_t k = 0; k < ops::kPcieCount; ++k)
+    if (nv.Pcie[k] != nullptr) t->pcie_rc[k] = nv.Pcie[k](self, &t->pcie[k]);
+  for (size_t j = 0; j < all.size() && j < ops::kMaxNvmlDevices; ++j) {
+    if (all[j] == nullptr) continue;
+    for (uint32_t k = 0; k < ops::kNvmlP2pIndices && nv.P2PStatus != nullptr; ++k) {
+      nvmlGpuP2PStatus_t st = 0;
+      t->p2p_rc[k][j] = static_cast<uint8_t>(nv.P2PStatus(self, all[j], k, &st));
+      t->p2p[k][j] = static_cast<uint8_t>(st);
+    }
+    nvmlGpuTopologyLevel_t level = 0;
+    if (nv.CommonAncestor != nullptr) {
+      t->level_rc[j] = static_cast<uint8_t>(nv.CommonAncestor(self, all[j], &level));
+      t->level[j] = static_cast<uint8_t>(level / 10);
+    }
+  }
+  for (unsigned l = 0; l < ops::kNvmlMaxLinks; ++l) {
+    ops::NvmlLink& link = t->links[l];
+    if (nv.LinkState != nullptr) link.state_rc = nv.LinkState(self, l, &link.active);
+    nvmlPciInfo_t pci{};
+    if (nv.LinkRemotePci != nullptr) link.remote_rc = nv.LinkRemotePci(self, l, &pci);
+    std::memcpy(link.remote_pci, &pci, sizeof(link.remote_pci));
+    for (unsigned c = 0; c < ops::kNvmlLinkCaps && nv.LinkCapability != nullptr; ++c)
+      link.cap_rc[c] = nv.LinkCapability(self, l, c, &link.cap[c]);
+  }
+}
+
+// The interconnect of the GPUs in `view`, read once per set of GPUs for the worker's life
+// (it is fixed hardware; a full read is ~150 NVML calls per GPU).
+const std::vector<ops::NvmlTopology>& HostTopology(const HostNvml* nv,
+                                                   const std::vector<ops::DeviceInfo>& view) {
+  static std::mutex mu;
+  static auto* cache = new std::map<std::string, std::vector<ops::NvmlTopology>>();
+  std::string key;
+  for (const auto& info : view) key += GpuUuidText(info.uuid);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache->find(key);
+  if (it != cache->end()) return it->second;
+  std::vector<ops::NvmlTopology> topo(view.size());
+  for (auto& t : topo) NoTopology(&t);
+  if (nv != nullptr) {
+    std::vector<nvmlDevice_t> handles(view.size(), nullptr);
+    for (size_t i = 0; i < view.size(); ++i)
+      if (nv->HandleByUuid(GpuUuidText(view[i].uuid).c_str(), &handles[i]) != NVML_SUCCESS)
+        handles[i] = nullptr;
+    for (size_t i = 0; i < view.size(); ++i) ReadHostTopology(*nv, handles[i], handles, &topo[i]);
+  }
+  return cache->emplace(key, std::move(topo)).first->second;
+}
+
+// The sim's GPUs: PCIe 5.0 x16 each, no NVLink, no peer access between two GPUs (as
+// between GPUs of two servers); a GPU with itself is fine.
+void SimTopology(size_t self, size_t count, ops::NvmlTopology* t) {
+  const uint32_t pcie[ops::kPcieCount] = {5, 16, 5, 16, 32768};
+  for (uint32_t k = 0; k < ops::kPcieCount; ++k) {
+    t->pcie_rc[k] = NVML_SUCCESS;
+    t->pcie[k] = pcie[k];
+  }
+  for (size_t j = 0; j < count && j < ops::kMaxNvmlDevices; ++j) {
+    for (uint32_t k = 0; k < ops::kNvmlP2pIndices; ++k) {
+      t->p2p_rc[k][j] = NVML_SUCCESS;
+      t->p2p[k][j] = j == self ? NVML_P2P_STATUS_OK : NVML_P2P_STATUS_NOT_SUPPORTED;
+    }
+    t->level_rc[j] = NVML_SUCCESS;
+    t->level[j] = (j == self ? NVML_TOPOLOGY_INTERNAL : NVML_TOPOLOGY_HOSTBRIDGE) / 10;
+  }
+}
+
 // The sim backend's fixed telemetry (a test double, like the sim itself).
 void SimTelemetry(const ops::DeviceInfo& info, ops::NvmlDevice* d) {
   d->util_gpu = d->util_memory = 0;
@@ -294,6 +396,8 @@ bool Session::NvmlSnapshot(wire::Reader& in, wire::Writer& out, CUresult* rc) {
     CopyText(head.nvml_version, sizeof(head.nvml_version), nv->nvml_version);
   }
   out.Put(head);
+  const std::vector<ops::NvmlTopology>& topology = sim ? std::vector<ops::NvmlTopology>{}
+                                                       : HostTopology(nv, view);
   for (size_t i = 0; i < view.size(); ++i) {
     const ops::DeviceInfo& info = view[i];
     const int* attr = info.attributes;
@@ -315,10 +419,15 @@ bool Session::NvmlSnapshot(wire::Reader& in, wire::Writer& out, CUresult* rc) {
     d.memory_total = info.total_mem;
     d.memory_used = std::min(used, d.memory_total);
     d.memory_free = d.memory_total - d.memory_used;
+    NoTopology(&d.topology);
     if (sim) {
       SimTelemetry(info, &d);
+      SimTopology(i, view.size(), &d.topology);
     } else if (nv != nullptr) {
       ReadHostNvml(*nv, info.uuid, &d);
+    }
+    if (!sim && i < topology.size()) {
+      d.topology = topology[i];
     }
     out.Put(d);
   }

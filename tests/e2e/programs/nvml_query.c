@@ -134,6 +134,10 @@ typedef nvmlReturn_t (*DevPtr_t)(nvmlDevice_t, void*);
 typedef nvmlReturn_t (*DevIntInt_t)(nvmlDevice_t, int*, int*);
 typedef nvmlReturn_t (*Procs_t)(nvmlDevice_t, unsigned*, void*);
 typedef const char* (*ErrorString_t)(nvmlReturn_t);
+typedef nvmlReturn_t (*DevDevUintUint_t)(nvmlDevice_t, nvmlDevice_t, unsigned, unsigned*);
+typedef nvmlReturn_t (*DevDevUint_t)(nvmlDevice_t, nvmlDevice_t, unsigned*);
+typedef nvmlReturn_t (*DevUintPtr_t)(nvmlDevice_t, unsigned, void*);
+typedef nvmlReturn_t (*DevUintUintUint_t)(nvmlDevice_t, unsigned, unsigned, unsigned*);
 
 static void sleep_ms(int ms) {
   struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -316,6 +320,29 @@ static int check(int argc, char** argv) {
         at.multiprocessorCount, cu_sm, sm);
   CHECK(at.memorySizeMB == quota >> 20, "memorySizeMB %llu", at.memorySizeMB);
   printf("sm_count=%u\n", at.multiprocessorCount);
+
+  /* What NCCL asks before it starts (the sim's GPU: PCIe 5.0 x16, no NVLink). */
+  g_step = "interconnect";
+  unsigned st = 99;
+  NVML_OK(NV(DevDevUintUint_t, nvmlDeviceGetP2PStatus)(dev, dev, 0, &st));
+  printf("p2p_read_self=%u\n", st);
+  NVML_OK(NV(DevDevUintUint_t, nvmlDeviceGetP2PStatus)(dev, dev, 1, &st));
+  printf("p2p_write_self=%u\n", st);
+  printf("p2p_bad_index_rc=%d\n", NV(DevDevUintUint_t, nvmlDeviceGetP2PStatus)(dev, dev, 7, &st));
+  NVML_OK(NV(DevDevUint_t, nvmlDeviceGetTopologyCommonAncestor)(dev, dev, &st));
+  printf("topology_self=%u\n", st);
+  unsigned gen = 0, width = 0, speed = 0;
+  NVML_OK(NV(DevUint_t, nvmlDeviceGetCurrPcieLinkGeneration)(dev, &gen));
+  NVML_OK(NV(DevUint_t, nvmlDeviceGetCurrPcieLinkWidth)(dev, &width));
+  NVML_OK(NV(DevUint_t, nvmlDeviceGetPcieLinkMaxSpeed)(dev, &speed));
+  printf("pcie=gen%u x%u %u MB/s\n", gen, width, speed);
+  printf("nvlink0_state_rc=%d\n", NV(DevUintUint_t, nvmlDeviceGetNvLinkState)(dev, 0, &st));
+  printf("nvlink18_state_rc=%d\n", NV(DevUintUint_t, nvmlDeviceGetNvLinkState)(dev, 18, &st));
+  char remote[68];
+  printf("nvlink0_remote_rc=%d\n",
+         NV(DevUintPtr_t, nvmlDeviceGetNvLinkRemotePciInfo)(dev, 0, remote));
+  printf("nvlink0_p2p_cap_rc=%d\n",
+         NV(DevUintUintUint_t, nvmlDeviceGetNvLinkCapability)(dev, 0, 0, &st));
 
   g_step = "telemetry";
   Utilization u = {99, 99};
