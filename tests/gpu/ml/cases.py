@@ -699,4 +699,152 @@ def case_profiler():
     return out
 
 
+def case_fft_torch():
+    """torch.fft (cuFFT): complex and real transforms in 1, 2 and 3 dimensions, odd and prime
+    sizes, half the spectrum back to a signal, and an FFT convolution."""
+    torch = _torch()
+    g = torch.Generator(device="cuda").manual_seed(7)
+    out = {}
+    x = torch.randn(4, 1000, device="cuda", generator=g)
+    spec = torch.fft.rfft(x)
+    _flat("rfft", summary(spec.abs(), rtol=1e-3, atol=1e-3), out)
+    out["irfft_roundtrip"] = bool(torch.allclose(torch.fft.irfft(spec, n=1000), x, atol=1e-4))
+    z = torch.randn(3, 97, 64, device="cuda", dtype=torch.complex64, generator=g)
+    _flat("fft2", summary(torch.fft.fft2(z).abs(), rtol=1e-3, atol=1e-3), out)
+    v = torch.randn(8, 12, 30, device="cuda", dtype=torch.float64, generator=g)
+    _flat("fftn_f64", summary(torch.fft.fftn(v).abs(), rtol=1e-9, atol=1e-9), out)
+    p = torch.randn(1009, device="cuda", dtype=torch.complex64, generator=g)
+    out["prime_ifft_roundtrip"] = bool(torch.allclose(torch.fft.ifft(torch.fft.fft(p)), p, atol=1e-4))
+    a, b = torch.randn(2, 512, device="cuda", generator=g)
+    conv = torch.fft.irfft(torch.fft.rfft(a, n=1024) * torch.fft.rfft(b, n=1024), n=1024)[:1023]
+    direct = torch.nn.functional.conv1d(a.view(1, 1, -1), b.flip(0).view(1, 1, -1), padding=511).flatten()
+    out["fft_conv_matches_direct"] = bool(torch.allclose(conv, direct, atol=1e-3))
+    return out
+
+
+def case_torchaudio_spectrogram():
+    """torchaudio's transforms on the GPU: spectrogram, mel spectrogram, MFCC and Griffin-Lim
+    (STFT and inverse STFT through cuFFT)."""
+    torch = _torch()
+    try:
+        import torchaudio
+    except ImportError as e:
+        raise Skip(f"torchaudio not installed: {e}")
+    t = torch.arange(16000, device="cuda", dtype=torch.float32) / 16000
+    wave = (torch.sin(2 * 3.14159265 * 440 * t) + 0.5 * torch.sin(2 * 3.14159265 * 1250 * t)).unsqueeze(0)
+    out = {}
+    spec = torchaudio.transforms.Spectrogram(n_fft=400).cuda()(wave)
+    _flat("spectrogram", summary(spec, rtol=1e-3, atol=1e-2), out)
+    mel = torchaudio.transforms.MelSpectrogram(sample_rate=16000, n_fft=400, n_mels=64).cuda()(wave)
+    _flat("mel", summary(mel, rtol=1e-3, atol=1e-2), out)
+    mfcc = torchaudio.transforms.MFCC(sample_rate=16000, n_mfcc=13).cuda()(wave)
+    _flat("mfcc", summary(mfcc, rtol=1e-3, atol=1e-2), out)
+    gl = torchaudio.transforms.GriffinLim(n_fft=400, n_iter=8, rand_init=False).cuda()
+    _flat("griffin_lim", summary(gl(spec), rtol=1e-2, atol=1e-2), out)
+    out["peak_bin"] = int(spec[0].mean(dim=1).argmax().item())
+    return out
+
+
+def case_cupy_libraries():
+    """CuPy's library bindings: cuFFT (fft, rfft2), cuSOLVER (SVD, eigh, Cholesky, solve),
+    cuSPARSE (CSR matrix-vector and matrix-matrix products, a sparse solve)."""
+    try:
+        import cupy as cp
+        import cupyx.scipy.sparse as sp
+        import cupyx.scipy.sparse.linalg as spla
+    except ImportError as e:
+        raise Skip(f"cupy not installed: {e}")
+    rng = cp.random.RandomState(11)
+    out = {}
+    x = rng.standard_normal(4096).astype(cp.complex64)
+    f = cp.fft.fft(x)
+    out["fft"] = Approx([float(abs(f).sum()), float(abs(f[17]))], rtol=1e-4, atol=1e-3)
+    out["ifft_roundtrip"] = bool(cp.allclose(cp.fft.ifft(f), x, atol=1e-4))
+    img = rng.standard_normal((96, 130)).astype(cp.float32)
+    out["rfft2"] = Approx([float(abs(cp.fft.rfft2(img)).sum())], rtol=1e-4)
+    a = rng.standard_normal((64, 48)).astype(cp.float64)
+    s = cp.linalg.svd(a, compute_uv=False)
+    out["svd"] = Approx(cp.asnumpy(s[:6]).tolist(), rtol=1e-9, atol=1e-9)
+    sym = a.T @ a + cp.eye(48)
+    w = cp.linalg.eigh(sym)[0]
+    out["eigh"] = Approx(cp.asnumpy(w[:4]).tolist(), rtol=1e-9, atol=1e-9)
+    chol = cp.linalg.cholesky(sym)
+    out["cholesky_ok"] = bool(cp.allclose(chol @ chol.T, sym, atol=1e-9))
+    rhs = rng.standard_normal(48)
+    out["solve_ok"] = bool(cp.allclose(sym @ cp.linalg.solve(sym, rhs), rhs, atol=1e-9))
+    n = 2000
+    main = cp.full(n, 4.0)
+    off = cp.full(n - 1, -1.0)
+    m = sp.diags([off, main, off], [-1, 0, 1], format="csr")
+    v = cp.arange(n, dtype=cp.float64) / n
+    out["spmv"] = Approx([float((m @ v).sum()), float((m @ v)[5])], rtol=1e-12)
+    out["spmm_nnz"] = int((m @ m).nnz)
+    sol = spla.spsolve(m, v)
+    out["spsolve_ok"] = bool(cp.allclose(m @ sol, v, atol=1e-9))
+    return out
+
+
+def case_jax_fft_svd():
+    """A JAX program (XLA on the GPU): FFT, SVD, a jitted function with a matrix product."""
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError as e:
+        raise Skip(f"jax not installed: {e}")
+    if not any(d.platform == "gpu" for d in jax.devices()):
+        raise Skip("jax sees no GPU")
+    key = jax.random.PRNGKey(3)
+    x = jax.random.normal(key, (2048,), dtype=jnp.float32)
+    out = {"backend": jax.default_backend()}
+    f = jnp.fft.rfft(x)
+    out["rfft"] = Approx([float(jnp.abs(f).sum()), float(jnp.abs(f[9]))], rtol=1e-4, atol=1e-3)
+    out["irfft_roundtrip"] = bool(jnp.allclose(jnp.fft.irfft(f, n=2048), x, atol=1e-4))
+    m = jax.random.normal(jax.random.PRNGKey(4), (128, 96), dtype=jnp.float32)
+    s = jnp.linalg.svd(m, compute_uv=False)
+    out["svd"] = Approx([float(v) for v in s[:5]], rtol=1e-4, atol=1e-4)
+
+    @jax.jit
+    def step(w, a):
+        return jnp.tanh(a @ w).sum()
+
+    out["jit"] = Approx([float(step(m.T, m))], rtol=1e-4, atol=1e-3)
+    return out
+
+
+def case_nccl_single_rank():
+    """torch.distributed with the NCCL backend, world size 1: all-reduce, broadcast,
+    all-gather, reduce-scatter and a barrier, as a one-GPU DDP job starts."""
+    torch = _torch()
+    import torch.distributed as dist
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        out = {"backend": dist.get_backend()}
+        t = torch.arange(16, device="cuda", dtype=torch.float32)
+        dist.all_reduce(t)
+        out["all_reduce"] = t.tolist()
+        b = torch.full((4,), 3.5, device="cuda")
+        dist.broadcast(b, src=0)
+        out["broadcast"] = b.tolist()
+        gathered = [torch.zeros(16, device="cuda")]
+        dist.all_gather(gathered, t * 2)
+        out["all_gather"] = gathered[0].tolist()
+        rs = torch.zeros(16, device="cuda")
+        dist.reduce_scatter_tensor(rs, t + 1)
+        out["reduce_scatter"] = rs.tolist()
+        dist.barrier()
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2).cuda())
+        loss = model(torch.ones(3, 8, device="cuda")).sum()
+        loss.backward()
+        out["ddp_grad_shape"] = list(model.module.weight.grad.shape)
+        torch.cuda.synchronize()
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
 CASES = {name[len("case_"):]: fn for name, fn in globals().items() if name.startswith("case_")}
