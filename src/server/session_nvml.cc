@@ -309,10 +309,12 @@ const std::vector<ops::NvmlTopology>& HostTopology(const HostNvml* nv,
   return cache->emplace(key, std::move(topo)).first->second;
 }
 
-// The sim's GPUs: PCIe 5.0 x16 each, no NVLink, no peer access between two GPUs (as
-// between GPUs of two servers); a GPU with itself is fine.
+// The sim's GPUs answer as a PCIe H200 without NVLink does (driver 580, measured): PCIe
+// 5.0 x16 (the max speed is NVML's enum, 5 = 32000 MB/s), P2P status "not supported" for
+// every caps index (toward itself too, with NVML_SUCCESS), no common ancestor with itself;
+// two sim GPUs share a host bridge and have no peer access (as GPUs of two servers).
 void SimTopology(size_t self, size_t count, ops::NvmlTopology* t) {
-  const uint32_t pcie[ops::kPcieCount] = {5, 16, 5, 16, 32768};
+  const uint32_t pcie[ops::kPcieCount] = {5, 16, 5, 16, 5};
   for (uint32_t k = 0; k < ops::kPcieCount; ++k) {
     t->pcie_rc[k] = NVML_SUCCESS;
     t->pcie[k] = pcie[k];
@@ -320,10 +322,10 @@ void SimTopology(size_t self, size_t count, ops::NvmlTopology* t) {
   for (size_t j = 0; j < count && j < ops::kMaxNvmlDevices; ++j) {
     for (uint32_t k = 0; k < ops::kNvmlP2pIndices; ++k) {
       t->p2p_rc[k][j] = NVML_SUCCESS;
-      t->p2p[k][j] = j == self ? NVML_P2P_STATUS_OK : NVML_P2P_STATUS_NOT_SUPPORTED;
+      t->p2p[k][j] = NVML_P2P_STATUS_NOT_SUPPORTED;
     }
-    t->level_rc[j] = NVML_SUCCESS;
-    t->level[j] = (j == self ? NVML_TOPOLOGY_INTERNAL : NVML_TOPOLOGY_HOSTBRIDGE) / 10;
+    t->level_rc[j] = j == self ? NVML_ERROR_NOT_SUPPORTED : NVML_SUCCESS;
+    t->level[j] = NVML_TOPOLOGY_HOSTBRIDGE / 10;
   }
 }
 

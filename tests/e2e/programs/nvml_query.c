@@ -329,13 +329,13 @@ static int check(int argc, char** argv) {
   NVML_OK(NV(DevDevUintUint_t, nvmlDeviceGetP2PStatus)(dev, dev, 1, &st));
   printf("p2p_write_self=%u\n", st);
   printf("p2p_bad_index_rc=%d\n", NV(DevDevUintUint_t, nvmlDeviceGetP2PStatus)(dev, dev, 7, &st));
-  NVML_OK(NV(DevDevUint_t, nvmlDeviceGetTopologyCommonAncestor)(dev, dev, &st));
-  printf("topology_self=%u\n", st);
+  printf("topology_self_rc=%d\n",
+         NV(DevDevUint_t, nvmlDeviceGetTopologyCommonAncestor)(dev, dev, &st));
   unsigned gen = 0, width = 0, speed = 0;
   NVML_OK(NV(DevUint_t, nvmlDeviceGetCurrPcieLinkGeneration)(dev, &gen));
   NVML_OK(NV(DevUint_t, nvmlDeviceGetCurrPcieLinkWidth)(dev, &width));
   NVML_OK(NV(DevUint_t, nvmlDeviceGetPcieLinkMaxSpeed)(dev, &speed));
-  printf("pcie=gen%u x%u %u MB/s\n", gen, width, speed);
+  printf("pcie=gen%u x%u speed_enum=%u\n", gen, width, speed);
   printf("nvlink0_state_rc=%d\n", NV(DevUintUint_t, nvmlDeviceGetNvLinkState)(dev, 0, &st));
   printf("nvlink18_state_rc=%d\n", NV(DevUintUint_t, nvmlDeviceGetNvLinkState)(dev, 18, &st));
   char remote[68];
