@@ -26,6 +26,8 @@
 #   FLYT_DRIVER_API_INCLUDE_DIR directory holding driver_api_table.inc
 #   FLYT_DRIVER_API_SOURCES     the two generated .cc files
 #   FLYT_DRIVER_API_REPORT      counts and naming-rule exceptions (driver_api_report.txt)
+#   FLYT_DRIVER_API_HEADER_ARGS the generator's `--api TYPEDEFS_H API_H` arguments, one pair
+#                               per header read (for gen_entry_point_list.py)
 #   target flyt_driver_api_gen  custom target that runs the generator
 #   flyt_check_driver_api_exports(<shared lib target>)  post-link check that the library
 #                               exports every table symbol (see the visibility note above)
@@ -78,6 +80,8 @@ foreach(_flyt_i RANGE 0 ${_flyt_last} 2)
     list(APPEND _flyt_api_headers "${_flyt_typedefs}" "${_flyt_api}")
   endif()
 endforeach()
+
+set(FLYT_DRIVER_API_HEADER_ARGS ${_flyt_api_args})
 
 set(FLYT_DRIVER_API_INCLUDE_DIR "${CMAKE_CURRENT_BINARY_DIR}/driver_api_gen")
 set(FLYT_DRIVER_API_SOURCES "${FLYT_DRIVER_API_INCLUDE_DIR}/driver_stubs.cc"
