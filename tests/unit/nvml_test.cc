@@ -137,7 +137,7 @@ TEST_F(Nvml, MalformedSnapshotsAreRefused) {
   std::vector<std::pair<std::string, std::vector<uint8_t>>> bad;
   {
     Snapshot s;
-    s.head.version = 2;
+    s.head.version = flyt::ops::kNvmlSnapshotVersion + 1;
     bad.push_back({"version", s.Bytes()});
   }
   {
