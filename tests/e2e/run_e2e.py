@@ -1206,6 +1206,21 @@ class E2E(unittest.TestCase):
                 self.assert_stats(srv, sessions=0, memory_used=0, memory_quota=quota)
                 self.stop_server(srv)
 
+    def test_graph_nodes_refusals(self):
+        """What hand-built graphs cannot have through Flyt fails with
+        cudaErrorNotSupported and a log line naming it: a memcpy node whose host rows lie
+        apart, a child graph moved into its parent."""
+        srv = self.start_server()
+        res = self.run_ok(srv, CFG.transports[0], "graph_nodes", CFG.variants[0],
+                          args=("refusals",), log_level="warn")
+        kv = self.kv(res)
+        where = "%s\n%s" % (res.describe(), srv.logs())
+        self.assertEqual(kv.get("refusal.pitched_host"), "cudaErrorNotSupported", where)
+        self.assertEqual(kv.get("refusal.child_move"), "cudaErrorNotSupported", where)
+        self.assertIn("pitched rows in client host memory", srv.log_text(), where)
+        self.assertIn("child graph moved into its parent", res.stderr + res.client_log, where)
+        self.stop_server(srv)
+
     def test_vmm_quota(self):
         """--memory-quota holds cuMemCreate: the quota is charged, OOM beyond it, refunded
         when released and unmapped; a client that leaves without freeing anything has its

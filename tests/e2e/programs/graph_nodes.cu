@@ -13,6 +13,7 @@
 //               the generic cudaGraphAddNode / NodeSetParams / ExecNodeSetParams.
 //   quota BYTES (Flyt only, server with --memory-quota BYTES) allocation nodes count
 //               against the quota.
+//   refusals    (Flyt only) what Flyt answers with cudaErrorNotSupported.
 //
 // Prints key=value lines (deterministic: no addresses, no timings), then "graph_nodes: PASS".
 // Nothing printed depends on what a kernel computes except through the kernels the sim
@@ -620,6 +621,37 @@ void Quota(size_t quota) {
   printf("quota.refunded=%zu\n", free2 - free1);
 }
 
+// Flyt only: what Flyt refuses with cudaErrorNotSupported (natively these work).
+void Refusals() {
+  e2e::Step("refusals");
+  unsigned char* d = nullptr;
+  CK(cudaMalloc(&d, 4096));
+  std::vector<unsigned char> host(4096);
+  cudaGraph_t g;
+  CK(cudaGraphCreate(&g, 0));
+  cudaGraphNode_t node;
+  cudaMemcpy3DParms p{};  // two rows of 64 bytes, 128 bytes apart in host memory
+  p.srcPtr = make_cudaPitchedPtr(host.data(), 128, 64, 2);
+  p.dstPtr = make_cudaPitchedPtr(d, 64, 64, 2);
+  p.extent = make_cudaExtent(64, 2, 1);
+  p.kind = cudaMemcpyHostToDevice;
+  cudaError_t err = cudaGraphAddMemcpyNode(&node, g, nullptr, 0, &p);
+  printf("refusal.pitched_host=%s\n", cudaGetErrorName(err));
+  cudaGetLastError();
+  cudaGraph_t child;
+  CK(cudaGraphCreate(&child, 0));
+  cudaGraphNodeParams np{};
+  np.type = cudaGraphNodeTypeGraph;
+  np.graph.graph = child;
+  np.graph.ownership = cudaGraphChildGraphOwnershipMove;
+  err = cudaGraphAddNode(&node, g, nullptr, nullptr, 0, &np);
+  printf("refusal.child_move=%s\n", cudaGetErrorName(err));
+  cudaGetLastError();
+  CK(cudaGraphDestroy(child));
+  CK(cudaGraphDestroy(g));
+  CK(cudaFree(d));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -627,6 +659,8 @@ int main(int argc, char** argv) {
   CK(cudaSetDevice(0));
   if (argc > 2 && strcmp(argv[1], "quota") == 0) {
     Quota(strtoull(argv[2], nullptr, 0));
+  } else if (argc > 1 && strcmp(argv[1], "refusals") == 0) {
+    Refusals();
   } else {
     Simple();
     Conditional();
