@@ -15,7 +15,10 @@
 # (cuCtxCreate/push/pop/destroy), isolation_fault (a sticky fault in one process while
 # `isolation work` runs beside it in another), stream_event_order (streams, events, host
 # functions, stream attributes and profiler control), jit_link (the JIT linker: PTX
-# string and file, logs, a bad input; its Flyt-only misuse checks are not compared).
+# string and file, logs, a bad input; its Flyt-only misuse checks are not compared),
+# graph_nodes (graphs built by hand: memcpy to and from host memory, memset, kernel,
+# host, conditional IF/IF-ELSE/WHILE/SWITCH, memory alloc/free, child, empty and event
+# nodes, SetParams, clone, update).
 # Environment: CASES, RUN_TIMEOUT=60, MODES="tcp unix shm", SERVER_BACKEND=cuda (sim: plumbing
 # only, on a machine without a GPU, where the native runs fail).
 set -uo pipefail
@@ -24,7 +27,7 @@ set -uo pipefail
 BUILD=$(cd "$1" && pwd) || exit 2
 PROGS=$(cd "$2" && pwd) || exit 2
 OUTFILE=$3
-CASES=${CASES:-"ipc vmm_share contexts isolation_fault stream_event_order jit_link"}
+CASES=${CASES:-"ipc vmm_share contexts isolation_fault stream_event_order jit_link graph_nodes"}
 MODES=${MODES:-"tcp unix shm"}
 RUN_TIMEOUT=${RUN_TIMEOUT:-60}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/flyt-e2e-gpu.XXXXXX")
@@ -39,6 +42,7 @@ cmd_of() {  # case -> program and arguments
     isolation_fault) echo "$PROGS/isolation fault" ;;
     stream_event_order) echo "$PROGS/stream_event_order" ;;
     jit_link) echo "$PROGS/jit_link" ;;
+    graph_nodes) echo "$PROGS/graph_nodes" ;;
   esac
 }
 
