@@ -270,6 +270,16 @@ bool Session::GraphNode(Reader& in, Writer& out, CUresult* rc) {
           *rc = a.cuGraphAddMemcpyNode(&created, graph, deps.data(), deps.size(), &d.copy, ctx);
           break;
         }
+        auto sub = subgraphs_.find(target);
+        if (sub != subgraphs_.end() && sub->second != 0) {
+          // A conditional body may not hold host nodes, and the client's
+          // memory is reached through one.
+          FLYT_WARN_ONCE(
+              "graph memcpy node with host memory inside a conditional node's body: not "
+              "supported (CUDA_ERROR_NOT_SUPPORTED)");
+          *rc = CUDA_ERROR_NOT_SUPPORTED;
+          break;
+        }
         CUgraph inner = nullptr;
         *rc = BuildCopyGraph(d.copy, ctx, d.src_client, &inner);
         if (*rc != CUDA_SUCCESS) break;

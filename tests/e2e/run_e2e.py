@@ -1209,7 +1209,8 @@ class E2E(unittest.TestCase):
     def test_graph_nodes_refusals(self):
         """What hand-built graphs cannot have through Flyt fails with
         cudaErrorNotSupported and a log line naming it: a memcpy node whose host rows lie
-        apart, a child graph moved into its parent."""
+        apart, a child graph moved into its parent, a host-memory copy in a conditional
+        body."""
         srv = self.start_server()
         res = self.run_ok(srv, CFG.transports[0], "graph_nodes", CFG.variants[0],
                           args=("refusals",), log_level="warn")
@@ -1217,6 +1218,8 @@ class E2E(unittest.TestCase):
         where = "%s\n%s" % (res.describe(), srv.logs())
         self.assertEqual(kv.get("refusal.pitched_host"), "cudaErrorNotSupported", where)
         self.assertEqual(kv.get("refusal.child_move"), "cudaErrorNotSupported", where)
+        self.assertEqual(kv.get("refusal.host_copy_in_body"), "cudaErrorNotSupported", where)
+        self.assertIn("inside a conditional node's body", srv.log_text(), where)
         self.assertIn("pitched rows in client host memory", srv.log_text(), where)
         self.assertIn("child graph moved into its parent", res.stderr + res.client_log, where)
         self.stop_server(srv)

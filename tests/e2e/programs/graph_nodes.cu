@@ -648,6 +648,19 @@ void Refusals() {
   printf("refusal.child_move=%s\n", cudaGetErrorName(err));
   cudaGetLastError();
   CK(cudaGraphDestroy(child));
+  cudaGraphConditionalHandle h;
+  CK(cudaGraphConditionalHandleCreate(&h, g, 0, 0));
+  np = cudaGraphNodeParams{};
+  np.type = cudaGraphNodeTypeConditional;
+  np.conditional.handle = h;
+  np.conditional.type = cudaGraphCondTypeIf;
+  np.conditional.size = 1;
+  cudaGraphNode_t cond;
+  CK(cudaGraphAddNode(&cond, g, nullptr, nullptr, 0, &np));
+  cudaMemcpy3DParms b = Copy1D(d, host.data(), 64, cudaMemcpyHostToDevice);
+  err = cudaGraphAddMemcpyNode(&node, np.conditional.phGraph_out[0], nullptr, 0, &b);
+  printf("refusal.host_copy_in_body=%s\n", cudaGetErrorName(err));
+  cudaGetLastError();
   CK(cudaGraphDestroy(g));
   CK(cudaFree(d));
 }
