@@ -131,6 +131,7 @@ FLYT_API CUresult cuGraphAddHostNode(CUgraphNode* node, CUgraph g, const CUgraph
   CUhostFn fn = p->fn;
   void* data = p->userData;
   uint64_t id = c.RegisterGraphHostFunc([fn, data] { fn(data); });
+  flyt::client::NoteGraphHostNode(id, fn, data);
   wire::Writer w;
   w.Put<uint64_t>(reinterpret_cast<uintptr_t>(g));
   PutNodeList(w, deps, n);

@@ -321,6 +321,11 @@ CUresult PackKernelParams(const FuncInfo& info, void** params, void** extra, wir
 CUstreamCaptureMode CurrentCaptureMode();
 void SetCaptureMode(CUstreamCaptureMode mode);
 
+// Host nodes of graphs (client/api_graph_nodes.cc): the function and data the
+// app gave for a callback id, for cuGraphHostNodeGetParams.
+void NoteGraphHostNode(uint64_t id, CUhostFn fn, void* data);
+bool FindGraphHostNode(uint64_t id, CUhostFn* fn, void** data);
+
 // The calling thread's current context (cuCtxGetCurrent).
 CUcontext CurrentContext();
 void SetCurrentContext(CUcontext ctx);

@@ -103,6 +103,30 @@ enum : uint16_t {
   kOpLinkAddData = 303,   // u64 state, u32 type, u8 has name, string name, blob data, options
   kOpLinkComplete = 304,  // u64 state -> outputs, then (success only) u64 size, cubin bytes
   kOpLinkDestroy = 305,   // u64 state
+  // Graphs built by hand, the node kinds beyond kernel/memset/host
+  // (server/session_graph_nodes.cc, client/api_graph_nodes.cc).
+  // kOpGraphNode: u8 which (kGraphNodeAdd/Set/ExecSet), u64 target (graph,
+  // node or exec), u64 node (ExecSet), node list (Add: u32 n, n x u64), then a
+  // node description: u32 CUgraphNodeType and by type
+  //   MEMCPY: CUDA_MEMCPY3D (memory types resolved, no UNIFIED), u64 ctx,
+  //           u8 src in client memory, u8 dst in client memory
+  //   MEMSET: CUDA_MEMSET_NODE_PARAMS, u64 ctx      HOST: u64 callback id
+  //   GRAPH: u64 child graph    EMPTY: -    EVENT_RECORD / WAIT_EVENT: u64 event
+  //   MEM_ALLOC: i32 device, u32 n, n x CUmemAccessDesc, u64 bytes
+  //   MEM_FREE: u64 device pointer
+  //   CONDITIONAL: u64 handle, u32 CUgraphConditionalNodeType, u32 size, u64 ctx
+  // Reply (Add): u64 node; MEM_ALLOC adds u64 pointer, CONDITIONAL u32 n, n x u64 body graph.
+  kOpGraphNode = 310,
+  // u64 node -> u32 type as the app built it, then by type: MEMCPY CUDA_MEMCPY3D
+  // (client addresses), MEMSET CUDA_MEMSET_NODE_PARAMS, GRAPH u64 graph,
+  // EVENT_* u64 event, MEM_ALLOC u64 bytes, u64 pointer, i32 device, MEM_FREE
+  // u64 pointer, HOST u64 callback id; others nothing.
+  kOpGraphNodeQuery = 311,
+  // u8 kGraphMisc*, then: Clone u64 graph -> u64 graph; FindInClone u64 node,
+  // u64 clone -> u64 node; CondHandle u64 graph, u64 ctx, u32 default, u32
+  // flags -> u64 handle; MemAttrGet i32 device, i32 attr -> u64 value;
+  // MemAttrSet i32 device, i32 attr, u64 value; MemTrim i32 device.
+  kOpGraphMisc = 312,
 };
 
 inline constexpr uint32_t kIpcHandleBytes = 64;  // CU_IPC_HANDLE_SIZE
@@ -125,6 +149,17 @@ inline constexpr uint32_t kMaxAccessDescs = 64;  // cuMemSetAccess: one per devi
 // The JIT linker (kOpLink*).
 inline constexpr uint32_t kMaxLinkOptions = 256;        // options of one cuLinkCreate / AddData
 inline constexpr uint32_t kMaxLinkLogBytes = 4u << 20;  // a log buffer the server makes
+// Graph nodes (kOpGraphNode).
+inline constexpr uint32_t kMaxConditionalBodies = 4096;  // SWITCH bodies of one node
+enum GraphNodeWhich : uint8_t { kGraphNodeAdd = 0, kGraphNodeSet = 1, kGraphNodeExecSet = 2 };
+enum GraphMisc : uint8_t {
+  kGraphMiscClone = 0,
+  kGraphMiscFindInClone = 1,
+  kGraphMiscCondHandle = 2,
+  kGraphMiscMemAttrGet = 3,
+  kGraphMiscMemAttrSet = 4,
+  kGraphMiscMemTrim = 5,
+};
 
 // Launch flags (kOpLaunch).
 enum LaunchFlags : uint32_t {

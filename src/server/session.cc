@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -182,6 +183,11 @@ bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CU
   }
   if constexpr (sizeof...(Args) > 0) {
     if (releases == HandleKind::kMemory && !s.Owns(HandleKind::kMemory, std::get<0>(slots).Raw())) {
+      *rc = CUDA_ERROR_INVALID_VALUE;
+      return true;
+    }
+    // A graph a node owns (a conditional node's body) goes only with its node.
+    if (releases == HandleKind::kGraph && s.OwnedByNode(std::get<0>(slots).Raw())) {
       *rc = CUDA_ERROR_INVALID_VALUE;
       return true;
     }
@@ -375,6 +381,7 @@ void Session::Forget(HandleKind kind, uint64_t value) {
   // The stream it ran on now was destroyed with it; the client's handle value
   // stays taken by the retired stream object until the session ends.
   if (kind == HandleKind::kStream) stream_map_.erase(value);
+  if (kind == HandleKind::kGraph) GraphForgotten(value);
 }
 
 void Session::NoteAllocation(HandleKind kind, uint64_t handle, uint64_t bytes) {
@@ -519,17 +526,28 @@ void Session::RunClientHostFunc(uint64_t id, bool persistent) {
   CallbackExchange(h, nullptr, 0, nullptr, 0, nullptr, 0);
 }
 
+// Both move at most wire::kCopyChunk bytes per exchange (a graph's memcpy
+// node may be larger than one frame).
 void Session::DeliverToClient(uint64_t client_dst, const void* bytes, size_t n) {
-  wire::FrameHeader h{};
-  h.op = ops::kOpDeliverBytes;
-  CallbackExchange(h, &client_dst, 8, bytes, n, nullptr, 0);
+  const auto* p = static_cast<const uint8_t*>(bytes);
+  for (size_t off = 0; off < n || off == 0; off += wire::kCopyChunk) {
+    size_t len = std::min<size_t>(wire::kCopyChunk, n - off);
+    wire::FrameHeader h{};
+    h.op = ops::kOpDeliverBytes;
+    uint64_t dst = client_dst + off;
+    if (!CallbackExchange(h, &dst, 8, p + off, len, nullptr, 0) || len == 0) return;
+  }
 }
 
 void Session::FetchFromClient(uint64_t client_src, void* bytes, size_t n) {
-  wire::FrameHeader h{};
-  h.op = ops::kOpFetchBytes;
-  uint64_t req[2] = {client_src, n};
-  CallbackExchange(h, req, sizeof(req), nullptr, 0, bytes, n);
+  auto* p = static_cast<uint8_t*>(bytes);
+  for (size_t off = 0; off < n || off == 0; off += wire::kCopyChunk) {
+    size_t len = std::min<size_t>(wire::kCopyChunk, n - off);
+    wire::FrameHeader h{};
+    h.op = ops::kOpFetchBytes;
+    uint64_t req[2] = {client_src + off, len};
+    if (!CallbackExchange(h, req, sizeof(req), nullptr, 0, p + off, len) || len == 0) return;
+  }
 }
 
 void Session::Run() {
@@ -634,6 +652,7 @@ void Session::ReleaseAll() {
   };
   each(HandleKind::kGraphExec,
        [&](uint64_t h) { a.cuGraphExecDestroy(reinterpret_cast<CUgraphExec>(h)); });
+  ReleaseGraphNodes();
   each(HandleKind::kGraph, [&](uint64_t h) { a.cuGraphDestroy(reinterpret_cast<CUgraph>(h)); });
   ReleaseCaptured();
   each(HandleKind::kEvent, [&](uint64_t h) { a.cuEventDestroy_v2(reinterpret_cast<CUevent>(h)); });
@@ -897,6 +916,12 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       return GraphMemsetNode(in, out, rc);
     case ops::kOpGraphHostNode:
       return GraphHostNode(in, out, rc);
+    case ops::kOpGraphNode:
+      return GraphNode(in, out, rc);
+    case ops::kOpGraphNodeQuery:
+      return GraphNodeQuery(in, out, rc);
+    case ops::kOpGraphMisc:
+      return GraphMisc(in, out, rc);
     case 100:  // cuCtxSynchronize: this client's work, not other sessions'
       if (in.remaining() != 0) return false;
       *rc = SynchronizeSession();

@@ -115,6 +115,9 @@ class Session {
   void Adopt(marshal::HandleKind kind, uint64_t value);
   void Forget(marshal::HandleKind kind, uint64_t value);
   DriverApi& api() { return state_->api; }
+  // A graph owned by a node (a conditional node's body, a child graph node's
+  // graph): the client may use it but not destroy it (session_graph_nodes.cc).
+  bool OwnedByNode(uint64_t graph) const { return subgraphs_.count(graph) != 0; }
   // Memory quota bookkeeping of the generic allocation handlers: charged
   // before the driver allocates, recorded per handle, refunded when freed.
   bool ChargeMemory(uint64_t bytes);
@@ -206,6 +209,45 @@ class Session {
   CUresult SynchronizeSession();
   bool ReadNodeList(wire::Reader& in, std::vector<CUgraphNode>* deps, CUresult* rc);
   void ReleaseCaptured();
+  // --- graph nodes built by hand (session_graph_nodes.cc)
+  // A node as kOpGraphNode describes it.
+  struct NodeDesc {
+    CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
+    CUDA_MEMCPY3D copy{};
+    bool src_client = false, dst_client = false;  // a host side in the client's memory
+    CUDA_MEMSET_NODE_PARAMS memset{};
+    uint64_t ctx = 0;
+    uint64_t value = 0;  // callback id, graph, event, pointer, bytes or conditional handle
+    int32_t device = 0;
+    std::vector<CUmemAccessDesc> access;
+    uint32_t cond_type = 0, cond_size = 0;
+  };
+  struct GraphAlloc {
+    uint64_t graph = 0;  // the graph whose allocation node made it
+    uint64_t bytes = 0;  // charged to the quota
+  };
+  bool GraphNode(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  bool GraphNodeQuery(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  bool GraphMisc(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  bool ReadNodeDesc(wire::Reader& in, NodeDesc* d, CUresult* rc);
+  // A graph of [fetch host node -> copy] or [copy -> deliver host node]
+  // through a new pinned mirror, for a copy one side of which is client memory.
+  CUresult BuildCopyGraph(const CUDA_MEMCPY3D& p, CUcontext ctx, bool src_client, CUgraph* out);
+  // True when `node` is a child graph node made by BuildCopyGraph; its parts.
+  bool CopyWrapperParts(CUgraphNode node, CUgraphNode* copy, CUgraphNode* host,
+                        CapturedWork** work);
+  // Forget(kGraph): refunds the graph's allocation nodes.
+  void GraphForgotten(uint64_t graph);
+  // ReleaseAll: graphs owned by nodes are left to their parents; charges refunded.
+  void ReleaseGraphNodes();
+  static CUhostFn FetchHelper();
+  static CUhostFn DeliverHelper();
+  static CUhostFn RunCapturedHostFuncFn();
+  std::unordered_map<uint64_t, GraphAlloc> graph_allocs_;  // by device pointer
+  std::unordered_set<uint64_t> cond_handles_;              // conditional handles made here
+  // Body and child graphs the client has handles of -> the graph that owns
+  // them (0: not known); never destroyed on their own.
+  std::unordered_map<uint64_t, uint64_t> subgraphs_;
   bool CallbackExchange(wire::FrameHeader h, const void* a, size_t na, const void* b, size_t nb,
                         void* reply, size_t reply_len);
   bool CopyToDevice(wire::Reader& in, bool per_thread, CUresult* rc);

@@ -37,6 +37,10 @@ constexpr uint32_t kMaxNodeList = 1u << 16;
 
 }  // namespace
 
+CUhostFn Session::FetchHelper() { return FetchCaptured; }
+CUhostFn Session::DeliverHelper() { return DeliverCaptured; }
+CUhostFn Session::RunCapturedHostFuncFn() { return RunCapturedHostFunc; }
+
 bool Session::Capturing(CUstream stream) {
   DriverApi& a = state_->api;
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;

@@ -681,6 +681,9 @@ CUresult CheckStreamContext(CUstream s) {
   return st->ctx == t_current ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
 
+void SimKernelActions(const std::string& name, const std::vector<sim::ParamSlot>& slots,
+                      const uint8_t* blob);
+
 CUresult simLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction f, void** params, void** extra) {
   if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   auto* k = reinterpret_cast<SimKernel*>(f);
@@ -713,6 +716,7 @@ CUresult simLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction f, void** param
     std::fprintf(g_sim->record, "%s\n", line.c_str());
     std::fflush(g_sim->record);
   }
+  if (blob != nullptr) SimKernelActions(k->name, k->params, blob);
   // The launch itself succeeds; the fault shows from the next call on.
   if (k->name.find(kFaultKernelMark) != std::string::npos && !g_faulted.exchange(true))
     FLYT_WARN(
@@ -1824,6 +1828,736 @@ CUresult simLinkDestroy(CUlinkState state) {
   return CUDA_SUCCESS;
 }
 
+// --- CUDA graphs built by hand (and by the session's helpers). A graph is a
+// list of nodes in the order they were added, which is a topological order:
+// a node's dependencies exist before it. An executable graph is a deep copy
+// made at instantiation, with a map from the original nodes to its own (for
+// the cuGraphExec*SetParams calls). A launch runs the copy's nodes in order on
+// the calling thread, after the stream's pending host functions: kernels are
+// recorded (and the modelled kernels act, see SimKernelActions), copies and
+// memsets happen, host nodes call their function, conditional nodes run their
+// body graphs by the conditional value. Memory of an allocation node is
+// allocated when the node is added and freed with the graph that added it.
+struct SimGraph;
+struct SimCond {
+  unsigned default_value = 0;
+  unsigned flags = 0;
+  std::atomic<unsigned> value{0};
+};
+struct SimNode {
+  CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
+  SimGraph* owner = nullptr;
+  CUfunction func = nullptr;
+  unsigned dims[6] = {};
+  unsigned shmem = 0;
+  std::vector<uint8_t> params;  // kernel argument buffer
+  CUDA_MEMCPY3D copy{};
+  CUDA_MEMSET_NODE_PARAMS memset{};
+  CUDA_HOST_NODE_PARAMS host{};
+  std::unique_ptr<SimGraph> child;  // child graph node
+  CUevent event = nullptr;
+  CUdeviceptr dptr = 0;  // allocation and free nodes
+  size_t bytes = 0;
+  bool owns_alloc = false;
+  SimCond* cond = nullptr;
+  CUgraphConditionalNodeType cond_type = CU_GRAPH_COND_TYPE_IF;
+  std::vector<std::unique_ptr<SimGraph>> bodies;
+  std::vector<CUgraph> body_handles;  // phGraph_out of the node's creation
+};
+struct SimGraph {
+  std::vector<std::unique_ptr<SimNode>> nodes;
+  std::map<const SimNode*, SimNode*> from;  // clone or exec copy: original -> copy
+  ~SimGraph();
+};
+struct SimExec {
+  std::unique_ptr<SimGraph> graph;
+};
+std::mutex g_graph_mu;  // guards the sets below
+std::set<SimGraph*> g_graphs;
+std::set<SimNode*> g_nodes;
+std::set<SimExec*> g_execs;
+std::set<SimCond*> g_conds;
+std::map<CUdeviceptr, size_t> g_graph_allocs;  // live allocation-node memory
+uint64_t g_graph_mem_high = 0;
+
+void ForgetNodes(SimGraph* g) {
+  for (auto& n : g->nodes) {
+    g_nodes.erase(n.get());
+    if (n->child) ForgetNodes(n->child.get());
+    for (auto& b : n->bodies) ForgetNodes(b.get());
+  }
+  g_graphs.erase(g);
+}
+SimGraph::~SimGraph() {
+  for (auto& n : nodes)
+    if (n->owns_alloc && n->dptr != 0) {
+      g_graph_allocs.erase(n->dptr);
+      FreeAlloc(n->dptr);
+    }
+}
+
+SimGraph* AsGraph(CUgraph g) {
+  auto* p = reinterpret_cast<SimGraph*>(g);
+  return g_graphs.count(p) ? p : nullptr;
+}
+SimNode* AsNode(CUgraphNode n) {
+  auto* p = reinterpret_cast<SimNode*>(n);
+  return g_nodes.count(p) ? p : nullptr;
+}
+SimExec* AsExec(CUgraphExec e) {
+  auto* p = reinterpret_cast<SimExec*>(e);
+  return g_execs.count(p) ? p : nullptr;
+}
+
+// Deep copy of `src` (nodes, edges implied by order, bodies and children).
+// Allocation nodes of the copy do not own their memory. Every copied node is
+// entered in `top->from` under its original.
+std::unique_ptr<SimGraph> CopyGraph(const SimGraph& src, SimGraph* top) {
+  auto g = std::make_unique<SimGraph>();
+  if (top == nullptr) top = g.get();
+  g_graphs.insert(g.get());
+  for (const auto& n : src.nodes) {
+    auto c = std::make_unique<SimNode>();
+    c->type = n->type;
+    c->owner = g.get();
+    c->func = n->func;
+    std::memcpy(c->dims, n->dims, sizeof(c->dims));
+    c->shmem = n->shmem;
+    c->params = n->params;
+    c->copy = n->copy;
+    c->memset = n->memset;
+    c->host = n->host;
+    if (n->child) c->child = CopyGraph(*n->child, top);
+    c->event = n->event;
+    c->dptr = n->dptr;
+    c->bytes = n->bytes;
+    c->cond = n->cond;
+    c->cond_type = n->cond_type;
+    for (const auto& b : n->bodies) c->bodies.push_back(CopyGraph(*b, top));
+    top->from[n.get()] = c.get();
+    g_nodes.insert(c.get());
+    g->nodes.push_back(std::move(c));
+  }
+  return g;
+}
+
+CUresult simGraphCreate(CUgraph* out, unsigned flags) {
+  if (out == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  auto* g = new SimGraph;
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  g_graphs.insert(g);
+  *out = reinterpret_cast<CUgraph>(g);
+  return CUDA_SUCCESS;
+}
+CUresult simGraphDestroy(CUgraph graph) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimGraph* g = AsGraph(graph);
+  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  ForgetNodes(g);
+  delete g;
+  return CUDA_SUCCESS;
+}
+CUresult simGraphGetNodes(CUgraph graph, CUgraphNode* out, size_t* count) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimGraph* g = AsGraph(graph);
+  if (g == nullptr || count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (out != nullptr)
+    for (size_t i = 0; i < *count && i < g->nodes.size(); ++i)
+      out[i] = reinterpret_cast<CUgraphNode>(g->nodes[i].get());
+  *count = g->nodes.size();
+  return CUDA_SUCCESS;
+}
+CUresult simGraphNodeGetType(CUgraphNode node, CUgraphNodeType* type) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimNode* n = AsNode(node);
+  if (n == nullptr || type == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *type = n->type;
+  return CUDA_SUCCESS;
+}
+
+// Adds a node of `type` to `graph` after `deps` (all of that graph); the
+// caller fills it through `fill` (g_graph_mu held), which may refuse it.
+template <typename Fill>
+CUresult AddNode(CUgraphNode* out, CUgraph graph, const CUgraphNode* deps, size_t ndeps,
+                 CUgraphNodeType type, Fill&& fill) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimGraph* g = AsGraph(graph);
+  if (out == nullptr || g == nullptr || (ndeps > 0 && deps == nullptr))
+    return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < ndeps; ++i) {
+    SimNode* d = AsNode(deps[i]);
+    if (d == nullptr || d->owner != g) return CUDA_ERROR_INVALID_VALUE;
+  }
+  auto n = std::make_unique<SimNode>();
+  n->type = type;
+  n->owner = g;
+  CUresult rc = fill(n.get());
+  if (rc != CUDA_SUCCESS) return rc;
+  *out = reinterpret_cast<CUgraphNode>(n.get());
+  g_nodes.insert(n.get());
+  g->nodes.push_back(std::move(n));
+  return CUDA_SUCCESS;
+}
+
+CUresult FillKernel(SimNode* n, const CUDA_KERNEL_NODE_PARAMS* p) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUfunction f = p->func != nullptr ? p->func : reinterpret_cast<CUfunction>(p->kern);
+  if (f == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto* k = reinterpret_cast<SimKernel*>(f);
+  size_t size = 0;
+  for (const auto& s : k->params) size = std::max<size_t>(size, s.offset + s.size);
+  std::vector<uint8_t> blob(size);
+  for (size_t i = 0; i < k->params.size(); ++i) {
+    if (p->kernelParams == nullptr || p->kernelParams[i] == nullptr)
+      return CUDA_ERROR_INVALID_VALUE;
+    std::memcpy(blob.data() + k->params[i].offset, p->kernelParams[i], k->params[i].size);
+  }
+  n->func = f;
+  unsigned dims[6] = {p->gridDimX,  p->gridDimY,  p->gridDimZ,
+                      p->blockDimX, p->blockDimY, p->blockDimZ};
+  std::memcpy(n->dims, dims, sizeof(dims));
+  n->shmem = p->sharedMemBytes;
+  n->params = std::move(blob);
+  return CUDA_SUCCESS;
+}
+CUresult simGraphAddKernelNode(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, size_t nd,
+                               const CUDA_KERNEL_NODE_PARAMS* p) {
+  return AddNode(out, g, deps, nd, CU_GRAPH_NODE_TYPE_KERNEL,
+                 [&](SimNode* n) { return FillKernel(n, p); });
+}
+// The node behind `node` of type `type`: of the graph, or of the exec's copy.
+SimNode* NodeOf(CUgraphExec exec, CUgraphNode node, CUgraphNodeType type) {
+  SimNode* n = AsNode(node);
+  if (n == nullptr) return nullptr;
+  if (exec != nullptr) {
+    SimExec* e = AsExec(exec);
+    if (e == nullptr) return nullptr;
+    auto it = e->graph->from.find(n);
+    if (it == e->graph->from.end()) return nullptr;
+    n = it->second;
+  }
+  return n->type == type ? n : nullptr;
+}
+CUresult simGraphKernelNodeSetParams(CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS* p) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimNode* n = NodeOf(nullptr, node, CU_GRAPH_NODE_TYPE_KERNEL);
+  return n == nullptr ? CUDA_ERROR_INVALID_VALUE : FillKernel(n, p);
+}
+CUresult simGraphExecKernelNodeSetParams(CUgraphExec e, CUgraphNode node,
+                                         const CUDA_KERNEL_NODE_PARAMS* p) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimNode* n = NodeOf(e, node, CU_GRAPH_NODE_TYPE_KERNEL);
+  return n == nullptr ? CUDA_ERROR_INVALID_VALUE : FillKernel(n, p);
+}
+
+CUresult CheckMemset(const CUDA_MEMSET_NODE_PARAMS* p) {
+  if (p == nullptr || (p->elementSize != 1 && p->elementSize != 2 && p->elementSize != 4) ||
+      p->width == 0 || p->height == 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  size_t row = p->width * p->elementSize;
+  size_t pitch = p->height > 1 ? p->pitch : row;
+  if (pitch < row || !Valid(p->dst, pitch * (p->height - 1) + row)) return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_SUCCESS;
+}
+CUresult simGraphAddMemsetNode(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, size_t nd,
+                               const CUDA_MEMSET_NODE_PARAMS* p, CUcontext) {
+  return AddNode(out, g, deps, nd, CU_GRAPH_NODE_TYPE_MEMSET, [&](SimNode* n) {
+    CUresult rc = CheckMemset(p);
+    if (rc == CUDA_SUCCESS) n->memset = *p;
+    return rc;
+  });
+}
+CUresult simGraphMemsetNodeGetParams(CUgraphNode node, CUDA_MEMSET_NODE_PARAMS* p) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimNode* n = NodeOf(nullptr, node, CU_GRAPH_NODE_TYPE_MEMSET);
+  if (n == nullptr || p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *p = n->memset;
+  return CUDA_SUCCESS;
+}
+CUresult SetMemset(CUgraphExec e, CUgraphNode node, const CUDA_MEMSET_NODE_PARAMS* p) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimNode* n = NodeOf(e, node, CU_GRAPH_NODE_TYPE_MEMSET);
+  if (n == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUresult rc = CheckMemset(p);
+  if (rc == CUDA_SUCCESS) n->memset = *p;
+  return rc;
+}
+CUresult simGraphMemsetNodeSetParams(CUgraphNode node, const CUDA_MEMSET_NODE_PARAMS* p) {
+  return SetMemset(nullptr, node, p);
+}
+CUresult simGraphExecMemsetNodeSetParams(CUgraphExec e, CUgraphNode node,
+                                         const CUDA_MEMSET_NODE_PARAMS* p, CUcontext) {
+  return SetMemset(e, node, p);
+}
+
+CUresult simGraphAddHostNode(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, size_t nd,
+                             const CUDA_HOST_NODE_PARAMS* p) {
+  return AddNode(out, g, deps, nd, CU_GRAPH_NODE_TYPE_HOST, [&](SimNode* n) {
+    if (p == nullptr || p->fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    n->host = *p;
+    return CUDA_SUCCESS;
+  });
+}
+CUresult simGraphHostNodeGetParams(CUgraphNode node, CUDA_HOST_NODE_PARAMS* p) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimNode* n = NodeOf(nullptr, node, CU_GRAPH_NODE_TYPE_HOST);
+  if (n == nullptr || p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *p = n->host;
+  return CUDA_SUCCESS;
+}
+CUresult simGraphHostNodeSetParams(CUgraphNode node, const CUDA_HOST_NODE_PARAMS* p) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimNode* n = NodeOf(nullptr, node, CU_GRAPH_NODE_TYPE_HOST);
+  if (n == nullptr || p == nullptr || p->fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  n->host = *p;
+  return CUDA_SUCCESS;
+}
+
+// A copy node's host sides must be this process's memory (the session's
+// mirrors or shared buffers); device sides must be valid when it runs.
+CUresult CheckCopy(const CUDA_MEMCPY3D* p) {
+  if (p == nullptr || p->WidthInBytes == 0 || p->Height == 0 || p->Depth == 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (p->srcMemoryType == CU_MEMORYTYPE_ARRAY || p->dstMemoryType == CU_MEMORYTYPE_ARRAY)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  return CUDA_SUCCESS;
+}
+CUresult simGraphAddMemcpyNode(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, size_t nd,
+                               const CUDA_MEMCPY3D* p, CUcontext) {
+  return AddNode(out, g, deps, nd, CU_GRAPH_NODE_TYPE_MEMCPY, [&](SimNode* n) {
+    CUresult rc = CheckCopy(p);
+    if (rc == CUDA_SUCCESS) n->copy = *p;
+    return rc;
+  });
+}
+CUresult simGraphMemcpyNodeGetParams(CUgraphNode node, CUDA_MEMCPY3D* p) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimNode* n = NodeOf(nullptr, node, CU_GRAPH_NODE_TYPE_MEMCPY);
+  if (n == nullptr || p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *p = n->copy;
+  return CUDA_SUCCESS;
+}
+CUresult SetCopy(CUgraphExec e, CUgraphNode node, const CUDA_MEMCPY3D* p) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimNode* n = NodeOf(e, node, CU_GRAPH_NODE_TYPE_MEMCPY);
+  if (n == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUresult rc = CheckCopy(p);
+  if (rc == CUDA_SUCCESS) n->copy = *p;
+  return rc;
+}
+CUresult simGraphMemcpyNodeSetParams(CUgraphNode node, const CUDA_MEMCPY3D* p) {
+  return SetCopy(nullptr, node, p);
+}
+CUresult simGraphExecMemcpyNodeSetParams(CUgraphExec e, CUgraphNode node, const CUDA_MEMCPY3D* p,
+                                         CUcontext) {
+  return SetCopy(e, node, p);
+}
+
+bool HasCondOrAlloc(const SimGraph& g) {
+  for (const auto& n : g.nodes)
+    if (n->type == CU_GRAPH_NODE_TYPE_CONDITIONAL || n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC ||
+        n->type == CU_GRAPH_NODE_TYPE_MEM_FREE || (n->child && HasCondOrAlloc(*n->child)))
+      return true;
+  return false;
+}
+CUresult simGraphAddChildGraphNode(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, size_t nd,
+                                   CUgraph child) {
+  return AddNode(out, g, deps, nd, CU_GRAPH_NODE_TYPE_GRAPH, [&](SimNode* n) {
+    SimGraph* c = AsGraph(child);
+    if (c == nullptr || HasCondOrAlloc(*c)) return CUDA_ERROR_INVALID_VALUE;
+    n->child = CopyGraph(*c, nullptr);
+    n->child->from.clear();
+    return CUDA_SUCCESS;
+  });
+}
+CUresult simGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph* out) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimNode* n = NodeOf(nullptr, node, CU_GRAPH_NODE_TYPE_GRAPH);
+  if (n == nullptr || out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *out = reinterpret_cast<CUgraph>(n->child.get());
+  return CUDA_SUCCESS;
+}
+// Same shape: the same node types in the same order, recursively.
+bool SameShape(const SimGraph& a, const SimGraph& b) {
+  if (a.nodes.size() != b.nodes.size()) return false;
+  for (size_t i = 0; i < a.nodes.size(); ++i) {
+    const SimNode &x = *a.nodes[i], &y = *b.nodes[i];
+    if (x.type != y.type || x.bodies.size() != y.bodies.size() ||
+        (x.child == nullptr) != (y.child == nullptr))
+      return false;
+    if (x.child && !SameShape(*x.child, *y.child)) return false;
+    for (size_t j = 0; j < x.bodies.size(); ++j)
+      if (!SameShape(*x.bodies[j], *y.bodies[j])) return false;
+  }
+  return true;
+}
+// Copies the parameters of `src` into `dst` (same shape), recursively.
+void CopyParams(SimGraph& dst, const SimGraph& src) {
+  for (size_t i = 0; i < dst.nodes.size(); ++i) {
+    SimNode& d = *dst.nodes[i];
+    const SimNode& s = *src.nodes[i];
+    d.func = s.func;
+    std::memcpy(d.dims, s.dims, sizeof(d.dims));
+    d.shmem = s.shmem;
+    d.params = s.params;
+    d.copy = s.copy;
+    d.memset = s.memset;
+    d.host = s.host;
+    d.event = s.event;
+    if (d.type != CU_GRAPH_NODE_TYPE_MEM_ALLOC) d.dptr = s.dptr;
+    d.cond = s.cond;
+    if (d.child) CopyParams(*d.child, *s.child);
+    for (size_t j = 0; j < d.bodies.size(); ++j) CopyParams(*d.bodies[j], *s.bodies[j]);
+  }
+}
+CUresult simGraphExecChildGraphNodeSetParams(CUgraphExec e, CUgraphNode node, CUgraph child) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimNode* n = NodeOf(e, node, CU_GRAPH_NODE_TYPE_GRAPH);
+  SimGraph* c = AsGraph(child);
+  if (n == nullptr || c == nullptr || !SameShape(*n->child, *c)) return CUDA_ERROR_INVALID_VALUE;
+  CopyParams(*n->child, *c);
+  return CUDA_SUCCESS;
+}
+CUresult simGraphAddEmptyNode(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, size_t nd) {
+  return AddNode(out, g, deps, nd, CU_GRAPH_NODE_TYPE_EMPTY, [](SimNode*) { return CUDA_SUCCESS; });
+}
+CUresult simGraphAddEventRecordNode(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, size_t nd,
+                                    CUevent ev) {
+  return AddNode(out, g, deps, nd, CU_GRAPH_NODE_TYPE_EVENT_RECORD, [&](SimNode* n) {
+    if (ev == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    n->event = ev;
+    return CUDA_SUCCESS;
+  });
+}
+CUresult simGraphAddEventWaitNode(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, size_t nd,
+                                  CUevent ev) {
+  return AddNode(out, g, deps, nd, CU_GRAPH_NODE_TYPE_WAIT_EVENT, [&](SimNode* n) {
+    if (ev == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    n->event = ev;
+    return CUDA_SUCCESS;
+  });
+}
+CUresult EventOf(CUgraphNode node, CUgraphNodeType type, CUevent* out) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimNode* n = NodeOf(nullptr, node, type);
+  if (n == nullptr || out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *out = n->event;
+  return CUDA_SUCCESS;
+}
+CUresult simGraphEventRecordNodeGetEvent(CUgraphNode node, CUevent* out) {
+  return EventOf(node, CU_GRAPH_NODE_TYPE_EVENT_RECORD, out);
+}
+CUresult simGraphEventWaitNodeGetEvent(CUgraphNode node, CUevent* out) {
+  return EventOf(node, CU_GRAPH_NODE_TYPE_WAIT_EVENT, out);
+}
+
+CUresult simGraphAddMemAllocNode(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, size_t nd,
+                                 CUDA_MEM_ALLOC_NODE_PARAMS* p) {
+  return AddNode(out, g, deps, nd, CU_GRAPH_NODE_TYPE_MEM_ALLOC, [&](SimNode* n) {
+    if (p == nullptr || p->bytesize == 0 ||
+        p->poolProps.allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        p->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+      return CUDA_ERROR_INVALID_VALUE;
+    if (p->poolProps.location.id != 0) return CUDA_ERROR_INVALID_DEVICE;
+    CUresult rc = Alloc(&n->dptr, p->bytesize);
+    if (rc != CUDA_SUCCESS) return rc;
+    n->bytes = p->bytesize;
+    n->owns_alloc = true;
+    g_graph_allocs[n->dptr] = n->bytes;
+    uint64_t used = 0;
+    for (auto& [ptr, bytes] : g_graph_allocs) used += bytes;
+    g_graph_mem_high = std::max(g_graph_mem_high, used);
+    p->dptr = n->dptr;
+    return CUDA_SUCCESS;
+  });
+}
+CUresult simGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS* p) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimNode* n = NodeOf(nullptr, node, CU_GRAPH_NODE_TYPE_MEM_ALLOC);
+  if (n == nullptr || p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *p = CUDA_MEM_ALLOC_NODE_PARAMS{};
+  p->poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p->poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p->bytesize = n->bytes;
+  p->dptr = n->dptr;
+  return CUDA_SUCCESS;
+}
+// As the driver: only memory a graph's allocation node made, freed once.
+CUresult simGraphAddMemFreeNode(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, size_t nd,
+                                CUdeviceptr dptr) {
+  return AddNode(out, g, deps, nd, CU_GRAPH_NODE_TYPE_MEM_FREE, [&](SimNode* n) {
+    if (g_graph_allocs.count(dptr) == 0) return CUDA_ERROR_INVALID_VALUE;
+    for (const auto& other : n->owner->nodes)
+      if (other->type == CU_GRAPH_NODE_TYPE_MEM_FREE && other->dptr == dptr)
+        return CUDA_ERROR_INVALID_VALUE;
+    n->dptr = dptr;
+    return CUDA_SUCCESS;
+  });
+}
+CUresult simGraphMemFreeNodeGetParams(CUgraphNode node, CUdeviceptr* out) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimNode* n = NodeOf(nullptr, node, CU_GRAPH_NODE_TYPE_MEM_FREE);
+  if (n == nullptr || out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *out = n->dptr;
+  return CUDA_SUCCESS;
+}
+CUresult simDeviceGetGraphMemAttribute(CUdevice d, CUgraphMem_attribute attr, void* value) {
+  if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  uint64_t used = 0;
+  for (auto& [ptr, bytes] : g_graph_allocs) used += bytes;
+  switch (attr) {
+    case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT:
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT:
+      *static_cast<cuuint64_t*>(value) = used;
+      return CUDA_SUCCESS;
+    case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH:
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH:
+      *static_cast<cuuint64_t*>(value) = g_graph_mem_high;
+      return CUDA_SUCCESS;
+  }
+  return CUDA_ERROR_INVALID_VALUE;
+}
+CUresult simDeviceSetGraphMemAttribute(CUdevice d, CUgraphMem_attribute attr, void* value) {
+  if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+  if (value == nullptr || *static_cast<cuuint64_t*>(value) != 0 ||
+      (attr != CU_GRAPH_MEM_ATTR_USED_MEM_HIGH && attr != CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH))
+    return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  g_graph_mem_high = 0;
+  for (auto& [ptr, bytes] : g_graph_allocs) g_graph_mem_high += bytes;
+  return CUDA_SUCCESS;
+}
+CUresult simDeviceGraphMemTrim(CUdevice d) {
+  return d == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+CUresult simGraphConditionalHandleCreate(CUgraphConditionalHandle* out, CUgraph graph, CUcontext,
+                                         unsigned default_value, unsigned flags) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  if (out == nullptr || AsGraph(graph) == nullptr || (flags & ~CU_GRAPH_COND_ASSIGN_DEFAULT) != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  auto* c = new SimCond;  // lives as long as the process, like the sim's descriptors
+  c->default_value = default_value;
+  c->flags = flags;
+  c->value = default_value;
+  g_conds.insert(c);
+  *out = reinterpret_cast<uintptr_t>(c);
+  return CUDA_SUCCESS;
+}
+// cuGraphAddNode_v2: conditional nodes (the only kind served only here) and
+// the other kinds through their own entry points.
+CUresult simGraphAddNode(CUgraphNode* out, CUgraph g, const CUgraphNode* deps,
+                         const CUgraphEdgeData* edges, size_t nd, CUgraphNodeParams* p) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (edges != nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  if (p->type != CU_GRAPH_NODE_TYPE_CONDITIONAL) return CUDA_ERROR_NOT_SUPPORTED;
+  CUDA_CONDITIONAL_NODE_PARAMS& c = p->conditional;
+  return AddNode(out, g, deps, nd, CU_GRAPH_NODE_TYPE_CONDITIONAL, [&](SimNode* n) {
+    auto* cond = reinterpret_cast<SimCond*>(static_cast<uintptr_t>(c.handle));
+    bool size_ok = c.type == CU_GRAPH_COND_TYPE_WHILE    ? c.size == 1
+                   : c.type == CU_GRAPH_COND_TYPE_IF     ? c.size == 1 || c.size == 2
+                   : c.type == CU_GRAPH_COND_TYPE_SWITCH ? c.size > 0 && c.size <= 4096
+                                                         : false;
+    if (g_conds.count(cond) == 0 || !size_ok) return CUDA_ERROR_INVALID_VALUE;
+    n->cond = cond;
+    n->cond_type = c.type;
+    for (unsigned i = 0; i < c.size; ++i) {
+      auto body = std::make_unique<SimGraph>();
+      g_graphs.insert(body.get());
+      n->body_handles.push_back(reinterpret_cast<CUgraph>(body.get()));
+      n->bodies.push_back(std::move(body));
+    }
+    c.phGraph_out = n->body_handles.data();  // the node's own array, as the driver's
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult simGraphClone(CUgraph* out, CUgraph graph) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimGraph* g = AsGraph(graph);
+  if (out == nullptr || g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *out = reinterpret_cast<CUgraph>(CopyGraph(*g, nullptr).release());
+  return CUDA_SUCCESS;
+}
+CUresult simGraphNodeFindInClone(CUgraphNode* out, CUgraphNode node, CUgraph clone) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimGraph* c = AsGraph(clone);
+  SimNode* n = AsNode(node);
+  if (out == nullptr || c == nullptr || n == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto it = c->from.find(n);
+  if (it == c->from.end()) return CUDA_ERROR_INVALID_VALUE;
+  *out = reinterpret_cast<CUgraphNode>(it->second);
+  return CUDA_SUCCESS;
+}
+CUresult simGraphInstantiate(CUgraphExec* out, CUgraph graph, unsigned long long) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimGraph* g = AsGraph(graph);
+  if (out == nullptr || g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto* e = new SimExec;
+  e->graph = CopyGraph(*g, nullptr);
+  g_execs.insert(e);
+  *out = reinterpret_cast<CUgraphExec>(e);
+  return CUDA_SUCCESS;
+}
+CUresult simGraphExecDestroy(CUgraphExec exec) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimExec* e = AsExec(exec);
+  if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  g_execs.erase(e);
+  ForgetNodes(e->graph.get());
+  delete e;
+  return CUDA_SUCCESS;
+}
+CUresult simGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphExecUpdateResultInfo* info) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimExec* e = AsExec(exec);
+  SimGraph* g = AsGraph(graph);
+  if (e == nullptr || g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (info != nullptr) *info = CUgraphExecUpdateResultInfo{};
+  if (!SameShape(*e->graph, *g)) {
+    if (info != nullptr) info->result = CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED;
+    return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+  }
+  CopyParams(*e->graph, *g);
+  if (info != nullptr) info->result = CU_GRAPH_EXEC_UPDATE_SUCCESS;
+  return CUDA_SUCCESS;
+}
+
+// Kernels the sim models (the e2e programs' kernels of these names do the
+// same on a GPU): `flyt_sim_set_conditional(handle, unsigned value)` sets a
+// conditional node's value; `flyt_sim_countdown(handle, int* c)` does
+// c[0] -= 1, c[1] += 1 and sets the value to (c[0] > 0).
+void SimKernelActions(const std::string& name, const std::vector<sim::ParamSlot>& slots,
+                      const uint8_t* blob) {
+  bool set = name.find("flyt_sim_set_conditional") != std::string::npos;
+  bool countdown = name.find("flyt_sim_countdown") != std::string::npos;
+  if ((!set && !countdown) || slots.size() != 2 || slots[0].size != 8) return;
+  uint64_t handle = 0;
+  std::memcpy(&handle, blob + slots[0].offset, 8);
+  auto* cond = reinterpret_cast<SimCond*>(static_cast<uintptr_t>(handle));
+  unsigned value = 0;
+  if (set && slots[1].size == 4) {
+    std::memcpy(&value, blob + slots[1].offset, 4);
+  } else if (countdown && slots[1].size == 8) {
+    uint64_t p = 0;
+    std::memcpy(&p, blob + slots[1].offset, 8);
+    if (!Valid(p, 2 * sizeof(int))) return;
+    int* counter = reinterpret_cast<int*>(p);
+    counter[0] -= 1;
+    counter[1] += 1;
+    value = counter[0] > 0 ? 1 : 0;
+  } else {
+    return;
+  }
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  if (g_conds.count(cond)) cond->value = value;
+}
+
+constexpr unsigned kSimMaxWhileIterations = 1u << 20;
+
+// Runs a graph's nodes in order (g_graph_mu not held: host nodes call back).
+CUresult RunGraph(const SimGraph& g, CUstream s) {
+  for (const auto& n : g.nodes) {
+    CUresult rc = CUDA_SUCCESS;
+    switch (n->type) {
+      case CU_GRAPH_NODE_TYPE_KERNEL: {
+        CUlaunchConfig cfg{};
+        cfg.gridDimX = n->dims[0];
+        cfg.gridDimY = n->dims[1];
+        cfg.gridDimZ = n->dims[2];
+        cfg.blockDimX = n->dims[3];
+        cfg.blockDimY = n->dims[4];
+        cfg.blockDimZ = n->dims[5];
+        cfg.sharedMemBytes = n->shmem;
+        cfg.hStream = s;
+        size_t size = n->params.size();
+        std::vector<uint8_t> blob = n->params;
+        void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, blob.data(), CU_LAUNCH_PARAM_BUFFER_SIZE,
+                         &size, CU_LAUNCH_PARAM_END};
+        rc = simLaunchKernelEx(&cfg, n->func, nullptr, extra);
+        break;
+      }
+      case CU_GRAPH_NODE_TYPE_MEMCPY:
+        rc = simMemcpy3D(&n->copy);
+        break;
+      case CU_GRAPH_NODE_TYPE_MEMSET: {
+        const CUDA_MEMSET_NODE_PARAMS& m = n->memset;
+        size_t pitch = m.height > 1 ? m.pitch : m.width * m.elementSize;
+        rc = m.elementSize == 1
+                 ? Fill2D<uint8_t>(m.dst, pitch, static_cast<uint8_t>(m.value), m.width, m.height)
+             : m.elementSize == 2
+                 ? Fill2D<uint16_t>(m.dst, pitch, static_cast<uint16_t>(m.value), m.width, m.height)
+                 : Fill2D<uint32_t>(m.dst, pitch, m.value, m.width, m.height);
+        break;
+      }
+      case CU_GRAPH_NODE_TYPE_HOST:
+        n->host.fn(n->host.userData);
+        break;
+      case CU_GRAPH_NODE_TYPE_GRAPH:
+        rc = RunGraph(*n->child, s);
+        break;
+      case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
+        rc = simEventRecord(n->event, s);
+        break;
+      case CU_GRAPH_NODE_TYPE_CONDITIONAL: {
+        SimCond* c = n->cond;
+        if (n->cond_type == CU_GRAPH_COND_TYPE_WHILE) {
+          for (unsigned i = 0; rc == CUDA_SUCCESS && c->value != 0; ++i) {
+            if (i == kSimMaxWhileIterations) return CUDA_ERROR_LAUNCH_TIMEOUT;
+            rc = RunGraph(*n->bodies[0], s);
+          }
+        } else if (n->cond_type == CU_GRAPH_COND_TYPE_IF) {
+          if (c->value != 0)
+            rc = RunGraph(*n->bodies[0], s);
+          else if (n->bodies.size() == 2)
+            rc = RunGraph(*n->bodies[1], s);
+        } else if (c->value < n->bodies.size()) {
+          rc = RunGraph(*n->bodies[c->value], s);
+        }
+        break;
+      }
+      default:  // empty, event wait (all work here is synchronous), alloc, free
+        break;
+    }
+    if (rc != CUDA_SUCCESS) return rc;
+  }
+  return CUDA_SUCCESS;
+}
+// Conditional handles with CU_GRAPH_COND_ASSIGN_DEFAULT start each launch at their default.
+void ResetConds(const SimGraph& g) {
+  for (const auto& n : g.nodes) {
+    if (n->cond != nullptr && (n->cond->flags & CU_GRAPH_COND_ASSIGN_DEFAULT))
+      n->cond->value = n->cond->default_value;
+    if (n->child) ResetConds(*n->child);
+    for (const auto& b : n->bodies) ResetConds(*b);
+  }
+}
+CUresult simGraphLaunch(CUgraphExec exec, CUstream s) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (CUresult rc = CheckStreamContext(s); rc != CUDA_SUCCESS) return rc;
+  SimExec* e = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_graph_mu);
+    e = AsExec(exec);
+    if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    ResetConds(*e->graph);
+  }
+  // After the stream's earlier host functions, as in stream order.
+  if (AsStream(s) != nullptr)
+    WaitIdle(StreamOf(s)->work);
+  else
+    while (g_pending_host_funcs.load() > 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+  return RunGraph(*e->graph, s);
+}
+CUresult simGraphUpload(CUgraphExec exec, CUstream) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  return AsExec(exec) != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
 }  // namespace
 
 Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
@@ -1961,6 +2695,48 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuLinkAddData_v2 = simLinkAddData;
   a->cuLinkComplete = simLinkComplete;
   a->cuLinkDestroy = simLinkDestroy;
+  a->cuGraphCreate = simGraphCreate;
+  a->cuGraphDestroy = simGraphDestroy;
+  a->cuGraphGetNodes = simGraphGetNodes;
+  a->cuGraphNodeGetType = simGraphNodeGetType;
+  a->cuGraphAddKernelNode_v2 = simGraphAddKernelNode;
+  a->cuGraphKernelNodeSetParams_v2 = simGraphKernelNodeSetParams;
+  a->cuGraphExecKernelNodeSetParams_v2 = simGraphExecKernelNodeSetParams;
+  a->cuGraphAddMemsetNode = simGraphAddMemsetNode;
+  a->cuGraphMemsetNodeGetParams = simGraphMemsetNodeGetParams;
+  a->cuGraphMemsetNodeSetParams = simGraphMemsetNodeSetParams;
+  a->cuGraphExecMemsetNodeSetParams = simGraphExecMemsetNodeSetParams;
+  a->cuGraphAddHostNode = simGraphAddHostNode;
+  a->cuGraphHostNodeGetParams = simGraphHostNodeGetParams;
+  a->cuGraphHostNodeSetParams = simGraphHostNodeSetParams;
+  a->cuGraphAddMemcpyNode = simGraphAddMemcpyNode;
+  a->cuGraphMemcpyNodeGetParams = simGraphMemcpyNodeGetParams;
+  a->cuGraphMemcpyNodeSetParams = simGraphMemcpyNodeSetParams;
+  a->cuGraphExecMemcpyNodeSetParams = simGraphExecMemcpyNodeSetParams;
+  a->cuGraphAddChildGraphNode = simGraphAddChildGraphNode;
+  a->cuGraphChildGraphNodeGetGraph = simGraphChildGraphNodeGetGraph;
+  a->cuGraphExecChildGraphNodeSetParams = simGraphExecChildGraphNodeSetParams;
+  a->cuGraphAddEmptyNode = simGraphAddEmptyNode;
+  a->cuGraphAddEventRecordNode = simGraphAddEventRecordNode;
+  a->cuGraphAddEventWaitNode = simGraphAddEventWaitNode;
+  a->cuGraphEventRecordNodeGetEvent = simGraphEventRecordNodeGetEvent;
+  a->cuGraphEventWaitNodeGetEvent = simGraphEventWaitNodeGetEvent;
+  a->cuGraphAddMemAllocNode = simGraphAddMemAllocNode;
+  a->cuGraphMemAllocNodeGetParams = simGraphMemAllocNodeGetParams;
+  a->cuGraphAddMemFreeNode = simGraphAddMemFreeNode;
+  a->cuGraphMemFreeNodeGetParams = simGraphMemFreeNodeGetParams;
+  a->cuDeviceGetGraphMemAttribute = simDeviceGetGraphMemAttribute;
+  a->cuDeviceSetGraphMemAttribute = simDeviceSetGraphMemAttribute;
+  a->cuDeviceGraphMemTrim = simDeviceGraphMemTrim;
+  a->cuGraphConditionalHandleCreate = simGraphConditionalHandleCreate;
+  a->cuGraphAddNode_v2 = simGraphAddNode;
+  a->cuGraphClone = simGraphClone;
+  a->cuGraphNodeFindInClone = simGraphNodeFindInClone;
+  a->cuGraphInstantiateWithFlags = simGraphInstantiate;
+  a->cuGraphExecDestroy = simGraphExecDestroy;
+  a->cuGraphExecUpdate_v2 = simGraphExecUpdate;
+  a->cuGraphLaunch = simGraphLaunch;
+  a->cuGraphUpload = simGraphUpload;
   sim.green = options.green_contexts;
   if (options.green_contexts) {
     a->cuDeviceGetDevResource = simDeviceGetDevResource;

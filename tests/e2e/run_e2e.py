@@ -1177,6 +1177,79 @@ class E2E(unittest.TestCase):
                          "the server did not destroy the link state left behind\n" + srv.logs())
         self.stop_server(srv)
 
+    GRAPH_NODES_EXPECTED = (
+        ("simple.types", "host,kernel,memcpy,memcpy,memcpy,memcpy,memcpy,memset"),
+        ("simple.launches_ok", "6"), ("simple.host_node_runs", "6"),
+        ("simple.exec_set_params", "ok"), ("simple.d2h_type", "memcpy"),
+        ("simple.clone_types", "host,kernel,memcpy,memcpy,memcpy,memcpy,memcpy,memset"),
+        ("simple.exec_update", "0"), ("simple.symbol", "ok"),
+        ("cond.if", "10,0"), ("cond.if_types", "conditional,kernel,memcpy,memset"),
+        ("cond.if_else", "10,11"), ("cond.switch", "10,12,0"),
+        ("cond.while_iterations", "5,3,8"),
+        ("memory.types", "mem_alloc,mem_free,memcpy,memset"), ("memory.launches_ok", "4"),
+        ("memory.free_not_graph_memory", "cudaErrorInvalidValue"),
+        ("memory.used_after_trim", "0"),
+        ("other.types", "empty,event_record,graph,memcpy"),
+        ("other.child_types", "memcpy,memset"), ("other.event_query", "0"),
+        ("other.wait_types", "memcpy,wait_event"), ("other.generic", "ok"))
+
+    def test_graph_nodes(self):
+        """Graphs built node by node (graph_nodes.cu) over every transport and cudart:
+        memcpy nodes to and from pageable and pinned host memory read and written at each
+        launch (a host node after a D2H node sees its bytes), exec and node SetParams,
+        queries, clone, cudaGraphExecUpdate, symbols; IF, IF/ELSE, SWITCH and a WHILE loop
+        whose condition the sim's modelled kernels set; allocation/free nodes relaunched,
+        a free node for cudaMalloc memory refused; child graph, empty and event nodes;
+        cudaGraphAddNode / NodeSetParams / ExecNodeSetParams. The server is alive and
+        holds nothing of the client afterwards."""
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                srv = self.start_server(control=True)
+                res = self.run_ok(srv, transport, "graph_nodes", variant, log_level="warn")
+                kv = self.kv(res)
+                where = res.describe()
+                for key, want in self.GRAPH_NODES_EXPECTED:
+                    self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
+                self.assert_stats(srv, sessions=0, memory_used=0)
+                self.stop_server(srv)
+
+    def test_graph_nodes_quota(self):
+        """Allocation nodes count against --memory-quota: one larger than the quota is
+        refused with out-of-memory, one of 16 MiB shows in cudaMemGetInfo and comes back
+        when its graph is destroyed; the quota is whole after the client exits."""
+        quota = 64 << 20
+        for transport in CFG.transports:
+            with self.subTest(transport=transport):
+                srv = self.start_server(control=True, extra_args=["--memory-quota", "64M"])
+                res = self.run_ok(srv, transport, "graph_nodes", CFG.variants[0],
+                                  args=("quota", str(quota)), log_level="warn")
+                kv = self.kv(res)
+                where = res.describe()
+                for key, want in (("quota.over", "cudaErrorMemoryAllocation"),
+                                  ("quota.charged", str(16 << 20)),
+                                  ("quota.refunded", str(16 << 20))):
+                    self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
+                self.assert_stats(srv, sessions=0, memory_used=0, memory_quota=quota)
+                self.stop_server(srv)
+
+    def test_graph_nodes_refusals(self):
+        """What hand-built graphs cannot have through Flyt fails with
+        cudaErrorNotSupported and a log line naming it: a memcpy node whose host rows lie
+        apart, a child graph moved into its parent, a host-memory copy in a conditional
+        body."""
+        srv = self.start_server()
+        res = self.run_ok(srv, CFG.transports[0], "graph_nodes", CFG.variants[0],
+                          args=("refusals",), log_level="warn")
+        kv = self.kv(res)
+        where = "%s\n%s" % (res.describe(), srv.logs())
+        self.assertEqual(kv.get("refusal.pitched_host"), "cudaErrorNotSupported", where)
+        self.assertEqual(kv.get("refusal.child_move"), "cudaErrorNotSupported", where)
+        self.assertEqual(kv.get("refusal.host_copy_in_body"), "cudaErrorNotSupported", where)
+        self.assertIn("inside a conditional node's body", srv.log_text(), where)
+        self.assertIn("pitched rows in client host memory", srv.log_text(), where)
+        self.assertIn("child graph moved into its parent", res.stderr + res.client_log, where)
+        self.stop_server(srv)
+
     def test_vmm_quota(self):
         """--memory-quota holds cuMemCreate: the quota is charged, OOM beyond it, refunded
         when released and unmapped; a client that leaves without freeing anything has its

@@ -16,7 +16,10 @@
 # `isolation work` runs beside it in another), stream_event_order (streams, events, host
 # functions, stream attributes and profiler control), jit_link (the JIT linker: PTX
 # string and file, logs, a bad input; its Flyt-only misuse checks are not compared),
-# module_functions (the private table cuFFT uses to take the function of a module).
+# module_functions (the private table cuFFT uses to take the function of a module),
+# graph_nodes (graphs built by hand: memcpy to and from host memory, memset, kernel,
+# host, conditional IF/IF-ELSE/WHILE/SWITCH, memory alloc/free, child, empty and event
+# nodes, SetParams, clone, update).
 # Environment: CASES, RUN_TIMEOUT=60, MODES="tcp unix shm", SERVER_BACKEND=cuda (sim: plumbing
 # only, on a machine without a GPU, where the native runs fail).
 set -uo pipefail
@@ -25,7 +28,7 @@ set -uo pipefail
 BUILD=$(cd "$1" && pwd) || exit 2
 PROGS=$(cd "$2" && pwd) || exit 2
 OUTFILE=$3
-CASES=${CASES:-"ipc vmm_share contexts isolation_fault stream_event_order jit_link module_functions"}
+CASES=${CASES:-"ipc vmm_share contexts isolation_fault stream_event_order jit_link module_functions graph_nodes"}
 MODES=${MODES:-"tcp unix shm"}
 RUN_TIMEOUT=${RUN_TIMEOUT:-60}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/flyt-e2e-gpu.XXXXXX")
@@ -41,6 +44,7 @@ cmd_of() {  # case -> program and arguments
     stream_event_order) echo "$PROGS/stream_event_order" ;;
     jit_link) echo "$PROGS/jit_link" ;;
     module_functions) echo "$PROGS/module_functions" ;;
+    graph_nodes) echo "$PROGS/graph_nodes" ;;
   esac
 }
 

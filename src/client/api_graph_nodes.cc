@@ -1,0 +1,593 @@
+// Graph nodes built by hand beyond kernel/memset/host creation: memcpy
+// (host memory stays in this process; the server reaches it over the callback
+// channel at each launch), child graph, empty, event record/wait, memory
+// allocation/free and conditional nodes, the generic cuGraphAddNode /
+// cuGraphNodeSetParams / cuGraphExecNodeSetParams, node queries, clones,
+// conditional handles and the graph memory attributes.
+//
+// Owns: the host node registry (what the app gave for each callback id) and
+// the packing of kOpGraphNode / kOpGraphNodeQuery / kOpGraphMisc. Must not
+// touch streams, captures or the callback channel's protocol; no stdout.
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "client/client.h"
+#include "common/log.h"
+
+using flyt::client::Client;
+using flyt::client::ReplySink;
+namespace wire = flyt::wire;
+namespace ops = flyt::ops;
+
+namespace flyt::client {
+namespace {
+struct HostNodeFn {
+  CUhostFn fn;
+  void* data;
+};
+std::mutex g_host_nodes_mu;
+std::unordered_map<uint64_t, HostNodeFn>& HostNodes() {
+  static auto* m = new std::unordered_map<uint64_t, HostNodeFn>;  // never destroyed
+  return *m;
+}
+}  // namespace
+
+void NoteGraphHostNode(uint64_t id, CUhostFn fn, void* data) {
+  std::lock_guard<std::mutex> lock(g_host_nodes_mu);
+  HostNodes()[id] = HostNodeFn{fn, data};
+}
+bool FindGraphHostNode(uint64_t id, CUhostFn* fn, void** data) {
+  std::lock_guard<std::mutex> lock(g_host_nodes_mu);
+  auto it = HostNodes().find(id);
+  if (it == HostNodes().end()) return false;
+  *fn = it->second.fn;
+  *data = it->second.data;
+  return true;
+}
+}  // namespace flyt::client
+
+namespace {
+
+uint64_t Raw(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+
+// Arrays of conditional nodes' body graphs (CUDA_CONDITIONAL_NODE_PARAMS::phGraph_out).
+std::mutex g_bodies_mu;
+std::vector<std::unique_ptr<CUgraph[]>>& BodyArrays() {
+  static auto* v = new std::vector<std::unique_ptr<CUgraph[]>>;  // never destroyed
+  return *v;
+}
+
+void PutNodeList(wire::Writer& w, const CUgraphNode* deps, size_t n) {
+  w.Put<uint32_t>(static_cast<uint32_t>(n));
+  for (size_t i = 0; i < n; ++i) w.Put<uint64_t>(Raw(deps[i]));
+}
+
+// Head of a kOpGraphNode request.
+wire::Writer NodeRequest(uint8_t which, uint64_t target, uint64_t node, const CUgraphNode* deps,
+                         size_t ndeps) {
+  wire::Writer w;
+  w.Put(which);
+  w.Put(target);
+  w.Put(node);
+  if (which == ops::kGraphNodeAdd) PutNodeList(w, deps, ndeps);
+  return w;
+}
+
+CUresult Check(size_t ndeps, const CUgraphNode* deps) {
+  if (!Client::Get().initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (ndeps > 0 && deps == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (ndeps > (1u << 16)) return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_SUCCESS;
+}
+
+// Sends a kOpGraphNode request; on an add, the reply's node goes to *node
+// and the rest of the reply stays in *reply for the caller.
+CUresult SendNode(const char* name, uint8_t which, const wire::Writer& w, CUgraphNode* node,
+                  std::vector<uint8_t>* reply, wire::Reader* rest) {
+  CUresult rc = Client::Get().Call(name, ops::kOpGraphNode, w, ReplySink{reply});
+  if (rc != CUDA_SUCCESS || which != ops::kGraphNodeAdd) return rc;
+  *rest = wire::Reader(reply->data(), reply->size());
+  uint64_t h = 0;
+  if (!rest->Get(&h)) return CUDA_ERROR_UNKNOWN;
+  if (node != nullptr) *node = reinterpret_cast<CUgraphNode>(h);
+  return CUDA_SUCCESS;
+}
+CUresult SendNode(const char* name, uint8_t which, const wire::Writer& w, CUgraphNode* node) {
+  std::vector<uint8_t> reply;
+  wire::Reader rest(nullptr, 0);
+  return SendNode(name, which, w, node, &reply, &rest);
+}
+
+// A copy's side: CU_MEMORYTYPE_UNIFIED resolved to device or host memory by
+// what this process knows of device allocations.
+void ResolveSide(CUmemorytype* type, CUdeviceptr* device, const void** host) {
+  if (*type != CU_MEMORYTYPE_UNIFIED) return;
+  if (Client::Get().FindDeviceRange(*device, 1)) {
+    *type = CU_MEMORYTYPE_DEVICE;
+  } else {
+    *type = CU_MEMORYTYPE_HOST;
+    *host = reinterpret_cast<const void*>(*device);
+    *device = 0;
+  }
+}
+
+CUresult PutCopy(wire::Writer& w, const CUDA_MEMCPY3D* p, CUcontext ctx) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUDA_MEMCPY3D c = *p;
+  const void* src_host = c.srcHost;
+  const void* dst_host = c.dstHost;
+  ResolveSide(&c.srcMemoryType, &c.srcDevice, &src_host);
+  ResolveSide(&c.dstMemoryType, &c.dstDevice, &dst_host);
+  c.srcHost = src_host;
+  c.dstHost = const_cast<void*>(dst_host);
+  bool src_client = c.srcMemoryType == CU_MEMORYTYPE_HOST;
+  bool dst_client = c.dstMemoryType == CU_MEMORYTYPE_HOST;
+  if ((src_client && c.srcHost == nullptr) || (dst_client && c.dstHost == nullptr))
+    return CUDA_ERROR_INVALID_VALUE;
+  w.Put<uint32_t>(CU_GRAPH_NODE_TYPE_MEMCPY);
+  w.Put(c);
+  w.Put<uint64_t>(Raw(ctx));
+  w.Put<uint8_t>(src_client ? 1 : 0);
+  w.Put<uint8_t>(dst_client ? 1 : 0);
+  return CUDA_SUCCESS;
+}
+
+CUresult CopyNode(const char* name, uint8_t which, uint64_t target, uint64_t node,
+                  const CUgraphNode* deps, size_t ndeps, const CUDA_MEMCPY3D* p, CUcontext ctx,
+                  CUgraphNode* created) {
+  if (CUresult rc = Check(ndeps, deps); rc != CUDA_SUCCESS) return rc;
+  // Host sides are read and written by the server over the callback channel.
+  if (CUresult rc = Client::Get().EnsureCallbackChannel(); rc != CUDA_SUCCESS) return rc;
+  wire::Writer w = NodeRequest(which, target, node, deps, ndeps);
+  if (CUresult rc = PutCopy(w, p, ctx); rc != CUDA_SUCCESS) return rc;
+  return SendNode(name, which, w, created);
+}
+
+CUresult MemsetNode(const char* name, uint8_t which, uint64_t target, uint64_t node,
+                    const CUgraphNode* deps, size_t ndeps, const CUDA_MEMSET_NODE_PARAMS* p,
+                    CUcontext ctx, CUgraphNode* created) {
+  if (CUresult rc = Check(ndeps, deps); rc != CUDA_SUCCESS) return rc;
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  wire::Writer w = NodeRequest(which, target, node, deps, ndeps);
+  w.Put<uint32_t>(CU_GRAPH_NODE_TYPE_MEMSET);
+  w.Put(*p);
+  w.Put<uint64_t>(Raw(ctx));
+  return SendNode(name, which, w, created);
+}
+
+// Nodes described by one u64 (child graph, event, free pointer) or nothing (empty).
+CUresult ValueNode(const char* name, uint8_t which, uint64_t target, uint64_t node,
+                   const CUgraphNode* deps, size_t ndeps, CUgraphNodeType type, uint64_t value,
+                   CUgraphNode* created) {
+  if (CUresult rc = Check(ndeps, deps); rc != CUDA_SUCCESS) return rc;
+  wire::Writer w = NodeRequest(which, target, node, deps, ndeps);
+  w.Put<uint32_t>(type);
+  if (type != CU_GRAPH_NODE_TYPE_EMPTY) w.Put(value);
+  return SendNode(name, which, w, created);
+}
+
+CUresult HostNode(const char* name, uint8_t which, uint64_t target, uint64_t node,
+                  const CUgraphNode* deps, size_t ndeps, const CUDA_HOST_NODE_PARAMS* p,
+                  CUgraphNode* created) {
+  Client& c = Client::Get();
+  if (CUresult rc = Check(ndeps, deps); rc != CUDA_SUCCESS) return rc;
+  if (p == nullptr || p->fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult rc = c.EnsureCallbackChannel(); rc != CUDA_SUCCESS) return rc;
+  CUhostFn fn = p->fn;
+  void* data = p->userData;
+  uint64_t id = c.RegisterGraphHostFunc([fn, data] { fn(data); });
+  flyt::client::NoteGraphHostNode(id, fn, data);
+  return ValueNode(name, which, target, node, deps, ndeps, CU_GRAPH_NODE_TYPE_HOST, id, created);
+}
+
+CUresult AllocNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t ndeps,
+                   CUmemPoolProps* props, const CUmemAccessDesc* access, size_t naccess,
+                   size_t bytes, CUdeviceptr* dptr) {
+  if (CUresult rc = Check(ndeps, deps); rc != CUDA_SUCCESS) return rc;
+  if (node == nullptr || props == nullptr || dptr == nullptr || bytes == 0 ||
+      (naccess > 0 && access == nullptr) || naccess > ops::kMaxAccessDescs)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      props->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+      props->handleTypes != CU_MEM_HANDLE_TYPE_NONE)
+    return CUDA_ERROR_INVALID_VALUE;
+  wire::Writer w = NodeRequest(ops::kGraphNodeAdd, Raw(g), 0, deps, ndeps);
+  w.Put<uint32_t>(CU_GRAPH_NODE_TYPE_MEM_ALLOC);
+  w.Put<int32_t>(props->location.id);
+  w.Put<uint32_t>(static_cast<uint32_t>(naccess));
+  for (size_t i = 0; i < naccess; ++i) w.Put(access[i]);
+  w.Put<uint64_t>(bytes);
+  std::vector<uint8_t> reply;
+  wire::Reader rest(nullptr, 0);
+  CUresult rc = SendNode("cuGraphAddMemAllocNode", ops::kGraphNodeAdd, w, node, &reply, &rest);
+  if (rc != CUDA_SUCCESS) return rc;
+  uint64_t p = 0;
+  if (!rest.Get(&p)) return CUDA_ERROR_UNKNOWN;
+  *dptr = p;
+  // Device memory to copies and pointer queries, as natively once allocated.
+  Client::Get().AddDeviceRange(p, bytes, false);
+  return CUDA_SUCCESS;
+}
+
+CUresult ConditionalNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t ndeps,
+                         CUDA_CONDITIONAL_NODE_PARAMS* p) {
+  if (CUresult rc = Check(ndeps, deps); rc != CUDA_SUCCESS) return rc;
+  if (node == nullptr || p == nullptr || p->size == 0 || p->size > ops::kMaxConditionalBodies)
+    return CUDA_ERROR_INVALID_VALUE;
+  wire::Writer w = NodeRequest(ops::kGraphNodeAdd, Raw(g), 0, deps, ndeps);
+  w.Put<uint32_t>(CU_GRAPH_NODE_TYPE_CONDITIONAL);
+  w.Put<uint64_t>(p->handle);
+  w.Put<uint32_t>(p->type);
+  w.Put<uint32_t>(p->size);
+  w.Put<uint64_t>(Raw(p->ctx));
+  std::vector<uint8_t> reply;
+  wire::Reader rest(nullptr, 0);
+  CUresult rc = SendNode("cuGraphAddNode", ops::kGraphNodeAdd, w, node, &reply, &rest);
+  if (rc != CUDA_SUCCESS) return rc;
+  uint32_t n = 0;
+  if (!rest.Get(&n) || n != p->size) return CUDA_ERROR_UNKNOWN;
+  // phGraph_out points at an array the library owns for the node's life (as
+  // the driver's); kept until the process exits.
+  auto bodies = std::make_unique<CUgraph[]>(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    uint64_t b = 0;
+    if (!rest.Get(&b)) return CUDA_ERROR_UNKNOWN;
+    bodies[i] = reinterpret_cast<CUgraph>(b);
+  }
+  p->phGraph_out = bodies.get();
+  std::lock_guard<std::mutex> lock(g_bodies_mu);
+  BodyArrays().push_back(std::move(bodies));
+  return CUDA_SUCCESS;
+}
+
+// kOpGraphNodeQuery: the node's type and the rest of the reply.
+CUresult Query(const char* name, CUgraphNode node, CUgraphNodeType* type,
+               std::vector<uint8_t>* reply, wire::Reader* rest) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  wire::Writer w;
+  w.Put<uint64_t>(Raw(node));
+  CUresult rc = c.Call(name, ops::kOpGraphNodeQuery, w, ReplySink{reply});
+  if (rc != CUDA_SUCCESS) return rc;
+  *rest = wire::Reader(reply->data(), reply->size());
+  uint32_t t = 0;
+  if (!rest->Get(&t)) return CUDA_ERROR_UNKNOWN;
+  *type = static_cast<CUgraphNodeType>(t);
+  return CUDA_SUCCESS;
+}
+
+// Reads one value of a node of `want` type (CUDA_ERROR_INVALID_VALUE for another type).
+template <typename T>
+CUresult QueryValue(const char* name, CUgraphNode node, CUgraphNodeType want, T* out) {
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<uint8_t> reply;
+  wire::Reader rest(nullptr, 0);
+  CUgraphNodeType type{};
+  CUresult rc = Query(name, node, &type, &reply, &rest);
+  if (rc != CUDA_SUCCESS) return rc;
+  if (type != want) return CUDA_ERROR_INVALID_VALUE;
+  return rest.Get(out) ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN;
+}
+
+CUresult Misc(const char* name, const wire::Writer& w, uint64_t* out) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  std::vector<uint8_t> reply;
+  CUresult rc = c.Call(name, ops::kOpGraphMisc, w, ReplySink{&reply});
+  if (rc != CUDA_SUCCESS || out == nullptr) return rc;
+  wire::Reader r(reply.data(), reply.size());
+  return r.Get(out) ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN;
+}
+
+void NotSupportedOnce(const char* what) {
+  static std::mutex mu;
+  static auto* seen = new std::unordered_map<std::string, bool>;
+  std::lock_guard<std::mutex> lock(mu);
+  if ((*seen)[what]) return;
+  (*seen)[what] = true;
+  FLYT_WARN("%s: not supported by Flyt (CUDA_ERROR_NOT_SUPPORTED)", what);
+}
+
+// cuGraphNodeSetParams / cuGraphExecNodeSetParams for the kinds served.
+CUresult SetNodeParams(const char* name, uint8_t which, uint64_t target, CUgraphNode node,
+                       CUgraphNodeParams* p) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t n = Raw(node);
+  bool exec = which == ops::kGraphNodeExecSet;
+  switch (p->type) {
+    case CU_GRAPH_NODE_TYPE_KERNEL: {
+      const auto* k = reinterpret_cast<const CUDA_KERNEL_NODE_PARAMS*>(&p->kernel);
+      return exec
+                 ? cuGraphExecKernelNodeSetParams_v2(reinterpret_cast<CUgraphExec>(target), node, k)
+                 : cuGraphKernelNodeSetParams_v2(node, k);
+    }
+    case CU_GRAPH_NODE_TYPE_MEMCPY:
+      return CopyNode(name, which, target, n, nullptr, 0, &p->memcpy.copyParams, p->memcpy.copyCtx,
+                      nullptr);
+    case CU_GRAPH_NODE_TYPE_MEMSET: {
+      CUDA_MEMSET_NODE_PARAMS m{p->memset.dst,         p->memset.pitch, p->memset.value,
+                                p->memset.elementSize, p->memset.width, p->memset.height};
+      return MemsetNode(name, which, target, n, nullptr, 0, &m, p->memset.ctx, nullptr);
+    }
+    case CU_GRAPH_NODE_TYPE_HOST: {
+      CUDA_HOST_NODE_PARAMS h{p->host.fn, p->host.userData};
+      return HostNode(name, which, target, n, nullptr, 0, &h, nullptr);
+    }
+    case CU_GRAPH_NODE_TYPE_GRAPH:
+      return ValueNode(name, which, target, n, nullptr, 0, p->type, Raw(p->graph.graph), nullptr);
+    default:
+      NotSupportedOnce(name);
+      return CUDA_ERROR_NOT_SUPPORTED;
+  }
+}
+
+}  // namespace
+
+FLYT_API CUresult cuGraphAddMemcpyNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps,
+                                       size_t n, const CUDA_MEMCPY3D* p, CUcontext ctx) {
+  if (node == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return CopyNode("cuGraphAddMemcpyNode", ops::kGraphNodeAdd, Raw(g), 0, deps, n, p, ctx, node);
+}
+FLYT_API CUresult cuGraphMemcpyNodeSetParams(CUgraphNode node, const CUDA_MEMCPY3D* p) {
+  return CopyNode("cuGraphMemcpyNodeSetParams", ops::kGraphNodeSet, Raw(node), 0, nullptr, 0, p,
+                  nullptr, nullptr);
+}
+FLYT_API CUresult cuGraphExecMemcpyNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                                 const CUDA_MEMCPY3D* p, CUcontext ctx) {
+  return CopyNode("cuGraphExecMemcpyNodeSetParams", ops::kGraphNodeExecSet, Raw(exec), Raw(node),
+                  nullptr, 0, p, ctx, nullptr);
+}
+FLYT_API CUresult cuGraphMemcpyNodeGetParams(CUgraphNode node, CUDA_MEMCPY3D* p) {
+  return QueryValue("cuGraphMemcpyNodeGetParams", node, CU_GRAPH_NODE_TYPE_MEMCPY, p);
+}
+
+FLYT_API CUresult cuGraphMemsetNodeSetParams(CUgraphNode node, const CUDA_MEMSET_NODE_PARAMS* p) {
+  return MemsetNode("cuGraphMemsetNodeSetParams", ops::kGraphNodeSet, Raw(node), 0, nullptr, 0, p,
+                    nullptr, nullptr);
+}
+FLYT_API CUresult cuGraphExecMemsetNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                                 const CUDA_MEMSET_NODE_PARAMS* p, CUcontext ctx) {
+  return MemsetNode("cuGraphExecMemsetNodeSetParams", ops::kGraphNodeExecSet, Raw(exec), Raw(node),
+                    nullptr, 0, p, ctx, nullptr);
+}
+FLYT_API CUresult cuGraphMemsetNodeGetParams(CUgraphNode node, CUDA_MEMSET_NODE_PARAMS* p) {
+  return QueryValue("cuGraphMemsetNodeGetParams", node, CU_GRAPH_NODE_TYPE_MEMSET, p);
+}
+
+FLYT_API CUresult cuGraphHostNodeSetParams(CUgraphNode node, const CUDA_HOST_NODE_PARAMS* p) {
+  return HostNode("cuGraphHostNodeSetParams", ops::kGraphNodeSet, Raw(node), 0, nullptr, 0, p,
+                  nullptr);
+}
+FLYT_API CUresult cuGraphHostNodeGetParams(CUgraphNode node, CUDA_HOST_NODE_PARAMS* p) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t id = 0;
+  CUresult rc = QueryValue("cuGraphHostNodeGetParams", node, CU_GRAPH_NODE_TYPE_HOST, &id);
+  if (rc != CUDA_SUCCESS) return rc;
+  CUhostFn fn = nullptr;
+  void* data = nullptr;
+  if (!flyt::client::FindGraphHostNode(id, &fn, &data)) return CUDA_ERROR_INVALID_VALUE;
+  p->fn = fn;
+  p->userData = data;
+  return CUDA_SUCCESS;
+}
+
+FLYT_API CUresult cuGraphAddChildGraphNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps,
+                                           size_t n, CUgraph child) {
+  if (node == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return ValueNode("cuGraphAddChildGraphNode", ops::kGraphNodeAdd, Raw(g), 0, deps, n,
+                   CU_GRAPH_NODE_TYPE_GRAPH, Raw(child), node);
+}
+FLYT_API CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph* out) {
+  uint64_t g = 0;
+  CUresult rc = QueryValue("cuGraphChildGraphNodeGetGraph", node, CU_GRAPH_NODE_TYPE_GRAPH, &g);
+  if (rc == CUDA_SUCCESS) *out = reinterpret_cast<CUgraph>(g);
+  return rc;
+}
+FLYT_API CUresult cuGraphExecChildGraphNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                                     CUgraph child) {
+  return ValueNode("cuGraphExecChildGraphNodeSetParams", ops::kGraphNodeExecSet, Raw(exec),
+                   Raw(node), nullptr, 0, CU_GRAPH_NODE_TYPE_GRAPH, Raw(child), nullptr);
+}
+FLYT_API CUresult cuGraphAddEmptyNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps,
+                                      size_t n) {
+  if (node == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return ValueNode("cuGraphAddEmptyNode", ops::kGraphNodeAdd, Raw(g), 0, deps, n,
+                   CU_GRAPH_NODE_TYPE_EMPTY, 0, node);
+}
+FLYT_API CUresult cuGraphAddEventRecordNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps,
+                                            size_t n, CUevent ev) {
+  if (node == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return ValueNode("cuGraphAddEventRecordNode", ops::kGraphNodeAdd, Raw(g), 0, deps, n,
+                   CU_GRAPH_NODE_TYPE_EVENT_RECORD, Raw(ev), node);
+}
+FLYT_API CUresult cuGraphAddEventWaitNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps,
+                                          size_t n, CUevent ev) {
+  if (node == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return ValueNode("cuGraphAddEventWaitNode", ops::kGraphNodeAdd, Raw(g), 0, deps, n,
+                   CU_GRAPH_NODE_TYPE_WAIT_EVENT, Raw(ev), node);
+}
+FLYT_API CUresult cuGraphEventRecordNodeGetEvent(CUgraphNode node, CUevent* out) {
+  uint64_t e = 0;
+  CUresult rc =
+      QueryValue("cuGraphEventRecordNodeGetEvent", node, CU_GRAPH_NODE_TYPE_EVENT_RECORD, &e);
+  if (rc == CUDA_SUCCESS) *out = reinterpret_cast<CUevent>(e);
+  return rc;
+}
+FLYT_API CUresult cuGraphEventWaitNodeGetEvent(CUgraphNode node, CUevent* out) {
+  uint64_t e = 0;
+  CUresult rc = QueryValue("cuGraphEventWaitNodeGetEvent", node, CU_GRAPH_NODE_TYPE_WAIT_EVENT, &e);
+  if (rc == CUDA_SUCCESS) *out = reinterpret_cast<CUevent>(e);
+  return rc;
+}
+
+FLYT_API CUresult cuGraphAddMemAllocNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps,
+                                         size_t n, CUDA_MEM_ALLOC_NODE_PARAMS* p) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return AllocNode(node, g, deps, n, &p->poolProps, p->accessDescs, p->accessDescCount, p->bytesize,
+                   &p->dptr);
+}
+FLYT_API CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS* p) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<uint8_t> reply;
+  wire::Reader rest(nullptr, 0);
+  CUgraphNodeType type{};
+  CUresult rc = Query("cuGraphMemAllocNodeGetParams", node, &type, &reply, &rest);
+  if (rc != CUDA_SUCCESS) return rc;
+  if (type != CU_GRAPH_NODE_TYPE_MEM_ALLOC) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t bytes = 0, dptr = 0;
+  int32_t dev = 0;
+  if (!rest.Get(&bytes) || !rest.Get(&dptr) || !rest.Get(&dev)) return CUDA_ERROR_UNKNOWN;
+  *p = CUDA_MEM_ALLOC_NODE_PARAMS{};
+  p->poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p->poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p->poolProps.location.id = dev;
+  p->bytesize = bytes;
+  p->dptr = dptr;
+  return CUDA_SUCCESS;
+}
+FLYT_API CUresult cuGraphAddMemFreeNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps,
+                                        size_t n, CUdeviceptr dptr) {
+  if (node == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return ValueNode("cuGraphAddMemFreeNode", ops::kGraphNodeAdd, Raw(g), 0, deps, n,
+                   CU_GRAPH_NODE_TYPE_MEM_FREE, dptr, node);
+}
+FLYT_API CUresult cuGraphMemFreeNodeGetParams(CUgraphNode node, CUdeviceptr* out) {
+  uint64_t p = 0;
+  CUresult rc = QueryValue("cuGraphMemFreeNodeGetParams", node, CU_GRAPH_NODE_TYPE_MEM_FREE, &p);
+  if (rc == CUDA_SUCCESS) *out = p;
+  return rc;
+}
+
+FLYT_API CUresult cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType* type) {
+  if (type == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<uint8_t> reply;
+  wire::Reader rest(nullptr, 0);
+  return Query("cuGraphNodeGetType", node, type, &reply, &rest);
+}
+
+FLYT_API CUresult cuGraphConditionalHandleCreate(CUgraphConditionalHandle* out, CUgraph g,
+                                                 CUcontext ctx, unsigned def, unsigned flags) {
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  wire::Writer w;
+  w.Put<uint8_t>(ops::kGraphMiscCondHandle);
+  w.Put<uint64_t>(Raw(g));
+  w.Put<uint64_t>(Raw(ctx));
+  w.Put<uint32_t>(def);
+  w.Put<uint32_t>(flags);
+  uint64_t h = 0;
+  CUresult rc = Misc("cuGraphConditionalHandleCreate", w, &h);
+  if (rc == CUDA_SUCCESS) *out = h;
+  return rc;
+}
+
+FLYT_API CUresult cuGraphClone(CUgraph* out, CUgraph g) {
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  wire::Writer w;
+  w.Put<uint8_t>(ops::kGraphMiscClone);
+  w.Put<uint64_t>(Raw(g));
+  uint64_t c = 0;
+  CUresult rc = Misc("cuGraphClone", w, &c);
+  if (rc == CUDA_SUCCESS) *out = reinterpret_cast<CUgraph>(c);
+  return rc;
+}
+FLYT_API CUresult cuGraphNodeFindInClone(CUgraphNode* out, CUgraphNode node, CUgraph clone) {
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  wire::Writer w;
+  w.Put<uint8_t>(ops::kGraphMiscFindInClone);
+  w.Put<uint64_t>(Raw(node));
+  w.Put<uint64_t>(Raw(clone));
+  uint64_t n = 0;
+  CUresult rc = Misc("cuGraphNodeFindInClone", w, &n);
+  if (rc == CUDA_SUCCESS) *out = reinterpret_cast<CUgraphNode>(n);
+  return rc;
+}
+
+FLYT_API CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute attr,
+                                               void* value) {
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  wire::Writer w;
+  w.Put<uint8_t>(ops::kGraphMiscMemAttrGet);
+  w.Put<int32_t>(dev);
+  w.Put<int32_t>(attr);
+  uint64_t v = 0;
+  CUresult rc = Misc("cuDeviceGetGraphMemAttribute", w, &v);
+  if (rc == CUDA_SUCCESS) *static_cast<cuuint64_t*>(value) = v;
+  return rc;
+}
+FLYT_API CUresult cuDeviceSetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute attr,
+                                               void* value) {
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  wire::Writer w;
+  w.Put<uint8_t>(ops::kGraphMiscMemAttrSet);
+  w.Put<int32_t>(dev);
+  w.Put<int32_t>(attr);
+  w.Put<uint64_t>(*static_cast<cuuint64_t*>(value));
+  return Misc("cuDeviceSetGraphMemAttribute", w, nullptr);
+}
+
+// The generic node entry points.
+FLYT_API CUresult cuGraphAddNode_v2(CUgraphNode* node, CUgraph g, const CUgraphNode* deps,
+                                    const CUgraphEdgeData* edges, size_t n, CUgraphNodeParams* p) {
+  if (node == nullptr || p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (edges != nullptr) {
+    for (size_t i = 0; i < n; ++i) {
+      const CUgraphEdgeData& e = edges[i];
+      if (e.from_port != 0 || e.to_port != 0 || e.type != 0) {
+        NotSupportedOnce("cuGraphAddNode with edge data (programmatic ports)");
+        return CUDA_ERROR_NOT_SUPPORTED;
+      }
+    }
+  }
+  switch (p->type) {
+    case CU_GRAPH_NODE_TYPE_KERNEL:
+      return cuGraphAddKernelNode_v2(node, g, deps, n,
+                                     reinterpret_cast<const CUDA_KERNEL_NODE_PARAMS*>(&p->kernel));
+    case CU_GRAPH_NODE_TYPE_MEMCPY:
+      return cuGraphAddMemcpyNode(node, g, deps, n, &p->memcpy.copyParams, p->memcpy.copyCtx);
+    case CU_GRAPH_NODE_TYPE_MEMSET: {
+      CUDA_MEMSET_NODE_PARAMS m{p->memset.dst,         p->memset.pitch, p->memset.value,
+                                p->memset.elementSize, p->memset.width, p->memset.height};
+      return cuGraphAddMemsetNode(node, g, deps, n, &m, p->memset.ctx);
+    }
+    case CU_GRAPH_NODE_TYPE_HOST: {
+      CUDA_HOST_NODE_PARAMS h{p->host.fn, p->host.userData};
+      return cuGraphAddHostNode(node, g, deps, n, &h);
+    }
+    case CU_GRAPH_NODE_TYPE_GRAPH:
+      if (p->graph.ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE) {
+        NotSupportedOnce("cuGraphAddNode: child graph moved into its parent");
+        return CUDA_ERROR_NOT_SUPPORTED;
+      }
+      return cuGraphAddChildGraphNode(node, g, deps, n, p->graph.graph);
+    case CU_GRAPH_NODE_TYPE_EMPTY:
+      return cuGraphAddEmptyNode(node, g, deps, n);
+    case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
+      return cuGraphAddEventRecordNode(node, g, deps, n, p->eventRecord.event);
+    case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
+      return cuGraphAddEventWaitNode(node, g, deps, n, p->eventWait.event);
+    case CU_GRAPH_NODE_TYPE_MEM_ALLOC:
+      return AllocNode(node, g, deps, n, &p->alloc.poolProps, p->alloc.accessDescs,
+                       p->alloc.accessDescCount, p->alloc.bytesize, &p->alloc.dptr);
+    case CU_GRAPH_NODE_TYPE_MEM_FREE:
+      return cuGraphAddMemFreeNode(node, g, deps, n, p->free.dptr);
+    case CU_GRAPH_NODE_TYPE_CONDITIONAL:
+      return ConditionalNode(node, g, deps, n, &p->conditional);
+    default:
+      NotSupportedOnce("cuGraphAddNode for external semaphore and batch memory operation nodes");
+      return CUDA_ERROR_NOT_SUPPORTED;
+  }
+}
+#undef cuGraphAddNode
+FLYT_API CUresult cuGraphAddNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n,
+                                 CUgraphNodeParams* p) {
+  return cuGraphAddNode_v2(node, g, deps, nullptr, n, p);
+}
+FLYT_API CUresult cuGraphNodeSetParams(CUgraphNode node, CUgraphNodeParams* p) {
+  return SetNodeParams("cuGraphNodeSetParams", ops::kGraphNodeSet, Raw(node), node, p);
+}
+FLYT_API CUresult cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                           CUgraphNodeParams* p) {
+  return SetNodeParams("cuGraphExecNodeSetParams", ops::kGraphNodeExecSet, Raw(exec), node, p);
+}

@@ -1,0 +1,685 @@
+// graph_nodes: CUDA graphs built node by node, as NVIDIA's samples and libraries build them.
+//
+//   simple      simpleCudaGraphs: memcpy H2D from pageable and pinned memory, memset,
+//               kernel, D2D, D2H back to host memory, a host node that reads the copied
+//               bytes, launched many times with new host contents; ToSymbol/FromSymbol;
+//               cudaGraphExecMemcpyNodeSetParams(1D), node SetParams, node queries, clone,
+//               cudaGraphExecUpdate.
+//   conditional graphConditionalNodes: IF, IF/ELSE, WHILE counting down in a kernel, SWITCH;
+//               the conditional value set by kernels (flyt_sim_* names: the sim models them).
+//   memory      graph memory nodes: alloc -> memset -> D2H -> free, launched again and
+//               again; node queries; a free node for memory no graph allocated; trim.
+//   other       child graph (holding a host copy), empty and event record/wait nodes,
+//               the generic cudaGraphAddNode / NodeSetParams / ExecNodeSetParams.
+//   quota BYTES (Flyt only, server with --memory-quota BYTES) allocation nodes count
+//               against the quota.
+//   refusals    (Flyt only) what Flyt answers with cudaErrorNotSupported.
+//
+// Prints key=value lines (deterministic: no addresses, no timings), then "graph_nodes: PASS".
+// Nothing printed depends on what a kernel computes except through the kernels the sim
+// models (flyt_sim_set_conditional, flyt_sim_countdown), so the sim and a GPU agree.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "e2e_common.h"
+
+// Sets a conditional node's value (modelled by the sim backend).
+__global__ void flyt_sim_set_conditional(cudaGraphConditionalHandle h, unsigned value) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) cudaGraphSetConditional(h, value);
+}
+// c[0] -= 1, c[1] += 1, condition = c[0] > 0 (modelled by the sim backend).
+__global__ void flyt_sim_countdown(cudaGraphConditionalHandle h, int* c) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) {
+    c[0] -= 1;
+    c[1] += 1;
+    cudaGraphSetConditional(h, c[0] > 0 ? 1u : 0u);
+  }
+}
+// Work whose result is never checked (the sim runs no kernel).
+__global__ void scratch(int* p) { p[threadIdx.x] = static_cast<int>(threadIdx.x); }
+
+__device__ unsigned char g_symbol[256];
+
+namespace {
+
+constexpr size_t kBytes = 64 << 10;
+
+const char* TypeName(cudaGraphNodeType t) {
+  switch (t) {
+    case cudaGraphNodeTypeKernel:
+      return "kernel";
+    case cudaGraphNodeTypeMemcpy:
+      return "memcpy";
+    case cudaGraphNodeTypeMemset:
+      return "memset";
+    case cudaGraphNodeTypeHost:
+      return "host";
+    case cudaGraphNodeTypeGraph:
+      return "graph";
+    case cudaGraphNodeTypeEmpty:
+      return "empty";
+    case cudaGraphNodeTypeWaitEvent:
+      return "wait_event";
+    case cudaGraphNodeTypeEventRecord:
+      return "event_record";
+    case cudaGraphNodeTypeMemAlloc:
+      return "mem_alloc";
+    case cudaGraphNodeTypeMemFree:
+      return "mem_free";
+    case cudaGraphNodeTypeConditional:
+      return "conditional";
+    default:
+      return "other";
+  }
+}
+
+// The graph's node types, sorted (the order of cudaGraphGetNodes is not promised).
+std::string Types(cudaGraph_t g) {
+  size_t n = 0;
+  CK(cudaGraphGetNodes(g, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n > 0) CK(cudaGraphGetNodes(g, nodes.data(), &n));
+  std::vector<std::string> names;
+  for (auto node : nodes) {
+    cudaGraphNodeType t;
+    CK(cudaGraphNodeGetType(node, &t));
+    names.push_back(TypeName(t));
+  }
+  std::sort(names.begin(), names.end());
+  std::string out;
+  for (auto& s : names) out += (out.empty() ? "" : ",") + s;
+  return out;
+}
+
+cudaMemcpy3DParms Copy1D(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+  cudaMemcpy3DParms p{};
+  p.srcPtr = make_cudaPitchedPtr(const_cast<void*>(src), n, n, 1);
+  p.dstPtr = make_cudaPitchedPtr(dst, n, n, 1);
+  p.extent = make_cudaExtent(n, 1, 1);
+  p.kind = kind;
+  return p;
+}
+
+// Host node: sums the bytes the D2H node before it brought back.
+struct HostSeen {
+  const unsigned char* buf;
+  size_t n;
+  std::vector<unsigned> sums;
+};
+void CALLBACK_SumBytes(void* p) {
+  auto* s = static_cast<HostSeen*>(p);
+  unsigned sum = 0;
+  for (size_t i = 0; i < s->n; ++i) sum += s->buf[i];
+  s->sums.push_back(sum);
+}
+unsigned Sum(const unsigned char* p, size_t n) {
+  unsigned s = 0;
+  for (size_t i = 0; i < n; ++i) s += p[i];
+  return s;
+}
+
+void Simple() {
+  e2e::Step("simple: setup");
+  auto* in_page = static_cast<unsigned char*>(malloc(kBytes));
+  auto* out_page = static_cast<unsigned char*>(malloc(kBytes));
+  auto* out_page2 = static_cast<unsigned char*>(malloc(kBytes));
+  unsigned char *in_pin = nullptr, *out_pin = nullptr;
+  CK(cudaMallocHost(&in_pin, kBytes));
+  CK(cudaMallocHost(&out_pin, kBytes));
+  unsigned char *d_a = nullptr, *d_b = nullptr, *d_c = nullptr;
+  int* d_scratch = nullptr;
+  CK(cudaMalloc(&d_a, kBytes));
+  CK(cudaMalloc(&d_b, kBytes));
+  CK(cudaMalloc(&d_c, kBytes));
+  CK(cudaMalloc(&d_scratch, 32 * sizeof(int)));
+  e2e::Fill(in_pin, kBytes, 99);
+
+  e2e::Step("simple: build");
+  cudaGraph_t g;
+  CK(cudaGraphCreate(&g, 0));
+  cudaGraphNode_t h2d, h2d_pin, mset, kern, d2d, d2h, d2h_pin, host;
+  cudaMemcpy3DParms p = Copy1D(d_a, in_page, kBytes, cudaMemcpyHostToDevice);
+  CK(cudaGraphAddMemcpyNode(&h2d, g, nullptr, 0, &p));
+  CK(cudaGraphAddMemcpyNode1D(&h2d_pin, g, nullptr, 0, d_c, in_pin, kBytes,
+                              cudaMemcpyHostToDevice));
+  cudaMemsetParams ms{};
+  ms.dst = d_b;
+  ms.value = 0x11;
+  ms.elementSize = 1;
+  ms.width = kBytes;
+  ms.height = 1;
+  CK(cudaGraphAddMemsetNode(&mset, g, nullptr, 0, &ms));
+  void* kargs[] = {&d_scratch};
+  cudaKernelNodeParams kp{};
+  kp.func = reinterpret_cast<void*>(scratch);
+  kp.gridDim = dim3(1);
+  kp.blockDim = dim3(32);
+  kp.kernelParams = kargs;
+  cudaGraphNode_t kdeps[] = {h2d, mset};
+  CK(cudaGraphAddKernelNode(&kern, g, kdeps, 2, &kp));
+  // d_b[0, kBytes/2) <- d_a[0, kBytes/2): the D2H brings back half copied, half memset.
+  CK(cudaGraphAddMemcpyNode1D(&d2d, g, &kern, 1, d_b, d_a, kBytes / 2, cudaMemcpyDeviceToDevice));
+  cudaMemcpy3DParms back = Copy1D(out_page, d_b, kBytes, cudaMemcpyDefault);  // UNIFIED
+  CK(cudaGraphAddMemcpyNode(&d2h, g, &d2d, 1, &back));
+  CK(cudaGraphAddMemcpyNode1D(&d2h_pin, g, &h2d_pin, 1, out_pin, d_c, kBytes,
+                              cudaMemcpyDeviceToHost));
+  HostSeen seen{out_page, kBytes, {}};
+  cudaHostNodeParams hp{CALLBACK_SumBytes, &seen};
+  CK(cudaGraphAddHostNode(&host, g, &d2h, 1, &hp));
+  printf("simple.types=%s\n", Types(g).c_str());
+
+  e2e::Step("simple: launch");
+  cudaGraphExec_t exec;
+  CK(cudaGraphInstantiate(&exec, g, 0));
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  std::vector<unsigned char> want(kBytes);
+  int launches_ok = 0;
+  for (int i = 0; i < 6; ++i) {
+    e2e::Fill(in_page, kBytes, 1000 + i);  // read at each launch, not at build
+    memset(out_page, 0, kBytes);
+    CK(cudaGraphLaunch(exec, s));
+    CK(cudaStreamSynchronize(s));
+    memcpy(want.data(), in_page, kBytes / 2);
+    memset(want.data() + kBytes / 2, 0x11, kBytes / 2);
+    EXPECT_SAME(out_page, want.data(), kBytes, "simple: pageable D2H after launch");
+    EXPECT_SAME(out_pin, in_pin, kBytes, "simple: pinned round trip");
+    EXPECT(seen.sums.size() == static_cast<size_t>(i + 1) &&
+               seen.sums.back() == Sum(want.data(), kBytes),
+           "host node saw the D2H bytes (launch %d)", i);
+    launches_ok++;
+  }
+  printf("simple.launches_ok=%d\n", launches_ok);
+  printf("simple.host_node_runs=%zu\n", seen.sums.size());
+
+  e2e::Step("simple: exec set params");
+  CK(cudaGraphExecMemcpyNodeSetParams1D(exec, d2h_pin, out_page2, d_c, kBytes,
+                                        cudaMemcpyDeviceToHost));
+  memset(out_page2, 0, kBytes);
+  CK(cudaGraphLaunch(exec, s));
+  CK(cudaStreamSynchronize(s));
+  EXPECT_SAME(out_page2, in_pin, kBytes, "simple: exec-updated D2H destination");
+  cudaMemcpy3DParms p2 = Copy1D(d_a, in_pin, kBytes, cudaMemcpyHostToDevice);
+  CK(cudaGraphExecMemcpyNodeSetParams(exec, h2d, &p2));  // pageable -> pinned source
+  memset(out_page, 0, kBytes);
+  CK(cudaGraphLaunch(exec, s));
+  CK(cudaStreamSynchronize(s));
+  memcpy(want.data(), in_pin, kBytes / 2);
+  memset(want.data() + kBytes / 2, 0x11, kBytes / 2);
+  EXPECT_SAME(out_page, want.data(), kBytes, "simple: exec-updated H2D source");
+  printf("simple.exec_set_params=ok\n");
+
+  e2e::Step("simple: queries");
+  cudaMemcpy3DParms q{};
+  CK(cudaGraphMemcpyNodeGetParams(d2h_pin, &q));
+  EXPECT(q.dstPtr.ptr == out_pin && q.srcPtr.ptr == d_c && q.extent.width == kBytes &&
+             q.extent.height == 1 && q.extent.depth == 1,
+         "memcpy node params read back");
+  cudaMemcpy3DParms q2{};
+  CK(cudaGraphMemcpyNodeGetParams(h2d, &q2));
+  EXPECT(q2.srcPtr.ptr == in_page && q2.dstPtr.ptr == d_a, "H2D node params read back");
+  cudaGraphNodeType t;
+  CK(cudaGraphNodeGetType(d2h, &t));
+  printf("simple.d2h_type=%s\n", TypeName(t));
+  cudaHostNodeParams hq{};
+  CK(cudaGraphHostNodeGetParams(host, &hq));
+  EXPECT(hq.fn == CALLBACK_SumBytes && hq.userData == &seen, "host node params read back");
+
+  e2e::Step("simple: node set params, clone, update");
+  // The graph's own D2H node now writes to out_page2; a new exec sees it.
+  CK(cudaGraphMemcpyNodeSetParams1D(d2h_pin, out_page2, d_c, kBytes, cudaMemcpyDeviceToHost));
+  cudaGraph_t clone;
+  CK(cudaGraphClone(&clone, g));
+  cudaGraphNode_t cloned_d2h;
+  CK(cudaGraphNodeFindInClone(&cloned_d2h, d2h_pin, clone));
+  CK(cudaGraphNodeGetType(cloned_d2h, &t));
+  printf("simple.clone_types=%s\n", Types(clone).c_str());
+  cudaGraphExec_t exec2;
+  CK(cudaGraphInstantiate(&exec2, clone, 0));
+  e2e::Fill(in_pin, kBytes, 7);
+  memset(out_page2, 0, kBytes);
+  CK(cudaGraphLaunch(exec2, s));
+  CK(cudaStreamSynchronize(s));
+  EXPECT_SAME(out_page2, in_pin, kBytes, "simple: clone's D2H after node SetParams");
+  // Update the first exec from the clone whose D2H goes to out_pin again.
+  CK(cudaGraphMemcpyNodeSetParams1D(cloned_d2h, out_pin, d_c, kBytes, cudaMemcpyDeviceToHost));
+  cudaGraphExecUpdateResultInfo info{};
+  CK(cudaGraphExecUpdate(exec, clone, &info));
+  printf("simple.exec_update=%d\n", static_cast<int>(info.result));
+  e2e::Fill(in_pin, kBytes, 8);
+  memset(out_pin, 0, kBytes);
+  CK(cudaGraphLaunch(exec, s));
+  CK(cudaStreamSynchronize(s));
+  EXPECT_SAME(out_pin, in_pin, kBytes, "simple: D2H after cudaGraphExecUpdate");
+
+  e2e::Step("simple: symbols");
+  cudaGraph_t sg;
+  CK(cudaGraphCreate(&sg, 0));
+  cudaGraphNode_t to_sym, from_sym;
+  unsigned char sym_in[256], sym_out[256];
+  e2e::Fill(sym_in, sizeof(sym_in), 5);
+  memset(sym_out, 0, sizeof(sym_out));
+  CK(cudaGraphAddMemcpyNodeToSymbol(&to_sym, sg, nullptr, 0, g_symbol, sym_in, sizeof(sym_in), 0,
+                                    cudaMemcpyHostToDevice));
+  CK(cudaGraphAddMemcpyNodeFromSymbol(&from_sym, sg, &to_sym, 1, sym_out, g_symbol, sizeof(sym_out),
+                                      0, cudaMemcpyDeviceToHost));
+  cudaGraphExec_t sexec;
+  CK(cudaGraphInstantiate(&sexec, sg, 0));
+  CK(cudaGraphLaunch(sexec, s));
+  CK(cudaStreamSynchronize(s));
+  EXPECT_SAME(sym_out, sym_in, sizeof(sym_in), "simple: through a symbol");
+  printf("simple.symbol=ok\n");
+
+  CK(cudaGraphExecDestroy(sexec));
+  CK(cudaGraphDestroy(sg));
+  CK(cudaGraphExecDestroy(exec2));
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(clone));
+  CK(cudaGraphDestroy(g));
+  CK(cudaStreamDestroy(s));
+  CK(cudaFree(d_a));
+  CK(cudaFree(d_b));
+  CK(cudaFree(d_c));
+  CK(cudaFree(d_scratch));
+  CK(cudaFreeHost(in_pin));
+  CK(cudaFreeHost(out_pin));
+  free(in_page);
+  free(out_page);
+  free(out_page2);
+}
+
+// A graph: memset *flag = 0, kernel sets the condition to `value`, conditional node of
+// `type` with `size` bodies (body i: memset *flag = 10 + i), D2H of the flag.
+struct CondGraph {
+  cudaGraph_t g;
+  cudaGraphExec_t exec;
+  cudaGraphNode_t kernel;
+  cudaGraphConditionalHandle handle;
+  unsigned* d_flag;
+  unsigned h_flag;
+};
+void BuildCond(CondGraph* c, cudaGraphConditionalNodeType type, unsigned size, unsigned value) {
+  CK(cudaGraphCreate(&c->g, 0));
+  CK(cudaGraphConditionalHandleCreate(&c->handle, c->g, 0, 0));
+  cudaGraphNode_t zero, cond, back;
+  cudaMemsetParams ms{};
+  ms.dst = c->d_flag;
+  ms.value = 0;
+  ms.elementSize = 4;
+  ms.width = 1;
+  ms.height = 1;
+  CK(cudaGraphAddMemsetNode(&zero, c->g, nullptr, 0, &ms));
+  void* args[] = {&c->handle, &value};
+  cudaKernelNodeParams kp{};
+  kp.func = reinterpret_cast<void*>(flyt_sim_set_conditional);
+  kp.gridDim = dim3(1);
+  kp.blockDim = dim3(1);
+  kp.kernelParams = args;
+  CK(cudaGraphAddKernelNode(&c->kernel, c->g, &zero, 1, &kp));
+  cudaGraphNodeParams np{};
+  np.type = cudaGraphNodeTypeConditional;
+  np.conditional.handle = c->handle;
+  np.conditional.type = type;
+  np.conditional.size = size;
+  CK(cudaGraphAddNode(&cond, c->g, &c->kernel, nullptr, 1, &np));
+  for (unsigned i = 0; i < size; ++i) {
+    cudaGraphNode_t set;
+    ms.value = 10 + i;
+    CK(cudaGraphAddMemsetNode(&set, np.conditional.phGraph_out[i], nullptr, 0, &ms));
+  }
+  cudaMemcpy3DParms p = Copy1D(&c->h_flag, c->d_flag, 4, cudaMemcpyDeviceToHost);
+  CK(cudaGraphAddMemcpyNode(&back, c->g, &cond, 1, &p));
+  CK(cudaGraphInstantiate(&c->exec, c->g, 0));
+}
+unsigned RunCond(CondGraph* c, unsigned value, cudaStream_t s) {
+  void* args[] = {&c->handle, &value};
+  cudaKernelNodeParams kp{};
+  kp.func = reinterpret_cast<void*>(flyt_sim_set_conditional);
+  kp.gridDim = dim3(1);
+  kp.blockDim = dim3(1);
+  kp.kernelParams = args;
+  CK(cudaGraphExecKernelNodeSetParams(c->exec, c->kernel, &kp));
+  c->h_flag = 0xdead;
+  CK(cudaGraphLaunch(c->exec, s));
+  CK(cudaStreamSynchronize(s));
+  return c->h_flag;
+}
+
+void Conditional() {
+  e2e::Step("conditional");
+  cudaStream_t s;
+  CK(cudaStreamCreate(&s));
+  CondGraph c{};
+  CK(cudaMalloc(&c.d_flag, 4));
+  BuildCond(&c, cudaGraphCondTypeIf, 1, 1);
+  unsigned a = RunCond(&c, 1, s), b = RunCond(&c, 0, s);
+  printf("cond.if=%u,%u\n", a, b);
+  printf("cond.if_types=%s\n", Types(c.g).c_str());
+  CK(cudaGraphExecDestroy(c.exec));
+  CK(cudaGraphDestroy(c.g));
+  BuildCond(&c, cudaGraphCondTypeIf, 2, 1);
+  a = RunCond(&c, 1, s);
+  b = RunCond(&c, 0, s);
+  printf("cond.if_else=%u,%u\n", a, b);
+  CK(cudaGraphExecDestroy(c.exec));
+  CK(cudaGraphDestroy(c.g));
+  BuildCond(&c, cudaGraphCondTypeSwitch, 3, 0);
+  unsigned s0 = RunCond(&c, 0, s), s2 = RunCond(&c, 2, s), s7 = RunCond(&c, 7, s);
+  printf("cond.switch=%u,%u,%u\n", s0, s2, s7);
+  CK(cudaGraphExecDestroy(c.exec));
+  CK(cudaGraphDestroy(c.g));
+  CK(cudaFree(c.d_flag));
+
+  e2e::Step("conditional: while");
+  // counter <- host {n, 0}; WHILE (default 1 at each launch) { countdown }; host <- counter.
+  int* d_counter = nullptr;
+  CK(cudaMalloc(&d_counter, 2 * sizeof(int)));
+  int init[2] = {0, 0}, result[2] = {-1, -1};
+  cudaGraph_t g;
+  CK(cudaGraphCreate(&g, 0));
+  cudaGraphConditionalHandle h;
+  CK(cudaGraphConditionalHandleCreate(&h, g, 1, cudaGraphCondAssignDefault));
+  cudaGraphNode_t up, loop, down, body_kernel;
+  cudaMemcpy3DParms p = Copy1D(d_counter, init, sizeof(init), cudaMemcpyHostToDevice);
+  CK(cudaGraphAddMemcpyNode(&up, g, nullptr, 0, &p));
+  cudaGraphNodeParams np{};
+  np.type = cudaGraphNodeTypeConditional;
+  np.conditional.handle = h;
+  np.conditional.type = cudaGraphCondTypeWhile;
+  np.conditional.size = 1;
+  CK(cudaGraphAddNode(&loop, g, &up, nullptr, 1, &np));
+  void* args[] = {&h, &d_counter};
+  cudaKernelNodeParams kp{};
+  kp.func = reinterpret_cast<void*>(flyt_sim_countdown);
+  kp.gridDim = dim3(1);
+  kp.blockDim = dim3(1);
+  kp.kernelParams = args;
+  CK(cudaGraphAddKernelNode(&body_kernel, np.conditional.phGraph_out[0], nullptr, 0, &kp));
+  cudaMemcpy3DParms q = Copy1D(result, d_counter, sizeof(result), cudaMemcpyDeviceToHost);
+  CK(cudaGraphAddMemcpyNode(&down, g, &loop, 1, &q));
+  cudaGraphExec_t exec;
+  CK(cudaGraphInstantiate(&exec, g, 0));
+  std::string iterations;
+  for (int n : {5, 3, 8}) {
+    init[0] = n;
+    init[1] = 0;
+    CK(cudaGraphLaunch(exec, s));
+    CK(cudaStreamSynchronize(s));
+    iterations += (iterations.empty() ? "" : ",") + std::to_string(result[1]);
+    EXPECT(result[0] == 0, "while: counter ends at 0 (got %d)", result[0]);
+  }
+  printf("cond.while_iterations=%s\n", iterations.c_str());
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(g));
+  CK(cudaFree(d_counter));
+  CK(cudaStreamDestroy(s));
+}
+
+void Memory() {
+  e2e::Step("memory");
+  cudaStream_t s;
+  CK(cudaStreamCreate(&s));
+  constexpr size_t kAlloc = 1 << 20, kBack = 4096;
+  cudaGraph_t g;
+  CK(cudaGraphCreate(&g, 0));
+  cudaMemAllocNodeParams ap{};
+  ap.poolProps.allocType = cudaMemAllocationTypePinned;
+  ap.poolProps.location.type = cudaMemLocationTypeDevice;
+  ap.poolProps.location.id = 0;
+  ap.bytesize = kAlloc;
+  cudaGraphNode_t alloc, set, back, freen;
+  CK(cudaGraphAddMemAllocNode(&alloc, g, nullptr, 0, &ap));
+  EXPECT(ap.dptr != nullptr, "alloc node returned a pointer");
+  cudaMemsetParams ms{};
+  ms.dst = ap.dptr;
+  ms.value = 0x5a;
+  ms.elementSize = 1;
+  ms.width = kAlloc;
+  ms.height = 1;
+  CK(cudaGraphAddMemsetNode(&set, g, &alloc, 1, &ms));
+  std::vector<unsigned char> host(kBack), want(kBack, 0x5a);
+  cudaMemcpy3DParms p = Copy1D(host.data(), ap.dptr, kBack, cudaMemcpyDeviceToHost);
+  CK(cudaGraphAddMemcpyNode(&back, g, &set, 1, &p));
+  CK(cudaGraphAddMemFreeNode(&freen, g, &back, 1, ap.dptr));
+  printf("memory.types=%s\n", Types(g).c_str());
+  cudaMemAllocNodeParams aq{};
+  CK(cudaGraphMemAllocNodeGetParams(alloc, &aq));
+  void* freed = nullptr;
+  CK(cudaGraphMemFreeNodeGetParams(freen, &freed));
+  EXPECT(aq.bytesize == kAlloc && aq.dptr == ap.dptr && freed == ap.dptr,
+         "alloc/free node params read back");
+  cudaGraphExec_t exec;
+  CK(cudaGraphInstantiate(&exec, g, 0));
+  int ok = 0;
+  for (int i = 0; i < 4; ++i) {
+    std::fill(host.begin(), host.end(), 0);
+    CK(cudaGraphLaunch(exec, s));
+    CK(cudaStreamSynchronize(s));
+    EXPECT_SAME(host.data(), want.data(), kBack, "memory: bytes of graph-allocated memory");
+    ok++;
+  }
+  printf("memory.launches_ok=%d\n", ok);
+
+  e2e::Step("memory: bad free");
+  void* plain = nullptr;
+  CK(cudaMalloc(&plain, 4096));
+  cudaGraph_t g2;
+  CK(cudaGraphCreate(&g2, 0));
+  cudaGraphNode_t bad;
+  cudaError_t err = cudaGraphAddMemFreeNode(&bad, g2, nullptr, 0, plain);
+  printf("memory.free_not_graph_memory=%s\n", cudaGetErrorName(err));
+  EXPECT(err != cudaSuccess, "a free node for cudaMalloc memory is refused");
+  cudaGetLastError();
+  CK(cudaGraphDestroy(g2));
+  CK(cudaFree(plain));
+
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(g));
+  CK(cudaDeviceSynchronize());
+  CK(cudaDeviceGraphMemTrim(0));
+  unsigned long long used = 1;
+  CK(cudaDeviceGetGraphMemAttribute(0, cudaGraphMemAttrUsedMemCurrent, &used));
+  printf("memory.used_after_trim=%llu\n", used);
+  CK(cudaStreamDestroy(s));
+}
+
+void Other() {
+  e2e::Step("other: child graph, empty, events");
+  cudaStream_t s;
+  CK(cudaStreamCreate(&s));
+  constexpr size_t n = 4096;
+  unsigned char *d_x = nullptr, *d_y = nullptr;
+  CK(cudaMalloc(&d_x, n));
+  CK(cudaMalloc(&d_y, n));
+  std::vector<unsigned char> src(n), dst(n), want(n);
+  // Child: d_y <- memset 0x33; d_x <- host src.
+  cudaGraph_t child;
+  CK(cudaGraphCreate(&child, 0));
+  cudaGraphNode_t c_set, c_up;
+  cudaMemsetParams ms{};
+  ms.dst = d_y;
+  ms.value = 0x33;
+  ms.elementSize = 1;
+  ms.width = n;
+  ms.height = 1;
+  CK(cudaGraphAddMemsetNode(&c_set, child, nullptr, 0, &ms));
+  cudaMemcpy3DParms p = Copy1D(d_x, src.data(), n, cudaMemcpyHostToDevice);
+  CK(cudaGraphAddMemcpyNode(&c_up, child, nullptr, 0, &p));
+  // Parent: child -> empty -> event record -> D2H of d_x; a second graph waits for the event.
+  cudaGraph_t g;
+  CK(cudaGraphCreate(&g, 0));
+  cudaGraphNode_t child_node, empty, rec, down;
+  CK(cudaGraphAddChildGraphNode(&child_node, g, nullptr, 0, child));
+  CK(cudaGraphAddEmptyNode(&empty, g, &child_node, 1));
+  cudaEvent_t ev;
+  CK(cudaEventCreate(&ev));
+  CK(cudaGraphAddEventRecordNode(&rec, g, &empty, 1, ev));
+  cudaMemcpy3DParms q = Copy1D(dst.data(), d_x, n, cudaMemcpyDeviceToHost);
+  CK(cudaGraphAddMemcpyNode(&down, g, &rec, 1, &q));
+  printf("other.types=%s\n", Types(g).c_str());
+  cudaGraph_t embedded;
+  CK(cudaGraphChildGraphNodeGetGraph(child_node, &embedded));
+  printf("other.child_types=%s\n", Types(embedded).c_str());
+  cudaEvent_t got;
+  CK(cudaGraphEventRecordNodeGetEvent(rec, &got));
+  EXPECT(got == ev, "event record node's event read back");
+  cudaGraphExec_t exec;
+  CK(cudaGraphInstantiate(&exec, g, 0));
+  e2e::Fill(src.data(), n, 31);
+  CK(cudaGraphLaunch(exec, s));
+  CK(cudaStreamSynchronize(s));
+  EXPECT_SAME(dst.data(), src.data(), n, "other: host copy inside a child graph");
+  printf("other.event_query=%d\n", static_cast<int>(cudaEventQuery(ev)));
+
+  cudaGraph_t w;
+  CK(cudaGraphCreate(&w, 0));
+  cudaGraphNode_t wait, wdown;
+  CK(cudaGraphAddEventWaitNode(&wait, w, nullptr, 0, ev));
+  cudaMemcpy3DParms r = Copy1D(want.data(), d_y, n, cudaMemcpyDeviceToHost);
+  CK(cudaGraphAddMemcpyNode(&wdown, w, &wait, 1, &r));
+  cudaGraphExec_t wexec;
+  CK(cudaGraphInstantiate(&wexec, w, 0));
+  CK(cudaGraphLaunch(wexec, s));
+  CK(cudaStreamSynchronize(s));
+  EXPECT(e2e::FirstNot(want.data(), 0x33, n) < 0, "other: memset inside the child graph");
+  printf("other.wait_types=%s\n", Types(w).c_str());
+
+  e2e::Step("other: generic node calls");
+  cudaGraph_t gg;
+  CK(cudaGraphCreate(&gg, 0));
+  cudaGraphNodeParams np{};
+  np.type = cudaGraphNodeTypeMemset;
+  np.memset.dst = d_y;
+  np.memset.value = 0x44;
+  np.memset.elementSize = 1;
+  np.memset.width = n;
+  np.memset.height = 1;
+  cudaGraphNode_t gset, gdown;
+  CK(cudaGraphAddNode(&gset, gg, nullptr, nullptr, 0, &np));
+  cudaGraphNodeParams cp{};
+  cp.type = cudaGraphNodeTypeMemcpy;
+  cp.memcpy.copyParams = Copy1D(dst.data(), d_y, n, cudaMemcpyDeviceToHost);
+  CK(cudaGraphAddNode(&gdown, gg, &gset, nullptr, 1, &cp));
+  np.memset.value = 0x55;
+  CK(cudaGraphNodeSetParams(gset, &np));
+  cudaGraphExec_t gexec;
+  CK(cudaGraphInstantiate(&gexec, gg, 0));
+  CK(cudaGraphLaunch(gexec, s));
+  CK(cudaStreamSynchronize(s));
+  EXPECT(e2e::FirstNot(dst.data(), 0x55, n) < 0, "generic: memset value set by NodeSetParams");
+  cp.memcpy.copyParams = Copy1D(want.data(), d_y, n, cudaMemcpyDeviceToHost);
+  CK(cudaGraphExecNodeSetParams(gexec, gdown, &cp));
+  np.memset.value = 0x66;
+  CK(cudaGraphExecNodeSetParams(gexec, gset, &np));
+  CK(cudaGraphLaunch(gexec, s));
+  CK(cudaStreamSynchronize(s));
+  EXPECT(e2e::FirstNot(want.data(), 0x66, n) < 0, "generic: ExecNodeSetParams memset and memcpy");
+  printf("other.generic=ok\n");
+
+  CK(cudaGraphExecDestroy(gexec));
+  CK(cudaGraphDestroy(gg));
+  CK(cudaGraphExecDestroy(wexec));
+  CK(cudaGraphDestroy(w));
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(g));
+  CK(cudaGraphDestroy(child));
+  CK(cudaEventDestroy(ev));
+  CK(cudaFree(d_x));
+  CK(cudaFree(d_y));
+  CK(cudaStreamDestroy(s));
+}
+
+// Flyt only: the server's quota is `quota` bytes.
+void Quota(size_t quota) {
+  e2e::Step("quota");
+  size_t free0 = 0, total = 0;
+  CK(cudaMemGetInfo(&free0, &total));
+  cudaGraph_t g;
+  CK(cudaGraphCreate(&g, 0));
+  cudaMemAllocNodeParams ap{};
+  ap.poolProps.allocType = cudaMemAllocationTypePinned;
+  ap.poolProps.location.type = cudaMemLocationTypeDevice;
+  ap.bytesize = 2 * quota;
+  cudaGraphNode_t big, small;
+  cudaError_t err = cudaGraphAddMemAllocNode(&big, g, nullptr, 0, &ap);
+  printf("quota.over=%s\n", cudaGetErrorName(err));
+  cudaGetLastError();
+  ap.bytesize = 16 << 20;
+  CK(cudaGraphAddMemAllocNode(&small, g, nullptr, 0, &ap));
+  size_t free1 = 0;
+  CK(cudaMemGetInfo(&free1, &total));
+  printf("quota.charged=%zu\n", free0 - free1);
+  CK(cudaGraphDestroy(g));
+  size_t free2 = 0;
+  CK(cudaMemGetInfo(&free2, &total));
+  printf("quota.refunded=%zu\n", free2 - free1);
+}
+
+// Flyt only: what Flyt refuses with cudaErrorNotSupported (natively these work).
+void Refusals() {
+  e2e::Step("refusals");
+  unsigned char* d = nullptr;
+  CK(cudaMalloc(&d, 4096));
+  std::vector<unsigned char> host(4096);
+  cudaGraph_t g;
+  CK(cudaGraphCreate(&g, 0));
+  cudaGraphNode_t node;
+  cudaMemcpy3DParms p{};  // two rows of 64 bytes, 128 bytes apart in host memory
+  p.srcPtr = make_cudaPitchedPtr(host.data(), 128, 64, 2);
+  p.dstPtr = make_cudaPitchedPtr(d, 64, 64, 2);
+  p.extent = make_cudaExtent(64, 2, 1);
+  p.kind = cudaMemcpyHostToDevice;
+  cudaError_t err = cudaGraphAddMemcpyNode(&node, g, nullptr, 0, &p);
+  printf("refusal.pitched_host=%s\n", cudaGetErrorName(err));
+  cudaGetLastError();
+  cudaGraph_t child;
+  CK(cudaGraphCreate(&child, 0));
+  cudaGraphNodeParams np{};
+  np.type = cudaGraphNodeTypeGraph;
+  np.graph.graph = child;
+  np.graph.ownership = cudaGraphChildGraphOwnershipMove;
+  err = cudaGraphAddNode(&node, g, nullptr, nullptr, 0, &np);
+  printf("refusal.child_move=%s\n", cudaGetErrorName(err));
+  cudaGetLastError();
+  CK(cudaGraphDestroy(child));
+  cudaGraphConditionalHandle h;
+  CK(cudaGraphConditionalHandleCreate(&h, g, 0, 0));
+  np = cudaGraphNodeParams{};
+  np.type = cudaGraphNodeTypeConditional;
+  np.conditional.handle = h;
+  np.conditional.type = cudaGraphCondTypeIf;
+  np.conditional.size = 1;
+  cudaGraphNode_t cond;
+  CK(cudaGraphAddNode(&cond, g, nullptr, nullptr, 0, &np));
+  cudaMemcpy3DParms b = Copy1D(d, host.data(), 64, cudaMemcpyHostToDevice);
+  err = cudaGraphAddMemcpyNode(&node, np.conditional.phGraph_out[0], nullptr, 0, &b);
+  printf("refusal.host_copy_in_body=%s\n", cudaGetErrorName(err));
+  cudaGetLastError();
+  CK(cudaGraphDestroy(g));
+  CK(cudaFree(d));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  e2e::Init("graph_nodes");
+  CK(cudaSetDevice(0));
+  if (argc > 2 && strcmp(argv[1], "quota") == 0) {
+    Quota(strtoull(argv[2], nullptr, 0));
+  } else if (argc > 1 && strcmp(argv[1], "refusals") == 0) {
+    Refusals();
+  } else {
+    Simple();
+    Conditional();
+    Memory();
+    Other();
+  }
+  e2e::Pass();
+  return 0;
+}
