@@ -218,10 +218,10 @@ enum class NvmlUtilSource : uint32_t {
 // Interconnect facts of one GPU as the GPU host's NVML answers them (docs/nvml.md):
 // what NCCL and other libraries ask before they start. Each answer carries the
 // nvmlReturn_t the host's NVML gave, so errors come back as they were.
-inline constexpr uint32_t kNvmlMaxLinks = 18;    // NVML_NVLINK_MAX_LINKS
-inline constexpr uint32_t kNvmlP2pIndices = 5;   // NVML_P2P_CAPS_INDEX_READ .. _PCI
-inline constexpr uint32_t kNvmlLinkCaps = 6;     // NVML_NVLINK_CAP_P2P_SUPPORTED .. _VALID
-enum NvmlPcie : uint32_t {  // NvmlTopology::pcie order
+inline constexpr uint32_t kNvmlMaxLinks = 18;   // NVML_NVLINK_MAX_LINKS
+inline constexpr uint32_t kNvmlP2pIndices = 5;  // NVML_P2P_CAPS_INDEX_READ .. _PCI
+inline constexpr uint32_t kNvmlLinkCaps = 6;    // NVML_NVLINK_CAP_P2P_SUPPORTED .. _VALID
+enum NvmlPcie : uint32_t {                      // NvmlTopology::pcie order
   kPcieMaxGeneration = 0,
   kPcieMaxWidth = 1,
   kPcieCurrGeneration = 2,
@@ -230,10 +230,10 @@ enum NvmlPcie : uint32_t {  // NvmlTopology::pcie order
   kPcieCount = 5,
 };
 struct NvmlLink {
-  int32_t state_rc;  // nvmlDeviceGetNvLinkState
-  uint32_t active;   // nvmlEnableState_t
-  int32_t remote_rc;  // nvmlDeviceGetNvLinkRemotePciInfo_v2
-  uint8_t remote_pci[68];  // nvmlPciInfo_t
+  int32_t state_rc;               // nvmlDeviceGetNvLinkState
+  uint32_t active;                // nvmlEnableState_t
+  int32_t remote_rc;              // nvmlDeviceGetNvLinkRemotePciInfo_v2
+  uint8_t remote_pci[68];         // nvmlPciInfo_t
   int32_t cap_rc[kNvmlLinkCaps];  // nvmlDeviceGetNvLinkCapability
   uint32_t cap[kNvmlLinkCaps];
 };

@@ -398,8 +398,8 @@ bool Session::NvmlSnapshot(wire::Reader& in, wire::Writer& out, CUresult* rc) {
     CopyText(head.nvml_version, sizeof(head.nvml_version), nv->nvml_version);
   }
   out.Put(head);
-  const std::vector<ops::NvmlTopology>& topology = sim ? std::vector<ops::NvmlTopology>{}
-                                                       : HostTopology(nv, view);
+  const std::vector<ops::NvmlTopology>& topology =
+      sim ? std::vector<ops::NvmlTopology>{} : HostTopology(nv, view);
   for (size_t i = 0; i < view.size(); ++i) {
     const ops::DeviceInfo& info = view[i];
     const int* attr = info.attributes;
