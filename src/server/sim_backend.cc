@@ -2038,6 +2038,25 @@ SimNode* NodeOf(CUgraphExec exec, CUgraphNode node, CUgraphNodeType type) {
   }
   return n->type == type ? n : nullptr;
 }
+// GetParams/SetParams of the node types whose parameters are one SimNode field
+// (kField), checked by check(p) before a set; `e` null: the graph's node.
+template <CUgraphNodeType kType, auto kField, typename P>
+CUresult GetNodeParams(CUgraphNode node, P* p) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimNode* n = NodeOf(nullptr, node, kType);
+  if (n == nullptr || p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *p = n->*kField;
+  return CUDA_SUCCESS;
+}
+template <CUgraphNodeType kType, auto kField, typename P, typename Check>
+CUresult SetNodeParams(CUgraphExec e, CUgraphNode node, const P* p, Check check) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimNode* n = NodeOf(e, node, kType);
+  if (n == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUresult rc = check(p);
+  if (rc == CUDA_SUCCESS) n->*kField = *p;
+  return rc;
+}
 CUresult simGraphKernelNodeSetParams(CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS* p) {
   std::lock_guard<std::mutex> lock(g_graph_mu);
   SimNode* n = NodeOf(nullptr, node, CU_GRAPH_NODE_TYPE_KERNEL);
@@ -2068,19 +2087,10 @@ CUresult simGraphAddMemsetNode(CUgraphNode* out, CUgraph g, const CUgraphNode* d
   });
 }
 CUresult simGraphMemsetNodeGetParams(CUgraphNode node, CUDA_MEMSET_NODE_PARAMS* p) {
-  std::lock_guard<std::mutex> lock(g_graph_mu);
-  SimNode* n = NodeOf(nullptr, node, CU_GRAPH_NODE_TYPE_MEMSET);
-  if (n == nullptr || p == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *p = n->memset;
-  return CUDA_SUCCESS;
+  return GetNodeParams<CU_GRAPH_NODE_TYPE_MEMSET, &SimNode::memset>(node, p);
 }
 CUresult SetMemset(CUgraphExec e, CUgraphNode node, const CUDA_MEMSET_NODE_PARAMS* p) {
-  std::lock_guard<std::mutex> lock(g_graph_mu);
-  SimNode* n = NodeOf(e, node, CU_GRAPH_NODE_TYPE_MEMSET);
-  if (n == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  CUresult rc = CheckMemset(p);
-  if (rc == CUDA_SUCCESS) n->memset = *p;
-  return rc;
+  return SetNodeParams<CU_GRAPH_NODE_TYPE_MEMSET, &SimNode::memset>(e, node, p, CheckMemset);
 }
 CUresult simGraphMemsetNodeSetParams(CUgraphNode node, const CUDA_MEMSET_NODE_PARAMS* p) {
   return SetMemset(nullptr, node, p);
@@ -2090,27 +2100,22 @@ CUresult simGraphExecMemsetNodeSetParams(CUgraphExec e, CUgraphNode node,
   return SetMemset(e, node, p);
 }
 
+CUresult CheckHost(const CUDA_HOST_NODE_PARAMS* p) {
+  return p == nullptr || p->fn == nullptr ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
 CUresult simGraphAddHostNode(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, size_t nd,
                              const CUDA_HOST_NODE_PARAMS* p) {
   return AddNode(out, g, deps, nd, CU_GRAPH_NODE_TYPE_HOST, [&](SimNode* n) {
-    if (p == nullptr || p->fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    n->host = *p;
-    return CUDA_SUCCESS;
+    CUresult rc = CheckHost(p);
+    if (rc == CUDA_SUCCESS) n->host = *p;
+    return rc;
   });
 }
 CUresult simGraphHostNodeGetParams(CUgraphNode node, CUDA_HOST_NODE_PARAMS* p) {
-  std::lock_guard<std::mutex> lock(g_graph_mu);
-  SimNode* n = NodeOf(nullptr, node, CU_GRAPH_NODE_TYPE_HOST);
-  if (n == nullptr || p == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *p = n->host;
-  return CUDA_SUCCESS;
+  return GetNodeParams<CU_GRAPH_NODE_TYPE_HOST, &SimNode::host>(node, p);
 }
 CUresult simGraphHostNodeSetParams(CUgraphNode node, const CUDA_HOST_NODE_PARAMS* p) {
-  std::lock_guard<std::mutex> lock(g_graph_mu);
-  SimNode* n = NodeOf(nullptr, node, CU_GRAPH_NODE_TYPE_HOST);
-  if (n == nullptr || p == nullptr || p->fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  n->host = *p;
-  return CUDA_SUCCESS;
+  return SetNodeParams<CU_GRAPH_NODE_TYPE_HOST, &SimNode::host>(nullptr, node, p, CheckHost);
 }
 
 // A copy node's host sides must be this process's memory (the session's
@@ -2131,19 +2136,10 @@ CUresult simGraphAddMemcpyNode(CUgraphNode* out, CUgraph g, const CUgraphNode* d
   });
 }
 CUresult simGraphMemcpyNodeGetParams(CUgraphNode node, CUDA_MEMCPY3D* p) {
-  std::lock_guard<std::mutex> lock(g_graph_mu);
-  SimNode* n = NodeOf(nullptr, node, CU_GRAPH_NODE_TYPE_MEMCPY);
-  if (n == nullptr || p == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *p = n->copy;
-  return CUDA_SUCCESS;
+  return GetNodeParams<CU_GRAPH_NODE_TYPE_MEMCPY, &SimNode::copy>(node, p);
 }
 CUresult SetCopy(CUgraphExec e, CUgraphNode node, const CUDA_MEMCPY3D* p) {
-  std::lock_guard<std::mutex> lock(g_graph_mu);
-  SimNode* n = NodeOf(e, node, CU_GRAPH_NODE_TYPE_MEMCPY);
-  if (n == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  CUresult rc = CheckCopy(p);
-  if (rc == CUDA_SUCCESS) n->copy = *p;
-  return rc;
+  return SetNodeParams<CU_GRAPH_NODE_TYPE_MEMCPY, &SimNode::copy>(e, node, p, CheckCopy);
 }
 CUresult simGraphMemcpyNodeSetParams(CUgraphNode node, const CUDA_MEMCPY3D* p) {
   return SetCopy(nullptr, node, p);
