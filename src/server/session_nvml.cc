@@ -398,8 +398,8 @@ bool Session::NvmlSnapshot(wire::Reader& in, wire::Writer& out, CUresult* rc) {
     CopyText(head.nvml_version, sizeof(head.nvml_version), nv->nvml_version);
   }
   out.Put(head);
-  const std::vector<ops::NvmlTopology>& topology =
-      sim ? std::vector<ops::NvmlTopology>{} : HostTopology(nv, view);
+  // The cached interconnect, not a copy of it (up to 64 GPUs x 3 KB per snapshot).
+  const std::vector<ops::NvmlTopology>* topology = sim ? nullptr : &HostTopology(nv, view);
   for (size_t i = 0; i < view.size(); ++i) {
     const ops::DeviceInfo& info = view[i];
     const int* attr = info.attributes;
@@ -428,8 +428,8 @@ bool Session::NvmlSnapshot(wire::Reader& in, wire::Writer& out, CUresult* rc) {
     } else if (nv != nullptr) {
       ReadHostNvml(*nv, info.uuid, &d);
     }
-    if (!sim && i < topology.size()) {
-      d.topology = topology[i];
+    if (topology != nullptr && i < topology->size()) {
+      d.topology = (*topology)[i];
     }
     out.Put(d);
   }
