@@ -368,6 +368,9 @@ void Session::Adopt(HandleKind kind, uint64_t value) {
   if (current_user_ != 0) NoteContextHandle(kind, value);  // session_contexts.cc
 }
 void Session::Forget(HandleKind kind, uint64_t value) {
+  // Memory of a graph's allocation node: freed outside the graph, it is
+  // allocated again at the graph's next launch (session_graph_nodes.cc).
+  if (kind == HandleKind::kMemory && graph_allocs_.count(value) != 0) return;
   handles_[static_cast<int>(kind)].erase(value);
   if (!user_owned_.empty()) DropContextHandle(kind, value);
   auto refund = [&](std::unordered_map<uint64_t, uint64_t>& sizes) {

@@ -404,6 +404,9 @@ bool Session::GraphNode(Reader& in, Writer& out, CUresult* rc) {
         break;
       }
       graph_allocs_[p.dptr] = GraphAlloc{target, d.value};
+      // As natively, memory a graph allocated may also be freed outside any
+      // graph (cuMemFree, cuMemFreeAsync) once the graph has run.
+      Adopt(HandleKind::kMemory, p.dptr);
       out.Put<uint64_t>(reinterpret_cast<uintptr_t>(created));
       out.Put<uint64_t>(p.dptr);
       Adopt(HandleKind::kGraphNode, reinterpret_cast<uintptr_t>(created));

@@ -277,8 +277,12 @@ CUresult FreeAlloc(CUdeviceptr p) {
   }
   return CUDA_SUCCESS;
 }
+bool IsGraphAlloc(CUdeviceptr p);
 CUresult simMemFree(CUdeviceptr p) {
   if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  // Memory of a graph's allocation node stays with the node (it is allocated
+  // again at the graph's next launch natively); freeing it here is accepted.
+  if (IsGraphAlloc(p)) return CUDA_SUCCESS;
   return FreeAlloc(p);
 }
 
@@ -1894,6 +1898,11 @@ SimGraph::~SimGraph() {
       g_graph_allocs.erase(n->dptr);
       FreeAlloc(n->dptr);
     }
+}
+
+bool IsGraphAlloc(CUdeviceptr p) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  return g_graph_allocs.count(p) != 0;
 }
 
 SimGraph* AsGraph(CUgraph g) {

@@ -1183,6 +1183,7 @@ class E2E(unittest.TestCase):
         ("cond.if_else", "10,11"), ("cond.switch", "10,12,0"),
         ("cond.while_iterations", "5,3,8"),
         ("memory.types", "mem_alloc,mem_free,memcpy,memset"), ("memory.launches_ok", "4"),
+        ("memory.freed_by_stream", "2"),
         ("memory.free_not_graph_memory", "cudaErrorInvalidValue"),
         ("memory.used_after_trim", "0"),
         ("other.types", "empty,event_record,graph,memcpy"),

@@ -466,6 +466,34 @@ void Memory() {
   }
   printf("memory.launches_ok=%d\n", ok);
 
+  e2e::Step("memory: freed outside the graph");
+  // graphMemoryNodes' pattern: the graph allocates and fills, the stream frees.
+  cudaGraph_t ga;
+  CK(cudaGraphCreate(&ga, 0));
+  cudaMemAllocNodeParams ap2 = ap;
+  ap2.dptr = nullptr;
+  cudaGraphNode_t alloc2, set2, back2;
+  CK(cudaGraphAddMemAllocNode(&alloc2, ga, nullptr, 0, &ap2));
+  ms.dst = ap2.dptr;
+  ms.value = 0x6b;
+  CK(cudaGraphAddMemsetNode(&set2, ga, &alloc2, 1, &ms));
+  cudaMemcpy3DParms p2 = Copy1D(host.data(), ap2.dptr, kBack, cudaMemcpyDeviceToHost);
+  CK(cudaGraphAddMemcpyNode(&back2, ga, &set2, 1, &p2));
+  cudaGraphExec_t aexec;
+  CK(cudaGraphInstantiate(&aexec, ga, 0));
+  int freed_ok = 0;
+  for (int i = 0; i < 2; ++i) {
+    std::fill(host.begin(), host.end(), 0);
+    CK(cudaGraphLaunch(aexec, s));
+    CK(cudaFreeAsync(ap2.dptr, s));
+    CK(cudaStreamSynchronize(s));
+    EXPECT(e2e::FirstNot(host.data(), 0x6b, kBack) < 0, "memory: bytes before the stream's free");
+    freed_ok++;
+  }
+  printf("memory.freed_by_stream=%d\n", freed_ok);
+  CK(cudaGraphExecDestroy(aexec));
+  CK(cudaGraphDestroy(ga));
+
   e2e::Step("memory: bad free");
   void* plain = nullptr;
   CK(cudaMalloc(&plain, 4096));
