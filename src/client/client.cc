@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -313,8 +314,14 @@ CUresult Client::Post(const char* name, uint16_t op, const wire::Writer& req, ui
   SyncContextLocked();
   async_calls_.fetch_add(1, std::memory_order_relaxed);
   if (count_calls_) ++async_by_name_[name];
-  wire::FrameHeader h{
-      wire::kMagic, op, flags, next_call_++, static_cast<uint32_t>(req.size() + bulk_len), 0, 0, 0};
+  wire::FrameHeader h{wire::kMagic,
+                      op,
+                      flags,
+                      NextAppCallIdLocked(),
+                      static_cast<uint32_t>(req.size() + bulk_len),
+                      0,
+                      0,
+                      0};
   CUresult rc = CUDA_SUCCESS;
   if (bulk_len > 4096 || queue_.size() + sizeof(h) + req.size() > kQueueLimit) {
     rc = SendLocked(h, req, bulk, bulk_len);
@@ -382,6 +389,18 @@ CUresult Client::FlushLocked() {
   return SendMessageLocked(&iov, 1);
 }
 
+namespace {
+std::atomic<void (*)(uint64_t)> g_call_hook{nullptr};
+}  // namespace
+
+void Client::SetCallHook(void (*hook)(uint64_t call_id)) { g_call_hook.store(hook); }
+
+uint64_t Client::NextAppCallIdLocked() {
+  uint64_t id = next_call_++;
+  if (auto* hook = g_call_hook.load(std::memory_order_relaxed)) hook(id);
+  return id;
+}
+
 CUresult Client::Flush() {
   std::lock_guard<std::mutex> lock(mu_);
   return FlushLocked();
@@ -396,7 +415,7 @@ CUresult Client::Call(const char* name, uint16_t op, const wire::Writer& req, Re
   sync_calls_.fetch_add(1, std::memory_order_relaxed);
   t_last_call_seq = CallsLocked();
   if (count_calls_) ++sync_by_name_[name];
-  uint64_t id = next_call_++;
+  uint64_t id = NextAppCallIdLocked();
   wire::FrameHeader h{wire::kMagic,
                       op,
                       static_cast<uint16_t>(flags | wire::kFlagWantReply),

@@ -68,6 +68,8 @@ class Client {
   CUresult Post(const char* name, uint16_t op, const wire::Writer& req, uint16_t flags = 0,
                 const void* bulk = nullptr, size_t bulk_len = 0);
   CUresult Flush();
+  // Called with each app call's id while a profiler listens (nullptr: none).
+  void SetCallHook(void (*hook)(uint64_t call_id));
   // wire::ReplyInfo bits of the calling thread's last synchronous reply.
   static uint32_t LastReplyInfo();
   // Calls made since start: synchronous (waited for a reply), asynchronous
@@ -237,6 +239,8 @@ class Client {
   std::unique_ptr<transport::Connection> conn_;
   std::vector<uint8_t> queue_;
   uint64_t next_call_ = 1;
+  // The id of an app's call, announced to the profiler (common/profiler_abi.h).
+  uint64_t NextAppCallIdLocked();
   CUresult broken_ = CUDA_SUCCESS;  // once set, every remote call fails with it
   std::string server_;
   std::string token_;  // sent in every handshake

@@ -5,6 +5,7 @@
 // Must not touch: transports, the wire protocol, handle translation, or the server; no slot
 // may block on the network except through the public driver API calls it makes.
 #include "client/export_tables.h"
+#include "common/profiler_abi.h"
 
 #include <pthread.h>
 #include <unistd.h>
@@ -833,6 +834,10 @@ bool FirstRefusal(const CUuuid* id) {
 
 CUresult GetExportTable(const void** table, const CUuuid* id) {
   if (table == nullptr || id == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (std::memcmp(id->bytes, profiler::kTableUuid, sizeof(id->bytes)) == 0) {
+    *table = ProfilerTable();  // Flyt's libcupti (client/api_profiler.cc)
+    return CUDA_SUCCESS;
+  }
   for (int i = 0; i < kNumTables; ++i) {
     if (std::memcmp(id->bytes, kTableInfo[i].uuid, sizeof(id->bytes)) == 0) {
       *table = AllTables().Get(i);

@@ -17,6 +17,8 @@ namespace flyt::client {
 // Answers cuGetExportTable: sets *table to Flyt's own table for `id` and returns CUDA_SUCCESS,
 // or returns CUDA_ERROR_NOT_SUPPORTED (logging the UUID once) for tables we do not provide.
 CUresult GetExportTable(const void** table, const CUuuid* id);
+// Flyt's profiler table for its libcupti (client/api_profiler.cc).
+const void* ProfilerTable();
 
 // Runs, then forgets, the destructor callbacks that cudart stored for `ctx` through the
 // context-local-storage table (entries without one are forgotten too). The context code

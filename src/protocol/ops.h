@@ -127,7 +127,42 @@ enum : uint16_t {
   // flags -> u64 handle; MemAttrGet i32 device, i32 attr -> u64 value;
   // MemAttrSet i32 device, i32 attr, u64 value; MemTrim i32 device.
   kOpGraphMisc = 312,
+  // CUPTI activity of a profiled client (server/session_profiler.cc, src/cupti/):
+  // u8 kProfiler*, then Start: u32 GpuActivity kinds (bit 1 << kind) -> u32 kinds
+  // enabled, u64 server timestamp (ns), string why the others are not; Stop: u32
+  // kinds; Drain: u8 forced -> u64 server timestamp, u32 records dropped, u32 n,
+  // n x (GpuActivity, name bytes).
+  kOpProfiler = 107,
 };
+
+enum : uint8_t { kProfilerStart = 1, kProfilerStop = 2, kProfilerDrain = 3 };
+
+// What the server's CUPTI recorded for one piece of a client's GPU work.
+// Timestamps are the server's CUPTI clock; call_id is the frame that issued
+// the work (its correlation id on the client), 0 when unknown.
+enum GpuActivityKind : uint8_t { kActivityKernel = 1, kActivityMemcpy = 2, kActivityMemset = 3 };
+struct GpuActivity {
+  uint8_t kind;
+  uint8_t copy_kind;  // memcpy: CUpti_ActivityMemcpyKind
+  uint8_t src_kind;   // memcpy: CUpti_ActivityMemoryKind; memset: its memory kind
+  uint8_t dst_kind;
+  uint32_t name_len;  // kernel: bytes of its name after the record
+  uint64_t call_id;
+  uint64_t start_ns;
+  uint64_t end_ns;
+  uint64_t bytes;
+  uint32_t device;
+  uint32_t context;
+  uint32_t stream;
+  uint32_t value;  // memset
+  int32_t grid[3];
+  int32_t block[3];
+  int32_t static_smem;
+  int32_t dynamic_smem;
+  uint32_t registers;
+  uint32_t graph_id;
+};
+static_assert(sizeof(GpuActivity) == 96);
 
 inline constexpr uint32_t kIpcHandleBytes = 64;  // CU_IPC_HANDLE_SIZE
 

@@ -577,6 +577,17 @@ void Session::Run() {
       SwitchExec();
       KeepUserContextCurrent();
     }
+    // While the client profiles, what CUPTI records for this frame carries
+    // its call id (session_profiler.cc).
+    bool profiled = profiling_;
+    if (profiled) ProfilerBeginFrame(h.call_id);
+    struct EndFrame {
+      Session* s;
+      bool on;
+      ~EndFrame() {
+        if (on) s->ProfilerEndFrame();
+      }
+    } end_frame{this, profiled};
     out.Clear();
     CUresult rc = CUDA_SUCCESS;
     replied_ = false;
@@ -613,6 +624,7 @@ void Session::Run() {
       deferred_ = rc;
     }
   }
+  if (profiling_) ProfilerStop(profiled_kinds_);
   ReleaseUserContexts();  // their handles first, then each context
   ReleaseAll();
   ReleaseSharedHost();
@@ -770,6 +782,8 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       if (want_total) out.Put(total_bytes);
       return true;
     }
+    case ops::kOpProfiler:
+      return Profiler(in, out, rc);
     case ops::kOpNvmlSnapshot:
       return NvmlSnapshot(in, out, rc);
     case ops::kOpPrimaryCtxReset: {

@@ -171,6 +171,11 @@ class Session {
   bool MaxActiveClusters(wire::Reader& in, wire::Writer& out, CUresult* rc);
   // kOpNvmlSnapshot (session_nvml.cc).
   bool NvmlSnapshot(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  // kOpProfiler (session_profiler.cc): CUPTI activity of this client's work.
+  bool Profiler(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  void ProfilerStop(uint32_t kinds);
+  void ProfilerBeginFrame(uint64_t call_id);
+  void ProfilerEndFrame();
   // --- virtual memory management, hand-written calls (session_vmm.cc)
   bool VmmSetAccess(wire::Reader& in, CUresult* rc);
   bool VmmRetainHandle(wire::Reader& in, wire::Writer& out, CUresult* rc);
@@ -317,7 +322,9 @@ class Session {
   std::atomic<int> captures_{0};
   uint32_t client_pid_ = 0;
   bool sticky_logged_ = false;
-  bool keep_deferred_ = false;  // this reply must not carry the deferred error
+  bool profiling_ = false;       // CUPTI records this client's frames
+  uint32_t profiled_kinds_ = 0;  // 1 << ops::GpuActivityKind
+  bool keep_deferred_ = false;   // this reply must not carry the deferred error
   bool retained_primary_ = false;
   std::vector<uint8_t> payload_;
   uint64_t secret_ = 0;

@@ -57,10 +57,13 @@
 #include <unordered_map>
 #include <vector>
 
+#include <cupti.h>
 #include "common/cuda_image.h"
 #include "common/log.h"
 #include "server/driver_api.h"
 #include "server/share.h"
+
+#include "server/sim_cupti.h"
 #include "server/sim_kernels.h"
 
 namespace flyt::server {
@@ -720,7 +723,9 @@ CUresult simLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction f, void** param
     std::fprintf(g_sim->record, "%s\n", line.c_str());
     std::fflush(g_sim->record);
   }
+  uint64_t start = sim_cupti::Recording() ? sim_cupti::Now() : 0;
   if (blob != nullptr) SimKernelActions(k->name, k->params, blob);
+  if (start != 0) sim_cupti::RecordKernel(k->name, *cfg, start, sim_cupti::Now());
   // The launch itself succeeds; the fault shows from the next call on.
   if (k->name.find(kFaultKernelMark) != std::string::npos && !g_faulted.exchange(true))
     FLYT_WARN(
@@ -765,43 +770,70 @@ CUresult simMemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
   if (size) *size = m->second.size;
   return CUDA_SUCCESS;
 }
-CUresult simHtoD(CUdeviceptr d, const void* h, size_t n) {
+// A copy of n bytes on a stream, recorded for CUPTI when a session profiles.
+template <typename Copy>
+CUresult RecordedCopy(CUpti_ActivityMemcpyKind kind, size_t n, CUstream stream, Copy&& copy) {
   if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
-  if (!Valid(d, n)) return CUDA_ERROR_INVALID_VALUE;
-  std::memcpy(reinterpret_cast<void*>(d), h, n);
-  return CUDA_SUCCESS;
+  uint64_t start = sim_cupti::Recording() ? sim_cupti::Now() : 0;
+  CUresult rc = copy();
+  if (rc == CUDA_SUCCESS && start != 0) {
+    auto side = [&](bool host) {
+      return static_cast<uint8_t>(host ? CUPTI_ACTIVITY_MEMORY_KIND_PAGEABLE
+                                       : CUPTI_ACTIVITY_MEMORY_KIND_DEVICE);
+    };
+    sim_cupti::RecordMemcpy(
+        static_cast<uint8_t>(kind), side(kind == CUPTI_ACTIVITY_MEMCPY_KIND_HTOD),
+        side(kind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOH), n, stream, start, sim_cupti::Now());
+  }
+  return rc;
 }
+CUresult HtoDOn(CUdeviceptr d, const void* h, size_t n, CUstream s) {
+  return RecordedCopy(CUPTI_ACTIVITY_MEMCPY_KIND_HTOD, n, s, [&] {
+    if (!Valid(d, n)) return CUDA_ERROR_INVALID_VALUE;
+    std::memcpy(reinterpret_cast<void*>(d), h, n);
+    return CUDA_SUCCESS;
+  });
+}
+CUresult simHtoD(CUdeviceptr d, const void* h, size_t n) { return HtoDOn(d, h, n, nullptr); }
 CUresult simHtoDAsync(CUdeviceptr d, const void* h, size_t n, CUstream s) {
   if (CUresult rc = CheckStreamContext(s); rc != CUDA_SUCCESS) return rc;
-  return simHtoD(d, h, n);
+  return HtoDOn(d, h, n, s);
 }
-CUresult simDtoH(void* h, CUdeviceptr d, size_t n) {
-  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
-  if (!Valid(d, n)) return CUDA_ERROR_INVALID_VALUE;
-  std::memcpy(h, reinterpret_cast<void*>(d), n);
-  return CUDA_SUCCESS;
+CUresult DtoHOn(void* h, CUdeviceptr d, size_t n, CUstream s) {
+  return RecordedCopy(CUPTI_ACTIVITY_MEMCPY_KIND_DTOH, n, s, [&] {
+    if (!Valid(d, n)) return CUDA_ERROR_INVALID_VALUE;
+    std::memcpy(h, reinterpret_cast<void*>(d), n);
+    return CUDA_SUCCESS;
+  });
 }
+CUresult simDtoH(void* h, CUdeviceptr d, size_t n) { return DtoHOn(h, d, n, nullptr); }
 CUresult simDtoHAsync(void* h, CUdeviceptr d, size_t n, CUstream s) {
   if (CUresult rc = CheckStreamContext(s); rc != CUDA_SUCCESS) return rc;
-  return simDtoH(h, d, n);
+  return DtoHOn(h, d, n, s);
 }
-CUresult simDtoD(CUdeviceptr d, CUdeviceptr s, size_t n) {
-  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
-  if (!Valid(d, n) || !Valid(s, n)) return CUDA_ERROR_INVALID_VALUE;
-  std::memmove(reinterpret_cast<void*>(d), reinterpret_cast<void*>(s), n);
-  return CUDA_SUCCESS;
+CUresult DtoDOn(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {
+  return RecordedCopy(CUPTI_ACTIVITY_MEMCPY_KIND_DTOD, n, st, [&] {
+    if (!Valid(d, n) || !Valid(s, n)) return CUDA_ERROR_INVALID_VALUE;
+    std::memmove(reinterpret_cast<void*>(d), reinterpret_cast<void*>(s), n);
+    return CUDA_SUCCESS;
+  });
 }
-CUresult simDtoDAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream) { return simDtoD(d, s, n); }
+CUresult simDtoD(CUdeviceptr d, CUdeviceptr s, size_t n) { return DtoDOn(d, s, n, nullptr); }
+CUresult simDtoDAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {
+  return DtoDOn(d, s, n, st);
+}
 template <typename T>
-CUresult Fill2D(CUdeviceptr d, size_t pitch, T v, size_t w, size_t h) {
+CUresult Fill2D(CUdeviceptr d, size_t pitch, T v, size_t w, size_t h, CUstream stream = nullptr) {
   if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (h == 0 || w == 0) return CUDA_SUCCESS;
   if (pitch < w * sizeof(T) || !Valid(d, pitch * (h - 1) + w * sizeof(T)))
     return CUDA_ERROR_INVALID_VALUE;
+  uint64_t start = sim_cupti::Recording() ? sim_cupti::Now() : 0;
   for (size_t y = 0; y < h; ++y) {
     T* row = reinterpret_cast<T*>(d + y * pitch);
     for (size_t x = 0; x < w; ++x) row[x] = v;
   }
+  if (start != 0) sim_cupti::RecordMemset(v, w * h * sizeof(T), stream, start, sim_cupti::Now());
   return CUDA_SUCCESS;
 }
 CUresult simMemsetD8(CUdeviceptr d, unsigned char v, size_t n) {
@@ -813,14 +845,14 @@ CUresult simMemsetD16(CUdeviceptr d, unsigned short v, size_t n) {
 CUresult simMemsetD32(CUdeviceptr d, unsigned int v, size_t n) {
   return Fill2D<uint32_t>(d, n * 4, v, n, 1);
 }
-CUresult simMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream) {
-  return simMemsetD8(d, v, n);
+CUresult simMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s) {
+  return Fill2D<uint8_t>(d, n, v, n, 1, s);
 }
-CUresult simMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream) {
-  return simMemsetD16(d, v, n);
+CUresult simMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream s) {
+  return Fill2D<uint16_t>(d, n * 2, v, n, 1, s);
 }
-CUresult simMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream) {
-  return simMemsetD32(d, v, n);
+CUresult simMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream s) {
+  return Fill2D<uint32_t>(d, n * 4, v, n, 1, s);
 }
 CUresult simMemsetD2D8(CUdeviceptr d, size_t p, unsigned char v, size_t w, size_t h) {
   return Fill2D<uint8_t>(d, p, v, w, h);

@@ -1141,6 +1141,30 @@ class E2E(unittest.TestCase):
                 self.assertNotIn("export table", res.stderr + res.client_log, where)
                 self.stop_server(srv)
 
+    def test_cupti_activity(self):
+        """CUPTI's activity API through `flyt run` (Flyt's libcupti.so.13, preloaded; the
+        records come from the server's CUPTI, the sim's here): over every transport and
+        cudart, cupti_activity's kernel, both copies and the memset are recorded once
+        each with their sizes, carry the external ids pushed around them, lie between
+        two cuptiGetTimestamp readings on the client, and a disabled kind records
+        nothing more. The server's records of a profiled client do not outlive it."""
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                srv = self.start_server()
+                res = self.run_ok(srv, transport, "cupti_activity", variant, log_level="warn")
+                kv = self.kv(res)
+                where = res.describe()
+                for key, want in (("under_flyt", "1"), ("popped", "4343"),
+                                  ("kernel.count", "1"), ("kernel.grid", "3"),
+                                  ("kernel.block", "64"), ("kernel.external", "4242"),
+                                  ("memcpy.htod", "1"), ("memcpy.dtoh", "1"),
+                                  ("memset.count", "1"), ("timestamps.in_window", "1"),
+                                  ("disabled.new_kernels", "0"),
+                                  ("pop_empty", "18")):  # CUPTI_ERROR_QUEUE_EMPTY
+                    self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
+                self.assertNotIn("profiling:", srv.log_text(), where)
+                self.stop_server(srv)
+
     def test_jit_link(self):
         """The JIT linker (cuLinkCreate/AddData/AddFile/Complete/Destroy, also the 5.5
         ABIs): jit_link's own checks over every transport and cudart: a PTX string linked

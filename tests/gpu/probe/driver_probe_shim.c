@@ -66,6 +66,7 @@ static void* watch_copy; /* the faulting copy of the last iterator item (PROBE_W
 static void* watch_real;
 static size_t watch_len = 0x1000;
 
+static void probe_dump_memory(int arg, const void* p, size_t n);
 HIDDEN void probe_log_slot(int n, uint64_t* saved) {
   /* saved: r9 r8 rcx rdx rsi rdi rax, in that order */
   if (watch_copy != NULL)
@@ -75,9 +76,31 @@ HIDDEN void probe_log_slot(int n, uint64_t* saved) {
   logf_("call %s a0=%#lx a1=%#lx a2=%#lx a3=%#lx a4=%#lx a5=%#lx", tramp_name[n],
         (unsigned long)saved[5], (unsigned long)saved[4], (unsigned long)saved[3],
         (unsigned long)saved[2], (unsigned long)saved[1], (unsigned long)saved[0]);
+  if (tramp_calls[n] <= 6 && strncmp(tramp_name[n], "a094798c", 8) == 0) {
+    for (int a = 5; a >= 3; --a) probe_dump_memory(5 - a, (const void*)(uintptr_t)saved[a], 192);
+  }
 }
 
 #include "probe_tramps.inc" /* probe_tramp_0 .. _255 and tramps[] (generated) */
+
+/* Logs n bytes at p as 64-bit words when p is readable (write() to /dev/null fails with
+ * EFAULT otherwise). Strings found at word-sized pointers are logged too. */
+static void probe_dump_memory(int arg, const void* p, size_t n) {
+  static int null_fd = -1;
+  if (null_fd < 0) null_fd = open("/dev/null", O_WRONLY);
+  if ((uintptr_t)p < 4096 || write(null_fd, p, n) != (ssize_t)n) return;
+  const uint64_t* w = p;
+  char line[1024];
+  int off = 0;
+  for (size_t i = 0; i < n / 8 && off < 900; ++i)
+    off += snprintf(line + off, sizeof line - off, " %#lx", (unsigned long)w[i]);
+  logf_("  a%d@%p:%s", arg, p, line);
+  for (size_t i = 0; i < n / 8; ++i) {
+    const char* str = (const char*)(uintptr_t)w[i];
+    if ((uintptr_t)str > 4096 && write(null_fd, str, 8) == 8 && str[0] >= 'A' && str[0] <= 'z')
+      logf_("  a%d word%zu str \"%.60s\"", arg, i, str);
+  }
+}
 
 static void* make_tramp(const char* name, void* real) {
   int n = __sync_fetch_and_add(&tramp_count, 1);
@@ -149,7 +172,35 @@ static int wrap_iter(void* a0, void* a1, item_cb cb, void* opaque, void* a4, voi
 typedef int (*get_table_fn)(const void**, const unsigned char*);
 static get_table_fn real_get_table;
 static const char* const PROXIED[] = {"6e163fbeb958444d835ce182aff1991e",
-                                      "2c8e0ad80710ab4e90dd54719fe5f74b", NULL};
+                                      "2c8e0ad80710ab4e90dd54719fe5f74b",
+                                      "a094798c2e742e7493f20800200c0a66",
+                                      "42d85a8123f6cb478298f6e78a3aecdc", NULL};
+/* a094798c slots 2 and 6 hand out the runtime's per-callback switch arrays: remember
+ * them, log their non-zero entries at exit (what a tool attached switched on). */
+typedef int (*switch_fn)(void**, size_t*);
+static switch_fn real_switch[2];
+static uint64_t* switch_array[2];
+static size_t switch_entries[2];
+static int wrap_switch(int k, void** buf, size_t* n) {
+  int r = real_switch[k](buf, n);
+  if (r == 0 && buf && *buf) {
+    switch_array[k] = *buf;
+    switch_entries[k] = n ? *n : 0;
+  }
+  logf_("switch array %d -> %d %p x %zu", k, r, buf ? *buf : NULL, n ? *n : 0);
+  return r;
+}
+static int wrap_switch0(void** b, size_t* n) { return wrap_switch(0, b, n); }
+static int wrap_switch1(void** b, size_t* n) { return wrap_switch(1, b, n); }
+__attribute__((destructor)) static void probe_dump_switches(void) {
+  for (int k = 0; k < 2; ++k) {
+    if (switch_array[k] == NULL) continue;
+    const uint32_t* w = (const uint32_t*)switch_array[k];
+    for (size_t i = 0; i < switch_entries[k] * 2; ++i)
+      if (w[i] != 0) logf_("switch %d word32[%zu] = %#x", k, i, w[i]);
+  }
+}
+
 struct proxy {
   char uuid[33];
   const void** table;
@@ -183,6 +234,12 @@ int cuGetExportTable(const void** table, const unsigned char* uuid) {
         if (strcmp(u, PROXIED[0]) == 0 && slots > 7) {
           real_iter = (iter_fn)real[7];
           copy[7] = (void*)wrap_iter;
+        }
+        if (strcmp(u, PROXIED[2]) == 0) {
+          real_switch[0] = (switch_fn)real[2];
+          real_switch[1] = (switch_fn)real[6];
+          copy[2] = (void*)wrap_switch0;
+          copy[6] = (void*)wrap_switch1;
         }
         strcpy(proxies[k].uuid, u);
         proxies[k].table = copy;

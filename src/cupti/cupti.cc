@@ -1,0 +1,545 @@
+// Flyt's libcupti.so.13: CUPTI's activity API for programs whose GPU is remote.
+//
+// Owns: the activity kinds the app enabled, its buffer callbacks, its external
+// correlation stacks (per thread), and the records not yet handed to it. GPU
+// records (kernels, copies, memsets) come from the server's CUPTI through
+// libcuda's profiler table (common/profiler_abi.h); their correlation id is the
+// id of the Flyt call that issued the work, and each such call, made while the
+// app had pushed external ids, yields CUPTI's external correlation records.
+// Timestamps are moved onto this host's clock (or the app's timestamp callback).
+// Must not call into libcuda while holding its lock (libcuda calls the call
+// hook under its own), nor write to stdout.
+#include <cupti.h>
+#include <dlfcn.h>
+#include <time.h>
+
+#include <atomic>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/profiler_abi.h"
+
+#define FLYT_CUPTI_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace flyt::cupti {
+namespace {
+
+using profiler::Table;
+
+// Messages go to stderr only when FLYT_LOG asks for them (as libcuda's do).
+void Log(const char* fmt, ...) {
+  const char* level = std::getenv("FLYT_LOG");
+  if (level == nullptr || std::strcmp(level, "off") == 0) return;
+  char line[512];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  std::fprintf(stderr, "flyt-cupti: %s\n", line);
+}
+
+void LogOnce(const std::string& key, const char* fmt, ...) {
+  static std::mutex mu;
+  static auto* seen = new std::set<std::string>();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!seen->insert(key).second) return;
+  }
+  char line[512];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  Log("%s", line);
+}
+
+uint64_t RealtimeNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+struct State {
+  std::mutex mu;
+  std::set<int> enabled;      // CUpti_ActivityKind the app enabled
+  uint32_t gpu_kinds = 0;     // 1 << ops::GpuActivityKind the server records
+  int64_t server_offset = 0;  // add to a server timestamp: this host's realtime
+  CUpti_BuffersCallbackRequestFunc requested = nullptr;
+  CUpti_BuffersCallbackCompleteFunc completed = nullptr;
+  CUpti_TimestampCallbackFunc timestamp = nullptr;
+  std::vector<std::vector<uint8_t>> pending;
+  std::set<std::string> names;  // kernel names: valid for the process's life
+  uint64_t dropped = 0;
+  CUptiResult last_error = CUPTI_SUCCESS;
+};
+State& S() {
+  static State* s = new State;  // never destroyed: the app may flush at exit
+  return *s;
+}
+std::atomic<bool> g_correlate{false};
+thread_local std::map<int, std::vector<uint64_t>> t_external;  // kind -> stack
+
+const Table* Driver() {
+  static const Table* table = [] {
+    using GetTable = CUresult (*)(const void**, const CUuuid*);
+    // The app's cudart may have opened libcuda.so.1 locally: open it (again).
+    void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (driver == nullptr) driver = dlopen("libcuda.so.1", RTLD_NOW);
+    auto get =
+        driver != nullptr ? reinterpret_cast<GetTable>(dlsym(driver, "cuGetExportTable")) : nullptr;
+    const void* t = nullptr;
+    CUuuid id;
+    std::memcpy(id.bytes, profiler::kTableUuid, sizeof id.bytes);
+    if (get == nullptr || get(&t, &id) != CUDA_SUCCESS || t == nullptr ||
+        static_cast<const Table*>(t)->size < sizeof(Table)) {
+      Log("this libcupti is Flyt's and needs Flyt's libcuda.so.1 (run the program with "
+          "`flyt run`); GPU activity is not recorded");
+      return static_cast<const Table*>(nullptr);
+    }
+    return static_cast<const Table*>(t);
+  }();
+  return table;
+}
+
+template <typename T>
+void PushLocked(const T& rec) {
+  std::vector<uint8_t> bytes(sizeof(T));
+  std::memcpy(bytes.data(), &rec, sizeof(T));
+  S().pending.push_back(std::move(bytes));
+}
+
+// This host's time for a timestamp of the server's clock, on the app's
+// timestamp callback's scale when it registered one.
+uint64_t LocalTimeLocked(uint64_t server_ns) {
+  uint64_t t = static_cast<uint64_t>(static_cast<int64_t>(server_ns) + S().server_offset);
+  if (S().timestamp != nullptr) t = t - RealtimeNs() + S().timestamp();
+  return t;
+}
+
+// libcuda's hook: an app call is about to go to the server.
+void OnCall(uint64_t call_id) {
+  if (!g_correlate.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(S().mu);
+  for (auto& [kind, stack] : t_external) {
+    if (stack.empty()) continue;
+    CUpti_ActivityExternalCorrelation e{};
+    e.kind = CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION;
+    e.externalKind = static_cast<CUpti_ExternalCorrelationKind>(kind);
+    e.externalId = stack.back();
+    e.correlationId = static_cast<uint32_t>(call_id);
+    PushLocked(e);
+  }
+}
+
+// One server record as the CUPTI record the app expects.
+void OnRecord(void*, const ops::GpuActivity* g, const char* name) {
+  State& s = S();
+  std::lock_guard<std::mutex> lock(s.mu);
+  uint64_t start = LocalTimeLocked(g->start_ns), end = LocalTimeLocked(g->end_ns);
+  auto corr = static_cast<uint32_t>(g->call_id);
+  if (g->kind == ops::kActivityKernel) {
+    bool concurrent = s.enabled.count(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != 0;
+    if (!concurrent && s.enabled.count(CUPTI_ACTIVITY_KIND_KERNEL) == 0) return;
+    CUpti_ActivityKernel10 k{};
+    k.kind = concurrent ? CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL : CUPTI_ACTIVITY_KIND_KERNEL;
+    k.start = start;
+    k.end = end;
+    k.completed = end;
+    k.queued = k.submitted = CUPTI_TIMESTAMP_UNKNOWN;
+    k.deviceId = g->device;
+    k.contextId = g->context;
+    k.streamId = g->stream;
+    k.gridX = g->grid[0], k.gridY = g->grid[1], k.gridZ = g->grid[2];
+    k.blockX = g->block[0], k.blockY = g->block[1], k.blockZ = g->block[2];
+    k.staticSharedMemory = g->static_smem;
+    k.dynamicSharedMemory = g->dynamic_smem;
+    k.registersPerThread = static_cast<uint16_t>(g->registers);
+    k.correlationId = corr;
+    k.graphId = g->graph_id;
+    k.name = s.names.insert(name).first->c_str();
+    PushLocked(k);
+  } else if (g->kind == ops::kActivityMemcpy) {
+    if (s.enabled.count(CUPTI_ACTIVITY_KIND_MEMCPY) == 0) return;
+    CUpti_ActivityMemcpy6 m{};
+    m.kind = CUPTI_ACTIVITY_KIND_MEMCPY;
+    m.copyKind = g->copy_kind;
+    m.srcKind = g->src_kind;
+    m.dstKind = g->dst_kind;
+    m.bytes = g->bytes;
+    m.start = start;
+    m.end = end;
+    m.deviceId = g->device;
+    m.contextId = g->context;
+    m.streamId = g->stream;
+    m.correlationId = corr;
+    m.graphId = g->graph_id;
+    PushLocked(m);
+  } else if (g->kind == ops::kActivityMemset) {
+    if (s.enabled.count(CUPTI_ACTIVITY_KIND_MEMSET) == 0) return;
+    CUpti_ActivityMemset4 m{};
+    m.kind = CUPTI_ACTIVITY_KIND_MEMSET;
+    m.value = g->value;
+    m.bytes = g->bytes;
+    m.start = start;
+    m.end = end;
+    m.deviceId = g->device;
+    m.contextId = g->context;
+    m.streamId = g->stream;
+    m.correlationId = corr;
+    m.memoryKind = g->src_kind;
+    m.graphId = g->graph_id;
+    PushLocked(m);
+  }
+}
+
+// The server-side kind behind a CUPTI kind, or -1 for kinds answered here.
+int GpuKind(CUpti_ActivityKind k) {
+  switch (k) {
+    case CUPTI_ACTIVITY_KIND_KERNEL:
+    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
+      return ops::kActivityKernel;
+    case CUPTI_ACTIVITY_KIND_MEMCPY:
+      return ops::kActivityMemcpy;
+    case CUPTI_ACTIVITY_KIND_MEMSET:
+      return ops::kActivityMemset;
+    default:
+      return -1;
+  }
+}
+
+CUptiResult Fail(CUptiResult r) {
+  S().last_error = r;
+  return r;
+}
+
+}  // namespace
+
+// Hands the pending records to the app's buffers (cuptiActivityFlushAll).
+CUptiResult Deliver() {
+  State& s = S();
+  std::vector<std::vector<uint8_t>> records;
+  CUpti_BuffersCallbackRequestFunc req;
+  CUpti_BuffersCallbackCompleteFunc done;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    records.swap(s.pending);
+    req = s.requested;
+    done = s.completed;
+  }
+  if (records.empty()) return CUPTI_SUCCESS;
+  if (req == nullptr || done == nullptr) return Fail(CUPTI_ERROR_INVALID_OPERATION);
+  size_t i = 0;
+  while (i < records.size()) {
+    uint8_t* buf = nullptr;
+    size_t size = 0, max_records = 0;
+    req(&buf, &size, &max_records);
+    if (buf == nullptr || size < 8 + records[i].size()) {
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.dropped += records.size() - i;
+      return Fail(CUPTI_ERROR_OUT_OF_MEMORY);
+    }
+    size_t used = 0, count = 0;
+    while (i < records.size() && used + 8 + records[i].size() <= size &&
+           (max_records == 0 || count < max_records)) {
+      uint64_t n = records[i].size();
+      std::memcpy(buf + used, &n, 8);
+      std::memcpy(buf + used + 8, records[i].data(), n);
+      used += 8 + ((n + 7) & ~size_t{7});
+      ++i;
+      ++count;
+    }
+    done(nullptr, 0, buf, size, used);
+  }
+  return CUPTI_SUCCESS;
+}
+
+}  // namespace flyt::cupti
+
+using namespace flyt::cupti;
+namespace ops = flyt::ops;
+
+FLYT_CUPTI_EXPORT CUptiResult cuptiGetVersion(uint32_t* version) {
+  if (version == nullptr) return Fail(CUPTI_ERROR_INVALID_PARAMETER);
+  *version = CUPTI_API_VERSION;
+  return CUPTI_SUCCESS;
+}
+
+FLYT_CUPTI_EXPORT CUptiResult cuptiGetTimestamp(uint64_t* timestamp) {
+  if (timestamp == nullptr) return Fail(CUPTI_ERROR_INVALID_PARAMETER);
+  auto cb = S().timestamp;
+  *timestamp = cb != nullptr ? cb() : RealtimeNs();
+  return CUPTI_SUCCESS;
+}
+
+FLYT_CUPTI_EXPORT CUptiResult
+cuptiActivityRegisterTimestampCallback(CUpti_TimestampCallbackFunc fn) {
+  std::lock_guard<std::mutex> lock(S().mu);
+  S().timestamp = fn;
+  return CUPTI_SUCCESS;
+}
+
+FLYT_CUPTI_EXPORT CUptiResult cuptiActivityRegisterCallbacks(
+    CUpti_BuffersCallbackRequestFunc requested, CUpti_BuffersCallbackCompleteFunc completed) {
+  if (requested == nullptr || completed == nullptr) return Fail(CUPTI_ERROR_INVALID_PARAMETER);
+  std::lock_guard<std::mutex> lock(S().mu);
+  S().requested = requested;
+  S().completed = completed;
+  return CUPTI_SUCCESS;
+}
+
+FLYT_CUPTI_EXPORT CUptiResult cuptiActivityEnable(CUpti_ActivityKind kind) {
+  State& s = S();
+  int gpu = GpuKind(kind);
+  if (gpu > 0) {
+    const Table* t = Driver();
+    if (t == nullptr) return Fail(CUPTI_ERROR_NOT_INITIALIZED);
+    uint32_t enabled = 0;
+    uint64_t server_now = 0, local_now = 0;
+    char why[512] = "";
+    CUresult rc = t->start(1u << gpu, &enabled, &server_now, &local_now, why, sizeof why);
+    if (rc != CUDA_SUCCESS || !(enabled & (1u << gpu))) {
+      Log("cuptiActivityEnable(%d): the GPU server cannot record it: %s", kind,
+          rc != CUDA_SUCCESS ? "the call to the server failed" : why);
+      return Fail(CUPTI_ERROR_NOT_INITIALIZED);
+    }
+    t->set_call_hook(OnCall);
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.gpu_kinds |= enabled;
+    s.server_offset = static_cast<int64_t>(local_now) - static_cast<int64_t>(server_now);
+    s.enabled.insert(kind);
+    return CUPTI_SUCCESS;
+  }
+  switch (kind) {
+    case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
+      if (const Table* t = Driver()) t->set_call_hook(OnCall);
+      g_correlate = true;
+      break;
+    }
+    // Accepted and produce no records through Flyt (docs/compatibility.md): the
+    // API records need cudart's tools callbacks, the overhead records are
+    // CUPTI's own bookkeeping, which Flyt does not have.
+    case CUPTI_ACTIVITY_KIND_RUNTIME:
+    case CUPTI_ACTIVITY_KIND_DRIVER:
+    case CUPTI_ACTIVITY_KIND_OVERHEAD:
+      LogOnce("kind" + std::to_string(kind),
+              "cuptiActivityEnable(%d): accepted; Flyt records no activity of this kind yet", kind);
+      break;
+    default:
+      LogOnce("kind" + std::to_string(kind),
+              "cuptiActivityEnable(%d): activity kind not supported through Flyt", kind);
+      return Fail(CUPTI_ERROR_NOT_SUPPORTED);
+  }
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.enabled.insert(kind);
+  return CUPTI_SUCCESS;
+}
+
+FLYT_CUPTI_EXPORT CUptiResult cuptiActivityEnableContext(CUcontext, CUpti_ActivityKind kind) {
+  return cuptiActivityEnable(kind);
+}
+
+FLYT_CUPTI_EXPORT CUptiResult cuptiActivityDisable(CUpti_ActivityKind kind) {
+  State& s = S();
+  int gpu = GpuKind(kind);
+  bool stop_server = false;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.enabled.erase(kind);
+    if (kind == CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION) g_correlate = false;
+    if (gpu > 0) {
+      bool still =
+          (gpu == ops::kActivityKernel) && (s.enabled.count(CUPTI_ACTIVITY_KIND_KERNEL) ||
+                                            s.enabled.count(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+      stop_server = !still && (s.gpu_kinds & (1u << gpu));
+      if (stop_server) s.gpu_kinds &= ~(1u << gpu);
+    }
+  }
+  if (stop_server) {
+    if (const Table* t = Driver()) t->stop(1u << gpu);
+  }
+  return CUPTI_SUCCESS;
+}
+
+FLYT_CUPTI_EXPORT CUptiResult cuptiActivityDisableContext(CUcontext, CUpti_ActivityKind kind) {
+  return cuptiActivityDisable(kind);
+}
+
+FLYT_CUPTI_EXPORT CUptiResult cuptiActivityFlushAll(uint32_t flag) {
+  const Table* t = S().gpu_kinds != 0 ? Driver() : nullptr;
+  if (t != nullptr) {
+    uint32_t dropped = 0;
+    CUresult rc =
+        t->drain((flag & CUPTI_ACTIVITY_FLAG_FLUSH_FORCED) != 0, OnRecord, nullptr, &dropped);
+    if (rc != CUDA_SUCCESS) Log("cuptiActivityFlushAll: the GPU server's records were lost");
+    std::lock_guard<std::mutex> lock(S().mu);
+    S().dropped += dropped;
+  }
+  return Deliver();
+}
+
+FLYT_CUPTI_EXPORT CUptiResult cuptiActivityFlush(CUcontext, uint32_t, uint32_t flag) {
+  return cuptiActivityFlushAll(flag);
+}
+
+FLYT_CUPTI_EXPORT CUptiResult cuptiActivityGetNextRecord(uint8_t* buffer, size_t valid,
+                                                         CUpti_Activity** record) {
+  if (buffer == nullptr || record == nullptr) return Fail(CUPTI_ERROR_INVALID_PARAMETER);
+  size_t at = 0;
+  if (*record != nullptr) {
+    auto* cur = reinterpret_cast<uint8_t*>(*record);
+    uint64_t n = 0;
+    std::memcpy(&n, cur - 8, 8);
+    at = static_cast<size_t>(cur - buffer) + ((n + 7) & ~uint64_t{7});
+  }
+  if (at + 8 > valid) return CUPTI_ERROR_MAX_LIMIT_REACHED;
+  *record = reinterpret_cast<CUpti_Activity*>(buffer + at + 8);
+  return CUPTI_SUCCESS;
+}
+
+FLYT_CUPTI_EXPORT CUptiResult cuptiActivityGetNumDroppedRecords(CUcontext, uint32_t,
+                                                                size_t* dropped) {
+  if (dropped == nullptr) return Fail(CUPTI_ERROR_INVALID_PARAMETER);
+  std::lock_guard<std::mutex> lock(S().mu);
+  *dropped = S().dropped;
+  S().dropped = 0;
+  return CUPTI_SUCCESS;
+}
+
+FLYT_CUPTI_EXPORT CUptiResult
+cuptiActivityPushExternalCorrelationId(CUpti_ExternalCorrelationKind kind, uint64_t id) {
+  if (kind <= CUPTI_EXTERNAL_CORRELATION_KIND_INVALID ||
+      kind >= CUPTI_EXTERNAL_CORRELATION_KIND_SIZE)
+    return Fail(CUPTI_ERROR_INVALID_KIND);
+  t_external[kind].push_back(id);
+  return CUPTI_SUCCESS;
+}
+
+FLYT_CUPTI_EXPORT CUptiResult
+cuptiActivityPopExternalCorrelationId(CUpti_ExternalCorrelationKind kind, uint64_t* id) {
+  if (kind <= CUPTI_EXTERNAL_CORRELATION_KIND_INVALID ||
+      kind >= CUPTI_EXTERNAL_CORRELATION_KIND_SIZE)
+    return Fail(CUPTI_ERROR_INVALID_KIND);
+  auto& stack = t_external[kind];
+  if (stack.empty()) return Fail(CUPTI_ERROR_QUEUE_EMPTY);
+  if (id != nullptr) *id = stack.back();
+  stack.pop_back();
+  return CUPTI_SUCCESS;
+}
+
+FLYT_CUPTI_EXPORT CUptiResult cuptiActivitySetAttribute(CUpti_ActivityAttribute attr, size_t* size,
+                                                        void* value) {
+  if (size == nullptr || value == nullptr) return Fail(CUPTI_ERROR_INVALID_PARAMETER);
+  // Buffer sizes and pool limits shape CUPTI's own buffers; Flyt's records are
+  // handed over at each flush, so the values are accepted and have no effect.
+  (void)attr;
+  return CUPTI_SUCCESS;
+}
+
+FLYT_CUPTI_EXPORT CUptiResult cuptiActivityEnableLatencyTimestamps(uint8_t) {
+  return CUPTI_SUCCESS;
+}
+FLYT_CUPTI_EXPORT CUptiResult cuptiActivityEnableCudaEventDeviceTimestamps(uint8_t) {
+  return CUPTI_SUCCESS;
+}
+FLYT_CUPTI_EXPORT CUptiResult cuptiActivityEnableDriverApi(CUpti_CallbackId, uint8_t) {
+  return CUPTI_SUCCESS;
+}
+FLYT_CUPTI_EXPORT CUptiResult cuptiActivityEnableRuntimeApi(CUpti_CallbackId, uint8_t) {
+  return CUPTI_SUCCESS;
+}
+
+// The callback API: subscribing works, and callbacks are not delivered through
+// Flyt yet (logged once; docs/compatibility.md).
+FLYT_CUPTI_EXPORT CUptiResult cuptiSubscribe(CUpti_SubscriberHandle* subscriber, CUpti_CallbackFunc,
+                                             void*) {
+  static int token;
+  if (subscriber == nullptr) return Fail(CUPTI_ERROR_INVALID_PARAMETER);
+  *subscriber = reinterpret_cast<CUpti_SubscriberHandle>(&token);
+  return CUPTI_SUCCESS;
+}
+FLYT_CUPTI_EXPORT CUptiResult cuptiUnsubscribe(CUpti_SubscriberHandle) { return CUPTI_SUCCESS; }
+FLYT_CUPTI_EXPORT CUptiResult cuptiEnableCallback(uint32_t enable, CUpti_SubscriberHandle,
+                                                  CUpti_CallbackDomain domain,
+                                                  CUpti_CallbackId cbid) {
+  if (enable)
+    LogOnce("callbacks",
+            "cuptiEnableCallback(domain %d, cbid %u): CUPTI callbacks are not "
+            "delivered through Flyt yet",
+            domain, cbid);
+  return CUPTI_SUCCESS;
+}
+FLYT_CUPTI_EXPORT CUptiResult cuptiEnableDomain(uint32_t enable, CUpti_SubscriberHandle sub,
+                                                CUpti_CallbackDomain domain) {
+  return cuptiEnableCallback(enable, sub, domain, 0);
+}
+FLYT_CUPTI_EXPORT CUptiResult cuptiEnableAllDomains(uint32_t enable, CUpti_SubscriberHandle sub) {
+  return cuptiEnableCallback(enable, sub, CUPTI_CB_DOMAIN_INVALID, 0);
+}
+
+FLYT_CUPTI_EXPORT CUptiResult cuptiFinalize() {
+  State& s = S();
+  uint32_t kinds = 0;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    kinds = s.gpu_kinds;
+    s.gpu_kinds = 0;
+    s.enabled.clear();
+    s.pending.clear();
+    g_correlate = false;
+  }
+  if (const Table* t = kinds != 0 ? Driver() : nullptr) {
+    t->stop(kinds);
+    t->set_call_hook(nullptr);
+  }
+  return CUPTI_SUCCESS;
+}
+
+FLYT_CUPTI_EXPORT CUptiResult cuptiGetLastError() {
+  CUptiResult r = S().last_error;
+  S().last_error = CUPTI_SUCCESS;
+  return r;
+}
+
+FLYT_CUPTI_EXPORT CUptiResult cuptiGetDeviceId(CUcontext, uint32_t* device) {
+  if (device == nullptr) return Fail(CUPTI_ERROR_INVALID_PARAMETER);
+  *device = 0;
+  return CUPTI_SUCCESS;
+}
+
+FLYT_CUPTI_EXPORT CUptiResult cuptiGetResultString(CUptiResult result, const char** str) {
+  if (str == nullptr) return Fail(CUPTI_ERROR_INVALID_PARAMETER);
+  switch (result) {
+#define FLYT_NAME(r) \
+  case r:            \
+    *str = #r;       \
+    return CUPTI_SUCCESS;
+    FLYT_NAME(CUPTI_SUCCESS)
+    FLYT_NAME(CUPTI_ERROR_INVALID_PARAMETER)
+    FLYT_NAME(CUPTI_ERROR_INVALID_DEVICE)
+    FLYT_NAME(CUPTI_ERROR_INVALID_CONTEXT)
+    FLYT_NAME(CUPTI_ERROR_INVALID_KIND)
+    FLYT_NAME(CUPTI_ERROR_OUT_OF_MEMORY)
+    FLYT_NAME(CUPTI_ERROR_INVALID_OPERATION)
+    FLYT_NAME(CUPTI_ERROR_NOT_INITIALIZED)
+    FLYT_NAME(CUPTI_ERROR_MAX_LIMIT_REACHED)
+    FLYT_NAME(CUPTI_ERROR_QUEUE_EMPTY)
+    FLYT_NAME(CUPTI_ERROR_NOT_SUPPORTED)
+    FLYT_NAME(CUPTI_ERROR_UNKNOWN)
+#undef FLYT_NAME
+    default:
+      *str = "CUPTI_ERROR_UNKNOWN";
+      return Fail(CUPTI_ERROR_INVALID_PARAMETER);
+  }
+}
+
+// Every other CUPTI entry point (generated from the headers: cupti_unsupported.cc).
+extern "C" CUptiResult flyt_cupti_unsupported(const char* name) {
+  LogOnce(name, "%s is not supported through Flyt; returning CUPTI_ERROR_NOT_SUPPORTED", name);
+  return Fail(CUPTI_ERROR_NOT_SUPPORTED);
+}

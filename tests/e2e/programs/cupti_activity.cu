@@ -1,0 +1,195 @@
+// cupti_activity: CUPTI's activity API as torch.profiler (Kineto) uses it: buffer
+// callbacks, kernel/memcpy/memset records, external correlation ids pushed around
+// the work, a flush after a synchronize. Through Flyt, `flyt run` preloads Flyt's
+// libcupti.so.13 and the records come from the server's CUPTI (the sim's in CI).
+// Prints key=value lines the e2e test (and the GPU comparison) checks.
+#include <cupti.h>
+#include <dlfcn.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "e2e_common.h"
+#include "e2e_driver.h"
+
+namespace {
+
+struct Api {
+  decltype(&cuptiActivityRegisterCallbacks) register_callbacks;
+  decltype(&cuptiActivityEnable) enable;
+  decltype(&cuptiActivityDisable) disable;
+  decltype(&cuptiActivityFlushAll) flush_all;
+  decltype(&cuptiActivityGetNextRecord) next_record;
+  decltype(&cuptiActivityPushExternalCorrelationId) push;
+  decltype(&cuptiActivityPopExternalCorrelationId) pop;
+  decltype(&cuptiGetTimestamp) timestamp;
+  decltype(&cuptiGetResultString) result_string;
+} g;
+
+struct Seen {
+  std::string name;
+  uint8_t copy_kind = 0;
+  uint64_t bytes = 0, start = 0, end = 0;
+  uint32_t value = 0, correlation = 0;
+  int grid = 0, block = 0;
+};
+std::vector<Seen> g_kernels, g_copies, g_memsets;
+std::map<uint32_t, uint64_t> g_external;  // correlation id -> external id (CUSTOM0)
+
+void CUPTIAPI Requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  *size = 1 << 20;
+  *buffer = static_cast<uint8_t*>(aligned_alloc(8, *size));
+  *max_records = 0;
+}
+
+void CUPTIAPI Completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+  CUpti_Activity* r = nullptr;
+  while (g.next_record(buffer, valid, &r) == CUPTI_SUCCESS) {
+    Seen s;
+    switch (r->kind) {
+      case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
+        auto* k = reinterpret_cast<CUpti_ActivityKernel10*>(r);
+        s.name = k->name ? k->name : "";
+        s.start = k->start, s.end = k->end, s.correlation = k->correlationId;
+        s.grid = k->gridX * k->gridY * k->gridZ, s.block = k->blockX * k->blockY * k->blockZ;
+        g_kernels.push_back(s);
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_MEMCPY: {
+        auto* m = reinterpret_cast<CUpti_ActivityMemcpy6*>(r);
+        s.copy_kind = m->copyKind, s.bytes = m->bytes, s.start = m->start, s.end = m->end;
+        s.correlation = m->correlationId;
+        g_copies.push_back(s);
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_MEMSET: {
+        auto* m = reinterpret_cast<CUpti_ActivityMemset4*>(r);
+        s.bytes = m->bytes, s.value = m->value, s.start = m->start, s.end = m->end;
+        s.correlation = m->correlationId;
+        g_memsets.push_back(s);
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
+        auto* e = reinterpret_cast<CUpti_ActivityExternalCorrelation*>(r);
+        if (e->externalKind == CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0)
+          g_external[e->correlationId] = e->externalId;
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  free(buffer);
+}
+
+#define CUPTI(call)                                                            \
+  do {                                                                         \
+    CUptiResult _r = (call);                                                   \
+    if (_r != CUPTI_SUCCESS) {                                                 \
+      const char* _s = "?";                                                    \
+      g.result_string(_r, &_s);                                                \
+      e2e::Fail(__FILE__, __LINE__, "%s failed: %d (%s)", #call, (int)_r, _s); \
+    }                                                                          \
+  } while (0)
+
+template <typename T>
+void Resolve(void* lib, const char* name, T* out) {
+  *out = reinterpret_cast<T>(dlsym(lib, name));
+  EXPECT(*out != nullptr, "libcupti lacks %s", name);
+}
+
+__global__ void cupti_probe_kernel(int* out) { out[blockIdx.x * blockDim.x + threadIdx.x] = 1; }
+
+uint64_t External(const Seen& s) {
+  auto it = g_external.find(s.correlation);
+  return it == g_external.end() ? 0 : it->second;
+}
+
+}  // namespace
+
+int main() {
+  e2e::Init("cupti_activity");
+  CK(cudaFree(nullptr));
+  printf("under_flyt=%d\n", e2e::UnderFlyt() ? 1 : 0);
+  e2e::Step("dlopen libcupti");
+  void* lib = dlopen("libcupti.so.13", RTLD_NOW);
+  if (lib == nullptr && getenv("E2E_CUPTI") != nullptr) lib = dlopen(getenv("E2E_CUPTI"), RTLD_NOW);
+  EXPECT(lib != nullptr, "cannot load libcupti.so.13: %s", dlerror());
+  Resolve(lib, "cuptiActivityRegisterCallbacks", &g.register_callbacks);
+  Resolve(lib, "cuptiActivityEnable", &g.enable);
+  Resolve(lib, "cuptiActivityDisable", &g.disable);
+  Resolve(lib, "cuptiActivityFlushAll", &g.flush_all);
+  Resolve(lib, "cuptiActivityGetNextRecord", &g.next_record);
+  Resolve(lib, "cuptiActivityPushExternalCorrelationId", &g.push);
+  Resolve(lib, "cuptiActivityPopExternalCorrelationId", &g.pop);
+  Resolve(lib, "cuptiGetTimestamp", &g.timestamp);
+  Resolve(lib, "cuptiGetResultString", &g.result_string);
+
+  e2e::Step("enable");
+  CUPTI(g.register_callbacks(Requested, Completed));
+  for (CUpti_ActivityKind k : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
+                               CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION,
+                               CUPTI_ACTIVITY_KIND_RUNTIME})
+    CUPTI(g.enable(k));
+
+  const size_t kCopy = 1 << 20, kSet = 64 << 10;
+  int* dev = nullptr;
+  CK(cudaMalloc(&dev, kCopy));
+  std::vector<char> host(kCopy, 7);
+  uint64_t t0 = 0, t1 = 0;
+  CUPTI(g.timestamp(&t0));
+  e2e::Step("work");
+  CUPTI(g.push(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, 4242));
+  cupti_probe_kernel<<<3, 64>>>(dev);
+  CK(cudaGetLastError());
+  CUPTI(g.pop(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, nullptr));
+  CUPTI(g.push(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, 4343));
+  CK(cudaMemcpy(dev, host.data(), kCopy, cudaMemcpyHostToDevice));
+  CK(cudaMemset(dev, 0x5a, kSet));
+  CK(cudaMemcpy(host.data(), dev, kCopy, cudaMemcpyDeviceToHost));
+  uint64_t popped = 0;
+  CUPTI(g.pop(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, &popped));
+  printf("popped=%llu\n", (unsigned long long)popped);
+  CK(cudaDeviceSynchronize());
+  CUPTI(g.timestamp(&t1));
+  e2e::Step("flush");
+  CUPTI(g.flush_all(0));
+
+  int kernels = 0, in_window = 1;
+  for (const Seen& k : g_kernels) {
+    if (k.name.find("cupti_probe_kernel") == std::string::npos) continue;
+    ++kernels;
+    printf("kernel.grid=%d\nkernel.block=%d\nkernel.external=%llu\n", k.grid, k.block,
+           (unsigned long long)External(k));
+    in_window &= t0 <= k.start && k.start <= k.end && k.end <= t1;
+  }
+  printf("kernel.count=%d\n", kernels);
+  int htod = 0, dtoh = 0;
+  for (const Seen& c : g_copies) {
+    bool mine = c.bytes == kCopy && External(c) == 4343;
+    htod += mine && c.copy_kind == CUPTI_ACTIVITY_MEMCPY_KIND_HTOD;
+    dtoh += mine && c.copy_kind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOH;
+    in_window &= t0 <= c.start && c.start <= c.end && c.end <= t1;
+  }
+  printf("memcpy.htod=%d\nmemcpy.dtoh=%d\n", htod, dtoh);
+  int sets = 0;
+  for (const Seen& m : g_memsets) {
+    sets += m.bytes == kSet && m.value == 0x5a && External(m) == 4343;
+    in_window &= t0 <= m.start && m.start <= m.end && m.end <= t1;
+  }
+  printf("memset.count=%d\ntimestamps.in_window=%d\n", sets, in_window);
+
+  e2e::Step("disabled");
+  CUPTI(g.disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+  size_t before = g_kernels.size();
+  cupti_probe_kernel<<<1, 32>>>(dev);
+  CK(cudaDeviceSynchronize());
+  CUPTI(g.flush_all(0));
+  printf("disabled.new_kernels=%zu\n", g_kernels.size() - before);
+  CUptiResult empty = g.pop(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, nullptr);
+  printf("pop_empty=%d\n", (int)empty);
+  CK(cudaFree(dev));
+  e2e::Pass();
+  return 0;
+}
