@@ -83,7 +83,15 @@ State& S() {
   return *s;
 }
 std::atomic<bool> g_correlate{false};
-thread_local std::map<int, std::vector<uint64_t>> t_external;  // kind -> stack
+// The external correlation stacks of a thread. Trivially destructible: libcuda
+// calls OnCall during the process's exit, after thread-local destructors ran.
+constexpr int kExternalKinds = CUPTI_EXTERNAL_CORRELATION_KIND_SIZE;
+constexpr uint32_t kMaxExternalDepth = 64;
+struct ExternalStacks {
+  uint64_t ids[kExternalKinds][kMaxExternalDepth];
+  uint32_t depth[kExternalKinds];
+};
+thread_local ExternalStacks t_external;
 
 const Table* Driver() {
   static const Table* table = [] {
@@ -126,12 +134,13 @@ uint64_t LocalTimeLocked(uint64_t server_ns) {
 void OnCall(uint64_t call_id) {
   if (!g_correlate.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> lock(S().mu);
-  for (auto& [kind, stack] : t_external) {
-    if (stack.empty()) continue;
+  for (int kind = 0; kind < kExternalKinds; ++kind) {
+    uint32_t depth = t_external.depth[kind];
+    if (depth == 0) continue;
     CUpti_ActivityExternalCorrelation e{};
     e.kind = CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION;
     e.externalKind = static_cast<CUpti_ExternalCorrelationKind>(kind);
-    e.externalId = stack.back();
+    e.externalId = t_external.ids[kind][depth - 1];
     e.correlationId = static_cast<uint32_t>(call_id);
     PushLocked(e);
   }
@@ -416,7 +425,13 @@ cuptiActivityPushExternalCorrelationId(CUpti_ExternalCorrelationKind kind, uint6
   if (kind <= CUPTI_EXTERNAL_CORRELATION_KIND_INVALID ||
       kind >= CUPTI_EXTERNAL_CORRELATION_KIND_SIZE)
     return Fail(CUPTI_ERROR_INVALID_KIND);
-  t_external[kind].push_back(id);
+  uint32_t& depth = t_external.depth[kind];
+  if (depth == kMaxExternalDepth) {
+    LogOnce("external depth", "cuptiActivityPushExternalCorrelationId: more than %u ids pushed",
+            kMaxExternalDepth);
+    return Fail(CUPTI_ERROR_MAX_LIMIT_REACHED);
+  }
+  t_external.ids[kind][depth++] = id;
   return CUPTI_SUCCESS;
 }
 
@@ -425,10 +440,10 @@ cuptiActivityPopExternalCorrelationId(CUpti_ExternalCorrelationKind kind, uint64
   if (kind <= CUPTI_EXTERNAL_CORRELATION_KIND_INVALID ||
       kind >= CUPTI_EXTERNAL_CORRELATION_KIND_SIZE)
     return Fail(CUPTI_ERROR_INVALID_KIND);
-  auto& stack = t_external[kind];
-  if (stack.empty()) return Fail(CUPTI_ERROR_QUEUE_EMPTY);
-  if (id != nullptr) *id = stack.back();
-  stack.pop_back();
+  uint32_t& depth = t_external.depth[kind];
+  if (depth == 0) return Fail(CUPTI_ERROR_QUEUE_EMPTY);
+  --depth;
+  if (id != nullptr) *id = t_external.ids[kind][depth];
   return CUPTI_SUCCESS;
 }
 
