@@ -67,8 +67,11 @@ uint64_t RealtimeNs() {
 
 struct State {
   std::mutex mu;
-  std::set<int> enabled;      // CUpti_ActivityKind the app enabled
-  uint32_t gpu_kinds = 0;     // 1 << ops::GpuActivityKind the server records
+  std::set<int> enabled;        // CUpti_ActivityKind the app enabled
+  uint32_t gpu_kinds = 0;       // 1 << ops::GpuActivityKind the server records
+  bool server_started = false;  // the server may hold records: drain at each flush
+  // The record kind of kernels: the one the app enabled last.
+  CUpti_ActivityKind kernel_kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
   int64_t server_offset = 0;  // add to a server timestamp: this host's realtime
   CUpti_BuffersCallbackRequestFunc requested = nullptr;
   CUpti_BuffersCallbackCompleteFunc completed = nullptr;
@@ -152,11 +155,11 @@ void OnRecord(void*, const ops::GpuActivity* g, const char* name) {
   std::lock_guard<std::mutex> lock(s.mu);
   uint64_t start = LocalTimeLocked(g->start_ns), end = LocalTimeLocked(g->end_ns);
   auto corr = static_cast<uint32_t>(g->call_id);
+  // Records of kinds disabled since are still delivered, as CUPTI does: the
+  // server recorded only what was enabled at the time.
   if (g->kind == ops::kActivityKernel) {
-    bool concurrent = s.enabled.count(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != 0;
-    if (!concurrent && s.enabled.count(CUPTI_ACTIVITY_KIND_KERNEL) == 0) return;
     CUpti_ActivityKernel10 k{};
-    k.kind = concurrent ? CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL : CUPTI_ACTIVITY_KIND_KERNEL;
+    k.kind = s.kernel_kind;
     k.start = start;
     k.end = end;
     k.completed = end;
@@ -174,7 +177,6 @@ void OnRecord(void*, const ops::GpuActivity* g, const char* name) {
     k.name = s.names.insert(name).first->c_str();
     PushLocked(k);
   } else if (g->kind == ops::kActivityMemcpy) {
-    if (s.enabled.count(CUPTI_ACTIVITY_KIND_MEMCPY) == 0) return;
     CUpti_ActivityMemcpy6 m{};
     m.kind = CUPTI_ACTIVITY_KIND_MEMCPY;
     m.copyKind = g->copy_kind;
@@ -190,7 +192,6 @@ void OnRecord(void*, const ops::GpuActivity* g, const char* name) {
     m.graphId = g->graph_id;
     PushLocked(m);
   } else if (g->kind == ops::kActivityMemset) {
-    if (s.enabled.count(CUPTI_ACTIVITY_KIND_MEMSET) == 0) return;
     CUpti_ActivityMemset4 m{};
     m.kind = CUPTI_ACTIVITY_KIND_MEMSET;
     m.value = g->value;
@@ -320,6 +321,8 @@ FLYT_CUPTI_EXPORT CUptiResult cuptiActivityEnable(CUpti_ActivityKind kind) {
     t->set_call_hook(OnCall);
     std::lock_guard<std::mutex> lock(s.mu);
     s.gpu_kinds |= enabled;
+    s.server_started = true;
+    if (gpu == ops::kActivityKernel) s.kernel_kind = kind;
     s.server_offset = static_cast<int64_t>(local_now) - static_cast<int64_t>(server_now);
     s.enabled.insert(kind);
     return CUPTI_SUCCESS;
@@ -380,7 +383,7 @@ FLYT_CUPTI_EXPORT CUptiResult cuptiActivityDisableContext(CUcontext, CUpti_Activ
 }
 
 FLYT_CUPTI_EXPORT CUptiResult cuptiActivityFlushAll(uint32_t flag) {
-  const Table* t = S().gpu_kinds != 0 ? Driver() : nullptr;
+  const Table* t = S().server_started ? Driver() : nullptr;
   if (t != nullptr) {
     uint32_t dropped = 0;
     CUresult rc =
