@@ -76,6 +76,11 @@ struct State {
   CUpti_BuffersCallbackRequestFunc requested = nullptr;
   CUpti_BuffersCallbackCompleteFunc completed = nullptr;
   CUpti_TimestampCallbackFunc timestamp = nullptr;
+  // A reading of CLOCK_REALTIME and of the app's timestamp callback at the
+  // same moment, and the callback's ticks per nanosecond since (its clock may
+  // be a TSC: Kineto's is).
+  uint64_t anchor_realtime = 0, anchor_ticks = 0;
+  double ticks_per_ns = 1.0;
   std::vector<std::vector<uint8_t>> pending;
   std::set<std::string> names;  // kernel names: valid for the process's life
   uint64_t dropped = 0;
@@ -128,9 +133,26 @@ void PushLocked(const T& rec) {
 // This host's time for a timestamp of the server's clock, on the app's
 // timestamp callback's scale when it registered one.
 uint64_t LocalTimeLocked(uint64_t server_ns) {
-  uint64_t t = static_cast<uint64_t>(static_cast<int64_t>(server_ns) + S().server_offset);
-  if (S().timestamp != nullptr) t = t - RealtimeNs() + S().timestamp();
-  return t;
+  State& s = S();
+  uint64_t t = static_cast<uint64_t>(static_cast<int64_t>(server_ns) + s.server_offset);
+  if (s.timestamp == nullptr) return t;
+  double since = static_cast<double>(static_cast<int64_t>(t - s.anchor_realtime));
+  return s.anchor_ticks + static_cast<uint64_t>(static_cast<int64_t>(since * s.ticks_per_ns));
+}
+
+// Re-reads both clocks; the rate comes from the first reading and this one.
+void CalibrateLocked() {
+  State& s = S();
+  if (s.timestamp == nullptr) return;
+  uint64_t rt = RealtimeNs(), ticks = s.timestamp();
+  if (s.anchor_realtime == 0) {
+    s.anchor_realtime = rt;
+    s.anchor_ticks = ticks;
+    return;
+  }
+  if (rt - s.anchor_realtime > 1000000)
+    s.ticks_per_ns =
+        static_cast<double>(ticks - s.anchor_ticks) / static_cast<double>(rt - s.anchor_realtime);
 }
 
 // libcuda's hook: an app call is about to go to the server.
@@ -291,6 +313,9 @@ FLYT_CUPTI_EXPORT CUptiResult
 cuptiActivityRegisterTimestampCallback(CUpti_TimestampCallbackFunc fn) {
   std::lock_guard<std::mutex> lock(S().mu);
   S().timestamp = fn;
+  S().anchor_realtime = 0;
+  S().ticks_per_ns = 1.0;
+  CalibrateLocked();
   return CUPTI_SUCCESS;
 }
 
@@ -385,6 +410,10 @@ FLYT_CUPTI_EXPORT CUptiResult cuptiActivityDisableContext(CUcontext, CUpti_Activ
 FLYT_CUPTI_EXPORT CUptiResult cuptiActivityFlushAll(uint32_t flag) {
   const Table* t = S().server_started ? Driver() : nullptr;
   if (t != nullptr) {
+    {
+      std::lock_guard<std::mutex> lock(S().mu);
+      CalibrateLocked();
+    }
     uint32_t dropped = 0;
     CUresult rc =
         t->drain((flag & CUPTI_ACTIVITY_FLAG_FLUSH_FORCED) != 0, OnRecord, nullptr, &dropped);

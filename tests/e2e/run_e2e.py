@@ -1146,12 +1146,18 @@ class E2E(unittest.TestCase):
         records come from the server's CUPTI, the sim's here): over every transport and
         cudart, cupti_activity's kernel, both copies and the memset are recorded once
         each with their sizes, carry the external ids pushed around them, lie between
-        two cuptiGetTimestamp readings on the client, and a disabled kind records
-        nothing more. The server's records of a profiled client do not outlive it."""
+        two cuptiGetTimestamp readings on the client (also when the app registers a
+        timestamp callback of another rate, as Kineto does), kinds disabled before the
+        flush still deliver what they recorded, and a disabled kind records nothing
+        more. The server's records of a profiled client do not outlive it."""
         for variant, transport in self.matrix():
             with self.subTest(variant=variant, transport=transport):
                 srv = self.start_server()
                 res = self.run_ok(srv, transport, "cupti_activity", variant, log_level="warn")
+                clock = self.run_ok(srv, transport, "cupti_activity", variant, args=("clock",),
+                                    log_level="warn")
+                self.assertEqual(self.kv(clock), self.kv(res),
+                                 "with the app's own timestamp clock\n" + clock.describe())
                 kv = self.kv(res)
                 where = res.describe()
                 for key, want in (("under_flyt", "1"), ("popped", "4343"),

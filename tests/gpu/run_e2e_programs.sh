@@ -28,7 +28,7 @@ set -uo pipefail
 BUILD=$(cd "$1" && pwd) || exit 2
 PROGS=$(cd "$2" && pwd) || exit 2
 OUTFILE=$3
-CASES=${CASES:-"ipc vmm_share contexts isolation_fault stream_event_order jit_link module_functions graph_nodes cupti_activity"}
+CASES=${CASES:-"ipc vmm_share contexts isolation_fault stream_event_order jit_link module_functions graph_nodes cupti_activity cupti_activity_clock"}
 MODES=${MODES:-"tcp unix shm"}
 RUN_TIMEOUT=${RUN_TIMEOUT:-60}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/flyt-e2e-gpu.XXXXXX")
@@ -46,6 +46,7 @@ cmd_of() {  # case -> program and arguments
     module_functions) echo "$PROGS/module_functions" ;;
     graph_nodes) echo "$PROGS/graph_nodes" ;;
     cupti_activity) echo "$PROGS/cupti_activity" ;;  # natively: E2E_CUPTI=path of libcupti.so.13
+    cupti_activity_clock) echo "$PROGS/cupti_activity clock" ;;
   esac
 }
 

@@ -101,6 +101,14 @@ void Resolve(void* lib, const char* name, T* out) {
 
 __global__ void cupti_probe_kernel(int* out) { out[blockIdx.x * blockDim.x + threadIdx.x] = 1; }
 
+// `cupti_activity clock`: timestamps come from the app's callback, a clock of
+// its own (two ticks per nanosecond of CLOCK_MONOTONIC, as a TSC might run).
+uint64_t TwoTicksPerNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return 2 * (static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + ts.tv_nsec) + 12345;
+}
+
 uint64_t External(const Seen& s) {
   auto it = g_external.find(s.correlation);
   return it == g_external.end() ? 0 : it->second;
@@ -108,7 +116,8 @@ uint64_t External(const Seen& s) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const bool own_clock = argc > 1 && std::string(argv[1]) == "clock";
   e2e::Init("cupti_activity");
   CK(cudaFree(nullptr));
   printf("under_flyt=%d\n", e2e::UnderFlyt() ? 1 : 0);
@@ -128,6 +137,11 @@ int main() {
 
   e2e::Step("enable");
   CUPTI(g.register_callbacks(Requested, Completed));
+  if (own_clock) {
+    decltype(&cuptiActivityRegisterTimestampCallback) register_clock;
+    Resolve(lib, "cuptiActivityRegisterTimestampCallback", &register_clock);
+    CUPTI(register_clock(TwoTicksPerNs));
+  }
   for (CUpti_ActivityKind k : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
                                CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION,
                                CUPTI_ACTIVITY_KIND_RUNTIME})
@@ -139,6 +153,8 @@ int main() {
   std::vector<char> host(kCopy, 7);
   uint64_t t0 = 0, t1 = 0;
   CUPTI(g.timestamp(&t0));
+  if (own_clock) t0 = TwoTicksPerNs();
+  usleep(20000);  // the clocks' rates are compared over some time
   e2e::Step("work");
   CUPTI(g.push(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, 4242));
   cupti_probe_kernel<<<3, 64>>>(dev);
@@ -152,7 +168,9 @@ int main() {
   CUPTI(g.pop(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, &popped));
   printf("popped=%llu\n", (unsigned long long)popped);
   CK(cudaDeviceSynchronize());
+  usleep(20000);
   CUPTI(g.timestamp(&t1));
+  if (own_clock) t1 = TwoTicksPerNs();
   e2e::Step("flush");
   // Kineto disables its kinds before it flushes: what was recorded still comes.
   CUPTI(g.disable(CUPTI_ACTIVITY_KIND_MEMSET));
