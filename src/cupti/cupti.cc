@@ -171,61 +171,53 @@ void OnCall(uint64_t call_id) {
   }
 }
 
-// One server record as the CUPTI record the app expects.
+// The fields every GPU record of CUPTI has, from a server record.
+template <typename Record>
+void FillCommonLocked(Record* r, const ops::GpuActivity* g) {
+  r->start = LocalTimeLocked(g->start_ns);
+  r->end = LocalTimeLocked(g->end_ns);
+  r->deviceId = g->device;
+  r->contextId = g->context;
+  r->streamId = g->stream;
+  r->correlationId = static_cast<uint32_t>(g->call_id);
+  r->graphId = g->graph_id;
+}
+
+// One server record as the CUPTI record the app expects. Records of kinds
+// disabled since are still delivered, as CUPTI does: the server recorded only
+// what was enabled at the time.
 void OnRecord(void*, const ops::GpuActivity* g, const char* name) {
   State& s = S();
   std::lock_guard<std::mutex> lock(s.mu);
-  uint64_t start = LocalTimeLocked(g->start_ns), end = LocalTimeLocked(g->end_ns);
-  auto corr = static_cast<uint32_t>(g->call_id);
-  // Records of kinds disabled since are still delivered, as CUPTI does: the
-  // server recorded only what was enabled at the time.
   if (g->kind == ops::kActivityKernel) {
     CUpti_ActivityKernel10 k{};
     k.kind = s.kernel_kind;
-    k.start = start;
-    k.end = end;
-    k.completed = end;
+    FillCommonLocked(&k, g);
+    k.completed = k.end;
     k.queued = k.submitted = CUPTI_TIMESTAMP_UNKNOWN;
-    k.deviceId = g->device;
-    k.contextId = g->context;
-    k.streamId = g->stream;
     k.gridX = g->grid[0], k.gridY = g->grid[1], k.gridZ = g->grid[2];
     k.blockX = g->block[0], k.blockY = g->block[1], k.blockZ = g->block[2];
     k.staticSharedMemory = g->static_smem;
     k.dynamicSharedMemory = g->dynamic_smem;
     k.registersPerThread = static_cast<uint16_t>(g->registers);
-    k.correlationId = corr;
-    k.graphId = g->graph_id;
     k.name = s.names.insert(name).first->c_str();
     PushLocked(k);
   } else if (g->kind == ops::kActivityMemcpy) {
     CUpti_ActivityMemcpy6 m{};
     m.kind = CUPTI_ACTIVITY_KIND_MEMCPY;
+    FillCommonLocked(&m, g);
     m.copyKind = g->copy_kind;
     m.srcKind = g->src_kind;
     m.dstKind = g->dst_kind;
     m.bytes = g->bytes;
-    m.start = start;
-    m.end = end;
-    m.deviceId = g->device;
-    m.contextId = g->context;
-    m.streamId = g->stream;
-    m.correlationId = corr;
-    m.graphId = g->graph_id;
     PushLocked(m);
   } else if (g->kind == ops::kActivityMemset) {
     CUpti_ActivityMemset4 m{};
     m.kind = CUPTI_ACTIVITY_KIND_MEMSET;
+    FillCommonLocked(&m, g);
     m.value = g->value;
     m.bytes = g->bytes;
-    m.start = start;
-    m.end = end;
-    m.deviceId = g->device;
-    m.contextId = g->context;
-    m.streamId = g->stream;
-    m.correlationId = corr;
     m.memoryKind = g->src_kind;
-    m.graphId = g->graph_id;
     PushLocked(m);
   }
 }

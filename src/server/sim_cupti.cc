@@ -175,6 +175,17 @@ CUptiResult PopExternal(CUpti_ExternalCorrelationKind kind, uint64_t* id) {
   return CUPTI_SUCCESS;
 }
 
+// The fields every GPU record of CUPTI has.
+template <typename Record>
+void FillCommonLocked(Record* r, CUstream stream, uint64_t start, uint64_t end) {
+  r->start = start;
+  r->end = end;
+  r->deviceId = 0;
+  r->contextId = 1;
+  r->streamId = StreamIdLocked(stream);
+  r->correlationId = CorrelateLocked();
+}
+
 }  // namespace
 
 bool Recording() { return g_recording.load(std::memory_order_relaxed); }
@@ -194,14 +205,9 @@ void RecordKernel(const std::string& name, const CUlaunchConfig& cfg, uint64_t s
   if (!EnabledLocked(kind)) return;
   CUpti_ActivityKernel10 k{};
   k.kind = kind;
-  k.correlationId = CorrelateLocked();
-  k.start = start;
-  k.end = end;
+  FillCommonLocked(&k, cfg.hStream, start, end);
   k.completed = end;
   k.queued = k.submitted = start;
-  k.deviceId = 0;
-  k.contextId = 1;
-  k.streamId = StreamIdLocked(cfg.hStream);
   k.gridX = static_cast<int32_t>(cfg.gridDimX);
   k.gridY = static_cast<int32_t>(cfg.gridDimY);
   k.gridZ = static_cast<int32_t>(cfg.gridDimZ);
@@ -224,12 +230,7 @@ void RecordMemcpy(uint8_t copy_kind, uint8_t src_kind, uint8_t dst_kind, uint64_
   m.srcKind = src_kind;
   m.dstKind = dst_kind;
   m.bytes = bytes;
-  m.start = start;
-  m.end = end;
-  m.deviceId = 0;
-  m.contextId = 1;
-  m.streamId = StreamIdLocked(stream);
-  m.correlationId = CorrelateLocked();
+  FillCommonLocked(&m, stream, start, end);
   PushLocked(m);
 }
 
@@ -240,12 +241,7 @@ void RecordMemset(uint32_t value, uint64_t bytes, CUstream stream, uint64_t star
   m.kind = CUPTI_ACTIVITY_KIND_MEMSET;
   m.value = value;
   m.bytes = bytes;
-  m.start = start;
-  m.end = end;
-  m.deviceId = 0;
-  m.contextId = 1;
-  m.streamId = StreamIdLocked(stream);
-  m.correlationId = CorrelateLocked();
+  FillCommonLocked(&m, stream, start, end);
   m.memoryKind = CUPTI_ACTIVITY_MEMORY_KIND_DEVICE;
   PushLocked(m);
 }
