@@ -52,6 +52,19 @@ void CUPTIAPI BufferRequested(uint8_t** buffer, size_t* size, size_t* max_record
   *max_records = 0;
 }
 
+// The fields every GPU record of CUPTI has (the correlation id goes in call_id
+// until a drain resolves it).
+template <typename Record>
+void TakeCommon(const Record* r, ops::GpuActivity* g) {
+  g->call_id = r->correlationId;
+  g->start_ns = r->start;
+  g->end_ns = r->end;
+  g->device = r->deviceId;
+  g->context = r->contextId;
+  g->stream = r->streamId;
+  g->graph_id = r->graphId;
+}
+
 void Take(const CUpti_Activity* r) {
   Collector& c = C();
   ops::GpuActivity g{};
@@ -66,18 +79,12 @@ void Take(const CUpti_Activity* r) {
     case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
       auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(r);
       g.kind = ops::kActivityKernel;
-      g.call_id = k->correlationId;
-      g.start_ns = k->start;
-      g.end_ns = k->end;
-      g.device = k->deviceId;
-      g.context = k->contextId;
-      g.stream = k->streamId;
+      TakeCommon(k, &g);
       g.grid[0] = k->gridX, g.grid[1] = k->gridY, g.grid[2] = k->gridZ;
       g.block[0] = k->blockX, g.block[1] = k->blockY, g.block[2] = k->blockZ;
       g.static_smem = k->staticSharedMemory;
       g.dynamic_smem = k->dynamicSharedMemory;
       g.registers = k->registersPerThread;
-      g.graph_id = k->graphId;
       if (k->name != nullptr) name = k->name;
       break;
     }
@@ -87,29 +94,17 @@ void Take(const CUpti_Activity* r) {
       g.copy_kind = m->copyKind;
       g.src_kind = m->srcKind;
       g.dst_kind = m->dstKind;
-      g.call_id = m->correlationId;
-      g.start_ns = m->start;
-      g.end_ns = m->end;
+      TakeCommon(m, &g);
       g.bytes = m->bytes;
-      g.device = m->deviceId;
-      g.context = m->contextId;
-      g.stream = m->streamId;
-      g.graph_id = m->graphId;
       break;
     }
     case CUPTI_ACTIVITY_KIND_MEMSET: {
       auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(r);
       g.kind = ops::kActivityMemset;
       g.src_kind = static_cast<uint8_t>(m->memoryKind);
-      g.call_id = m->correlationId;
-      g.start_ns = m->start;
-      g.end_ns = m->end;
+      TakeCommon(m, &g);
       g.bytes = m->bytes;
       g.value = m->value;
-      g.device = m->deviceId;
-      g.context = m->contextId;
-      g.stream = m->streamId;
-      g.graph_id = m->graphId;
       break;
     }
     default:
