@@ -2,14 +2,13 @@
 //
 // Owns: kOpProfiler calls on behalf of libcupti and the call hook it sets.
 // Must not keep records: the server holds them until a drain, libcupti after.
-#include <time.h>
-
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "client/client.h"
 #include "client/export_tables.h"
+#include "common/cupti_records.h"
 #include "common/log.h"
 #include "common/profiler_abi.h"
 #include "protocol/codec.h"
@@ -17,11 +16,7 @@
 namespace flyt::client {
 namespace {
 
-uint64_t RealtimeNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
+using cupti_records::RealtimeNs;
 
 CUresult Start(uint32_t kinds, uint32_t* enabled, uint64_t* server_now, uint64_t* local_now,
                char* why, size_t why_len) {

@@ -11,7 +11,6 @@
 // hook under its own), nor write to stdout.
 #include <cupti.h>
 #include <dlfcn.h>
-#include <time.h>
 
 #include <atomic>
 #include <cstdarg>
@@ -23,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cupti_records.h"
 #include "common/profiler_abi.h"
 
 #define FLYT_CUPTI_EXPORT extern "C" __attribute__((visibility("default")))
@@ -59,11 +59,7 @@ void LogOnce(const std::string& key, const char* fmt, ...) {
   Log("%s", line);
 }
 
-uint64_t RealtimeNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
+using cupti_records::RealtimeNs;
 
 struct State {
   std::mutex mu;
@@ -125,9 +121,7 @@ const Table* Driver() {
 
 template <typename T>
 void PushLocked(const T& rec) {
-  std::vector<uint8_t> bytes(sizeof(T));
-  std::memcpy(bytes.data(), &rec, sizeof(T));
-  S().pending.push_back(std::move(bytes));
+  cupti_records::Append(&S().pending, rec);
 }
 
 // This host's time for a timestamp of the server's clock, on the app's
@@ -258,27 +252,11 @@ CUptiResult Deliver() {
   }
   if (records.empty()) return CUPTI_SUCCESS;
   if (req == nullptr || done == nullptr) return Fail(CUPTI_ERROR_INVALID_OPERATION);
-  size_t i = 0;
-  while (i < records.size()) {
-    uint8_t* buf = nullptr;
-    size_t size = 0, max_records = 0;
-    req(&buf, &size, &max_records);
-    if (buf == nullptr || size < 8 + records[i].size()) {
-      std::lock_guard<std::mutex> lock(s.mu);
-      s.dropped += records.size() - i;
-      return Fail(CUPTI_ERROR_OUT_OF_MEMORY);
-    }
-    size_t used = 0, count = 0;
-    while (i < records.size() && used + 8 + records[i].size() <= size &&
-           (max_records == 0 || count < max_records)) {
-      uint64_t n = records[i].size();
-      std::memcpy(buf + used, &n, 8);
-      std::memcpy(buf + used + 8, records[i].data(), n);
-      used += 8 + ((n + 7) & ~size_t{7});
-      ++i;
-      ++count;
-    }
-    done(nullptr, 0, buf, size, used);
+  size_t delivered = cupti_records::Deliver(records, req, done);
+  if (delivered < records.size()) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.dropped += records.size() - delivered;
+    return Fail(CUPTI_ERROR_OUT_OF_MEMORY);
   }
   return CUPTI_SUCCESS;
 }
@@ -422,17 +400,8 @@ FLYT_CUPTI_EXPORT CUptiResult cuptiActivityFlush(CUcontext, uint32_t, uint32_t f
 
 FLYT_CUPTI_EXPORT CUptiResult cuptiActivityGetNextRecord(uint8_t* buffer, size_t valid,
                                                          CUpti_Activity** record) {
-  if (buffer == nullptr || record == nullptr) return Fail(CUPTI_ERROR_INVALID_PARAMETER);
-  size_t at = 0;
-  if (*record != nullptr) {
-    auto* cur = reinterpret_cast<uint8_t*>(*record);
-    uint64_t n = 0;
-    std::memcpy(&n, cur - 8, 8);
-    at = static_cast<size_t>(cur - buffer) + ((n + 7) & ~uint64_t{7});
-  }
-  if (at + 8 > valid) return CUPTI_ERROR_MAX_LIMIT_REACHED;
-  *record = reinterpret_cast<CUpti_Activity*>(buffer + at + 8);
-  return CUPTI_SUCCESS;
+  CUptiResult r = flyt::cupti_records::Next(buffer, valid, record);
+  return r == CUPTI_ERROR_INVALID_PARAMETER ? Fail(r) : r;
 }
 
 FLYT_CUPTI_EXPORT CUptiResult cuptiActivityGetNumDroppedRecords(CUcontext, uint32_t,

@@ -16,6 +16,7 @@
 #include <set>
 #include <vector>
 
+#include "common/cupti_records.h"
 #include "server/cupti_api.h"
 
 namespace flyt::server::sim_cupti {
@@ -50,9 +51,7 @@ uint32_t StreamIdLocked(CUstream s) {
 
 template <typename T>
 void PushLocked(const T& rec) {
-  std::vector<uint8_t> bytes(sizeof(T));
-  std::memcpy(bytes.data(), &rec, sizeof(T));
-  S().pending.push_back(std::move(bytes));
+  cupti_records::Append(&S().pending, rec);
 }
 
 // A new correlation id, and the external ids pushed on this thread for it.
@@ -126,37 +125,13 @@ CUptiResult FlushAll(uint32_t) {
     req = S().requested;
     done = S().completed;
   }
-  if (req == nullptr) return records.empty() ? CUPTI_SUCCESS : CUPTI_ERROR_INVALID_OPERATION;
-  size_t i = 0;
-  while (i < records.size()) {
-    uint8_t* buf = nullptr;
-    size_t size = 0, max_records = 0;
-    req(&buf, &size, &max_records);
-    if (buf == nullptr || size < 8 + records[i].size()) return CUPTI_ERROR_OUT_OF_MEMORY;
-    size_t used = 0;
-    while (i < records.size() && used + 8 + records[i].size() <= size) {
-      uint64_t n = records[i].size();
-      std::memcpy(buf + used, &n, 8);
-      std::memcpy(buf + used + 8, records[i].data(), n);
-      used += 8 + ((n + 7) & ~size_t{7});
-      ++i;
-    }
-    done(nullptr, 0, buf, size, used);
-  }
-  return CUPTI_SUCCESS;
+  if (records.empty()) return CUPTI_SUCCESS;
+  if (req == nullptr || done == nullptr) return CUPTI_ERROR_INVALID_OPERATION;
+  return cupti_records::Deliver(records, req, done) == records.size() ? CUPTI_SUCCESS
+                                                                      : CUPTI_ERROR_OUT_OF_MEMORY;
 }
 CUptiResult GetNextRecord(uint8_t* buffer, size_t valid, CUpti_Activity** record) {
-  if (buffer == nullptr || record == nullptr) return CUPTI_ERROR_INVALID_PARAMETER;
-  size_t at = 0;
-  if (*record != nullptr) {
-    uint8_t* cur = reinterpret_cast<uint8_t*>(*record);
-    uint64_t n = 0;
-    std::memcpy(&n, cur - 8, 8);
-    at = static_cast<size_t>(cur - buffer) - 8 + 8 + ((n + 7) & ~uint64_t{7});
-  }
-  if (at + 8 > valid) return CUPTI_ERROR_MAX_LIMIT_REACHED;
-  *record = reinterpret_cast<CUpti_Activity*>(buffer + at + 8);
-  return CUPTI_SUCCESS;
+  return cupti_records::Next(buffer, valid, record);
 }
 CUptiResult GetNumDropped(CUcontext, uint32_t, size_t* n) {
   if (n == nullptr) return CUPTI_ERROR_INVALID_PARAMETER;
@@ -190,11 +165,7 @@ void FillCommonLocked(Record* r, CUstream stream, uint64_t start, uint64_t end) 
 
 bool Recording() { return g_recording.load(std::memory_order_relaxed); }
 
-uint64_t Now() {
-  timespec ts{};
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
+uint64_t Now() { return cupti_records::RealtimeNs(); }
 
 void RecordKernel(const std::string& name, const CUlaunchConfig& cfg, uint64_t start,
                   uint64_t end) {
