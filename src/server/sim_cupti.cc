@@ -10,7 +10,6 @@
 
 #include <atomic>
 #include <cstring>
-#include <ctime>
 #include <map>
 #include <mutex>
 #include <set>
