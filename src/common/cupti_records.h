@@ -33,28 +33,42 @@ void Append(Pending* pending, const Record& r) {
   pending->push_back(std::move(bytes));
 }
 
-// Hands `records` to the app: buffers from `requested`, each given back
+// A buffer the app gave through its `requested` callback and has not had back.
+struct AppBuffer {
+  uint8_t* data = nullptr;
+  size_t size = 0, max_records = 0;
+};
+
+inline AppBuffer Request(CUpti_BuffersCallbackRequestFunc requested) {
+  AppBuffer b;
+  requested(&b.data, &b.size, &b.max_records);
+  return b.data != nullptr ? b : AppBuffer{};
+}
+
+// Hands `records` to the app: into `held` first when it holds a buffer (handed
+// back even when empty), then into buffers from `requested`, each given back
 // through `completed`. Returns how many records went out; fewer than all when
 // the app gave no buffer, or one too small for the next record.
-inline size_t Deliver(const Pending& records, CUpti_BuffersCallbackRequestFunc requested,
+inline size_t Deliver(const Pending& records, AppBuffer held,
+                      CUpti_BuffersCallbackRequestFunc requested,
                       CUpti_BuffersCallbackCompleteFunc completed) {
   size_t i = 0;
-  while (i < records.size()) {
-    uint8_t* buf = nullptr;
-    size_t size = 0, max_records = 0;
-    requested(&buf, &size, &max_records);
-    if (buf == nullptr || size < 8 + records[i].size()) return i;
+  while (i < records.size() || held.data != nullptr) {
+    AppBuffer buf = held.data != nullptr ? held : Request(requested);
+    held = AppBuffer{};
+    if (buf.data == nullptr) return i;
     size_t used = 0, count = 0;
-    while (i < records.size() && used + 8 + records[i].size() <= size &&
-           (max_records == 0 || count < max_records)) {
+    while (i < records.size() && used + 8 + records[i].size() <= buf.size &&
+           (buf.max_records == 0 || count < buf.max_records)) {
       uint64_t n = records[i].size();
-      std::memcpy(buf + used, &n, 8);
-      std::memcpy(buf + used + 8, records[i].data(), n);
+      std::memcpy(buf.data + used, &n, 8);
+      std::memcpy(buf.data + used + 8, records[i].data(), n);
       used += 8 + ((n + 7) & ~size_t{7});
       ++i;
       ++count;
     }
-    completed(nullptr, 0, buf, size, used);
+    completed(nullptr, 0, buf.data, buf.size, used);
+    if (count == 0 && i < records.size()) return i;  // too small for the next record
   }
   return i;
 }

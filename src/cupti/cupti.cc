@@ -78,6 +78,11 @@ struct State {
   uint64_t anchor_realtime = 0, anchor_ticks = 0;
   double ticks_per_ns = 1.0;
   std::vector<std::vector<uint8_t>> pending;
+  // The buffer the app gave for the records to come: CUPTI asks for one as
+  // soon as it records, and Kineto only flushes when it has given one out.
+  // Written with delivery_mu held; delivery_mu is taken before mu.
+  cupti_records::AppBuffer held;
+  std::mutex delivery_mu;  // the app's buffer callbacks run one at a time
   std::set<std::string> names;  // kernel names: valid for the process's life
   uint64_t dropped = 0;
   CUptiResult last_error = CUPTI_SUCCESS;
@@ -238,27 +243,54 @@ CUptiResult Fail(CUptiResult r) {
 
 }  // namespace
 
-// Hands the pending records to the app's buffers (cuptiActivityFlushAll).
+// With delivery_mu held: while the app profiles, holds a buffer of the app's
+// for the records to come.
+void HoldBufferDelivering() {
+  State& s = S();
+  CUpti_BuffersCallbackRequestFunc req = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.held.data != nullptr || s.enabled.empty() || s.requested == nullptr) return;
+    req = s.requested;
+  }
+  cupti_records::AppBuffer buffer = cupti_records::Request(req);
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.held = buffer;
+}
+
+void HoldBuffer() {
+  std::lock_guard<std::mutex> delivering(S().delivery_mu);
+  HoldBufferDelivering();
+}
+
+// Hands the pending records to the app's buffers (cuptiActivityFlushAll),
+// the held buffer first, and gives every buffer back.
 CUptiResult Deliver() {
   State& s = S();
+  std::lock_guard<std::mutex> delivering(s.delivery_mu);
   std::vector<std::vector<uint8_t>> records;
+  cupti_records::AppBuffer held;
   CUpti_BuffersCallbackRequestFunc req;
   CUpti_BuffersCallbackCompleteFunc done;
   {
     std::lock_guard<std::mutex> lock(s.mu);
     records.swap(s.pending);
+    std::swap(held, s.held);
     req = s.requested;
     done = s.completed;
   }
-  if (records.empty()) return CUPTI_SUCCESS;
-  if (req == nullptr || done == nullptr) return Fail(CUPTI_ERROR_INVALID_OPERATION);
-  size_t delivered = cupti_records::Deliver(records, req, done);
-  if (delivered < records.size()) {
-    std::lock_guard<std::mutex> lock(s.mu);
-    s.dropped += records.size() - delivered;
-    return Fail(CUPTI_ERROR_OUT_OF_MEMORY);
+  CUptiResult rc = CUPTI_SUCCESS;
+  if (!records.empty() || held.data != nullptr) {
+    if (req == nullptr || done == nullptr) return Fail(CUPTI_ERROR_INVALID_OPERATION);
+    size_t delivered = cupti_records::Deliver(records, held, req, done);
+    if (delivered < records.size()) {
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.dropped += records.size() - delivered;
+      rc = Fail(CUPTI_ERROR_OUT_OF_MEMORY);
+    }
   }
-  return CUPTI_SUCCESS;
+  HoldBufferDelivering();
+  return rc;
 }
 
 }  // namespace flyt::cupti
@@ -292,9 +324,12 @@ cuptiActivityRegisterTimestampCallback(CUpti_TimestampCallbackFunc fn) {
 FLYT_CUPTI_EXPORT CUptiResult cuptiActivityRegisterCallbacks(
     CUpti_BuffersCallbackRequestFunc requested, CUpti_BuffersCallbackCompleteFunc completed) {
   if (requested == nullptr || completed == nullptr) return Fail(CUPTI_ERROR_INVALID_PARAMETER);
-  std::lock_guard<std::mutex> lock(S().mu);
-  S().requested = requested;
-  S().completed = completed;
+  {
+    std::lock_guard<std::mutex> lock(S().mu);
+    S().requested = requested;
+    S().completed = completed;
+  }
+  HoldBuffer();
   return CUPTI_SUCCESS;
 }
 
@@ -314,12 +349,15 @@ FLYT_CUPTI_EXPORT CUptiResult cuptiActivityEnable(CUpti_ActivityKind kind) {
       return Fail(CUPTI_ERROR_NOT_INITIALIZED);
     }
     t->set_call_hook(OnCall);
-    std::lock_guard<std::mutex> lock(s.mu);
-    s.gpu_kinds |= enabled;
-    s.server_started = true;
-    if (gpu == ops::kActivityKernel) s.kernel_kind = kind;
-    s.server_offset = static_cast<int64_t>(local_now) - static_cast<int64_t>(server_now);
-    s.enabled.insert(kind);
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.gpu_kinds |= enabled;
+      s.server_started = true;
+      if (gpu == ops::kActivityKernel) s.kernel_kind = kind;
+      s.server_offset = static_cast<int64_t>(local_now) - static_cast<int64_t>(server_now);
+      s.enabled.insert(kind);
+    }
+    HoldBuffer();
     return CUPTI_SUCCESS;
   }
   switch (kind) {
@@ -342,8 +380,11 @@ FLYT_CUPTI_EXPORT CUptiResult cuptiActivityEnable(CUpti_ActivityKind kind) {
               "cuptiActivityEnable(%d): activity kind not supported through Flyt", kind);
       return Fail(CUPTI_ERROR_NOT_SUPPORTED);
   }
-  std::lock_guard<std::mutex> lock(s.mu);
-  s.enabled.insert(kind);
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.enabled.insert(kind);
+  }
+  HoldBuffer();
   return CUPTI_SUCCESS;
 }
 
@@ -505,7 +546,7 @@ FLYT_CUPTI_EXPORT CUptiResult cuptiFinalize() {
     t->stop(kinds);
     t->set_call_hook(nullptr);
   }
-  return CUPTI_SUCCESS;
+  return Deliver();  // nothing pending: the held buffer goes back empty
 }
 
 FLYT_CUPTI_EXPORT CUptiResult cuptiGetLastError() {

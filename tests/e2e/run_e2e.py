@@ -1166,6 +1166,7 @@ class E2E(unittest.TestCase):
                                   ("memcpy.htod", "1"), ("memcpy.dtoh", "1"),
                                   ("memset.count", "1"), ("timestamps.in_window", "1"),
                                   ("disabled.new_kernels", "0"),
+                                  ("buffers.held_before_flush", "1"),
                                   ("pop_empty", "18")):  # CUPTI_ERROR_QUEUE_EMPTY
                     self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
                 self.assertNotIn("profiling:", srv.log_text(), where)

@@ -36,11 +36,13 @@ struct Seen {
 };
 std::vector<Seen> g_kernels, g_copies, g_memsets;
 std::map<uint32_t, uint64_t> g_external;  // correlation id -> external id (CUSTOM0)
+int g_outstanding = 0;                    // buffers given to CUPTI and not yet back
 
 void CUPTIAPI Requested(uint8_t** buffer, size_t* size, size_t* max_records) {
   *size = 1 << 20;
   *buffer = static_cast<uint8_t*>(aligned_alloc(8, *size));
   *max_records = 0;
+  ++g_outstanding;
 }
 
 void CUPTIAPI Completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
@@ -81,6 +83,7 @@ void CUPTIAPI Completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t val
     }
   }
   free(buffer);
+  --g_outstanding;
 }
 
 #define CUPTI(call)                                                            \
@@ -172,6 +175,9 @@ int main(int argc, char** argv) {
   CUPTI(g.timestamp(&t1));
   if (own_clock) t1 = TwoTicksPerNs();
   e2e::Step("flush");
+  // CUPTI asks for a buffer as soon as it records; Kineto flushes only when it
+  // has given one out.
+  printf("buffers.held_before_flush=%d\n", g_outstanding > 0 ? 1 : 0);
   // Kineto disables its kinds before it flushes: what was recorded still comes.
   CUPTI(g.disable(CUPTI_ACTIVITY_KIND_MEMSET));
   CUPTI(g.flush_all(0));

@@ -5,6 +5,13 @@ Usage: python3 bench_ml.py WORKLOAD OUT.json
   gpt_train       GPT-style decoder (8 layers, d=512, 8 heads, context 256), batch 16, AdamW
   gpt_decode      the same model generating 128 tokens for one sequence with a KV cache,
                   each token brought to the host (as a streaming server does)
+  hf_generate     HF transformers Llama (8 layers, d=1024, 16 heads, 4 KV heads: grouped-
+                  query attention), bf16, generate() of 64 tokens for a batch of 4, with the
+                  library's defaults (SDPA attention: PyTorch picks cuDNN's fused kernels)
+  hf_generate_math  the same with PyTorch's math attention backend (for comparison)
+  hf_train        the same model, one AdamW training step, batch 8 x 256 tokens, bf16
+  sdpa_decode     scaled_dot_product_attention with the cuDNN backend at decode shapes
+                  (one query, a KV cache growing by one each call), as generate() runs it
 
 Owns: timing only (warm-up, then CUDA-synchronized wall time over the timed
 steps). When the process runs on Flyt's libcuda.so.1, flyt_client_stats gives
@@ -171,8 +178,85 @@ def bench_gpt_decode(torch):
     return doc
 
 
+def hf_llama(torch):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
+                      num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4,
+                      max_position_embeddings=2048)
+    return cfg, LlamaForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16)
+
+
+def bench_hf_generate(torch, backend=None):
+    cfg, model = hf_llama(torch)
+    model.eval()
+    batch, new_tokens = 4, 64
+    prompt = torch.randint(0, cfg.vocab_size, (batch, 32), device="cuda")
+
+    def step(i):
+        with torch.no_grad():
+            if backend is None:
+                out = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                     do_sample=False, pad_token_id=0)
+            else:
+                from torch.nn.attention import sdpa_kernel
+
+                with sdpa_kernel(backend):
+                    out = model.generate(prompt, max_new_tokens=new_tokens,
+                                         min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        assert out.shape == (batch, 32 + new_tokens), out.shape
+
+    doc = timed(torch, step, 1, 3)
+    doc["tokens_per_s"] = batch * new_tokens * 1000 / doc["ms_per_step"]
+    return doc
+
+
+def bench_hf_generate_math(torch):
+    from torch.nn.attention import SDPBackend
+
+    return bench_hf_generate(torch, SDPBackend.MATH)
+
+
+def bench_hf_train(torch):
+    cfg, model = hf_llama(torch)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, cfg.vocab_size, (8, 256), device="cuda")
+
+    def step(i):
+        loss = model(input_ids=ids, labels=ids).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if i % 10 == 0:
+            loss.item()
+
+    return timed(torch, step, 3, 20)
+
+
+def bench_sdpa_decode(torch):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    batch, heads, dim, start, calls = 4, 16, 64, 32, 64
+    q = torch.randn(batch, heads, 1, dim, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(batch, heads, start + 4 * calls + 8, dim, device="cuda", dtype=torch.bfloat16)
+    fn = torch.nn.functional.scaled_dot_product_attention
+
+    def step(i):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            for n in range(calls):  # a new KV length each call, as in decode
+                length = start + i * calls + n
+                fn(q, kv[:, :, :length], kv[:, :, :length])
+
+    doc = timed(torch, step, 1, 3)
+    doc["ms_per_call"] = doc["ms_per_step"] / calls
+    return doc
+
+
 WORKLOADS = {"resnet18_train": bench_resnet18_train, "gpt_train": bench_gpt_train,
-             "gpt_decode": bench_gpt_decode}
+             "gpt_decode": bench_gpt_decode, "hf_generate": bench_hf_generate,
+             "hf_generate_math": bench_hf_generate_math, "hf_train": bench_hf_train,
+             "sdpa_decode": bench_sdpa_decode}
 
 
 def main():
