@@ -14,6 +14,7 @@
 #include "client/client.h"
 #include "client/export_tables.h"
 #include "client/proc_address.h"
+#include "client/query_cache.h"
 #include "common/log.h"
 
 namespace flyt::client {
@@ -26,6 +27,8 @@ extern const ErrorName kErrorNames[];
 }  // namespace flyt::client
 
 using flyt::client::Client;
+using flyt::client::Forward;
+using flyt::client::QueryCache;
 
 namespace {
 
@@ -263,6 +266,24 @@ FLYT_API CUresult cuProfilerStart() {
   return flyt::client::CurrentContext() != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
 FLYT_API CUresult cuProfilerStop() { return cuProfilerStart(); }
+
+// Context limits: the answers are kept per context (QueryCache), since
+// libraries ask before launches (cuDNN before each fused-attention launch),
+// and only cuCtxSetLimit changes them; not the stack size, which the driver
+// grows for a kernel that needs more.
+FLYT_API CUresult cuCtxGetLimit(size_t* value, CUlimit limit) {
+  QueryCache& q = QueryCache::Get();
+  const uint64_t ctx = reinterpret_cast<uintptr_t>(flyt::client::CurrentContext());
+  if (value != nullptr && ctx != 0 && q.FindLimit(ctx, limit, value)) return CUDA_SUCCESS;
+  CUresult rc = Forward<101, true, false>("cuCtxGetLimit", value, limit);
+  if (rc == CUDA_SUCCESS && value != nullptr && ctx != 0 && limit != CU_LIMIT_STACK_SIZE)
+    q.PutLimit(ctx, limit, *value);
+  return rc;
+}
+FLYT_API CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
+  QueryCache::Get().LimitsChanged();
+  return Forward<102, true, false>("cuCtxSetLimit", limit, value);
+}
 
 FLYT_API CUresult cuCtxGetCurrent(CUcontext* ctx) {
   if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;

@@ -74,8 +74,27 @@ void QueryCache::CacheConfigChanged() {
   occupancy_.clear();
 }
 
+bool QueryCache::FindLimit(uint64_t ctx, int limit, size_t* value) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = limits_.find(Key{ctx, static_cast<uint64_t>(limit), 0});
+  if (it == limits_.end()) return false;
+  *value = it->second;
+  return true;
+}
+
+void QueryCache::PutLimit(uint64_t ctx, int limit, size_t value) {
+  std::lock_guard<std::mutex> lock(mu_);
+  limits_[Key{ctx, static_cast<uint64_t>(limit), 0}] = value;
+}
+
+void QueryCache::LimitsChanged() {
+  std::lock_guard<std::mutex> lock(mu_);
+  limits_.clear();
+}
+
 void QueryCache::Clear() {
   std::lock_guard<std::mutex> lock(mu_);
+  limits_.clear();
   function_attrs_.clear();
   kernel_attrs_.clear();
   functions_.clear();

@@ -41,6 +41,13 @@ class QueryCache {
   // A cache configuration changed (function, kernel or context).
   void CacheConfigChanged();
 
+  // cuCtxGetLimit answers, per (context, limit). A limit changes only through
+  // cuCtxSetLimit (LimitsChanged), except the stack size, which the driver
+  // grows for a kernel that needs more: the caller never puts that one.
+  bool FindLimit(uint64_t ctx, int limit, size_t* value);
+  void PutLimit(uint64_t ctx, int limit, size_t value);
+  void LimitsChanged();
+
   // Code was unloaded or a context destroyed or reset: handles may be reused.
   void Clear();
 
@@ -71,6 +78,7 @@ class QueryCache {
   std::unordered_map<Key, int, KeyHash> kernel_attrs_;    // (kernel, attr, dev)
   std::unordered_map<Key, uint64_t, KeyHash> functions_;  // (kernel, ctx, 0)
   std::unordered_map<Key, int, KeyHash> occupancy_;       // (function, block|flags<<32, smem)
+  std::unordered_map<Key, size_t, KeyHash> limits_;       // (ctx, limit, 0)
 };
 
 }  // namespace flyt::client

@@ -133,6 +133,8 @@
 // keeps state about them (client/api_*.cc calls Forward<> itself).
 #define FLYT_CLIENT_WRAPPED(X)                            \
   X(cuMemAlloc_v2)                                        \
+  X(cuCtxGetLimit)                                        \
+  X(cuCtxSetLimit)                                        \
   X(cuMemAllocPitch_v2)                                   \
   X(cuMemFree_v2)                                         \
   X(cuModuleUnload)                                       \

@@ -103,6 +103,9 @@ enum : uint16_t {
   kOpLinkAddData = 303,   // u64 state, u32 type, u8 has name, string name, blob data, options
   kOpLinkComplete = 304,  // u64 state -> outputs, then (success only) u64 size, cubin bytes
   kOpLinkDestroy = 305,   // u64 state
+  // TMA descriptors (server/session_tensor_map.cc): a tensor_map::Request
+  // (protocol/tensor_map.h) -> the 128-byte CUtensorMap.
+  kOpTensorMap = 306,
   // Graphs built by hand, the node kinds beyond kernel/memset/host
   // (server/session_graph_nodes.cc, client/api_graph_nodes.cc).
   // kOpGraphNode: u8 which (kGraphNodeAdd/Set/ExecSet), u64 target (graph,

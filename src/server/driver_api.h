@@ -115,7 +115,11 @@ namespace flyt::server {
   X(cuLinkCreate_v2)                    \
   X(cuLinkAddData_v2)                   \
   X(cuLinkComplete)                     \
-  X(cuLinkDestroy)
+  X(cuLinkDestroy)                      \
+  X(cuTensorMapEncodeTiled)             \
+  X(cuTensorMapEncodeIm2col)            \
+  X(cuTensorMapEncodeIm2colWide)        \
+  X(cuTensorMapReplaceAddress)
 
 struct DriverApi {
 #define FLYT_DECLARE_GENERIC(op, sym, cls, rel) \

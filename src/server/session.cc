@@ -823,6 +823,8 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       return LinkComplete(in, out, rc);
     case ops::kOpLinkDestroy:
       return LinkDestroy(in, rc);
+    case ops::kOpTensorMap:
+      return TensorMap(in, out, rc);
     case ops::kOpLoadImage:
       return LoadImage(in, out, rc);
     case ops::kOpKernelGetFunction: {

@@ -429,6 +429,8 @@ class Session {
   bool LinkAddData(wire::Reader& in, wire::Writer& out, CUresult* rc);
   bool LinkComplete(wire::Reader& in, wire::Writer& out, CUresult* rc);
   bool LinkDestroy(wire::Reader& in, CUresult* rc);
+  // kOpTensorMap: TMA descriptors (server/session_tensor_map.cc).
+  bool TensorMap(wire::Reader& in, wire::Writer& out, CUresult* rc);
   // The create options' values and the logs, as the reply carries them.
   void PutLinkOutputs(const LinkState& link, wire::Writer& out) const;
   // Destroys the link states the client left (ReleaseAll).

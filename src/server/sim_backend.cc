@@ -1786,6 +1786,102 @@ void SimLinkLog(SimLink* link, bool error, const std::string& text) {
   dst[n] = '\0';
   link->values[at_size] = reinterpret_cast<void*>(static_cast<uintptr_t>(n + 1));
 }
+// TMA descriptors: the driver's documented argument checks, and a descriptor
+// of the sim's own layout (opaque[0] the address, then the other arguments,
+// so that replacing the address back gives the same bytes).
+size_t SimTensorElementBytes(uint32_t dtype) {
+  switch (dtype) {
+    case CU_TENSOR_MAP_DATA_TYPE_UINT8:
+      return 1;
+    case CU_TENSOR_MAP_DATA_TYPE_UINT16:
+    case CU_TENSOR_MAP_DATA_TYPE_FLOAT16:
+    case CU_TENSOR_MAP_DATA_TYPE_BFLOAT16:
+      return 2;
+    case CU_TENSOR_MAP_DATA_TYPE_FLOAT64:
+    case CU_TENSOR_MAP_DATA_TYPE_INT64:
+    case CU_TENSOR_MAP_DATA_TYPE_UINT64:
+      return 8;
+    default:
+      return dtype <= CU_TENSOR_MAP_DATA_TYPE_TFLOAT32_FTZ ? 4 : 0;
+  }
+}
+CUresult simTensorMapCommon(CUtensorMap* map, uint32_t kind, CUtensorMapDataType dtype,
+                            cuuint32_t rank, void* address, const cuuint64_t* dims,
+                            const cuuint64_t* strides, const cuuint32_t* element_strides,
+                            CUtensorMapInterleave interleave, uint64_t extra) {
+  const uint64_t align = interleave == CU_TENSOR_MAP_INTERLEAVE_32B ? 32 : 16;
+  if (map == nullptr || rank == 0 || rank > 5 || SimTensorElementBytes(dtype) == 0 ||
+      (interleave != CU_TENSOR_MAP_INTERLEAVE_NONE && rank < 3) || dims == nullptr ||
+      (rank > 1 && strides == nullptr) || element_strides == nullptr ||
+      reinterpret_cast<uintptr_t>(address) % align != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  for (cuuint32_t i = 0; i < rank; ++i) {
+    if (dims[i] == 0 || dims[i] > (1ull << 32)) return CUDA_ERROR_INVALID_VALUE;
+    if (element_strides[i] == 0 || element_strides[i] > 8) return CUDA_ERROR_INVALID_VALUE;
+    if (i + 1 < rank && (strides[i] % align != 0 || strides[i] >= (1ull << 40)))
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+  std::memset(map, 0, sizeof *map);
+  map->opaque[0] = reinterpret_cast<uintptr_t>(address);
+  map->opaque[1] = kind | static_cast<uint64_t>(dtype) << 8 | static_cast<uint64_t>(rank) << 16 |
+                   static_cast<uint64_t>(interleave) << 24;
+  map->opaque[2] = extra;
+  for (cuuint32_t i = 0; i < rank; ++i) {
+    map->opaque[3 + i] = dims[i];
+    map->opaque[8 + i] = (i + 1 < rank ? strides[i] : 0) << 8 | element_strides[i];
+  }
+  return CUDA_SUCCESS;
+}
+CUresult simTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType dtype, cuuint32_t rank,
+                                 void* address, const cuuint64_t* dims, const cuuint64_t* strides,
+                                 const cuuint32_t* box, const cuuint32_t* element_strides,
+                                 CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
+                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
+  if (box == nullptr || rank == 0 || rank > 5) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t boxes = 0;
+  for (cuuint32_t i = 0; i < rank; ++i) {
+    if (box[i] == 0 || box[i] > 256) return CUDA_ERROR_INVALID_VALUE;
+    boxes = boxes * 257 + box[i];
+  }
+  if (interleave == CU_TENSOR_MAP_INTERLEAVE_NONE &&
+      box[0] * SimTensorElementBytes(dtype) % 16 != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  return simTensorMapCommon(map, 1 | static_cast<uint32_t>(swizzle) << 4, dtype, rank, address,
+                            dims, strides, element_strides, interleave, boxes);
+}
+CUresult simTensorMapEncodeIm2col(CUtensorMap* map, CUtensorMapDataType dtype, cuuint32_t rank,
+                                  void* address, const cuuint64_t* dims,
+                                  const cuuint64_t* strides, const int* lower, const int* upper,
+                                  cuuint32_t channels, cuuint32_t pixels,
+                                  const cuuint32_t* element_strides,
+                                  CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
+                                  CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
+  if (rank < 3 || lower == nullptr || upper == nullptr || channels == 0 || channels > 256 ||
+      pixels == 0 || pixels > 1024)
+    return CUDA_ERROR_INVALID_VALUE;
+  return simTensorMapCommon(map, 2 | static_cast<uint32_t>(swizzle) << 4, dtype, rank, address,
+                            dims, strides, element_strides, interleave,
+                            static_cast<uint64_t>(channels) << 32 | pixels);
+}
+CUresult simTensorMapEncodeIm2colWide(CUtensorMap* map, CUtensorMapDataType dtype, cuuint32_t rank,
+                                      void* address, const cuuint64_t* dims,
+                                      const cuuint64_t* strides, int, int, cuuint32_t channels,
+                                      cuuint32_t pixels, const cuuint32_t* element_strides,
+                                      CUtensorMapInterleave interleave, CUtensorMapIm2ColWideMode,
+                                      CUtensorMapSwizzle swizzle, CUtensorMapL2promotion,
+                                      CUtensorMapFloatOOBfill) {
+  if (rank < 3 || channels == 0 || channels > 256 || pixels == 0 || pixels > 1024)
+    return CUDA_ERROR_INVALID_VALUE;
+  return simTensorMapCommon(map, 3 | static_cast<uint32_t>(swizzle) << 4, dtype, rank, address,
+                            dims, strides, element_strides, interleave,
+                            static_cast<uint64_t>(channels) << 32 | pixels);
+}
+CUresult simTensorMapReplaceAddress(CUtensorMap* map, void* address) {
+  if (map == nullptr || reinterpret_cast<uintptr_t>(address) % 16 != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  map->opaque[0] = reinterpret_cast<uintptr_t>(address);
+  return CUDA_SUCCESS;
+}
 CUresult simLinkCreate(unsigned n, CUjit_option* options, void** values, CUlinkState* out) {
   if (out == nullptr || (n > 0 && (options == nullptr || values == nullptr)))
     return CUDA_ERROR_INVALID_VALUE;
@@ -2732,6 +2828,10 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuLinkAddData_v2 = simLinkAddData;
   a->cuLinkComplete = simLinkComplete;
   a->cuLinkDestroy = simLinkDestroy;
+  a->cuTensorMapEncodeTiled = simTensorMapEncodeTiled;
+  a->cuTensorMapEncodeIm2col = simTensorMapEncodeIm2col;
+  a->cuTensorMapEncodeIm2colWide = simTensorMapEncodeIm2colWide;
+  a->cuTensorMapReplaceAddress = simTensorMapReplaceAddress;
   a->cuGraphCreate = simGraphCreate;
   a->cuGraphDestroy = simGraphDestroy;
   a->cuGraphGetNodes = simGraphGetNodes;

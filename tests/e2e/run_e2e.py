@@ -1204,6 +1204,30 @@ class E2E(unittest.TestCase):
                          "the server did not destroy the link state left behind\n" + srv.logs())
         self.stop_server(srv)
 
+    def test_tensor_map(self):
+        """TMA descriptors (cuTensorMapEncodeTiled/Im2col, cuTensorMapReplaceAddress) over
+        every transport and cudart: encoded by the server's driver (the sim's checks here),
+        the same arguments give the same bytes and the second encoding is answered from
+        the client's cache (one round trip), a replaced address changes the bytes and
+        replacing it back restores them, and bad arguments get the driver's
+        CUDA_ERROR_INVALID_VALUE, a rank the driver never takes without a round trip."""
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                srv = self.start_server()
+                res = self.run_ok(srv, transport, "tensor_map", variant, log_level="warn",
+                                  extra={"FLYT_CALL_COUNTS": "1"})
+                kv = self.kv(res)
+                where = res.describe()
+                want = {"encode.same_bytes": "1", "encode.box_changes_bytes": "1",
+                        "flyt.server_encodes": "1", "replace.changes_bytes": "1",
+                        "replace.back_same_bytes": "1", "im2col": "CUDA_SUCCESS"}
+                for what in ("null_map", "rank0", "rank6", "misaligned", "odd_stride", "zero_box",
+                             "big_box", "big_element_stride", "null_dims"):
+                    want["error." + what] = "CUDA_ERROR_INVALID_VALUE"
+                for key, value in want.items():
+                    self.assertEqual(kv.get(key), value, "%s\n%s" % (key, where))
+                self.stop_server(srv)
+
     GRAPH_NODES_EXPECTED = (
         ("simple.types", "host,kernel,memcpy,memcpy,memcpy,memcpy,memcpy,memset"),
         ("simple.launches_ok", "6"), ("simple.host_node_runs", "6"),

@@ -28,7 +28,7 @@ set -uo pipefail
 BUILD=$(cd "$1" && pwd) || exit 2
 PROGS=$(cd "$2" && pwd) || exit 2
 OUTFILE=$3
-CASES=${CASES:-"ipc vmm_share contexts isolation_fault stream_event_order jit_link module_functions graph_nodes cupti_activity cupti_activity_clock"}
+CASES=${CASES:-"ipc vmm_share contexts isolation_fault stream_event_order jit_link module_functions graph_nodes cupti_activity cupti_activity_clock tensor_map"}
 MODES=${MODES:-"tcp unix shm"}
 RUN_TIMEOUT=${RUN_TIMEOUT:-60}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/flyt-e2e-gpu.XXXXXX")
@@ -47,6 +47,7 @@ cmd_of() {  # case -> program and arguments
     graph_nodes) echo "$PROGS/graph_nodes" ;;
     cupti_activity) echo "$PROGS/cupti_activity" ;;  # natively: E2E_CUPTI=path of libcupti.so.13
     cupti_activity_clock) echo "$PROGS/cupti_activity clock" ;;
+    tensor_map) echo "$PROGS/tensor_map" ;;
   esac
 }
 
@@ -56,7 +57,7 @@ cmd_of() {  # case -> program and arguments
 # which driver 580 itself answers either way (201 in one run, 709 in the next, H200).
 key_lines() {
   grep -E '=|: (PASS|FAIL)' "$1" |
-    grep -vE '^(under_flyt|freed_by_destroy|free_after_all|destroy_destroyed|misuse)=' || true
+    grep -vE '^(under_flyt|freed_by_destroy|free_after_all|destroy_destroyed|misuse|flyt\.[a-z_.]*)=' || true
 }
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
