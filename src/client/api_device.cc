@@ -148,7 +148,9 @@ FLYT_API CUresult cuDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice d)
   if (info == nullptr) return CUDA_ERROR_INVALID_DEVICE;
   if (v == nullptr || a <= 0 || a >= flyt::ops::kMaxDeviceAttribute)
     return CUDA_ERROR_INVALID_VALUE;
-  *v = __atomic_load_n(&info->attributes[a], __ATOMIC_RELAXED);  // a share change updates it
+  int value = __atomic_load_n(&info->attributes[a], __ATOMIC_RELAXED);  // a share change updates it
+  if (value == flyt::ops::kAttributeRefused) return CUDA_ERROR_INVALID_VALUE;  // as the driver
+  *v = value;
   return CUDA_SUCCESS;
 }
 

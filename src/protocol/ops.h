@@ -208,6 +208,9 @@ enum LaunchFlags : uint32_t {
 // Device inventory sent in the handshake reply; all device queries are then
 // answered on the client.
 inline constexpr int kMaxDeviceAttribute = 160;
+// The value of an attribute the server's driver refused (one it does not
+// know): the client answers CUDA_ERROR_INVALID_VALUE for it, as the driver does.
+inline constexpr int32_t kAttributeRefused = INT32_MIN;
 struct DeviceInfo {
   char name[256];
   uint8_t uuid[16];

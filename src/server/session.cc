@@ -47,8 +47,10 @@ Status DescribeDevices(ServerState* state) {
     info.total_mem = total;
     for (int a = 1; a < ops::kMaxDeviceAttribute; ++a) {
       int v = 0;
-      if (api.cuDeviceGetAttribute(&v, static_cast<CUdevice_attribute>(a), dev) == CUDA_SUCCESS)
-        info.attributes[a] = v;
+      info.attributes[a] =
+          api.cuDeviceGetAttribute(&v, static_cast<CUdevice_attribute>(a), dev) == CUDA_SUCCESS
+              ? v
+              : ops::kAttributeRefused;
     }
     state->devices.push_back(info);
   }

@@ -367,6 +367,7 @@ CUresult simDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice) {
       {CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED, 1},
       {CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK, 1024},
   };
+  if (a <= 0 || a >= CU_DEVICE_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;  // as the driver
   auto it = kAttrs.find(a);
   *v = it == kAttrs.end() ? 0 : it->second;
   return CUDA_SUCCESS;

@@ -23,6 +23,10 @@
 # Environment: CASES, RUN_TIMEOUT=60, MODES="tcp unix shm", SERVER_BACKEND=cuda (sim: plumbing
 # only, on a machine without a GPU, where the native runs fail).
 set -uo pipefail
+# The driver's JIT cache makes JIT logs depend on which run compiled first
+# (natively "ptxas info : ...", from the cache "info : ..."): no cache, for
+# the native runs and for the server started here alike.
+export CUDA_CACHE_DISABLE=1
 
 [[ $# -eq 3 ]] || { sed -n '2,8p' "$0" >&2; exit 2; }
 BUILD=$(cd "$1" && pwd) || exit 2

@@ -110,6 +110,12 @@ int main() {
     EXPECT(err == cudaErrorInvalidDevice, "device 7 gave %d (%s)", static_cast<int>(err),
            cudaGetErrorName(err));
     cudaGetLastError();  // clear the runtime's last error
+    // An attribute beyond the driver's list is the driver's INVALID_VALUE.
+    err = cudaDeviceGetAttribute(&v, cudaDevAttrMax, 0);
+    printf("attr_max_error=%s\n", cudaGetErrorName(err));
+    EXPECT(err == cudaErrorInvalidValue, "cudaDevAttrMax gave %d (%s)", static_cast<int>(err),
+           cudaGetErrorName(err));
+    cudaGetLastError();
   }
 
   e2e::Step("cudaMemGetInfo");
