@@ -2,13 +2,15 @@
 # (docs/compatibility.md, "Entry points").
 #
 # Owns: the custom target flyt_entry_points, which runs gen_entry_point_list.py after
-# libcuda.so.1 (flyt_client) and libnvidia-ml.so.1 (flyt_nvml) are linked and writes
+# libcuda.so.1 (flyt_client), libnvidia-ml.so.1 (flyt_nvml) and libcupti.so.13
+# (flyt_cupti) are linked and writes
 # ${CMAKE_BINARY_DIR}/entry_points.tsv, and FLYT_ENTRY_POINT_LIST_COMMAND, the same
 # command for tests/CMakeLists.txt (the ctest regenerates the list from the built
 # libraries before checking the document). Must not touch either library's settings.
 #
-# Needs: driver_api.cmake (FLYT_DRIVER_API_INCLUDE_DIR, FLYT_DRIVER_API_HEADER_ARGS) and
-# the targets flyt_client and flyt_nvml, defined before this file is included.
+# Needs: driver_api.cmake (FLYT_DRIVER_API_INCLUDE_DIR, FLYT_DRIVER_API_HEADER_ARGS),
+# cupti.cmake (FLYT_CUPTI_STUBS) and the targets flyt_client, flyt_nvml and flyt_cupti,
+# defined before this file is included.
 find_package(Python3 REQUIRED COMPONENTS Interpreter)
 set(FLYT_ENTRY_POINT_LIST "${CMAKE_BINARY_DIR}/entry_points.tsv")
 set(_flyt_ep_script "${CMAKE_CURRENT_LIST_DIR}/gen_entry_point_list.py")
@@ -22,6 +24,7 @@ set(FLYT_ENTRY_POINT_LIST_COMMAND
     ${FLYT_DRIVER_API_HEADER_ARGS}
     --libcuda "$<TARGET_FILE:flyt_client>" --nvml-lib "$<TARGET_FILE:flyt_nvml>"
     --nvml-unsupported "${CMAKE_CURRENT_LIST_DIR}/../nvml/nvml_unsupported.inc"
+    --cupti-lib "$<TARGET_FILE:flyt_cupti>" --cupti-unsupported "${FLYT_CUPTI_STUBS}"
     --nm "${_flyt_ep_nm}")
 add_custom_command(
   OUTPUT "${FLYT_ENTRY_POINT_LIST}"
@@ -29,6 +32,7 @@ add_custom_command(
   DEPENDS "${_flyt_ep_script}" "${CMAKE_CURRENT_LIST_DIR}/gen_driver_api.py"
           "${CMAKE_CURRENT_LIST_DIR}/../nvml/nvml_unsupported.inc"
           "${FLYT_DRIVER_API_INCLUDE_DIR}/driver_api_table.inc" flyt_client flyt_nvml
-  COMMENT "Listing the served and refused entry points of libcuda.so.1 and libnvidia-ml.so.1"
+          flyt_cupti
+  COMMENT "Listing the served and refused entry points of libcuda.so.1, libnvidia-ml.so.1 and libcupti.so.13"
   VERBATIM)
 add_custom_target(flyt_entry_points ALL DEPENDS "${FLYT_ENTRY_POINT_LIST}")

@@ -49,6 +49,7 @@ GROUPS = [
     ("&nbsp;&nbsp;cudaGL.h, cudaEGL.h, cudaVDPAU.h (graphics interop)", "libcuda.so.1",
      ("cudaGL.h", "cudaEGL.h", "cudaVDPAU.h")),
     ("NVML (`libnvidia-ml.so.1`)", "libnvidia-ml.so.1", None),
+    ("CUPTI (`libcupti.so.13`, preloaded by `flyt run`)", "libcupti.so.13", None),
 ]
 
 

@@ -23,6 +23,8 @@ libcuda.so.1\tcuda.h\tcuMemAdvise\trefused
 libcuda.so.1\tcudaGL.h\tcuGLInit\trefused
 libnvidia-ml.so.1\tnvml\tnvmlInit_v2\tserved
 libnvidia-ml.so.1\tnvml\tnvmlUnitGetCount\trefused
+libcupti.so.13\tcupti\tcuptiActivityEnable\tserved
+libcupti.so.13\tcupti\tcuptiEventGroupCreate\trefused
 """
 
 COUNTS = [
@@ -32,6 +34,7 @@ COUNTS = [
     "| &nbsp;&nbsp;cuda.h, cudaProfiler.h | 4 | 1 | 3 |",
     "| &nbsp;&nbsp;cudaGL.h, cudaEGL.h, cudaVDPAU.h (graphics interop) | 1 | 0 | 1 |",
     "| NVML (`libnvidia-ml.so.1`) | 2 | 1 | 1 |",
+    "| CUPTI (`libcupti.so.13`, preloaded by `flyt run`) | 2 | 1 | 1 |",
 ]
 
 
@@ -47,6 +50,7 @@ GOOD_ROWS = [
     "| `cuMemAllocManaged`, `cuMemAdvise*` | 2 | managed memory |",
     "| `cuGL*` | 1 | graphics |",
     "| `nvmlUnit*` | 1 | S-class units |",
+    "| `cuptiEvent*` | 1 | legacy event API |",
 ]
 
 
@@ -100,7 +104,7 @@ class CheckTest(unittest.TestCase):
 
     def test_update_keeps_reasons_and_parks_new_names(self):
         rows = ["| `cuMemAlloc`, `cuMemAlloc_v2` | 7 | ABI before 3.2 |",
-                "| `cuMulticast*` | 3 | gone |"] + GOOD_ROWS[1:3]
+                "| `cuMulticast*` | 3 | gone |"] + GOOD_ROWS[1:3] + GOOD_ROWS[4:]
         rc, err, text = self.run_check(document(rows, counts=[]), "--update")
         self.assertEqual(rc, 1)  # nvmlUnitGetCount has no reason yet
         self.assertIn("| `cuMemAlloc` | 1 | ABI before 3.2 |", text)
