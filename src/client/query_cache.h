@@ -1,5 +1,5 @@
 // Answers to driver queries that do not change, kept on the client so that a
-// repeated query costs no round trip (DESIGN.md: hot calls answered locally).
+// repeated query costs no round trip (docs/architecture.md: hot calls are LOCAL).
 //
 // Owns: function and kernel attributes (cuFuncGetAttribute,
 // cuKernelGetAttribute), the CUfunction of a CUkernel in a context

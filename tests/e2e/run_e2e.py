@@ -96,9 +96,10 @@ SANITIZER_RE = re.compile(
     r"runtime error:|ERROR: UndefinedBehaviorSanitizer"
 )
 
-# Guessed layouts of the frame header (DESIGN.md: fixed little-endian header with op id,
-# call id, flags, payload length). The layout-independent mutations of a captured
-# session below do not depend on these; keep them roughly in sync with src/protocol.
+# Guessed layouts of the frame header (docs/architecture.md: a fixed little-endian
+# header with op id, call id, flags, payload length). The layout-independent mutations
+# of a captured session below do not depend on these; keep them roughly in sync with
+# src/protocol.
 WIRE_HEADER_GUESSES = (
     # (description, struct format, field order)
     ("u32 op, u32 flags, u64 call, u64 len", "<IIQQ", ("op", "flags", "call", "len")),
