@@ -105,12 +105,14 @@ FLYT_API CUresult cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType d
   return Encode("cuTensorMapEncodeTiled", q, map);
 }
 
-FLYT_API CUresult cuTensorMapEncodeIm2col(
-    CUtensorMap* map, CUtensorMapDataType dtype, cuuint32_t rank, void* address,
-    const cuuint64_t* dims, const cuuint64_t* strides, const int* lower, const int* upper,
-    cuuint32_t channels, cuuint32_t pixels, const cuuint32_t* element_strides,
-    CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2,
-    CUtensorMapFloatOOBfill oob) {
+FLYT_API CUresult cuTensorMapEncodeIm2col(CUtensorMap* map, CUtensorMapDataType dtype,
+                                          cuuint32_t rank, void* address, const cuuint64_t* dims,
+                                          const cuuint64_t* strides, const int* lower,
+                                          const int* upper, cuuint32_t channels, cuuint32_t pixels,
+                                          const cuuint32_t* element_strides,
+                                          CUtensorMapInterleave interleave,
+                                          CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2,
+                                          CUtensorMapFloatOOBfill oob) {
   tmap::Request q;
   if (!Common(&q, tmap::kIm2col, map, dtype, rank, address, dims, strides, element_strides,
               interleave, swizzle, l2, oob))

@@ -1,7 +1,10 @@
 # The cluster manager: placement index, state and decisions, and its daemon.
 include(src/cluster/placement.cmake)
-add_library(flyt_cluster STATIC src/cluster/cluster_manager.cc)
+add_library(flyt_cluster STATIC src/cluster/cluster_manager.cc src/cluster/metrics_text.cc)
 target_link_libraries(flyt_cluster PUBLIC flyt_control flyt_store flyt_placement)
-add_executable(flyt-cluster-manager src/cluster/main.cc)
-target_link_libraries(flyt-cluster-manager PRIVATE flyt_cluster -static-libstdc++ -static-libgcc)
+# The HTTP endpoint uses Debian's cpp-httplib (libcpp-httplib-dev), a shared C++ library
+# there: the daemon links the shared libstdc++ too, so that both use one copy.
+find_library(FLYT_CPP_HTTPLIB cpp-httplib REQUIRED)
+add_executable(flyt-cluster-manager src/cluster/main.cc src/cluster/http_endpoint.cc)
+target_link_libraries(flyt-cluster-manager PRIVATE flyt_cluster ${FLYT_CPP_HTTPLIB})
 install(TARGETS flyt-cluster-manager RUNTIME DESTINATION bin)

@@ -139,6 +139,7 @@ void ClusterManager::Stop() {
 void ClusterManager::EventLocked(const std::string& kind, const std::string& subject,
                                  const std::string& detail) {
   FLYT_INFO("event %s %s: %s", kind.c_str(), subject.c_str(), detail.c_str());
+  ++event_counts_[kind];
   Status s = store_->AddEvent(kind, subject, detail);
   if (!s.ok()) FLYT_ERROR("cannot record event %s: %s", kind.c_str(), s.message().c_str());
 }
@@ -209,6 +210,19 @@ Json ClusterManager::NodeJsonLocked(const NodeState& n) const {
 // ---------------------------------------------------------------- dispatch
 
 Json ClusterManager::Handle(const control::Peer& peer, const Json& req) {
+  const auto start = Clock::now();
+  Json reply = HandleVerb(peer, req);
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const std::string verb = req["verb"].get<std::string>();
+  const bool ok = !reply.is_object() || !reply.contains("ok") || reply["ok"] != false;
+  const std::string outcome = ok ? "ok" : reply.value("code", std::string("error"));
+  std::lock_guard<std::mutex> lock(mu_);
+  ++request_counts_[{verb, outcome}];
+  if (verb == "request-allocation" || verb == "allocate") allocation_seconds_.Observe(seconds);
+  return reply;
+}
+
+Json ClusterManager::HandleVerb(const control::Peer& peer, const Json& req) {
   const std::string verb = req["verb"].get<std::string>();
   const std::string& role = peer.role;
   auto need = [&](std::initializer_list<const char*> roles) {
@@ -251,6 +265,97 @@ Json ClusterManager::Handle(const control::Peer& peer, const Json& req) {
   if (verb == "vm-remove") return VmRemove(req);
   if (verb == "vm-import") return VmImport(req);
   return Error("bad_request", "unknown verb '" + verb + "'");
+}
+
+// ---------------------------------------------------------------- metrics
+
+std::string ClusterManager::MetricsText() {
+  std::lock_guard<std::mutex> lock(mu_);
+  cluster::MetricsText m;
+  m.Family("flyt_node_up", "gauge", "1 while the node manager reports, 0 when it is down");
+  for (const auto& [id, n] : nodes_)
+    m.Sample("flyt_node_up", {{"node", id}, {"hostname", n.row.hostname}},
+             n.row.state == "down" ? 0 : 1);
+  m.Family("flyt_node_draining", "gauge", "1 while the node takes no new tenants");
+  for (const auto& [id, n] : nodes_)
+    m.Sample("flyt_node_draining", {{"node", id}}, n.row.state == "draining" ? 1 : 0);
+  struct GpuFamily {
+    const char* name;
+    const char* help;
+  };
+  const GpuFamily gpu_families[] = {
+      {"flyt_gpu_sms", "SMs of the GPU"},
+      {"flyt_gpu_memory_bytes", "device memory of the GPU"},
+      {"flyt_gpu_sms_promised", "SMs promised to the GPU's tenants"},
+      {"flyt_gpu_memory_promised_bytes", "device memory promised to the GPU's tenants"},
+      {"flyt_gpu_tenants", "tenants placed on the GPU"},
+  };
+  for (size_t f = 0; f < std::size(gpu_families); ++f) {
+    m.Family(gpu_families[f].name, "gauge", gpu_families[f].help);
+    for (const auto& [id, n] : nodes_) {
+      for (const auto& g : n.gpus) {
+        const GpuUsage* u = placement_.Find(g.uuid);
+        const double values[] = {static_cast<double>(g.sm_count),
+                                 static_cast<double>(g.memory_bytes),
+                                 u ? static_cast<double>(u->sm_used) : 0.0,
+                                 u ? static_cast<double>(u->memory_used) : 0.0,
+                                 u ? static_cast<double>(u->allocations) : 0.0};
+        m.Sample(
+            gpu_families[f].name,
+            {{"node", id}, {"gpu", g.uuid}, {"index", std::to_string(g.index)}, {"name", g.name}},
+            values[f]);
+      }
+    }
+  }
+  struct TenantFamily {
+    const char* name;
+    const char* type;
+    const char* help;
+  };
+  const TenantFamily tenant_families[] = {
+      {"flyt_tenant_sms", "gauge", "SMs of the tenant's share"},
+      {"flyt_tenant_memory_limit_bytes", "gauge", "device memory of the tenant's share"},
+      {"flyt_tenant_memory_used_bytes", "gauge", "device memory the tenant's programs hold"},
+      {"flyt_tenant_sessions", "gauge", "client processes connected to the tenant's server"},
+      {"flyt_tenant_calls_total", "counter", "CUDA calls the tenant's server answered"},
+      {"flyt_tenant_server_restarts_total", "counter", "restarts of the tenant's server"},
+      {"flyt_tenant_idle_seconds", "gauge", "time since the tenant's last client left"},
+  };
+  auto report_number = [](const Json& r, const char* key) {
+    return r.contains(key) && r[key].is_number() ? r[key].get<double>() : 0.0;
+  };
+  for (size_t f = 0; f < std::size(tenant_families); ++f) {
+    m.Family(tenant_families[f].name, tenant_families[f].type, tenant_families[f].help);
+    for (const auto& [id, a] : allocs_) {
+      const double values[] = {static_cast<double>(a.row.sm),
+                               static_cast<double>(a.row.memory_bytes),
+                               report_number(a.report, "memory_used"),
+                               report_number(a.report, "sessions"),
+                               report_number(a.report, "calls"),
+                               static_cast<double>(a.restarts),
+                               report_number(a.report, "idle_ms") / 1000.0};
+      m.Sample(tenant_families[f].name,
+               {{"vm", a.row.vm_ip},
+                {"node", a.row.node_id},
+                {"gpu", a.row.gpu_uuid},
+                {"state", a.row.state}},
+               values[f]);
+    }
+  }
+  m.Family("flyt_vms", "gauge", "VMs with required resources registered");
+  m.Sample("flyt_vms", {}, static_cast<double>(vms_.size()));
+  m.Family("flyt_events_total", "counter",
+           "events since the cluster manager started, by kind (placements, refusals, failures)");
+  for (const auto& [kind, n] : event_counts_)
+    m.Sample("flyt_events_total", {{"kind", kind}}, static_cast<double>(n));
+  m.Family("flyt_requests_total", "counter", "requests answered, by verb and outcome");
+  for (const auto& [key, n] : request_counts_)
+    m.Sample("flyt_requests_total", {{"verb", key.first}, {"outcome", key.second}},
+             static_cast<double>(n));
+  m.Family("flyt_allocation_request_seconds", "histogram",
+           "time to answer an allocation request (placement and server start included)");
+  allocation_seconds_.Write(&m, "flyt_allocation_request_seconds", {});
+  return m.text();
 }
 
 // ---------------------------------------------------------------- node managers

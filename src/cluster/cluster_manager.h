@@ -20,6 +20,7 @@
 #include <string>
 #include <thread>
 
+#include "cluster/metrics_text.h"
 #include "cluster/placement.h"
 #include "control/channel.h"
 #include "store/store.h"
@@ -46,6 +47,10 @@ class ClusterManager {
   void Stop();
   // Answers one request of an authenticated peer (control::Handler).
   control::Json Handle(const control::Peer& peer, const control::Json& request);
+  // The cluster in Prometheus text format (/metrics): per node, GPU and tenant,
+  // SMs and memory promised and used, sessions, calls, restarts; requests and
+  // events since start; allocation latency.
+  std::string MetricsText();
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -65,6 +70,7 @@ class ClusterManager {
   };
 
   // Verbs.
+  control::Json HandleVerb(const control::Peer& peer, const control::Json& req);
   control::Json RegisterNode(const control::Peer& peer, const control::Json& req);
   control::Json Heartbeat(const control::Peer& peer, const control::Json& req);
   control::Json ServerExited(const control::Peer& peer, const control::Json& req);
@@ -106,6 +112,11 @@ class ClusterManager {
   std::map<std::string, AllocState> allocs_;     // by alloc_id
   std::map<std::string, std::string> vm_alloc_;  // vm_ip -> alloc_id
   Placement placement_;
+  // Since start, for /metrics: events by kind, requests by (verb, outcome), and
+  // how long allocation requests took to answer.
+  std::map<std::string, uint64_t> event_counts_;
+  std::map<std::pair<std::string, std::string>, uint64_t> request_counts_;
+  Histogram allocation_seconds_{{0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30}};
 
   std::atomic<bool> stopping_{false};
   std::thread monitor_;

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "cluster/cluster_manager.h"
+#include "cluster/http_endpoint.h"
 #include "common/log.h"
 #include "control/config.h"
 
@@ -18,6 +19,7 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   std::string state_dir = control::DefaultStateDir();
   std::string listen = "0.0.0.0:12400";
+  std::string metrics_listen = "0.0.0.0:12403";
   std::string database;
   std::string secret, secret_file;
   std::string policy = "spread";
@@ -25,6 +27,8 @@ int main(int argc, char** argv) {
   bool over_sm = false, over_mem = false;
   control::Settings settings("flyt-cluster-manager", "cluster_manager", "CM");
   settings.Add("listen", &listen, "address node managers, client managers and flytctl dial");
+  settings.Add("metrics_listen", &metrics_listen,
+               "HOST:PORT of the Prometheus /metrics endpoint (plain HTTP), or off");
   settings.Add("state_dir", &state_dir, "folder of the default database and secret file");
   settings.Add("database", &database,
                "sqlite:PATH or postgresql://USER@HOST/DB (default sqlite:<state_dir>/flyt.db)");
@@ -80,10 +84,17 @@ int main(int argc, char** argv) {
         [&manager](const control::Peer& p, const control::Json& r) { return manager.Handle(p, r); },
         &listener);
   }
+  std::unique_ptr<cluster::HttpEndpoint> http;
+  if (st.ok() && metrics_listen != "off") {
+    st = cluster::HttpEndpoint::Start(
+        metrics_listen, [&manager] { return manager.MetricsText(); }, &http);
+  }
   if (!st.ok()) {
     std::fprintf(stderr, "flyt-cluster-manager: %s\n", st.message().c_str());
     return 1;
   }
+  if (http != nullptr)
+    std::fprintf(stderr, "flyt-cluster-manager: metrics on %s/metrics\n", http->url().c_str());
   std::fprintf(stderr,
                "flyt-cluster-manager: listening on %s, %s database (schema %d), heartbeat %lld ms, "
                "auto-deallocation %s\n",
@@ -100,6 +111,7 @@ int main(int argc, char** argv) {
   int sig = 0;
   sigwait(&set, &sig);
   std::fprintf(stderr, "flyt-cluster-manager: stopping (signal %d)\n", sig);
+  if (http != nullptr) http->Stop();
   listener->Stop();
   manager.Stop();
   return 0;

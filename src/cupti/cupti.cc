@@ -82,7 +82,7 @@ struct State {
   // soon as it records, and Kineto only flushes when it has given one out.
   // Written with delivery_mu held; delivery_mu is taken before mu.
   cupti_records::AppBuffer held;
-  std::mutex delivery_mu;  // the app's buffer callbacks run one at a time
+  std::mutex delivery_mu;       // the app's buffer callbacks run one at a time
   std::set<std::string> names;  // kernel names: valid for the process's life
   uint64_t dropped = 0;
   CUptiResult last_error = CUPTI_SUCCESS;

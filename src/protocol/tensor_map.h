@@ -27,13 +27,13 @@ enum Which : uint8_t { kTiled = 1, kIm2col = 2, kIm2colWide = 3, kReplaceAddress
 
 struct Request {
   uint8_t which = 0;
-  bool has_map = false;  // the app's CUtensorMap* was not NULL
+  bool has_map = false;         // the app's CUtensorMap* was not NULL
   uint8_t map[kMapBytes] = {};  // kReplaceAddress: the descriptor to change
   uint32_t dtype = 0, rank = 0;
   uint64_t address = 0;
-  std::optional<std::vector<cuuint64_t>> dims, strides;  // rank, rank - 1
-  std::optional<std::vector<cuuint32_t>> box;            // kTiled: rank
-  std::optional<std::vector<int>> lower, upper;          // kIm2col: rank - 2
+  std::optional<std::vector<cuuint64_t>> dims, strides;    // rank, rank - 1
+  std::optional<std::vector<cuuint32_t>> box;              // kTiled: rank
+  std::optional<std::vector<int>> lower, upper;            // kIm2col: rank - 2
   std::optional<std::vector<cuuint32_t>> element_strides;  // rank
   int32_t lower_w = 0, upper_w = 0;                        // kIm2colWide
   uint32_t channels = 0, pixels = 0, wide_mode = 0;

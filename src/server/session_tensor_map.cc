@@ -37,10 +37,10 @@ bool Session::TensorMap(wire::Reader& in, wire::Writer& out, CUresult* rc) {
       break;
     case tmap::kIm2col:
       if (a.cuTensorMapEncodeIm2col != nullptr)
-        *rc = a.cuTensorMapEncodeIm2col(m, dtype, q.rank, address, tmap::Data(q.dims),
-                                        tmap::Data(q.strides), tmap::Data(q.lower), tmap::Data(q.upper),
-                                        q.channels, q.pixels, tmap::Data(q.element_strides),
-                                        interleave, swizzle, l2, oob);
+        *rc = a.cuTensorMapEncodeIm2col(
+            m, dtype, q.rank, address, tmap::Data(q.dims), tmap::Data(q.strides),
+            tmap::Data(q.lower), tmap::Data(q.upper), q.channels, q.pixels,
+            tmap::Data(q.element_strides), interleave, swizzle, l2, oob);
       break;
     case tmap::kIm2colWide:
       if (a.cuTensorMapEncodeIm2colWide != nullptr)
@@ -51,8 +51,7 @@ bool Session::TensorMap(wire::Reader& in, wire::Writer& out, CUresult* rc) {
       break;
     case tmap::kReplaceAddress:
       std::memcpy(&map, q.map, sizeof map);
-      if (a.cuTensorMapReplaceAddress != nullptr)
-        *rc = a.cuTensorMapReplaceAddress(&map, address);
+      if (a.cuTensorMapReplaceAddress != nullptr) *rc = a.cuTensorMapReplaceAddress(&map, address);
       break;
     default:
       return false;

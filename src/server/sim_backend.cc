@@ -1851,10 +1851,9 @@ CUresult simTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType dtype, cu
                             dims, strides, element_strides, interleave, boxes);
 }
 CUresult simTensorMapEncodeIm2col(CUtensorMap* map, CUtensorMapDataType dtype, cuuint32_t rank,
-                                  void* address, const cuuint64_t* dims,
-                                  const cuuint64_t* strides, const int* lower, const int* upper,
-                                  cuuint32_t channels, cuuint32_t pixels,
-                                  const cuuint32_t* element_strides,
+                                  void* address, const cuuint64_t* dims, const cuuint64_t* strides,
+                                  const int* lower, const int* upper, cuuint32_t channels,
+                                  cuuint32_t pixels, const cuuint32_t* element_strides,
                                   CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
   if (rank < 3 || lower == nullptr || upper == nullptr || channels == 0 || channels > 256 ||

@@ -126,8 +126,9 @@ CUptiResult FlushAll(uint32_t) {
   }
   if (records.empty()) return CUPTI_SUCCESS;
   if (req == nullptr || done == nullptr) return CUPTI_ERROR_INVALID_OPERATION;
-  return cupti_records::Deliver(records, {}, req, done) == records.size() ? CUPTI_SUCCESS
-                                                                      : CUPTI_ERROR_OUT_OF_MEMORY;
+  return cupti_records::Deliver(records, {}, req, done) == records.size()
+             ? CUPTI_SUCCESS
+             : CUPTI_ERROR_OUT_OF_MEMORY;
 }
 CUptiResult GetNextRecord(uint8_t* buffer, size_t valid, CUpti_Activity** record) {
   return cupti_records::Next(buffer, valid, record);

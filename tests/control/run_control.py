@@ -40,6 +40,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
+import urllib.request
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -479,6 +481,7 @@ class Control(unittest.TestCase):
             "--placement-policy", policy,
             "--oversubscribe-sm", "false",
             "--oversubscribe-memory", "false",
+            "--metrics-listen", "127.0.0.1:0",  # parallel tests: never the default port
         ] + list(extra)
         if self.cm is None:
             self.cm = Daemon(self.tmp, "cluster-manager", self.cm_args, self.daemon_env())
@@ -501,6 +504,18 @@ class Control(unittest.TestCase):
             if time.monotonic() >= deadline:
                 self.fail_with("flyt-cluster-manager did not answer within %ds" % START_S)
             time.sleep(0.2)
+
+    def metrics_url(self):
+        """The /metrics address the running cluster manager printed at its last start."""
+        found = re.findall(r"metrics on (http://[0-9.]+:\d+/metrics)", self.cm.output())
+        if not found:
+            self.fail_with("the cluster manager printed no metrics address")
+        return found[-1]
+
+    def scrape(self):
+        with urllib.request.urlopen(self.metrics_url(), timeout=10) as r:
+            self.assertIn("text/plain", r.headers.get("Content-Type", ""))
+            return r.read().decode()
 
     def start_node(self, node_id, host_ip, inventory="sim:2", secret=SECRET, wait=True):
         """Starts flyt-node-manager `node_id` and (wait=True) waits until list-nodes shows
@@ -914,6 +929,84 @@ class Control(unittest.TestCase):
         self.assertIsNone(self.server_of("10.1.0.5"))
         self.wait_for("flyt-server pid %d to exit" % pids[0], lambda: not pid_alive(pids[0]))
         self.ctl_fails("deallocate", "--vm", "10.1.0.5", json_out=False)
+
+    # =====================================================================================
+    # Metrics.
+
+    SAMPLE_RE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*",?)*\})? (\S+)$')
+
+    def metric(self, text, name, **labels):
+        """Values of the samples of `name` whose labels include `labels`."""
+        out = []
+        for line in text.splitlines():
+            m = self.SAMPLE_RE.match(line)
+            if not m or m.group(1) != name:
+                continue
+            have = dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
+            if all(have.get(k) == v for k, v in labels.items()):
+                out.append(float(m.group(3)))
+        return out
+
+    def test_metrics_prometheus(self):
+        self.basic_cluster(sm=16, memory_gb=2)
+        self.add_vm("10.1.0.6", "10.0.0.1", 8, 1)
+        self.ctl("allocate", "--vm", "10.1.0.5")
+        self.wait_server_running("10.1.0.5")
+        self.ctl_fails("allocate", "--vm", "10.9.9.9", json_out=False)  # unknown VM: an error
+        text = self.scrape()
+        for line in text.splitlines():  # every line is a comment or a well-formed sample
+            self.assertTrue(line.startswith("# HELP ") or line.startswith("# TYPE ") or
+                            self.SAMPLE_RE.match(line), "bad exposition line: %r" % line)
+        self.assertEqual(self.metric(text, "flyt_node_up", node="n1"), [1.0], text)
+        self.assertEqual(sorted(self.metric(text, "flyt_gpu_sms_promised", node="n1")), [0.0, 16.0],
+                         text)
+        self.assertEqual(self.metric(text, "flyt_tenant_memory_limit_bytes", vm="10.1.0.5"),
+                         [2.0 * 2**30], text)
+        self.assertEqual(self.metric(text, "flyt_tenant_sms", vm="10.1.0.5"), [16.0], text)
+        self.assertEqual(self.metric(text, "flyt_tenant_sms", vm="10.1.0.6"), [], text)
+        self.assertEqual(self.metric(text, "flyt_vms"), [2.0], text)
+        self.assertEqual(self.metric(text, "flyt_events_total", kind="allocate"), [1.0], text)
+        self.assertEqual(self.metric(text, "flyt_requests_total", verb="allocate",
+                                     outcome="ok"), [1.0], text)
+        self.assertEqual(len(self.metric(text, "flyt_requests_total", verb="allocate")), 2, text)
+        self.assertEqual(self.metric(text, "flyt_allocation_request_seconds_count"), [2.0], text)
+        self.assertEqual(self.metric(text, "flyt_allocation_request_seconds_bucket", le="+Inf"),
+                         [2.0], text)
+
+        # A real Prometheus scrapes it, and PromQL finds the tenant's memory.
+        prometheus = shutil.which("prometheus")
+        self.assertIsNotNone(prometheus, "Debian's prometheus package is not installed "
+                             "(scripts/install-deps.sh installs it)")
+        target = self.metrics_url()[len("http://"):-len("/metrics")]
+        config = os.path.join(self.tmp, "prometheus.yml")
+        with open(config, "w") as f:
+            f.write("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+                    "scrape_configs:\n  - job_name: flyt\n    static_configs:\n"
+                    "      - targets: ['%s']\n" % target)
+        port = free_tcp_port()
+        prom = Daemon(self.tmp, "prometheus",
+                      [prometheus, "--config.file=" + config,
+                       "--storage.tsdb.path=" + os.path.join(self.tmp, "tsdb"),
+                       "--web.listen-address=127.0.0.1:%d" % port], self.daemon_env())
+        self.daemons.append(prom)
+        prom.start()
+
+        def query(q):
+            url = "http://127.0.0.1:%d/api/v1/query?%s" % (port, urllib.parse.urlencode({"query": q}))
+            try:
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    doc = json.loads(r.read().decode())
+            except OSError:
+                return None
+            return doc["data"]["result"] if doc.get("status") == "success" else None
+
+        result = self.wait_for("Prometheus to scrape the cluster manager",
+                               lambda: query('flyt_tenant_memory_limit_bytes{vm="10.1.0.5"}'),
+                               timeout=60)
+        self.assertEqual(float(result[0]["value"][1]), 2.0 * 2**30, result)
+        self.assertEqual(result[0]["metric"].get("node"), "n1", result)
+        up = self.wait_for("up{job=flyt} == 1", lambda: query('up{job="flyt"} == 1'), timeout=30)
+        self.assertEqual(up[0]["value"][1], "1", up)
 
     # =====================================================================================
     # Placement.

@@ -53,7 +53,7 @@ __global__ void tma_load_box(const __grid_constant__ CUtensorMap map, float* out
   Barrier::arrival_token token;
   if (threadIdx.x == 0) {
     cuda::device::experimental::cp_async_bulk_tensor_2d_global_to_shared(&tile, &map, col, row,
-                                                                          bar);
+                                                                         bar);
     token = cuda::device::barrier_arrive_tx(bar, 1, sizeof(tile));
   } else {
     token = bar.arrive();
@@ -67,9 +67,10 @@ __global__ void tma_load_box(const __grid_constant__ CUtensorMap map, float* out
 // went to the server (flyt_client_call_counts lines: "SYNC|ASYNC count name").
 long ServerEncodes() {
   void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  auto counts = lib != nullptr ? reinterpret_cast<size_t (*)(char*, size_t)>(
-                                     dlsym(lib, "flyt_client_call_counts"))
-                               : nullptr;
+  auto counts =
+      lib != nullptr
+          ? reinterpret_cast<size_t (*)(char*, size_t)>(dlsym(lib, "flyt_client_call_counts"))
+          : nullptr;
   if (counts == nullptr) return -1;
   std::vector<char> text(1 << 16);
   counts(text.data(), text.size());
@@ -163,10 +164,10 @@ int main() {
   const int lower[2] = {-1, -1}, upper[2] = {-1, -1};
   const cuuint32_t elem4[4] = {1, 1, 1, 1};
   CUtensorMap conv{};
-  CUresult rc = g_cu.im2col(&conv, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, dev, nhwc, nhwc_strides,
-                            lower, upper, 32, 64, elem4, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  CUresult rc =
+      g_cu.im2col(&conv, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, dev, nhwc, nhwc_strides, lower, upper,
+                  32, 64, elem4, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                  CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   printf("im2col=%s\n", e2e::CuName(rc));
 
   e2e::Step("errors");

@@ -76,8 +76,8 @@ HIDDEN void probe_log_slot(int n, uint64_t* saved) {
   logf_("call %s a0=%#lx a1=%#lx a2=%#lx a3=%#lx a4=%#lx a5=%#lx", tramp_name[n],
         (unsigned long)saved[5], (unsigned long)saved[4], (unsigned long)saved[3],
         (unsigned long)saved[2], (unsigned long)saved[1], (unsigned long)saved[0]);
-  if (tramp_calls[n] <= 6 && (strncmp(tramp_name[n], "a094798c", 8) == 0 ||
-                              strncmp(tramp_name[n], "da9151d3", 8) == 0)) {
+  if (tramp_calls[n] <= 6 &&
+      (strncmp(tramp_name[n], "a094798c", 8) == 0 || strncmp(tramp_name[n], "da9151d3", 8) == 0)) {
     for (int a = 5; a >= 3; --a) probe_dump_memory(5 - a, (const void*)(uintptr_t)saved[a], 192);
   }
 }
@@ -150,7 +150,8 @@ static void iter_item(void* opaque, void* item) {
         (unsigned long)q[1], (unsigned long)q[2], (unsigned long)q[3], (unsigned long)q[5]);
   if (getenv("PROBE_WATCH") != NULL) {
     if (watch_copy == NULL)
-      watch_copy = mmap(NULL, watch_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      watch_copy =
+          mmap(NULL, watch_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     else
       mprotect(watch_copy, watch_len, PROT_READ | PROT_WRITE);
     memcpy(watch_copy, item, 0x600);
@@ -172,11 +173,10 @@ static int wrap_iter(void* a0, void* a1, item_cb cb, void* opaque, void* a4, voi
 /* ---- cuGetExportTable ---- */
 typedef int (*get_table_fn)(const void**, const unsigned char*);
 static get_table_fn real_get_table;
-static const char* const PROXIED[] = {"6e163fbeb958444d835ce182aff1991e",
-                                      "2c8e0ad80710ab4e90dd54719fe5f74b",
-                                      "a094798c2e742e7493f20800200c0a66",
-                                      "42d85a8123f6cb478298f6e78a3aecdc",
-                                      "da9151d33ae6cc41a5c04f26d533e328", NULL};
+static const char* const PROXIED[] = {
+    "6e163fbeb958444d835ce182aff1991e", "2c8e0ad80710ab4e90dd54719fe5f74b",
+    "a094798c2e742e7493f20800200c0a66", "42d85a8123f6cb478298f6e78a3aecdc",
+    "da9151d33ae6cc41a5c04f26d533e328", NULL};
 /* a094798c slots 2 and 6 hand out the runtime's per-callback switch arrays: remember
  * them, log their non-zero entries at exit (what a tool attached switched on). */
 typedef int (*switch_fn)(void**, size_t*);
@@ -254,14 +254,31 @@ int cuGetExportTable(const void** table, const unsigned char* uuid) {
 }
 
 /* ---- cuGetProcAddress ---- */
-static const char* const WATCHED[] = {
-    "cuLaunchKernel", "cuLaunchKernelEx", "cuFuncGetAttribute", "cuFuncSetAttribute",
-    "cuFuncSetCacheConfig", "cuModuleGetFunction", "cuModuleLoadData", "cuModuleLoadDataEx",
-    "cuModuleLoadFatBinary", "cuLibraryLoadData", "cuLibraryGetKernel", "cuKernelGetFunction",
-    "cuModuleUnload", "cuLibraryUnload", "cuFuncGetName", "cuModuleEnumerateFunctions",
-    "cuModuleGetFunctionCount", "cuOccupancyMaxActiveBlocksPerMultiprocessor",
-    "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", "cuFuncGetModule",
-    "cuLinkCreate", "cuLinkAddData", "cuLinkComplete", "cuFuncGetParamInfo", NULL};
+static const char* const WATCHED[] = {"cuLaunchKernel",
+                                      "cuLaunchKernelEx",
+                                      "cuFuncGetAttribute",
+                                      "cuFuncSetAttribute",
+                                      "cuFuncSetCacheConfig",
+                                      "cuModuleGetFunction",
+                                      "cuModuleLoadData",
+                                      "cuModuleLoadDataEx",
+                                      "cuModuleLoadFatBinary",
+                                      "cuLibraryLoadData",
+                                      "cuLibraryGetKernel",
+                                      "cuKernelGetFunction",
+                                      "cuModuleUnload",
+                                      "cuLibraryUnload",
+                                      "cuFuncGetName",
+                                      "cuModuleEnumerateFunctions",
+                                      "cuModuleGetFunctionCount",
+                                      "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+                                      "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+                                      "cuFuncGetModule",
+                                      "cuLinkCreate",
+                                      "cuLinkAddData",
+                                      "cuLinkComplete",
+                                      "cuFuncGetParamInfo",
+                                      NULL};
 
 typedef int (*gpa2_fn)(const char*, void**, int, unsigned long long, int*);
 typedef int (*gpa_fn)(const char*, void**, int, unsigned long long);
