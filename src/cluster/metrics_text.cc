@@ -6,14 +6,15 @@
 
 namespace flyt::cluster {
 
-std::string EscapeLabelValue(std::string_view value) {
+namespace {
+// Backslash and newline escaped; double quotes too in label values (not in HELP text).
+std::string Escape(std::string_view text, bool quotes) {
   std::string out;
-  out.reserve(value.size());
-  for (char c : value) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '"') {
-      out += "\\\"";
+  out.reserve(text.size());
+  for (char c : text) {
+    if (c == '\\' || (quotes && c == '"')) {
+      out += '\\';
+      out += c;
     } else if (c == '\n') {
       out += "\\n";
     } else {
@@ -22,6 +23,9 @@ std::string EscapeLabelValue(std::string_view value) {
   }
   return out;
 }
+}  // namespace
+
+std::string EscapeLabelValue(std::string_view value) { return Escape(value, true); }
 
 namespace {
 std::string Number(double v) {
@@ -39,27 +43,13 @@ std::string Number(double v) {
   }
   return buf;
 }
-// HELP text escapes backslash and newline only.
-std::string EscapeHelp(std::string_view help) {
-  std::string out;
-  for (char c : help) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
 }  // namespace
 
 void MetricsText::Family(std::string_view name, std::string_view type, std::string_view help) {
   out_ += "# HELP ";
   out_ += name;
   out_ += ' ';
-  out_ += EscapeHelp(help);
+  out_ += Escape(help, false);
   out_ += "\n# TYPE ";
   out_ += name;
   out_ += ' ';

@@ -116,6 +116,21 @@ def timed(torch, step, warmup, steps):
     return doc
 
 
+def timed_training(torch, opt, loss_of_step, warmup, steps):
+    """An optimizer step per timed step; every tenth loss goes to the host, as a training
+    loop's logging does."""
+
+    def step(i):
+        loss = loss_of_step()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if i % 10 == 0:
+            loss.item()
+
+    return timed(torch, step, warmup, steps)
+
+
 def bench_resnet18_train(torch):
     torch.backends.cudnn.benchmark = True
     model = resnet18(torch).cuda()
@@ -146,16 +161,11 @@ def bench_gpt_train(torch):
     idx = torch.randint(0, cfg.vocab, (16, cfg.ctx), device="cuda")
     tgt = torch.roll(idx, -1, dims=1)
 
-    def step(i):
+    def loss():
         logits = model(idx)
-        loss = torch.nn.functional.cross_entropy(logits.view(-1, cfg.vocab), tgt.view(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if i % 10 == 0:
-            loss.item()
+        return torch.nn.functional.cross_entropy(logits.view(-1, cfg.vocab), tgt.view(-1))
 
-    return timed(torch, step, 5, 30)
+    return timed_training(torch, opt, loss, 5, 30)
 
 
 def bench_gpt_decode(torch):
@@ -227,15 +237,7 @@ def bench_hf_train(torch):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, cfg.vocab_size, (8, 256), device="cuda")
 
-    def step(i):
-        loss = model(input_ids=ids, labels=ids).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if i % 10 == 0:
-            loss.item()
-
-    return timed(torch, step, 3, 20)
+    return timed_training(torch, opt, lambda: model(input_ids=ids, labels=ids).loss, 3, 20)
 
 
 def bench_sdpa_decode(torch):
