@@ -10,6 +10,7 @@ target_link_libraries(flyt_cluster PUBLIC flyt_control flyt_store flyt_placement
 # The HTTP endpoint uses Debian's cpp-httplib (libcpp-httplib-dev), a shared C++ library
 # there: the daemon links the shared libstdc++ too, so that both use one copy.
 find_library(FLYT_CPP_HTTPLIB cpp-httplib REQUIRED)
-add_executable(flyt-cluster-manager src/cluster/main.cc src/cluster/http_endpoint.cc)
+add_executable(flyt-cluster-manager src/cluster/main.cc src/cluster/http_endpoint.cc
+                                    src/cluster/dashboard_page.cc)
 target_link_libraries(flyt-cluster-manager PRIVATE flyt_cluster ${FLYT_CPP_HTTPLIB})
 install(TARGETS flyt-cluster-manager RUNTIME DESTINATION bin)

@@ -358,6 +358,16 @@ std::string ClusterManager::MetricsText() {
   return m.text();
 }
 
+std::string ClusterManager::DashboardJson() {
+  Json out{{"nodes", ListNodes()["nodes"]},
+           {"vms", ListVms()["vms"]},
+           {"servers", ListServers()["servers"]},
+           {"generated_ms", NowMs()}};
+  Json events = ListEvents(Json{{"limit", 30}});
+  out["events"] = events.contains("events") ? events["events"] : Json::array();
+  return out.dump();
+}
+
 // ---------------------------------------------------------------- node managers
 
 Json ClusterManager::CallNode(const std::string& node_id, const std::string& verb, const Json& args,

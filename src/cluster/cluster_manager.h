@@ -51,6 +51,9 @@ class ClusterManager {
   // SMs and memory promised and used, sessions, calls, restarts; requests and
   // events since start; allocation latency.
   std::string MetricsText();
+  // What the dashboard draws, as JSON: nodes with their GPUs, VMs, tenants'
+  // servers and the last 30 events (the list verbs' answers, together).
+  std::string DashboardJson();
 
  private:
   using Clock = std::chrono::steady_clock;

@@ -10,7 +10,7 @@ struct HttpEndpoint::Impl {
 
 HttpEndpoint::~HttpEndpoint() { Stop(); }
 
-Status HttpEndpoint::Start(const std::string& address, Render metrics,
+Status HttpEndpoint::Start(const std::string& address, std::vector<Route> routes,
                            std::unique_ptr<HttpEndpoint>* out) {
   const auto colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0)
@@ -29,9 +29,11 @@ Status HttpEndpoint::Start(const std::string& address, Render metrics,
   auto endpoint = std::unique_ptr<HttpEndpoint>(new HttpEndpoint);
   endpoint->impl_ = std::make_unique<Impl>();
   httplib::Server& server = endpoint->impl_->server;
-  server.Get("/metrics", [metrics](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics(), "text/plain; version=0.0.4; charset=utf-8");
-  });
+  for (Route& route : routes) {
+    server.Get(route.path, [route](const httplib::Request&, httplib::Response& res) {
+      res.set_content(route.render(), route.content_type);
+    });
+  }
   int bound =
       port == 0 ? server.bind_to_any_port(host) : (server.bind_to_port(host, port) ? port : -1);
   if (bound <= 0)

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "cluster/cluster_manager.h"
+#include "cluster/dashboard_page.h"
 #include "cluster/http_endpoint.h"
 #include "common/log.h"
 #include "control/config.h"
@@ -28,7 +29,8 @@ int main(int argc, char** argv) {
   control::Settings settings("flyt-cluster-manager", "cluster_manager", "CM");
   settings.Add("listen", &listen, "address node managers, client managers and flytctl dial");
   settings.Add("metrics_listen", &metrics_listen,
-               "HOST:PORT of the Prometheus /metrics endpoint (plain HTTP), or off");
+               "HOST:PORT of the HTTP endpoint: Prometheus /metrics and the dashboard (/), "
+               "or off");
   settings.Add("state_dir", &state_dir, "folder of the default database and secret file");
   settings.Add("database", &database,
                "sqlite:PATH or postgresql://USER@HOST/DB (default sqlite:<state_dir>/flyt.db)");
@@ -86,15 +88,21 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<cluster::HttpEndpoint> http;
   if (st.ok() && metrics_listen != "off") {
-    st = cluster::HttpEndpoint::Start(
-        metrics_listen, [&manager] { return manager.MetricsText(); }, &http);
+    std::vector<cluster::HttpEndpoint::Route> routes = {
+        {"/metrics", "text/plain; version=0.0.4; charset=utf-8",
+         [&manager] { return manager.MetricsText(); }},
+        {"/", "text/html; charset=utf-8", [] { return std::string(cluster::kDashboardPage); }},
+        {"/api/cluster", "application/json", [&manager] { return manager.DashboardJson(); }},
+    };
+    st = cluster::HttpEndpoint::Start(metrics_listen, std::move(routes), &http);
   }
   if (!st.ok()) {
     std::fprintf(stderr, "flyt-cluster-manager: %s\n", st.message().c_str());
     return 1;
   }
   if (http != nullptr)
-    std::fprintf(stderr, "flyt-cluster-manager: metrics on %s/metrics\n", http->url().c_str());
+    std::fprintf(stderr, "flyt-cluster-manager: metrics on %s/metrics, dashboard on %s/\n",
+                 http->url().c_str(), http->url().c_str());
   std::fprintf(stderr,
                "flyt-cluster-manager: listening on %s, %s database (schema %d), heartbeat %lld ms, "
                "auto-deallocation %s\n",

@@ -1008,6 +1008,57 @@ class Control(unittest.TestCase):
         up = self.wait_for("up{job=flyt} == 1", lambda: query('up{job="flyt"} == 1'), timeout=30)
         self.assertEqual(up[0]["value"][1], "1", up)
 
+    def test_dashboard_chromium(self):
+        """The dashboard (GET /) renders the cluster in headless Chromium: a few sim nodes,
+        VMs and tenants; its JSON (/api/cluster) carries them; a screenshot is taken
+        (kept in FLYT_SCREENSHOT_DIR when set)."""
+        self.start_cluster_manager()
+        self.start_node("n1", "10.0.0.1")
+        self.start_node("n2", "10.0.0.2")
+        self.add_vm("10.1.0.5", "10.0.0.1", 16, 2)
+        self.add_vm("10.1.0.6", "10.0.0.2", 40, 8)
+        self.add_vm("10.1.0.7", "10.0.0.1", 8, 1)
+        for vm in ("10.1.0.5", "10.1.0.6"):
+            self.ctl("allocate", "--vm", vm)
+            self.wait_server_running(vm)
+        base = self.metrics_url()[:-len("metrics")]
+        with urllib.request.urlopen(base + "api/cluster", timeout=10) as r:
+            doc = json.loads(r.read().decode())
+        self.assertEqual(sorted(n["node_id"] for n in doc["nodes"]), ["n1", "n2"], doc)
+        self.assertEqual(sorted(s["vm_ip"] for s in doc["servers"]), ["10.1.0.5", "10.1.0.6"], doc)
+        self.assertEqual(len(doc["vms"]), 3, doc)
+        self.assertTrue(any(e["kind"] == "allocate" for e in doc["events"]), doc)
+        with urllib.request.urlopen(base, timeout=10) as r:
+            self.assertIn("text/html", r.headers.get("Content-Type", ""))
+            self.assertIn("<title>Flyt cluster</title>", r.read().decode())
+
+        chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+        self.assertIsNotNone(chromium, "Debian's chromium package is not installed "
+                             "(scripts/install-deps.sh installs it)")
+        flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync",
+                 "--user-data-dir=" + os.path.join(self.tmp, "chromium-profile"),
+                 "--virtual-time-budget=8000", "--window-size=1280,1100"]
+        res = subprocess.run([chromium] + flags + ["--dump-dom", base], capture_output=True,
+                             text=True, timeout=120)
+        dom = res.stdout
+        self.assertIn('data-rendered="1"', dom, "the page's script did not render\n" + res.stderr[-3000:])
+        for vm in ("10.1.0.5", "10.1.0.6"):
+            self.assertIn('data-vm="%s"' % vm, dom)
+        for node in ("n1", "n2"):
+            self.assertIn('data-node="%s"' % node, dom)
+        self.assertEqual(dom.count('data-gpu="GPU-'), 4, "one panel per GPU (two sim nodes of two)")
+        self.assertIn("16 / 132 promised", dom)  # the tenant's SMs on its sim H200
+        self.assertIn('<span id="error"></span>', dom, "the page reported an error")
+        shot = os.path.join(os.environ.get("FLYT_SCREENSHOT_DIR") or self.tmp, "dashboard.png")
+        res = subprocess.run([chromium] + flags + ["--screenshot=" + shot, base],
+                             capture_output=True, text=True, timeout=120)
+        self.assertTrue(os.path.exists(shot) and os.path.getsize(shot) > 20000,
+                        "no screenshot\n" + res.stderr[-3000:])
+        with open(shot, "rb") as f:
+            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+
     # =====================================================================================
     # Placement.
 
