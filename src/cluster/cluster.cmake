@@ -13,4 +13,4 @@ find_library(FLYT_CPP_HTTPLIB cpp-httplib REQUIRED)
 add_executable(flyt-cluster-manager src/cluster/main.cc src/cluster/http_endpoint.cc
                                     src/cluster/dashboard_page.cc)
 target_link_libraries(flyt-cluster-manager PRIVATE flyt_cluster ${FLYT_CPP_HTTPLIB})
-install(TARGETS flyt-cluster-manager RUNTIME DESTINATION bin)
+install(TARGETS flyt-cluster-manager RUNTIME DESTINATION bin COMPONENT manager)

@@ -5,7 +5,7 @@ add_library(flyt_node STATIC src/node/process.cc src/node/gpu_inventory.cc
 target_link_libraries(flyt_node PUBLIC flyt_control ${CMAKE_DL_LIBS})
 add_executable(flyt-node-manager src/node/main.cc)
 target_link_libraries(flyt-node-manager PRIVATE flyt_node -static-libstdc++ -static-libgcc)
-install(TARGETS flyt-node-manager RUNTIME DESTINATION bin)
+install(TARGETS flyt-node-manager RUNTIME DESTINATION bin COMPONENT server)
 
 if(FLYT_BUILD_TESTS)
   # A stand-in flyt-server with a control socket whose behaviour the tests choose.

@@ -13,7 +13,7 @@ set_target_properties(flyt_nvml PROPERTIES
   LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/lib/flyt
   CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON
   LINK_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/libnvidia-ml.map)
-install(TARGETS flyt_nvml LIBRARY DESTINATION lib/flyt NAMELINK_SKIP)
+install(TARGETS flyt_nvml LIBRARY DESTINATION lib/flyt NAMELINK_SKIP COMPONENT client)
 
 if(FLYT_BUILD_TESTS)
   # nvml_test drives the library through a stand-in libcuda.so.1 whose snapshots it chooses.
