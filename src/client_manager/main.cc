@@ -26,12 +26,15 @@ int main(int argc, char** argv) {
                "IPv4 address)");
   settings.Add("secret", &secret, "shared cluster secret (or FLYT_SECRET)");
   settings.Add("secret_file", &secret_file, "file holding the cluster secret");
+  control::TlsFiles tls;
+  control::AddTlsSettings(&settings, &tls);
   settings.Add("request_timeout_ms", &opt.request_timeout_ms,
                "how long an allocation (which may start a server) may take");
   if (int rc = 0; !settings.LoadForMain(argc, argv, &rc)) return rc;
   if (opt.vm_ip.empty()) opt.vm_ip = control::DefaultHostAddress();
   control::Credentials creds;
   Status st = control::LoadSecret(secret, secret_file, /*create=*/false, &creds);
+  if (st.ok()) st = control::LoadTls(tls, &creds);
   if (!st.ok()) {
     std::fprintf(stderr, "flyt-client-manager: %s\n", st.message().c_str());
     return 1;

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   std::string secret, secret_file;
   std::string policy = "spread";
   cluster::ClusterOptions opt;
+  control::TlsFiles tls;
   bool over_sm = false, over_mem = false;
   control::Settings settings("flyt-cluster-manager", "cluster_manager", "CM");
   settings.Add("listen", &listen, "address node managers, client managers and flytctl dial");
@@ -38,6 +39,7 @@ int main(int argc, char** argv) {
   settings.Add("secret_file", &secret_file,
                "file holding the cluster secret, created when missing "
                "(default <state_dir>/cluster.secret)");
+  control::AddTlsSettings(&settings, &tls);
   settings.Add("heartbeat_ms", &opt.heartbeat_ms, "how often node managers report");
   settings.Add("node_dead_after_heartbeats", &opt.node_dead_after_heartbeats,
                "missed heartbeats after which a node is declared down");
@@ -69,6 +71,7 @@ int main(int argc, char** argv) {
   if (secret_file.empty()) secret_file = state_dir + "/cluster.secret";
   control::Credentials creds;
   Status st = control::LoadSecret(secret, secret_file, /*create=*/true, &creds);
+  if (st.ok()) st = control::LoadTls(tls, &creds);
   std::unique_ptr<store::Store> store;
   if (st.ok()) st = store::Store::Open(database, &store);
   if (!st.ok()) {

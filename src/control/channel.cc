@@ -1,5 +1,7 @@
 #include "control/channel.h"
 
+#include <algorithm>
+
 #include <fcntl.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -83,6 +85,17 @@ std::string RandomHex(size_t bytes) {
     got += static_cast<size_t>(n);
   }
   return ToHex(reinterpret_cast<const unsigned char*>(raw.data()), raw.size());
+}
+
+Status LoadTls(const TlsFiles& files, Credentials* out) {
+  if (!files.enabled()) {
+    if (!files.cert.empty() || !files.key.empty())
+      return Status::Error("TLS: tls_cert/tls_key are set but tls_ca is not: set all three");
+    return Status::Ok();
+  }
+  Status s = MakeTlsContext(files, /*server=*/true, &out->tls_server);
+  if (s.ok()) s = MakeTlsContext(files, /*server=*/false, &out->tls_client);
+  return s;
 }
 
 Status LoadSecret(const std::string& secret, const std::string& secret_file, bool create,
@@ -180,11 +193,22 @@ Status Channel::Dial(const std::string& address, const Credentials& creds, const
   std::unique_ptr<transport::Connection> conn;
   s = transport::Dial(addr, ControlLiveness(timeout_ms), &conn);
   if (!s.ok()) return Status::Error("cannot connect to " + address + ": " + s.message());
+  if (creds.tls_client) {
+    s = TlsHandshake(*creds.tls_client, /*server=*/false, address,
+                     timeout_ms > 0 ? timeout_ms : kHandshakeTimeoutMs, &conn);
+    if (!s.ok()) return s;
+  }
   conn->SetReceiveTimeout(timeout_ms > 0 ? timeout_ms : kHandshakeTimeoutMs);
   if (!creds.secret.empty()) {
     Json hello;
     s = ReceiveMessage(*conn, &hello);
-    if (!s.ok()) return Status::Error("handshake with " + address + " failed: " + s.message());
+    if (!s.ok()) {
+      return Status::Error(
+          "handshake with " + address + " failed: " + s.message() +
+          (creds.tls_client
+               ? ""
+               : " (if that side uses TLS, set tls_ca, tls_cert and tls_key here too)"));
+    }
     std::string n1 = Field(hello, "nonce");
     if (Field(hello, "flyt") != "control" || n1.size() < 32) {
       return Status::Error(address + " is not a Flyt control endpoint (unexpected greeting)");
@@ -304,6 +328,24 @@ void Listener::Serve(std::unique_ptr<transport::Connection> conn) {
   }
   Peer peer;
   peer.address = conn->Peer();
+  if (creds_.tls_server) {
+    // The handshake replaces the connection: Stop() must not shut down the old
+    // one meanwhile (the handshake has its own timeout).
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      open_.erase(std::remove(open_.begin(), open_.end(), conn.get()), open_.end());
+    }
+    Status s =
+        TlsHandshake(*creds_.tls_server, /*server=*/true, peer.address, kHandshakeTimeoutMs, &conn);
+    if (!s.ok()) {
+      FLYT_WARN("control %s: refused %s: %s", Describe().c_str(), peer.address.c_str(),
+                s.message().c_str());
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_.load()) return;
+    open_.push_back(conn.get());
+  }
   bool authenticated = creds_.secret.empty();
   if (!authenticated) {
     conn->SetReceiveTimeout(kHandshakeTimeoutMs);

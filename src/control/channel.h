@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "control/tls.h"
 #include "transport/transport.h"
 
 namespace flyt::control {
@@ -32,7 +33,12 @@ inline constexpr uint32_t kMaxMessage = 16u << 20;
 // Shared secret of a cluster. Empty secret = no handshake (Unix control sockets).
 struct Credentials {
   std::string secret;
+  // Mutual TLS (control/tls.h), when the daemon was given tls_ca/tls_cert/tls_key.
+  std::shared_ptr<TlsContext> tls_server = nullptr, tls_client = nullptr;
 };
+
+// Makes the TLS contexts of `files` when TLS is enabled (tls_ca set).
+Status LoadTls(const TlsFiles& files, Credentials* out);
 
 // Resolves the secret: `secret` when not empty, else $FLYT_SECRET, else the
 // contents of `secret_file`. When the file is missing and `create` is set, writes a new

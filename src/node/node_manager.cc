@@ -80,6 +80,7 @@ void RegisterSettings(control::Settings* s, NodeConfig* c) {
   s->Add("secret", &c->secret, "cluster secret (default: $FLYT_SECRET, else secret_file)");
   s->Add("secret_file", &c->secret_file,
          "file holding the cluster secret (default: <state_dir>/cluster.secret)");
+  control::AddTlsSettings(s, &c->tls);
   s->Add("heartbeat_ms", &c->heartbeat_ms,
          "interval of heartbeats (the cluster manager's answer to register-node overrides it)");
   s->Add("state_dir", &c->state_dir, "folder for state (default: $FLYT_STATE_DIR or per user)");
@@ -152,6 +153,10 @@ NodeManager::~NodeManager() { Shutdown(); }
 
 Status NodeManager::Start() {
   Status st = control::LoadSecret(config_.secret, config_.secret_file, /*create=*/false, &creds_);
+  if (st.ok()) {
+    st = control::LoadTls(config_.tls, &creds_);
+    if (!st.ok()) return st;
+  }
   if (!st.ok())
     return Status::Error("no cluster secret: " + st.message() +
                          " (copy the cluster manager's secret file to " + config_.secret_file +

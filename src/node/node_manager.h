@@ -37,6 +37,7 @@ struct NodeConfig {
   std::string host_ip;         // default: advertise_host
   std::string node_id;         // default: the host name
   std::string cluster_manager = "127.0.0.1:12400";
+  control::TlsFiles tls;    // tls_ca, tls_cert, tls_key: mutual TLS to the cluster manager
   std::string secret;       // default: $FLYT_SECRET
   std::string secret_file;  // default: <state_dir>/cluster.secret
   int64_t heartbeat_ms = 1000;

@@ -631,6 +631,8 @@ class Session {
     settings.Add("cluster_manager", &cm, "the cluster manager's HOST:PORT");
     settings.Add("secret", &secret, "the cluster's shared secret");
     settings.Add("secret_file", &secret_file, "file holding the shared secret");
+    control::TlsFiles tls;
+    control::AddTlsSettings(&settings, &tls);
     // Only the config file and the environment are read through Settings:
     // the command line is flytctl's own.
     std::vector<std::string> args = {"flytctl"};
@@ -665,6 +667,11 @@ class Session {
     st = control::LoadSecret(secret, secret_file, /*create=*/false, &creds_);
     if (!st.ok()) {
       *error = st.message() + " (or give --secret, or set FLYT_SECRET)";
+      return false;
+    }
+    st = control::LoadTls(tls, &creds_);
+    if (!st.ok()) {
+      *error = st.message();
       return false;
     }
     return true;

@@ -461,6 +461,7 @@ class Control(unittest.TestCase):
 
     def daemon_env(self, extra=None):
         e = {"FLYT_LOG": "info", "FLYT_STATE_DIR": self.state_dir}
+        e.update(getattr(self, "env_for_all", {}))  # e.g. every side's TLS files
         e.update(extra or {})
         return clean_env(e)
 
@@ -1058,6 +1059,70 @@ class Control(unittest.TestCase):
                         "no screenshot\n" + res.stderr[-3000:])
         with open(shot, "rb") as f:
             self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+
+    def make_certificates(self):
+        """A test CA with certificates for each daemon and flytctl, and a rogue CA's."""
+        d = os.path.join(self.tmp, "tls")
+        os.makedirs(d)
+
+        def openssl(*args):
+            res = subprocess.run(["openssl"] + list(args), cwd=d, capture_output=True, text=True)
+            self.assertEqual(res.returncode, 0, res.stderr)
+
+        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        for ca in ("ca", "rogue-ca"):
+            openssl("req", "-x509", *ec, "-keyout", ca + ".key", "-out", ca + ".pem", "-days", "2",
+                    "-subj", "/CN=flyt test " + ca)
+        for name, ca in (("cm", "ca"), ("node", "ca"), ("ctl", "ca"), ("clm", "ca"),
+                         ("rogue", "rogue-ca")):
+            openssl("req", *ec, "-keyout", name + ".key", "-out", name + ".csr", "-subj",
+                    "/CN=" + name)
+            openssl("x509", "-req", "-in", name + ".csr", "-CA", ca + ".pem", "-CAkey", ca + ".key",
+                    "-CAcreateserial", "-out", name + ".pem", "-days", "2")
+        return d
+
+    def test_mutual_tls(self):
+        """Every manager connection over mutual TLS (tls_ca, tls_cert, tls_key): node
+        manager and cluster manager both ways, flytctl and the client manager; a flytctl
+        with a certificate of another CA, or with no TLS, is refused with a clear message,
+        and so is a node manager without TLS; the cluster manager names the refused peer."""
+        d = self.make_certificates()
+        env = {}
+        for prefix, name in (("CM", "cm"), ("NM", "node"), ("CTL", "ctl"), ("CLM", "clm")):
+            env["FLYT_%s_TLS_CA" % prefix] = os.path.join(d, "ca.pem")
+            env["FLYT_%s_TLS_CERT" % prefix] = os.path.join(d, name + ".pem")
+            env["FLYT_%s_TLS_KEY" % prefix] = os.path.join(d, name + ".key")
+        self.env_for_all = env
+        cmgr = self.basic_cluster(sm=16, memory_gb=2)  # node registration over TLS
+        self.ctl("allocate", "--vm", "10.1.0.5")  # the cluster manager dials the node
+        self.wait_server_running("10.1.0.5")
+        res = self.run_ok(cmgr, self.memory_roundtrip())  # through the client manager
+        self.assertIn("PASS", res.stdout, res.describe())
+
+        rogue = {"FLYT_CTL_TLS_CERT": os.path.join(d, "rogue.pem"),
+                 "FLYT_CTL_TLS_KEY": os.path.join(d, "rogue.key")}
+        res = self.ctl_fails("list-nodes", json_out=False, env_extra=rogue)
+        self.assertIn("TLS", res.stderr, res.describe())
+        self.wait_for("the cluster manager to log the refused certificate",
+                      lambda: re.search(r"refused .*TLS handshake.*certificate",
+                                        self.cm.output()))
+        plain = {"FLYT_CTL_TLS_CA": "", "FLYT_CTL_TLS_CERT": "", "FLYT_CTL_TLS_KEY": ""}
+        res = self.ctl_fails("list-nodes", json_out=False, env_extra=plain)
+        self.assertIn("set tls_ca, tls_cert and tls_key here too", res.stderr, res.describe())
+        half = {"FLYT_CTL_TLS_CA": ""}
+        res = self.ctl_fails("list-nodes", json_out=False, env_extra=half)
+        self.assertIn("tls_cert/tls_key are set but tls_ca is not", res.stderr, res.describe())
+        wrong_key = {"FLYT_CTL_TLS_KEY": os.path.join(d, "node.key")}
+        res = self.ctl_fails("list-nodes", json_out=False, env_extra=wrong_key)
+        self.assertIn("is not the key of tls_cert", res.stderr, res.describe())
+        # A node manager without TLS does not get in.
+        self.env_for_all = {k: v for k, v in env.items() if not k.startswith("FLYT_NM_")}
+        self.start_node("n2", "10.0.0.2", wait=False)
+        self.wait_for("the cluster manager to refuse the plain node manager",
+                      lambda: self.cm.output().count("refused") >= 2)
+        self.env_for_all = env
+        nodes = {n["node_id"] for n in self.ctl_json("list-nodes")["nodes"]}
+        self.assertEqual(nodes, {"n1"})
 
     # =====================================================================================
     # Placement.
