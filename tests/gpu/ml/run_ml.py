@@ -4,14 +4,16 @@
 Usage: python3 tests/gpu/ml/run_ml.py --build BUILD_DIR --out OUT_DIR
            [--modes "tcp unix shm"] [--cases "a b"] [--bench "resnet18_train ..."]
            [--jobs 4] [--timeout 240] [--budget 500] [--bench-repeat 2] [--backend cuda]
-           [--server-loss 1] [--tenant-view 1]
+           [--server-loss 1] [--tenant-view 1] [--bench-emulated "emu25 emu10"]
 
 Owns: one flyt-server (--backend cuda) listening on TCP loopback, a Unix
 socket and shared memory; each case of cases.py run once natively and once per
 mode through `flyt run`, results compared (compare()); then server_loss.py
 (a server killed under a training loop, per mode) and tenant_view.py (PyTorch
 under a memory quota and SM share, per mode); then each benchmark of
-bench_ml.py, natively and per mode, one at a time (nothing else on the GPU).
+bench_ml.py, natively and per mode, one at a time (nothing else on the GPU); the
+benchmarks also run over TCP through emulated links (EMULATED_LINKS: a flyt-server of
+their own with --emulate, the client with FLYT_EMULATE).
 Writes OUT_DIR/ml.md (the report) and OUT_DIR/ml-logs.tgz (every run's JSON,
 stderr and client log, and the server log). Exit status 0 when every case
 that ran natively ran the same through Flyt.
@@ -32,6 +34,13 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+# Benchmark modes over TCP through the network emulator (docs/emulator.md): both sides
+# delay what they send by half the round trip plus the bytes' time on the link.
+EMULATED_LINKS = {
+    "emu25": ("25 Gbit/s, 20 us one way", "rtt_us=40,bandwidth_gbit=25"),
+    "emu10": ("10 Gbit/s, 100 us one way", "rtt_us=200,bandwidth_gbit=10"),
+}
 
 
 def free_port():
@@ -92,6 +101,8 @@ def run(args, build, server, mode, script, name, outdir, timeout, extra_env=None
         env["FLYT_LOG"] = os.environ.get("CLIENT_LOG_LEVEL", "warn")
         env["FLYT_LOG_FILE"] = os.path.join(outdir, tag + ".client.log")
         env["FLYT_SHM"] = "on" if mode == "shm" else "off"
+        if mode in EMULATED_LINKS:
+            env["FLYT_EMULATE"] = EMULATED_LINKS[mode][1]
         cmd = [os.path.join(build, "bin", "flyt"), "run", "--server", server.addr[mode], "--"] + cmd
     t0 = time.time()
     try:
@@ -179,7 +190,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--modes", default="tcp unix shm")
     ap.add_argument("--cases", default="")
-    ap.add_argument("--bench", default="resnet18_train gpt_train gpt_decode")
+    ap.add_argument("--bench", default="resnet18_train gpt_train gpt_decode hf_generate hf_train")
     ap.add_argument("--jobs", type=int, default=4)
     ap.add_argument("--backend", default="cuda", help="flyt-server's backend (sim: plumbing only)")
     ap.add_argument("--bench-repeat", type=int, default=2, help="runs per benchmark and mode")
@@ -188,6 +199,8 @@ def main():
                     help="1: kill a server under a training loop per mode (server_loss.py)")
     ap.add_argument("--tenant-view", type=int, default=1,
                     help="1: PyTorch under a memory quota and SM share, per mode (tenant_view.py)")
+    ap.add_argument("--bench-emulated", default="emu25 emu10",
+                    help="benchmark modes over emulated links (EMULATED_LINKS); '' for none")
     ap.add_argument("--timeout", type=int, default=240)
     ap.add_argument("--budget", type=int, default=500, help="seconds for cases and benchmarks together")
     a = ap.parse_args()
@@ -204,6 +217,15 @@ def main():
     names = a.cases.split() or sorted(case_module.CASES)
     env_info = probe_env()
     server = Server(build, work, modes, a.backend)
+    servers = {}  # emulated-link modes: a server each, with --emulate
+    for m in a.bench_emulated.split() if a.bench.split() else []:
+        if m not in EMULATED_LINKS:
+            sys.exit(f"unknown emulated mode {m}; known: {' '.join(EMULATED_LINKS)}")
+        os.makedirs(os.path.join(work, m))
+        servers[m] = Server(build, os.path.join(work, m), ["tcp"], a.backend,
+                            extra_args=["--emulate", EMULATED_LINKS[m][1]])
+        servers[m].addr[m] = servers[m].addr["tcp"]
+    bench_modes = modes + list(servers)
     report = ["# Flyt ML suite (tests/gpu/ml)", "", "| | |", "|---|---|",
               f"| date (UTC) | {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} |"]
     report += [f"| {k} | {v} |" for k, v in env_info.items()]
@@ -274,15 +296,15 @@ def main():
         bench_rows = []
         for w in a.bench.split():
             key = "ms_per_token" if w == "gpt_decode" else "ms_per_step"
-            tries = {m: [] for m in [None] + modes}
+            tries = {m: [] for m in [None] + bench_modes}
             # Repeats interleave the modes, so that drift on the host hits all alike;
             # the run with the median time stands for its mode.
             for rep in range(a.bench_repeat):
-                for m in [None] + modes:
+                for m in [None] + bench_modes:
                     left = start + a.budget - time.time()
                     if left < 20:
                         continue
-                    tries[m].append(run(a, build, server, m, "bench_ml.py", w, runs,
+                    tries[m].append(run(a, build, servers.get(m, server), m, "bench_ml.py", w, runs,
                                         int(min(a.timeout, left)), suffix=f".r{rep}"))
             per = {}
             for m, docs in tries.items():
@@ -301,7 +323,10 @@ def main():
                    "Ratio = native time / Flyt time (throughput relative to native; 1.0 = native speed).",
                    f"Each cell: the median of {a.bench_repeat} runs (all runs in brackets), modes interleaved.",
                    "Calls per step: the client's driver calls during the timed steps (sync: waited for a reply).",
-                   "", "| workload | native | " + " | ".join(modes) + " |", "|---|---|" + "---|" * len(modes)]
+                   "Emulated links (TCP through the emulator, both sides): " +
+                   "; ".join(f"{m} = {EMULATED_LINKS[m][0]}" for m in servers) + ".",
+                   "", "| workload | native | " + " | ".join(bench_modes) + " |",
+                   "|---|---|" + "---|" * len(bench_modes)]
         for w, per in bench_rows:
             nat = per[None]
             key = "ms_per_token" if w == "gpt_decode" else "ms_per_step"
@@ -312,7 +337,7 @@ def main():
             spread = lambda r: (" [" + ", ".join(f"{t:.3f}" for t in r["all_times"]) + "]"
                                 if len(r.get("all_times", [])) > 1 else "")
             cells = [f"{nat[key]:.3f} {unit}{spread(nat)}"]
-            for m in modes:
+            for m in bench_modes:
                 r = per[m]
                 if key not in r:
                     cells.append(f"**{r.get('status')}**")
@@ -345,6 +370,8 @@ def main():
                 report.append("")
     finally:
         server.stop()
+        for emulated in servers.values():
+            emulated.stop()
         report.append(f"Total: {time.time() - start:.0f} s.")
         with open(os.path.join(a.out, "ml.md"), "w") as f:
             f.write("\n".join(report) + "\n")
