@@ -177,7 +177,8 @@ Json ClusterManager::AllocJsonLocked(const AllocState& a) const {
          {"created_ms", r.created_ms},
          {"last_client_ms", r.last_client_ms},
          {"restarts", a.restarts}};
-  for (const char* k : {"sessions", "memory_used", "calls", "idle_ms", "pid", "sm_mechanism"}) {
+  for (const char* k : {"sessions", "memory_used", "calls", "bytes_in", "bytes_out", "idle_ms",
+                        "pid", "sm_mechanism"}) {
     if (a.report.contains(k)) j[k] = a.report[k];
   }
   if (!j.contains("sessions")) j["sessions"] = 0;
@@ -318,6 +319,9 @@ std::string ClusterManager::MetricsText() {
       {"flyt_tenant_memory_used_bytes", "gauge", "device memory the tenant's programs hold"},
       {"flyt_tenant_sessions", "gauge", "client processes connected to the tenant's server"},
       {"flyt_tenant_calls_total", "counter", "CUDA calls the tenant's server answered"},
+      {"flyt_tenant_received_bytes_total", "counter",
+       "bytes the tenant's server received from its clients (frames, headers included)"},
+      {"flyt_tenant_sent_bytes_total", "counter", "bytes the tenant's server sent to its clients"},
       {"flyt_tenant_server_restarts_total", "counter", "restarts of the tenant's server"},
       {"flyt_tenant_idle_seconds", "gauge", "time since the tenant's last client left"},
   };
@@ -332,6 +336,8 @@ std::string ClusterManager::MetricsText() {
                                report_number(a.report, "memory_used"),
                                report_number(a.report, "sessions"),
                                report_number(a.report, "calls"),
+                               report_number(a.report, "bytes_in"),
+                               report_number(a.report, "bytes_out"),
                                static_cast<double>(a.restarts),
                                report_number(a.report, "idle_ms") / 1000.0};
       m.Sample(tenant_families[f].name,

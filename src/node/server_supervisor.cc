@@ -91,6 +91,8 @@ Json ToJson(const ServerReport& r) {
               {"memory_quota", r.memory_quota},
               {"sm", r.sm},
               {"calls", r.calls},
+              {"bytes_in", r.bytes_in},
+              {"bytes_out", r.bytes_out},
               {"idle_ms", r.idle_ms}};
 }
 
@@ -508,6 +510,8 @@ std::vector<ServerReport> ServerSupervisor::Reports() {
     if (stats.contains("memory_quota")) r.memory_quota = IntField(stats, "memory_quota");
     if (stats.contains("sm")) r.sm = IntField(stats, "sm");
     r.calls = IntField(stats, "calls");
+    r.bytes_in = IntField(stats, "bytes_in");
+    r.bytes_out = IntField(stats, "bytes_out");
     r.idle_ms = IntField(stats, "idle_ms");
   }
   return reports;

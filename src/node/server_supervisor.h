@@ -48,6 +48,7 @@ struct ServerReport {
   std::string state;  // "starting", "running", "exited"
   int64_t pid = 0;
   int64_t sessions = 0, memory_used = 0, memory_quota = 0, sm = 0, calls = 0, idle_ms = 0;
+  int64_t bytes_in = 0, bytes_out = 0;  // frame bytes from and to its clients
 };
 nlohmann::json ToJson(const ServerReport& report);
 

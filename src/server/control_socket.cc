@@ -66,6 +66,8 @@ Json Stats(ServerState* state) {
                       {"sm_total", share.sm_total},
                       {"sm_mechanism", SmMechanismName(share.mechanism)},
                       {"calls", pool.calls},
+                      {"bytes_in", pool.bytes_in},
+                      {"bytes_out", pool.bytes_out},
                       {"idle_ms", idle_ms},
                       {"switch_pending", pending},
                       {"last_switch_us", state->board->layout().last_switch_us.load()},

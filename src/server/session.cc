@@ -464,6 +464,8 @@ wire::FrameHeader Session::ReplyHeader(const wire::FrameHeader& req, CUresult rc
   h.call_id = req.call_id;
   h.payload_len = payload_len;
   h.status = static_cast<uint32_t>(rc);
+  if (state_->slot != nullptr)
+    state_->slot->bytes_out.fetch_add(sizeof(h) + payload_len, std::memory_order_relaxed);
   h.info = reply_info_;
   // The share changed since the client fetched the device inventory: it
   // fetches it again (kOpDeviceInfo) when it sees this bit.
@@ -572,7 +574,10 @@ void Session::Run() {
       break;
     }
     if (h.op == ops::kOpGoodbye) break;
-    if (state_->slot != nullptr) state_->slot->calls.fetch_add(1, std::memory_order_relaxed);
+    if (state_->slot != nullptr) {
+      state_->slot->calls.fetch_add(1, std::memory_order_relaxed);
+      state_->slot->bytes_in.fetch_add(sizeof(h) + h.payload_len, std::memory_order_relaxed);
+    }
     // A live share change takes effect at the session's first call after it.
     FollowShare();
     if (exec_generation_.load(std::memory_order_relaxed) != state_->share.exec_generation()) {

@@ -38,6 +38,9 @@ struct WorkerSlot {
   std::atomic<uint64_t> session{0};
   std::atomic<uint64_t> charged{0};  // bytes this worker charged to the quota
   std::atomic<uint64_t> calls{0};
+  // Frame bytes over its client's connection (headers included): received
+  // from the client, sent to it.
+  std::atomic<uint64_t> bytes_in{0}, bytes_out{0};
   std::atomic<uint32_t> capturing{0};         // stream captures in progress
   std::atomic<uint64_t> share_generation{0};  // last share change it adopted
 };

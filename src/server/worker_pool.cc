@@ -256,6 +256,8 @@ void WorkerPool::Reap(Worker* w) {
   const uint64_t charged = s.charged.exchange(0);
   Subtract(&(*board_)->memory_used, charged);
   calls_ended_ += s.calls.exchange(0);
+  bytes_in_ended_ += s.bytes_in.exchange(0);
+  bytes_out_ended_ += s.bytes_out.exchange(0);
   const bool crashed =
       r == w->pid && (WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0));
   std::string how = !WIFSIGNALED(status) ? "exit status " + std::to_string(WEXITSTATUS(status))
@@ -389,10 +391,14 @@ WorkerPool::Counters WorkerPool::counters() {
       ++c.starting;
     }
     c.calls += (*board_)->slots[slot].calls.load();
+    c.bytes_in += (*board_)->slots[slot].bytes_in.load();
+    c.bytes_out += (*board_)->slots[slot].bytes_out.load();
   }
   c.started = started_;
   c.crashed = crashed_;
   c.calls += calls_ended_;
+  c.bytes_in += bytes_in_ended_;
+  c.bytes_out += bytes_out_ended_;
   c.last_end_ns = last_end_ns_;
   c.images = images_.count();
   c.image_bytes = images_.bytes();

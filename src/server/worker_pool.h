@@ -69,8 +69,10 @@ class WorkerPool {
     int starting = 0;  // started, not ready yet
     int serving = 0;   // serving a client
     uint64_t started = 0;
-    uint64_t crashed = 0;     // ended by a signal or a nonzero exit
-    uint64_t calls = 0;       // calls of all clients, ended ones too
+    uint64_t crashed = 0;   // ended by a signal or a nonzero exit
+    uint64_t calls = 0;     // calls of all clients, ended ones too
+    uint64_t bytes_in = 0;  // frame bytes from and to all clients, ended ones too
+    uint64_t bytes_out = 0;
     int64_t last_end_ns = 0;  // steady clock of the last client's end (0: none)
     uint64_t images = 0;      // code images cached, and their bytes
     uint64_t image_bytes = 0;
@@ -114,6 +116,7 @@ class WorkerPool {
   uint64_t started_ = 0;
   uint64_t crashed_ = 0;
   uint64_t calls_ended_ = 0;
+  uint64_t bytes_in_ended_ = 0, bytes_out_ended_ = 0;
   int64_t last_end_ns_ = 0;
   int failed_starts_ = 0;  // in a row; stops topping up after a few
   std::string last_failure_;

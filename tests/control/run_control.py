@@ -949,10 +949,23 @@ class Control(unittest.TestCase):
         return out
 
     def test_metrics_prometheus(self):
-        self.basic_cluster(sm=16, memory_gb=2)
+        cmgr = self.basic_cluster(sm=16, memory_gb=2)
         self.add_vm("10.1.0.6", "10.0.0.1", 8, 1)
         self.ctl("allocate", "--vm", "10.1.0.5")
         self.wait_server_running("10.1.0.5")
+        # A real program's calls and bytes reach the tenant's counters (server report,
+        # node manager heartbeat, cluster manager).
+        self.run_ok(cmgr, self.memory_roundtrip())
+        moved = self.wait_for(
+            "the tenant's bytes in /metrics",
+            lambda: (lambda t: t if self.metric(t, "flyt_tenant_received_bytes_total",
+                                                vm="10.1.0.5") not in ([], [0.0]) else None)(
+                self.scrape()))
+        for name, least in (("flyt_tenant_received_bytes_total", 1 << 20),
+                            ("flyt_tenant_sent_bytes_total", 1 << 20),
+                            ("flyt_tenant_calls_total", 10)):
+            value = self.metric(moved, name, vm="10.1.0.5")
+            self.assertTrue(value and value[0] >= least, "%s: %s\n%s" % (name, value, moved))
         self.ctl_fails("allocate", "--vm", "10.9.9.9", json_out=False)  # unknown VM: an error
         text = self.scrape()
         for line in text.splitlines():  # every line is a comment or a well-formed sample
@@ -970,9 +983,12 @@ class Control(unittest.TestCase):
         self.assertEqual(self.metric(text, "flyt_requests_total", verb="allocate",
                                      outcome="ok"), [1.0], text)
         self.assertEqual(len(self.metric(text, "flyt_requests_total", verb="allocate")), 2, text)
-        self.assertEqual(self.metric(text, "flyt_allocation_request_seconds_count"), [2.0], text)
+        # Two operator allocations (one refused) and the client manager's request.
+        self.assertEqual(self.metric(text, "flyt_requests_total", verb="request-allocation",
+                                     outcome="ok"), [1.0], text)
+        self.assertEqual(self.metric(text, "flyt_allocation_request_seconds_count"), [3.0], text)
         self.assertEqual(self.metric(text, "flyt_allocation_request_seconds_bucket", le="+Inf"),
-                         [2.0], text)
+                         [3.0], text)
 
         # A real Prometheus scrapes it, and PromQL finds the tenant's memory.
         prometheus = shutil.which("prometheus")
