@@ -5,7 +5,7 @@
 // values and handles travel to the server, non-const pointers come back as
 // outputs, const pointers to plain structs travel by value. From this list the
 // build generates the client's exported stubs (client/gen_entry_points.py) and
-// the server compiles its handlers (server/generic_handlers.cc), so the two
+// the server compiles its handlers (Session::RunGeneric, server/session.cc), so the two
 // sides cannot drift apart. Op ids are stable across versions: append only,
 // never renumber. Hand-written calls (launches, copies, code loading, contexts)
 // have their ids in protocol/ops.h.
