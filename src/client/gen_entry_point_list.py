@@ -100,23 +100,6 @@ def driver_rows(table_inc, api_pairs, libcuda, nm):
     return rows
 
 
-def nvml_rows(nvml_lib, unsupported_inc, nm):
-    refused = set()
-    with open(unsupported_inc, encoding="utf-8") as f:
-        for line in f:
-            m = re.match(r"\s*FLYT_NVML_UNSUPPORTED\((\w+)\)", line)
-            if m:
-                refused.add(m.group(1))
-    if not refused:
-        raise ListError(f"{unsupported_inc}: no FLYT_NVML_UNSUPPORTED entries")
-    names = {s for s in exported(nvml_lib, nm) if s.startswith("nvml")}
-    missing = sorted(refused - names)
-    if missing:
-        raise ListError(f"{nvml_lib} does not export " + " ".join(missing))
-    return [("libnvidia-ml.so.1", "nvml", name, "refused" if name in refused else "served")
-            for name in sorted(names)]
-
-
 def stub_rows(library, lib_path, stubs_source, stub_re, prefix, nm):
     """Rows of a library whose refused entry points are the stubs `stubs_source` defines."""
     with open(stubs_source, encoding="utf-8") as f:
@@ -146,7 +129,8 @@ def main(argv):
     args = parser.parse_args(argv)
 
     rows = driver_rows(args.table, args.api, args.libcuda, args.nm)
-    rows += nvml_rows(args.nvml_lib, args.nvml_unsupported, args.nm)
+    rows += stub_rows("libnvidia-ml.so.1", args.nvml_lib, args.nvml_unsupported,
+                      r"(?m)^\s*FLYT_NVML_UNSUPPORTED\((\w+)\)", "nvml", args.nm)
     if args.cupti_lib:
         rows += stub_rows("libcupti.so.13", args.cupti_lib, args.cupti_unsupported,
                           r'flyt_cupti_unsupported\("(cupti\w+)"\)', "cupti", args.nm)
