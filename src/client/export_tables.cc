@@ -5,6 +5,7 @@
 // Must not touch: transports, the wire protocol, handle translation, or the server; no slot
 // may block on the network except through the public driver API calls it makes.
 #include "client/export_tables.h"
+#include "client/compile_cache.h"
 #include "common/profiler_abi.h"
 
 #include <pthread.h>
@@ -98,9 +99,8 @@ constexpr TableInfo kTableInfo[kNumTables] = {
 // Tables refused without a warning: asked for by libraries that work with them refused.
 // f8cff951: asked first by every cudart copy; the driver serves 3 slots, none of which was
 // called in our traces; cudart 13.0 (static and shared), cuBLAS, cuBLASLt and cuDNN run with
-// it refused. da9151d3: asked by NVRTC and nvJitLink 13.0; the driver serves it (56 bytes),
-// and NVRTC-compiled code (jiterator, CuPy, cuDNN runtime fusion) runs with it refused.
-// What either is for is unknown.
+// it refused. da9151d3 (NVRTC's compile cache, client/compile_cache.h) is served, and
+// refused quietly only when FLYT_COMPILE_CACHE=0: NVRTC then compiles every time.
 constexpr unsigned char kRefusedQuietly[][16] = {
     {0xf8, 0xcf, 0xf9, 0x51, 0x21, 0x46, 0x8b, 0x4e, 0xb9, 0xe2, 0xfb, 0x46, 0x9e, 0x7c, 0x0d,
      0xd9},
@@ -837,6 +837,12 @@ CUresult GetExportTable(const void** table, const CUuuid* id) {
   if (std::memcmp(id->bytes, profiler::kTableUuid, sizeof(id->bytes)) == 0) {
     *table = ProfilerTable();  // Flyt's libcupti (client/api_profiler.cc)
     return CUDA_SUCCESS;
+  }
+  if (std::memcmp(id->bytes, kCompileCacheUuid, sizeof(id->bytes)) == 0) {
+    if (const void* cache = CompileCacheTable(); cache != nullptr) {
+      *table = cache;
+      return CUDA_SUCCESS;
+    }
   }
   for (int i = 0; i < kNumTables; ++i) {
     if (std::memcmp(id->bytes, kTableInfo[i].uuid, sizeof(id->bytes)) == 0) {

@@ -990,7 +990,7 @@ class E2E(unittest.TestCase):
                 self.assertEqual(log.count("no table 0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"), 1,
                                  "want one warning for an unknown export table\n" + where)
                 self.assertNotIn("da9151d3", log,
-                                 "NVRTC's export table is refused without a warning\n" + where)
+                                 "NVRTC's export table is served without a warning\n" + where)
                 self.stop_server(srv)
 
     def test_pinned_shared(self):
@@ -1203,6 +1203,89 @@ class E2E(unittest.TestCase):
         self.assert_stats(srv, sessions=0)
         self.assertRegex(srv.log_text(), r"destroyed 1 JIT link states",
                          "the server did not destroy the link state left behind\n" + srv.logs())
+        self.stop_server(srv)
+
+    def test_nvrtc_cache(self):
+        """NVRTC's driver compile cache (table da9151d3) served in the client process: over
+        every transport and cudart, a fresh CUDA_CACHE_PATH makes the first compile a miss
+        and the repeats hits with the same cubin; a second process finds the entries on
+        disk; another option misses; CUDA_CACHE_DISABLE=1 and FLYT_COMPILE_CACHE=0 turn
+        it off as the driver does; damaged files are recompiled and replaced; the folder
+        stays under CUDA_CACHE_MAXSIZE."""
+        def states(kv):
+            return {k: kv.get(k) for k in ("c0.ptx", "c0.cubin", "c1.ptx", "c1.cubin",
+                                           "c2.ptx", "c2.cubin", "ftz.ptx")}
+
+        def folder_files(path):
+            folder = os.path.join(path, "flyt")
+            return sorted(os.path.join(folder, f) for f in os.listdir(folder)
+                          if not f.startswith(".")) if os.path.isdir(folder) else []
+
+        fresh = {"c0.ptx": "miss", "c0.cubin": "miss", "c1.ptx": "hit", "c1.cubin": "hit",
+                 "c2.ptx": "hit", "c2.cubin": "hit", "ftz.ptx": "miss"}
+        warm = dict(fresh, **{"c0.ptx": "hit", "c0.cubin": "hit", "ftz.ptx": "hit"})
+        off = {k: "off" for k in fresh}
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                srv = self.start_server()
+                cache = tempfile.mkdtemp(prefix="cc-", dir=self.tmp)
+                res = self.run_ok(srv, transport, "nvrtc_cache", variant, log_level="warn",
+                                  extra={"CUDA_CACHE_PATH": cache})
+                self.assertEqual(states(self.kv(res)), fresh, res.describe())
+                self.assertEqual(self.kv(res).get("under_flyt"), "1", res.describe())
+                self.assertGreaterEqual(len(folder_files(cache)), 2, res.describe())
+                res = self.run_ok(srv, transport, "nvrtc_cache", variant, log_level="warn",
+                                  extra={"CUDA_CACHE_PATH": cache})
+                self.assertEqual(states(self.kv(res)), warm,
+                                 "a second process did not find the entries on disk\n" +
+                                 res.describe())
+                self.stop_server(srv)
+
+        srv = self.start_server()
+        transport, variant = CFG.transports[0], CFG.variants[0]
+        for name, env in (("CUDA_CACHE_DISABLE", {"CUDA_CACHE_DISABLE": "1"}),
+                          ("FLYT_COMPILE_CACHE", {"FLYT_COMPILE_CACHE": "0"})):
+            with self.subTest(off=name):
+                cache = tempfile.mkdtemp(prefix="cc-", dir=self.tmp)
+                res = self.run_ok(srv, transport, "nvrtc_cache", variant, log_level="warn",
+                                  extra=dict(env, CUDA_CACHE_PATH=cache))
+                self.assertEqual(states(self.kv(res)), off, res.describe())
+                self.assertEqual(folder_files(cache), [], res.describe())
+
+        with self.subTest(case="damaged files"):
+            cache = tempfile.mkdtemp(prefix="cc-", dir=self.tmp)
+            self.run_ok(srv, transport, "nvrtc_cache", variant, log_level="warn",
+                        extra={"CUDA_CACHE_PATH": cache})
+            files = folder_files(cache)
+            self.assertGreaterEqual(len(files), 2)
+            for i, path in enumerate(files):
+                with open(path, "r+b") as f:  # one truncated, the others with a flipped byte
+                    if i == 0:
+                        f.truncate(40)
+                    else:
+                        f.seek(-1, os.SEEK_END)
+                        last = f.read(1)
+                        f.seek(-1, os.SEEK_END)
+                        f.write(bytes([last[0] ^ 0xff]))
+            res = self.run_ok(srv, transport, "nvrtc_cache", variant, log_level="warn",
+                              extra={"CUDA_CACHE_PATH": cache})
+            kv = self.kv(res)
+            self.assertEqual((kv.get("c0.ptx"), kv.get("c0.cubin")), ("miss", "miss"),
+                             res.describe())
+            self.assertIn("is damaged", res.client_log, res.describe())
+            res = self.run_ok(srv, transport, "nvrtc_cache", variant, log_level="warn",
+                              extra={"CUDA_CACHE_PATH": cache})
+            self.assertEqual(states(self.kv(res)), warm, "damaged entries were not replaced\n" +
+                             res.describe())
+
+        with self.subTest(case="CUDA_CACHE_MAXSIZE"):
+            cache = tempfile.mkdtemp(prefix="cc-", dir=self.tmp)
+            limit = 40000
+            self.run_ok(srv, transport, "nvrtc_cache", variant, log_level="warn",
+                        extra={"CUDA_CACHE_PATH": cache, "CUDA_CACHE_MAXSIZE": str(limit)})
+            total = sum(os.path.getsize(f) for f in folder_files(cache))
+            self.assertGreater(total, 0)
+            self.assertLessEqual(total, limit)
         self.stop_server(srv)
 
     def test_tensor_map(self):

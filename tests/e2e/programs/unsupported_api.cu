@@ -1,7 +1,7 @@
 // unsupported_api: resolves driver functions Flyt does not implement through
 // cudaGetDriverEntryPointByVersion (and, where the client library exports them, dlsym),
 // calls them, and expects CUDA_ERROR_NOT_SUPPORTED (801) without a crash; asks
-// cuGetExportTable for a table Flyt refuses quietly (NVRTC's da9151d3) and for one nobody
+// cuGetExportTable for NVRTC's compile cache (da9151d3, served) and for one nobody
 // serves; then shows the session still works with an ordinary allocation and copy round trip.
 // Prints "unsupported_api: PASS".
 #include <cuda.h>  // driver types only; the program does not link libcuda
@@ -70,13 +70,18 @@ int main() {
 
   e2e::Step("cuGetExportTable refusals");
   auto table_fn = reinterpret_cast<GetExportTableFn>(Resolve("cuGetExportTable"));
-  // NVRTC/nvJitLink's table: refused without a warning. The other UUID is made up: refused
-  // with one warning naming it.
+  // NVRTC's compile cache table is served as the driver serves it (7 slots). The other
+  // UUID is made up: refused with one warning naming it.
   const CUuuid nvrtc_table = {{'\xda', '\x91', '\x51', '\xd3', '\x3a', '\xe6', '\xcc', '\x41',
                                '\xa5', '\xc0', '\x4f', '\x26', '\xd5', '\x33', '\xe3', '\x28'}};
   const CUuuid made_up = {{'\x0f', '\x1e', '\x2d', '\x3c', '\x4b', '\x5a', '\x69', '\x78', '\x87',
                            '\x96', '\xa5', '\xb4', '\xc3', '\xd2', '\xe1', '\xf0'}};
-  for (const CUuuid* id : {&nvrtc_table, &made_up, &made_up}) {
+  const void* cache_table = nullptr;
+  EXPECT(table_fn(&cache_table, &nvrtc_table) == CUDA_SUCCESS && cache_table != nullptr,
+         "NVRTC's compile cache table was not served");
+  EXPECT(*static_cast<const size_t*>(cache_table) == 56, "its size slot reads %zu, want 56",
+         *static_cast<const size_t*>(cache_table));
+  for (const CUuuid* id : {&made_up, &made_up}) {
     const void* table = &table;
     ExpectNotSupported("cuGetExportTable", table_fn(&table, id));
     EXPECT(table == nullptr, "a refused export table left the output at %p", table);

@@ -15,7 +15,11 @@
  *     callback gets a copy of the item in memory that faults on every access, and the shim
  *     logs which offsets are read and by which library (single-stepping past each read);
  *     the copy is translated back to the driver's item in the arguments of the watched
- *     functions.
+ *     functions;
+ *   - slot 1 of da9151d3 (NVRTC's one call): timed, its argument memory logged before and
+ *     after, words that point into a library named. PROBE_FAIL_DA1=N makes it return N
+ *     without calling the driver; PROBE_REFUSE=uuid-prefix refuses a whole table;
+ *   - slots 2..6 of da9151d3: each result and the argument memory before and after.
  * Log: $PROBE_LOG (default /tmp/driver_probe.log), one line per event, pid first.
  * Never used by Flyt itself; build and run: tests/gpu/probe/probe_build.sh. */
 #define _GNU_SOURCE
@@ -28,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <ucontext.h>
 #include <unistd.h>
 
@@ -77,19 +82,29 @@ HIDDEN void probe_log_slot(int n, uint64_t* saved) {
         (unsigned long)saved[5], (unsigned long)saved[4], (unsigned long)saved[3],
         (unsigned long)saved[2], (unsigned long)saved[1], (unsigned long)saved[0]);
   if (tramp_calls[n] <= 6 &&
-      (strncmp(tramp_name[n], "a094798c", 8) == 0 || strncmp(tramp_name[n], "da9151d3", 8) == 0)) {
+      (strncmp(tramp_name[n], "a094798c", 8) == 0 || strncmp(tramp_name[n], "da9151d3", 8) == 0 ||
+       strncmp(tramp_name[n], "a0 after", 8) == 0 || strncmp(tramp_name[n], "a4 after", 8) == 0)) {
     for (int a = 5; a >= 3; --a) probe_dump_memory(5 - a, (const void*)(uintptr_t)saved[a], 192);
   }
 }
 
 #include "probe_tramps.inc" /* probe_tramp_0 .. _255 and tramps[] (generated) */
 
-/* Logs n bytes at p as 64-bit words when p is readable (write() to /dev/null fails with
- * EFAULT otherwise). Strings found at word-sized pointers are logged too. */
+/* Whether n bytes (n <= 4096) at p can be read: a pipe copies from user memory (EFAULT
+ * when it cannot; /dev/null would not look at the bytes at all). */
+static int probe_readable(const void* p, size_t n) {
+  static int fds[2] = {-1, -1};
+  static char sink[4096];
+  if (fds[0] < 0 && pipe(fds) != 0) return 0;
+  if ((uintptr_t)p < 4096 || n > sizeof sink) return 0;
+  if (write(fds[1], p, n) != (ssize_t)n) return 0;
+  return read(fds[0], sink, n) == (ssize_t)n;
+}
+
+/* Logs n bytes at p as 64-bit words when p is readable. Strings found at word-sized
+ * pointers are logged too. */
 static void probe_dump_memory(int arg, const void* p, size_t n) {
-  static int null_fd = -1;
-  if (null_fd < 0) null_fd = open("/dev/null", O_WRONLY);
-  if ((uintptr_t)p < 4096 || write(null_fd, p, n) != (ssize_t)n) return;
+  if (!probe_readable(p, n)) return;
   const uint64_t* w = p;
   char line[1024];
   int off = 0;
@@ -98,7 +113,7 @@ static void probe_dump_memory(int arg, const void* p, size_t n) {
   logf_("  a%d@%p:%s", arg, p, line);
   for (size_t i = 0; i < n / 8; ++i) {
     const char* str = (const char*)(uintptr_t)w[i];
-    if ((uintptr_t)str > 4096 && write(null_fd, str, 8) == 8 && str[0] >= 'A' && str[0] <= 'z')
+    if (probe_readable(str, 64) && str[0] >= 'A' && str[0] <= 'z')
       logf_("  a%d word%zu str \"%.60s\"", arg, i, str);
   }
 }
@@ -170,6 +185,83 @@ static int wrap_iter(void* a0, void* a1, item_cb cb, void* opaque, void* a4, voi
   return r;
 }
 
+/* ---- da9151d3 slot 1 (NVRTC's one call): timed, with its memory before and after ---- */
+typedef uint64_t (*eight_fn)(uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t,
+                             uint64_t, uint64_t);
+static eight_fn real_da_slot1;
+/* Copies /proc/self/maps next to the log (PROBE_LOG.maps): pointers are named offline. */
+static void probe_save_maps(void) {
+  const char* path = getenv("PROBE_LOG");
+  char out[512];
+  snprintf(out, sizeof out, "%s.maps", path ? path : "/tmp/driver_probe.log");
+  int in = open("/proc/self/maps", O_RDONLY);
+  int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  char buf[4096];
+  ssize_t n;
+  while (in >= 0 && fd >= 0 && (n = read(in, buf, sizeof buf)) > 0) (void)!write(fd, buf, (size_t)n);
+  if (in >= 0) close(in);
+  if (fd >= 0) close(fd);
+}
+static void probe_dump_args(uint64_t a0, uint64_t a2, uint64_t a4, uint64_t a5, uint64_t a6) {
+  probe_dump_memory(0, (const void*)(uintptr_t)a0, 256);
+  probe_dump_memory(2, (const void*)(uintptr_t)a2, 128);
+  probe_dump_memory(4, (const void*)(uintptr_t)a4, 256);
+  probe_dump_memory(5, (const void*)(uintptr_t)a5, 32);
+  probe_dump_memory(6, (const void*)(uintptr_t)a6, 64);
+}
+__attribute__((force_align_arg_pointer)) static uint64_t wrap_da_slot1(
+    uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3, uint64_t a4, uint64_t a5, uint64_t a6,
+    uint64_t a7) {
+  logf_("da1 before a0..a7 %#lx %#lx %#lx %#lx %#lx %#lx %#lx %#lx", (unsigned long)a0,
+        (unsigned long)a1, (unsigned long)a2, (unsigned long)a3, (unsigned long)a4,
+        (unsigned long)a5, (unsigned long)a6, (unsigned long)a7);
+  probe_dump_args(a0, a2, a4, a5, a6);
+  if (getenv("PROBE_FAIL_DA1") != NULL) {
+    logf_("da1 failing on purpose with %s", getenv("PROBE_FAIL_DA1"));
+    return (uint64_t)atoi(getenv("PROBE_FAIL_DA1"));
+  }
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  uint64_t r = real_da_slot1(a0, a1, a2, a3, a4, a5, a6, a7);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  logf_("da1 -> %#lx in %.3f ms", (unsigned long)r,
+        (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6);
+  probe_dump_args(a0, a2, a4, a5, a6);
+  probe_save_maps();
+  return r;
+}
+
+/* ---- da9151d3 slots 2..6: each call's result and its argument memory after the call ---- */
+static eight_fn real_da_slot[7];
+static uint64_t probe_da_after(int k, uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3,
+                               uint64_t a4, uint64_t a5, uint64_t a6, uint64_t a7) {
+  logf_("da%d before a0..a5 %#lx %#lx %#lx %#lx %#lx %#lx", k, (unsigned long)a0,
+        (unsigned long)a1, (unsigned long)a2, (unsigned long)a3, (unsigned long)a4,
+        (unsigned long)a5);
+  probe_dump_memory(10 * k + 0, (const void*)(uintptr_t)a0, 64);
+  probe_dump_memory(10 * k + 1, (const void*)(uintptr_t)a1, 64);
+  probe_dump_memory(10 * k + 2, (const void*)(uintptr_t)a2, 64);
+  probe_dump_memory(10 * k + 3, (const void*)(uintptr_t)a3, 16);
+  uint64_t r = real_da_slot[k](a0, a1, a2, a3, a4, a5, a6, a7);
+  logf_("da%d -> %#lx", k, (unsigned long)r);
+  probe_dump_memory(10 * k + 0, (const void*)(uintptr_t)a0, 64);
+  probe_dump_memory(10 * k + 1, (const void*)(uintptr_t)a1, 64);
+  probe_dump_memory(10 * k + 2, (const void*)(uintptr_t)a2, 64);
+  probe_dump_memory(10 * k + 3, (const void*)(uintptr_t)a3, 16);
+  return r;
+}
+#define DA_WRAP(k)                                                                            \
+  __attribute__((force_align_arg_pointer)) static uint64_t wrap_da_slot##k(                   \
+      uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3, uint64_t a4, uint64_t a5,           \
+      uint64_t a6, uint64_t a7) {                                                             \
+    return probe_da_after(k, a0, a1, a2, a3, a4, a5, a6, a7);                                 \
+  }
+DA_WRAP(2)
+DA_WRAP(3)
+DA_WRAP(4)
+DA_WRAP(5)
+DA_WRAP(6)
+
 /* ---- cuGetExportTable ---- */
 typedef int (*get_table_fn)(const void**, const unsigned char*);
 static get_table_fn real_get_table;
@@ -210,9 +302,14 @@ struct proxy {
 static struct proxy proxies[8];
 
 int cuGetExportTable(const void** table, const unsigned char* uuid) {
-  int r = real_get_table(table, uuid);
   char u[33];
   for (int i = 0; i < 16; ++i) sprintf(u + 2 * i, "%02x", uuid[i]);
+  const char* refuse = getenv("PROBE_REFUSE");
+  if (refuse != NULL && strncmp(refuse, u, strlen(refuse)) == 0) {
+    logf_("export %s refused on purpose", u);
+    return 500; /* CUDA_ERROR_NOT_FOUND */
+  }
+  int r = real_get_table(table, uuid);
   unsigned long size = (r == 0 && table && *table) ? (unsigned long)((uintptr_t*)*table)[0] : 0;
   logf_("export %s -> %d size=%lu", u, r, size);
   if (r != 0 || table == NULL || *table == NULL) return r;
@@ -236,6 +333,16 @@ int cuGetExportTable(const void** table, const unsigned char* uuid) {
         if (strcmp(u, PROXIED[0]) == 0 && slots > 7) {
           real_iter = (iter_fn)real[7];
           copy[7] = (void*)wrap_iter;
+        }
+        if (strcmp(u, PROXIED[4]) == 0) {
+          real_da_slot1 = (eight_fn)real[1];
+          copy[1] = (void*)wrap_da_slot1;
+          void* wraps[7] = {0, 0, (void*)wrap_da_slot2, (void*)wrap_da_slot3,
+                            (void*)wrap_da_slot4, (void*)wrap_da_slot5, (void*)wrap_da_slot6};
+          for (int k = 2; k <= 6 && k < (int)slots; ++k) {
+            real_da_slot[k] = (eight_fn)real[k];
+            copy[k] = wraps[k];
+          }
         }
         if (strcmp(u, PROXIED[2]) == 0) {
           real_switch[0] = (switch_fn)real[2];
