@@ -40,7 +40,11 @@
 #include <vector>
 
 #include "common/log.h"
-#include "common/sha256.h"
+
+// xxHash (Debian libxxhash-dev) compiled in, static inline: nothing is exported and
+// nothing is loaded at run time.
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 namespace flyt::client {
 
@@ -57,12 +61,48 @@ constexpr size_t kMemoryBudget = size_t{256} << 20;
 // CUDA's documented default for CUDA_CACHE_MAXSIZE, and its ceiling.
 constexpr uint64_t kDefaultDiskBytes = uint64_t{1} << 30;
 constexpr uint64_t kMaxDiskBytes = uint64_t{4} << 30;
-constexpr char kFileMagic[8] = {'F', 'L', 'Y', 'T', 'C', 'C', '0', '1'};
+constexpr char kFileMagic[8] = {'F', 'L', 'Y', 'T', 'C', 'C', '0', '2'};
+
+using Digest = XXH128_canonical_t;  // 16 bytes, the same on every machine
+
+// Streams bytes into a 128-bit XXH3 digest.
+class Hasher {
+ public:
+  Hasher() {
+    XXH3_INITSTATE(&state_);
+    XXH3_128bits_reset(&state_);
+  }
+  void Update(const void* p, size_t n) { XXH3_128bits_update(&state_, p, n); }
+  Digest Final() {
+    Digest d;
+    XXH128_canonicalFromHash(&d, XXH3_128bits_digest(&state_));
+    return d;
+  }
+
+ private:
+  XXH3_state_t state_;
+};
+
+Digest HashOf(const void* p, size_t n) {
+  Hasher h;
+  h.Update(p, n);
+  return h.Final();
+}
+
+std::string Hex(const Digest& d) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string s(2 * sizeof(d.digest), '0');
+  for (size_t i = 0; i < sizeof(d.digest); ++i) {
+    s[2 * i] = kDigits[d.digest[i] >> 4];
+    s[2 * i + 1] = kDigits[d.digest[i] & 15];
+  }
+  return s;
+}
 
 struct Key {
   uint64_t magic;
   uint32_t stage;
-  uint8_t digest[32];
+  Digest digest;
 };
 
 bool ValidKey(const Key* key) { return key != nullptr && key->magic == kKeyMagic; }
@@ -70,7 +110,7 @@ bool ValidKey(const Key* key) { return key != nullptr && key->magic == kKeyMagic
 struct FileHeader {
   char magic[8];
   uint64_t size;
-  uint8_t data_digest[32];
+  Digest data_digest;
 };
 
 bool Truthy(const char* v) { return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0; }
@@ -137,8 +177,8 @@ class Store {
     return *store;
   }
 
-  Entry Find(const uint8_t digest[32]) {
-    const std::string name = Sha256::Hex(digest);
+  Entry Find(const Digest& digest) {
+    const std::string name = Hex(digest);
     {
       std::lock_guard lock(mu_);
       auto it = memory_.find(name);
@@ -149,16 +189,16 @@ class Store {
     return e;
   }
 
-  void Put(const uint8_t digest[32], const void* data, size_t n) {
-    const std::string name = Sha256::Hex(digest);
+  void Put(const Digest& digest, const void* data, size_t n) {
+    const std::string name = Hex(digest);
     auto e = std::make_shared<const std::vector<uint8_t>>(static_cast<const uint8_t*>(data),
                                                           static_cast<const uint8_t*>(data) + n);
     Remember(name, e);
     WriteFile(name, *e);
   }
 
-  void Erase(const uint8_t digest[32]) {
-    const std::string name = Sha256::Hex(digest);
+  void Erase(const Digest& digest) {
+    const std::string name = Hex(digest);
     {
       std::lock_guard lock(mu_);
       auto it = memory_.find(name);
@@ -225,11 +265,8 @@ class Store {
     if (ok) {
       auto data = std::make_shared<std::vector<uint8_t>>(h.size);
       ok = ReadAll(fd, data->data(), data->size());
-      uint8_t digest[32];
-      Sha256 sha;
-      sha.Update(data->data(), data->size());
-      sha.Final(digest);
-      ok = ok && std::memcmp(digest, h.data_digest, sizeof(digest)) == 0;
+      const Digest digest = HashOf(data->data(), data->size());
+      ok = ok && std::memcmp(&digest, &h.data_digest, sizeof(digest)) == 0;
       if (ok) out = std::move(data);
     }
     ::close(fd);
@@ -251,9 +288,7 @@ class Store {
     FileHeader h{};
     std::memcpy(h.magic, kFileMagic, sizeof(h.magic));
     h.size = data.size();
-    Sha256 sha;
-    sha.Update(data.data(), data.size());
-    sha.Final(h.data_digest);
+    h.data_digest = HashOf(data.data(), data.size());
     int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) return;
     bool ok = WriteAll(fd, &h, sizeof(h)) && WriteAll(fd, data.data(), data.size());
@@ -314,10 +349,10 @@ class Store {
   std::atomic<bool> trimmed_once_{false};
 };
 
-void HashString(Sha256* sha, const char* s) {
+void HashString(Hasher* h, const char* s) {
   uint64_t n = s == nullptr ? ~uint64_t{0} : strnlen(s, kMaxString);
-  sha->Update(&n, sizeof(n));
-  if (s != nullptr) sha->Update(s, n);
+  h->Update(&n, sizeof(n));
+  if (s != nullptr) h->Update(s, n);
 }
 
 // Slot 1.
@@ -326,21 +361,20 @@ CUresult MakeKey(Key** out, int stage, const void* input, size_t input_size, con
   if (Truthy(std::getenv("CUDA_CACHE_DISABLE"))) return CUDA_ERROR_NOT_INITIALIZED;
   if (out == nullptr || (input == nullptr && input_size != 0) || input_size > kMaxInput)
     return CUDA_ERROR_INVALID_VALUE;
-  Sha256 sha;
+  Hasher h;
   static const char kDomain[] = "flyt compile cache 1";
-  sha.Update(kDomain, sizeof(kDomain));
+  h.Update(kDomain, sizeof(kDomain));
   int64_t numbers[3] = {stage, arch, static_cast<int64_t>(input_size)};
-  sha.Update(numbers, sizeof(numbers));
-  HashString(&sha, options);
-  HashString(&sha, host);
-  HashString(&sha, build);
-  if (input_size > 0) sha.Update(input, input_size);
-  auto* key = new (std::nothrow) Key{kKeyMagic, static_cast<uint32_t>(stage), {}};
+  h.Update(numbers, sizeof(numbers));
+  HashString(&h, options);
+  HashString(&h, host);
+  HashString(&h, build);
+  if (input_size > 0) h.Update(input, input_size);
+  auto* key = new (std::nothrow) Key{kKeyMagic, static_cast<uint32_t>(stage), h.Final()};
   if (key == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
-  sha.Final(key->digest);
   *out = key;
   FLYT_TRACE("compile cache: key %.16s for stage %d, arch %d, %zu input bytes",
-             Sha256::Hex(key->digest).c_str(), stage, arch, input_size);
+             Hex(key->digest).c_str(), stage, arch, input_size);
   return CUDA_SUCCESS;
 }
 

@@ -30,7 +30,7 @@ template <int N> __device__ float poly(float x) {
 extern "C" __global__ void scale(float* out, const float* in, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  out[i] = in[i] * 3.0f + 1.0f + 0.0f * poly<300>(in[i]);
+  out[i] = in[i] * 3.0f + 1.0f + 0.0f * poly<300>(in[i] * 0.001f);  // poly stays finite
 }
 )";
 
