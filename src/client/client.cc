@@ -2,6 +2,7 @@
 #include "client/client.h"
 #include "client/client_manager_lookup.h"
 #include "client/query_cache.h"
+#include "client/tls_client.h"
 
 #include <pthread.h>
 #include <sys/mman.h>
@@ -22,6 +23,12 @@
 
 namespace flyt::client {
 namespace {
+
+// tls:// goes through the TLS layer; every other address through the transport.
+Status DialServer(const transport::Address& a, const transport::Liveness& l,
+                  std::unique_ptr<transport::Connection>* out) {
+  return a.kind == transport::Address::Kind::kTls ? DialTls(a, l, out) : transport::Dial(a, l, out);
+}
 
 thread_local CUcontext t_current = nullptr;
 thread_local uint32_t t_last_reply_info = 0;
@@ -122,7 +129,7 @@ CUresult Client::Init() {
     live.connect_timeout_ms = live.dead_peer_timeout_ms < 10000 ? live.dead_peer_timeout_ms : 10000;
     address_ = addr;
     liveness_ = live;
-    st = transport::Dial(addr, live, &conn_);
+    st = DialServer(addr, live, &conn_);
     if (!st.ok()) {
       init_rc_ = Fail("cannot reach flyt-server: " + st.message() +
                       ". Start flyt-server there or point FLYT_SERVER (flyt run --server) at it");
@@ -519,7 +526,7 @@ CUresult Client::EnsureCallbackChannel() {
   std::lock_guard<std::mutex> lock(callback_mu_);
   if (callback_channel_) return CUDA_SUCCESS;
   std::unique_ptr<transport::Connection> conn;
-  Status st = transport::Dial(address_, liveness_, &conn);
+  Status st = DialServer(address_, liveness_, &conn);
   if (st.ok()) st = transport::WrapFromEnvironment(&conn);
   wire::Writer w;
   w.Put<uint32_t>(wire::kProtocolVersion);

@@ -42,7 +42,7 @@ bool ClientStays(const transport::DetachedConnection& d) {
 
 }  // namespace
 
-void Acceptor::Run(transport::Listener* listener) {
+void Acceptor::Run(transport::Listener* listener, const transport::TlsServerContext* tls) {
   for (;;) {
     std::unique_ptr<transport::Connection> conn;
     Status s = listener->Accept(&conn);
@@ -50,8 +50,17 @@ void Acceptor::Run(transport::Listener* listener) {
       FLYT_ERROR("%s: %s", listener->Describe().c_str(), s.message().c_str());
       return;
     }
-    if (emulate_.enabled()) conn = transport::WrapEmulated(std::move(conn), emulate_);
-    std::thread([this, c = std::move(conn)]() mutable { Handle(std::move(c)); }).detach();
+    std::thread([this, tls, c = std::move(conn)]() mutable {
+      if (tls != nullptr) {
+        Status st = transport::AcceptTls(*tls, kHandshakeTimeoutMs, &c);
+        if (!st.ok()) {
+          FLYT_WARN("%s; closing", st.message().c_str());
+          return;
+        }
+      }
+      if (emulate_.enabled()) c = transport::WrapEmulated(std::move(c), emulate_);
+      Handle(std::move(c));
+    }).detach();
   }
 }
 

@@ -8,7 +8,8 @@
 // session's secret and hands the connection to the worker of that session.
 // A connection whose client leaves right after the hello (it moved to shared
 // memory) never takes a worker.
-// Owns: the handshake, session ids and secrets. Must not execute CUDA calls
+// On tls:// listeners the TLS handshake comes first, here too (the worker continues the
+// encrypted connection). Owns: the handshake, session ids and secrets. Must not execute CUDA calls
 // or read anything after the first frame.
 #pragma once
 
@@ -19,6 +20,7 @@
 #include "server/session.h"
 #include "server/worker_pool.h"
 #include "transport/emulated_transport.h"
+#include "transport/tls_server.h"
 #include "transport/transport.h"
 
 namespace flyt::server {
@@ -27,8 +29,9 @@ class Acceptor {
  public:
   Acceptor(ServerState* state, WorkerPool* pool, const transport::EmulationSettings& emulate)
       : state_(state), pool_(pool), emulate_(emulate) {}
-  // Accepts on `listener` until it fails; one thread per connection.
-  void Run(transport::Listener* listener);
+  // Accepts on `listener` until it fails; one thread per connection. With `tls`, each
+  // connection first completes a TLS handshake (transport/tls_server.h).
+  void Run(transport::Listener* listener, const transport::TlsServerContext* tls = nullptr);
 
  private:
   void Handle(std::unique_ptr<transport::Connection> conn);

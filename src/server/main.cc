@@ -28,6 +28,7 @@
 #include "server/worker_pool.h"
 #include "transport/emulated_transport.h"
 #include "transport/shm_transport.h"
+#include "transport/tls_server.h"
 #include "transport/transport.h"
 
 namespace {
@@ -39,7 +40,9 @@ void Usage() {
       "                   [--memory-quota BYTES] [--sm-count N] [--control unix:///PATH]\n"
       "                   [--sim-record FILE] [--sim-green-contexts] [--emulate SPEC]\n"
       "                   [--shm-backing memfd|file:DIR] [--worker-pool N]\n"
+      "                   [--tls-cert PEM --tls-key PEM [--tls-ca PEM]]\n"
       "  ADDR: tcp://HOST:PORT (default tcp://0.0.0.0:14833; port 0: the kernel picks),\n"
+      "        tls://HOST:PORT (TCP with TLS 1.3: needs --tls-cert and --tls-key),\n"
       "        unix:///PATH or shm:///PATH (shared memory for clients on this host, which\n"
       "        also move to it by themselves from tcp/unix; docs/shared_memory.md)\n"
       "  --shm-backing: where shm:// segments live: memfd (default, sealed) or file:DIR\n"
@@ -57,6 +60,9 @@ void Usage() {
       "  --worker-pool: workers kept started, CUDA initialised, for the next clients\n"
       "        (default: $FLYT_WORKER_POOL, else 2); each client process is served by a\n"
       "        worker process of its own\n"
+      "  --tls-cert, --tls-key: the server's certificate chain and key for tls:// listeners\n"
+      "        (default: $FLYT_TLS_CERT, $FLYT_TLS_KEY); --tls-ca: only clients with a\n"
+      "        certificate this CA signed are accepted (default: $FLYT_TLS_CA, else any)\n"
       "  logging: FLYT_LOG=error|warn|info|debug|trace, FLYT_LOG_FILE=PATH\n");
 }
 
@@ -101,6 +107,10 @@ int main(int argc, char** argv) {
   bool is_worker = false;
   int pool_size = 2;
   if (const char* t = std::getenv("FLYT_TOKEN")) token = t;
+  transport::TlsServerFiles tls_files;
+  if (const char* v = std::getenv("FLYT_TLS_CERT")) tls_files.cert = v;
+  if (const char* v = std::getenv("FLYT_TLS_KEY")) tls_files.key = v;
+  if (const char* v = std::getenv("FLYT_TLS_CA")) tls_files.ca = v;
   if (const char* p = std::getenv("FLYT_WORKER_POOL");
       p != nullptr && *p != '\0' && !ParseCount(p, &pool_size)) {
     std::fprintf(stderr, "flyt-server: FLYT_WORKER_POOL '%s' is not a number of workers\n", p);
@@ -150,6 +160,12 @@ int main(int argc, char** argv) {
       if (!emulate_st.ok()) emulate_st = Status::Error("--emulate: " + emulate_st.message());
     } else if (arg == "--control") {
       control_address = value("--control");
+    } else if (arg == "--tls-cert") {
+      tls_files.cert = value("--tls-cert");
+    } else if (arg == "--tls-key") {
+      tls_files.key = value("--tls-key");
+    } else if (arg == "--tls-ca") {
+      tls_files.ca = value("--tls-ca");
     } else if (arg == "--shm-backing") {
       setenv("FLYT_SHM_BACKING", value("--shm-backing").c_str(), 1);
     } else if (arg == "--worker") {
@@ -222,9 +238,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::vector<std::unique_ptr<transport::Listener>> listeners;
+  std::vector<bool> listener_tls;
+  std::shared_ptr<transport::TlsServerContext> tls;
   for (const auto& text : listens) {
     transport::Address addr;
     st = transport::ParseAddress(text, &addr);
+    if (st.ok() && addr.kind == transport::Address::Kind::kTls && !tls)
+      st = transport::MakeTlsServerContext(tls_files, &tls);
     std::unique_ptr<transport::Listener> l;
     if (st.ok()) st = transport::Listen(addr, &l);
     if (!st.ok()) {
@@ -238,6 +258,7 @@ int main(int argc, char** argv) {
       state->shm_offer = l->Describe();
     state->listen.push_back(l->Describe());
     listeners.push_back(std::move(l));
+    listener_tls.push_back(addr.kind == transport::Address::Kind::kTls);
   }
   state->boot_id = transport::KernelBootId();
   state->start_ns = server::SteadyNowNs();
@@ -276,8 +297,11 @@ int main(int argc, char** argv) {
       control ? ", control " : "", control ? control->Describe().c_str() : "");
   std::vector<std::thread> acceptors;
   server::Acceptor acceptor(state.get(), state->pool, emulate);
-  for (auto& l : listeners)
-    acceptors.emplace_back([&acceptor, listener = l.get()] { acceptor.Run(listener); });
+  for (size_t i = 0; i < listeners.size(); ++i)
+    acceptors.emplace_back(
+        [&acceptor, listener = listeners[i].get(), t = listener_tls[i] ? tls.get() : nullptr] {
+          acceptor.Run(listener, t);
+        });
   for (auto& t : acceptors) t.join();
   return 1;
 }

@@ -12,6 +12,7 @@
 #include "server/session.h"
 #include "server/tenant_board.h"
 #include "server/worker_channel.h"
+#include "transport/tls_server.h"
 
 namespace flyt::server {
 namespace {
@@ -20,7 +21,9 @@ namespace {
 // behind the same emulated network as the main process, if any.
 Status Continue(transport::DetachedConnection* d, const ServerOptions& options,
                 std::unique_ptr<transport::Connection>* out) {
-  Status st = transport::Reattach(std::move(*d), out);
+  Status st = d->kind == transport::DetachedConnection::Kind::kTls
+                  ? transport::ReattachTls(std::move(*d), out)
+                  : transport::Reattach(std::move(*d), out);
   if (st.ok() && options.emulate.enabled())
     *out = transport::WrapEmulated(std::move(*out), options.emulate);
   return st;

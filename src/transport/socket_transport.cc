@@ -236,7 +236,7 @@ bool ConnectWithin(int fd, const sockaddr* sa, socklen_t len, int timeout_ms) {
 std::string Address::ToString() const {
   if (kind == Kind::kUnix) return "unix://" + path;
   if (kind == Kind::kShm) return "shm://" + path;
-  return "tcp://" + host + ":" + std::to_string(port);
+  return (kind == Kind::kTls ? "tls://" : "tcp://") + host + ":" + std::to_string(port);
 }
 
 Status ParseAddress(const std::string& text, Address* out) {
@@ -255,11 +255,12 @@ Status ParseAddress(const std::string& text, Address* out) {
       return Status::Error("bad shared-memory address '" + text + "': expected shm:///path");
     return Status::Ok();
   }
-  if (rest.rfind("tcp://", 0) == 0) rest = rest.substr(6);
+  const bool tls = rest.rfind("tls://", 0) == 0;
+  if (rest.rfind("tcp://", 0) == 0 || tls) rest = rest.substr(6);
   size_t colon = rest.rfind(':');
   if (colon == std::string::npos || colon + 1 >= rest.size())
     return Status::Error("bad address '" + text + "': expected tcp://HOST:PORT or unix:///PATH");
-  out->kind = Address::Kind::kTcp;
+  out->kind = tls ? Address::Kind::kTls : Address::Kind::kTcp;
   out->host = rest.substr(0, colon);
   if (out->host.size() > 2 && out->host.front() == '[' && out->host.back() == ']')
     out->host = out->host.substr(1, out->host.size() - 2);
@@ -346,6 +347,8 @@ Status Reattach(DetachedConnection&& d, std::unique_ptr<Connection>* out) {
 }
 
 Status Dial(const Address& a, const Liveness& l, std::unique_ptr<Connection>* out) {
+  if (a.kind == Address::Kind::kTls)
+    return Status::Error("tls:// is dialled by the client library's TLS layer, not here");
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(l.refused_retry_ms);
   for (;;) {
     bool retryable = false;

@@ -1899,6 +1899,116 @@ class E2E(unittest.TestCase):
                                   args=("quota", str(new_quota), str(sm_after)))
                 self.stop_server(srv)
 
+    def make_tls_files(self):
+        """A test CA, a server certificate for 127.0.0.1, client certificates of that CA
+        and of a rogue CA."""
+        d = tempfile.mkdtemp(prefix="tls-", dir=self.tmp)
+
+        def openssl(*args):
+            res = subprocess.run(["openssl"] + list(args), cwd=d, capture_output=True, text=True)
+            self.assertEqual(res.returncode, 0, res.stderr)
+
+        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        for ca in ("ca", "rogue-ca"):
+            openssl("req", "-x509", *ec, "-keyout", ca + ".key", "-out", ca + ".pem", "-days",
+                    "2", "-subj", "/CN=flyt e2e " + ca)
+        with open(os.path.join(d, "server.ext"), "w") as f:
+            f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+        for name, ca, ext in (("server", "ca", ["-extfile", "server.ext"]),
+                              ("client", "ca", []), ("rogue", "rogue-ca", [])):
+            openssl("req", *ec, "-keyout", name + ".key", "-out", name + ".csr", "-subj",
+                    "/CN=" + name)
+            openssl("x509", "-req", "-in", name + ".csr", "-CA", ca + ".pem", "-CAkey",
+                    ca + ".key", "-CAcreateserial", "-out", name + ".pem", "-days", "2", *ext)
+        return lambda name: os.path.join(d, name)
+
+    def test_tls(self):
+        """tls://: the data plane over TLS 1.3 (the main process does the handshake, the
+        worker continues the encrypted connection): programs pass over it with both cudart
+        variants, the callback channel included; a client that does not trust the server's
+        CA, expects another name or speaks plain TCP is refused and the server lives on;
+        with --tls-ca only clients with a certificate of that CA get in; a tls:// listener
+        without a certificate stops flyt-server with a clear message."""
+        f = self.make_tls_files()
+        port = free_tcp_port()
+        url = "tls://127.0.0.1:%d" % port
+        tls_args = ["--listen", url, "--tls-cert", f("server.pem"), "--tls-key", f("server.key")]
+
+        class Over:
+            """The server, reached at its tls:// address."""
+            def __init__(self, srv, address):
+                self.srv, self.address = srv, address
+
+            def url(self, transport):
+                return self.address
+
+            def __getattr__(self, name):
+                return getattr(self.srv, name)
+
+        srv = self.start_server(extra_args=tls_args)
+        tls = Over(srv, url)
+        ca = {"FLYT_TLS_CA": f("ca.pem")}
+        for variant in CFG.variants:
+            for prog in ("memory_roundtrip", "kernel_args", "stream_event_order"):
+                with self.subTest(variant=variant, program=prog):
+                    self.run_ok(tls, "tls", prog, variant, extra=ca)
+        for case, env, want in (
+                ("no CA", {}, "certificate verify failed"),
+                ("other name", dict(ca, FLYT_TLS_SERVER_NAME="gpu.example"),
+                 "certificate verify failed")):
+            with self.subTest(refused=case):
+                res = run_program(self.tmp, tls, "tls", program_path("device_query",
+                                                                     CFG.variants[0]),
+                                  extra=env)
+                self.assertNotEqual(res.rc, 0, res.describe())
+                self.assertIn(want, res.client_log, res.describe())
+        with self.subTest(refused="plain tcp"):
+            res = run_program(self.tmp, Over(srv, "tcp://127.0.0.1:%d" % port), "tcp",
+                              program_path("device_query", CFG.variants[0]),
+                              timeout_ms=5000)
+            self.assertNotEqual(res.rc, 0, res.describe())
+            deadline = time.monotonic() + 5
+            while "TLS handshake with" not in srv.log_text() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.assertIn("TLS handshake with", srv.log_text())
+        with self.subTest(case="garbage"):
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                s.sendall(os.urandom(3000))
+                s.settimeout(5)
+                try:
+                    while s.recv(4096):
+                        pass
+                except OSError:
+                    pass
+            self.run_ok(tls, "tls", "device_query", CFG.variants[0], extra=ca)
+        self.stop_server(srv)
+
+        with self.subTest(case="--tls-ca"):
+            port = free_tcp_port()
+            url = "tls://127.0.0.1:%d" % port
+            srv = self.start_server(extra_args=["--listen", url, "--tls-cert", f("server.pem"),
+                                                "--tls-key", f("server.key"),
+                                                "--tls-ca", f("ca.pem")])
+            tls = Over(srv, url)
+            self.run_ok(tls, "tls", "memory_roundtrip", CFG.variants[0],
+                        extra=dict(ca, FLYT_TLS_CERT=f("client.pem"),
+                                   FLYT_TLS_KEY=f("client.key")))
+            for who, env in (("none", {}), ("rogue", {"FLYT_TLS_CERT": f("rogue.pem"),
+                                                      "FLYT_TLS_KEY": f("rogue.key")})):
+                res = run_program(self.tmp, tls, "tls", program_path("device_query",
+                                                                     CFG.variants[0]),
+                                  extra=dict(ca, **env))
+                self.assertNotEqual(res.rc, 0, who + "\n" + res.describe())
+            self.assertTrue(srv.alive())
+            self.stop_server(srv)
+
+        with self.subTest(case="no certificate"):
+            res = subprocess.run([CFG.server_bin, "--backend", "sim", "--listen", url],
+                                 capture_output=True, text=True, timeout=30,
+                                 env=clean_env({}))
+            self.assertNotEqual(res.returncode, 0)
+            self.assertIn("--tls-cert", res.stderr)
+
     def test_listen_port_zero(self):
         """--listen tcp://127.0.0.1:0: the real port is in the start-up line and in stats."""
         ctl = os.path.join(self.tmp, "zero.ctl")

@@ -1,0 +1,9 @@
+# TLS on flyt-server's data plane (transport/tls_server.h): OpenSSL linked statically,
+# so the GPU host needs nothing beyond flyt-server. The client library loads libssl.so.3
+# at run time instead (client/tls_client.h): Debian's static OpenSSL is not PIC.
+find_library(FLYT_CRYPTO_STATIC NAMES libcrypto.a REQUIRED)
+find_library(FLYT_SSL_STATIC NAMES libssl.a REQUIRED)
+add_library(flyt_tls_server STATIC ${CMAKE_CURRENT_LIST_DIR}/tls_server.cc)
+target_link_libraries(flyt_tls_server PUBLIC flyt_common
+                      PRIVATE ${FLYT_SSL_STATIC} ${FLYT_CRYPTO_STATIC} ${CMAKE_DL_LIBS}
+                              Threads::Threads)
