@@ -7,3 +7,11 @@ add_library(flyt_tls_server STATIC ${CMAKE_CURRENT_LIST_DIR}/tls_server.cc)
 target_link_libraries(flyt_tls_server PUBLIC flyt_common
                       PRIVATE ${FLYT_SSL_STATIC} ${FLYT_CRYPTO_STATIC} ${CMAKE_DL_LIBS}
                               Threads::Threads)
+
+if(FLYT_BUILD_TESTS)
+  add_executable(tls_record_test ${CMAKE_SOURCE_DIR}/tests/unit/tls_record_test.cc)
+  target_link_libraries(tls_record_test PRIVATE flyt_tls_server ${FLYT_SSL_STATIC}
+                        ${FLYT_CRYPTO_STATIC} ${CMAKE_DL_LIBS} GTest::gtest_main
+                        Threads::Threads)
+  gtest_discover_tests(tls_record_test DISCOVERY_TIMEOUT 30)
+endif()
