@@ -7,7 +7,9 @@
 # socket and over shared memory (shm://) against one BUILD_DIR/bin/flyt-server --backend
 # cuda, plus the plain-socket reference bench/tcp_loopback_bw; then renders
 # OUTDIR/bench.md with bench/report.awk (native/tcp/unix table), followed by the same
-# table with the shm column in the tcp column's place.
+# table with the shm column in the tcp column's place, and the same for tls:// (TCP with
+# TLS 1.3; the script makes a throw-away CA and server certificate with openssl) when
+# FLYT_BENCH_MODES has tls.
 # Every step has a timeout; a missing binary or a failed step yields 'n/a' cells. The
 # server is stopped on exit, whatever happens.
 #
@@ -239,6 +241,19 @@ server_alive() { [[ -n $SERVER_PID ]] && kill -0 "$SERVER_PID" 2>/dev/null; }
 TCP_URL=""
 UNIX_URL=""
 SHM_URL=""
+TLS_URL=""
+# A CA and a certificate for 127.0.0.1 in $1 (tls mode); prints the server's arguments.
+tls_files() {
+  local d=$1 ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+  openssl req -x509 "${ec[@]}" -keyout "$d/ca.key" -out "$d/ca.pem" -days 2 \
+    -subj "/CN=flyt bench ca" >/dev/null 2>&1 &&
+    openssl req "${ec[@]}" -keyout "$d/server.key" -out "$d/server.csr" \
+      -subj "/CN=flyt bench server" >/dev/null 2>&1 &&
+    printf 'subjectAltName=IP:127.0.0.1\n' >"$d/server.ext" &&
+    openssl x509 -req -in "$d/server.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" \
+      -CAcreateserial -out "$d/server.pem" -days 2 -extfile "$d/server.ext" >/dev/null 2>&1 &&
+    echo "--tls-cert $d/server.pem --tls-key $d/server.key"
+}
 start_server() {
   [[ -x $SERVER && -x $FLYT ]] || return 1
   SOCKDIR=$(mktemp -d /tmp/flyt-bench.XXXXXX) || return 1
@@ -247,9 +262,20 @@ start_server() {
   TCP_URL=tcp://127.0.0.1:$port
   UNIX_URL=unix://$SOCKDIR/server.sock
   SHM_URL=shm://$SOCKDIR/server.shm.sock
-  meta "server" "$SERVER --listen $TCP_URL --listen $UNIX_URL --listen $SHM_URL --backend cuda ${SERVER_ARGS[*]}"
+  local tls=()
+  if [[ " $MODES " == *" tls "* ]]; then
+    local args
+    if args=$(tls_files "$SOCKDIR"); then
+      TLS_URL=tls://127.0.0.1:$(free_port)
+      read -r -a tls <<<"--listen $TLS_URL $args"
+      export FLYT_TLS_CA=$SOCKDIR/ca.pem
+    else
+      note "openssl could not make the TLS test certificates: tls is n/a"
+    fi
+  fi
+  meta "server" "$SERVER --listen $TCP_URL --listen $UNIX_URL --listen $SHM_URL ${tls[*]} --backend cuda ${SERVER_ARGS[*]}"
   timeout -k 5 $((DEADLINE + 120)) "$SERVER" --listen "$TCP_URL" --listen "$UNIX_URL" \
-    --listen "$SHM_URL" --backend cuda "${SERVER_ARGS[@]}" >"$RAW/server.log" 2>&1 </dev/null &
+    --listen "$SHM_URL" "${tls[@]}" --backend cuda "${SERVER_ARGS[@]}" >"$RAW/server.log" 2>&1 </dev/null &
   SERVER_TPID=$!
   local i
   for i in $(seq 300); do
@@ -340,7 +366,8 @@ if [[ " $MODES " == *" native "* ]]; then
 fi
 
 # 3. through flyt
-if [[ " $MODES " == *" tcp "* || " $MODES " == *" unix "* || " $MODES " == *" shm "* ]]; then
+if [[ " $MODES " == *" tcp "* || " $MODES " == *" unix "* || " $MODES " == *" shm "* ||
+  " $MODES " == *" tls "* ]]; then
   if start_server; then
     kb=$(rss_kb "$SERVER_PID") && [[ -n $kb ]] && result server start rss_start_kb "$kb" kB
     # Discarded warm-up session: the server's first session creates its CUDA context.
@@ -351,11 +378,13 @@ if [[ " $MODES " == *" tcp "* || " $MODES " == *" unix "* || " $MODES " == *" sh
     else
       run_case warmup-shm init "$SHM_URL"
     fi
-    for mode in tcp unix shm; do
+    for mode in tcp unix shm tls; do
       [[ " $MODES " == *" $mode "* ]] || continue
       url=$TCP_URL
       [[ $mode == unix ]] && url=$UNIX_URL
       [[ $mode == shm ]] && url=$SHM_URL
+      [[ $mode == tls ]] && url=$TLS_URL
+      [[ -n $url ]] || continue
       for g in $BENCH_GROUPS; do
         server_alive || {
           note "flyt-server died before $mode/$g (see raw/server.log)"
@@ -386,23 +415,28 @@ fi
 meta "total wall" "$(($(date +%s) - t_start)) s"
 if awk -F'\t' -f "$here/report.awk" "$META" "$RESULTS" "$RUNS" "$NOTES" >"$OUT/bench.md.tmp"; then
   mv "$OUT/bench.md.tmp" "$OUT/bench.md"
-  # The shm column: report.awk's results table rendered again with the shm rows in the
-  # tcp column's place (and the header says so), appended as its own section.
-  if [[ " $MODES " == *" shm "* ]]; then
-    mkdir -p "$OUT/shm-table"
-    awk -F'\t' -v OFS='\t' '$1 == "tcp" { next } $1 == "shm" { $1 = "tcp" } { print }' \
-      "$RESULTS" >"$OUT/shm-table/results.tsv"
+  # The shm and tls columns: report.awk's results table rendered again with that mode's
+  # rows in the tcp column's place (and the header says so), each its own section.
+  for extra in shm tls; do
+    [[ " $MODES " == *" $extra "* ]] || continue
+    mkdir -p "$OUT/$extra-table"
+    awk -F'\t' -v OFS='\t' -v m="$extra" '$1 == "tcp" { next } $1 == m { $1 = "tcp" } { print }' \
+      "$RESULTS" >"$OUT/$extra-table/results.tsv"
     {
       echo ""
-      echo "## Shared memory (shm://, same server)"
+      if [[ $extra == shm ]]; then
+        echo "## Shared memory (shm://, same server)"
+      else
+        echo "## TLS 1.3 over TCP (tls://, same server)"
+      fi
       echo ""
-      echo "The results table again, with the shm column in place of tcp (unix for comparison)."
+      echo "The results table again, with the $extra column in place of tcp (unix for comparison)."
       echo ""
-      awk -F'\t' -f "$here/report.awk" "$META" "$OUT/shm-table/results.tsv" "$RUNS" "$NOTES" |
-        awk '/^\| metric \|/ { on = 1; gsub(/tcp/, "shm") } on && /^$/ { exit } on'
+      awk -F'\t' -f "$here/report.awk" "$META" "$OUT/$extra-table/results.tsv" "$RUNS" "$NOTES" |
+        awk -v m="$extra" '/^\| metric \|/ { on = 1; gsub(/tcp/, m) } on && /^$/ { exit } on'
     } >>"$OUT/bench.md"
-    rm -rf "$OUT/shm-table"
-  fi
+    rm -rf "$OUT/$extra-table"
+  done
   echo "run.sh: wrote $OUT/bench.md" >&2
 else
   note "report.awk failed"
