@@ -60,9 +60,8 @@ void Usage() {
       "  --worker-pool: workers kept started, CUDA initialised, for the next clients\n"
       "        (default: $FLYT_WORKER_POOL, else 2); each client process is served by a\n"
       "        worker process of its own\n"
-      "  --tls-cert, --tls-key: the server's certificate chain and key for tls:// listeners\n"
-      "        (default: $FLYT_TLS_CERT, $FLYT_TLS_KEY); --tls-ca: only clients with a\n"
-      "        certificate this CA signed are accepted (default: $FLYT_TLS_CA, else any)\n"
+      "  --tls-cert, --tls-key: the server's certificate chain and key for tls:// listeners;\n"
+      "        --tls-ca: only clients with a certificate this CA signed are accepted\n"
       "  logging: FLYT_LOG=error|warn|info|debug|trace, FLYT_LOG_FILE=PATH\n");
 }
 
@@ -107,10 +106,9 @@ int main(int argc, char** argv) {
   bool is_worker = false;
   int pool_size = 2;
   if (const char* t = std::getenv("FLYT_TOKEN")) token = t;
+  // Flags only: FLYT_TLS_* are the client library's settings (the CA it trusts), and a
+  // server started from the same shell must not take them for its own.
   transport::TlsServerFiles tls_files;
-  if (const char* v = std::getenv("FLYT_TLS_CERT")) tls_files.cert = v;
-  if (const char* v = std::getenv("FLYT_TLS_KEY")) tls_files.key = v;
-  if (const char* v = std::getenv("FLYT_TLS_CA")) tls_files.ca = v;
   if (const char* p = std::getenv("FLYT_WORKER_POOL");
       p != nullptr && *p != '\0' && !ParseCount(p, &pool_size)) {
     std::fprintf(stderr, "flyt-server: FLYT_WORKER_POOL '%s' is not a number of workers\n", p);
