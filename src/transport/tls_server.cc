@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -22,6 +23,7 @@ constexpr size_t kMaxCipher = kMaxPlain + 256;  // RFC 8446 5.2
 constexpr size_t kTagBytes = 16;
 constexpr uint8_t kApplicationData = 23, kAlert = 21, kHandshake = 22;
 constexpr uint8_t kKeyUpdate = 24;
+constexpr size_t kReadChunk = 256 << 10;
 
 std::string OpenSslError() {
   unsigned long e = ERR_get_error();
@@ -79,30 +81,41 @@ class Direction {
   Direction(const Direction&) = delete;
   Direction& operator=(const Direction&) = delete;
 
-  bool Init(Suite suite, std::vector<uint8_t> secret, uint64_t seq) {
+  // `sealing`: this direction encrypts (our writes) rather than decrypts (our reads).
+  bool Init(Suite suite, bool sealing, std::vector<uint8_t> secret, uint64_t seq) {
     suite_ = suite;
+    sealing_ = sealing;
     secret_ = std::move(secret);
     seq_ = seq;
-    return ctx_ != nullptr && ExpandLabel(suite, secret_, "key", key_, SuiteKeyBytes(suite)) &&
-           ExpandLabel(suite, secret_, "iv", iv_, sizeof(iv_));
+    if (ctx_ == nullptr || !ExpandLabel(suite, secret_, "key", key_, SuiteKeyBytes(suite)) ||
+        !ExpandLabel(suite, secret_, "iv", iv_, sizeof(iv_)))
+      return false;
+    // The key schedule once; each record then sets only its nonce.
+    return sealing ? EVP_EncryptInit_ex(ctx_, SuiteCipher(suite), nullptr, key_, nullptr) == 1
+                   : EVP_DecryptInit_ex(ctx_, SuiteCipher(suite), nullptr, key_, nullptr) == 1;
   }
   // RFC 8446 7.2: the next generation of the secret.
   bool Update() {
     std::vector<uint8_t> next(secret_.size());
     return ExpandLabel(suite_, secret_, "traffic upd", next.data(), next.size()) &&
-           Init(suite_, std::move(next), 0);
+           Init(suite_, sealing_, std::move(next), 0);
   }
 
-  // header (5 bytes, the AAD) + plaintext -> out (ciphertext and tag).
-  bool Seal(const uint8_t* header, const uint8_t* plain, size_t n, uint8_t* out) {
+  // header (5 bytes, the AAD) + plaintext in pieces -> out (ciphertext, then the tag).
+  bool Seal(const uint8_t* header, const iovec* pieces, int count, uint8_t* out) {
     uint8_t nonce[12];
     Nonce(nonce);
     int len = 0;
-    bool ok = EVP_EncryptInit_ex(ctx_, SuiteCipher(suite_), nullptr, key_, nonce) == 1 &&
-              EVP_EncryptUpdate(ctx_, nullptr, &len, header, 5) == 1 &&
-              EVP_EncryptUpdate(ctx_, out, &len, plain, static_cast<int>(n)) == 1 &&
-              EVP_EncryptFinal_ex(ctx_, out + len, &len) == 1 &&
-              EVP_CIPHER_CTX_ctrl(ctx_, EVP_CTRL_GCM_GET_TAG, kTagBytes, out + n) == 1;
+    bool ok = EVP_EncryptInit_ex(ctx_, nullptr, nullptr, nullptr, nonce) == 1 &&
+              EVP_EncryptUpdate(ctx_, nullptr, &len, header, 5) == 1;
+    size_t at = 0;
+    for (int i = 0; ok && i < count; ++i) {
+      ok = EVP_EncryptUpdate(ctx_, out + at, &len, static_cast<const uint8_t*>(pieces[i].iov_base),
+                             static_cast<int>(pieces[i].iov_len)) == 1;
+      at += static_cast<size_t>(len);
+    }
+    ok = ok && EVP_EncryptFinal_ex(ctx_, out + at, &len) == 1 &&
+         EVP_CIPHER_CTX_ctrl(ctx_, EVP_CTRL_GCM_GET_TAG, kTagBytes, out + at + len) == 1;
     ++seq_;
     return ok;
   }
@@ -114,7 +127,7 @@ class Direction {
     int len = 0;
     uint8_t tag[kTagBytes];
     std::memcpy(tag, cipher + n - kTagBytes, kTagBytes);
-    bool ok = EVP_DecryptInit_ex(ctx_, SuiteCipher(suite_), nullptr, key_, nonce) == 1 &&
+    bool ok = EVP_DecryptInit_ex(ctx_, nullptr, nullptr, nullptr, nonce) == 1 &&
               EVP_DecryptUpdate(ctx_, nullptr, &len, header, 5) == 1 &&
               EVP_DecryptUpdate(ctx_, plain, &len, cipher, static_cast<int>(n - kTagBytes)) == 1 &&
               EVP_CIPHER_CTX_ctrl(ctx_, EVP_CTRL_GCM_SET_TAG, kTagBytes, tag) == 1 &&
@@ -149,6 +162,7 @@ class Direction {
 
   EVP_CIPHER_CTX* ctx_;
   Suite suite_ = Suite::kAes128GcmSha256;
+  bool sealing_ = false;
   std::vector<uint8_t> secret_;
   uint8_t key_[32] = {};
   uint8_t iv_[12] = {};
@@ -168,30 +182,36 @@ class TlsRecordConnection final : public Connection {
 
   bool Init(std::vector<uint8_t> read_secret, uint64_t read_seq, std::vector<uint8_t> write_secret,
             uint64_t write_seq) {
-    return read_.Init(suite_, std::move(read_secret), read_seq) &&
-           write_.Init(suite_, std::move(write_secret), write_seq);
+    return read_.Init(suite_, false, std::move(read_secret), read_seq) &&
+           write_.Init(suite_, true, std::move(write_secret), write_seq);
   }
-  void Preload(std::vector<uint8_t> plain, std::vector<uint8_t> raw) {
+  void Preload(std::vector<uint8_t> plain, const std::vector<uint8_t>& raw) {
     plain_ = std::move(plain);
-    raw_ = std::move(raw);
+    plain_at_ = 0;
+    Grow(raw.size() + kReadChunk);
+    if (!raw.empty()) std::memcpy(raw_.get(), raw.data(), raw.size());
+    raw_len_ = raw.size();
   }
 
   Status Send(const iovec* iov, int count) override {
     std::lock_guard lock(write_mu_);
     out_.clear();
-    std::vector<uint8_t> chunk;
-    chunk.reserve(kMaxPlain + 1);
+    // Records of up to kMaxPlain bytes, each sealed straight from the caller's pieces.
+    std::vector<iovec> record;
+    size_t record_bytes = 0;
     for (int i = 0; i < count; ++i) {
       const auto* p = static_cast<const uint8_t*>(iov[i].iov_base);
       size_t n = iov[i].iov_len;
       while (n > 0) {
-        size_t take = kMaxPlain - chunk.size() < n ? kMaxPlain - chunk.size() : n;
-        chunk.insert(chunk.end(), p, p + take);
+        size_t take = kMaxPlain - record_bytes < n ? kMaxPlain - record_bytes : n;
+        record.push_back({const_cast<uint8_t*>(p), take});
+        record_bytes += take;
         p += take;
         n -= take;
-        if (chunk.size() == kMaxPlain) {
-          if (!SealRecord(kApplicationData, chunk)) return Status::Error("TLS: cannot encrypt");
-          chunk.clear();
+        if (record_bytes == kMaxPlain) {
+          if (!SealRecord(kApplicationData, record)) return Status::Error("TLS: cannot encrypt");
+          record.clear();
+          record_bytes = 0;
           if (out_.size() >= (size_t{1} << 20)) {
             Status st = Flush();
             if (!st.ok()) return st;
@@ -199,7 +219,7 @@ class TlsRecordConnection final : public Connection {
         }
       }
     }
-    if (!chunk.empty() && !SealRecord(kApplicationData, chunk))
+    if (record_bytes > 0 && !SealRecord(kApplicationData, record))
       return Status::Error("TLS: cannot encrypt");
     return Flush();
   }
@@ -215,8 +235,6 @@ class TlsRecordConnection final : public Connection {
         n -= take;
         continue;
       }
-      plain_.clear();
-      plain_at_ = 0;
       Status st = ReadRecord();
       if (!st.ok()) return st;
     }
@@ -248,7 +266,7 @@ class TlsRecordConnection final : public Connection {
       s.insert(s.end(), p, p + n);
     };
     put(plain_.data() + plain_at_, plain_.size() - plain_at_);
-    put(raw_.data() + raw_at_, raw_.size() - raw_at_);
+    put(raw_.get() + raw_at_, raw_len_ - raw_at_);
     out->kind = DetachedConnection::Kind::kTls;
     out->fds = {fd_};
     out->state = std::move(s);
@@ -258,16 +276,20 @@ class TlsRecordConnection final : public Connection {
   }
 
  private:
-  bool SealRecord(uint8_t type, std::vector<uint8_t>& plain) {
-    plain.push_back(type);  // TLSInnerPlaintext: content, type, no padding
-    const size_t cipher_len = plain.size() + kTagBytes;
+  // Appends one record (the pieces, then the content type) to out_.
+  bool SealRecord(uint8_t type, std::vector<iovec>& pieces) {
+    size_t plain_len = 1;
+    for (const iovec& v : pieces) plain_len += v.iov_len;
+    pieces.push_back({&type, 1});  // TLSInnerPlaintext: content, type, no padding
+    const size_t cipher_len = plain_len + kTagBytes;
     const uint8_t header[5] = {kApplicationData, 3, 3, static_cast<uint8_t>(cipher_len >> 8),
                                static_cast<uint8_t>(cipher_len)};
     const size_t at = out_.size();
     out_.resize(at + 5 + cipher_len);
     std::memcpy(out_.data() + at, header, 5);
-    bool ok = write_.Seal(header, plain.data(), plain.size(), out_.data() + at + 5);
-    plain.pop_back();
+    bool ok =
+        write_.Seal(header, pieces.data(), static_cast<int>(pieces.size()), out_.data() + at + 5);
+    pieces.pop_back();
     return ok;
   }
 
@@ -283,28 +305,31 @@ class TlsRecordConnection final : public Connection {
     return Status::Ok();
   }
 
-  // At least `want` unread raw bytes, reading the socket as needed.
+  // At least `want` unread raw bytes, reading the socket as needed (a plain buffer: a
+  // vector would zero what recv() is about to write).
   Status Fill(size_t want) {
-    if (raw_at_ > 0 && raw_at_ == raw_.size()) {
-      raw_.clear();
-      raw_at_ = 0;
-    }
-    while (raw_.size() - raw_at_ < want) {
-      if (raw_at_ > (size_t{1} << 20)) {
-        raw_.erase(raw_.begin(), raw_.begin() + static_cast<std::ptrdiff_t>(raw_at_));
+    while (raw_len_ - raw_at_ < want) {
+      if (raw_at_ > 0 && raw_cap_ - raw_len_ < kMaxCipher + 5) {
+        std::memmove(raw_.get(), raw_.get() + raw_at_, raw_len_ - raw_at_);
+        raw_len_ -= raw_at_;
         raw_at_ = 0;
       }
-      const size_t old = raw_.size();
-      raw_.resize(old + (256 << 10));
-      ssize_t r = ::recv(fd_, raw_.data() + old, 256 << 10, 0);
-      raw_.resize(old + (r > 0 ? static_cast<size_t>(r) : 0));
+      if (raw_cap_ - raw_len_ < kMaxCipher + 5) Grow(raw_len_ + kReadChunk);
+      ssize_t r = ::recv(fd_, raw_.get() + raw_len_, raw_cap_ - raw_len_, 0);
       if (r < 0 && errno == EINTR) continue;
       if (r == 0) return Status::Error("connection closed by " + peer_);
       if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
         return Status::Error("receive from " + peer_ + " timed out");
       if (r < 0) return Status::Error(Errno("receive from " + peer_));
+      raw_len_ += static_cast<size_t>(r);
     }
     return Status::Ok();
+  }
+  void Grow(size_t cap) {
+    std::unique_ptr<uint8_t[]> bigger(new uint8_t[cap]);
+    if (raw_len_ > 0) std::memcpy(bigger.get(), raw_.get(), raw_len_);
+    raw_ = std::move(bigger);
+    raw_cap_ = cap;
   }
 
   // Reads, checks and decrypts one record; application data lands in plain_.
@@ -312,38 +337,41 @@ class TlsRecordConnection final : public Connection {
     Status st = Fill(5);
     if (!st.ok()) return st;
     uint8_t header[5];
-    std::memcpy(header, raw_.data() + raw_at_, 5);
+    std::memcpy(header, raw_.get() + raw_at_, 5);
     const size_t len = (size_t{header[3]} << 8) | header[4];
     if (header[0] != kApplicationData || header[1] != 3 || len > kMaxCipher || len < kTagBytes + 1)
       return Status::Error("TLS: malformed record from " + peer_);
     st = Fill(5 + len);
     if (!st.ok()) return st;
-    std::vector<uint8_t> inner(len - kTagBytes);
-    if (!read_.Open(header, raw_.data() + raw_at_ + 5, len, inner.data()))
+    std::vector<uint8_t>& inner = plain_;  // decrypted in place of the consumed plaintext
+    inner.resize(len - kTagBytes);
+    plain_at_ = 0;
+    if (!read_.Open(header, raw_.get() + raw_at_ + 5, len, inner.data()))
       return Status::Error("TLS: a record from " + peer_ + " failed authentication");
     raw_at_ += 5 + len;
     while (!inner.empty() && inner.back() == 0) inner.pop_back();  // padding
     if (inner.empty()) return Status::Error("TLS: record without a content type from " + peer_);
     const uint8_t type = inner.back();
     inner.pop_back();
-    if (type == kApplicationData) {
-      plain_ = std::move(inner);
-      plain_at_ = 0;
-      return Status::Ok();
-    }
+    if (type == kApplicationData) return Status::Ok();
+    // Not application data: nothing for Receive once it is understood.
+    const std::vector<uint8_t> message(inner.begin(), inner.end());
+    plain_.clear();
     if (type == kAlert) {
-      if (inner.size() == 2 && inner[1] == 0) return Status::Error("connection closed by " + peer_);
-      return Status::Error("TLS alert " + std::to_string(inner.size() == 2 ? inner[1] : 0) +
+      if (message.size() == 2 && message[1] == 0)
+        return Status::Error("connection closed by " + peer_);
+      return Status::Error("TLS alert " + std::to_string(message.size() == 2 ? message[1] : 0) +
                            " from " + peer_);
     }
-    if (type == kHandshake && inner.size() == 5 && inner[0] == kKeyUpdate && inner[1] == 0 &&
-        inner[2] == 0 && inner[3] == 1 && inner[4] <= 1) {
+    if (type == kHandshake && message.size() == 5 && message[0] == kKeyUpdate && message[1] == 0 &&
+        message[2] == 0 && message[3] == 1 && message[4] <= 1) {
       if (!read_.Update()) return Status::Error("TLS: key update failed");
-      if (inner[4] == 1) {  // update_requested: answer, then switch our own keys
+      if (message[4] == 1) {  // update_requested: answer, then switch our own keys
         std::lock_guard lock(write_mu_);
         out_.clear();
-        std::vector<uint8_t> msg = {kKeyUpdate, 0, 0, 1, 0};
-        if (!SealRecord(kHandshake, msg)) return Status::Error("TLS: cannot encrypt");
+        uint8_t msg[5] = {kKeyUpdate, 0, 0, 1, 0};
+        std::vector<iovec> piece = {{msg, sizeof(msg)}};
+        if (!SealRecord(kHandshake, piece)) return Status::Error("TLS: cannot encrypt");
         st = Flush();
         if (!st.ok()) return st;
         if (!write_.Update()) return Status::Error("TLS: key update failed");
@@ -362,8 +390,8 @@ class TlsRecordConnection final : public Connection {
   std::vector<uint8_t> out_;
   std::vector<uint8_t> plain_;
   size_t plain_at_ = 0;
-  std::vector<uint8_t> raw_;
-  size_t raw_at_ = 0;
+  std::unique_ptr<uint8_t[]> raw_;  // received, not yet decrypted: [raw_at_, raw_len_)
+  size_t raw_cap_ = 0, raw_len_ = 0, raw_at_ = 0;
 };
 
 // Traffic secrets the key-log callback saw during one handshake.
@@ -504,7 +532,7 @@ Status ReattachTls(DetachedConnection&& d, std::unique_ptr<Connection>* out) {
   d.fds.clear();
   if (!conn->Init(std::move(read_secret), read_seq, std::move(write_secret), write_seq))
     return Status::Error("reattach: cannot derive the TLS traffic keys");
-  conn->Preload(std::move(plain), std::move(raw));
+  conn->Preload(std::move(plain), raw);
   *out = std::move(conn);
   return Status::Ok();
 }
