@@ -96,6 +96,9 @@ void RegisterSettings(control::Settings* s, NodeConfig* c) {
          "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, needs mps=true)");
   s->Add("server_shared_memory", &c->server_shared_memory,
          "servers also listen on a shm:// socket in run_dir; clients on this host move to it");
+  s->Add("server_tls", &c->server_tls,
+         "servers listen on tls:// (TLS 1.3 with tls_cert and tls_key) instead of tcp://; "
+         "clients then need FLYT_TLS_CA");
   s->Add("inventory", &c->inventory,
          "GPUs: nvml (the real ones), sim:N or sim:FILE.json (simulated, for tests)");
   s->Add("mps", &c->mps, "run flyt-servers under an MPS control daemon");
@@ -144,6 +147,8 @@ Status ResolveDefaults(NodeConfig* c) {
   if (c->server_backend != "cuda" && c->server_backend != "sim")
     return Status::Error("server_backend must be cuda or sim, not '" + c->server_backend + "'");
   if (c->server_listen_host.empty()) return Status::Error("server_listen_host must not be empty");
+  if (c->server_tls && (c->tls.cert.empty() || c->tls.key.empty()))
+    return Status::Error("server_tls needs tls_cert and tls_key (the servers' certificate)");
   return Status::Ok();
 }
 
@@ -193,6 +198,10 @@ Status NodeManager::Start() {
   so.stop_timeout_ms = static_cast<int>(config_.stop_timeout_ms);
   so.pin_gpu = !IsSimulatedInventory(config_.inventory);
   so.shared_memory = config_.server_shared_memory;
+  if (config_.server_tls) {
+    so.tls_cert = config_.tls.cert;
+    so.tls_key = config_.tls.key;
+  }
   so.extra_env = [this](const ServerParams& p) { return ServerEnv(p); };
   so.on_exit = [this] {
     std::lock_guard<std::mutex> lock(mu_);

@@ -38,7 +38,7 @@ int64_t MsSince(std::chrono::steady_clock::time_point t) {
       .count();
 }
 
-// The TCP port in a stats answer's "listen" list (0 when there is none yet).
+// The TCP (or TLS) port in a stats answer's "listen" list (0 when there is none yet).
 int TcpPortOf(const Json& stats) {
   auto it = stats.find("listen");
   if (it == stats.end()) return 0;
@@ -50,7 +50,8 @@ int TcpPortOf(const Json& stats) {
   for (const auto& l : listens) {
     if (l.rfind("unix:", 0) == 0) continue;
     transport::Address a;
-    if (transport::ParseAddress(l, &a).ok() && a.kind == transport::Address::Kind::kTcp &&
+    if (transport::ParseAddress(l, &a).ok() &&
+        (a.kind == transport::Address::Kind::kTcp || a.kind == transport::Address::Kind::kTls) &&
         a.port > 0)
       return a.port;
   }
@@ -200,9 +201,14 @@ Status ServerSupervisor::SpawnLocked(const EntryPtr& e) {
                 "--backend",
                 options_.backend,
                 "--listen",
-                "tcp://" + HostForUrl(options_.listen_host) + ":0",
+                Scheme() + HostForUrl(options_.listen_host) + ":0",
                 "--control",
                 "unix://" + ctl};
+  if (!options_.tls_cert.empty()) {
+    for (const std::string& a :
+         {std::string("--tls-cert"), options_.tls_cert, std::string("--tls-key"), options_.tls_key})
+      spawn.argv.push_back(a);
+  }
   if (options_.shared_memory) {
     // Clients on this host learn it in the handshake and move to it.
     spawn.argv.push_back("--listen");
@@ -590,7 +596,7 @@ Status ServerSupervisor::Probe(const std::string& id, std::string* endpoint) {
   if (port == 0)
     return Status::Error("its stats name no TCP port in \"listen\": " +
                          (stats.contains("listen") ? stats["listen"].dump() : std::string("none")));
-  *endpoint = "tcp://" + HostForUrl(options_.advertise_host) + ":" + std::to_string(port);
+  *endpoint = Scheme() + HostForUrl(options_.advertise_host) + ":" + std::to_string(port);
   return Status::Ok();
 }
 

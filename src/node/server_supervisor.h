@@ -70,6 +70,7 @@ struct SupervisorOptions {
   int control_timeout_ms = 2000;             // one request on a control socket
   bool pin_gpu = true;                       // CUDA_VISIBLE_DEVICES=<gpu_uuid>
   bool shared_memory = true;                 // also --listen shm://<run_dir>/<id>.shm
+  std::string tls_cert, tls_key;             // set: tls://HOST:0 instead of tcp://HOST:0
   // Extra environment of one server (MPS variables), asked at every (re)start.
   std::function<EnvList(const ServerParams&)> extra_env;
   // Called from the monitor thread after a server exited on its own
@@ -99,7 +100,7 @@ class ServerSupervisor {
   Status Open();
 
   struct Started {
-    std::string endpoint;  // tcp://<advertise_host>:<port>
+    std::string endpoint;  // tcp:// (or tls://) <advertise_host>:<port>
     int64_t pid = 0;
     int64_t ready_ms = 0;  // 0 when it was already running
   };
@@ -132,6 +133,8 @@ class ServerSupervisor {
   std::string StatePath(const std::string& alloc_id) const;
 
  private:
+  // "tls://" when the servers get a certificate, else "tcp://".
+  std::string Scheme() const { return options_.tls_cert.empty() ? "tcp://" : "tls://"; }
   using Clock = std::chrono::steady_clock;
   enum class State { kStarting, kRunning, kExited, kStopping, kFailed };
   struct Entry {

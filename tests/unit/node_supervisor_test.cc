@@ -409,5 +409,29 @@ TEST_F(NodeSupervisor, RealFlytServerWithSimBackend) {
   EXPECT_FALSE(Exists(sup->SocketPath("real1")));
 }
 
+TEST_F(NodeSupervisor, ServerTlsListensOnTlsAndHandsOutTlsEndpoints) {
+  const std::string cmd = "cd " + dir_ +
+                          " && openssl req -x509 -newkey ec -pkeyopt "
+                          "ec_paramgen_curve:prime256v1 -nodes -keyout node.key -out node.pem "
+                          "-days 1 -subj /CN=node >/dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << "openssl could not make a certificate";
+  options_.server_binary = FLYT_REAL_SERVER;
+  options_.pin_gpu = false;
+  options_.tls_cert = dir_ + "/node.pem";
+  options_.tls_key = dir_ + "/node.key";
+  auto sup = Open();
+  ServerSupervisor::Started started;
+  std::string code;
+  ServerParams p = Params("tls1");
+  p.sm = 0;
+  Status st = sup->Start(p, &started, &code);
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ(started.endpoint.rfind("tls://10.1.2.3:", 0), 0u) << started.endpoint;
+  const std::string listen = Stats(*sup, "tls1")["listen"].dump();
+  EXPECT_NE(listen.find("tls://127.0.0.1:"), std::string::npos) << listen;
+  EXPECT_EQ(listen.find("tcp://"), std::string::npos) << listen;
+  ASSERT_TRUE(sup->Stop("tls1", &code).ok());
+}
+
 }  // namespace
 }  // namespace flyt::node
