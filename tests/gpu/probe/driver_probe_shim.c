@@ -186,8 +186,8 @@ static int wrap_iter(void* a0, void* a1, item_cb cb, void* opaque, void* a4, voi
 }
 
 /* ---- da9151d3 slot 1 (NVRTC's one call): timed, with its memory before and after ---- */
-typedef uint64_t (*eight_fn)(uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t,
-                             uint64_t, uint64_t);
+typedef uint64_t (*eight_fn)(uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t,
+                             uint64_t);
 static eight_fn real_da_slot1;
 /* Copies /proc/self/maps next to the log (PROBE_LOG.maps): pointers are named offline. */
 static void probe_save_maps(void) {
@@ -198,7 +198,8 @@ static void probe_save_maps(void) {
   int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
   char buf[4096];
   ssize_t n;
-  while (in >= 0 && fd >= 0 && (n = read(in, buf, sizeof buf)) > 0) (void)!write(fd, buf, (size_t)n);
+  while (in >= 0 && fd >= 0 && (n = read(in, buf, sizeof buf)) > 0)
+    (void)!write(fd, buf, (size_t)n);
   if (in >= 0) close(in);
   if (fd >= 0) close(fd);
 }
@@ -209,9 +210,10 @@ static void probe_dump_args(uint64_t a0, uint64_t a2, uint64_t a4, uint64_t a5, 
   probe_dump_memory(5, (const void*)(uintptr_t)a5, 32);
   probe_dump_memory(6, (const void*)(uintptr_t)a6, 64);
 }
-__attribute__((force_align_arg_pointer)) static uint64_t wrap_da_slot1(
-    uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3, uint64_t a4, uint64_t a5, uint64_t a6,
-    uint64_t a7) {
+__attribute__((force_align_arg_pointer)) static uint64_t wrap_da_slot1(uint64_t a0, uint64_t a1,
+                                                                       uint64_t a2, uint64_t a3,
+                                                                       uint64_t a4, uint64_t a5,
+                                                                       uint64_t a6, uint64_t a7) {
   logf_("da1 before a0..a7 %#lx %#lx %#lx %#lx %#lx %#lx %#lx %#lx", (unsigned long)a0,
         (unsigned long)a1, (unsigned long)a2, (unsigned long)a3, (unsigned long)a4,
         (unsigned long)a5, (unsigned long)a6, (unsigned long)a7);
@@ -235,9 +237,8 @@ __attribute__((force_align_arg_pointer)) static uint64_t wrap_da_slot1(
 static eight_fn real_da_slot[7];
 static uint64_t probe_da_after(int k, uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3,
                                uint64_t a4, uint64_t a5, uint64_t a6, uint64_t a7) {
-  logf_("da%d before a0..a5 %#lx %#lx %#lx %#lx %#lx %#lx", k, (unsigned long)a0,
-        (unsigned long)a1, (unsigned long)a2, (unsigned long)a3, (unsigned long)a4,
-        (unsigned long)a5);
+  logf_("da%d before a0..a5 %#lx %#lx %#lx %#lx %#lx %#lx", k, (unsigned long)a0, (unsigned long)a1,
+        (unsigned long)a2, (unsigned long)a3, (unsigned long)a4, (unsigned long)a5);
   probe_dump_memory(10 * k + 0, (const void*)(uintptr_t)a0, 64);
   probe_dump_memory(10 * k + 1, (const void*)(uintptr_t)a1, 64);
   probe_dump_memory(10 * k + 2, (const void*)(uintptr_t)a2, 64);
@@ -250,11 +251,11 @@ static uint64_t probe_da_after(int k, uint64_t a0, uint64_t a1, uint64_t a2, uin
   probe_dump_memory(10 * k + 3, (const void*)(uintptr_t)a3, 16);
   return r;
 }
-#define DA_WRAP(k)                                                                            \
-  __attribute__((force_align_arg_pointer)) static uint64_t wrap_da_slot##k(                   \
-      uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3, uint64_t a4, uint64_t a5,           \
-      uint64_t a6, uint64_t a7) {                                                             \
-    return probe_da_after(k, a0, a1, a2, a3, a4, a5, a6, a7);                                 \
+#define DA_WRAP(k)                                                                               \
+  __attribute__((force_align_arg_pointer)) static uint64_t wrap_da_slot##k(                      \
+      uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3, uint64_t a4, uint64_t a5, uint64_t a6, \
+      uint64_t a7) {                                                                             \
+    return probe_da_after(k, a0, a1, a2, a3, a4, a5, a6, a7);                                    \
   }
 DA_WRAP(2)
 DA_WRAP(3)
@@ -337,8 +338,13 @@ int cuGetExportTable(const void** table, const unsigned char* uuid) {
         if (strcmp(u, PROXIED[4]) == 0) {
           real_da_slot1 = (eight_fn)real[1];
           copy[1] = (void*)wrap_da_slot1;
-          void* wraps[7] = {0, 0, (void*)wrap_da_slot2, (void*)wrap_da_slot3,
-                            (void*)wrap_da_slot4, (void*)wrap_da_slot5, (void*)wrap_da_slot6};
+          void* wraps[7] = {0,
+                            0,
+                            (void*)wrap_da_slot2,
+                            (void*)wrap_da_slot3,
+                            (void*)wrap_da_slot4,
+                            (void*)wrap_da_slot5,
+                            (void*)wrap_da_slot6};
           for (int k = 2; k <= 6 && k < (int)slots; ++k) {
             real_da_slot[k] = (eight_fn)real[k];
             copy[k] = wraps[k];
