@@ -36,6 +36,8 @@ set(CPACK_DEBIAN_PACKAGE_SECTION utils)
 set(CPACK_DEBIAN_CLIENT_PACKAGE_NAME flyt-client)
 set(CPACK_DEBIAN_SERVER_PACKAGE_NAME flyt-server)
 set(CPACK_DEBIAN_MANAGER_PACKAGE_NAME flyt-manager)
+# The client library loads libssl.so.3 only to dial tls:// (client/tls_client.h).
+set(CPACK_DEBIAN_CLIENT_PACKAGE_RECOMMENDS libssl3)
 set(CPACK_COMPONENT_CLIENT_DESCRIPTION
     "Flyt client: run CUDA programs on a remote GPU (flyt run), libraries and client manager")
 set(CPACK_COMPONENT_SERVER_DESCRIPTION
