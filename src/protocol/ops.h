@@ -130,6 +130,15 @@ enum : uint16_t {
   // flags -> u64 handle; MemAttrGet i32 device, i32 attr -> u64 value;
   // MemAttrSet i32 device, i32 attr, u64 value; MemTrim i32 device.
   kOpGraphMisc = 312,
+  // Graph topology (server/session_graph_topology.cc, client/api_graph_topology.cc):
+  // u8 kGraphTopo*, then Edges u64 graph -> u32 n, n x (u64 from, u64 to,
+  // CUgraphEdgeData); Roots u64 graph -> u32 n, n x u64 node; Neighbours u64 node,
+  // u8 dependents -> u32 n, n x (u64 node, CUgraphEdgeData); AddEdges / RemoveEdges
+  // u64 graph, u32 n, n x (u64 from, u64 to, CUgraphEdgeData); DestroyNode u64 node;
+  // SetEnabled u64 exec, u64 node, u32 enabled; GetEnabled u64 exec, u64 node -> u32.
+  // Flyt's helper nodes (client memory in a captured graph) are left out and their
+  // neighbours joined by default edges, so the app sees the graph it captured.
+  kOpGraphTopology = 313,
   // CUPTI activity of a profiled client (server/session_profiler.cc, src/cupti/):
   // u8 kProfiler*, then Start: u32 GpuActivity kinds (bit 1 << kind) -> u32 kinds
   // enabled, u64 server timestamp (ns), string why the others are not; Stop: u32
@@ -190,6 +199,16 @@ inline constexpr uint32_t kMaxLinkLogBytes = 4u << 20;  // a log buffer the serv
 // Graph nodes (kOpGraphNode).
 inline constexpr uint32_t kMaxConditionalBodies = 4096;  // SWITCH bodies of one node
 enum GraphNodeWhich : uint8_t { kGraphNodeAdd = 0, kGraphNodeSet = 1, kGraphNodeExecSet = 2 };
+enum GraphTopo : uint8_t {
+  kGraphTopoEdges = 0,
+  kGraphTopoRoots = 1,
+  kGraphTopoNeighbours = 2,
+  kGraphTopoAddEdges = 3,
+  kGraphTopoRemoveEdges = 4,
+  kGraphTopoDestroyNode = 5,
+  kGraphTopoSetEnabled = 6,
+  kGraphTopoGetEnabled = 7,
+};
 enum GraphMisc : uint8_t {
   kGraphMiscClone = 0,
   kGraphMiscFindInClone = 1,

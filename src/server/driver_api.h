@@ -59,6 +59,15 @@ namespace flyt::server {
   X(cuMemPoolSetAttribute)              \
   X(cuStreamGetCaptureInfo_v3)          \
   X(cuGraphGetNodes)                    \
+  X(cuGraphGetEdges_v2)                 \
+  X(cuGraphGetRootNodes)                \
+  X(cuGraphNodeGetDependencies_v2)      \
+  X(cuGraphNodeGetDependentNodes_v2)    \
+  X(cuGraphAddDependencies_v2)          \
+  X(cuGraphRemoveDependencies_v2)       \
+  X(cuGraphDestroyNode)                 \
+  X(cuGraphNodeSetEnabled)              \
+  X(cuGraphNodeGetEnabled)              \
   X(cuGraphNodeGetType)                 \
   X(cuGraphHostNodeGetParams)           \
   X(cuGraphAddKernelNode_v2)            \

@@ -234,6 +234,12 @@ class Session {
   bool GraphNode(wire::Reader& in, wire::Writer& out, CUresult* rc);
   bool GraphNodeQuery(wire::Reader& in, wire::Writer& out, CUresult* rc);
   bool GraphMisc(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  bool GraphTopology(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  // Whether `node` is one of Flyt's own helper nodes (client memory in a captured graph).
+  bool IsFlytHelperNode(CUgraphNode node);
+  // The app-visible dependencies (or dependents) of `node`, through helper nodes.
+  CUresult VisibleNeighbours(CUgraphNode node, bool dependents,
+                             std::vector<std::pair<CUgraphNode, CUgraphEdgeData>>* out);
   bool ReadNodeDesc(wire::Reader& in, NodeDesc* d, CUresult* rc);
   // A graph of [fetch host node -> copy] or [copy -> deliver host node]
   // through a new pinned mirror, for a copy one side of which is client memory.

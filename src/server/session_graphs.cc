@@ -38,6 +38,14 @@ constexpr uint32_t kMaxNodeList = 1u << 16;
 }  // namespace
 
 CUhostFn Session::FetchHelper() { return FetchCaptured; }
+bool Session::IsFlytHelperNode(CUgraphNode node) {
+  DriverApi& a = state_->api;
+  CUgraphNodeType type{};
+  CUDA_HOST_NODE_PARAMS host{};
+  return a.cuGraphNodeGetType(node, &type) == CUDA_SUCCESS && type == CU_GRAPH_NODE_TYPE_HOST &&
+         a.cuGraphHostNodeGetParams(node, &host) == CUDA_SUCCESS &&
+         (host.fn == DeliverCaptured || host.fn == FetchCaptured);
+}
 CUhostFn Session::DeliverHelper() { return DeliverCaptured; }
 CUhostFn Session::RunCapturedHostFuncFn() { return RunCapturedHostFunc; }
 
@@ -159,12 +167,7 @@ bool Session::GraphGetNodes(Reader& in, Writer& out, CUresult* rc) {
   if (*rc != CUDA_SUCCESS) return true;
   std::vector<uint64_t> visible;
   for (CUgraphNode node : nodes) {
-    CUgraphNodeType type{};
-    CUDA_HOST_NODE_PARAMS host{};
-    if (a.cuGraphNodeGetType(node, &type) == CUDA_SUCCESS && type == CU_GRAPH_NODE_TYPE_HOST &&
-        a.cuGraphHostNodeGetParams(node, &host) == CUDA_SUCCESS &&
-        (host.fn == DeliverCaptured || host.fn == FetchCaptured))
-      continue;  // Flyt's own helper node
+    if (IsFlytHelperNode(node)) continue;
     uint64_t raw = reinterpret_cast<uintptr_t>(node);
     Adopt(HandleKind::kGraphNode, raw);
     visible.push_back(raw);

@@ -1961,15 +1961,14 @@ CUresult simLinkDestroy(CUlinkState state) {
 }
 
 // --- CUDA graphs built by hand (and by the session's helpers). A graph is a
-// list of nodes in the order they were added, which is a topological order:
-// a node's dependencies exist before it. An executable graph is a deep copy
-// made at instantiation, with a map from the original nodes to its own (for
-// the cuGraphExec*SetParams calls). A launch runs the copy's nodes in order on
-// the calling thread, after the stream's pending host functions: kernels are
-// recorded (and the modelled kernels act, see SimKernelActions), copies and
-// memsets happen, host nodes call their function, conditional nodes run their
-// body graphs by the conditional value. Memory of an allocation node is
-// allocated when the node is added and freed with the graph that added it.
+// list of nodes kept in a topological order (each node after its dependencies;
+// edges added later reorder it), and each node lists its dependencies. An executable graph is a
+// deep copy made at instantiation, with a map from the original nodes to its own (for the
+// cuGraphExec*SetParams calls). A launch runs the copy's nodes in order on the calling thread,
+// after the stream's pending host functions: kernels are recorded (and the modelled kernels act,
+// see SimKernelActions), copies and memsets happen, host nodes call their function, conditional
+// nodes run their body graphs by the conditional value. Memory of an allocation node is allocated
+// when the node is added and freed with the graph that added it.
 struct SimGraph;
 struct SimCond {
   unsigned default_value = 0;
@@ -1995,6 +1994,9 @@ struct SimNode {
   CUgraphConditionalNodeType cond_type = CU_GRAPH_COND_TYPE_IF;
   std::vector<std::unique_ptr<SimGraph>> bodies;
   std::vector<CUgraph> body_handles;  // phGraph_out of the node's creation
+  std::vector<SimNode*> deps;         // incoming edges, nodes of the same graph
+  std::vector<CUgraphEdgeData> dep_data;
+  bool enabled = true;  // cuGraphNodeSetEnabled, on an executable graph's copy
 };
 struct SimGraph {
   std::vector<std::unique_ptr<SimNode>> nodes;
@@ -2071,6 +2073,9 @@ std::unique_ptr<SimGraph> CopyGraph(const SimGraph& src, SimGraph* top) {
     c->cond = n->cond;
     c->cond_type = n->cond_type;
     for (const auto& b : n->bodies) c->bodies.push_back(CopyGraph(*b, top));
+    c->dep_data = n->dep_data;
+    c->enabled = n->enabled;
+    for (SimNode* d : n->deps) c->deps.push_back(top->from.at(d));  // d came earlier
     top->from[n.get()] = c.get();
     g_nodes.insert(c.get());
     g->nodes.push_back(std::move(c));
@@ -2128,6 +2133,13 @@ CUresult AddNode(CUgraphNode* out, CUgraph graph, const CUgraphNode* deps, size_
   auto n = std::make_unique<SimNode>();
   n->type = type;
   n->owner = g;
+  for (size_t i = 0; i < ndeps; ++i) {
+    SimNode* d = AsNode(deps[i]);
+    if (std::find(n->deps.begin(), n->deps.end(), d) != n->deps.end())
+      return CUDA_ERROR_INVALID_VALUE;  // the same dependency twice
+    n->deps.push_back(d);
+    n->dep_data.push_back(CUgraphEdgeData{});
+  }
   CUresult rc = fill(n.get());
   if (rc != CUDA_SUCCESS) return rc;
   *out = reinterpret_cast<CUgraphNode>(n.get());
@@ -2589,12 +2601,227 @@ void SimKernelActions(const std::string& name, const std::vector<sim::ParamSlot>
   if (g_conds.count(cond)) cond->value = value;
 }
 
+// --- Graph topology: edges, roots, adding and removing edges and nodes.
+bool EdgeDataSet(const CUgraphEdgeData& d) {
+  static const CUgraphEdgeData zero{};
+  return std::memcmp(&d, &zero, sizeof(d)) != 0;
+}
+bool HasAllocNodes(const SimGraph& g) {
+  for (const auto& n : g.nodes)
+    if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC || n->type == CU_GRAPH_NODE_TYPE_MEM_FREE)
+      return true;
+  return false;
+}
+// Puts g's nodes back in a topological order (stable); false on a cycle.
+bool Reorder(SimGraph* g) {
+  std::vector<std::unique_ptr<SimNode>> done;
+  std::set<const SimNode*> placed;
+  while (!g->nodes.empty()) {
+    auto it = std::find_if(g->nodes.begin(), g->nodes.end(), [&](const auto& n) {
+      return std::all_of(n->deps.begin(), n->deps.end(),
+                         [&](const SimNode* d) { return placed.count(d) != 0; });
+    });
+    if (it == g->nodes.end()) {  // a cycle: leave the rest as it was
+      for (auto& n : g->nodes) done.push_back(std::move(n));
+      g->nodes = std::move(done);
+      return false;
+    }
+    placed.insert(it->get());
+    done.push_back(std::move(*it));
+    g->nodes.erase(it);
+  }
+  g->nodes = std::move(done);
+  return true;
+}
+// Writes up to *count entries of `list` (node, data) to out/data, NULLs past the end,
+// and the number written (or, without `out`, the total) to *count.
+CUresult ListOut(const std::vector<std::pair<SimNode*, CUgraphEdgeData>>& list, CUgraphNode* out,
+                 CUgraphEdgeData* data, size_t* count) {
+  if (count == nullptr || (data != nullptr && out == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  if (out == nullptr) {
+    *count = list.size();
+    return CUDA_SUCCESS;
+  }
+  bool lossy = false;
+  for (size_t i = 0; i < *count; ++i) {
+    out[i] = i < list.size() ? reinterpret_cast<CUgraphNode>(list[i].first) : nullptr;
+    if (data != nullptr) data[i] = i < list.size() ? list[i].second : CUgraphEdgeData{};
+    lossy = lossy || (i < list.size() && data == nullptr && EdgeDataSet(list[i].second));
+  }
+  *count = std::min(*count, list.size());
+  return lossy ? CUDA_ERROR_LOSSY_QUERY : CUDA_SUCCESS;
+}
+CUresult simGraphGetEdges(CUgraph graph, CUgraphNode* from, CUgraphNode* to, CUgraphEdgeData* data,
+                          size_t* count) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimGraph* g = AsGraph(graph);
+  if (g == nullptr || count == nullptr || (from == nullptr) != (to == nullptr) ||
+      (data != nullptr && from == nullptr))
+    return CUDA_ERROR_INVALID_VALUE;
+  std::vector<std::pair<SimNode*, CUgraphEdgeData>> froms, tos;
+  for (const auto& n : g->nodes)
+    for (size_t i = 0; i < n->deps.size(); ++i) {
+      froms.emplace_back(n->deps[i], n->dep_data[i]);
+      tos.emplace_back(n.get(), n->dep_data[i]);
+    }
+  if (from != nullptr) {
+    size_t c = *count;
+    CUresult rc = ListOut(tos, to, nullptr, &c);
+    if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_LOSSY_QUERY) return rc;
+  }
+  return ListOut(froms, from, data, count);
+}
+CUresult simGraphGetRootNodes(CUgraph graph, CUgraphNode* out, size_t* count) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimGraph* g = AsGraph(graph);
+  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<std::pair<SimNode*, CUgraphEdgeData>> roots;
+  for (const auto& n : g->nodes)
+    if (n->deps.empty()) roots.emplace_back(n.get(), CUgraphEdgeData{});
+  return ListOut(roots, out, nullptr, count);
+}
+CUresult NodeNeighbours(CUgraphNode node, bool dependents, CUgraphNode* out, CUgraphEdgeData* data,
+                        size_t* count) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimNode* n = AsNode(node);
+  if (n == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<std::pair<SimNode*, CUgraphEdgeData>> list;
+  if (!dependents) {
+    for (size_t i = 0; i < n->deps.size(); ++i) list.emplace_back(n->deps[i], n->dep_data[i]);
+  } else {
+    for (const auto& m : n->owner->nodes)
+      for (size_t i = 0; i < m->deps.size(); ++i)
+        if (m->deps[i] == n) list.emplace_back(m.get(), m->dep_data[i]);
+  }
+  return ListOut(list, out, data, count);
+}
+CUresult simGraphNodeGetDependencies(CUgraphNode node, CUgraphNode* out, CUgraphEdgeData* data,
+                                     size_t* count) {
+  return NodeNeighbours(node, false, out, data, count);
+}
+CUresult simGraphNodeGetDependentNodes(CUgraphNode node, CUgraphNode* out, CUgraphEdgeData* data,
+                                       size_t* count) {
+  return NodeNeighbours(node, true, out, data, count);
+}
+// Checks an edge list of `graph`; on success *g is the graph.
+CUresult CheckEdges(CUgraph graph, const CUgraphNode* from, const CUgraphNode* to, size_t n,
+                    SimGraph** g) {
+  *g = AsGraph(graph);
+  if (*g == nullptr || (n > 0 && (from == nullptr || to == nullptr)))
+    return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < n; ++i) {
+    SimNode* a = AsNode(from[i]);
+    SimNode* b = AsNode(to[i]);
+    if (a == nullptr || b == nullptr || a->owner != *g || b->owner != *g || a == b)
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+CUresult simGraphAddDependencies(CUgraph graph, const CUgraphNode* from, const CUgraphNode* to,
+                                 const CUgraphEdgeData* data, size_t n) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimGraph* g = nullptr;
+  if (CUresult rc = CheckEdges(graph, from, to, n, &g); rc != CUDA_SUCCESS) return rc;
+  for (size_t i = 0; i < n; ++i) {  // an edge that exists (or twice in the list) is refused
+    SimNode* b = AsNode(to[i]);
+    if (std::count(b->deps.begin(), b->deps.end(), AsNode(from[i])) != 0)
+      return CUDA_ERROR_INVALID_VALUE;
+    for (size_t j = 0; j < i; ++j)
+      if (from[j] == from[i] && to[j] == to[i]) return CUDA_ERROR_INVALID_VALUE;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    SimNode* b = AsNode(to[i]);
+    b->deps.push_back(AsNode(from[i]));
+    b->dep_data.push_back(data != nullptr ? data[i] : CUgraphEdgeData{});
+  }
+  if (!Reorder(g)) {  // a cycle: undo
+    for (size_t i = n; i-- > 0;) {
+      SimNode* b = AsNode(to[i]);
+      b->deps.pop_back();
+      b->dep_data.pop_back();
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+CUresult simGraphRemoveDependencies(CUgraph graph, const CUgraphNode* from, const CUgraphNode* to,
+                                    const CUgraphEdgeData* data, size_t n) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimGraph* g = nullptr;
+  if (CUresult rc = CheckEdges(graph, from, to, n, &g); rc != CUDA_SUCCESS) return rc;
+  if (n > 0 && HasAllocNodes(*g)) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<std::pair<SimNode*, size_t>> found;
+  for (size_t i = 0; i < n; ++i) {
+    SimNode* b = AsNode(to[i]);
+    const CUgraphEdgeData want = data != nullptr ? data[i] : CUgraphEdgeData{};
+    size_t k = 0;
+    while (k < b->deps.size() && (b->deps[k] != AsNode(from[i]) ||
+                                  std::memcmp(&b->dep_data[k], &want, sizeof(want)) != 0))
+      ++k;
+    if (k == b->deps.size()) return CUDA_ERROR_INVALID_VALUE;
+    found.emplace_back(b, k);
+  }
+  std::sort(found.begin(), found.end(),
+            [](const auto& x, const auto& y) { return x.second > y.second; });
+  for (const auto& [b, k] : found) {
+    b->deps.erase(b->deps.begin() + static_cast<std::ptrdiff_t>(k));
+    b->dep_data.erase(b->dep_data.begin() + static_cast<std::ptrdiff_t>(k));
+  }
+  return CUDA_SUCCESS;
+}
+CUresult simGraphDestroyNode(CUgraphNode node) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimNode* n = AsNode(node);
+  if (n == nullptr || HasAllocNodes(*n->owner)) return CUDA_ERROR_INVALID_VALUE;
+  SimGraph* g = n->owner;
+  for (auto& m : g->nodes)
+    for (size_t k = m->deps.size(); k-- > 0;)
+      if (m->deps[k] == n) {
+        m->deps.erase(m->deps.begin() + static_cast<std::ptrdiff_t>(k));
+        m->dep_data.erase(m->dep_data.begin() + static_cast<std::ptrdiff_t>(k));
+      }
+  auto it =
+      std::find_if(g->nodes.begin(), g->nodes.end(), [n](const auto& p) { return p.get() == n; });
+  g_nodes.erase(n);
+  if (n->child) ForgetNodes(n->child.get());
+  for (auto& b : n->bodies) ForgetNodes(b.get());
+  g->nodes.erase(it);
+  return CUDA_SUCCESS;
+}
+// The executable graph's copy of `node` (a node of the graph it was instantiated from).
+SimNode* ExecCopy(CUgraphExec exec, CUgraphNode node) {
+  SimExec* e = AsExec(exec);
+  SimNode* n = AsNode(node);
+  if (e == nullptr || n == nullptr) return nullptr;
+  auto it = e->graph->from.find(n);
+  return it == e->graph->from.end() ? nullptr : it->second;
+}
+bool CanDisable(CUgraphNodeType t) {
+  return t == CU_GRAPH_NODE_TYPE_KERNEL || t == CU_GRAPH_NODE_TYPE_MEMCPY ||
+         t == CU_GRAPH_NODE_TYPE_MEMSET;
+}
+CUresult simGraphNodeSetEnabled(CUgraphExec exec, CUgraphNode node, unsigned enabled) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimNode* c = ExecCopy(exec, node);
+  if (c == nullptr || !CanDisable(c->type)) return CUDA_ERROR_INVALID_VALUE;
+  c->enabled = enabled != 0;
+  return CUDA_SUCCESS;
+}
+CUresult simGraphNodeGetEnabled(CUgraphExec exec, CUgraphNode node, unsigned* enabled) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimNode* c = ExecCopy(exec, node);
+  if (c == nullptr || enabled == nullptr || !CanDisable(c->type)) return CUDA_ERROR_INVALID_VALUE;
+  *enabled = c->enabled ? 1 : 0;
+  return CUDA_SUCCESS;
+}
+
 constexpr unsigned kSimMaxWhileIterations = 1u << 20;
 
 // Runs a graph's nodes in order (g_graph_mu not held: host nodes call back).
 CUresult RunGraph(const SimGraph& g, CUstream s) {
   for (const auto& n : g.nodes) {
     CUresult rc = CUDA_SUCCESS;
+    if (!n->enabled) continue;  // cuGraphNodeSetEnabled(..., 0): skipped
     switch (n->type) {
       case CU_GRAPH_NODE_TYPE_KERNEL: {
         CUlaunchConfig cfg{};
@@ -2835,6 +3062,15 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuGraphCreate = simGraphCreate;
   a->cuGraphDestroy = simGraphDestroy;
   a->cuGraphGetNodes = simGraphGetNodes;
+  a->cuGraphGetEdges_v2 = simGraphGetEdges;
+  a->cuGraphGetRootNodes = simGraphGetRootNodes;
+  a->cuGraphNodeGetDependencies_v2 = simGraphNodeGetDependencies;
+  a->cuGraphNodeGetDependentNodes_v2 = simGraphNodeGetDependentNodes;
+  a->cuGraphAddDependencies_v2 = simGraphAddDependencies;
+  a->cuGraphRemoveDependencies_v2 = simGraphRemoveDependencies;
+  a->cuGraphDestroyNode = simGraphDestroyNode;
+  a->cuGraphNodeSetEnabled = simGraphNodeSetEnabled;
+  a->cuGraphNodeGetEnabled = simGraphNodeGetEnabled;
   a->cuGraphNodeGetType = simGraphNodeGetType;
   a->cuGraphAddKernelNode_v2 = simGraphAddKernelNode;
   a->cuGraphKernelNodeSetParams_v2 = simGraphKernelNodeSetParams;

@@ -1313,6 +1313,15 @@ class E2E(unittest.TestCase):
                 self.stop_server(srv)
 
     GRAPH_NODES_EXPECTED = (
+        ("topo.edges", "a>b,a>c,b>e,c>e"), ("topo.roots", "a"), ("topo.deps_e", "b,c"),
+        ("topo.dependents_a", "b,c"), ("topo.deps_a", "0"),
+        ("topo.added", "a>b,a>c,a>e,b>e,c>e"), ("topo.add_again", "cudaErrorInvalidValue"),
+        ("topo.remove_again", "cudaErrorInvalidValue"), ("topo.removed", "a>b,a>c,b>e,c>e"),
+        ("topo.after_destroy", "a>b,b>e"), ("topo.nodes_after_destroy", "3"),
+        ("topo.enabled_at_start", "1"), ("topo.enabled_after_disable", "0"),
+        ("topo.disabled_memset_ran", "0"), ("topo.enabled_memset_ran", "1"),
+        ("topo.disable_empty", "cudaErrorInvalidValue"),
+        ("topo.captured", "not run (sim)"),
         ("simple.types", "host,kernel,memcpy,memcpy,memcpy,memcpy,memcpy,memset"),
         ("simple.launches_ok", "6"), ("simple.host_node_runs", "6"),
         ("simple.exec_set_params", "ok"), ("simple.d2h_type", "memcpy"),
@@ -1336,8 +1345,11 @@ class E2E(unittest.TestCase):
         queries, clone, cudaGraphExecUpdate, symbols; IF, IF/ELSE, SWITCH and a WHILE loop
         whose condition the sim's modelled kernels set; allocation/free nodes relaunched,
         a free node for cudaMalloc memory refused; child graph, empty and event nodes;
-        cudaGraphAddNode / NodeSetParams / ExecNodeSetParams. The server is alive and
-        holds nothing of the client afterwards."""
+        cudaGraphAddNode / NodeSetParams / ExecNodeSetParams; the topology calls (edges,
+        roots, dependencies, dependents, edges added and removed, a node destroyed, a
+        node disabled in an executable graph; Flyt's helper nodes of a captured copy to
+        client memory never shown). The server is alive and holds nothing of the client
+        afterwards."""
         for variant, transport in self.matrix():
             with self.subTest(variant=variant, transport=transport):
                 srv = self.start_server(control=True)

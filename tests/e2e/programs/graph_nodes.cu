@@ -11,6 +11,10 @@
 //               again; node queries; a free node for memory no graph allocated; trim.
 //   other       child graph (holding a host copy), empty and event record/wait nodes,
 //               the generic cudaGraphAddNode / NodeSetParams / ExecNodeSetParams.
+//   topology    a diamond of nodes: edges (with edge data), root nodes, dependencies and
+//               dependents, an edge added twice and removed twice, a node destroyed,
+//               a memset node disabled and enabled again in an executable graph; a
+//               captured graph with a copy to pinned host memory shows only its own nodes.
 //   quota BYTES (Flyt only, server with --memory-quota BYTES) allocation nodes count
 //               against the quota.
 //   refusals    (Flyt only) what Flyt answers with cudaErrorNotSupported.
@@ -649,6 +653,168 @@ void Quota(size_t quota) {
   printf("quota.refunded=%zu\n", free2 - free1);
 }
 
+// The names of `nodes` as `names` lists them ("?" for another), sorted and joined.
+std::string NodeNames(const std::vector<cudaGraphNode_t>& nodes,
+                      const std::vector<std::pair<cudaGraphNode_t, const char*>>& names) {
+  std::vector<std::string> out;
+  for (cudaGraphNode_t n : nodes) {
+    const char* name = "?";
+    for (const auto& [node, label] : names)
+      if (node == n) name = label;
+    out.push_back(name);
+  }
+  std::sort(out.begin(), out.end());
+  std::string joined;
+  for (const auto& o : out) joined += (joined.empty() ? "" : ",") + o;
+  return joined;
+}
+
+std::string Edges(cudaGraph_t g,
+                  const std::vector<std::pair<cudaGraphNode_t, const char*>>& names) {
+  size_t n = 0;
+  CK(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &n));
+  std::vector<cudaGraphNode_t> from(n + 2), to(n + 2);
+  std::vector<cudaGraphEdgeData> data(n + 2);
+  size_t asked = n + 2;  // more than there are: the rest comes back NULL
+  CK(cudaGraphGetEdges(g, from.data(), to.data(), data.data(), &asked));
+  EXPECT(asked == n, "cudaGraphGetEdges filled %zu of %zu edges", asked, n);
+  EXPECT(from[n] == nullptr && to[n + 1] == nullptr, "entries past the edges are not NULL");
+  std::vector<std::string> edges;
+  for (size_t i = 0; i < n; ++i) {
+    static const cudaGraphEdgeData kZero{};
+    EXPECT(std::memcmp(&data[i], &kZero, sizeof(kZero)) == 0, "edge %zu has edge data", i);
+    edges.push_back(NodeNames({from[i]}, names) + ">" + NodeNames({to[i]}, names));
+  }
+  std::sort(edges.begin(), edges.end());
+  std::string joined;
+  for (const auto& e : edges) joined += (joined.empty() ? "" : ",") + e;
+  return joined;
+}
+
+std::vector<cudaGraphNode_t> Neighbours(cudaGraphNode_t node, bool dependents) {
+  size_t n = 0;
+  if (dependents) {
+    CK(cudaGraphNodeGetDependentNodes(node, nullptr, nullptr, &n));
+  } else {
+    CK(cudaGraphNodeGetDependencies(node, nullptr, nullptr, &n));
+  }
+  std::vector<cudaGraphNode_t> out(n);
+  if (n == 0) return out;
+  if (dependents) {
+    CK(cudaGraphNodeGetDependentNodes(node, out.data(), nullptr, &n));
+  } else {
+    CK(cudaGraphNodeGetDependencies(node, out.data(), nullptr, &n));
+  }
+  return out;
+}
+
+void Topology() {
+  e2e::Step("topology: diamond");
+  unsigned char* d = nullptr;
+  CK(cudaMalloc(&d, 4096));
+  CK(cudaMemset(d, 0, 4096));
+  cudaGraph_t g;
+  CK(cudaGraphCreate(&g, 0));
+  cudaGraphNode_t a, b, c, e;
+  CK(cudaGraphAddEmptyNode(&a, g, nullptr, 0));
+  cudaMemsetParams ms{};
+  ms.dst = d;
+  ms.value = 7;
+  ms.elementSize = 1;
+  ms.width = 256;
+  ms.height = 1;
+  CK(cudaGraphAddMemsetNode(&b, g, &a, 1, &ms));
+  CK(cudaGraphAddEmptyNode(&c, g, &a, 1));
+  cudaGraphNode_t bc[2] = {b, c};
+  CK(cudaGraphAddEmptyNode(&e, g, bc, 2));
+  const std::vector<std::pair<cudaGraphNode_t, const char*>> names = {
+      {a, "a"}, {b, "b"}, {c, "c"}, {e, "e"}};
+  printf("topo.edges=%s\n", Edges(g, names).c_str());
+  size_t roots_n = 0;
+  CK(cudaGraphGetRootNodes(g, nullptr, &roots_n));
+  std::vector<cudaGraphNode_t> roots(roots_n);
+  CK(cudaGraphGetRootNodes(g, roots.data(), &roots_n));
+  printf("topo.roots=%s\n", NodeNames(roots, names).c_str());
+  printf("topo.deps_e=%s\n", NodeNames(Neighbours(e, false), names).c_str());
+  printf("topo.dependents_a=%s\n", NodeNames(Neighbours(a, true), names).c_str());
+  printf("topo.deps_a=%zu\n", Neighbours(a, false).size());
+
+  e2e::Step("topology: add and remove edges");
+  CK(cudaGraphAddDependencies(g, &a, &e, nullptr, 1));
+  printf("topo.added=%s\n", Edges(g, names).c_str());
+  cudaError_t err = cudaGraphAddDependencies(g, &a, &e, nullptr, 1);
+  printf("topo.add_again=%s\n", cudaGetErrorName(err));
+  cudaGetLastError();
+  CK(cudaGraphRemoveDependencies(g, &a, &e, nullptr, 1));
+  err = cudaGraphRemoveDependencies(g, &a, &e, nullptr, 1);
+  printf("topo.remove_again=%s\n", cudaGetErrorName(err));
+  cudaGetLastError();
+  printf("topo.removed=%s\n", Edges(g, names).c_str());
+
+  e2e::Step("topology: destroy a node");
+  CK(cudaGraphDestroyNode(c));
+  printf("topo.after_destroy=%s\n", Edges(g, names).c_str());
+  size_t count = 0;
+  CK(cudaGraphGetNodes(g, nullptr, &count));
+  printf("topo.nodes_after_destroy=%zu\n", count);
+
+  e2e::Step("topology: disabled node");
+  cudaGraphExec_t exec;
+  CK(cudaGraphInstantiate(&exec, g, 0));
+  unsigned enabled = 9;
+  CK(cudaGraphNodeGetEnabled(exec, b, &enabled));
+  printf("topo.enabled_at_start=%u\n", enabled);
+  CK(cudaGraphNodeSetEnabled(exec, b, 0));
+  CK(cudaGraphNodeGetEnabled(exec, b, &enabled));
+  printf("topo.enabled_after_disable=%u\n", enabled);
+  CK(cudaGraphLaunch(exec, 0));
+  unsigned char first = 0;
+  CK(cudaMemcpy(&first, d, 1, cudaMemcpyDeviceToHost));
+  printf("topo.disabled_memset_ran=%d\n", first == 7 ? 1 : 0);
+  CK(cudaGraphNodeSetEnabled(exec, b, 1));
+  CK(cudaGraphLaunch(exec, 0));
+  CK(cudaMemcpy(&first, d, 1, cudaMemcpyDeviceToHost));
+  printf("topo.enabled_memset_ran=%d\n", first == 7 ? 1 : 0);
+  err = cudaGraphNodeSetEnabled(exec, a, 0);  // an empty node cannot be disabled
+  printf("topo.disable_empty=%s\n", cudaGetErrorName(err));
+  cudaGetLastError();
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(g));
+
+  e2e::Step("topology: captured graph with a copy to pinned host memory");
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  if (std::strstr(prop.name, "Simulated") != nullptr) {  // the sim has no stream capture
+    printf("topo.captured=not run (sim)\n");
+    CK(cudaFree(d));
+    return;
+  }
+  unsigned char* pinned = nullptr;
+  CK(cudaMallocHost(&pinned, 4096));
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  CK(cudaMemsetAsync(d, 1, 4096, s));
+  CK(cudaMemcpyAsync(pinned, d, 4096, cudaMemcpyDeviceToHost, s));
+  CK(cudaMemsetAsync(d, 2, 4096, s));
+  cudaGraph_t cap;
+  CK(cudaStreamEndCapture(s, &cap));
+  CK(cudaGraphGetNodes(cap, nullptr, &count));
+  size_t edges = 0;
+  CK(cudaGraphGetEdges(cap, nullptr, nullptr, nullptr, &edges));
+  CK(cudaGraphGetRootNodes(cap, nullptr, &roots_n));
+  printf("topo.captured=%zu nodes,%zu edges,%zu roots\n", count, edges, roots_n);
+  CK(cudaGraphInstantiate(&exec, cap, 0));
+  CK(cudaGraphLaunch(exec, s));
+  CK(cudaStreamSynchronize(s));
+  printf("topo.captured_copy=%d\n", pinned[4095]);
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(cap));
+  CK(cudaStreamDestroy(s));
+  CK(cudaFreeHost(pinned));
+  CK(cudaFree(d));
+}
+
 // Flyt only: what Flyt refuses with cudaErrorNotSupported (natively these work).
 void Refusals() {
   e2e::Step("refusals");
@@ -707,6 +873,7 @@ int main(int argc, char** argv) {
     Conditional();
     Memory();
     Other();
+    Topology();
   }
   e2e::Pass();
   return 0;
