@@ -237,6 +237,8 @@ class Session {
   bool GraphTopology(wire::Reader& in, wire::Writer& out, CUresult* rc);
   // Whether `node` is one of Flyt's own helper nodes (client memory in a captured graph).
   bool IsFlytHelperNode(CUgraphNode node);
+  // The nodes of `g` the app sees (helper nodes left out), each adopted as the session's.
+  CUresult VisibleNodes(CUgraph g, std::vector<CUgraphNode>* out);
   // The app-visible dependencies (or dependents) of `node`, through helper nodes.
   CUresult VisibleNeighbours(CUgraphNode node, bool dependents,
                              std::vector<std::pair<CUgraphNode, CUgraphEdgeData>>* out);

@@ -71,17 +71,12 @@ bool Session::GraphTopology(Reader& in, Writer& out, CUresult* rc) {
         *rc = CUDA_ERROR_INVALID_VALUE;
         return true;
       }
-      CUgraph g = reinterpret_cast<CUgraph>(graph);
-      size_t n = 0;
-      *rc = a.cuGraphGetNodes(g, nullptr, &n);
-      std::vector<CUgraphNode> nodes(n);
-      if (*rc == CUDA_SUCCESS && n > 0) *rc = a.cuGraphGetNodes(g, nodes.data(), &n);
+      std::vector<CUgraphNode> nodes;
+      *rc = VisibleNodes(reinterpret_cast<CUgraph>(graph), &nodes);
       if (*rc != CUDA_SUCCESS) return true;
       Writer list;
       uint32_t count = 0;
       for (CUgraphNode node : nodes) {
-        if (IsFlytHelperNode(node)) continue;
-        Adopt(HandleKind::kGraphNode, Raw(node));
         Neighbours deps;
         *rc = VisibleNeighbours(node, false, &deps);
         if (*rc != CUDA_SUCCESS) return true;

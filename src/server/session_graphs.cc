@@ -152,29 +152,33 @@ bool Session::ReadNodeList(Reader& in, std::vector<CUgraphNode>* deps, CUresult*
 
 // Request: u64 graph. Reply: u64 n, n x u64 node.
 bool Session::GraphGetNodes(Reader& in, Writer& out, CUresult* rc) {
-  DriverApi& a = state_->api;
   uint64_t graph = 0;
   if (!in.Get(&graph) || in.remaining() != 0) return false;
   if (!Owns(HandleKind::kGraph, graph)) {
     *rc = CUDA_ERROR_INVALID_HANDLE;
     return true;
   }
-  CUgraph g = reinterpret_cast<CUgraph>(graph);
-  size_t n = 0;
-  *rc = a.cuGraphGetNodes(g, nullptr, &n);
-  std::vector<CUgraphNode> nodes(n);
-  if (*rc == CUDA_SUCCESS && n > 0) *rc = a.cuGraphGetNodes(g, nodes.data(), &n);
+  std::vector<CUgraphNode> visible;
+  *rc = VisibleNodes(reinterpret_cast<CUgraph>(graph), &visible);
   if (*rc != CUDA_SUCCESS) return true;
-  std::vector<uint64_t> visible;
-  for (CUgraphNode node : nodes) {
-    if (IsFlytHelperNode(node)) continue;
-    uint64_t raw = reinterpret_cast<uintptr_t>(node);
-    Adopt(HandleKind::kGraphNode, raw);
-    visible.push_back(raw);
-  }
   out.Put<uint64_t>(visible.size());
-  for (uint64_t v : visible) out.Put(v);
+  for (CUgraphNode v : visible) out.Put<uint64_t>(reinterpret_cast<uintptr_t>(v));
   return true;
+}
+
+CUresult Session::VisibleNodes(CUgraph g, std::vector<CUgraphNode>* out) {
+  DriverApi& a = state_->api;
+  size_t n = 0;
+  CUresult rc = a.cuGraphGetNodes(g, nullptr, &n);
+  std::vector<CUgraphNode> nodes(n);
+  if (rc == CUDA_SUCCESS && n > 0) rc = a.cuGraphGetNodes(g, nodes.data(), &n);
+  if (rc != CUDA_SUCCESS) return rc;
+  for (size_t i = 0; i < n && i < nodes.size(); ++i) {
+    if (IsFlytHelperNode(nodes[i])) continue;
+    Adopt(HandleKind::kGraphNode, reinterpret_cast<uintptr_t>(nodes[i]));
+    out->push_back(nodes[i]);
+  }
+  return CUDA_SUCCESS;
 }
 
 // Request: u8 which (0 add, 1 set node, 2 set node of exec), u64 target (graph,
