@@ -127,7 +127,10 @@
   X(252, cuMemGetAllocationGranularity, SYNC, None)                        \
   X(253, cuMemGetAllocationPropertiesFromHandle, SYNC, None)               \
   X(254, cuStreamSetAttribute, SYNC, None)                                 \
-  X(255, cuStreamGetAttribute, SYNC, None)
+  X(255, cuStreamGetAttribute, SYNC, None)                                 \
+  X(256, cuStreamGetCtx, SYNC, None)                                       \
+  X(257, cuStreamGetDevice, SYNC, None)                                    \
+  X(258, cuStreamCopyAttributes, SYNC, None)
 
 // Generic calls whose client entry point is hand-written because the client
 // keeps state about them (client/api_*.cc calls Forward<> itself).

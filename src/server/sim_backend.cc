@@ -1388,6 +1388,29 @@ CUresult simStreamGetAttribute(CUstream s, CUstreamAttrID attr, CUstreamAttrValu
   if (it != st->attributes.end()) *v = it->second;
   return CUDA_SUCCESS;
 }
+// The stream's context (the current one for the NULL and legacy streams).
+CUresult simStreamGetCtx(CUstream s, CUcontext* ctx) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  SimStream* st = AsStream(s);
+  *ctx = st != nullptr && st->ctx != nullptr ? st->ctx : t_current;
+  return *ctx != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+CUresult simStreamGetDevice(CUstream, CUdevice* dev) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (dev == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *dev = 0;  // the sim's one GPU
+  return CUDA_SUCCESS;
+}
+CUresult simStreamCopyAttributes(CUstream dst, CUstream src) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  SimStream* to = AsStream(dst);
+  SimStream* from = AsStream(src);
+  if (to == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  to->attributes = from != nullptr ? from->attributes : std::map<int, CUstreamAttrValue>{};
+  return CUDA_SUCCESS;
+}
 thread_local CUstreamCaptureMode t_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 CUresult simThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
   if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -3008,6 +3031,9 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuStreamGetPriority = simStreamGetPriority;
   a->cuStreamSetAttribute = simStreamSetAttribute;
   a->cuStreamGetAttribute = simStreamGetAttribute;
+  a->cuStreamGetCtx = simStreamGetCtx;
+  a->cuStreamGetDevice = simStreamGetDevice;
+  a->cuStreamCopyAttributes = simStreamCopyAttributes;
   a->cuStreamGetFlags = simStreamGetFlags;
   a->cuStreamIsCapturing = simStreamIsCapturing;
   a->cuThreadExchangeStreamCaptureMode = simThreadExchangeStreamCaptureMode;

@@ -1112,7 +1112,9 @@ class E2E(unittest.TestCase):
                 where = res.describe()
                 for key, want in (("under_flyt", "1"), ("freed_by_destroy", str(4 << 20)),
                                   ("free_after_all", str(quota)), ("destroy_primary", "201"),
-                                  ("destroy_null", "1"), ("destroy_destroyed", "201")):
+                                  ("destroy_null", "1"), ("destroy_destroyed", "201"),
+                                  ("stream.queries", "ok"),
+                                  ("stream.copied_sync_policy", str(3))):
                     self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
                 self.assert_stats(srv, sessions=0, memory_used=0, memory_quota=quota)
                 self.assertRegex(srv.log_text(), r"destroyed 1 context\(s\) the client left",

@@ -28,6 +28,9 @@
 // pushing a destroyed context. At the end cudart works on the primary context, and
 // one created context is left for the server to destroy (its memory too).
 //
+// Stream queries: cuStreamGetCtx of a stream made in B while A is current, and of the NULL
+// stream; cuStreamGetDevice; cuStreamCopyAttributes of a synchronization policy.
+//
 // Prints key=value lines and "contexts: PASS". No kernel result is checked (valid
 // under the sim).
 #include <cuda.h>  // driver types; the entry points come from libcuda.so.1 (dlopen)
@@ -75,6 +78,11 @@ struct Driver {
   decltype(&::cuDevicePrimaryCtxRelease_v2) primary_release;
   decltype(&::cuDeviceGetExecAffinitySupport) affinity_support;
   decltype(&::cuGetProcAddress_v2) proc_address;
+  decltype(&::cuStreamGetCtx) stream_ctx;
+  decltype(&::cuStreamGetDevice) stream_device;
+  decltype(&::cuStreamCopyAttributes) stream_copy_attributes;
+  decltype(&::cuStreamSetAttribute) stream_set_attribute;
+  decltype(&::cuStreamGetAttribute) stream_get_attribute;
 };
 Driver g_cu;
 void* g_lib = nullptr;
@@ -180,6 +188,11 @@ int main(int argc, char** argv) {
   Sym("cuLaunchKernel", &g_cu.launch);
   Sym("cuStreamCreate", &g_cu.stream_create);
   Sym("cuStreamDestroy_v2", &g_cu.stream_destroy);
+  Sym("cuStreamGetCtx", &g_cu.stream_ctx);
+  Sym("cuStreamGetDevice", &g_cu.stream_device);
+  Sym("cuStreamCopyAttributes", &g_cu.stream_copy_attributes);
+  Sym("cuStreamSetAttribute", &g_cu.stream_set_attribute);
+  Sym("cuStreamGetAttribute", &g_cu.stream_get_attribute);
   Sym("cuStreamSynchronize", &g_cu.stream_synchronize);
   Sym("cuEventCreate", &g_cu.event_create);
   Sym("cuEventRecord", &g_cu.event_record);
@@ -258,6 +271,30 @@ int main(int argc, char** argv) {
   CU(g_cu.stream_create(&stream_b, CU_STREAM_DEFAULT));
   CU(g_cu.set_current(nullptr));  // pops B
   EXPECT(Current() == a, "cuCtxSetCurrent(NULL) did not pop B: current %p", (void*)Current());
+
+  e2e::Step("stream queries");
+  CUcontext of_stream = nullptr;
+  CU(g_cu.stream_ctx(stream_b, &of_stream));  // B's stream, while A is current
+  EXPECT(of_stream == b, "cuStreamGetCtx gave %p, the stream was made in B %p (A %p)",
+         (void*)of_stream, (void*)b, (void*)a);
+  CU(g_cu.stream_ctx(nullptr, &of_stream));  // the NULL stream: the current context
+  EXPECT(of_stream == a, "cuStreamGetCtx(NULL) gave %p, A is %p", (void*)of_stream, (void*)a);
+  CUdevice stream_dev = -1;
+  CU(g_cu.stream_device(stream_b, &stream_dev));
+  EXPECT(stream_dev == dev, "cuStreamGetDevice gave %d", stream_dev);
+  CUstream s1 = nullptr, s2 = nullptr;
+  CU(g_cu.stream_create(&s1, CU_STREAM_NON_BLOCKING));
+  CU(g_cu.stream_create(&s2, CU_STREAM_NON_BLOCKING));
+  CUstreamAttrValue policy{};
+  policy.syncPolicy = CU_SYNC_POLICY_YIELD;
+  CU(g_cu.stream_set_attribute(s1, CU_STREAM_ATTRIBUTE_SYNCHRONIZATION_POLICY, &policy));
+  CU(g_cu.stream_copy_attributes(s2, s1));
+  CUstreamAttrValue copied{};
+  CU(g_cu.stream_get_attribute(s2, CU_STREAM_ATTRIBUTE_SYNCHRONIZATION_POLICY, &copied));
+  printf("stream.copied_sync_policy=%d\n", static_cast<int>(copied.syncPolicy));
+  CU(g_cu.stream_destroy(s1));
+  CU(g_cu.stream_destroy(s2));
+  printf("stream.queries=ok\n");
 
   e2e::Step("another thread");
   {
