@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "client/client.h"
+#include "client/proc_address.h"
 #include "common/log.h"
 
 using flyt::client::Client;
@@ -652,4 +653,37 @@ FLYT_API CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute a
 }
 FLYT_API CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
   return PoolAttribute(pool, attr, value, false);
+}
+
+// The CUDA 13 pool calls by memory location. A device location is the per-device pool
+// (cuDeviceGetDefaultMemPool / GetMemPool / SetMemPool, served above). Host and NUMA
+// locations would be pinned memory of the GPU host, and managed pools managed memory,
+// neither of which this process could touch: refused as not supported yet.
+namespace {
+bool DevicePinned(const CUmemLocation* loc, CUmemAllocationType type) {
+  return loc->type == CU_MEM_LOCATION_TYPE_DEVICE && type == CU_MEM_ALLOCATION_TYPE_PINNED;
+}
+}  // namespace
+FLYT_API CUresult cuMemGetDefaultMemPool(CUmemoryPool* pool, CUmemLocation* loc,
+                                         CUmemAllocationType type) {
+  if (pool == nullptr || loc == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!DevicePinned(loc, type))
+    return static_cast<CUresult>(
+        flyt::client::ReportUnsupported("cuMemGetDefaultMemPool for a host, NUMA or managed pool"));
+  return cuDeviceGetDefaultMemPool(pool, loc->id);
+}
+FLYT_API CUresult cuMemGetMemPool(CUmemoryPool* pool, CUmemLocation* loc,
+                                  CUmemAllocationType type) {
+  if (pool == nullptr || loc == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!DevicePinned(loc, type))
+    return static_cast<CUresult>(
+        flyt::client::ReportUnsupported("cuMemGetMemPool for a host, NUMA or managed pool"));
+  return cuDeviceGetMemPool(pool, loc->id);
+}
+FLYT_API CUresult cuMemSetMemPool(CUmemLocation* loc, CUmemAllocationType type, CUmemoryPool pool) {
+  if (loc == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!DevicePinned(loc, type))
+    return static_cast<CUresult>(
+        flyt::client::ReportUnsupported("cuMemSetMemPool for a host, NUMA or managed pool"));
+  return cuDeviceSetMemPool(loc->id, pool);
 }

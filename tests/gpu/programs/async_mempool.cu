@@ -3,7 +3,8 @@
 // read back), allocation on one stream used and freed on another after an
 // event, an explicit pool (cudaMemPoolCreate, cudaMallocFromPoolAsync,
 // used-memory attributes, cudaMemPoolTrimTo, cudaDeviceSetMemPool /
-// cudaDeviceGetMemPool), all results checked.
+// cudaDeviceGetMemPool, and the CUDA 13 calls by location: cudaMemGetDefaultMemPool,
+// cudaMemSetMemPool, cudaMemGetMemPool for the device), all results checked.
 #include <cstdint>
 #include <vector>
 #include "common.h"
@@ -112,6 +113,21 @@ int main() {
   CHECK(cudaFreeAsync(z, s2));
   CHECK(cudaStreamSynchronize(s2));
   CHECK(cudaDeviceSetMemPool(dev, def));
+
+  // The same through the CUDA 13 calls by memory location.
+  cudaMemLocation loc{};
+  loc.type = cudaMemLocationTypeDevice;
+  loc.id = dev;
+  cudaMemPool_t by_location = nullptr;
+  CHECK(cudaMemGetDefaultMemPool(&by_location, &loc, cudaMemAllocationTypePinned));
+  EXPECT(by_location == def, "cudaMemGetDefaultMemPool(device) is the device's default pool");
+  CHECK(cudaMemSetMemPool(&loc, cudaMemAllocationTypePinned, pool));
+  CHECK(cudaDeviceGetMemPool(&cur, dev));
+  EXPECT(cur == pool, "cudaMemSetMemPool(device) sets the device's current pool");
+  CHECK(cudaMemGetMemPool(&by_location, &loc, cudaMemAllocationTypePinned));
+  EXPECT(by_location == pool, "cudaMemGetMemPool(device) is the current pool");
+  CHECK(cudaMemSetMemPool(&loc, cudaMemAllocationTypePinned, def));
+  printf("pools by location: ok\n");
   CHECK(cudaMemPoolDestroy(pool));
 
   CHECK(cudaEventDestroy(ev));
