@@ -25,6 +25,10 @@
 // driver mapped it. The calls that tear down (cuMemUnmap, cuMemRelease,
 // cuMemAddressFree) are ASYNC when the client knows the range or handle, and
 // SYNC otherwise, so that a bad argument fails at the call (client/api_vmm.cc).
+//
+// Stream memory operations (259-262) are SYNC: the driver checks address, alignment
+// and flags at the call and apps test the result at once; the wait itself still
+// happens on the GPU, in stream order.
 #pragma once
 
 #define FLYT_GENERIC_APIS(X)                                               \
@@ -130,7 +134,11 @@
   X(255, cuStreamGetAttribute, SYNC, None)                                 \
   X(256, cuStreamGetCtx, SYNC, None)                                       \
   X(257, cuStreamGetDevice, SYNC, None)                                    \
-  X(258, cuStreamCopyAttributes, SYNC, None)
+  X(258, cuStreamCopyAttributes, SYNC, None)                               \
+  X(259, cuStreamWriteValue32_v2, SYNC, None)                              \
+  X(260, cuStreamWaitValue32_v2, SYNC, None)                               \
+  X(261, cuStreamWriteValue64_v2, SYNC, None)                              \
+  X(262, cuStreamWaitValue64_v2, SYNC, None)
 
 // Generic calls whose client entry point is hand-written because the client
 // keeps state about them (client/api_*.cc calls Forward<> itself).

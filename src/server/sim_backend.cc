@@ -54,6 +54,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -341,6 +342,8 @@ CUresult simDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice) {
       {CU_DEVICE_ATTRIBUTE_GPU_OVERLAP, 1},
       {CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, static_cast<int>(kSimSms)},
       {CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 1},
+      {CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, 1},
+      {CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR, 1},
       {CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS, 1},
       {CU_DEVICE_ATTRIBUTE_ECC_ENABLED, 1},
       {CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, 0x19},
@@ -1410,6 +1413,60 @@ CUresult simStreamCopyAttributes(CUstream dst, CUstream src) {
   std::lock_guard<std::mutex> lock(g_sim->mu);
   to->attributes = from != nullptr ? from->attributes : std::map<int, CUstreamAttrValue>{};
   return CUDA_SUCCESS;
+}
+// Stream memory operations. Work here is synchronous, so a write happens at the call
+// and a wait is checked at the call (for up to kSimWaitValueMs, as another thread of
+// the app may still write the value); the GPU would wait in stream order instead.
+constexpr int kSimWaitValueMs = 5000;
+template <typename T>
+CUresult WriteValue(CUstream s, CUdeviceptr addr, T value, unsigned flags) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (CUresult rc = CheckStreamContext(s); rc != CUDA_SUCCESS) return rc;
+  if ((flags & ~unsigned{CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER}) != 0 || addr % sizeof(T) != 0 ||
+      !Valid(addr, sizeof(T)))
+    return CUDA_ERROR_INVALID_VALUE;
+  __atomic_store_n(reinterpret_cast<T*>(addr), value, __ATOMIC_SEQ_CST);
+  return CUDA_SUCCESS;
+}
+template <typename T>
+CUresult WaitValue(CUstream s, CUdeviceptr addr, T value, unsigned flags) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (CUresult rc = CheckStreamContext(s); rc != CUDA_SUCCESS) return rc;
+  const unsigned op = flags & ~unsigned{CU_STREAM_WAIT_VALUE_FLUSH};
+  if (op > CU_STREAM_WAIT_VALUE_NOR || addr % sizeof(T) != 0 || !Valid(addr, sizeof(T)))
+    return CUDA_ERROR_INVALID_VALUE;
+  using Signed = std::make_signed_t<T>;
+  auto met = [&] {
+    T v = __atomic_load_n(reinterpret_cast<T*>(addr), __ATOMIC_SEQ_CST);
+    switch (op) {
+      case CU_STREAM_WAIT_VALUE_GEQ:
+        return static_cast<Signed>(v - value) >= 0;
+      case CU_STREAM_WAIT_VALUE_EQ:
+        return v == value;
+      case CU_STREAM_WAIT_VALUE_AND:
+        return (v & value) != 0;
+      default:  // NOR
+        return ~(v | value) != 0;
+    }
+  };
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kSimWaitValueMs);
+  while (!met()) {
+    if (std::chrono::steady_clock::now() > deadline) return CUDA_ERROR_LAUNCH_TIMEOUT;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  return CUDA_SUCCESS;
+}
+CUresult simStreamWriteValue32(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned f) {
+  return WriteValue<uint32_t>(s, a, v, f);
+}
+CUresult simStreamWaitValue32(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned f) {
+  return WaitValue<uint32_t>(s, a, v, f);
+}
+CUresult simStreamWriteValue64(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned f) {
+  return WriteValue<uint64_t>(s, a, v, f);
+}
+CUresult simStreamWaitValue64(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned f) {
+  return WaitValue<uint64_t>(s, a, v, f);
 }
 thread_local CUstreamCaptureMode t_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 CUresult simThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
@@ -3034,6 +3091,10 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuStreamGetCtx = simStreamGetCtx;
   a->cuStreamGetDevice = simStreamGetDevice;
   a->cuStreamCopyAttributes = simStreamCopyAttributes;
+  a->cuStreamWriteValue32_v2 = simStreamWriteValue32;
+  a->cuStreamWaitValue32_v2 = simStreamWaitValue32;
+  a->cuStreamWriteValue64_v2 = simStreamWriteValue64;
+  a->cuStreamWaitValue64_v2 = simStreamWaitValue64;
   a->cuStreamGetFlags = simStreamGetFlags;
   a->cuStreamIsCapturing = simStreamIsCapturing;
   a->cuThreadExchangeStreamCaptureMode = simThreadExchangeStreamCaptureMode;

@@ -1207,6 +1207,25 @@ class E2E(unittest.TestCase):
                          "the server did not destroy the link state left behind\n" + srv.logs())
         self.stop_server(srv)
 
+    def test_stream_memops(self):
+        """Stream memory operations over every transport and cudart: a 32-bit write on
+        one stream releases an EQ wait on another and the work queued after the wait ran;
+        GEQ across wrap-around, AND and NOR waits; 64-bit write and GEQ wait; a
+        misaligned address and unknown flags refused at the call."""
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                srv = self.start_server()
+                res = self.run_ok(srv, transport, "stream_memops", variant, log_level="warn")
+                kv = self.kv(res)
+                for key, want in (("attr.64_bit_mem_ops", "1"), ("eq.after_wait", "1"),
+                                  ("value32", "2"), ("value64", str((1 << 40) + 5)),
+                                  ("ge64.after_wait", "2"),
+                                  ("misaligned_write", "CUDA_ERROR_INVALID_VALUE"),
+                                  ("bad_write_flags", "CUDA_ERROR_INVALID_VALUE"),
+                                  ("bad_wait_flags", "CUDA_ERROR_INVALID_VALUE")):
+                    self.assertEqual(kv.get(key), want, "%s\n%s" % (key, res.describe()))
+                self.stop_server(srv)
+
     def test_nvrtc_cache(self):
         """NVRTC's driver compile cache (table da9151d3) served in the client process: over
         every transport and cudart, a fresh CUDA_CACHE_PATH makes the first compile a miss
