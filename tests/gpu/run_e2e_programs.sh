@@ -32,7 +32,7 @@ export CUDA_CACHE_DISABLE=1
 BUILD=$(cd "$1" && pwd) || exit 2
 PROGS=$(cd "$2" && pwd) || exit 2
 OUTFILE=$3
-CASES=${CASES:-"ipc vmm_share contexts isolation_fault stream_event_order jit_link module_functions graph_nodes cupti_activity cupti_activity_clock tensor_map"}
+CASES=${CASES:-"ipc vmm_share contexts isolation_fault stream_event_order jit_link module_functions graph_nodes cupti_activity cupti_activity_clock tensor_map stream_memops"}
 MODES=${MODES:-"tcp unix shm"}
 RUN_TIMEOUT=${RUN_TIMEOUT:-60}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/flyt-e2e-gpu.XXXXXX")
@@ -52,6 +52,7 @@ cmd_of() {  # case -> program and arguments
     cupti_activity) echo "$PROGS/cupti_activity" ;;  # natively: E2E_CUPTI=path of libcupti.so.13
     cupti_activity_clock) echo "$PROGS/cupti_activity clock" ;;
     tensor_map) echo "$PROGS/tensor_map" ;;
+    stream_memops) echo "$PROGS/stream_memops" ;;
   esac
 }
 
