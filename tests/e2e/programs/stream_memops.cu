@@ -72,8 +72,7 @@ int main() {
   e2e::Step("64-bit");
   if (mem_ops64) {
     const cuuint64_t big = (1ull << 40) + 5;
-    CU(g_cu.write64(reinterpret_cast<CUstream>(writer), f64, big,
-                    CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER));
+    CU(g_cu.write64(reinterpret_cast<CUstream>(writer), f64, big, 0));
     CU(g_cu.wait64(reinterpret_cast<CUstream>(waiter), f64, big - 1, CU_STREAM_WAIT_VALUE_GEQ));
     CK(cudaMemsetAsync(data, 2, 4096, waiter));
     CK(cudaStreamSynchronize(waiter));
@@ -84,6 +83,15 @@ int main() {
   }
 
   e2e::Step("bad arguments");
+  // Driver 580 on an H200 refuses NO_MEMORY_BARRIER on a 64-bit write.
+  CUresult nb = g_cu.write32(reinterpret_cast<CUstream>(writer), f32, 2,
+                             CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER);
+  printf("write32_no_barrier=%s\n", e2e::CuName(nb));
+  if (mem_ops64) {
+    nb = g_cu.write64(reinterpret_cast<CUstream>(writer), f64, 1,
+                      CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER);
+    printf("write64_no_barrier=%s\n", e2e::CuName(nb));
+  }
   CUresult r = g_cu.write32(reinterpret_cast<CUstream>(writer), f32 + 2, 1, 0);
   printf("misaligned_write=%s\n", e2e::CuName(r));
   r = g_cu.write32(reinterpret_cast<CUstream>(writer), f32, 1, 0x40);
