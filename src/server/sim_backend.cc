@@ -1422,8 +1422,8 @@ template <typename T>
 CUresult WriteValue(CUstream s, CUdeviceptr addr, T value, unsigned flags) {
   if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (CUresult rc = CheckStreamContext(s); rc != CUDA_SUCCESS) return rc;
-  if ((flags & ~unsigned{CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER}) != 0 || addr % sizeof(T) != 0 ||
-      !Valid(addr, sizeof(T)))
+  // Driver 580 on an H200 refuses CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER too.
+  if (flags != 0 || addr % sizeof(T) != 0 || !Valid(addr, sizeof(T)))
     return CUDA_ERROR_INVALID_VALUE;
   __atomic_store_n(reinterpret_cast<T*>(addr), value, __ATOMIC_SEQ_CST);
   return CUDA_SUCCESS;

@@ -1220,6 +1220,8 @@ class E2E(unittest.TestCase):
                 for key, want in (("attr.64_bit_mem_ops", "1"), ("eq.after_wait", "1"),
                                   ("value32", "2"), ("value64", str((1 << 40) + 5)),
                                   ("ge64.after_wait", "2"),
+                                  ("write32_no_barrier", "CUDA_ERROR_INVALID_VALUE"),
+                                  ("write64_no_barrier", "CUDA_ERROR_INVALID_VALUE"),
                                   ("misaligned_write", "CUDA_ERROR_INVALID_VALUE"),
                                   ("bad_write_flags", "CUDA_ERROR_INVALID_VALUE"),
                                   ("bad_wait_flags", "CUDA_ERROR_INVALID_VALUE")):

@@ -1,7 +1,8 @@
 // stream_memops: stream memory operations as MPI libraries and multi-stream pipelines use
 // them: cuStreamWriteValue32/64 on one stream releases cuStreamWaitValue32/64 on another
 // (EQ, GEQ with wrap-around, AND, NOR), the work queued after the wait sees the flag,
-// and bad arguments (a misaligned address, unknown flags) are refused at the call.
+// and bad arguments (a misaligned address, unknown flags, NO_MEMORY_BARRIER, which the
+// driver refuses on Hopper) are refused at the call.
 //
 // Prints key=value lines and "stream_memops: PASS". Entry points through
 // cudaGetDriverEntryPointByVersion, as cuda-python and the runtime's users get them.
@@ -83,7 +84,7 @@ int main() {
   }
 
   e2e::Step("bad arguments");
-  // Driver 580 on an H200 refuses NO_MEMORY_BARRIER on a 64-bit write.
+  // Driver 580 on an H200 refuses NO_MEMORY_BARRIER (32 and 64 bits).
   CUresult nb = g_cu.write32(reinterpret_cast<CUstream>(writer), f32, 2,
                              CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER);
   printf("write32_no_barrier=%s\n", e2e::CuName(nb));
