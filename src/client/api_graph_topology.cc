@@ -32,6 +32,21 @@ CUresult Ask(const char* name, const wire::Writer& w, std::vector<uint8_t>* repl
   return c.Call(name, ops::kOpGraphTopology, w, ReplySink{reply});
 }
 
+// Asks for a list (kGraphTopoEdges / Roots / Neighbours) about `target`; on success *r
+// is past the count *n, each entry `entry` bytes long.
+CUresult AskList(const char* name, uint8_t which, uint64_t target, const uint8_t* extra,
+                 size_t entry, std::vector<uint8_t>* reply, wire::Reader* r, uint32_t* n) {
+  wire::Writer w;
+  w.Put<uint8_t>(which);
+  w.Put<uint64_t>(target);
+  if (extra != nullptr) w.Put<uint8_t>(*extra);
+  CUresult rc = Ask(name, w, reply);
+  if (rc != CUDA_SUCCESS) return rc;
+  *r = wire::Reader(reply->data(), reply->size());
+  if (!r->Get(n) || *n > r->remaining() / entry) return CUDA_ERROR_UNKNOWN;
+  return CUDA_SUCCESS;
+}
+
 // Copies up to *count entries into the arrays (NULLs past the end) and writes the number
 // copied, or without arrays the total, to *count.
 CUresult Deliver(const std::vector<CUgraphNode>& a, const std::vector<CUgraphNode>* b,
@@ -58,15 +73,12 @@ CUresult Edges(CUgraph g, CUgraphNode* from, CUgraphNode* to, CUgraphEdgeData* d
   if (count == nullptr || (from == nullptr) != (to == nullptr) ||
       (data != nullptr && from == nullptr))
     return CUDA_ERROR_INVALID_VALUE;
-  wire::Writer w;
-  w.Put<uint8_t>(ops::kGraphTopoEdges);
-  w.Put<uint64_t>(Raw(g));
   std::vector<uint8_t> reply;
-  CUresult rc = Ask("cuGraphGetEdges", w, &reply);
-  if (rc != CUDA_SUCCESS) return rc;
-  wire::Reader r(reply.data(), reply.size());
+  wire::Reader r(nullptr, 0);
   uint32_t n = 0;
-  if (!r.Get(&n) || n > r.remaining() / 24) return CUDA_ERROR_UNKNOWN;
+  CUresult rc =
+      AskList("cuGraphGetEdges", ops::kGraphTopoEdges, Raw(g), nullptr, 24, &reply, &r, &n);
+  if (rc != CUDA_SUCCESS) return rc;
   std::vector<CUgraphNode> f(n), t(n);
   std::vector<CUgraphEdgeData> d(n);
   for (uint32_t i = 0; i < n; ++i) {
@@ -81,16 +93,12 @@ CUresult Edges(CUgraph g, CUgraphNode* from, CUgraphNode* to, CUgraphEdgeData* d
 CUresult Neighbours(const char* name, CUgraphNode node, bool dependents, CUgraphNode* out,
                     CUgraphEdgeData* data, size_t* count) {
   if (count == nullptr || (data != nullptr && out == nullptr)) return CUDA_ERROR_INVALID_VALUE;
-  wire::Writer w;
-  w.Put<uint8_t>(ops::kGraphTopoNeighbours);
-  w.Put<uint64_t>(Raw(node));
-  w.Put<uint8_t>(dependents ? 1 : 0);
+  const uint8_t which_way = dependents ? 1 : 0;
   std::vector<uint8_t> reply;
-  CUresult rc = Ask(name, w, &reply);
-  if (rc != CUDA_SUCCESS) return rc;
-  wire::Reader r(reply.data(), reply.size());
+  wire::Reader r(nullptr, 0);
   uint32_t n = 0;
-  if (!r.Get(&n) || n > r.remaining() / 16) return CUDA_ERROR_UNKNOWN;
+  CUresult rc = AskList(name, ops::kGraphTopoNeighbours, Raw(node), &which_way, 16, &reply, &r, &n);
+  if (rc != CUDA_SUCCESS) return rc;
   std::vector<CUgraphNode> list(n);
   std::vector<CUgraphEdgeData> d(n);
   for (uint32_t i = 0; i < n; ++i) {
@@ -154,15 +162,12 @@ FLYT_API CUresult cuGraphGetEdges(CUgraph g, CUgraphNode* from, CUgraphNode* to,
 }
 FLYT_API CUresult cuGraphGetRootNodes(CUgraph g, CUgraphNode* roots, size_t* count) {
   if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  wire::Writer w;
-  w.Put<uint8_t>(ops::kGraphTopoRoots);
-  w.Put<uint64_t>(Raw(g));
   std::vector<uint8_t> reply;
-  CUresult rc = Ask("cuGraphGetRootNodes", w, &reply);
-  if (rc != CUDA_SUCCESS) return rc;
-  wire::Reader r(reply.data(), reply.size());
+  wire::Reader r(nullptr, 0);
   uint32_t n = 0;
-  if (!r.Get(&n) || n > r.remaining() / 8) return CUDA_ERROR_UNKNOWN;
+  CUresult rc =
+      AskList("cuGraphGetRootNodes", ops::kGraphTopoRoots, Raw(g), nullptr, 8, &reply, &r, &n);
+  if (rc != CUDA_SUCCESS) return rc;
   std::vector<CUgraphNode> list(n);
   for (uint32_t i = 0; i < n; ++i) {
     uint64_t a = 0;
