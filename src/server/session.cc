@@ -126,6 +126,11 @@ struct Slot<T, ArgRole::kOut> {
     if constexpr (marshal::kIsHandle<U>) {
       if (v != nullptr) s.Adopt(marshal::HandleOf<U>::kind, reinterpret_cast<uintptr_t>(v));
     }
+    // A graph a generic call returns (cuGraphCreate, cuStreamEndCapture) is a new
+    // top-level graph, whatever node-owned graph had its address before.
+    if constexpr (std::is_same_v<U, CUgraph>) {
+      if (v != nullptr) s.NewTopLevelGraph(reinterpret_cast<uintptr_t>(v));
+    }
   }
 };
 

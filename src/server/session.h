@@ -118,6 +118,9 @@ class Session {
   // A graph owned by a node (a conditional node's body, a child graph node's
   // graph): the client may use it but not destroy it (session_graph_nodes.cc).
   bool OwnedByNode(uint64_t graph) const { return subgraphs_.count(graph) != 0; }
+  // The driver made a top-level graph at this address: an earlier node-owned graph
+  // there (a child graph whose parent the session never learnt, since destroyed) is gone.
+  void NewTopLevelGraph(uint64_t graph) { subgraphs_.erase(graph); }
   // Memory quota bookkeeping of the generic allocation handlers: charged
   // before the driver allocates, recorded per handle, refunded when freed.
   bool ChargeMemory(uint64_t bytes);

@@ -580,7 +580,10 @@ bool Session::GraphMisc(Reader& in, Writer& out, CUresult* rc) {
       }
       CUgraph clone = nullptr;
       *rc = a.cuGraphClone(&clone, reinterpret_cast<CUgraph>(g));
-      if (*rc == CUDA_SUCCESS) Adopt(HandleKind::kGraph, reinterpret_cast<uintptr_t>(clone));
+      if (*rc == CUDA_SUCCESS) {
+        Adopt(HandleKind::kGraph, reinterpret_cast<uintptr_t>(clone));
+        NewTopLevelGraph(reinterpret_cast<uintptr_t>(clone));
+      }
       out.Put<uint64_t>(reinterpret_cast<uintptr_t>(clone));
       return true;
     }

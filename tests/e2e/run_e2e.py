@@ -1344,7 +1344,7 @@ class E2E(unittest.TestCase):
         ("topo.enabled_at_start", "1"), ("topo.enabled_after_disable", "0"),
         ("topo.disabled_memset_ran", "0"), ("topo.enabled_memset_ran", "1"),
         ("topo.disable_empty", "cudaErrorInvalidValue"),
-        ("topo.captured", "not run (sim)"),
+        ("topo.captured", "not run (sim)"), ("other.fresh_graphs_refused", "0"),
         ("simple.types", "host,kernel,memcpy,memcpy,memcpy,memcpy,memcpy,memset"),
         ("simple.launches_ok", "6"), ("simple.host_node_runs", "6"),
         ("simple.exec_set_params", "ok"), ("simple.d2h_type", "memcpy"),

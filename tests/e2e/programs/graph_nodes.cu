@@ -621,6 +621,18 @@ void Other() {
   CK(cudaGraphExecDestroy(exec));
   CK(cudaGraphDestroy(g));
   CK(cudaGraphDestroy(child));
+
+  // The embedded child graph went with g: new graphs may get its address (the driver's
+  // allocator reuses it) and must be destroyable like any other.
+  e2e::Step("other: new graphs where a queried child graph was");
+  int refused = 0;
+  for (int round = 0; round < 8; ++round) {
+    cudaGraph_t fresh[4];
+    for (auto& f : fresh) CK(cudaGraphCreate(&f, 0));
+    for (auto& f : fresh) refused += cudaGraphDestroy(f) != cudaSuccess;
+    cudaGetLastError();
+  }
+  printf("other.fresh_graphs_refused=%d\n", refused);
   CK(cudaEventDestroy(ev));
   CK(cudaFree(d_x));
   CK(cudaFree(d_y));
