@@ -139,6 +139,9 @@ enum : uint16_t {
   // Flyt's helper nodes (client memory in a captured graph) are left out and their
   // neighbours joined by default edges, so the app sees the graph it captured.
   kOpGraphTopology = 313,
+  // cuStreamBatchMemOp_v2 (server/session_stream_memops.cc): u64 stream, u32 flags,
+  // u32 count, count x CUstreamBatchMemOpParams (48 bytes each, device addresses).
+  kOpStreamBatchMemOp = 314,
   // CUPTI activity of a profiled client (server/session_profiler.cc, src/cupti/):
   // u8 kProfiler*, then Start: u32 GpuActivity kinds (bit 1 << kind) -> u32 kinds
   // enabled, u64 server timestamp (ns), string why the others are not; Stop: u32
@@ -196,6 +199,8 @@ inline constexpr uint32_t kMaxAccessDescs = 64;  // cuMemSetAccess: one per devi
 // The JIT linker (kOpLink*).
 inline constexpr uint32_t kMaxLinkOptions = 256;        // options of one cuLinkCreate / AddData
 inline constexpr uint32_t kMaxLinkLogBytes = 4u << 20;  // a log buffer the server makes
+// cuStreamBatchMemOp: the driver takes at most 256 operations per call.
+inline constexpr uint32_t kMaxBatchMemOps = 256;
 // Graph nodes (kOpGraphNode).
 inline constexpr uint32_t kMaxConditionalBodies = 4096;  // SWITCH bodies of one node
 enum GraphNodeWhich : uint8_t { kGraphNodeAdd = 0, kGraphNodeSet = 1, kGraphNodeExecSet = 2 };

@@ -69,6 +69,7 @@ Status LoadCudaDriver(DriverApi* api) {
   ResolvePerThread(lib, "cuMemcpy3D_v2", &api->cuMemcpy3D_v2_pt);
   ResolvePerThread(lib, "cuLaunchKernelEx", &api->cuLaunchKernelEx_pt);
   ResolvePerThread(lib, "cuLaunchHostFunc", &api->cuLaunchHostFunc_pt);
+  ResolvePerThread(lib, "cuStreamBatchMemOp_v2", &api->cuStreamBatchMemOp_v2_pt);
   ResolvePerThread(lib, "cuStreamGetCaptureInfo_v3", &api->cuStreamGetCaptureInfo_v3_pt);
   g_begin_capture = api->cuStreamBeginCapture_v2;
   g_begin_capture_pt = api->cuStreamBeginCapture_v2_pt;

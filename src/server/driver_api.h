@@ -59,6 +59,7 @@ namespace flyt::server {
   X(cuMemPoolSetAttribute)              \
   X(cuStreamGetCaptureInfo_v3)          \
   X(cuGraphGetNodes)                    \
+  X(cuStreamBatchMemOp_v2)              \
   X(cuGraphGetEdges_v2)                 \
   X(cuGraphGetRootNodes)                \
   X(cuGraphNodeGetDependencies_v2)      \
@@ -145,6 +146,7 @@ struct DriverApi {
   decltype(&::cuMemcpy3D_v2) cuMemcpy3D_v2_pt = nullptr;
   decltype(&::cuLaunchKernelEx) cuLaunchKernelEx_pt = nullptr;
   decltype(&::cuLaunchHostFunc) cuLaunchHostFunc_pt = nullptr;
+  decltype(&::cuStreamBatchMemOp_v2) cuStreamBatchMemOp_v2_pt = nullptr;
   decltype(&::cuStreamGetCaptureInfo_v3) cuStreamGetCaptureInfo_v3_pt = nullptr;
   bool is_sim = false;
 };

@@ -955,6 +955,8 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       return GraphMisc(in, out, rc);
     case ops::kOpGraphTopology:
       return GraphTopology(in, out, rc);
+    case ops::kOpStreamBatchMemOp:
+      return StreamBatchMemOp(in, per_thread, rc);
     case 100:  // cuCtxSynchronize: this client's work, not other sessions'
       if (in.remaining() != 0) return false;
       *rc = SynchronizeSession();

@@ -238,6 +238,7 @@ class Session {
   bool GraphNodeQuery(wire::Reader& in, wire::Writer& out, CUresult* rc);
   bool GraphMisc(wire::Reader& in, wire::Writer& out, CUresult* rc);
   bool GraphTopology(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  bool StreamBatchMemOp(wire::Reader& in, bool per_thread, CUresult* rc);
   // Whether `node` is one of Flyt's own helper nodes (client memory in a captured graph).
   bool IsFlytHelperNode(CUgraphNode node);
   // The nodes of `g` the app sees (helper nodes left out), each adopted as the session's.

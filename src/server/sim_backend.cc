@@ -1468,6 +1468,47 @@ CUresult simStreamWriteValue64(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned
 CUresult simStreamWaitValue64(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned f) {
   return WaitValue<uint64_t>(s, a, v, f);
 }
+CUresult simStreamBatchMemOp(CUstream s, unsigned count, CUstreamBatchMemOpParams* ops,
+                             unsigned flags) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (flags != 0 || count > 256 || (count > 0 && ops == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  for (unsigned i = 0; i < count; ++i) {
+    switch (ops[i].operation) {
+      case CU_STREAM_MEM_OP_WAIT_VALUE_32:
+      case CU_STREAM_MEM_OP_WRITE_VALUE_32:
+      case CU_STREAM_MEM_OP_WAIT_VALUE_64:
+      case CU_STREAM_MEM_OP_WRITE_VALUE_64:
+      case CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES:
+      case CU_STREAM_MEM_OP_BARRIER:
+        break;
+      default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  for (unsigned i = 0; i < count; ++i) {
+    const CUstreamBatchMemOpParams& p = ops[i];
+    CUresult rc = CUDA_SUCCESS;
+    switch (p.operation) {
+      case CU_STREAM_MEM_OP_WAIT_VALUE_32:
+        rc = WaitValue<uint32_t>(s, p.waitValue.address, p.waitValue.value, p.waitValue.flags);
+        break;
+      case CU_STREAM_MEM_OP_WAIT_VALUE_64:
+        rc = WaitValue<uint64_t>(s, p.waitValue.address, p.waitValue.value64, p.waitValue.flags);
+        break;
+      case CU_STREAM_MEM_OP_WRITE_VALUE_32:
+        rc = WriteValue<uint32_t>(s, p.writeValue.address, p.writeValue.value, p.writeValue.flags);
+        break;
+      case CU_STREAM_MEM_OP_WRITE_VALUE_64:
+        rc =
+            WriteValue<uint64_t>(s, p.writeValue.address, p.writeValue.value64, p.writeValue.flags);
+        break;
+      default:  // flushes and barriers: every sim access is already ordered
+        break;
+    }
+    if (rc != CUDA_SUCCESS) return rc;
+  }
+  return CUDA_SUCCESS;
+}
 thread_local CUstreamCaptureMode t_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 CUresult simThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
   if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -3095,6 +3136,7 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuStreamWaitValue32_v2 = simStreamWaitValue32;
   a->cuStreamWriteValue64_v2 = simStreamWriteValue64;
   a->cuStreamWaitValue64_v2 = simStreamWaitValue64;
+  a->cuStreamBatchMemOp_v2 = simStreamBatchMemOp;
   a->cuStreamGetFlags = simStreamGetFlags;
   a->cuStreamIsCapturing = simStreamIsCapturing;
   a->cuThreadExchangeStreamCaptureMode = simThreadExchangeStreamCaptureMode;

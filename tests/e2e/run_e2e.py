@@ -1210,8 +1210,9 @@ class E2E(unittest.TestCase):
     def test_stream_memops(self):
         """Stream memory operations over every transport and cudart: a 32-bit write on
         one stream releases an EQ wait on another and the work queued after the wait ran;
-        GEQ across wrap-around, AND and NOR waits; 64-bit write and GEQ wait; a
-        misaligned address and unknown flags refused at the call."""
+        GEQ across wrap-around, AND and NOR waits; 64-bit write and GEQ wait; a batch
+        (cuStreamBatchMemOp) of writes, a wait and a barrier; a misaligned address,
+        unknown flags and an unknown batch operation refused at the call."""
         for variant, transport in self.matrix():
             with self.subTest(variant=variant, transport=transport):
                 srv = self.start_server()
@@ -1220,6 +1221,8 @@ class E2E(unittest.TestCase):
                 for key, want in (("attr.64_bit_mem_ops", "1"), ("eq.after_wait", "1"),
                                   ("value32", "2"), ("value64", str((1 << 40) + 5)),
                                   ("ge64.after_wait", "2"),
+                                  ("batch.value32", "41"), ("batch.value64", str(1 << 33)),
+                                  ("batch.unknown_op", "CUDA_ERROR_INVALID_VALUE"),
                                   ("write32_no_barrier", "CUDA_ERROR_INVALID_VALUE"),
                                   ("write64_no_barrier", "CUDA_ERROR_INVALID_VALUE"),
                                   ("misaligned_write", "CUDA_ERROR_INVALID_VALUE"),

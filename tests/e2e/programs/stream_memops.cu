@@ -17,6 +17,7 @@ struct Driver {
   decltype(&::cuStreamWaitValue32_v2) wait32;
   decltype(&::cuStreamWriteValue64_v2) write64;
   decltype(&::cuStreamWaitValue64_v2) wait64;
+  decltype(&::cuStreamBatchMemOp_v2) batch;
 };
 Driver g_cu;
 
@@ -30,6 +31,7 @@ int main() {
   e2e::ResolveDriver("cuStreamWaitValue32", &g_cu.wait32);
   e2e::ResolveDriver("cuStreamWriteValue64", &g_cu.write64);
   e2e::ResolveDriver("cuStreamWaitValue64", &g_cu.wait64);
+  e2e::ResolveDriver("cuStreamBatchMemOp", &g_cu.batch);
   int mem_ops64 = 0, nor = 0;
   CK(cudaDeviceGetAttribute(
       &mem_ops64, static_cast<cudaDeviceAttr>(CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS),
@@ -81,6 +83,33 @@ int main() {
     uint64_t now64 = 0;
     CK(cudaMemcpy(&now64, flags + 1, sizeof(now64), cudaMemcpyDeviceToHost));
     printf("value64=%llu\nge64.after_wait=%d\n", static_cast<unsigned long long>(now64), first);
+  }
+
+  e2e::Step("a batch: write, wait, barrier, flush");
+  {
+    CUstreamBatchMemOpParams ops[4] = {};
+    ops[0].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+    ops[0].writeValue.address = f32 + 16;  // flags[2]: unused so far
+    ops[0].writeValue.value = 41;
+    ops[1].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+    ops[1].waitValue.address = f32 + 16;
+    ops[1].waitValue.value = 40;
+    ops[1].waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+    ops[2].memoryBarrier.operation = CU_STREAM_MEM_OP_BARRIER;
+    ops[2].memoryBarrier.flags = CU_STREAM_MEMORY_BARRIER_TYPE_GPU;
+    ops[3].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+    ops[3].writeValue.address = f32 + 24;  // flags[3]
+    ops[3].writeValue.value64 = 1ull << 33;
+    CU(g_cu.batch(reinterpret_cast<CUstream>(waiter), 4, ops, 0));
+    CK(cudaStreamSynchronize(waiter));
+    uint64_t slots[4] = {};
+    CK(cudaMemcpy(slots, flags, sizeof(slots), cudaMemcpyDeviceToHost));
+    printf("batch.value32=%u\nbatch.value64=%llu\n", static_cast<uint32_t>(slots[2]),
+           static_cast<unsigned long long>(slots[3]));
+    CUstreamBatchMemOpParams bogus{};
+    bogus.operation = static_cast<CUstreamBatchMemOpType>(77);
+    CUresult r = g_cu.batch(reinterpret_cast<CUstream>(waiter), 1, &bogus, 0);
+    printf("batch.unknown_op=%s\n", e2e::CuName(r));
   }
 
   e2e::Step("bad arguments");
