@@ -47,6 +47,10 @@ int main() {
   CK(cudaMemset(flags, 0, 4 * sizeof(uint64_t)));
   CK(cudaMalloc(&data, 4096));
   CK(cudaMemset(data, 0, 4096));
+  // cudaMemset of device memory may return before it ran, on the legacy stream, which the
+  // non-blocking streams below do not wait for: without this the zeroing could land after
+  // the first write and the wait for it would never end.
+  CK(cudaDeviceSynchronize());
   cudaStream_t writer, waiter;
   CK(cudaStreamCreateWithFlags(&writer, cudaStreamNonBlocking));
   CK(cudaStreamCreateWithFlags(&waiter, cudaStreamNonBlocking));
