@@ -8,6 +8,7 @@
 #include <iterator>
 
 #include "client/client.h"
+#include "client/managed_memory.h"
 #include "client/query_cache.h"
 #include "common/cuda_image.h"
 #include "common/log.h"
@@ -282,6 +283,7 @@ FLYT_API CUresult cuModuleUnload(CUmodule m) {
 
 FLYT_API CUresult cuLibraryUnload(CUlibrary l) {
   Client::Get().RemoveImage(reinterpret_cast<uintptr_t>(l));
+  flyt::client::managed::UnmapOwnedBy(reinterpret_cast<uintptr_t>(l));  // its __managed__ variables
   return Forward<205, false, false>("cuLibraryUnload", l);
 }
 

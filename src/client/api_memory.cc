@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "client/client.h"
+#include "client/managed_memory.h"
 #include "client/proc_address.h"
 #include "common/log.h"
 
@@ -26,6 +27,26 @@ uint16_t Flags(bool per_thread) { return per_thread ? wire::kFlagPerThread : 0; 
 uint64_t StreamRaw(CUstream s) { return reinterpret_cast<uintptr_t>(s); }
 
 bool IsDevice(uint64_t p, uint64_t n = 1) { return Client::Get().FindDeviceRange(p, n); }
+
+namespace managed = flyt::client::managed;
+
+// A synchronous copy that wrote managed memory: once the stream is done, the
+// host's view is fetched again (a completion point), as it sees the copy natively.
+CUresult SettleManagedCopy(CUresult rc, CUstream stream, bool pt) {
+  if (rc != CUDA_SUCCESS) return rc;
+  return pt ? Forward<113, true, true>("cuStreamSynchronize", stream)
+            : Forward<113, true, false>("cuStreamSynchronize", stream);
+}
+
+// A copy whose host side is managed memory: the server copies between the
+// managed allocation and the device, never through the client's pages (which
+// the socket could not read while they are not present).
+CUresult ManagedDeviceCopy(const char* name, CUdeviceptr dst, CUdeviceptr src, size_t n,
+                           CUstream stream, bool async, bool pt) {
+  CUresult rc = pt ? Forward<168, false, true>(name, dst, src, n, stream)
+                   : Forward<168, false, false>(name, dst, src, n, stream);
+  return async ? rc : SettleManagedCopy(rc, stream, pt);
+}
 
 // A copy between the device and pinned memory shared with the server: the
 // GPU reads or writes the client's buffer itself (DMA), nothing crosses the
@@ -57,6 +78,12 @@ CUresult CopyHtoD(const char* name, CUdeviceptr dst, const void* src, size_t n, 
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (n == 0) return CUDA_SUCCESS;
   if (src == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (managed::Overlaps(reinterpret_cast<uintptr_t>(src), n))
+    return ManagedDeviceCopy(name, dst, reinterpret_cast<uintptr_t>(src), n, stream, async, pt);
+  if (!async && managed::Overlaps(dst, n)) {  // the host reads the managed bytes next
+    CUresult rc = CopyHtoD(name, dst, src, n, stream, true, pt);
+    return SettleManagedCopy(rc, stream, pt);
+  }
   if (Client::HostBuffer b; SharedBuffer(src, n, &b))
     return CopyShared(name, true, dst, b, src, n, stream, async, pt);
   // A destination we know is valid: the copy can be fire-and-forget, its
@@ -90,6 +117,8 @@ CUresult CopyDtoH(const char* name, void* dst, CUdeviceptr src, size_t n, CUstre
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (n == 0) return CUDA_SUCCESS;
   if (dst == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (managed::Overlaps(reinterpret_cast<uintptr_t>(dst), n))
+    return ManagedDeviceCopy(name, reinterpret_cast<uintptr_t>(dst), src, n, stream, async, pt);
   if (Client::HostBuffer b; SharedBuffer(dst, n, &b))
     return CopyShared(name, false, src, b, dst, n, stream, async, pt);
   auto* out = static_cast<uint8_t*>(dst);
@@ -115,6 +144,8 @@ CUresult CopyUnified(const char* name, CUdeviceptr dst, CUdeviceptr src, size_t 
                      bool async, bool pt) {
   bool dd = IsDevice(dst, n), sd = IsDevice(src, n);
   if (dd && sd) {
+    // Managed memory counts as device memory here (its allocation is the GPU's).
+    if (managed::Overlaps(dst, n)) return ManagedDeviceCopy(name, dst, src, n, stream, async, pt);
     return pt ? Forward<168, false, true>(name, dst, src, n, stream)
               : Forward<168, false, false>(name, dst, src, n, stream);
   }
@@ -264,6 +295,7 @@ FLYT_API CUresult cuMemFree_v2(CUdeviceptr p) {
   if (p == 0) return CUDA_SUCCESS;
   // Memory opened over IPC: the driver refuses to free it (cuIpcCloseMemHandle does).
   if (flyt::client::IsIpcMapping(p)) return CUDA_ERROR_INVALID_VALUE;
+  managed::Unmap(p);  // managed memory: its host view goes first
   if (Client::Get().RemoveDeviceRange(p)) return Forward<152, false, false>("cuMemFree_v2", p);
   return Forward<152, true, false>("cuMemFree_v2", p);  // unknown: let the server judge now
 }
@@ -485,6 +517,7 @@ CUresult PointerAttribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr,
     base = rbase;
     size = rsize;
   }
+  const bool is_managed = dev && managed::Find(ptr, 1, nullptr, nullptr);
   bool host = !dev && c.FindHostBuffer(reinterpret_cast<void*>(ptr), &hb);
   if (host) {
     base = hb.base;
@@ -513,14 +546,19 @@ CUresult PointerAttribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr,
           host && hb.device_ptr != 0 ? hb.device_ptr + (ptr - hb.base) : ptr;
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_HOST_POINTER:
-      if (!host) return lenient ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+      // Managed memory is the host's at the same address.
+      if (!host && !is_managed) return lenient ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
       *static_cast<void**>(data) = reinterpret_cast<void*>(ptr);
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_IS_MANAGED:
     case CU_POINTER_ATTRIBUTE_MAPPED:
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
     case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
-      *static_cast<int*>(data) = attr == CU_POINTER_ATTRIBUTE_MAPPED ? (dev || host) : 0;
+      // Managed memory: managed and synchronous memops, as the driver says.
+      *static_cast<int*>(data) = attr == CU_POINTER_ATTRIBUTE_MAPPED
+                                     ? (dev || host)
+                                     : (is_managed && (attr == CU_POINTER_ATTRIBUTE_IS_MANAGED ||
+                                                       attr == CU_POINTER_ATTRIBUTE_SYNC_MEMOPS));
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
       if (!dev && !host && !lenient) return CUDA_ERROR_INVALID_VALUE;

@@ -1,6 +1,8 @@
 // Implementation of client/client.h.
 #include "client/client.h"
+
 #include "client/client_manager_lookup.h"
+#include "client/managed_memory.h"
 #include "client/query_cache.h"
 #include "client/tls_client.h"
 
@@ -315,6 +317,7 @@ void Client::TraceCall(const char* name, const char* cls, uint64_t t0_ns) {
 
 CUresult Client::Post(const char* name, uint16_t op, const wire::Writer& req, uint16_t flags,
                       const void* bulk, size_t bulk_len) {
+  if (managed::Any()) managed::BeforeDeviceWork();  // the host's writes reach the GPU first
   uint64_t t0 = log::TraceCalls() ? NowNs() : 0;
   std::lock_guard<std::mutex> lock(mu_);
   if (broken_ != CUDA_SUCCESS) return broken_;
@@ -413,8 +416,30 @@ CUresult Client::Flush() {
   return FlushLocked();
 }
 
+namespace {
+// Calls that only wait for device work (generic ids, protocol/api_list.h).
+bool WaitsOnly(uint16_t op) {
+  return op == 100 || op == 113 || op == 114 || op == 134 || op == 135;
+}
+}  // namespace
+
 CUresult Client::Call(const char* name, uint16_t op, const wire::Writer& req, ReplySink sink,
                       uint16_t flags) {
+  if (!managed::Any()) return CallUnhooked(name, op, req, sink, flags);
+  // Managed memory: the host's writes reach the GPU before device work, and
+  // once work is known done, pages it may have changed are fetched again.
+  const bool waits = WaitsOnly(op);
+  const bool copies_back = op == ops::kOpCopyFromDevice || op == ops::kOpCopy3D;
+  if (!waits) managed::BeforeDeviceWork();
+  const uint64_t epoch = managed::Epoch();
+  CUresult rc = CallUnhooked(name, op, req, sink, flags);
+  if (rc == CUDA_SUCCESS && (waits || copies_back))
+    managed::AfterCompletion(op == 100 && managed::Epoch() == epoch);
+  return rc;
+}
+
+CUresult Client::CallUnhooked(const char* name, uint16_t op, const wire::Writer& req,
+                              ReplySink sink, uint16_t flags) {
   uint64_t t0 = log::TraceCalls() ? NowNs() : 0;
   std::lock_guard<std::mutex> lock(mu_);
   if (broken_ != CUDA_SUCCESS) return broken_;
@@ -522,9 +547,8 @@ void Client::RefreshDevicesLocked() {
 
 // --- host functions
 
-CUresult Client::EnsureCallbackChannel() {
-  std::lock_guard<std::mutex> lock(callback_mu_);
-  if (callback_channel_) return CUDA_SUCCESS;
+CUresult Client::DialSideChannel(uint16_t op, const char* what,
+                                 std::unique_ptr<transport::Connection>* out) {
   std::unique_ptr<transport::Connection> conn;
   Status st = DialServer(address_, liveness_, &conn);
   if (st.ok()) st = transport::WrapFromEnvironment(&conn);
@@ -532,23 +556,27 @@ CUresult Client::EnsureCallbackChannel() {
   w.Put<uint32_t>(wire::kProtocolVersion);
   w.Put<uint64_t>(session_id_);
   w.Put<uint64_t>(session_secret_);
-  wire::FrameHeader h{wire::kMagic,
-                      ops::kOpAttachCallbackChannel,
-                      wire::kFlagWantReply,
-                      0,
-                      static_cast<uint32_t>(w.size()),
-                      0,
-                      0,
-                      0};
+  wire::FrameHeader h{
+      wire::kMagic, op, wire::kFlagWantReply, 0, static_cast<uint32_t>(w.size()), 0, 0, 0};
   iovec iov[2] = {{&h, sizeof(h)}, {const_cast<uint8_t*>(w.data()), w.size()}};
   wire::FrameHeader rep{};
   if (st.ok()) st = conn->Send(iov, 2);
   if (st.ok()) st = conn->Receive(&rep, sizeof(rep));
   if (!st.ok() || rep.magic != wire::kMagic || rep.status != CUDA_SUCCESS) {
-    FLYT_ERROR("cannot open the host-function channel to flyt-server at %s: %s", server_.c_str(),
+    FLYT_ERROR("cannot open the %s channel to flyt-server at %s: %s", what, server_.c_str(),
                st.ok() ? "refused" : st.message().c_str());
     return CUDA_ERROR_DEVICE_UNAVAILABLE;
   }
+  *out = std::move(conn);
+  return CUDA_SUCCESS;
+}
+
+CUresult Client::EnsureCallbackChannel() {
+  std::lock_guard<std::mutex> lock(callback_mu_);
+  if (callback_channel_) return CUDA_SUCCESS;
+  std::unique_ptr<transport::Connection> conn;
+  CUresult rc = DialSideChannel(ops::kOpAttachCallbackChannel, "host-function", &conn);
+  if (rc != CUDA_SUCCESS) return rc;
   std::thread([this, c = std::move(conn)]() mutable { ServeCallbacks(std::move(c)); }).detach();
   callback_channel_ = true;
   return CUDA_SUCCESS;
@@ -607,6 +635,8 @@ void Client::RunHostFunc(uint64_t id, bool persistent) {
       host_funcs_.erase(it);
     }
   }
+  // The stream's earlier work is done: the function sees what it wrote.
+  if (managed::Any()) managed::AfterCompletion(false);
   call.fn();
   if (persistent) return;
   std::lock_guard<std::mutex> lock(callback_mu_);
@@ -722,6 +752,7 @@ CUresult Client::ResetPrimary(CUdevice dev) {
   wire::Writer w;
   CUresult rc = Call("cuDevicePrimaryCtxReset", ops::kOpPrimaryCtxReset, w, ReplySink{});
   QueryCache::Get().Clear();
+  managed::UnmapAll();
   std::lock_guard<std::mutex> lock(state_mu_);
   for (auto& [base, r] : device_ranges_)
     if (r.second) munmap(reinterpret_cast<void*>(base), r.first);
@@ -792,7 +823,10 @@ CUresult Client::DestroyContext(CUcontext ctx) {
       for (auto& m : modules) r.Get(&m);
     }
   }
-  for (uint64_t m : memory) RemoveDeviceRange(m);
+  for (uint64_t m : memory) {
+    managed::Unmap(m);
+    RemoveDeviceRange(m);
+  }
   for (uint64_t m : modules) RemoveImage(m);
   QueryCache::Get().Clear();  // answers keyed by this context's handle
   std::lock_guard<std::mutex> lock(state_mu_);

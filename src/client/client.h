@@ -61,6 +61,7 @@ class Client {
   bool initialized() const { return init_rc_ == CUDA_SUCCESS && init_done_; }
 
   // Synchronous call: flushes queued asynchronous calls, sends, waits.
+  // Also the coherence points of managed memory (client/managed_memory.h).
   CUresult Call(const char* name, uint16_t op, const wire::Writer& req, ReplySink sink,
                 uint16_t flags = 0);
   // Asynchronous call: queued and sent with the next synchronous one (or when
@@ -92,6 +93,11 @@ class Client {
   uint64_t RegisterGraphHostFunc(std::function<void()> fn);
   // Opens the second connection on which the server asks for host-side work.
   CUresult EnsureCallbackChannel();
+  // Opens another connection to this process's session: `op` is its first
+  // frame (ops::kOpAttachCallbackChannel, kOpAttachPagingChannel); `what`
+  // names it in the log.
+  CUresult DialSideChannel(uint16_t op, const char* what,
+                           std::unique_ptr<transport::Connection>* out);
   // Waits until host functions queued on `stream` (any stream for the legacy
   // default stream) have run: an asynchronous upload queued behind them must
   // see what they wrote, so its bytes may only be read afterwards.
@@ -220,6 +226,8 @@ class Client {
   // fails with CUDA_ERROR_DEVICE_UNAVAILABLE; says so in the log once, with what to do.
   CUresult MarkLostLocked(const char* during, const std::string& why);
   CUresult SyncContextLocked();
+  CUresult CallUnhooked(const char* name, uint16_t op, const wire::Writer& req, ReplySink sink,
+                        uint16_t flags);
   // Calls and posts so far (under mu_): changes with every one of them.
   uint64_t CallsLocked() const { return sync_calls_.load() + async_calls_.load(); }
   // Appends a small no-reply frame to the queue.

@@ -26,6 +26,13 @@
 // cuMemAddressFree) are ASYNC when the client knows the range or handle, and
 // SYNC otherwise, so that a bad argument fails at the call (client/api_vmm.cc).
 //
+// Managed memory (263-266, client/api_managed.cc): the server allocates real
+// managed memory and its pager (server/managed_pager.h) moves pages to and
+// from the client's host view. Advice and stream attachment are SYNC (the
+// driver checks the range at the call); prefetches are ASYNC, checked on the
+// client against the managed ranges it knows. The CUdevice forms (cuMemAdvise,
+// cuMemPrefetchAsync) become these on the client.
+//
 // Stream memory operations (259-262) are SYNC: the driver checks address, alignment
 // and flags at the call and apps test the result at once; the wait itself still
 // happens on the GPU, in stream order.
@@ -138,12 +145,19 @@
   X(259, cuStreamWriteValue32_v2, SYNC, None)                              \
   X(260, cuStreamWaitValue32_v2, SYNC, None)                               \
   X(261, cuStreamWriteValue64_v2, SYNC, None)                              \
-  X(262, cuStreamWaitValue64_v2, SYNC, None)
+  X(262, cuStreamWaitValue64_v2, SYNC, None)                               \
+  X(263, cuMemAllocManaged, SYNC, None)                                    \
+  X(264, cuStreamAttachMemAsync, SYNC, None)                               \
+  X(265, cuMemAdvise_v2, SYNC, None)                                       \
+  X(266, cuMemPrefetchAsync_v2, ASYNC, None)
 
 // Generic calls whose client entry point is hand-written because the client
 // keeps state about them (client/api_*.cc calls Forward<> itself).
 #define FLYT_CLIENT_WRAPPED(X)                            \
   X(cuMemAlloc_v2)                                        \
+  X(cuMemAllocManaged)                                    \
+  X(cuMemPrefetchAsync_v2)                                \
+  X(cuLibraryGetManaged)                                  \
   X(cuCtxGetLimit)                                        \
   X(cuCtxSetLimit)                                        \
   X(cuMemAllocPitch_v2)                                   \

@@ -3,7 +3,8 @@
 // Owns: how each C type of a driver API crosses the wire: arithmetic and enum
 // values by value, opaque handles (CUstream, CUevent, ...) as 64-bit values
 // the server validates, `const char*` as strings, non-const pointers as
-// outputs returned in the reply, const pointers to plain structs by value.
+// outputs returned in the reply, const pointers to plain structs and plain
+// structs passed by value (CUmemLocation) by value.
 // Anything else (void* buffers, arrays) does not compile here and must be
 // hand-written. Used by the client stubs and the server's generic handlers.
 // Must not know about sessions or transports.
@@ -62,7 +63,7 @@ FLYT_HANDLE(CUgraphNode, kGraphNode)
 template <typename T>
 inline constexpr bool kIsHandle = HandleOf<T>::kind != HandleKind::kNone;
 
-enum class ArgRole { kValue, kHandle, kString, kOut, kInStruct, kUnsupported };
+enum class ArgRole { kValue, kHandle, kString, kOut, kInStruct, kStructValue, kUnsupported };
 
 template <typename T>
 constexpr ArgRole RoleOf() {
@@ -72,6 +73,8 @@ constexpr ArgRole RoleOf() {
     return ArgRole::kValue;
   } else if constexpr (std::is_same_v<T, const char*>) {
     return ArgRole::kString;
+  } else if constexpr (std::is_class_v<T> && std::is_trivially_copyable_v<T>) {
+    return ArgRole::kStructValue;  // a plain struct passed by value (CUmemLocation)
   } else if constexpr (std::is_pointer_v<T>) {
     using P = std::remove_pointer_t<T>;
     if constexpr (std::is_void_v<std::remove_cv_t<P>>) {
@@ -95,7 +98,7 @@ template <typename T>
 void EncodeArg(wire::Writer& w, T v) {
   constexpr ArgRole role = RoleOf<T>();
   static_assert(role != ArgRole::kUnsupported, "this argument type needs a hand-written call");
-  if constexpr (role == ArgRole::kValue) {
+  if constexpr (role == ArgRole::kValue || role == ArgRole::kStructValue) {
     w.Put(v);
   } else if constexpr (role == ArgRole::kHandle) {
     w.Put<uint64_t>(reinterpret_cast<uintptr_t>(v));

@@ -16,6 +16,10 @@ enum : uint16_t {
   // First frame of a second connection that carries host functions
   // (cuLaunchHostFunc) back to the client: u64 session id, u64 secret.
   kOpAttachCallbackChannel = 3,
+  // First frame of a third connection on which the client's pager fetches and
+  // pushes pages of managed memory (server/managed_pager.h): u64 session id,
+  // u64 secret. It never waits behind the session's calls.
+  kOpAttachPagingChannel = 4,
   kOpPrimaryCtxRetain = 10,
   kOpSetCurrentContext = 11,
   // u32 CUstreamCaptureMode: the calling client thread's capture mode
@@ -142,6 +146,16 @@ enum : uint16_t {
   // cuStreamBatchMemOp_v2 (server/session_stream_memops.cc): u64 stream, u32 flags,
   // u32 count, count x CUstreamBatchMemOpParams (48 bytes each, device addresses).
   kOpStreamBatchMemOp = 314,
+  // Managed memory, on the paging channel only (server/managed_pager.cc,
+  // client/managed_memory.cc). Fetch: u64 address, u32 length -> the bytes the
+  // server's host sees there now. Push: u32 n, n x (u64 address, u32 length),
+  // then the n runs' bytes back to back -> nothing. Every run lies inside one
+  // managed allocation of the session.
+  kOpManagedFetch = 315,
+  kOpManagedPush = 316,
+  // cuMemRangeGetAttribute (main connection): u32 attribute, u64 address, u64
+  // count, u64 data size -> data size bytes.
+  kOpMemRangeAttribute = 317,
   // CUPTI activity of a profiled client (server/session_profiler.cc, src/cupti/):
   // u8 kProfiler*, then Start: u32 GpuActivity kinds (bit 1 << kind) -> u32 kinds
   // enabled, u64 server timestamp (ns), string why the others are not; Stop: u32

@@ -83,14 +83,15 @@ void Acceptor::Handle(std::unique_ptr<transport::Connection> conn) {
   wire::FrameHeader h{};
   if (!conn->Receive(&h, sizeof(h)).ok()) return;
   if (h.magic != wire::kMagic || h.payload_len > 4096 ||
-      (h.op != ops::kOpHello && h.op != ops::kOpAttachCallbackChannel)) {
+      (h.op != ops::kOpHello && h.op != ops::kOpAttachCallbackChannel &&
+       h.op != ops::kOpAttachPagingChannel)) {
     FLYT_WARN("connection from %s: not a Flyt handshake; closing", peer.c_str());
     return;
   }
   std::vector<uint8_t> payload(h.payload_len);
   if (!conn->Receive(payload.data(), payload.size()).ok()) return;
   conn->SetReceiveTimeout(0);  // the worker waits for calls as long as the client lives
-  if (h.op == ops::kOpAttachCallbackChannel) {
+  if (h.op == ops::kOpAttachCallbackChannel || h.op == ops::kOpAttachPagingChannel) {
     Callback(std::move(conn), h, payload);
   } else {
     Hello(std::move(conn), h, payload);
@@ -175,12 +176,14 @@ void Acceptor::Hello(std::unique_ptr<transport::Connection> conn, const wire::Fr
 
 void Acceptor::Callback(std::unique_ptr<transport::Connection> conn, const wire::FrameHeader& h,
                         const std::vector<uint8_t>& payload) {
+  const bool paging = h.op == ops::kOpAttachPagingChannel;
+  const char* what = paging ? "paging" : "callback";
   wire::Reader in(payload.data(), payload.size());
   uint32_t version = 0;
   uint64_t session = 0, secret = 0;
   if (!in.Get(&version) || !in.Get(&session) || !in.Get(&secret) || in.remaining() != 0 ||
       version != wire::kProtocolVersion || !pool_->KnowsSession(session, secret)) {
-    FLYT_WARN("callback channel from %s refused: unknown session or wrong secret",
+    FLYT_WARN("%s channel from %s refused: unknown session or wrong secret", what,
               conn->Peer().c_str());
     return;
   }
@@ -188,9 +191,11 @@ void Acceptor::Callback(std::unique_ptr<transport::Connection> conn, const wire:
   if (!Reply(conn.get(), h, CUDA_SUCCESS, none)) return;
   transport::DetachedConnection detached;
   Status st = conn->Detach(&detached);
-  if (st.ok()) st = pool_->RouteCallback(session, secret, &detached);
+  if (st.ok())
+    st = pool_->RouteCallback(session, secret, &detached,
+                              paging ? channel::Type::kPaging : channel::Type::kCallback);
   if (!st.ok()) {
-    FLYT_WARN("callback channel of session %llu: %s", static_cast<unsigned long long>(session),
+    FLYT_WARN("%s channel of session %llu: %s", what, static_cast<unsigned long long>(session),
               st.message().c_str());
     transport::CloseDetached(&detached);
   }

@@ -129,7 +129,8 @@ namespace flyt::server {
   X(cuTensorMapEncodeTiled)             \
   X(cuTensorMapEncodeIm2col)            \
   X(cuTensorMapEncodeIm2colWide)        \
-  X(cuTensorMapReplaceAddress)
+  X(cuTensorMapReplaceAddress)          \
+  X(cuMemRangeGetAttribute)
 
 struct DriverApi {
 #define FLYT_DECLARE_GENERIC(op, sym, cls, rel) \

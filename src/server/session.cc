@@ -76,6 +76,15 @@ struct Slot<T, ArgRole::kValue> {
 };
 
 template <typename T>
+struct Slot<T, ArgRole::kStructValue> {
+  T v{};
+  bool Decode(Reader& r, Session&, bool*) { return r.Get(&v); }
+  T Get() { return v; }
+  uint64_t Raw() const { return 0; }
+  void Finish(Writer&, Session&) {}
+};
+
+template <typename T>
 struct Slot<T, ArgRole::kHandle> {
   uint64_t raw = 0;   // the client's handle
   uint64_t real = 0;  // what the driver gets (streams move at a live SM change)
@@ -150,13 +159,15 @@ struct Slot<T, ArgRole::kInStruct> {
 
 // Ops whose memory counts against the tenant's quota (protocol/api_list.h).
 constexpr bool ChargesMemory(uint16_t op) {
-  return op == 150 || op == 151 || op == 169 || op == 170 || op == 240 || op == 241;
+  return op == 150 || op == 151 || op == 169 || op == 170 || op == 240 || op == 241 || op == 263;
 }
 
 // Bytes an allocation call asks for, from its decoded arguments.
 template <uint16_t Op, typename Slots>
 uint64_t RequestedBytes(Slots& slots) {
-  if constexpr (Op == 150 || Op == 240 || Op == 241) {  // cuMemAlloc, cuMemAlloc(FromPool)Async
+  if constexpr (Op == 150 || Op == 240 || Op == 241 || Op == 263) {
+    // cuMemAlloc, cuMemAlloc(FromPool)Async, cuMemAllocManaged (all of it, as a
+    // local GPU could come to hold all of it)
     return std::get<1>(slots).v;
   } else if constexpr (Op == 151) {  // cuMemAllocPitch: at least width x height
     return MulSat(std::get<2>(slots).v, std::get<3>(slots).v);
@@ -193,6 +204,9 @@ bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CU
       *rc = CUDA_ERROR_INVALID_VALUE;
       return true;
     }
+    // Managed memory: the pager stops touching it before the driver frees it.
+    if (releases == HandleKind::kMemory) s.pager().Remove(std::get<0>(slots).Raw());
+    if (releases == HandleKind::kLibrary) s.pager().RemoveOwnedBy(std::get<0>(slots).Raw());
     // A graph a node owns (a conditional node's body) goes only with its node.
     if (releases == HandleKind::kGraph && s.OwnedByNode(std::get<0>(slots).Raw())) {
       *rc = CUDA_ERROR_INVALID_VALUE;
@@ -234,6 +248,13 @@ bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CU
     }
   }
   if (*rc != CUDA_SUCCESS) return true;
+  if constexpr (Op == 263) s.pager().Add(std::get<0>(slots).v, std::get<1>(slots).v);
+  if constexpr (Op == 203) {  // cuLibraryGetManaged: the library's managed block holds it
+    CUdeviceptr block = 0;
+    size_t block_size = 0;
+    if (s.api().cuMemGetAddressRange_v2(&block, &block_size, std::get<0>(slots).v) == CUDA_SUCCESS)
+      s.pager().Add(block, block_size, std::get<2>(slots).Raw());
+  }
   std::apply([&](auto&... sl) { (sl.Finish(out, s), ...); }, slots);
   if constexpr (sizeof...(Args) > 0) {
     if (releases != HandleKind::kNone) s.Forget(releases, std::get<0>(slots).Raw());
@@ -274,7 +295,9 @@ bool IsStickyError(CUresult rc) {
 // Copies larger than this go through the pinned staging buffers.
 constexpr uint32_t kStagedMin = 1u << 20;
 
-bool IsAllocation(uint16_t op) { return op == 150 || op == 151 || op == 240 || op == 241; }
+bool IsAllocation(uint16_t op) {
+  return op == 150 || op == 151 || op == 240 || op == 241 || op == 263;
+}
 
 }  // namespace
 
@@ -637,6 +660,7 @@ void Session::Run() {
     }
   }
   if (profiling_) ProfilerStop(profiled_kinds_);
+  pager_.Stop();          // before the managed memory goes
   ReleaseUserContexts();  // their handles first, then each context
   ReleaseAll();
   ReleaseSharedHost();
@@ -803,12 +827,15 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       CUcontext keep = primary_;
       uint64_t keep_raw = reinterpret_cast<uintptr_t>(keep);
       std::vector<StashedHandle> user = StashUserHandles();  // contexts it created stay
+      pager_.Clear();  // its managed memory goes with the rest
       ReleaseAll();
       if (keep != nullptr) Adopt(HandleKind::kContext, keep_raw);
       RestoreUserHandles(user);
       *rc = CUDA_SUCCESS;
       return in.remaining() == 0;
     }
+    case ops::kOpMemRangeAttribute:  // managed memory: server/session_managed.cc
+      return MemRangeAttribute(in, out, rc);
     case ops::kOpMemSetAccess:
       return VmmSetAccess(in, rc);
     case ops::kOpMemRetainAllocationHandle:

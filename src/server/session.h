@@ -26,6 +26,7 @@
 #include "protocol/ops.h"
 #include "protocol/wire.h"
 #include "server/driver_api.h"
+#include "server/managed_pager.h"
 #include "server/share.h"
 #include "server/worker_channel.h"
 #include "transport/transport.h"
@@ -107,6 +108,12 @@ class Session {
   void Run();
   // The client's second connection, for host functions (from the main process).
   void AttachCallbackChannel(std::unique_ptr<transport::Connection> conn);
+  // The client's third connection, on which its pager moves managed pages.
+  void AttachPagingChannel(std::unique_ptr<transport::Connection> conn) {
+    pager_.Attach(std::move(conn));
+  }
+  // The session's managed ranges, which the pager may touch.
+  ManagedPager& pager() { return pager_; }
   // Ends Run: the main process is gone.
   void Abort();
 
@@ -172,6 +179,8 @@ class Session {
                         uint64_t* fn, CUresult* rc);
   bool Launch(wire::Reader& in, bool per_thread, CUresult* rc);
   bool MaxActiveClusters(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  // kOpMemRangeAttribute: cuMemRangeGetAttribute (session_managed.cc).
+  bool MemRangeAttribute(wire::Reader& in, wire::Writer& out, CUresult* rc);
   // kOpNvmlSnapshot (session_nvml.cc).
   bool NvmlSnapshot(wire::Reader& in, wire::Writer& out, CUresult* rc);
   // kOpProfiler (session_profiler.cc): CUPTI activity of this client's work.
@@ -355,6 +364,7 @@ class Session {
     bool ok = false;
   } staging_;
   // The callback channel (second connection of the same client).
+  ManagedPager pager_;
   std::mutex callback_mu_;
   std::condition_variable callback_cv_;
   std::unique_ptr<transport::Connection> callback_conn_;

@@ -200,6 +200,7 @@ CUresult Session::DestroyUserContext(uint64_t raw, std::vector<uint64_t>* memory
   each(HandleKind::kArray,
        [&](uint64_t h) { warn("cuArrayDestroy", a.cuArrayDestroy(reinterpret_cast<CUarray>(h))); });
   each(HandleKind::kMemory, [&](uint64_t h) {
+    pager_.Remove(h);  // managed memory: the pager lets go first
     warn("cuMemFree", a.cuMemFree_v2(static_cast<CUdeviceptr>(h)));
     if (memory != nullptr) memory->push_back(h);
   });

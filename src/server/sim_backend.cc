@@ -192,6 +192,16 @@ struct Sim {
   bool green = false;  // fake green contexts (SimOptions::green_contexts)
   // Contexts made with cuCtxCreate: their flags, by handle.
   std::map<CUcontext, unsigned> user_contexts;
+  // Managed allocations (cuMemAllocManaged): what cuMemRangeGetAttribute
+  // reports of each, as a whole (the driver tracks pages).
+  struct Managed {
+    uint64_t size = 0;
+    int read_mostly = 0;
+    CUmemLocation preferred{CU_MEM_LOCATION_TYPE_INVALID, -2};
+    CUmemLocation last_prefetch{CU_MEM_LOCATION_TYPE_INVALID, -2};
+    bool accessed_by_device = false;
+  };
+  std::map<uint64_t, Managed> managed;
 };
 Sim* g_sim = nullptr;
 thread_local CUcontext t_current = nullptr;
@@ -274,6 +284,7 @@ CUresult FreeAlloc(CUdeviceptr p) {
   g_sim->used -= it->second;
   g_sim->allocs.erase(it);
   g_sim->pool_allocs.erase(p);
+  g_sim->managed.erase(p);
   auto ex = g_sim->exported.find(p);
   if (ex != g_sim->exported.end()) {
     close(ex->second.fd);
@@ -977,6 +988,119 @@ CUresult simMemAllocFromPoolAsync(CUdeviceptr* p, size_t n, CUmemoryPool, CUstre
   return PoolAlloc(p, n);
 }
 CUresult simMemFreeAsync(CUdeviceptr p, CUstream) { return simMemFree(p); }
+
+// --- managed memory: ordinary sim memory that the range calls know. The
+// answers and refusals follow NVIDIA's driver 580 as measured on an H200.
+CUresult simMemAllocManaged(CUdeviceptr* p, size_t n, unsigned flags) {
+  if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) return CUDA_ERROR_INVALID_VALUE;
+  CUresult rc = Alloc(p, n);
+  if (rc != CUDA_SUCCESS) return rc;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  g_sim->managed[*p].size = n;
+  return CUDA_SUCCESS;
+}
+// The managed allocation that holds all of [p, p+n); null if none.
+Sim::Managed* ManagedRangeLocked(CUdeviceptr p, size_t n) {
+  auto it = g_sim->managed.upper_bound(p);
+  if (it == g_sim->managed.begin()) return nullptr;
+  --it;
+  uint64_t off = p - it->first;
+  if (n == 0 || off >= it->second.size || n > it->second.size - off) return nullptr;
+  return &it->second;
+}
+bool ValidLocation(const CUmemLocation& l) {
+  return (l.type == CU_MEM_LOCATION_TYPE_DEVICE && l.id == 0) ||
+         l.type == CU_MEM_LOCATION_TYPE_HOST;
+}
+CUresult simMemAdvise_v2(CUdeviceptr p, size_t n, CUmem_advise advice, CUmemLocation loc) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  Sim::Managed* m = ManagedRangeLocked(p, n);
+  if (m == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  switch (advice) {
+    case CU_MEM_ADVISE_SET_READ_MOSTLY:
+      m->read_mostly = 1;
+      return CUDA_SUCCESS;
+    case CU_MEM_ADVISE_UNSET_READ_MOSTLY:
+      m->read_mostly = 0;
+      return CUDA_SUCCESS;
+    case CU_MEM_ADVISE_SET_PREFERRED_LOCATION:
+      if (!ValidLocation(loc)) return CUDA_ERROR_INVALID_DEVICE;
+      m->preferred = loc;
+      return CUDA_SUCCESS;
+    case CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION:
+      m->preferred = CUmemLocation{CU_MEM_LOCATION_TYPE_INVALID, -2};
+      return CUDA_SUCCESS;
+    case CU_MEM_ADVISE_SET_ACCESSED_BY:
+    case CU_MEM_ADVISE_UNSET_ACCESSED_BY:
+      if (!ValidLocation(loc)) return CUDA_ERROR_INVALID_DEVICE;
+      if (loc.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        m->accessed_by_device = advice == CU_MEM_ADVISE_SET_ACCESSED_BY;
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+CUresult simMemPrefetchAsync_v2(CUdeviceptr p, size_t n, CUmemLocation loc, unsigned flags,
+                                CUstream) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  Sim::Managed* m = ManagedRangeLocked(p, n);
+  if (m == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!ValidLocation(loc)) return CUDA_ERROR_INVALID_DEVICE;
+  m->last_prefetch = loc;
+  return CUDA_SUCCESS;
+}
+CUresult simStreamAttachMemAsync(CUstream, CUdeviceptr p, size_t n, unsigned flags) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST && flags != CU_MEM_ATTACH_SINGLE)
+    return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  auto it = g_sim->managed.find(p);  // the whole allocation, from its start
+  if (it == g_sim->managed.end() || (n != 0 && n != it->second.size))
+    return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_SUCCESS;
+}
+CUresult simMemRangeGetAttribute(void* data, size_t size, CUmem_range_attribute attr, CUdeviceptr p,
+                                 size_t n) {
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  Sim::Managed* m = ManagedRangeLocked(p, n);
+  if (m == nullptr || data == nullptr || size < 4 || size % 4 != 0) return CUDA_ERROR_INVALID_VALUE;
+  auto* out = static_cast<int*>(data);
+  // The legacy forms say -1 for the host, -2 for none.
+  auto id = [](const CUmemLocation& l) {
+    return l.type == CU_MEM_LOCATION_TYPE_DEVICE
+               ? l.id
+               : (l.type == CU_MEM_LOCATION_TYPE_INVALID ? -2 : -1);
+  };
+  if (attr != CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY && size != 4) return CUDA_ERROR_INVALID_VALUE;
+  switch (attr) {
+    case CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY:
+      *out = m->read_mostly;
+      return CUDA_SUCCESS;
+    case CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION:
+    case CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_ID:
+      *out = id(m->preferred);
+      return CUDA_SUCCESS;
+    case CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE:
+      *out = m->preferred.type;
+      return CUDA_SUCCESS;
+    case CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION:
+    case CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_ID:
+      *out = id(m->last_prefetch);
+      return CUDA_SUCCESS;
+    case CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_TYPE:
+      *out = m->last_prefetch.type;
+      return CUDA_SUCCESS;
+    case CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY:
+      for (size_t i = 0; i < size / 4; ++i) out[i] = -2;
+      if (m->accessed_by_device) out[0] = 0;
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
 
 // --- virtual memory management. Sizes, addresses and offsets must be
 // multiples of the granularity, 2 MiB as on H100/H200 (the driver's answers
@@ -3097,6 +3221,13 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuMemAlloc_v2 = simMemAlloc;
   a->cuMemAllocPitch_v2 = simMemAllocPitch;
   a->cuMemFree_v2 = simMemFree;
+  a->cuMemAllocManaged = simMemAllocManaged;
+  a->cuMemAdvise_v2 = simMemAdvise_v2;
+  a->cuMemPrefetchAsync_v2 = simMemPrefetchAsync_v2;
+  a->cuMemPrefetchAsync_v2_pt = simMemPrefetchAsync_v2;
+  a->cuStreamAttachMemAsync = simStreamAttachMemAsync;
+  a->cuStreamAttachMemAsync_pt = simStreamAttachMemAsync;
+  a->cuMemRangeGetAttribute = simMemRangeGetAttribute;
   a->cuMemGetInfo_v2 = simMemGetInfo;
   a->cuMemGetAddressRange_v2 = simMemGetAddressRange;
   a->cuMemcpyHtoD_v2 = simHtoD;

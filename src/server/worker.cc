@@ -214,9 +214,14 @@ int RunWorker(const WorkerArgs& args, const ServerOptions& options) {
         if (!channel::Receive(args.control, &c).ok()) break;
         transport::DetachedConnection d;
         std::unique_ptr<transport::Connection> cb;
-        if (c.type == channel::Type::kCallback && channel::ParseConnection(&c, nullptr, &d).ok() &&
+        bool side = c.type == channel::Type::kCallback || c.type == channel::Type::kPaging;
+        if (side && channel::ParseConnection(&c, nullptr, &d).ok() &&
             Continue(&d, options, &cb).ok()) {
-          session.AttachCallbackChannel(std::move(cb));
+          if (c.type == channel::Type::kPaging) {
+            session.AttachPagingChannel(std::move(cb));
+          } else {
+            session.AttachCallbackChannel(std::move(cb));
+          }
         }
         channel::CloseFds(&c);
       }

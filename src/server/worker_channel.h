@@ -22,6 +22,7 @@ enum class Type : uint32_t {
   // main -> worker (control channel)
   kServe = 1,     // Ticket + detached connection: serve this client
   kCallback = 2,  // detached connection: the client's callback channel
+  kPaging = 3,    // detached connection: the client's paging channel (managed memory)
   // worker -> main (request channel)
   kReady = 10,         // CUDA is initialised; the worker waits for a client
   kImageFind = 11,     // u64 h0, u64 h1 -> kImage

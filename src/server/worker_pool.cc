@@ -348,12 +348,12 @@ bool WorkerPool::KnowsSession(uint64_t session, uint64_t secret) {
 }
 
 Status WorkerPool::RouteCallback(uint64_t session, uint64_t secret,
-                                 transport::DetachedConnection* conn) {
+                                 transport::DetachedConnection* conn, channel::Type type) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [slot, w] : workers_) {
     if (!w->assigned || w->session != session) continue;
     if (secret == 0 || w->secret != secret) break;
-    Status st = channel::SendConnection(w->control, channel::Type::kCallback, nullptr, conn);
+    Status st = channel::SendConnection(w->control, type, nullptr, conn);
     if (st.ok()) transport::CloseDetached(conn);
     return st;
   }

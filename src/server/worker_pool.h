@@ -49,7 +49,8 @@ class WorkerPool {
   // idle) and closes this process's copies of its descriptors.
   Status Serve(const channel::Ticket& ticket, transport::DetachedConnection* conn);
   // Hands a client's callback channel to the worker that serves `session`.
-  Status RouteCallback(uint64_t session, uint64_t secret, transport::DetachedConnection* conn);
+  Status RouteCallback(uint64_t session, uint64_t secret, transport::DetachedConnection* conn,
+                       channel::Type type = channel::Type::kCallback);
   // True if `session` is served now and `secret` is its secret.
   bool KnowsSession(uint64_t session, uint64_t secret);
 

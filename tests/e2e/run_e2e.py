@@ -1231,6 +1231,53 @@ class E2E(unittest.TestCase):
                     self.assertEqual(kv.get(key), want, "%s\n%s" % (key, res.describe()))
                 self.stop_server(srv)
 
+    def test_managed_memory(self):
+        """Managed memory over every transport and cudart, against the sim (memsets and
+        copies stand in for kernels): fresh memory reads zero, host writes reach the
+        device before the next device work, device writes are seen after the
+        synchronisation and do not lose the host's writes to other bytes of the same page,
+        synchronous copies with managed memory on either side, prefetch both ways, advice,
+        range and pointer attributes, stream attachment, refusals of device memory, 64 MiB
+        touched sequentially, threads writing shared pages while another synchronises, an
+        app's own SIGSEGV handler installed before and after, fork. A paging channel with
+        a wrong secret is refused and the server lives on."""
+        expected = (("attr.managed", "1"), ("app_handler.before", "1"),
+                    ("fresh.first_nonzero", "-1"), ("host_to_device.diff", "-1"),
+                    ("device_write.diff", "-1"), ("device_side.diff", "-1"),
+                    ("copy_h2d.host_sees", "55"), ("copy_default.out", "55"),
+                    ("copy_d2h_into_managed.first_not", "-1"),
+                    ("copy_h2d_from_managed.first_not", "-1"),
+                    ("copy_managed_to_managed.diff", "-1"),
+                    ("copy_async_into_managed.first_not", "-1"), ("prefetch.diff", "-1"),
+                    ("range.read_mostly", "1"), ("range.preferred", "0"),
+                    ("range.last_prefetch", "-1"), ("attach.interior", "cudaErrorInvalidValue"),
+                    ("pointer.type_managed", "1"), ("pointer.host_is_device", "1"),
+                    ("refuse.prefetch_device_memory", "cudaErrorInvalidValue"),
+                    ("refuse.advise_device_memory", "cudaErrorInvalidValue"),
+                    ("refuse.alloc_flags0", "cudaErrorInvalidValue"), ("big.mismatches", "0"),
+                    ("threads.bad_slices", "0"), ("app_handler.after", "1"),
+                    ("after_app_handler.first_not", "-1"), ("app_handler.chained", "1"),
+                    ("fork.child_status", "0"), ("fork.parent_sees", "3132"))
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                srv = self.start_server()
+                res = self.run_ok(srv, transport, "managed_memory", variant, log_level="warn")
+                kv = self.kv(res)
+                for key, want in expected:
+                    self.assertEqual(kv.get(key), want, "%s\n%s" % (key, res.describe()))
+                self.stop_server(srv)
+        srv = self.start_server()
+        s = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+        body = struct.pack("<IQQ", 1, 12345, 1)
+        s.sendall(struct.pack("<IHHQIIII", 0x54594C46, 4, 1, 0, len(body), 0, 0, 0) + body)
+        self.assertEqual(s.recv(64), b"", "a paging channel with a wrong secret was answered")
+        s.close()
+        res = self.run_ok(srv, CFG.transports[0], "managed_memory", CFG.variants[0],
+                          log_level="warn")
+        self.assertIn("managed_memory: PASS", res.stdout, res.describe())
+        self.assertIn("paging channel from", srv.log_text(), srv.logs())
+        self.stop_server(srv)
+
     def test_nvrtc_cache(self):
         """NVRTC's driver compile cache (table da9151d3) served in the client process: over
         every transport and cudart, a fresh CUDA_CACHE_PATH makes the first compile a miss

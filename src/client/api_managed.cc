@@ -1,0 +1,166 @@
+// Managed memory entry points: allocation, prefetch, advice, range
+// attributes, __managed__ variables of libraries. The server allocates real
+// managed memory; this process's view of it at the same address is kept by
+// client/managed_memory.h. Pointer attributes, copies and frees of managed
+// memory are in api_memory.cc.
+#include <vector>
+
+#include "client/client.h"
+// cuda.h maps these names to their CUDA 12.2 forms; the CUDA 8 forms (a
+// CUdevice, not a CUmemLocation) are exported under them here.
+#undef cuMemAdvise
+#undef cuMemPrefetchAsync
+#undef cuMemPrefetchAsync_ptsz
+#include "client/managed_memory.h"
+#include "common/log.h"
+
+using flyt::client::Client;
+using flyt::client::Forward;
+using flyt::client::ReplySink;
+namespace managed = flyt::client::managed;
+namespace wire = flyt::wire;
+namespace ops = flyt::ops;
+
+namespace {
+
+// An allocation the server gave lands where this process already has
+// something at most this many times before the call gives up.
+constexpr int kPlacementAttempts = 8;
+
+CUresult AllocManaged(CUdeviceptr* p, size_t n, unsigned flags) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  std::vector<CUdeviceptr> clashing;  // kept until the end, so the next one lands elsewhere
+  CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
+  for (int attempt = 0; attempt < kPlacementAttempts; ++attempt) {
+    CUdeviceptr d = 0;
+    rc = Forward<263, true, false>("cuMemAllocManaged", &d, n, flags);
+    if (rc != CUDA_SUCCESS) break;
+    rc = managed::Map(d, n, true, 0);
+    if (rc == CUDA_SUCCESS) {
+      c.AddDeviceRange(d, n, false);
+      *p = d;
+      break;
+    }
+    clashing.push_back(d);
+  }
+  for (CUdeviceptr d : clashing) Forward<152, false, false>("cuMemFree_v2", d);
+  if (rc == CUDA_ERROR_OUT_OF_MEMORY && !clashing.empty())
+    FLYT_ERROR(
+        "cuMemAllocManaged: the GPU's addresses for %zu bytes of managed memory are in use by "
+        "this process's own memory (%d tries); allocate it earlier in the program or in "
+        "smaller pieces",
+        n, kPlacementAttempts);
+  return rc;
+}
+
+bool IsHostLocation(CUmemLocationType t) {
+  return t == CU_MEM_LOCATION_TYPE_HOST || t == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
+         t == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
+}
+
+CUmemLocation FromDevice(CUdevice dev) {
+  CUmemLocation l{};
+  l.type = dev == CU_DEVICE_CPU ? CU_MEM_LOCATION_TYPE_HOST : CU_MEM_LOCATION_TYPE_DEVICE;
+  l.id = dev == CU_DEVICE_CPU ? 0 : dev;
+  return l;
+}
+
+CUresult Prefetch(const char* name, CUdeviceptr p, size_t n, CUmemLocation loc, unsigned flags,
+                  CUstream s, bool pt) {
+  if (!Client::Get().initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  // The driver refuses anything but managed memory, at the call.
+  if (n == 0 || !managed::Find(p, n, nullptr, nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  CUresult rc = pt ? Forward<266, false, true>(name, p, n, loc, flags, s)
+                   : Forward<266, false, false>(name, p, n, loc, flags, s);
+  // To the host: the pages come over in bulk once the stream is known done.
+  if (rc == CUDA_SUCCESS && IsHostLocation(loc.type)) managed::NotePrefetchToHost(p, n);
+  return rc;
+}
+
+CUresult RangeAttribute(void* data, size_t size, CUmem_range_attribute attr, CUdeviceptr p,
+                        size_t count) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (data == nullptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  wire::Writer w;
+  w.Put<uint32_t>(static_cast<uint32_t>(attr));
+  w.Put<uint64_t>(p);
+  w.Put<uint64_t>(count);
+  w.Put<uint64_t>(size);
+  return c.Call("cuMemRangeGetAttribute", ops::kOpMemRangeAttribute, w,
+                ReplySink{nullptr, data, size});
+}
+
+}  // namespace
+
+FLYT_API CUresult cuMemAllocManaged(CUdeviceptr* p, size_t n, unsigned int flags) {
+  return AllocManaged(p, n, flags);
+}
+
+FLYT_API CUresult cuMemPrefetchAsync_v2(CUdeviceptr p, size_t n, CUmemLocation loc,
+                                        unsigned int flags, CUstream s) {
+  return Prefetch("cuMemPrefetchAsync_v2", p, n, loc, flags, s, false);
+}
+FLYT_API CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr p, size_t n, CUmemLocation loc,
+                                             unsigned int flags, CUstream s) {
+  return Prefetch("cuMemPrefetchAsync_v2_ptsz", p, n, loc, flags, s, true);
+}
+// The CUdevice forms (CUDA 8 ABI): CU_DEVICE_CPU names the host.
+FLYT_API CUresult cuMemPrefetchAsync(CUdeviceptr p, size_t n, CUdevice dev, CUstream s) {
+  return Prefetch("cuMemPrefetchAsync", p, n, FromDevice(dev), 0, s, false);
+}
+FLYT_API CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr p, size_t n, CUdevice dev, CUstream s) {
+  return Prefetch("cuMemPrefetchAsync_ptsz", p, n, FromDevice(dev), 0, s, true);
+}
+FLYT_API CUresult cuMemAdvise(CUdeviceptr p, size_t n, CUmem_advise advice, CUdevice dev) {
+  return Forward<265, true, false>("cuMemAdvise", p, n, advice, FromDevice(dev));
+}
+
+FLYT_API CUresult cuMemRangeGetAttribute(void* data, size_t size, CUmem_range_attribute attr,
+                                         CUdeviceptr p, size_t count) {
+  return RangeAttribute(data, size, attr, p, count);
+}
+
+FLYT_API CUresult cuMemRangeGetAttributes(void** data, size_t* sizes, CUmem_range_attribute* attrs,
+                                          size_t n, CUdeviceptr p, size_t count) {
+  if (data == nullptr || sizes == nullptr || attrs == nullptr || n == 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < n; ++i) {
+    CUresult rc = RangeAttribute(data[i], sizes[i], attrs[i], p, count);
+    if (rc != CUDA_SUCCESS) return rc;
+  }
+  return CUDA_SUCCESS;
+}
+
+// A library's __managed__ variable: the runtime hands the address to host
+// code, so the host view is mapped like an allocation's (not fresh: the
+// driver wrote the variable's initial value).
+FLYT_API CUresult cuLibraryGetManaged(CUdeviceptr* p, size_t* bytes, CUlibrary lib,
+                                      const char* name) {
+  CUdeviceptr d = 0;
+  size_t size = 0;
+  CUresult rc = Forward<203, true, false>("cuLibraryGetManaged", &d, &size, lib, name);
+  if (rc != CUDA_SUCCESS) return rc;
+  if (d != 0 && size != 0) {
+    // The variables of a library share one managed block: its host view is
+    // mapped whole (the server's pager knows the same block).
+    CUdeviceptr block = 0;
+    size_t block_size = 0;
+    rc = Forward<154, true, false>("cuMemGetAddressRange_v2", &block, &block_size, d);
+    if (rc == CUDA_SUCCESS)
+      rc = managed::Map(block, block_size, false, reinterpret_cast<uintptr_t>(lib));
+    if (rc != CUDA_SUCCESS) {
+      FLYT_ERROR(
+          "cuLibraryGetManaged(%s): the variable's address is in use by this process's own "
+          "memory; its host side cannot be mapped",
+          name != nullptr ? name : "?");
+      return rc;
+    }
+    Client::Get().AddDeviceRange(block, block_size, false);
+  }
+  if (p != nullptr) *p = d;
+  if (bytes != nullptr) *bytes = size;
+  return CUDA_SUCCESS;
+}

@@ -1,0 +1,623 @@
+#include "client/managed_memory.h"
+
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "client/client.h"
+#include "common/log.h"
+#include "protocol/codec.h"
+#include "protocol/ops.h"
+#include "protocol/wire.h"
+
+namespace flyt::client::managed {
+
+namespace {
+
+constexpr uint64_t kGranule = 64 * 1024;
+constexpr uint32_t kMaxReadAhead = 32;       // granules (2 MiB) per fault
+constexpr uint64_t kBulkChunk = 8ull << 20;  // bytes per fetch or push request
+constexpr uint32_t kStaleTag = 0xffffffffu;  // fetched while device work ran
+constexpr int kMaxRanges = 16384;            // live managed ranges (handler table)
+
+enum GranuleState : uint8_t { kAbsent = 0, kClean = 1, kDirty = 2 };
+
+struct Range {
+  uint64_t base = 0, size = 0;
+  uint64_t owner = 0;
+  uint8_t* alias = nullptr;  // the private read-write mapping of the same pages
+  int slot = -1;             // in the handler's table
+  // Zero on both sides while no device work ran since the allocation.
+  bool fresh = false;
+  uint32_t fresh_epoch = 0;
+  std::vector<uint8_t> state;
+  std::vector<uint32_t> tag;  // epoch a clean copy is valid for (kStaleTag: until the next point)
+  std::vector<uint32_t> resident, dirty;  // granule indices (may hold stale entries)
+  std::unordered_map<uint32_t, std::unique_ptr<uint8_t[]>> twins;  // absent: zero twin
+  uint32_t last_fault = UINT32_MAX, streak = 1;
+  uint64_t granules() const { return (size + kGranule - 1) / kGranule; }
+  uint64_t GranuleLen(uint64_t g) const { return std::min(kGranule, size - g * kGranule); }
+};
+
+// --- the handler's lock-free view: which addresses are managed.
+std::atomic<uint64_t> g_lo[kMaxRanges];
+std::atomic<uint64_t> g_hi[kMaxRanges];
+std::atomic<int> g_slots_used{0};
+std::atomic<bool> g_any{false};
+std::atomic<pid_t> g_owner_pid{0};
+
+bool HandlerOwns(uint64_t a) {
+  int n = g_slots_used.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    uint64_t lo = g_lo[i].load(std::memory_order_acquire);
+    if (lo != 0 && a >= lo && a < g_hi[i].load(std::memory_order_acquire)) return true;
+  }
+  return false;
+}
+
+// --- requests from the handler to the pager thread.
+struct FaultRequest {
+  uint64_t addr = 0;
+  std::atomic<uint32_t> done{0};  // 1 served, 2 not ours (or cannot be served)
+  FaultRequest* next = nullptr;
+};
+std::atomic<FaultRequest*> g_requests{nullptr};
+std::atomic<uint32_t> g_request_seq{0};
+
+long Futex(std::atomic<uint32_t>* word, int op, uint32_t val) {
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, val, nullptr, nullptr, 0);
+}
+
+struct sigaction g_previous {};
+std::atomic<bool> g_handler_installed{false};
+
+void Chain(int sig, siginfo_t* info, void* ctx) {
+  const struct sigaction& prev = g_previous;
+  if (prev.sa_flags & SA_SIGINFO) {
+    if (prev.sa_sigaction != nullptr) prev.sa_sigaction(sig, info, ctx);
+    return;
+  }
+  if (prev.sa_handler == SIG_IGN || prev.sa_handler == SIG_DFL) {
+    // The default action: the faulting instruction runs again and ends the
+    // process as it would have without Flyt.
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, nullptr);
+    g_handler_installed.store(false);
+    return;
+  }
+  prev.sa_handler(sig);
+}
+
+void OnSegv(int sig, siginfo_t* info, void* ctx) {
+  const int saved_errno = errno;
+  auto addr = reinterpret_cast<uint64_t>(info->si_addr);
+  bool ours = info->si_code > 0 && g_owner_pid.load() == static_cast<pid_t>(syscall(SYS_getpid)) &&
+              HandlerOwns(addr);
+  if (ours) {
+    FaultRequest req;
+    req.addr = addr;
+    FaultRequest* head = g_requests.load(std::memory_order_relaxed);
+    do {
+      req.next = head;
+    } while (!g_requests.compare_exchange_weak(head, &req, std::memory_order_release,
+                                               std::memory_order_relaxed));
+    g_request_seq.fetch_add(1, std::memory_order_release);
+    Futex(&g_request_seq, FUTEX_WAKE_PRIVATE, 1);
+    while (req.done.load(std::memory_order_acquire) == 0) Futex(&req.done, FUTEX_WAIT_PRIVATE, 0);
+    ours = req.done.load() == 1;
+  }
+  errno = saved_errno;
+  if (!ours) Chain(sig, info, ctx);
+}
+
+// Puts OnSegv first again if the application replaced it (it then becomes
+// the handler OnSegv chains to).
+void EnsureHandler() {
+  struct sigaction cur {};
+  sigaction(SIGSEGV, nullptr, &cur);
+  if ((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == OnSegv) return;
+  struct sigaction sa {};
+  sa.sa_sigaction = OnSegv;
+  sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  struct sigaction prev {};
+  if (sigaction(SIGSEGV, &sa, &prev) == 0) {
+    g_previous = prev;
+    g_handler_installed.store(true);
+  }
+}
+
+// --- the state, under g_mu (never held while taking the client's connection lock).
+class Manager {
+ public:
+  std::mutex mu;
+  std::map<uint64_t, std::unique_ptr<Range>> ranges;  // by base
+  std::atomic<uint32_t> epoch{1};  // device work sent (wraps; compared for equality)
+  uint32_t idle_epoch = 0;         // the epoch at which everything was last known done
+  uint32_t reconciled_epoch = 0;   // the epoch of the last completion point
+  size_t stale = 0;                // clean copies tagged kStaleTag
+  std::atomic<size_t> dirty_count{0};
+  std::vector<std::pair<uint64_t, uint64_t>> prefetches;  // to fetch at the next completion
+  std::unique_ptr<transport::Connection> conn;            // the paging channel
+  bool conn_failed = false;
+  bool pager_started = false;
+  uint64_t next_call = 1;
+
+  Range* FindLocked(uint64_t p) {
+    auto it = ranges.upper_bound(p);
+    if (it == ranges.begin()) return nullptr;
+    --it;
+    Range* r = it->second.get();
+    return p - r->base < r->size ? r : nullptr;
+  }
+  CUresult EnsureChannelLocked();
+  // The thread that serves faults; started with the first range.
+  void EnsurePagerLocked();
+  bool ExchangeLocked(uint16_t op, const wire::Writer& req, std::vector<uint8_t>* reply,
+                      CUresult* rc);
+  bool FetchLocked(Range* r, uint64_t g, uint64_t count);
+  bool PushLocked(std::vector<std::pair<uint64_t, uint32_t>>& runs, std::vector<uint8_t>& bytes);
+  void CollectDiffLocked(Range* r, uint32_t g, std::vector<std::pair<uint64_t, uint32_t>>* runs,
+                         std::vector<uint8_t>* bytes);
+  void FlushLocked(bool drop_changed);
+  uint32_t FetchTag() {
+    uint32_t e = epoch.load();
+    return idle_epoch == e ? e : kStaleTag;
+  }
+  void Protect(Range* r, uint64_t g0, uint64_t count, int prot) {
+    uint64_t len = std::min(count * kGranule, r->size - g0 * kGranule);
+    uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    len = (len + page - 1) / page * page;
+    if (mprotect(reinterpret_cast<void*>(r->base + g0 * kGranule), len, prot) != 0)
+      FLYT_ERROR("managed memory: mprotect failed (%s)", std::strerror(errno));
+  }
+  int HandleFault(uint64_t addr);
+  void ServeFaults();
+  void Drop(Range* r);
+};
+
+Manager& M() {
+  static Manager* m = new Manager;  // never destroyed: faults may come until exit
+  return *m;
+}
+
+CUresult Manager::EnsureChannelLocked() {
+  if (conn != nullptr) return CUDA_SUCCESS;
+  if (conn_failed) return CUDA_ERROR_DEVICE_UNAVAILABLE;
+  CUresult rc = Client::Get().DialSideChannel(ops::kOpAttachPagingChannel, "paging", &conn);
+  if (rc != CUDA_SUCCESS) conn_failed = true;
+  return rc;
+}
+
+void Manager::EnsurePagerLocked() {
+  if (pager_started) return;
+  pager_started = true;
+  std::thread([this] { ServeFaults(); }).detach();
+}
+
+bool Manager::ExchangeLocked(uint16_t op, const wire::Writer& req, std::vector<uint8_t>* reply,
+                             CUresult* rc) {
+  if (EnsureChannelLocked() != CUDA_SUCCESS) return false;
+  wire::FrameHeader h{wire::kMagic,
+                      op,
+                      wire::kFlagWantReply,
+                      next_call++,
+                      static_cast<uint32_t>(req.size()),
+                      0,
+                      0,
+                      0};
+  iovec iov[2] = {{&h, sizeof(h)}, {const_cast<uint8_t*>(req.data()), req.size()}};
+  wire::FrameHeader rep{};
+  Status st = conn->Send(iov, 2);
+  if (st.ok()) st = conn->Receive(&rep, sizeof(rep));
+  bool ok = st.ok() && rep.magic == wire::kMagic && rep.call_id == h.call_id &&
+            rep.payload_len <= wire::kMaxPayload;
+  if (ok && reply != nullptr) {
+    reply->resize(rep.payload_len);
+    ok = conn->Receive(reply->data(), reply->size()).ok();
+  } else if (ok && rep.payload_len != 0) {
+    ok = false;
+  }
+  if (!ok) {
+    FLYT_ERROR(
+        "managed memory: the paging channel to flyt-server failed (%s); pages of managed "
+        "memory can no longer be fetched or written back. Restart the application.",
+        st.ok() ? "malformed reply" : st.message().c_str());
+    conn->Shutdown();
+    conn.reset();
+    conn_failed = true;
+    return false;
+  }
+  *rc = static_cast<CUresult>(rep.status);
+  return true;
+}
+
+// Fetches granules [g, g+count) of r into the alias; they become clean copies.
+bool Manager::FetchLocked(Range* r, uint64_t g, uint64_t count) {
+  const uint64_t begin = g * kGranule;
+  const uint64_t end = std::min(r->size, (g + count) * kGranule);
+  for (uint64_t off = begin; off < end; off += kBulkChunk) {
+    uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(kBulkChunk, end - off));
+    std::vector<uint8_t> bytes;
+    CUresult rc = CUDA_SUCCESS;
+    if (r->fresh) {
+      std::memset(r->alias + off, 0, len);  // new memory: zero on the GPU too
+    } else {
+      wire::Writer w;
+      w.Put<uint64_t>(r->base + off);
+      w.Put<uint32_t>(len);
+      if (!ExchangeLocked(ops::kOpManagedFetch, w, &bytes, &rc)) return false;
+      if (rc != CUDA_SUCCESS || bytes.size() != len) {
+        FLYT_ERROR("managed memory: the server could not read %u bytes at 0x%llx (error %d)", len,
+                   static_cast<unsigned long long>(r->base + off), rc);
+        return false;
+      }
+      std::memcpy(r->alias + off, bytes.data(), len);
+    }
+  }
+  const uint32_t tag = r->fresh ? r->fresh_epoch : FetchTag();
+  for (uint64_t i = g; i * kGranule < end; ++i) {
+    r->state[i] = kClean;
+    r->tag[i] = tag;
+    if (tag == kStaleTag) ++stale;
+    r->resident.push_back(static_cast<uint32_t>(i));
+  }
+  Protect(r, g, (end - begin + kGranule - 1) / kGranule, PROT_READ);
+  return true;
+}
+
+// Appends the bytes of dirty granule g that differ from its twin.
+void Manager::CollectDiffLocked(Range* r, uint32_t g,
+                                std::vector<std::pair<uint64_t, uint32_t>>* runs,
+                                std::vector<uint8_t>* bytes) {
+  const uint64_t off = static_cast<uint64_t>(g) * kGranule, len = r->GranuleLen(g);
+  const uint8_t* now = r->alias + off;
+  auto it = r->twins.find(g);
+  const uint8_t* twin = it != r->twins.end() ? it->second.get() : nullptr;
+  constexpr uint64_t kBlock = 64;
+  uint64_t run_start = UINT64_MAX;
+  auto changed = [&](uint64_t at, uint64_t n) {
+    if (twin != nullptr) return std::memcmp(now + at, twin + at, n) != 0;
+    for (uint64_t i = 0; i < n; ++i)
+      if (now[at + i] != 0) return true;
+    return false;
+  };
+  for (uint64_t at = 0; at <= len; at += kBlock) {
+    bool diff = at < len && changed(at, std::min(kBlock, len - at));
+    if (diff && run_start == UINT64_MAX) run_start = at;
+    if (!diff && run_start != UINT64_MAX) {
+      uint64_t run_end = std::min(at, len);
+      runs->emplace_back(r->base + off + run_start, static_cast<uint32_t>(run_end - run_start));
+      bytes->insert(bytes->end(), now + run_start, now + run_end);
+      run_start = UINT64_MAX;
+    }
+  }
+  r->twins.erase(g);
+}
+
+bool Manager::PushLocked(std::vector<std::pair<uint64_t, uint32_t>>& runs,
+                         std::vector<uint8_t>& bytes) {
+  if (runs.empty()) return true;
+  wire::Writer w;
+  w.Put<uint32_t>(static_cast<uint32_t>(runs.size()));
+  for (auto& [addr, len] : runs) {
+    w.Put<uint64_t>(addr);
+    w.Put<uint32_t>(len);
+  }
+  w.PutBytes(bytes.data(), bytes.size());
+  runs.clear();
+  bytes.clear();
+  CUresult rc = CUDA_SUCCESS;
+  if (!ExchangeLocked(ops::kOpManagedPush, w, nullptr, &rc)) return false;
+  if (rc != CUDA_SUCCESS)
+    FLYT_ERROR("managed memory: the server could not write back host changes (error %d)", rc);
+  return rc == CUDA_SUCCESS;
+}
+
+// Sends every host change to the GPU. The granules are write-protected first,
+// so a thread writing meanwhile waits in the handler and its write lands
+// after (as a new change). With `drop_changed`, copies the device may have
+// changed go as well (a completion point).
+void Manager::FlushLocked(bool drop_changed) {
+  std::vector<std::pair<uint64_t, uint32_t>> runs;
+  std::vector<uint8_t> bytes;
+  const uint32_t e = epoch.load();
+  for (auto& [base, rp] : ranges) {
+    Range* r = rp.get();
+    if (!r->dirty.empty()) {
+      std::sort(r->dirty.begin(), r->dirty.end());
+      r->dirty.erase(std::unique(r->dirty.begin(), r->dirty.end()), r->dirty.end());
+      for (size_t i = 0; i < r->dirty.size();) {  // write-protect runs of granules
+        size_t j = i + 1;
+        while (j < r->dirty.size() && r->dirty[j] == r->dirty[j - 1] + 1) ++j;
+        Protect(r, r->dirty[i], r->dirty[j - 1] - r->dirty[i] + 1, PROT_READ);
+        i = j;
+      }
+      for (uint32_t g : r->dirty) {
+        if (r->state[g] != kDirty) continue;
+        CollectDiffLocked(r, g, &runs, &bytes);
+        r->state[g] = kClean;  // its tag stays the fetch's: other bytes may be stale
+        dirty_count.fetch_sub(1);
+        if (bytes.size() >= kBulkChunk) PushLocked(runs, bytes);
+      }
+      r->dirty.clear();
+    }
+    if (!drop_changed) continue;
+    if (r->fresh && r->fresh_epoch != e) r->fresh = false;  // device work may have written it
+    std::vector<uint32_t> keep;
+    std::sort(r->resident.begin(), r->resident.end());
+    r->resident.erase(std::unique(r->resident.begin(), r->resident.end()), r->resident.end());
+    size_t i = 0;
+    while (i < r->resident.size()) {
+      uint32_t g = r->resident[i];
+      if (r->state[g] == kAbsent) {
+        ++i;
+        continue;
+      }
+      if (r->tag[g] == e) {
+        keep.push_back(g);
+        ++i;
+        continue;
+      }
+      // A run of granules to drop.
+      size_t j = i;
+      while (j < r->resident.size() && r->resident[j] == g + (j - i) &&
+             r->state[r->resident[j]] != kAbsent && r->tag[r->resident[j]] != e)
+        ++j;
+      Protect(r, g, j - i, PROT_NONE);
+      for (size_t k = i; k < j; ++k) r->state[r->resident[k]] = kAbsent;
+      i = j;
+    }
+    r->resident.swap(keep);
+  }
+  PushLocked(runs, bytes);
+  if (drop_changed) stale = 0;
+}
+
+// 1: served (the instruction runs again), 2: not a managed address or it cannot be served.
+int Manager::HandleFault(uint64_t addr) {
+  std::lock_guard<std::mutex> lock(mu);
+  Range* r = FindLocked(addr);
+  if (r == nullptr) return 2;
+  const uint32_t g = static_cast<uint32_t>((addr - r->base) / kGranule);
+  switch (r->state[g]) {
+    case kAbsent: {
+      // Sequential touches fetch more at a time (up to 2 MiB).
+      r->streak = g == r->last_fault + 1 ? std::min(r->streak * 2, kMaxReadAhead) : 1;
+      r->last_fault = g;
+      uint64_t count = 1;
+      while (count < r->streak && g + count < r->granules() && r->state[g + count] == kAbsent)
+        ++count;
+      return FetchLocked(r, g, count) ? 1 : 2;
+    }
+    case kClean: {  // a write: keep a twin, then let the host write
+      if (!(r->fresh && r->fresh_epoch == epoch.load())) {
+        auto twin = std::make_unique<uint8_t[]>(r->GranuleLen(g));
+        std::memcpy(twin.get(), r->alias + static_cast<uint64_t>(g) * kGranule, r->GranuleLen(g));
+        r->twins[g] = std::move(twin);
+      }
+      r->state[g] = kDirty;
+      r->dirty.push_back(g);
+      dirty_count.fetch_add(1);
+      Protect(r, g, 1, PROT_READ | PROT_WRITE);
+      return 1;
+    }
+    default:
+      return 1;  // another thread's fault made it writable meanwhile
+  }
+}
+
+void Manager::ServeFaults() {
+  for (;;) {
+    uint32_t seq = g_request_seq.load(std::memory_order_acquire);
+    FaultRequest* list = g_requests.exchange(nullptr, std::memory_order_acquire);
+    if (list == nullptr) {
+      Futex(&g_request_seq, FUTEX_WAIT_PRIVATE, seq);
+      continue;
+    }
+    while (list != nullptr) {
+      FaultRequest* next = list->next;
+      int result = HandleFault(list->addr);
+      if (result == 2)
+        FLYT_ERROR("managed memory: the page at 0x%llx could not be served",
+                   static_cast<unsigned long long>(list->addr));
+      list->done.store(static_cast<uint32_t>(result), std::memory_order_release);
+      Futex(&list->done, FUTEX_WAKE_PRIVATE, 1);
+      list = next;
+    }
+  }
+}
+
+void Manager::Drop(Range* r) {
+  munmap(reinterpret_cast<void*>(r->base), r->size);
+  munmap(r->alias, r->size);
+  if (r->slot >= 0) g_lo[r->slot].store(0, std::memory_order_release);
+  for (uint32_t g : r->dirty)
+    if (r->state[g] == kDirty) dirty_count.fetch_sub(1);
+}
+
+}  // namespace
+
+CUresult Map(uint64_t base, uint64_t size, bool fresh, uint64_t owner) {
+  Manager& m = M();
+  std::lock_guard<std::mutex> lock(m.mu);
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  if (size == 0 || base % page != 0) return CUDA_ERROR_INVALID_VALUE;
+  const uint64_t len = (size + page - 1) / page * page;
+  if (Range* r = m.FindLocked(base); r != nullptr)  // a library's variable asked for again
+    return r->base == base && r->size == len ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  int fd = memfd_create("flyt-managed", MFD_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  void* view = MAP_FAILED;
+  void* alias = MAP_FAILED;
+  if (ftruncate(fd, static_cast<off_t>(len)) == 0) {
+    view = mmap(reinterpret_cast<void*>(base), len, PROT_NONE,
+                MAP_SHARED | MAP_NORESERVE | MAP_FIXED_NOREPLACE, fd, 0);
+    if (view != MAP_FAILED && view != reinterpret_cast<void*>(base)) {
+      munmap(view, len);  // a kernel without MAP_FIXED_NOREPLACE placed it elsewhere
+      view = MAP_FAILED;
+    }
+    if (view != MAP_FAILED)
+      alias = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+  }
+  close(fd);
+  if (view == MAP_FAILED || alias == MAP_FAILED) {
+    if (view != MAP_FAILED) munmap(view, len);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  // A forked child gets neither: its accesses fault as a child's do natively.
+  madvise(view, len, MADV_DONTFORK);
+  madvise(alias, len, MADV_DONTFORK);
+  int slot = -1;
+  int used = g_slots_used.load();
+  for (int i = 0; i < used && slot < 0; ++i)
+    if (g_lo[i].load() == 0) slot = i;
+  if (slot < 0 && used < kMaxRanges) slot = used;
+  if (slot < 0) {
+    munmap(view, len);
+    munmap(alias, len);
+    FLYT_ERROR("managed memory: more than %d managed allocations at once", kMaxRanges);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  auto r = std::make_unique<Range>();
+  r->base = base;
+  r->size = len;
+  r->owner = owner;
+  r->alias = static_cast<uint8_t*>(alias);
+  r->slot = slot;
+  r->fresh = fresh;
+  r->fresh_epoch = m.epoch.load();
+  r->state.assign(r->granules(), kAbsent);
+  r->tag.assign(r->granules(), 0);
+  g_hi[slot].store(base + len, std::memory_order_release);
+  g_lo[slot].store(base, std::memory_order_release);
+  if (slot == used) g_slots_used.store(used + 1, std::memory_order_release);
+  m.ranges[base] = std::move(r);
+  g_owner_pid.store(getpid());
+  m.EnsurePagerLocked();
+  EnsureHandler();
+  g_any.store(true, std::memory_order_release);
+  return CUDA_SUCCESS;
+}
+
+bool Unmap(uint64_t base) {
+  Manager& m = M();
+  std::lock_guard<std::mutex> lock(m.mu);
+  auto it = m.ranges.find(base);
+  if (it == m.ranges.end()) return false;
+  m.Drop(it->second.get());
+  m.ranges.erase(it);
+  return true;
+}
+
+void UnmapOwnedBy(uint64_t owner) {
+  if (owner == 0) return;
+  Manager& m = M();
+  std::lock_guard<std::mutex> lock(m.mu);
+  for (auto it = m.ranges.begin(); it != m.ranges.end();) {
+    if (it->second->owner != owner) {
+      ++it;
+      continue;
+    }
+    m.Drop(it->second.get());
+    it = m.ranges.erase(it);
+  }
+}
+
+void UnmapAll() {
+  Manager& m = M();
+  std::lock_guard<std::mutex> lock(m.mu);
+  for (auto& [base, r] : m.ranges) m.Drop(r.get());
+  m.ranges.clear();
+  m.prefetches.clear();
+}
+
+bool Find(uint64_t p, uint64_t n, uint64_t* base, uint64_t* size) {
+  if (!Any()) return false;
+  Manager& m = M();
+  std::lock_guard<std::mutex> lock(m.mu);
+  Range* r = m.FindLocked(p);
+  if (r == nullptr || n > r->size - (p - r->base)) return false;
+  if (base) *base = r->base;
+  if (size) *size = r->size;
+  return true;
+}
+
+bool Overlaps(uint64_t p, uint64_t n) {
+  if (!Any() || n == 0) return false;
+  Manager& m = M();
+  std::lock_guard<std::mutex> lock(m.mu);
+  auto it = m.ranges.lower_bound(p + n);
+  if (it == m.ranges.begin()) return false;
+  --it;
+  return it->second->base + it->second->size > p;
+}
+
+bool Any() { return g_any.load(std::memory_order_relaxed); }
+
+uint64_t Epoch() { return M().epoch.load(); }
+
+void BeforeDeviceWork() {
+  Manager& m = M();
+  if (m.dirty_count.load() != 0) {
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.FlushLocked(false);
+  }
+  m.epoch.fetch_add(1);
+}
+
+void AfterCompletion(bool all_idle) {
+  Manager& m = M();
+  // An app (Python's faulthandler, a JVM, a test harness) may have installed
+  // its own SIGSEGV handler since: the host is about to read device results.
+  EnsureHandler();
+  std::lock_guard<std::mutex> lock(m.mu);
+  const uint32_t e = m.epoch.load();
+  if (all_idle) m.idle_epoch = e;
+  if (e != m.reconciled_epoch || m.stale != 0) {
+    m.FlushLocked(true);
+    m.reconciled_epoch = e;
+  }
+  if (m.prefetches.empty()) return;
+  std::vector<std::pair<uint64_t, uint64_t>> todo;
+  todo.swap(m.prefetches);
+  for (auto& [p, n] : todo) {
+    Range* r = m.FindLocked(p);
+    if (r == nullptr) continue;
+    uint64_t g = (p - r->base) / kGranule;
+    uint64_t end = std::min(r->granules(), (p - r->base + n + kGranule - 1) / kGranule);
+    while (g < end) {  // runs of absent granules, fetched in bulk
+      if (r->state[g] != kAbsent) {
+        ++g;
+        continue;
+      }
+      uint64_t j = g;
+      while (j < end && r->state[j] == kAbsent) ++j;
+      if (!m.FetchLocked(r, g, j - g)) return;
+      g = j;
+    }
+  }
+}
+
+void NotePrefetchToHost(uint64_t p, uint64_t n) {
+  Manager& m = M();
+  std::lock_guard<std::mutex> lock(m.mu);
+  m.prefetches.emplace_back(p, n);
+}
+
+}  // namespace flyt::client::managed

@@ -1,0 +1,60 @@
+// Managed memory's host side: the application's view of each managed
+// allocation, kept coherent with the GPU's by Flyt.
+//
+// Owns: for each managed range, a mapping at the device address (a memfd, so
+// that a second, private mapping can fill pages before the app may see them),
+// per 64 KiB granule a state (absent, clean copy, written by the host) and the
+// twin of each written granule; the SIGSEGV handler that turns the app's
+// first touch of a granule into a fetch or a write grant; the pager thread
+// that serves those faults over its own connection to the server
+// (ops::kOpAttachPagingChannel), and the coherence points:
+//   - before any device work is sent, bytes the host changed go to the GPU
+//     (only the changed bytes: a twin diff, so concurrent device writes to
+//     other bytes of the granule survive);
+//   - when device work is known complete (synchronize, a query that says
+//     done, a copy back to the host, a host function starting), copies the
+//     device may have changed since they were fetched are dropped, and
+//     prefetches to the host are fetched in bulk.
+// The handler is async-signal-safe: it only hands the address to the pager
+// thread and waits on a futex. It chains to the application's handler for
+// addresses that are not managed, and in a forked child.
+// Must not: take the client's connection lock while holding its own, touch a
+// managed page through the app's mapping, or write to stdout.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace flyt::client::managed {
+
+// Maps [base, base+size) as the host view of a managed range of the server.
+// `fresh`: a new allocation (zero on both sides until device work runs), so
+// first touches need no fetch. `owner`: the library a __managed__ variable
+// belongs to (0: an allocation). CUDA_ERROR_OUT_OF_MEMORY when this process
+// already uses those addresses.
+CUresult Map(uint64_t base, uint64_t size, bool fresh, uint64_t owner);
+// Forgets the range at `base` (the app frees it): false if none.
+bool Unmap(uint64_t base);
+void UnmapOwnedBy(uint64_t owner);  // its library was unloaded
+void UnmapAll();                    // a device reset took them all
+// The managed range that holds all of [p, p+n).
+bool Find(uint64_t p, uint64_t n, uint64_t* base, uint64_t* size);
+// True when [p, p+n) overlaps managed memory.
+bool Overlaps(uint64_t p, uint64_t n);
+// True while this process has any managed memory (one relaxed load).
+bool Any();
+
+// Coherence points, called by Client::Post and Client::Call.
+// Device work is about to be sent: the host's writes reach the GPU first.
+void BeforeDeviceWork();
+// Device work is known complete. `all_idle`: everything sent before has
+// finished (cuCtxSynchronize), so pages fetched from now on stay valid until
+// the next device work.
+void AfterCompletion(bool all_idle);
+// The app prefetched [p, p+n) to the host: fetched in bulk at the next completion.
+void NotePrefetchToHost(uint64_t p, uint64_t n);
+// Epoch of device work sent so far (for the call hooks).
+uint64_t Epoch();
+
+}  // namespace flyt::client::managed

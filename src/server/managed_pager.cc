@@ -1,0 +1,203 @@
+#include "server/managed_pager.h"
+
+#include <cuda.h>
+#include <setjmp.h>
+#include <signal.h>
+
+#include <cstring>
+#include <vector>
+
+#include "common/log.h"
+#include "protocol/codec.h"
+#include "protocol/ops.h"
+#include "protocol/wire.h"
+
+namespace flyt::server {
+
+namespace {
+
+// A copy that faults (the driver could not give a page: the GPU failed, the
+// memory went) jumps back here instead of killing the worker.
+thread_local sigjmp_buf* t_copy_guard = nullptr;
+struct sigaction g_previous_segv, g_previous_bus;
+
+void GuardHandler(int sig, siginfo_t* info, void* ctx) {
+  if (t_copy_guard != nullptr) siglongjmp(*t_copy_guard, 1);
+  // Not ours: behave as before this handler existed.
+  const struct sigaction& prev = sig == SIGBUS ? g_previous_bus : g_previous_segv;
+  if (prev.sa_flags & SA_SIGINFO) {
+    prev.sa_sigaction(sig, info, ctx);
+  } else if (prev.sa_handler != SIG_DFL && prev.sa_handler != SIG_IGN) {
+    prev.sa_handler(sig);
+  } else {
+    signal(sig, SIG_DFL);  // the faulting instruction runs again and ends the process
+  }
+}
+
+void InstallGuardOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = GuardHandler;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &g_previous_segv);
+    sigaction(SIGBUS, &sa, &g_previous_bus);
+  });
+}
+
+// memcpy that reports a fault instead of dying of it.
+bool GuardedCopy(void* dst, const void* src, size_t n) {
+  sigjmp_buf jb;
+  if (sigsetjmp(jb, 1) != 0) {
+    t_copy_guard = nullptr;
+    return false;
+  }
+  t_copy_guard = &jb;
+  std::memcpy(dst, src, n);
+  t_copy_guard = nullptr;
+  return true;
+}
+
+bool SendReply(transport::Connection* conn, const wire::FrameHeader& req, CUresult rc,
+               const void* data, size_t n) {
+  wire::FrameHeader h{};
+  h.magic = wire::kMagic;
+  h.op = req.op;
+  h.flags = wire::kFlagReply;
+  h.call_id = req.call_id;
+  h.payload_len = static_cast<uint32_t>(n);
+  h.status = static_cast<uint32_t>(rc);
+  iovec iov[2] = {{&h, sizeof(h)}, {const_cast<void*>(data), n}};
+  return conn->Send(iov, n > 0 ? 2 : 1).ok();
+}
+
+}  // namespace
+
+void ManagedPager::Add(uint64_t base, uint64_t size, uint64_t owner) {
+  if (base == 0 || size == 0) return;
+  // Whole pages: the client's view is made of pages, and the driver's managed
+  // allocations are at least page-granular.
+  constexpr uint64_t kPage = 4096;
+  size = (size + kPage - 1) / kPage * kPage;
+  std::lock_guard<std::mutex> lock(mu_);
+  ranges_[base] = Range{size, owner};
+}
+
+void ManagedPager::Remove(uint64_t base) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ranges_.erase(base);
+}
+
+void ManagedPager::RemoveOwnedBy(uint64_t owner) {
+  if (owner == 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = ranges_.begin(); it != ranges_.end();)
+    it = it->second.owner == owner ? ranges_.erase(it) : std::next(it);
+}
+
+void ManagedPager::Clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ranges_.clear();
+}
+
+bool ManagedPager::Contains(uint64_t p, uint64_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ContainsLocked(p, n);
+}
+
+bool ManagedPager::ContainsLocked(uint64_t p, uint64_t n) const {
+  auto it = ranges_.upper_bound(p);
+  if (it == ranges_.begin()) return false;
+  --it;
+  uint64_t off = p - it->first;
+  return off < it->second.size && n <= it->second.size - off;
+}
+
+void ManagedPager::Attach(std::unique_ptr<transport::Connection> conn) {
+  InstallGuardOnce();
+  Stop();
+  std::lock_guard<std::mutex> lock(thread_mu_);
+  conn_ = std::move(conn);
+  transport::Connection* c = conn_.get();
+  thread_ = std::thread([this, c] { Serve(c); });
+}
+
+void ManagedPager::Stop() {
+  std::lock_guard<std::mutex> lock(thread_mu_);
+  if (conn_ != nullptr) conn_->Shutdown();
+  if (thread_.joinable()) thread_.join();
+  conn_.reset();
+}
+
+void ManagedPager::Serve(transport::Connection* conn) {
+  std::vector<uint8_t> payload, data;
+  for (;;) {
+    wire::FrameHeader h{};
+    if (!conn->Receive(&h, sizeof(h)).ok()) return;
+    if (h.magic != wire::kMagic || (h.flags & wire::kFlagReply) ||
+        h.payload_len > wire::kMaxPayload) {
+      FLYT_WARN("paging channel: malformed frame (op %u, %u bytes); closing", h.op, h.payload_len);
+      return;
+    }
+    payload.resize(h.payload_len);
+    if (!conn->Receive(payload.data(), payload.size()).ok()) return;
+    wire::Reader in(payload.data(), payload.size());
+    CUresult rc = CUDA_SUCCESS;
+    data.clear();
+    if (h.op == ops::kOpManagedFetch) {
+      uint64_t addr = 0;
+      uint32_t len = 0;
+      if (!in.Get(&addr) || !in.Get(&len) || in.remaining() != 0 || len > wire::kMaxPayload) {
+        FLYT_WARN("paging channel: malformed fetch; closing");
+        return;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!ContainsLocked(addr, len)) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+      } else {
+        data.resize(len);
+        if (!GuardedCopy(data.data(), reinterpret_cast<const void*>(addr), len)) {
+          rc = CUDA_ERROR_ILLEGAL_ADDRESS;
+          data.clear();
+        }
+      }
+    } else if (h.op == ops::kOpManagedPush) {
+      uint32_t n = 0;
+      if (!in.Get(&n) || n > in.remaining() / 12) {
+        FLYT_WARN("paging channel: malformed push; closing");
+        return;
+      }
+      std::vector<std::pair<uint64_t, uint32_t>> runs(n);
+      uint64_t total = 0;
+      for (auto& [addr, len] : runs) {
+        in.Get(&addr);
+        in.Get(&len);
+        total += len;
+      }
+      const uint8_t* bytes = in.remaining() == total ? in.Skip(total) : nullptr;
+      if (!in.ok() || bytes == nullptr) {
+        FLYT_WARN("paging channel: malformed push; closing");
+        return;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& [addr, len] : runs) {
+        if (!ContainsLocked(addr, len)) {
+          rc = CUDA_ERROR_INVALID_VALUE;
+          break;
+        }
+      }
+      for (size_t i = 0; rc == CUDA_SUCCESS && i < runs.size(); ++i) {
+        if (!GuardedCopy(reinterpret_cast<void*>(runs[i].first), bytes, runs[i].second))
+          rc = CUDA_ERROR_ILLEGAL_ADDRESS;
+        bytes += runs[i].second;
+      }
+    } else {
+      FLYT_WARN("paging channel: unexpected op %u; closing", h.op);
+      return;
+    }
+    if (!SendReply(conn, h, rc, data.data(), data.size())) return;
+  }
+}
+
+}  // namespace flyt::server

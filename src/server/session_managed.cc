@@ -1,0 +1,36 @@
+// Managed memory calls of a session that need hand-written marshalling:
+// cuMemRangeGetAttribute (ops::kOpMemRangeAttribute). Allocation, advice,
+// prefetch and stream attachment are generic (protocol/api_list.h); the pages
+// themselves move on the paging channel (server/managed_pager.h).
+// Must not touch another session's state.
+#include <vector>
+
+#include "server/session.h"
+
+namespace flyt::server {
+
+bool Session::MemRangeAttribute(wire::Reader& in, wire::Writer& out, CUresult* rc) {
+  uint32_t attr = 0;
+  uint64_t ptr = 0, count = 0, size = 0;
+  if (!in.Get(&attr) || !in.Get(&ptr) || !in.Get(&count) || !in.Get(&size) || in.remaining() != 0)
+    return false;
+  // The attributes are 4-byte values, ACCESSED_BY one per device: a larger
+  // buffer than a few devices' worth is refused, as nothing needs it.
+  if (size > 4096) {
+    *rc = CUDA_ERROR_INVALID_VALUE;
+    return true;
+  }
+  // Only the session's own managed ranges: the driver would answer for any
+  // address of this process, other sessions' included.
+  if (!pager_.Contains(ptr, count)) {
+    *rc = CUDA_ERROR_INVALID_VALUE;
+    return true;
+  }
+  std::vector<uint8_t> data(size);
+  *rc = api().cuMemRangeGetAttribute(size ? data.data() : nullptr, size,
+                                     static_cast<CUmem_range_attribute>(attr), ptr, count);
+  if (*rc == CUDA_SUCCESS) out.PutBytes(data.data(), data.size());
+  return true;
+}
+
+}  // namespace flyt::server
