@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -47,7 +48,7 @@ struct Range {
   std::vector<uint32_t> tag;  // epoch a clean copy is valid for (kStaleTag: until the next point)
   std::vector<uint32_t> resident, dirty;  // granule indices (may hold stale entries)
   std::unordered_map<uint32_t, std::unique_ptr<uint8_t[]>> twins;  // absent: zero twin
-  uint32_t last_fault = UINT32_MAX, streak = 1;
+  uint32_t last_fault = UINT32_MAX, last_count = 0, streak = 1;
   uint64_t granules() const { return (size + kGranule - 1) / kGranule; }
   uint64_t GranuleLen(uint64_t g) const { return std::min(kGranule, size - g * kGranule); }
 };
@@ -71,6 +72,7 @@ bool HandlerOwns(uint64_t a) {
 // --- requests from the handler to the pager thread.
 struct FaultRequest {
   uint64_t addr = 0;
+  bool write = false;             // the faulting access was a write (when the CPU says)
   std::atomic<uint32_t> done{0};  // 1 served, 2 not ours (or cannot be served)
   FaultRequest* next = nullptr;
 };
@@ -111,6 +113,11 @@ void OnSegv(int sig, siginfo_t* info, void* ctx) {
   if (ours) {
     FaultRequest req;
     req.addr = addr;
+#if defined(__x86_64__)
+    // Page-fault error code: bit 1 set for a write. A write to an absent
+    // granule is then granted with the fetch, without a second fault.
+    req.write = (static_cast<ucontext_t*>(ctx)->uc_mcontext.gregs[REG_ERR] & 2) != 0;
+#endif
     FaultRequest* head = g_requests.load(std::memory_order_relaxed);
     do {
       req.next = head;
@@ -168,7 +175,9 @@ class Manager {
   CUresult EnsureChannelLocked();
   // The thread that serves faults; started with the first range.
   void EnsurePagerLocked();
-  bool ExchangeLocked(uint16_t op, const wire::Writer& req, std::vector<uint8_t>* reply,
+  // One request on the paging channel; a successful reply's payload goes to
+  // `into` (exactly `into_len` bytes) or nowhere (none expected).
+  bool ExchangeLocked(uint16_t op, const wire::Writer& req, void* into, size_t into_len,
                       CUresult* rc);
   bool FetchLocked(Range* r, uint64_t g, uint64_t count);
   bool PushLocked(std::vector<std::pair<uint64_t, uint32_t>>& runs, std::vector<uint8_t>& bytes);
@@ -186,7 +195,9 @@ class Manager {
     if (mprotect(reinterpret_cast<void*>(r->base + g0 * kGranule), len, prot) != 0)
       FLYT_ERROR("managed memory: mprotect failed (%s)", std::strerror(errno));
   }
-  int HandleFault(uint64_t addr);
+  int HandleFault(uint64_t addr, bool write);
+  // Lets the host write granule g (clean): a twin first, unless it is known zero.
+  void GrantWriteLocked(Range* r, uint32_t g);
   void ServeFaults();
   void Drop(Range* r);
 };
@@ -210,7 +221,7 @@ void Manager::EnsurePagerLocked() {
   std::thread([this] { ServeFaults(); }).detach();
 }
 
-bool Manager::ExchangeLocked(uint16_t op, const wire::Writer& req, std::vector<uint8_t>* reply,
+bool Manager::ExchangeLocked(uint16_t op, const wire::Writer& req, void* into, size_t into_len,
                              CUresult* rc) {
   if (EnsureChannelLocked() != CUDA_SUCCESS) return false;
   wire::FrameHeader h{wire::kMagic,
@@ -226,13 +237,8 @@ bool Manager::ExchangeLocked(uint16_t op, const wire::Writer& req, std::vector<u
   Status st = conn->Send(iov, 2);
   if (st.ok()) st = conn->Receive(&rep, sizeof(rep));
   bool ok = st.ok() && rep.magic == wire::kMagic && rep.call_id == h.call_id &&
-            rep.payload_len <= wire::kMaxPayload;
-  if (ok && reply != nullptr) {
-    reply->resize(rep.payload_len);
-    ok = conn->Receive(reply->data(), reply->size()).ok();
-  } else if (ok && rep.payload_len != 0) {
-    ok = false;
-  }
+            (rep.payload_len == 0 || (rep.status == CUDA_SUCCESS && rep.payload_len == into_len));
+  if (ok && rep.payload_len != 0) ok = conn->Receive(into, into_len).ok();
   if (!ok) {
     FLYT_ERROR(
         "managed memory: the paging channel to flyt-server failed (%s); pages of managed "
@@ -253,21 +259,20 @@ bool Manager::FetchLocked(Range* r, uint64_t g, uint64_t count) {
   const uint64_t end = std::min(r->size, (g + count) * kGranule);
   for (uint64_t off = begin; off < end; off += kBulkChunk) {
     uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(kBulkChunk, end - off));
-    std::vector<uint8_t> bytes;
     CUresult rc = CUDA_SUCCESS;
-    if (r->fresh) {
-      std::memset(r->alias + off, 0, len);  // new memory: zero on the GPU too
-    } else {
+    // New memory is zero on the GPU too, and its pages here were never written
+    // (a fresh range has dropped nothing yet).
+    if (!r->fresh) {
       wire::Writer w;
       w.Put<uint64_t>(r->base + off);
       w.Put<uint32_t>(len);
-      if (!ExchangeLocked(ops::kOpManagedFetch, w, &bytes, &rc)) return false;
-      if (rc != CUDA_SUCCESS || bytes.size() != len) {
+      // Straight into the pages (the app cannot see them until they are done).
+      if (!ExchangeLocked(ops::kOpManagedFetch, w, r->alias + off, len, &rc)) return false;
+      if (rc != CUDA_SUCCESS) {
         FLYT_ERROR("managed memory: the server could not read %u bytes at 0x%llx (error %d)", len,
                    static_cast<unsigned long long>(r->base + off), rc);
         return false;
       }
-      std::memcpy(r->alias + off, bytes.data(), len);
     }
   }
   const uint32_t tag = r->fresh ? r->fresh_epoch : FetchTag();
@@ -281,6 +286,9 @@ bool Manager::FetchLocked(Range* r, uint64_t g, uint64_t count) {
   return true;
 }
 
+// Granules are compared with their twins in blocks of this many bytes.
+constexpr uint64_t kBlock = 64;
+
 // Appends the bytes of dirty granule g that differ from its twin.
 void Manager::CollectDiffLocked(Range* r, uint32_t g,
                                 std::vector<std::pair<uint64_t, uint32_t>>* runs,
@@ -289,13 +297,10 @@ void Manager::CollectDiffLocked(Range* r, uint32_t g,
   const uint8_t* now = r->alias + off;
   auto it = r->twins.find(g);
   const uint8_t* twin = it != r->twins.end() ? it->second.get() : nullptr;
-  constexpr uint64_t kBlock = 64;
   uint64_t run_start = UINT64_MAX;
+  static const uint8_t kZero[kBlock] = {};
   auto changed = [&](uint64_t at, uint64_t n) {
-    if (twin != nullptr) return std::memcmp(now + at, twin + at, n) != 0;
-    for (uint64_t i = 0; i < n; ++i)
-      if (now[at + i] != 0) return true;
-    return false;
+    return std::memcmp(now + at, twin != nullptr ? twin + at : kZero, n) != 0;
   };
   for (uint64_t at = 0; at <= len; at += kBlock) {
     bool diff = at < len && changed(at, std::min(kBlock, len - at));
@@ -323,7 +328,7 @@ bool Manager::PushLocked(std::vector<std::pair<uint64_t, uint32_t>>& runs,
   runs.clear();
   bytes.clear();
   CUresult rc = CUDA_SUCCESS;
-  if (!ExchangeLocked(ops::kOpManagedPush, w, nullptr, &rc)) return false;
+  if (!ExchangeLocked(ops::kOpManagedPush, w, nullptr, 0, &rc)) return false;
   if (rc != CUDA_SUCCESS)
     FLYT_ERROR("managed memory: the server could not write back host changes (error %d)", rc);
   return rc == CUDA_SUCCESS;
@@ -389,34 +394,44 @@ void Manager::FlushLocked(bool drop_changed) {
   if (drop_changed) stale = 0;
 }
 
+void Manager::GrantWriteLocked(Range* r, uint32_t g) {
+  if (!(r->fresh && r->fresh_epoch == epoch.load())) {
+    auto twin = std::make_unique<uint8_t[]>(r->GranuleLen(g));
+    std::memcpy(twin.get(), r->alias + static_cast<uint64_t>(g) * kGranule, r->GranuleLen(g));
+    r->twins[g] = std::move(twin);
+  }
+  r->state[g] = kDirty;
+  r->dirty.push_back(g);
+  dirty_count.fetch_add(1);
+}
+
 // 1: served (the instruction runs again), 2: not a managed address or it cannot be served.
-int Manager::HandleFault(uint64_t addr) {
+int Manager::HandleFault(uint64_t addr, bool write) {
   std::lock_guard<std::mutex> lock(mu);
   Range* r = FindLocked(addr);
   if (r == nullptr) return 2;
   const uint32_t g = static_cast<uint32_t>((addr - r->base) / kGranule);
   switch (r->state[g]) {
     case kAbsent: {
-      // Sequential touches fetch more at a time (up to 2 MiB).
-      r->streak = g == r->last_fault + 1 ? std::min(r->streak * 2, kMaxReadAhead) : 1;
+      // Sequential touches fetch more at a time (up to 8 MiB).
+      r->streak = g == r->last_fault + r->last_count ? std::min(r->streak * 2, kMaxReadAhead) : 1;
       r->last_fault = g;
-      uint64_t count = 1;
+      uint32_t count = 1;
       while (count < r->streak && g + count < r->granules() && r->state[g + count] == kAbsent)
         ++count;
-      return FetchLocked(r, g, count) ? 1 : 2;
-    }
-    case kClean: {  // a write: keep a twin, then let the host write
-      if (!(r->fresh && r->fresh_epoch == epoch.load())) {
-        auto twin = std::make_unique<uint8_t[]>(r->GranuleLen(g));
-        std::memcpy(twin.get(), r->alias + static_cast<uint64_t>(g) * kGranule, r->GranuleLen(g));
-        r->twins[g] = std::move(twin);
-      }
-      r->state[g] = kDirty;
-      r->dirty.push_back(g);
-      dirty_count.fetch_add(1);
-      Protect(r, g, 1, PROT_READ | PROT_WRITE);
+      r->last_count = count;
+      if (!FetchLocked(r, g, count)) return 2;
+      if (!write) return 1;
+      // A write: the run fetched for it is the host's to write (new memory
+      // being initialised, most often), with one mprotect.
+      for (uint32_t i = 0; i < count; ++i) GrantWriteLocked(r, g + i);
+      Protect(r, g, count, PROT_READ | PROT_WRITE);
       return 1;
     }
+    case kClean:  // a write
+      GrantWriteLocked(r, g);
+      Protect(r, g, 1, PROT_READ | PROT_WRITE);
+      return 1;
     default:
       return 1;  // another thread's fault made it writable meanwhile
   }
@@ -432,7 +447,7 @@ void Manager::ServeFaults() {
     }
     while (list != nullptr) {
       FaultRequest* next = list->next;
-      int result = HandleFault(list->addr);
+      int result = HandleFault(list->addr, list->write);
       if (result == 2)
         FLYT_ERROR("managed memory: the page at 0x%llx could not be served",
                    static_cast<unsigned long long>(list->addr));

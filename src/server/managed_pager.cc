@@ -114,13 +114,37 @@ bool ManagedPager::ContainsLocked(uint64_t p, uint64_t n) const {
   return off < it->second.size && n <= it->second.size - off;
 }
 
-void ManagedPager::Attach(std::unique_ptr<transport::Connection> conn) {
+void ManagedPager::Attach(std::unique_ptr<transport::Connection> conn, DriverApi* api,
+                          CUcontext ctx) {
   InstallGuardOnce();
   Stop();
   std::lock_guard<std::mutex> lock(thread_mu_);
   conn_ = std::move(conn);
   transport::Connection* c = conn_.get();
-  thread_ = std::thread([this, c] { Serve(c); });
+  thread_ = std::thread([this, c, api, ctx] { Serve(c, api, ctx); });
+}
+
+namespace {
+constexpr size_t kPinnedBytes = 8u << 20;  // the client fetches at most this much at once
+}  // namespace
+
+bool ManagedPager::DmaFetch(Dma& d, uint64_t addr, uint32_t len, const void** out) {
+  if (d.stream == nullptr || len > kPinnedBytes) return false;
+  if (d.api->cuMemcpyDtoHAsync_v2(d.pinned, addr, len, d.stream) != CUDA_SUCCESS ||
+      d.api->cuStreamSynchronize(d.stream) != CUDA_SUCCESS)
+    return false;
+  *out = d.pinned;
+  return true;
+}
+
+bool ManagedPager::DmaPush(Dma& d, const std::vector<std::pair<uint64_t, uint32_t>>& runs,
+                           const uint8_t* bytes) {
+  if (d.stream == nullptr) return false;
+  for (const auto& [addr, len] : runs) {
+    if (d.api->cuMemcpyHtoDAsync_v2(addr, bytes, len, d.stream) != CUDA_SUCCESS) return false;
+    bytes += len;
+  }
+  return d.api->cuStreamSynchronize(d.stream) == CUDA_SUCCESS;
 }
 
 void ManagedPager::Stop() {
@@ -130,8 +154,25 @@ void ManagedPager::Stop() {
   conn_.reset();
 }
 
-void ManagedPager::Serve(transport::Connection* conn) {
+void ManagedPager::Serve(transport::Connection* conn, DriverApi* api, CUcontext ctx) {
   std::vector<uint8_t> payload, data;
+  Dma dma;
+  dma.api = api;
+  if (ctx != nullptr && api->cuCtxSetCurrent(ctx) == CUDA_SUCCESS &&
+      api->cuStreamCreate(&dma.stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS &&
+      api->cuMemHostAlloc(&dma.pinned, kPinnedBytes, 0) != CUDA_SUCCESS) {
+    api->cuStreamDestroy_v2(dma.stream);
+    dma.stream = nullptr;
+  }
+  if (dma.stream == nullptr)
+    FLYT_INFO("paging channel: no DMA path; managed pages move through this process's CPU");
+  struct Release {
+    Dma& d;
+    ~Release() {
+      if (d.stream != nullptr) d.api->cuStreamDestroy_v2(d.stream);
+      if (d.pinned != nullptr) d.api->cuMemFreeHost(d.pinned);
+    }
+  } release{dma};
   for (;;) {
     wire::FrameHeader h{};
     if (!conn->Receive(&h, sizeof(h)).ok()) return;
@@ -145,6 +186,8 @@ void ManagedPager::Serve(transport::Connection* conn) {
     wire::Reader in(payload.data(), payload.size());
     CUresult rc = CUDA_SUCCESS;
     data.clear();
+    const void* reply = nullptr;
+    size_t reply_len = 0;
     if (h.op == ops::kOpManagedFetch) {
       uint64_t addr = 0;
       uint32_t len = 0;
@@ -155,11 +198,15 @@ void ManagedPager::Serve(transport::Connection* conn) {
       std::lock_guard<std::mutex> lock(mu_);
       if (!ContainsLocked(addr, len)) {
         rc = CUDA_ERROR_INVALID_VALUE;
+      } else if (DmaFetch(dma, addr, len, &reply)) {
+        reply_len = len;
       } else {
         data.resize(len);
-        if (!GuardedCopy(data.data(), reinterpret_cast<const void*>(addr), len)) {
+        if (GuardedCopy(data.data(), reinterpret_cast<const void*>(addr), len)) {
+          reply = data.data();
+          reply_len = len;
+        } else {
           rc = CUDA_ERROR_ILLEGAL_ADDRESS;
-          data.clear();
         }
       }
     } else if (h.op == ops::kOpManagedPush) {
@@ -187,16 +234,18 @@ void ManagedPager::Serve(transport::Connection* conn) {
           break;
         }
       }
-      for (size_t i = 0; rc == CUDA_SUCCESS && i < runs.size(); ++i) {
-        if (!GuardedCopy(reinterpret_cast<void*>(runs[i].first), bytes, runs[i].second))
-          rc = CUDA_ERROR_ILLEGAL_ADDRESS;
-        bytes += runs[i].second;
+      if (rc == CUDA_SUCCESS && !DmaPush(dma, runs, bytes)) {
+        for (size_t i = 0; rc == CUDA_SUCCESS && i < runs.size(); ++i) {
+          if (!GuardedCopy(reinterpret_cast<void*>(runs[i].first), bytes, runs[i].second))
+            rc = CUDA_ERROR_ILLEGAL_ADDRESS;
+          bytes += runs[i].second;
+        }
       }
     } else {
       FLYT_WARN("paging channel: unexpected op %u; closing", h.op);
       return;
     }
-    if (!SendReply(conn, h, rc, data.data(), data.size())) return;
+    if (!SendReply(conn, h, rc, reply, reply_len)) return;
   }
 }
 

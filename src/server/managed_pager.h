@@ -4,15 +4,16 @@
 //
 // Owns: the table of the session's managed ranges (cuMemAllocManaged, and
 // __managed__ variables of loaded libraries) and one thread that serves the
-// client's pager (ops::kOpManagedFetch / kOpManagedPush). Pages are read and
-// written by this process's CPU: the memory is real managed memory, so the
-// driver migrates what the GPU holds and keeps it coherent, without a CUDA
-// call (which could wait behind the session's streams, or be refused inside a
-// host function). A request outside the table, a hostile length or a page
-// the driver cannot give gets an error, never a crash.
-// Must not: call the driver, touch the session's handles, or run on the
-// session's thread (a page fault in a host function must be served while
-// that thread waits for the stream).
+// client's pager (ops::kOpManagedFetch / kOpManagedPush). Pages move by DMA
+// on a non-blocking stream of the pager's own (it never waits behind the
+// session's streams, so a fault inside a host function is served while that
+// stream waits), through a pinned buffer; the pages stay where the driver has
+// them. Without a context, or when the driver refuses (a sticky error), this
+// process's CPU reads and writes the managed memory instead, which the driver
+// keeps coherent by migrating pages. A request outside the table, a hostile
+// length or a page the driver cannot give gets an error, never a crash.
+// Must not: touch the session's handles or streams, or run on the session's
+// thread.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +21,10 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
+#include <vector>
 
+#include "server/driver_api.h"
 #include "transport/transport.h"
 
 namespace flyt::server {
@@ -43,8 +47,9 @@ class ManagedPager {
   bool Contains(uint64_t p, uint64_t n);
 
   // Serves the client's paging channel on a thread of its own; a second
-  // channel replaces the first.
-  void Attach(std::unique_ptr<transport::Connection> conn);
+  // channel replaces the first. `ctx` (the session's primary context; null
+  // if none yet) is made current on that thread for its copies.
+  void Attach(std::unique_ptr<transport::Connection> conn, DriverApi* api, CUcontext ctx);
   // Closes the channel and waits for the thread (before the session frees memory).
   void Stop();
 
@@ -53,8 +58,17 @@ class ManagedPager {
     uint64_t size = 0;
     uint64_t owner = 0;
   };
-  void Serve(transport::Connection* conn);
+  void Serve(transport::Connection* conn, DriverApi* api, CUcontext ctx);
   bool ContainsLocked(uint64_t p, uint64_t n) const;
+  // The pager thread's DMA path (null stream: none, copy with the CPU).
+  struct Dma {
+    DriverApi* api = nullptr;
+    CUstream stream = nullptr;
+    void* pinned = nullptr;  // kPinnedBytes
+  };
+  bool DmaFetch(Dma& d, uint64_t addr, uint32_t len, const void** out);
+  bool DmaPush(Dma& d, const std::vector<std::pair<uint64_t, uint32_t>>& runs,
+               const uint8_t* bytes);
 
   std::mutex mu_;  // the table; held during each copy, so a free waits for it
   std::map<uint64_t, Range> ranges_;

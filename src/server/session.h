@@ -109,8 +109,10 @@ class Session {
   // The client's second connection, for host functions (from the main process).
   void AttachCallbackChannel(std::unique_ptr<transport::Connection> conn);
   // The client's third connection, on which its pager moves managed pages.
+  // Its copies run in the primary context, which the client made before its
+  // first managed allocation (so before this channel).
   void AttachPagingChannel(std::unique_ptr<transport::Connection> conn) {
-    pager_.Attach(std::move(conn));
+    pager_.Attach(std::move(conn), &state_->api, primary_);
   }
   // The session's managed ranges, which the pager may touch.
   ManagedPager& pager() { return pager_; }
