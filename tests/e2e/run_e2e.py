@@ -1240,7 +1240,8 @@ class E2E(unittest.TestCase):
         range and pointer attributes, stream attachment, refusals of device memory, 64 MiB
         touched sequentially, threads writing shared pages while another synchronises, an
         app's own SIGSEGV handler installed before and after, fork. A paging channel with
-        a wrong secret is refused and the server lives on."""
+        a wrong secret is refused and the server lives on. Under --memory-quota, managed
+        memory is charged in full at allocation and refunded by its free."""
         expected = (("attr.managed", "1"), ("app_handler.before", "1"),
                     ("fresh.first_nonzero", "-1"), ("host_to_device.diff", "-1"),
                     ("device_write.diff", "-1"), ("device_side.diff", "-1"),
@@ -1276,6 +1277,17 @@ class E2E(unittest.TestCase):
                           log_level="warn")
         self.assertIn("managed_memory: PASS", res.stdout, res.describe())
         self.assertIn("paging channel from", srv.log_text(), srv.logs())
+        self.stop_server(srv)
+        # The tenant's memory quota holds managed memory in full from its allocation.
+        srv = self.start_server(control=True, extra_args=["--memory-quota", "64M"])
+        res = self.run_ok(srv, CFG.transports[0], "managed_memory", CFG.variants[0],
+                          args=("quota",), log_level="warn")
+        kv = self.kv(res)
+        for key, want in (("quota.charged_mib", "40"),
+                          ("quota.second", "cudaErrorMemoryAllocation"),
+                          ("quota.after_free", "ok")):
+            self.assertEqual(kv.get(key), want, "%s\n%s" % (key, res.describe()))
+        self.assert_stats(srv, sessions=0, memory_used=0, memory_quota=64 << 20)
         self.stop_server(srv)
 
     def test_nvrtc_cache(self):

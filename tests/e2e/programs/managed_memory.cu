@@ -13,6 +13,8 @@
 //     synchronises, and reading while the device is written;
 //   - the application's own SIGSEGV handler still gets its own faults, installed before
 //     or after Flyt's; a fork()ed child that exits leaves the parent's memory intact.
+// With the argument `quota` (a server with --memory-quota 64M) instead: managed memory
+// counts against the quota in full at allocation, and a free gives it back.
 // Prints key=value lines and "managed_memory: PASS".
 #include <pthread.h>
 #include <setjmp.h>
@@ -58,9 +60,27 @@ void Pattern(unsigned char* p, size_t n, unsigned seed) {
 
 }  // namespace
 
-int main() {
+int Quota() {
+  size_t free0 = 0, total = 0, free1 = 0;
+  CK(cudaMemGetInfo(&free0, &total));
+  void *a = nullptr, *b = nullptr;
+  CK(cudaMallocManaged(&a, 40 << 20));
+  CK(cudaMemGetInfo(&free1, &total));
+  printf("quota.charged_mib=%zu\n", (free0 - free1) >> 20);
+  printf("quota.second=%s\n", cudaGetErrorName(cudaMallocManaged(&b, 40 << 20)));
+  cudaGetLastError();
+  CK(cudaFree(a));
+  CK(cudaMallocManaged(&b, 40 << 20));
+  printf("quota.after_free=ok\n");
+  CK(cudaFree(b));
+  e2e::Pass();
+  return 0;
+}
+
+int main(int argc, char** argv) {
   e2e::Init("managed_memory", 120);
   CK(cudaSetDevice(0));
+  if (argc > 1 && strcmp(argv[1], "quota") == 0) return Quota();
   int managed = 0, concurrent = 0;
   CK(cudaDeviceGetAttribute(&managed, cudaDevAttrManagedMemory, 0));
   CK(cudaDeviceGetAttribute(&concurrent, cudaDevAttrConcurrentManagedAccess, 0));
