@@ -1,5 +1,6 @@
 #include "client/managed_memory.h"
 
+#include <fcntl.h>
 #include <linux/futex.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -40,7 +41,9 @@ struct Range {
   uint64_t base = 0, size = 0;
   uint64_t owner = 0;
   uint8_t* alias = nullptr;  // the private read-write mapping of the same pages
-  int slot = -1;             // in the handler's table
+  int fd = -1;               // the memfd, sealed (until offered to an shm:// server)
+  bool share_tried = false, shared = false;  // the server maps the pages itself
+  int slot = -1;                             // in the handler's table
   // Zero on both sides while no device work ran since the allocation.
   bool fresh = false;
   uint32_t fresh_epoch = 0;
@@ -180,7 +183,11 @@ class Manager {
   bool ExchangeLocked(uint16_t op, const wire::Writer& req, void* into, size_t into_len,
                       CUresult* rc);
   bool FetchLocked(Range* r, uint64_t g, uint64_t count);
-  bool PushLocked(std::vector<std::pair<uint64_t, uint32_t>>& runs, std::vector<uint8_t>& bytes);
+  // Over shm://, hands the range's memfd to the server once, so that its
+  // pages are copied to and from directly; true when it took it.
+  bool ShareLocked(Range* r);
+  bool PushLocked(std::vector<std::pair<uint64_t, uint32_t>>& runs, std::vector<uint8_t>& bytes,
+                  bool shared);
   void CollectDiffLocked(Range* r, uint32_t g, std::vector<std::pair<uint64_t, uint32_t>>* runs,
                          std::vector<uint8_t>* bytes);
   void FlushLocked(bool drop_changed);
@@ -263,11 +270,16 @@ bool Manager::FetchLocked(Range* r, uint64_t g, uint64_t count) {
     // New memory is zero on the GPU too, and its pages here were never written
     // (a fresh range has dropped nothing yet).
     if (!r->fresh) {
+      const bool shared = ShareLocked(r);
       wire::Writer w;
       w.Put<uint64_t>(r->base + off);
       w.Put<uint32_t>(len);
-      // Straight into the pages (the app cannot see them until they are done).
-      if (!ExchangeLocked(ops::kOpManagedFetch, w, r->alias + off, len, &rc)) return false;
+      w.Put<uint8_t>(shared ? 1 : 0);
+      // Straight into the pages (the app cannot see them until they are done);
+      // over shm:// the server writes them itself.
+      if (!ExchangeLocked(ops::kOpManagedFetch, w, shared ? nullptr : r->alias + off,
+                          shared ? 0 : len, &rc))
+        return false;
       if (rc != CUDA_SUCCESS) {
         FLYT_ERROR("managed memory: the server could not read %u bytes at 0x%llx (error %d)", len,
                    static_cast<unsigned long long>(r->base + off), rc);
@@ -308,23 +320,40 @@ void Manager::CollectDiffLocked(Range* r, uint32_t g,
     if (!diff && run_start != UINT64_MAX) {
       uint64_t run_end = std::min(at, len);
       runs->emplace_back(r->base + off + run_start, static_cast<uint32_t>(run_end - run_start));
-      bytes->insert(bytes->end(), now + run_start, now + run_end);
+      if (!r->shared) bytes->insert(bytes->end(), now + run_start, now + run_end);
       run_start = UINT64_MAX;
     }
   }
   r->twins.erase(g);
 }
 
+bool Manager::ShareLocked(Range* r) {
+  if (r->share_tried) return r->shared;
+  if (EnsureChannelLocked() != CUDA_SUCCESS) return false;
+  r->share_tried = true;
+  uint64_t id = 0;
+  if (!conn->SharesMemory() || !conn->ShareFd(r->fd, &id).ok()) return false;
+  wire::Writer w;
+  w.Put<uint64_t>(id);
+  w.Put<uint64_t>(r->base);
+  w.Put<uint64_t>(r->size);
+  CUresult rc = CUDA_SUCCESS;
+  r->shared = ExchangeLocked(ops::kOpManagedShare, w, nullptr, 0, &rc) && rc == CUDA_SUCCESS;
+  return r->shared;
+}
+
+// Sends the runs of one range (shared: the server reads them from the pages).
 bool Manager::PushLocked(std::vector<std::pair<uint64_t, uint32_t>>& runs,
-                         std::vector<uint8_t>& bytes) {
+                         std::vector<uint8_t>& bytes, bool shared) {
   if (runs.empty()) return true;
   wire::Writer w;
   w.Put<uint32_t>(static_cast<uint32_t>(runs.size()));
+  w.Put<uint8_t>(shared ? 1 : 0);
   for (auto& [addr, len] : runs) {
     w.Put<uint64_t>(addr);
     w.Put<uint32_t>(len);
   }
-  w.PutBytes(bytes.data(), bytes.size());
+  if (!shared) w.PutBytes(bytes.data(), bytes.size());
   runs.clear();
   bytes.clear();
   CUresult rc = CUDA_SUCCESS;
@@ -353,13 +382,15 @@ void Manager::FlushLocked(bool drop_changed) {
         Protect(r, r->dirty[i], r->dirty[j - 1] - r->dirty[i] + 1, PROT_READ);
         i = j;
       }
+      const bool shared = ShareLocked(r);
       for (uint32_t g : r->dirty) {
         if (r->state[g] != kDirty) continue;
         CollectDiffLocked(r, g, &runs, &bytes);
         r->state[g] = kClean;  // its tag stays the fetch's: other bytes may be stale
         dirty_count.fetch_sub(1);
-        if (bytes.size() >= kBulkChunk) PushLocked(runs, bytes);
+        if (bytes.size() >= kBulkChunk || runs.size() >= 65536) PushLocked(runs, bytes, shared);
       }
+      PushLocked(runs, bytes, shared);  // one range per push
       r->dirty.clear();
     }
     if (!drop_changed) continue;
@@ -390,7 +421,6 @@ void Manager::FlushLocked(bool drop_changed) {
     }
     r->resident.swap(keep);
   }
-  PushLocked(runs, bytes);
   if (drop_changed) stale = 0;
 }
 
@@ -461,6 +491,7 @@ void Manager::ServeFaults() {
 void Manager::Drop(Range* r) {
   munmap(reinterpret_cast<void*>(r->base), r->size);
   munmap(r->alias, r->size);
+  if (r->fd >= 0) close(r->fd);
   if (r->slot >= 0) g_lo[r->slot].store(0, std::memory_order_release);
   for (uint32_t g : r->dirty)
     if (r->state[g] == kDirty) dirty_count.fetch_sub(1);
@@ -476,11 +507,13 @@ CUresult Map(uint64_t base, uint64_t size, bool fresh, uint64_t owner) {
   const uint64_t len = (size + page - 1) / page * page;
   if (Range* r = m.FindLocked(base); r != nullptr)  // a library's variable asked for again
     return r->base == base && r->size == len ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-  int fd = memfd_create("flyt-managed", MFD_CLOEXEC);
+  int fd = memfd_create("flyt-managed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
   void* view = MAP_FAILED;
   void* alias = MAP_FAILED;
-  if (ftruncate(fd, static_cast<off_t>(len)) == 0) {
+  // Sealed at its size: an shm:// server maps it, and must never see it shrink.
+  if (ftruncate(fd, static_cast<off_t>(len)) == 0 &&
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0) {
     view = mmap(reinterpret_cast<void*>(base), len, PROT_NONE,
                 MAP_SHARED | MAP_NORESERVE | MAP_FIXED_NOREPLACE, fd, 0);
     if (view != MAP_FAILED && view != reinterpret_cast<void*>(base)) {
@@ -490,9 +523,9 @@ CUresult Map(uint64_t base, uint64_t size, bool fresh, uint64_t owner) {
     if (view != MAP_FAILED)
       alias = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
   }
-  close(fd);
   if (view == MAP_FAILED || alias == MAP_FAILED) {
     if (view != MAP_FAILED) munmap(view, len);
+    close(fd);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   // A forked child gets neither: its accesses fault as a child's do natively.
@@ -506,6 +539,7 @@ CUresult Map(uint64_t base, uint64_t size, bool fresh, uint64_t owner) {
   if (slot < 0) {
     munmap(view, len);
     munmap(alias, len);
+    close(fd);
     FLYT_ERROR("managed memory: more than %d managed allocations at once", kMaxRanges);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
@@ -514,6 +548,7 @@ CUresult Map(uint64_t base, uint64_t size, bool fresh, uint64_t owner) {
   r->size = len;
   r->owner = owner;
   r->alias = static_cast<uint8_t*>(alias);
+  r->fd = fd;
   r->slot = slot;
   r->fresh = fresh;
   r->fresh_epoch = m.epoch.load();
@@ -522,7 +557,14 @@ CUresult Map(uint64_t base, uint64_t size, bool fresh, uint64_t owner) {
   g_hi[slot].store(base + len, std::memory_order_release);
   g_lo[slot].store(base, std::memory_order_release);
   if (slot == used) g_slots_used.store(used + 1, std::memory_order_release);
+  // Over shm:// the server maps the pages now; either way the descriptor goes
+  // (a process may hold thousands of allocations).
+  Range* added = r.get();
   m.ranges[base] = std::move(r);
+  if (m.EnsureChannelLocked() == CUDA_SUCCESS) m.ShareLocked(added);
+  added->share_tried = true;
+  close(added->fd);
+  added->fd = -1;
   g_owner_pid.store(getpid());
   m.EnsurePagerLocked();
   EnsureHandler();

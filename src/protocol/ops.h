@@ -147,12 +147,17 @@ enum : uint16_t {
   // u32 count, count x CUstreamBatchMemOpParams (48 bytes each, device addresses).
   kOpStreamBatchMemOp = 314,
   // Managed memory, on the paging channel only (server/managed_pager.cc,
-  // client/managed_memory.cc). Fetch: u64 address, u32 length -> the bytes the
-  // server's host sees there now. Push: u32 n, n x (u64 address, u32 length),
-  // then the n runs' bytes back to back -> nothing. Every run lies inside one
-  // managed allocation of the session.
+  // client/managed_memory.cc). Fetch: u64 address, u32 length, u8 shared ->
+  // the bytes (none when shared: they were written into the shared pages).
+  // Push: u32 n, u8 shared, n x (u64 address, u32 length), then (unless
+  // shared) the n runs' bytes back to back -> nothing. Every run lies inside
+  // one managed allocation of the session. Share (shm:// only): u64 descriptor
+  // id (a sealed memfd passed on this connection), u64 base, u64 size: the
+  // client's pages of that allocation, which fetches and pushes marked shared
+  // then copy to and from directly.
   kOpManagedFetch = 315,
   kOpManagedPush = 316,
+  kOpManagedShare = 318,
   // cuMemRangeGetAttribute (main connection): u32 attribute, u64 address, u64
   // count, u64 data size -> data size bytes.
   kOpMemRangeAttribute = 317,

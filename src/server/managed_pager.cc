@@ -1,8 +1,12 @@
 #include "server/managed_pager.h"
 
 #include <cuda.h>
+#include <fcntl.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <vector>
@@ -84,20 +88,35 @@ void ManagedPager::Add(uint64_t base, uint64_t size, uint64_t owner) {
   ranges_[base] = Range{size, owner};
 }
 
+void ManagedPager::Unshare(Range& r) {
+  if (r.shared != nullptr) munmap(r.shared, r.size);
+  r.shared = nullptr;
+}
+
 void ManagedPager::Remove(uint64_t base) {
   std::lock_guard<std::mutex> lock(mu_);
-  ranges_.erase(base);
+  auto it = ranges_.find(base);
+  if (it == ranges_.end()) return;
+  Unshare(it->second);
+  ranges_.erase(it);
 }
 
 void ManagedPager::RemoveOwnedBy(uint64_t owner) {
   if (owner == 0) return;
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto it = ranges_.begin(); it != ranges_.end();)
-    it = it->second.owner == owner ? ranges_.erase(it) : std::next(it);
+  for (auto it = ranges_.begin(); it != ranges_.end();) {
+    if (it->second.owner != owner) {
+      ++it;
+      continue;
+    }
+    Unshare(it->second);
+    it = ranges_.erase(it);
+  }
 }
 
 void ManagedPager::Clear() {
   std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [base, r] : ranges_) Unshare(r);
   ranges_.clear();
 }
 
@@ -106,12 +125,18 @@ bool ManagedPager::Contains(uint64_t p, uint64_t n) {
   return ContainsLocked(p, n);
 }
 
-bool ManagedPager::ContainsLocked(uint64_t p, uint64_t n) const {
+ManagedPager::Range* ManagedPager::FindLocked(uint64_t p, uint64_t n, uint64_t* off) {
   auto it = ranges_.upper_bound(p);
-  if (it == ranges_.begin()) return false;
+  if (it == ranges_.begin()) return nullptr;
   --it;
-  uint64_t off = p - it->first;
-  return off < it->second.size && n <= it->second.size - off;
+  uint64_t o = p - it->first;
+  if (o >= it->second.size || n > it->second.size - o) return nullptr;
+  if (off != nullptr) *off = o;
+  return &it->second;
+}
+
+bool ManagedPager::ContainsLocked(uint64_t p, uint64_t n) const {
+  return const_cast<ManagedPager*>(this)->FindLocked(p, n, nullptr) != nullptr;
 }
 
 void ManagedPager::Attach(std::unique_ptr<transport::Connection> conn, DriverApi* api,
@@ -124,34 +149,66 @@ void ManagedPager::Attach(std::unique_ptr<transport::Connection> conn, DriverApi
   thread_ = std::thread([this, c, api, ctx] { Serve(c, api, ctx); });
 }
 
-namespace {
-constexpr size_t kPinnedBytes = 8u << 20;  // the client fetches at most this much at once
-}  // namespace
-
-bool ManagedPager::DmaFetch(Dma& d, uint64_t addr, uint32_t len, const void** out) {
-  if (d.stream == nullptr || len > kPinnedBytes) return false;
-  if (d.api->cuMemcpyDtoHAsync_v2(d.pinned, addr, len, d.stream) != CUDA_SUCCESS ||
-      d.api->cuStreamSynchronize(d.stream) != CUDA_SUCCESS)
-    return false;
-  *out = d.pinned;
-  return true;
-}
-
-bool ManagedPager::DmaPush(Dma& d, const std::vector<std::pair<uint64_t, uint32_t>>& runs,
-                           const uint8_t* bytes) {
-  if (d.stream == nullptr) return false;
-  for (const auto& [addr, len] : runs) {
-    if (d.api->cuMemcpyHtoDAsync_v2(addr, bytes, len, d.stream) != CUDA_SUCCESS) return false;
-    bytes += len;
-  }
-  return d.api->cuStreamSynchronize(d.stream) == CUDA_SUCCESS;
-}
-
 void ManagedPager::Stop() {
   std::lock_guard<std::mutex> lock(thread_mu_);
   if (conn_ != nullptr) conn_->Shutdown();
   if (thread_.joinable()) thread_.join();
   conn_.reset();
+}
+
+namespace {
+constexpr size_t kPinnedBytes = 8u << 20;  // the client fetches at most this much at once
+constexpr int kShareArrivalMs = 2000;      // a shared descriptor follows its request
+}  // namespace
+
+bool ManagedPager::DmaFetch(Dma& d, uint64_t addr, uint32_t len, void* into, const void** out) {
+  if (d.stream == nullptr || len > kPinnedBytes) return false;
+  void* dst = into != nullptr ? into : d.pinned;
+  if (d.api->cuMemcpyDtoHAsync_v2(dst, addr, len, d.stream) != CUDA_SUCCESS ||
+      d.api->cuStreamSynchronize(d.stream) != CUDA_SUCCESS)
+    return false;
+  *out = dst;
+  return true;
+}
+
+bool ManagedPager::DmaPush(Dma& d, const std::vector<std::pair<uint64_t, uint32_t>>& runs,
+                           const uint8_t* bytes, const Range* shared, uint64_t base) {
+  if (d.stream == nullptr) return false;
+  for (const auto& [addr, len] : runs) {
+    const uint8_t* src = shared != nullptr ? shared->shared + (addr - base) : bytes;
+    if (d.api->cuMemcpyHtoDAsync_v2(addr, src, len, d.stream) != CUDA_SUCCESS) return false;
+    bytes += len;
+  }
+  return d.api->cuStreamSynchronize(d.stream) == CUDA_SUCCESS;
+}
+
+CUresult ManagedPager::ShareLocked(transport::Connection* conn, uint64_t id, uint64_t base,
+                                   uint64_t size) {
+  int fd = -1;
+  if (!conn->SharesMemory() || !conn->TakeSharedFd(id, kShareArrivalMs, &fd).ok())
+    return CUDA_ERROR_NOT_SUPPORTED;
+  auto it = ranges_.find(base);
+  // Only a memfd sealed against shrinking, as large as the allocation: pages
+  // the client could take away would crash this process (SIGBUS).
+  struct stat sb {};
+  const int seals = fcntl(fd, F_GET_SEALS);
+  CUresult rc = CUDA_SUCCESS;
+  if (it == ranges_.end() || it->second.size != size || it->second.shared != nullptr || seals < 0 ||
+      (seals & F_SEAL_SHRINK) == 0 || fstat(fd, &sb) != 0 ||
+      static_cast<uint64_t>(sb.st_size) < size) {
+    rc = CUDA_ERROR_INVALID_VALUE;
+  } else {
+    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+    if (p == MAP_FAILED) {
+      rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+      it->second.shared = static_cast<uint8_t*>(p);
+      FLYT_DEBUG("paging channel: the client's pages of 0x%llx (%llu bytes) are mapped here",
+                 static_cast<unsigned long long>(base), static_cast<unsigned long long>(size));
+    }
+  }
+  ::close(fd);
+  return rc;
 }
 
 void ManagedPager::Serve(transport::Connection* conn, DriverApi* api, CUcontext ctx) {
@@ -173,6 +230,9 @@ void ManagedPager::Serve(transport::Connection* conn, DriverApi* api, CUcontext 
       if (d.pinned != nullptr) d.api->cuMemFreeHost(d.pinned);
     }
   } release{dma};
+  auto malformed = [](const char* what) {
+    FLYT_WARN("paging channel: malformed %s; closing", what);
+  };
   for (;;) {
     wire::FrameHeader h{};
     if (!conn->Receive(&h, sizeof(h)).ok()) return;
@@ -185,34 +245,42 @@ void ManagedPager::Serve(transport::Connection* conn, DriverApi* api, CUcontext 
     if (!conn->Receive(payload.data(), payload.size()).ok()) return;
     wire::Reader in(payload.data(), payload.size());
     CUresult rc = CUDA_SUCCESS;
-    data.clear();
     const void* reply = nullptr;
     size_t reply_len = 0;
     if (h.op == ops::kOpManagedFetch) {
-      uint64_t addr = 0;
+      uint64_t addr = 0, off = 0;
       uint32_t len = 0;
-      if (!in.Get(&addr) || !in.Get(&len) || in.remaining() != 0 || len > wire::kMaxPayload) {
-        FLYT_WARN("paging channel: malformed fetch; closing");
+      uint8_t shared = 0;
+      if (!in.Get(&addr) || !in.Get(&len) || !in.Get(&shared) || in.remaining() != 0 ||
+          len > wire::kMaxPayload) {
+        malformed("fetch");
         return;
       }
       std::lock_guard<std::mutex> lock(mu_);
-      if (!ContainsLocked(addr, len)) {
+      Range* r = FindLocked(addr, len, &off);
+      if (r == nullptr || (shared && r->shared == nullptr)) {
         rc = CUDA_ERROR_INVALID_VALUE;
-      } else if (DmaFetch(dma, addr, len, &reply)) {
-        reply_len = len;
       } else {
-        data.resize(len);
-        if (GuardedCopy(data.data(), reinterpret_cast<const void*>(addr), len)) {
-          reply = data.data();
+        void* into = shared ? r->shared + off : nullptr;
+        if (DmaFetch(dma, addr, len, into, &reply)) {
           reply_len = len;
         } else {
-          rc = CUDA_ERROR_ILLEGAL_ADDRESS;
+          if (!shared) data.resize(len);
+          void* dst = shared ? into : data.data();
+          if (GuardedCopy(dst, reinterpret_cast<const void*>(addr), len)) {
+            reply = dst;
+            reply_len = len;
+          } else {
+            rc = CUDA_ERROR_ILLEGAL_ADDRESS;
+          }
         }
+        if (shared) reply_len = 0;  // the bytes are in the client's pages already
       }
     } else if (h.op == ops::kOpManagedPush) {
       uint32_t n = 0;
-      if (!in.Get(&n) || n > in.remaining() / 12) {
-        FLYT_WARN("paging channel: malformed push; closing");
+      uint8_t shared = 0;
+      if (!in.Get(&n) || !in.Get(&shared) || n > in.remaining() / 12) {
+        malformed("push");
         return;
       }
       std::vector<std::pair<uint64_t, uint32_t>> runs(n);
@@ -222,25 +290,43 @@ void ManagedPager::Serve(transport::Connection* conn, DriverApi* api, CUcontext 
         in.Get(&len);
         total += len;
       }
-      const uint8_t* bytes = in.remaining() == total ? in.Skip(total) : nullptr;
-      if (!in.ok() || bytes == nullptr) {
-        FLYT_WARN("paging channel: malformed push; closing");
+      const uint64_t carried = shared ? 0 : total;
+      const uint8_t* bytes = in.remaining() == carried ? in.Skip(carried) : nullptr;
+      if (!in.ok() || (bytes == nullptr && carried != 0) || (!shared && bytes == nullptr)) {
+        malformed("push");
         return;
       }
       std::lock_guard<std::mutex> lock(mu_);
+      // All runs of a shared push lie in one allocation: the client pushes per range.
+      Range* shared_range = nullptr;
+      uint64_t shared_base = 0;
       for (auto& [addr, len] : runs) {
-        if (!ContainsLocked(addr, len)) {
+        uint64_t off = 0;
+        Range* r = FindLocked(addr, len, &off);
+        if (r == nullptr ||
+            (shared && (r->shared == nullptr || (shared_range != nullptr && r != shared_range)))) {
           rc = CUDA_ERROR_INVALID_VALUE;
           break;
         }
+        if (shared) shared_range = r, shared_base = addr - off;
       }
-      if (rc == CUDA_SUCCESS && !DmaPush(dma, runs, bytes)) {
+      if (rc == CUDA_SUCCESS && !DmaPush(dma, runs, bytes, shared_range, shared_base)) {
         for (size_t i = 0; rc == CUDA_SUCCESS && i < runs.size(); ++i) {
-          if (!GuardedCopy(reinterpret_cast<void*>(runs[i].first), bytes, runs[i].second))
+          const uint8_t* src =
+              shared ? shared_range->shared + (runs[i].first - shared_base) : bytes;
+          if (!GuardedCopy(reinterpret_cast<void*>(runs[i].first), src, runs[i].second))
             rc = CUDA_ERROR_ILLEGAL_ADDRESS;
-          bytes += runs[i].second;
+          if (!shared) bytes += runs[i].second;
         }
       }
+    } else if (h.op == ops::kOpManagedShare) {
+      uint64_t id = 0, base = 0, size = 0;
+      if (!in.Get(&id) || !in.Get(&base) || !in.Get(&size) || in.remaining() != 0) {
+        malformed("share");
+        return;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      rc = ShareLocked(conn, id, base, size);
     } else {
       FLYT_WARN("paging channel: unexpected op %u; closing", h.op);
       return;

@@ -32,7 +32,10 @@ namespace flyt::server {
 class ManagedPager {
  public:
   ManagedPager() = default;
-  ~ManagedPager() { Stop(); }
+  ~ManagedPager() {
+    Stop();
+    Clear();
+  }
   ManagedPager(const ManagedPager&) = delete;
   ManagedPager& operator=(const ManagedPager&) = delete;
 
@@ -57,7 +60,12 @@ class ManagedPager {
   struct Range {
     uint64_t size = 0;
     uint64_t owner = 0;
+    uint8_t* shared = nullptr;  // the client's pages of it (shm://), mapped here
   };
+  // The range that holds all of [p, p+n); *off its offset there.
+  Range* FindLocked(uint64_t p, uint64_t n, uint64_t* off);
+  static void Unshare(Range& r);
+  CUresult ShareLocked(transport::Connection* conn, uint64_t id, uint64_t base, uint64_t size);
   void Serve(transport::Connection* conn, DriverApi* api, CUcontext ctx);
   bool ContainsLocked(uint64_t p, uint64_t n) const;
   // The pager thread's DMA path (null stream: none, copy with the CPU).
@@ -66,9 +74,11 @@ class ManagedPager {
     CUstream stream = nullptr;
     void* pinned = nullptr;  // kPinnedBytes
   };
-  bool DmaFetch(Dma& d, uint64_t addr, uint32_t len, const void** out);
-  bool DmaPush(Dma& d, const std::vector<std::pair<uint64_t, uint32_t>>& runs,
-               const uint8_t* bytes);
+  // Into `into` when given (pageable: the client's shared pages), else the pinned buffer.
+  bool DmaFetch(Dma& d, uint64_t addr, uint32_t len, void* into, const void** out);
+  // From `bytes` back to back, or (shared) from each run's place in `r`'s shared pages.
+  bool DmaPush(Dma& d, const std::vector<std::pair<uint64_t, uint32_t>>& runs, const uint8_t* bytes,
+               const Range* shared, uint64_t base);
 
   std::mutex mu_;  // the table; held during each copy, so a free waits for it
   std::map<uint64_t, Range> ranges_;
