@@ -278,6 +278,7 @@ FLYT_API CUresult cuModuleLoad(CUmodule* mod, const char* path) {
 
 FLYT_API CUresult cuModuleUnload(CUmodule m) {
   Client::Get().RemoveImage(reinterpret_cast<uintptr_t>(m));
+  flyt::client::managed::UnmapOwnedBy(reinterpret_cast<uintptr_t>(m));  // its __managed__ variables
   return Forward<204, false, false>("cuModuleUnload", m);
 }
 

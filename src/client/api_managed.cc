@@ -3,6 +3,8 @@
 // managed memory; this process's view of it at the same address is kept by
 // client/managed_memory.h. Pointer attributes, copies and frees of managed
 // memory are in api_memory.cc.
+#include <unistd.h>
+
 #include <vector>
 
 #include "client/client.h"
@@ -134,31 +136,51 @@ FLYT_API CUresult cuMemRangeGetAttributes(void** data, size_t* sizes, CUmem_rang
   return CUDA_SUCCESS;
 }
 
-// A library's __managed__ variable: the runtime hands the address to host
-// code, so the host view is mapped like an allocation's (not fresh: the
-// driver wrote the variable's initial value).
+namespace flyt::client {
+
+CUresult MapManagedGlobal(CUdeviceptr p, uint64_t image) {
+  // The host view of the variable's block (the server's pager knows the same
+  // pages). Not fresh: the driver wrote the variables' initial values.
+  CUdeviceptr block = 0;
+  size_t block_size = 0;
+  CUresult rc = Forward<154, true, false>("cuMemGetAddressRange_v2", &block, &block_size, p);
+  // A module's variables may share pages: the pages of this one that no
+  // earlier variable brought in are mapped, in runs.
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t first = block & ~(page - 1), end = (block + block_size + page - 1) & ~(page - 1);
+  for (uint64_t at = first; rc == CUDA_SUCCESS && at < end;) {
+    if (managed::Find(at, 1, nullptr, nullptr)) {
+      at += page;
+      continue;
+    }
+    uint64_t run_end = at + page;
+    while (run_end < end && !managed::Find(run_end, 1, nullptr, nullptr)) run_end += page;
+    rc = managed::Map(at, run_end - at, false, image);
+    at = run_end;
+  }
+  if (rc != CUDA_SUCCESS) {
+    FLYT_ERROR(
+        "a __managed__ variable at 0x%llx: its address is in use by this process's own "
+        "memory; its host side cannot be mapped",
+        static_cast<unsigned long long>(p));
+    return rc;
+  }
+  Client::Get().AddDeviceRange(block, block_size, false);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace flyt::client
+
+// A library's __managed__ variable: the runtime hands the address to host code.
 FLYT_API CUresult cuLibraryGetManaged(CUdeviceptr* p, size_t* bytes, CUlibrary lib,
                                       const char* name) {
   CUdeviceptr d = 0;
   size_t size = 0;
   CUresult rc = Forward<203, true, false>("cuLibraryGetManaged", &d, &size, lib, name);
   if (rc != CUDA_SUCCESS) return rc;
-  if (d != 0 && size != 0) {
-    // The variables of a library share one managed block: its host view is
-    // mapped whole (the server's pager knows the same block).
-    CUdeviceptr block = 0;
-    size_t block_size = 0;
-    rc = Forward<154, true, false>("cuMemGetAddressRange_v2", &block, &block_size, d);
-    if (rc == CUDA_SUCCESS)
-      rc = managed::Map(block, block_size, false, reinterpret_cast<uintptr_t>(lib));
-    if (rc != CUDA_SUCCESS) {
-      FLYT_ERROR(
-          "cuLibraryGetManaged(%s): the variable's address is in use by this process's own "
-          "memory; its host side cannot be mapped",
-          name != nullptr ? name : "?");
-      return rc;
-    }
-    Client::Get().AddDeviceRange(block, block_size, false);
+  if (Client::LastReplyInfo() & wire::kReplyManaged) {
+    rc = flyt::client::MapManagedGlobal(d, reinterpret_cast<uintptr_t>(lib));
+    if (rc != CUDA_SUCCESS) return rc;
   }
   if (p != nullptr) *p = d;
   if (bytes != nullptr) *bytes = size;

@@ -341,20 +341,30 @@ FLYT_API CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdev
 
 FLYT_API CUresult cuModuleGetGlobal_v2(CUdeviceptr* p, size_t* size, CUmodule m, const char* name) {
   size_t local = 0;
-  CUresult rc = Forward<201, true, false>("cuModuleGetGlobal_v2", p, &local, m, name);
+  CUdeviceptr d = 0;
+  CUresult rc = Forward<201, true, false>("cuModuleGetGlobal_v2", &d, &local, m, name);
+  if (rc == CUDA_SUCCESS && (Client::LastReplyInfo() & wire::kReplyManaged))
+    rc = flyt::client::MapManagedGlobal(d, reinterpret_cast<uintptr_t>(m));
+  else if (rc == CUDA_SUCCESS)
+    Client::Get().AddDeviceRange(d, local, false);
   if (rc == CUDA_SUCCESS) {
     if (size) *size = local;
-    if (p) Client::Get().AddDeviceRange(*p, local, false);
+    if (p) *p = d;
   }
   return rc;
 }
 
 FLYT_API CUresult cuLibraryGetGlobal(CUdeviceptr* p, size_t* size, CUlibrary l, const char* name) {
   size_t local = 0;
-  CUresult rc = Forward<202, true, false>("cuLibraryGetGlobal", p, &local, l, name);
+  CUdeviceptr d = 0;
+  CUresult rc = Forward<202, true, false>("cuLibraryGetGlobal", &d, &local, l, name);
+  if (rc == CUDA_SUCCESS && (Client::LastReplyInfo() & wire::kReplyManaged))
+    rc = flyt::client::MapManagedGlobal(d, reinterpret_cast<uintptr_t>(l));
+  else if (rc == CUDA_SUCCESS)
+    Client::Get().AddDeviceRange(d, local, false);
   if (rc == CUDA_SUCCESS) {
     if (size) *size = local;
-    if (p) Client::Get().AddDeviceRange(*p, local, false);
+    if (p) *p = d;
   }
   return rc;
 }

@@ -320,6 +320,10 @@ class Client {
 // (munmap it when the GPU range goes).
 bool HoldAddressRange(uint64_t base, uint64_t size);
 
+// A global of loaded code that the server said is a __managed__ variable
+// (wire::kReplyManaged): maps the host side of its block (client/api_managed.cc).
+CUresult MapManagedGlobal(CUdeviceptr p, uint64_t image);
+
 // True when `base` is memory this process opened with cuIpcOpenMemHandle and
 // has not closed (client/api_ipc.cc): it is freed with cuIpcCloseMemHandle only.
 bool IsIpcMapping(uint64_t base);

@@ -48,6 +48,9 @@ enum ReplyInfo : uint32_t {
   // The tenant's share (SM count, memory) changed since the client fetched
   // the device inventory: it fetches it again (ops::kOpDeviceInfo).
   kReplyConfigChanged = 1 << 1,
+  // The global the call returned is a __managed__ variable: the client maps
+  // its host side (client/managed_memory.h).
+  kReplyManaged = 1 << 2,
 };
 static_assert(sizeof(FrameHeader) == 32);
 

@@ -130,7 +130,8 @@ namespace flyt::server {
   X(cuTensorMapEncodeIm2col)            \
   X(cuTensorMapEncodeIm2colWide)        \
   X(cuTensorMapReplaceAddress)          \
-  X(cuMemRangeGetAttribute)
+  X(cuMemRangeGetAttribute)            \
+  X(cuPointerGetAttribute)
 
 struct DriverApi {
 #define FLYT_DECLARE_GENERIC(op, sym, cls, rel) \

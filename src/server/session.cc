@@ -206,7 +206,8 @@ bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CU
     }
     // Managed memory: the pager stops touching it before the driver frees it.
     if (releases == HandleKind::kMemory) s.pager().Remove(std::get<0>(slots).Raw());
-    if (releases == HandleKind::kLibrary) s.pager().RemoveOwnedBy(std::get<0>(slots).Raw());
+    if (releases == HandleKind::kLibrary || releases == HandleKind::kModule)
+      s.pager().RemoveOwnedBy(std::get<0>(slots).Raw());
     // A graph a node owns (a conditional node's body) goes only with its node.
     if (releases == HandleKind::kGraph && s.OwnedByNode(std::get<0>(slots).Raw())) {
       *rc = CUDA_ERROR_INVALID_VALUE;
@@ -249,12 +250,9 @@ bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CU
   }
   if (*rc != CUDA_SUCCESS) return true;
   if constexpr (Op == 263) s.pager().Add(std::get<0>(slots).v, std::get<1>(slots).v);
-  if constexpr (Op == 203) {  // cuLibraryGetManaged: the library's managed block holds it
-    CUdeviceptr block = 0;
-    size_t block_size = 0;
-    if (s.api().cuMemGetAddressRange_v2(&block, &block_size, std::get<0>(slots).v) == CUDA_SUCCESS)
-      s.pager().Add(block, block_size, std::get<2>(slots).Raw());
-  }
+  // A global of a module or library: a __managed__ variable's block is paged.
+  if constexpr (Op == 201 || Op == 202 || Op == 203)
+    s.NoteGlobal(std::get<0>(slots).v, std::get<2>(slots).Raw());
   std::apply([&](auto&... sl) { (sl.Finish(out, s), ...); }, slots);
   if constexpr (sizeof...(Args) > 0) {
     if (releases != HandleKind::kNone) s.Forget(releases, std::get<0>(slots).Raw());

@@ -116,6 +116,10 @@ class Session {
   }
   // The session's managed ranges, which the pager may touch.
   ManagedPager& pager() { return pager_; }
+  // After cuModuleGetGlobal / cuLibraryGetGlobal / cuLibraryGetManaged: when
+  // the global is managed memory, the pager learns its block (owned by
+  // `image`) and the reply says so (wire::kReplyManaged).
+  void NoteGlobal(uint64_t ptr, uint64_t image);
   // Ends Run: the main process is gone.
   void Abort();
 

@@ -1,5 +1,6 @@
 // Managed memory calls of a session that need hand-written marshalling:
-// cuMemRangeGetAttribute (ops::kOpMemRangeAttribute). Allocation, advice,
+// cuMemRangeGetAttribute (ops::kOpMemRangeAttribute), and which globals of
+// loaded code are __managed__ variables (NoteGlobal). Allocation, advice,
 // prefetch and stream attachment are generic (protocol/api_list.h); the pages
 // themselves move on the paging channel (server/managed_pager.h).
 // Must not touch another session's state.
@@ -31,6 +32,22 @@ bool Session::MemRangeAttribute(wire::Reader& in, wire::Writer& out, CUresult* r
                                      static_cast<CUmem_range_attribute>(attr), ptr, count);
   if (*rc == CUDA_SUCCESS) out.PutBytes(data.data(), data.size());
   return true;
+}
+
+void Session::NoteGlobal(uint64_t ptr, uint64_t image) {
+  DriverApi& a = api();
+  int managed = 0;
+  CUdeviceptr block = 0;
+  size_t block_size = 0;
+  if (ptr == 0 || a.cuPointerGetAttribute == nullptr ||
+      a.cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, ptr) != CUDA_SUCCESS ||
+      !managed || a.cuMemGetAddressRange_v2(&block, &block_size, ptr) != CUDA_SUCCESS)
+    return;
+  // Whole pages, as the client maps them: a module's variables may share one.
+  constexpr uint64_t kPage = 4096;
+  const uint64_t first = block & ~(kPage - 1);
+  pager_.Add(first, block + block_size - first, image);
+  reply_info_ |= wire::kReplyManaged;
 }
 
 }  // namespace flyt::server
