@@ -2,6 +2,7 @@
 // server), the server answers with every kernel and its parameter layout, so
 // kernel lookups are local and a launch is one fire-and-forget frame.
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -546,6 +547,62 @@ FLYT_API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* bloc
                                                                        int block, size_t smem,
                                                                        unsigned int flags) {
   return Occupancy(blocks, f, block, smem, flags, true);
+}
+
+namespace {
+// The block size with the most resident threads per SM, searched here rather
+// than on the server: the app's callback (dynamic shared memory per block
+// size) runs in this process. The search is the CUDA runtime's
+// (cudaOccupancyMaxPotentialBlockSizeVariableSMemWithFlags): from the largest
+// block size down in warps, keeping the first best; each step is one occupancy
+// query, answered locally once seen.
+CUresult PotentialBlockSize(int* min_grid, int* block_size, CUfunction f,
+                            CUoccupancyB2DSize smem_of, size_t smem, int limit, unsigned flags) {
+  if (min_grid == nullptr || block_size == nullptr || f == nullptr)
+    return CUDA_ERROR_INVALID_VALUE;
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  int dev = c.ContextDevice(flyt::client::CurrentContext());
+  const flyt::ops::DeviceInfo* info = c.device(dev < 0 ? 0 : dev);
+  if (info == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  const int sms = info->attributes[CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT];
+  const int warp = info->attributes[CU_DEVICE_ATTRIBUTE_WARP_SIZE];
+  const int sm_threads = info->attributes[CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR];
+  int func_max = 0;
+  CUresult rc = cuFuncGetAttribute(&func_max, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, f);
+  if (rc != CUDA_SUCCESS) return rc;
+  if (warp <= 0 || func_max <= 0) return CUDA_ERROR_INVALID_VALUE;
+  const int cap = limit > 0 ? std::min(limit, func_max) : func_max;
+  int best_block = 0, best_blocks = 0, best_threads = 0;
+  for (int aligned = (cap + warp - 1) / warp * warp; aligned > 0; aligned -= warp) {
+    const int try_block = std::min(cap, aligned);
+    const size_t dyn = smem_of != nullptr ? smem_of(try_block) : smem;
+    int blocks = 0;
+    rc = Occupancy(&blocks, f, try_block, dyn, flags, true);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (blocks * try_block > best_threads) {
+      best_block = try_block;
+      best_blocks = blocks;
+      best_threads = blocks * try_block;
+    }
+    if (best_threads == sm_threads) break;
+  }
+  *min_grid = best_blocks * sms;
+  *block_size = best_block;
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+FLYT_API CUresult cuOccupancyMaxPotentialBlockSize(int* min_grid, int* block_size, CUfunction f,
+                                                   CUoccupancyB2DSize smem_of, size_t smem,
+                                                   int limit) {
+  return PotentialBlockSize(min_grid, block_size, f, smem_of, smem, limit, 0);
+}
+FLYT_API CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int* min_grid, int* block_size,
+                                                            CUfunction f,
+                                                            CUoccupancyB2DSize smem_of, size_t smem,
+                                                            int limit, unsigned int flags) {
+  return PotentialBlockSize(min_grid, block_size, f, smem_of, smem, limit, flags);
 }
 
 // A stream whose work is known to be finished (Client::StreamDrained) is

@@ -2162,7 +2162,9 @@ class E2E(unittest.TestCase):
         synchronize; only the scalar copy (PyTorch's .item()) waits for a reply. A
         synchronize after a launch still reaches the server. A child forked after
         initialisation gets CUDA errors at once and the parent keeps working, on every
-        transport (over shm the child must not close the parent's rings)."""
+        transport (over shm the child must not close the parent's rings). The driver's
+        cuOccupancyMaxPotentialBlockSize runs the app's shared-memory callback here and
+        honours the block size limit."""
         for variant, transport in self.matrix():
             with self.subTest(variant=variant, transport=transport):
                 srv = self.start_server()
@@ -2174,6 +2176,10 @@ class E2E(unittest.TestCase):
                 self.assertEqual(kv.get("sync_after_launch"), "1", where)
                 self.assertEqual(kv.get("fork_child_malloc"), "error", where)
                 self.assertEqual(kv.get("fork_child_memcpy"), "error", where)
+                for key in ("potential.block_within_limit", "potential.grid_positive",
+                            "potential.callbacks_ran"):
+                    self.assertEqual(kv.get(key), "1", "%s\n%s" % (key, where))
+                self.assertEqual(kv.get("potential.rc"), "0", where)
                 self.stop_server(srv)
 
     def test_ipc(self):

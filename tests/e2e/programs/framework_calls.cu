@@ -9,6 +9,7 @@
 // extension of libcuda.so.1) and prints sync_per_iter=... for the harness. It
 // then forks: the child's CUDA calls must fail at once (as with NVIDIA's
 // driver), and the parent must go on working, on every transport (shm too).
+#include <cuda.h>  // driver types only
 #include <dlfcn.h>
 #include <sys/wait.h>
 
@@ -94,6 +95,32 @@ int main() {
   CK(cudaStreamSynchronize(s));
   printf("sync_after_launch=%llu\n",
          static_cast<unsigned long long>(SyncCalls(stats) - before_sync));
+
+  // Numba's launch-size search: the driver's cuOccupancyMaxPotentialBlockSize,
+  // with a callback for the dynamic shared memory of each block size (it runs
+  // in this process) and a block size limit.
+  e2e::Step("cuOccupancyMaxPotentialBlockSize");
+  using PotentialFn = CUresult (*)(int*, int*, CUfunction, size_t (*)(int), size_t, int);
+  PotentialFn potential = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  CK(cudaGetDriverEntryPointByVersion("cuOccupancyMaxPotentialBlockSize",
+                                      reinterpret_cast<void**>(&potential), 12000,
+                                      cudaEnableDefault, &found));
+  EXPECT(potential != nullptr, "cuOccupancyMaxPotentialBlockSize not found (%d)",
+         static_cast<int>(found));
+  CUfunction fn = nullptr;
+  CK(cudaGetFuncBySymbol(&fn, reinterpret_cast<const void*>(Scale)));
+  int grid = 0, block = 0;
+  static int callbacks = 0;
+  CUresult prc = potential(&grid, &block, fn,
+                           [](int b) -> size_t {
+                             ++callbacks;
+                             return static_cast<size_t>(b) * 4;
+                           },
+                           0, 200);
+  printf("potential.rc=%d\npotential.block_within_limit=%d\npotential.grid_positive=%d\n"
+         "potential.callbacks_ran=%d\n",
+         static_cast<int>(prc), block > 0 && block <= 200, grid > 0, callbacks > 0);
 
   e2e::Step("fork");
   fflush(stdout);

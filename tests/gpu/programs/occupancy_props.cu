@@ -5,9 +5,15 @@
 // runtime/driver versions, device limits (stack size set/get), the occupancy
 // API (cudaOccupancyMaxActiveBlocksPerMultiprocessor[WithFlags],
 // cudaOccupancyMaxPotentialBlockSize, cudaOccupancyAvailableDynamicSMemPerBlock)
-// and cudaFuncGetAttributes. Nothing that depends on the SM count, memory
-// size or clocks is printed.
+// and cudaFuncGetAttributes; the driver's cuOccupancyMaxPotentialBlockSize
+// [WithFlags] (Numba's max_potential_block_size), with a per-block-size
+// dynamic shared memory callback and a block size limit. Nothing that depends
+// on the SM count, memory size or clocks is printed.
+// FLYT_LIBS: -lcuda
 #include "common.h"
+
+// Dynamic shared memory a block of `block` threads needs (the driver calls it).
+static size_t SmemPerBlock(int block) { return static_cast<size_t>(block) * 96; }
 
 __global__ void light(float* p) { p[threadIdx.x] += 1.f; }
 
@@ -107,6 +113,24 @@ int main() {
   size_t avail = 0;
   CHECK(cudaOccupancyAvailableDynamicSMemPerBlock(&avail, light, 2, 256));
   printf("light available dynamic smem with 2 blocks of 256: %zu\n", avail);
+
+  // The driver API form, as Numba and other driver-API users call it.
+  CUfunction light_fn = nullptr, heavy_fn = nullptr;
+  CHECK(cudaGetFuncBySymbol(&light_fn, reinterpret_cast<const void*>(light)));
+  CHECK(cudaGetFuncBySymbol(&heavy_fn, reinterpret_cast<const void*>(heavy)));
+  int drv_grid = 0, drv_block = 0;
+  CU_CHECK(cuOccupancyMaxPotentialBlockSize(&drv_grid, &drv_block, heavy_fn, nullptr, 0, 0));
+  printf("driver heavy potential block=%d grid_positive=%d\n", drv_block, drv_grid > 0);
+  CU_CHECK(cuOccupancyMaxPotentialBlockSize(&drv_grid, &drv_block, light_fn, SmemPerBlock, 0, 0));
+  printf("driver light potential block with callback=%d\n", drv_block);
+  CU_CHECK(cuOccupancyMaxPotentialBlockSize(&drv_grid, &drv_block, light_fn, nullptr, 4096, 200));
+  printf("driver light potential block limit 200=%d\n", drv_block);
+  CU_CHECK(cuOccupancyMaxPotentialBlockSizeWithFlags(&drv_grid, &drv_block, light_fn, nullptr,
+                                                     0, 0, CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE));
+  printf("driver light potential block with flags=%d\n", drv_block);
+  printf("driver null output=%d\n",
+         static_cast<int>(cuOccupancyMaxPotentialBlockSize(nullptr, &drv_block, light_fn, nullptr,
+                                                           0, 0)));
 
   cudaFuncAttributes fa;
   CHECK(cudaFuncGetAttributes(&fa, heavy));
