@@ -2,7 +2,7 @@
 """Runs the ML cases and benchmarks natively and through Flyt on a GPU host.
 
 Usage: python3 tests/gpu/ml/run_ml.py --build BUILD_DIR --out OUT_DIR
-           [--modes "tcp unix shm"] [--cases "a b"] [--bench "resnet18_train ..."]
+           [--modes "tcp unix shm"] [--cases "a b" | none] [--bench "resnet18_train ..."]
            [--jobs 4] [--timeout 240] [--budget 500] [--bench-repeat 2] [--backend cuda]
            [--server-loss 1] [--tenant-view 1] [--bench-emulated "emu25 emu10"]
 
@@ -214,7 +214,8 @@ def main():
     runs = os.path.join(work, "runs")
     os.makedirs(runs)
     modes = a.modes.split()
-    names = a.cases.split() or sorted(case_module.CASES)
+    # "none": benchmarks only (an empty --cases runs every case).
+    names = [] if a.cases.strip() == "none" else (a.cases.split() or sorted(case_module.CASES))
     env_info = probe_env()
     server = Server(build, work, modes, a.backend)
     servers = {}  # emulated-link modes: a server each, with --emulate
