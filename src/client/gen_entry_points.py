@@ -20,6 +20,10 @@ def prototypes(path):
     return out
 
 
+# Words that end a type rather than name a parameter.
+TYPE_WORDS = ("int", "long", "short", "char", "float", "double", "void")
+
+
 def split_params(params):
     if params in ("", "void"):
         return []
@@ -37,8 +41,11 @@ def split_params(params):
     parts.append(cur.strip())
     result = []
     for i, p in enumerate(parts):
+        # "TYPE NAME", or a TYPE alone: "unsigned int" has no name, "unsigned
+        # numChannels" (cuDeviceGetTexture1DLinearMaxWidth) has one.
         m = re.match(r"^(.*?[\s\*])(\w+)$", p)
-        if m and m.group(1).strip() not in ("", "const", "unsigned", "struct"):
+        if (m and m.group(1).strip() not in ("", "const", "struct")
+                and m.group(2) not in TYPE_WORDS):
             ptype = m.group(1).strip()
         else:
             ptype = p

@@ -33,6 +33,20 @@
 // client against the managed ranges it knows. The CUdevice forms (cuMemAdvise,
 // cuMemPrefetchAsync) become these on the client.
 //
+// Context events (267-268): cuCtxRecordEvent and cuCtxWaitEvent are SYNC,
+// unlike cuEventRecord and cuStreamWaitEvent (ASYNC: frameworks call those for
+// every operation, and their errors come back deferred). The driver answers
+// these two at the call with errors the client cannot foresee: an event of
+// another context (CUDA_ERROR_INVALID_HANDLE), a stream of the context being
+// captured (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, which also invalidates that
+// capture). They are rare calls, so the app gets that answer at the call, as
+// natively, for one round trip. The server translates the context (the
+// primary context is the session's execution context under an SM share).
+//
+// Texture and surface objects (230-233, 270-273) are values, not handles: the
+// server's driver checks them (CUDA_ERROR_INVALID_VALUE for one it never made);
+// the Get*Desc calls return the descriptors the object was made with.
+//
 // Stream memory operations (259-262) are SYNC: the driver checks address, alignment
 // and flags at the call and apps test the result at once; the wait itself still
 // happens on the GPU, in stream order.
@@ -149,7 +163,14 @@
   X(263, cuMemAllocManaged, SYNC, None)                                    \
   X(264, cuStreamAttachMemAsync, SYNC, None)                               \
   X(265, cuMemAdvise_v2, SYNC, None)                                       \
-  X(266, cuMemPrefetchAsync_v2, ASYNC, None)
+  X(266, cuMemPrefetchAsync_v2, ASYNC, None)                               \
+  X(267, cuCtxRecordEvent, SYNC, None)                                     \
+  X(268, cuCtxWaitEvent, SYNC, None)                                       \
+  X(269, cuDeviceGetTexture1DLinearMaxWidth, SYNC, None)                   \
+  X(270, cuTexObjectGetResourceDesc, SYNC, None)                           \
+  X(271, cuTexObjectGetTextureDesc, SYNC, None)                            \
+  X(272, cuTexObjectGetResourceViewDesc, SYNC, None)                       \
+  X(273, cuSurfObjectGetResourceDesc, SYNC, None)
 
 // Generic calls whose client entry point is hand-written because the client
 // keeps state about them (client/api_*.cc calls Forward<> itself).

@@ -34,6 +34,12 @@
 //
 // The JIT linker checks its inputs and hands back the first cubin or fatbin
 // added (else the PTX as is); its logs get one fixed line.
+//
+// Context events: cuCtxRecordEvent records behind the host functions queued
+// on every stream of the context (the NULL stream included); cuCtxWaitEvent
+// makes those streams, and the context's streams made later, wait for it.
+// Texture and surface objects are numbers counting up from 1; each keeps the
+// descriptors it was made with, which the Get*Desc calls return.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -118,10 +124,20 @@ struct SimEvent {
   std::shared_ptr<StreamWork> work;  // the stream's pending host functions at record time
   std::shared_future<void> after;    // completes when those host functions have run
   unsigned flags = 0;                // CUevent_flags
+  CUcontext ctx = nullptr;           // current at creation (cuCtxRecordEvent checks it)
   bool imported = false;             // opened with cuIpcOpenEventHandle
   int ipc_fd = -1;                   // exporter: the shared page's memfd
   uint64_t ipc_dev = 0, ipc_ino = 0;
   std::shared_ptr<SimEventShared> shared;  // interprocess events only
+};
+
+// A texture or surface object: the descriptors it was made with.
+struct SimTexObject {
+  bool surface = false;
+  CUDA_RESOURCE_DESC res{};
+  CUDA_TEXTURE_DESC tex{};  // textures only
+  bool has_view = false;    // made with a resource view
+  CUDA_RESOURCE_VIEW_DESC view{};
 };
 
 // The 64 bytes of a sim CUipcMemHandle / CUipcEventHandle.
@@ -202,6 +218,15 @@ struct Sim {
     bool accessed_by_device = false;
   };
   std::map<uint64_t, Managed> managed;
+  // Live streams (cuCtxRecordEvent / cuCtxWaitEvent reach a context's streams)
+  // and, by context, what its streams made later wait for (cuCtxWaitEvent).
+  std::set<SimStream*> streams;
+  std::map<CUcontext, std::shared_future<void>> ctx_waits;
+  // Live arrays, which texture and surface objects may be made of.
+  std::set<CUarray> arrays;
+  // Texture and surface objects by value (never 0).
+  std::map<uint64_t, SimTexObject> tex_objects;
+  uint64_t next_tex_object = 1;
 };
 Sim* g_sim = nullptr;
 thread_local CUcontext t_current = nullptr;
@@ -423,6 +448,7 @@ CUresult simCtxDestroy(CUcontext c) {
   if (c == nullptr) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard<std::mutex> lock(g_sim->mu);
   if (g_sim->user_contexts.erase(c) == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  g_sim->ctx_waits.erase(c);
   delete reinterpret_cast<int*>(c);
   if (t_current == c) t_current = nullptr;  // popped from the caller's stack
   return CUDA_SUCCESS;
@@ -939,6 +965,8 @@ CUresult simArray3DCreate(CUarray* out, const CUDA_ARRAY3D_DESCRIPTOR* d) {
   CUresult rc = Alloc(&a->mem, bytes);
   if (rc != CUDA_SUCCESS) return rc;
   *out = reinterpret_cast<CUarray>(a.release());
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  g_sim->arrays.insert(*out);
   return CUDA_SUCCESS;
 }
 CUresult simArrayCreate(CUarray* out, const CUDA_ARRAY_DESCRIPTOR* d) {
@@ -955,6 +983,10 @@ CUresult simArrayDestroy(CUarray a) {
   if (a == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   auto* arr = reinterpret_cast<SimArray*>(a);
   FreeAlloc(arr->mem);
+  {
+    std::lock_guard<std::mutex> lock(g_sim->mu);
+    g_sim->arrays.erase(a);
+  }
   delete arr;
   return CUDA_SUCCESS;
 }
@@ -974,6 +1006,163 @@ CUresult simArrayGetDescriptor(CUDA_ARRAY_DESCRIPTOR* d, CUarray a) {
   d->NumChannels = d3.NumChannels;
   return CUDA_SUCCESS;
 }
+// --- texture and surface objects
+constexpr uint64_t kSimTextureAlignment = 512;      // CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT
+constexpr uint64_t kSimTexturePitchAlignment = 32;  // CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT
+// cuDeviceGetTexture1DLinearMaxWidth: 2^28 elements, as Hopper's
+// cudaDeviceProp::maxTexture1DLinear.
+constexpr size_t kSimTexture1DLinearMax = size_t{1} << 28;
+
+bool PlainFormat(CUarray_format f) {
+  switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_HALF:
+    case CU_AD_FORMAT_FLOAT:
+      return true;
+    default:
+      return false;
+  }
+}
+bool PlainChannels(unsigned n) { return n == 1 || n == 2 || n == 4; }
+
+CUresult simDeviceGetTexture1DLinearMaxWidth(size_t* width, CUarray_format f, unsigned channels,
+                                             CUdevice d) {
+  if (width == nullptr || !PlainFormat(f) || !PlainChannels(channels))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+  *width = kSimTexture1DLinearMax;
+  return CUDA_SUCCESS;
+}
+
+// What a texture (or surface) may be made of: a live array (with
+// CUDA_ARRAY3D_SURFACE_LDST for a surface), or for a texture aligned device
+// memory that the sim can reach. Mipmapped arrays: the sim makes none.
+CUresult CheckResource(const CUDA_RESOURCE_DESC& r, bool surface) {
+  if (r.flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (r.resType == CU_RESOURCE_TYPE_ARRAY) {
+    std::lock_guard<std::mutex> lock(g_sim->mu);
+    if (g_sim->arrays.count(r.res.array.hArray) == 0) return CUDA_ERROR_INVALID_VALUE;
+    const unsigned flags = reinterpret_cast<SimArray*>(r.res.array.hArray)->desc.Flags;
+    if (surface && !(flags & CUDA_ARRAY3D_SURFACE_LDST)) return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+  }
+  if (surface) return CUDA_ERROR_INVALID_VALUE;
+  if (r.resType == CU_RESOURCE_TYPE_LINEAR) {
+    const auto& l = r.res.linear;
+    if (!PlainFormat(l.format) || !PlainChannels(l.numChannels) || l.sizeInBytes == 0 ||
+        l.devPtr % kSimTextureAlignment != 0 || !Valid(l.devPtr, l.sizeInBytes))
+      return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+  }
+  if (r.resType == CU_RESOURCE_TYPE_PITCH2D) {
+    const auto& p = r.res.pitch2D;
+    if (!PlainFormat(p.format) || !PlainChannels(p.numChannels) || p.width == 0 || p.height == 0 ||
+        p.devPtr % kSimTextureAlignment != 0 || p.pitchInBytes % kSimTexturePitchAlignment != 0)
+      return CUDA_ERROR_INVALID_VALUE;
+    const uint64_t row = ArrayBytes(p.width, 1, 1, p.numChannels, p.format);
+    if (row > p.pitchInBytes) return CUDA_ERROR_INVALID_VALUE;
+    const uint64_t span = MulSat(p.pitchInBytes, p.height - 1) + row;
+    if (span < row || !Valid(p.devPtr, span)) return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+  }
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+uint64_t AddTexObject(SimTexObject o) {
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  uint64_t v = g_sim->next_tex_object++;
+  g_sim->tex_objects.emplace(v, std::move(o));
+  return v;
+}
+// The object of value `v` if it is a live one of the kind asked; under g_sim->mu.
+const SimTexObject* FindTexObject(uint64_t v, bool surface) {
+  auto it = g_sim->tex_objects.find(v);
+  return it != g_sim->tex_objects.end() && it->second.surface == surface ? &it->second : nullptr;
+}
+CUresult DestroyTexObject(uint64_t v, bool surface) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (v == 0) return CUDA_SUCCESS;  // as cudart's destroy of 0: nothing to do
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  if (FindTexObject(v, surface) == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  g_sim->tex_objects.erase(v);
+  return CUDA_SUCCESS;
+}
+
+CUresult simTexObjectCreate(CUtexObject* out, const CUDA_RESOURCE_DESC* res,
+                            const CUDA_TEXTURE_DESC* tex, const CUDA_RESOURCE_VIEW_DESC* view) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (out == nullptr || res == nullptr || tex == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult rc = CheckResource(*res, false); rc != CUDA_SUCCESS) return rc;
+  // A view reinterprets an array; the sim's arrays have one level and no layers.
+  if (view != nullptr &&
+      (res->resType != CU_RESOURCE_TYPE_ARRAY || view->firstMipmapLevel != 0 ||
+       view->lastMipmapLevel != 0 || view->firstLayer != 0 || view->lastLayer != 0))
+    return CUDA_ERROR_INVALID_VALUE;
+  SimTexObject o;
+  o.res = *res;
+  o.tex = *tex;
+  if (view != nullptr) {
+    o.has_view = true;
+    o.view = *view;
+  }
+  *out = AddTexObject(o);
+  return CUDA_SUCCESS;
+}
+CUresult simTexObjectDestroy(CUtexObject t) { return DestroyTexObject(t, false); }
+CUresult simTexObjectGetResourceDesc(CUDA_RESOURCE_DESC* out, CUtexObject t) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  const SimTexObject* o = FindTexObject(t, false);
+  if (o == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *out = o->res;
+  return CUDA_SUCCESS;
+}
+CUresult simTexObjectGetTextureDesc(CUDA_TEXTURE_DESC* out, CUtexObject t) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  const SimTexObject* o = FindTexObject(t, false);
+  if (o == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *out = o->tex;
+  return CUDA_SUCCESS;
+}
+// CUDA_ERROR_INVALID_VALUE for a texture made without a view (cuda.h).
+CUresult simTexObjectGetResourceViewDesc(CUDA_RESOURCE_VIEW_DESC* out, CUtexObject t) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  const SimTexObject* o = FindTexObject(t, false);
+  if (o == nullptr || !o->has_view) return CUDA_ERROR_INVALID_VALUE;
+  *out = o->view;
+  return CUDA_SUCCESS;
+}
+CUresult simSurfObjectCreate(CUsurfObject* out, const CUDA_RESOURCE_DESC* res) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (out == nullptr || res == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult rc = CheckResource(*res, true); rc != CUDA_SUCCESS) return rc;
+  SimTexObject o;
+  o.surface = true;
+  o.res = *res;
+  *out = AddTexObject(o);
+  return CUDA_SUCCESS;
+}
+CUresult simSurfObjectDestroy(CUsurfObject v) { return DestroyTexObject(v, true); }
+CUresult simSurfObjectGetResourceDesc(CUDA_RESOURCE_DESC* out, CUsurfObject v) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  const SimTexObject* o = FindTexObject(v, true);
+  if (o == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *out = o->res;
+  return CUDA_SUCCESS;
+}
+
 // Stream-ordered allocations: immediate (everything here is synchronous).
 // Pool memory cannot be exported with cuIpcGetMemHandle.
 CUresult PoolAlloc(CUdeviceptr* p, size_t n) {
@@ -1377,11 +1566,26 @@ void WaitIdle(const std::shared_ptr<StreamWork>& w) {
   while (w->pending.load() > 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
 }
 
+// A new stream joins the registry; its first host function waits for what
+// its context was last told to wait for (cuCtxWaitEvent), if that is not done.
+void AddStream(SimStream* st) {
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  g_sim->streams.insert(st);
+  auto it = g_sim->ctx_waits.find(st->ctx);
+  if (it == g_sim->ctx_waits.end()) return;
+  if (it->second.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+    g_sim->ctx_waits.erase(it);
+    return;
+  }
+  st->work->last = it->second;
+}
+
 CUresult simStreamCreate(CUstream* s, unsigned flags) {
   if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (s == nullptr) return CUDA_ERROR_INVALID_VALUE;
   auto* st = new SimStream{0, flags};
   st->ctx = t_current;
+  AddStream(st);
   *s = reinterpret_cast<CUstream>(st);
   return CUDA_SUCCESS;
 }
@@ -1390,6 +1594,7 @@ CUresult simStreamCreateWithPriority(CUstream* s, unsigned flags, int prio) {
   if (s == nullptr) return CUDA_ERROR_INVALID_VALUE;
   auto* st = new SimStream{prio < -5 ? -5 : (prio > 0 ? 0 : prio), flags};
   st->ctx = t_current;
+  AddStream(st);
   *s = reinterpret_cast<CUstream>(st);
   return CUDA_SUCCESS;
 }
@@ -1403,6 +1608,10 @@ SimStream* StreamOf(CUstream s) {
 }
 CUresult simStreamDestroy(CUstream s) {
   if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (SimStream* st = AsStream(s)) {
+    std::lock_guard<std::mutex> lock(g_sim->mu);
+    g_sim->streams.erase(st);
+  }
   delete AsStream(s);  // queued host functions keep their StreamWork alive
   return CUDA_SUCCESS;
 }
@@ -1694,6 +1903,7 @@ CUresult simEventCreate(CUevent* e, unsigned flags) {
     return CUDA_ERROR_INVALID_VALUE;
   auto ev = std::make_unique<SimEvent>();
   ev->flags = flags;
+  ev->ctx = t_current;
   if (flags & CU_EVENT_INTERPROCESS) {
     if (CUresult rc = NewEventPage(ev.get()); rc != CUDA_SUCCESS) return rc;
   }
@@ -1707,6 +1917,13 @@ CUresult simEventDestroy(CUevent e) {
   delete ev;  // queued waits keep the shared page mapped
   return CUDA_SUCCESS;
 }
+// Record `seq` of an interprocess event done (records may finish out of order).
+void MarkPageDone(const SimEventShared& shared, uint64_t seq) {
+  std::atomic<uint64_t>& done = shared.page->done;
+  uint64_t was = done.load(std::memory_order_acquire);
+  while (was < seq && !done.compare_exchange_weak(was, seq, std::memory_order_acq_rel)) {
+  }
+}
 CUresult simEventRecord(CUevent e, CUstream s) {
   if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   auto* ev = reinterpret_cast<SimEvent*>(e);
@@ -1717,12 +1934,7 @@ CUresult simEventRecord(CUevent e, CUstream s) {
     // Done at once, or when the host functions queued before it have run.
     SimEventPage* page = ev->shared->page;
     uint64_t seq = page->recorded.fetch_add(1, std::memory_order_acq_rel) + 1;
-    auto mark = [shared = ev->shared, seq] {
-      std::atomic<uint64_t>& done = shared->page->done;
-      uint64_t was = done.load(std::memory_order_acquire);
-      while (was < seq && !done.compare_exchange_weak(was, seq, std::memory_order_acq_rel)) {
-      }
-    };
+    auto mark = [shared = ev->shared, seq] { MarkPageDone(*shared, seq); };
     if (ev->work->pending.load() > 0) {
       EnqueueOnStream(s, mark);
     } else {
@@ -1763,6 +1975,73 @@ CUresult simEventElapsedTime(float* ms, CUevent a, CUevent b) {
   if (!ea->recorded || !eb->recorded || ((ea->flags | eb->flags) & CU_EVENT_DISABLE_TIMING))
     return CUDA_ERROR_INVALID_HANDLE;
   *ms = std::chrono::duration<float, std::milli>(eb->at - ea->at).count();
+  return CUDA_SUCCESS;
+}
+// --- context events
+// The context's streams: the NULL stream (shared by every context here) and
+// the streams made while it was current.
+std::vector<SimStream*> StreamsOf(CUcontext ctx) {
+  std::vector<SimStream*> out{&g_default_stream};
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  for (SimStream* st : g_sim->streams)
+    if (st->ctx == ctx) out.push_back(st);
+  return out;
+}
+// The event is done once every host function queued on the context's streams
+// by now has run: a StreamWork of its own, pending until then, stands for
+// them (cuEventQuery, cuEventSynchronize and the waits read it).
+CUresult simCtxRecordEvent(CUcontext c, CUevent e) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (c == nullptr) c = t_current;
+  if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  auto* ev = reinterpret_cast<SimEvent*>(e);
+  // The event must be of the context recorded (the driver's INVALID_HANDLE).
+  if (ev->ctx != nullptr && ev->ctx != c) return CUDA_ERROR_INVALID_HANDLE;
+  std::vector<std::shared_future<void>> before;
+  for (SimStream* st : StreamsOf(c)) {
+    std::lock_guard<std::mutex> lock(st->work->mu);
+    if (st->work->pending.load() > 0 && st->work->last.valid()) before.push_back(st->work->last);
+  }
+  ev->at = std::chrono::steady_clock::now();
+  ev->recorded = true;
+  std::shared_ptr<SimEventShared> shared = ev->shared;
+  uint64_t seq = 0;
+  if (shared != nullptr) seq = shared->page->recorded.fetch_add(1, std::memory_order_acq_rel) + 1;
+  auto work = std::make_shared<StreamWork>();
+  if (before.empty()) {
+    if (shared != nullptr) MarkPageDone(*shared, seq);
+  } else {
+    work->pending = 1;
+    auto done = std::make_shared<std::promise<void>>();
+    work->last = done->get_future().share();
+    std::thread([work, before = std::move(before), done, shared, seq] {
+      for (const auto& f : before) f.wait();
+      if (shared != nullptr) MarkPageDone(*shared, seq);
+      work->pending--;
+      done->set_value();
+    }).detach();
+  }
+  ev->work = work;
+  ev->after = work->last;
+  return CUDA_SUCCESS;
+}
+// Each stream of the context waits for the event (cuStreamWaitEvent), and so
+// do the context's streams made later (AddStream).
+CUresult simCtxWaitEvent(CUcontext c, CUevent e) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (c == nullptr) c = t_current;
+  if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  auto* ev = reinterpret_cast<SimEvent*>(e);
+  for (SimStream* st : StreamsOf(c)) {
+    CUstream s = st == &g_default_stream ? nullptr : reinterpret_cast<CUstream>(st);
+    if (CUresult rc = simStreamWaitEvent(s, e, 0); rc != CUDA_SUCCESS) return rc;
+  }
+  if (ev->shared == nullptr && ev->after.valid()) {
+    std::lock_guard<std::mutex> lock(g_sim->mu);
+    g_sim->ctx_waits[c] = ev->after;
+  }
   return CUDA_SUCCESS;
 }
 CUresult simMemHostAlloc(void** p, size_t n, unsigned) {
@@ -1987,6 +2266,7 @@ CUresult simIpcOpenEventHandle(CUevent* out, CUipcEventHandle handle) {
   }
   auto ev = std::make_unique<SimEvent>();
   ev->flags = CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING;
+  ev->ctx = t_current;
   ev->imported = true;
   ev->shared = std::make_shared<SimEventShared>();
   ev->shared->page = page;
@@ -3194,6 +3474,8 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuCtxGetLimit = simCtxGetLimit;
   a->cuCtxSetLimit = simCtxSetLimit;
   a->cuCtxGetStreamPriorityRange = simCtxGetStreamPriorityRange;
+  a->cuCtxRecordEvent = simCtxRecordEvent;
+  a->cuCtxWaitEvent = simCtxWaitEvent;
   a->cuLibraryLoadData = simLibraryLoadData;
   a->cuModuleLoadData = simModuleLoadData;
   a->cuLibraryUnload = simLibraryUnload;
@@ -3290,6 +3572,15 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuArrayDestroy = simArrayDestroy;
   a->cuArrayGetDescriptor_v2 = simArrayGetDescriptor;
   a->cuArray3DGetDescriptor_v2 = simArray3DGetDescriptor;
+  a->cuDeviceGetTexture1DLinearMaxWidth = simDeviceGetTexture1DLinearMaxWidth;
+  a->cuTexObjectCreate = simTexObjectCreate;
+  a->cuTexObjectDestroy = simTexObjectDestroy;
+  a->cuTexObjectGetResourceDesc = simTexObjectGetResourceDesc;
+  a->cuTexObjectGetTextureDesc = simTexObjectGetTextureDesc;
+  a->cuTexObjectGetResourceViewDesc = simTexObjectGetResourceViewDesc;
+  a->cuSurfObjectCreate = simSurfObjectCreate;
+  a->cuSurfObjectDestroy = simSurfObjectDestroy;
+  a->cuSurfObjectGetResourceDesc = simSurfObjectGetResourceDesc;
   a->cuMemAllocAsync = simMemAllocAsync;
   a->cuMemAllocFromPoolAsync = simMemAllocFromPoolAsync;
   a->cuMemFreeAsync = simMemFreeAsync;

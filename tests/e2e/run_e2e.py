@@ -890,6 +890,7 @@ class E2E(unittest.TestCase):
                 self.assertEqual(kv.get("warp_size"), "32", where)
                 self.assertEqual(kv.get("max_threads_per_block"), "1024", where)
                 self.assertEqual(kv.get("device_count"), "1", where)
+                self.assertEqual(kv.get("texture1d_linear_max_width_positive"), "1", where)
                 self.stop_server(srv)
 
         # Configuration through FLYT_SERVER / FLYT_TOKEN instead of flags, with the most
@@ -908,10 +909,22 @@ class E2E(unittest.TestCase):
                 self.stop_server(srv)
 
     def test_memory_roundtrip(self):
+        """Copies of every kind (the program's own byte-exact checks), and texture and
+        surface objects: made through the driver API and cudart, their Get*Desc calls give
+        back the descriptors they were made with; a texture made without a resource view
+        has none, and a NULL descriptor pointer is refused (CUDA_ERROR_INVALID_VALUE)."""
         for variant, transport in self.matrix():
             with self.subTest(variant=variant, transport=transport):
                 srv = self.start_server()
-                self.run_ok(srv, transport, "memory_roundtrip", variant)
+                res = self.run_ok(srv, transport, "memory_roundtrip", variant)
+                kv = self.kv(res)
+                for key in ("tex.array.resource", "tex.array.texture", "tex.array.view",
+                            "tex.linear.resource", "surf.resource", "cudart.texture",
+                            "cudart.surface"):
+                    self.assertEqual(kv.get(key), "same", "%s\n%s" % (key, res.describe()))
+                for key in ("tex.linear.view", "tex.null_out"):
+                    self.assertEqual(kv.get(key), "CUDA_ERROR_INVALID_VALUE",
+                                     "%s\n%s" % (key, res.describe()))
                 self.stop_server(srv)
 
     def test_stream_event_order(self):
@@ -1092,7 +1105,9 @@ class E2E(unittest.TestCase):
     def test_contexts(self):
         """Contexts the program creates through the driver API (cuCtxCreate at every ABI,
         push/pop, cuCtxSetCurrent(NULL), another thread, cuCtxDestroy of the current and of
-        a non-current one, the errors): contexts' own checks over every transport and
+        a non-current one, the errors; cuCtxRecordEvent and cuCtxWaitEvent order the
+        context's host functions, refuse another context's event for a record and accept it
+        for a wait, and work on the primary context): contexts' own checks over every transport and
         cudart under --memory-quota 64M, where cuMemGetInfo is exact and a destroyed
         context's 4 MiB come back; the context the program leaves is destroyed by the
         server with its memory (log, stats memory_used 0). Once more with
@@ -1114,7 +1129,12 @@ class E2E(unittest.TestCase):
                                   ("free_after_all", str(quota)), ("destroy_primary", "201"),
                                   ("destroy_null", "1"), ("destroy_destroyed", "201"),
                                   ("stream.queries", "ok"),
-                                  ("stream.copied_sync_policy", str(3))):
+                                  ("stream.copied_sync_policy", str(3)),
+                                  ("ctx_event.record_after_work", "1"),
+                                  ("ctx_event.wait_orders_work", "1"),
+                                  ("ctx_event.record_other_context", "CUDA_ERROR_INVALID_HANDLE"),
+                                  ("ctx_event.wait_other_context", "CUDA_SUCCESS"),
+                                  ("ctx_event.primary", "ok")):
                     self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
                 self.assert_stats(srv, sessions=0, memory_used=0, memory_quota=quota)
                 self.assertRegex(srv.log_text(), r"destroyed 1 context\(s\) the client left",

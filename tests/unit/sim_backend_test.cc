@@ -1,6 +1,7 @@
 // Tests for server/sim_backend: the sticky fault that a launch of a kernel
-// named *flyt_sim_fault* leaves in its process, and CUDA IPC of memory and
-// events between processes, with the driver's answers to misuse.
+// named *flyt_sim_fault* leaves in its process, CUDA IPC of memory and events
+// between processes, with the driver's answers to misuse, context events
+// (cuCtxRecordEvent / cuCtxWaitEvent), and texture and surface objects.
 //
 // Each case runs the sim in processes of its own (fork): a fault is sticky for
 // the whole process, and IPC needs two. A child reports its gtest failures on
@@ -14,10 +15,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "server/driver_api.h"
@@ -351,6 +354,178 @@ TEST_F(SimBackend, IpcEventSharesCompletionAcrossProcesses) {
   EXPECT_EQ(api_.cuEventDestroy_v2(e), CUDA_SUCCESS);
   EXPECT_EQ(api_.cuEventDestroy_v2(plain), CUDA_SUCCESS);
   EXPECT_EQ(api_.cuStreamDestroy_v2(s), CUDA_SUCCESS);
+}
+
+// ---------------------------------------------------------------------------
+// Context events
+
+void WaitByte(void* fd) { ReadByte(fd); }
+void SetFlag(void* flag) { *static_cast<std::atomic<int>*>(flag) = 1; }
+void CopyFlag(void* pair) {
+  auto* p = static_cast<std::pair<std::atomic<int>*, std::atomic<int>*>*>(pair);
+  p->second->store(p->first->load());
+}
+
+TEST_F(SimBackend, ContextEventsFollowTheContextsStreams) {
+  int release[2];
+  ASSERT_EQ(pipe(release), 0);
+  CUstream s1 = nullptr, s2 = nullptr;
+  ASSERT_EQ(api_.cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  CUevent e = nullptr;
+  ASSERT_EQ(api_.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+  // Recorded behind a host function on s1 that waits for the pipe.
+  std::atomic<int> flag{0}, seen{-1}, seen_later{-1};
+  ASSERT_EQ(api_.cuLaunchHostFunc(s1, WaitByte, &release[0]), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuLaunchHostFunc(s1, SetFlag, &flag), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuCtxRecordEvent(ctx_, e), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuEventQuery(e), CUDA_ERROR_NOT_READY);
+  // s2, and a stream made after the wait, run their later work after it.
+  ASSERT_EQ(api_.cuCtxWaitEvent(ctx_, e), CUDA_SUCCESS);
+  CUstream later = nullptr;
+  ASSERT_EQ(api_.cuStreamCreate(&later, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  std::pair<std::atomic<int>*, std::atomic<int>*> to_seen{&flag, &seen},
+      to_later{&flag, &seen_later};
+  ASSERT_EQ(api_.cuLaunchHostFunc(s2, CopyFlag, &to_seen), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuLaunchHostFunc(later, CopyFlag, &to_later), CUDA_SUCCESS);
+  ASSERT_EQ(write(release[1], "x", 1), 1);
+  EXPECT_EQ(api_.cuEventSynchronize(e), CUDA_SUCCESS);
+  EXPECT_EQ(flag.load(), 1);
+  EXPECT_EQ(api_.cuStreamSynchronize(s2), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuStreamSynchronize(later), CUDA_SUCCESS);
+  EXPECT_EQ(seen.load(), 1) << "s2's host function ran before the awaited work";
+  EXPECT_EQ(seen_later.load(), 1) << "a later stream's host function ran before it";
+  // Nothing pending: done at once.
+  ASSERT_EQ(api_.cuCtxSynchronize(), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuCtxRecordEvent(ctx_, e), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuEventQuery(e), CUDA_SUCCESS);
+
+  // An event of another context is recorded for its own context only; a wait may use it.
+  CUcontext other = nullptr;
+  ASSERT_EQ(api_.cuCtxCreate_v4(&other, nullptr, 0, 0), CUDA_SUCCESS);
+  CUevent theirs = nullptr;
+  ASSERT_EQ(api_.cuEventCreate(&theirs, 0), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuCtxRecordEvent(ctx_, theirs), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(api_.cuCtxRecordEvent(other, theirs), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuCtxWaitEvent(ctx_, theirs), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuCtxRecordEvent(ctx_, nullptr), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(api_.cuCtxWaitEvent(ctx_, nullptr), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(api_.cuEventDestroy_v2(theirs), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuCtxDestroy_v2(other), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
+
+  close(release[0]);
+  close(release[1]);
+  EXPECT_EQ(api_.cuEventDestroy_v2(e), CUDA_SUCCESS);
+  for (CUstream s : {s1, s2, later}) EXPECT_EQ(api_.cuStreamDestroy_v2(s), CUDA_SUCCESS);
+}
+
+// ---------------------------------------------------------------------------
+// Texture and surface objects
+
+TEST_F(SimBackend, TextureObjectsKeepTheirDescriptors) {
+  size_t width = 0;
+  EXPECT_EQ(api_.cuDeviceGetTexture1DLinearMaxWidth(&width, CU_AD_FORMAT_FLOAT, 4, 0),
+            CUDA_SUCCESS);
+  EXPECT_GT(width, 0u);
+  EXPECT_EQ(api_.cuDeviceGetTexture1DLinearMaxWidth(nullptr, CU_AD_FORMAT_FLOAT, 4, 0),
+            CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(api_.cuDeviceGetTexture1DLinearMaxWidth(&width, CU_AD_FORMAT_FLOAT, 3, 0),
+            CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(api_.cuDeviceGetTexture1DLinearMaxWidth(&width, CU_AD_FORMAT_FLOAT, 1, 5),
+            CUDA_ERROR_INVALID_DEVICE);
+
+  CUDA_ARRAY3D_DESCRIPTOR ad{};
+  ad.Width = 16;
+  ad.Height = 8;
+  ad.Format = CU_AD_FORMAT_UNSIGNED_INT8;
+  ad.NumChannels = 4;
+  CUarray plain = nullptr, ldst = nullptr;
+  ASSERT_EQ(api_.cuArray3DCreate_v2(&plain, &ad), CUDA_SUCCESS);
+  ad.Flags = CUDA_ARRAY3D_SURFACE_LDST;
+  ASSERT_EQ(api_.cuArray3DCreate_v2(&ldst, &ad), CUDA_SUCCESS);
+
+  CUDA_RESOURCE_DESC rd{};
+  rd.resType = CU_RESOURCE_TYPE_ARRAY;
+  rd.res.array.hArray = plain;
+  CUDA_TEXTURE_DESC td{};
+  td.addressMode[0] = CU_TR_ADDRESS_MODE_MIRROR;
+  td.filterMode = CU_TR_FILTER_MODE_LINEAR;
+  td.flags = CU_TRSF_NORMALIZED_COORDINATES;
+  td.maxAnisotropy = 4;
+  CUDA_RESOURCE_VIEW_DESC vd{};
+  vd.format = CU_RES_VIEW_FORMAT_UINT_4X8;
+  vd.width = 16;
+  vd.height = 8;
+  CUtexObject with_view = 0, without = 0;
+  ASSERT_EQ(api_.cuTexObjectCreate(&with_view, &rd, &td, &vd), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuTexObjectCreate(&without, &rd, &td, nullptr), CUDA_SUCCESS);
+  EXPECT_NE(with_view, 0u);
+  EXPECT_NE(with_view, without);
+  CUDA_RESOURCE_DESC got_rd{};
+  ASSERT_EQ(api_.cuTexObjectGetResourceDesc(&got_rd, with_view), CUDA_SUCCESS);
+  EXPECT_EQ(std::memcmp(&got_rd, &rd, sizeof(rd)), 0);
+  CUDA_TEXTURE_DESC got_td{};
+  ASSERT_EQ(api_.cuTexObjectGetTextureDesc(&got_td, with_view), CUDA_SUCCESS);
+  EXPECT_EQ(std::memcmp(&got_td, &td, sizeof(td)), 0);
+  CUDA_RESOURCE_VIEW_DESC got_vd{};
+  ASSERT_EQ(api_.cuTexObjectGetResourceViewDesc(&got_vd, with_view), CUDA_SUCCESS);
+  EXPECT_EQ(std::memcmp(&got_vd, &vd, sizeof(vd)), 0);
+  EXPECT_EQ(api_.cuTexObjectGetResourceViewDesc(&got_vd, without), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(api_.cuTexObjectGetResourceDesc(nullptr, with_view), CUDA_ERROR_INVALID_VALUE);
+
+  // Surfaces: only of an array made for load/store.
+  CUsurfObject surf = 0;
+  EXPECT_EQ(api_.cuSurfObjectCreate(&surf, &rd), CUDA_ERROR_INVALID_VALUE);
+  rd.res.array.hArray = ldst;
+  ASSERT_EQ(api_.cuSurfObjectCreate(&surf, &rd), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuSurfObjectGetResourceDesc(&got_rd, surf), CUDA_SUCCESS);
+  EXPECT_EQ(got_rd.res.array.hArray, ldst);
+  // A texture is no surface, and the other way round.
+  EXPECT_EQ(api_.cuSurfObjectGetResourceDesc(&got_rd, with_view), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(api_.cuTexObjectGetResourceDesc(&got_rd, surf), CUDA_ERROR_INVALID_VALUE);
+
+  // Resources the sim refuses as the driver does: no array, memory it never
+  // gave, misaligned memory, flags.
+  CUDA_RESOURCE_DESC bad{};
+  CUtexObject t = 0;
+  bad.resType = CU_RESOURCE_TYPE_ARRAY;
+  bad.res.array.hArray = reinterpret_cast<CUarray>(&bad);
+  EXPECT_EQ(api_.cuTexObjectCreate(&t, &bad, &td, nullptr), CUDA_ERROR_INVALID_VALUE);
+  CUdeviceptr d = 0;
+  ASSERT_EQ(api_.cuMemAlloc_v2(&d, 1 << 16), CUDA_SUCCESS);
+  bad = CUDA_RESOURCE_DESC{};
+  bad.resType = CU_RESOURCE_TYPE_LINEAR;
+  bad.res.linear.devPtr = d;
+  bad.res.linear.format = CU_AD_FORMAT_FLOAT;
+  bad.res.linear.numChannels = 1;
+  bad.res.linear.sizeInBytes = 1 << 16;
+  ASSERT_EQ(api_.cuTexObjectCreate(&t, &bad, &td, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuTexObjectDestroy(t), CUDA_SUCCESS);
+  bad.res.linear.sizeInBytes = (1 << 16) + 4;
+  EXPECT_EQ(api_.cuTexObjectCreate(&t, &bad, &td, nullptr), CUDA_ERROR_INVALID_VALUE);
+  bad.res.linear.sizeInBytes = 1024;
+  bad.res.linear.devPtr = d + 256;
+  EXPECT_EQ(api_.cuTexObjectCreate(&t, &bad, &td, nullptr), CUDA_ERROR_INVALID_VALUE);
+  bad.res.linear.devPtr = d;
+  bad.flags = 1;
+  EXPECT_EQ(api_.cuTexObjectCreate(&t, &bad, &td, nullptr), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(api_.cuTexObjectCreate(&t, nullptr, &td, nullptr), CUDA_ERROR_INVALID_VALUE);
+
+  // Destroyed objects are gone; destroying 0 does nothing.
+  EXPECT_EQ(api_.cuSurfObjectDestroy(surf), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuSurfObjectDestroy(surf), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(api_.cuTexObjectDestroy(with_view), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuTexObjectGetResourceDesc(&got_rd, with_view), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(api_.cuTexObjectDestroy(without), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuTexObjectDestroy(0), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuMemFree_v2(d), CUDA_SUCCESS);
+  // A destroyed array backs nothing new.
+  EXPECT_EQ(api_.cuArrayDestroy(plain), CUDA_SUCCESS);
+  rd.res.array.hArray = plain;
+  EXPECT_EQ(api_.cuTexObjectCreate(&t, &rd, &td, nullptr), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(api_.cuArrayDestroy(ldst), CUDA_SUCCESS);
 }
 
 }  // namespace

@@ -31,11 +31,20 @@
 // Stream queries: cuStreamGetCtx of a stream made in B while A is current, and of the NULL
 // stream; cuStreamGetDevice; cuStreamCopyAttributes of a synchronization policy.
 //
+// Context events (CUDA 12.5): an event cuCtxRecordEvent records for A completes only after
+// a host function queued before on one of A's streams (it sleeps, then sets a flag); after
+// cuCtxWaitEvent, a host function queued on another of A's streams runs only after such a
+// host function. B's event recorded for A is CUDA_ERROR_INVALID_HANDLE (cuda.h: the event
+// must be of the context), waited for by A it is fine (cuda.h: it may be of another
+// context). The primary context records and waits for a cudart event.
+//
 // Prints key=value lines and "contexts: PASS". No kernel result is checked (valid
 // under the sim).
 #include <cuda.h>  // driver types; the entry points come from libcuda.so.1 (dlopen)
 #include <dlfcn.h>
 
+#include <atomic>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -83,6 +92,10 @@ struct Driver {
   decltype(&::cuStreamCopyAttributes) stream_copy_attributes;
   decltype(&::cuStreamSetAttribute) stream_set_attribute;
   decltype(&::cuStreamGetAttribute) stream_get_attribute;
+  decltype(&::cuCtxRecordEvent) ctx_record_event;
+  decltype(&::cuCtxWaitEvent) ctx_wait_event;
+  decltype(&::cuLaunchHostFunc) host_func;
+  decltype(&::cuEventDestroy_v2) event_destroy;
 };
 Driver g_cu;
 void* g_lib = nullptr;
@@ -115,6 +128,14 @@ size_t FreeBytes() {
   CU(g_cu.mem_info(&free_b, &total));
   return free_b;
 }
+
+// Host functions of the context-event checks: sleep, then set a flag; read a flag.
+std::atomic<int> g_flag_recorded{0}, g_flag_waited{0}, g_seen_waited{-1};
+void CUDA_CB SleepThenSet(void* flag) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  static_cast<std::atomic<int>*>(flag)->store(1);
+}
+void CUDA_CB ReadWaited(void*) { g_seen_waited.store(g_flag_waited.load()); }
 
 // What vectorAddDrv does in a context: memory, copies both ways, a module, a launch.
 void Work(const char* what, CUdeviceptr* keep, size_t bytes, uint32_t seed) {
@@ -194,6 +215,10 @@ int main(int argc, char** argv) {
   Sym("cuStreamSetAttribute", &g_cu.stream_set_attribute);
   Sym("cuStreamGetAttribute", &g_cu.stream_get_attribute);
   Sym("cuStreamSynchronize", &g_cu.stream_synchronize);
+  Sym("cuCtxRecordEvent", &g_cu.ctx_record_event);
+  Sym("cuCtxWaitEvent", &g_cu.ctx_wait_event);
+  Sym("cuLaunchHostFunc", &g_cu.host_func);
+  Sym("cuEventDestroy_v2", &g_cu.event_destroy);
   Sym("cuEventCreate", &g_cu.event_create);
   Sym("cuEventRecord", &g_cu.event_record);
   Sym("cuEventSynchronize", &g_cu.event_synchronize);
@@ -295,6 +320,51 @@ int main(int argc, char** argv) {
   CU(g_cu.stream_destroy(s1));
   CU(g_cu.stream_destroy(s2));
   printf("stream.queries=ok\n");
+
+  e2e::Step("context events");
+  {
+    CUstream s1 = nullptr, s2 = nullptr;
+    CU(g_cu.stream_create(&s1, CU_STREAM_NON_BLOCKING));
+    CU(g_cu.stream_create(&s2, CU_STREAM_NON_BLOCKING));
+    CUevent ev = nullptr;
+    CU(g_cu.event_create(&ev, CU_EVENT_DISABLE_TIMING));
+    CU(g_cu.host_func(s1, SleepThenSet, &g_flag_recorded));
+    CU(g_cu.ctx_record_event(a, ev));
+    CU(g_cu.event_synchronize(ev));
+    printf("ctx_event.record_after_work=%d\n", g_flag_recorded.load());
+    EXPECT(g_flag_recorded.load() == 1,
+           "cuCtxRecordEvent's event completed before the context's earlier host function ran");
+    CU(g_cu.host_func(s1, SleepThenSet, &g_flag_waited));
+    CU(g_cu.ctx_record_event(a, ev));
+    CU(g_cu.ctx_wait_event(a, ev));
+    CU(g_cu.host_func(s2, ReadWaited, nullptr));
+    CU(g_cu.stream_synchronize(s2));
+    printf("ctx_event.wait_orders_work=%d\n", g_seen_waited.load());
+    EXPECT(g_seen_waited.load() == 1,
+           "a host function queued after cuCtxWaitEvent ran before the awaited work (saw %d)",
+           g_seen_waited.load());
+    CU(g_cu.stream_synchronize(s1));
+    // An event of B: not recordable for A, but A may wait for it.
+    CUevent ev_b = nullptr;
+    CU(g_cu.push(b));
+    CU(g_cu.event_create(&ev_b, CU_EVENT_DISABLE_TIMING));
+    CU(g_cu.pop(&popped));
+    CU(g_cu.ctx_record_event(b, ev_b));
+    CUresult other = g_cu.ctx_record_event(a, ev_b);
+    printf("ctx_event.record_other_context=%s\n", e2e::CuName(other));
+    EXPECT(other == CUDA_ERROR_INVALID_HANDLE, "cuCtxRecordEvent(A, B's event): %d (%s)",
+           static_cast<int>(other), e2e::CuName(other));
+    CUresult wait_other = g_cu.ctx_wait_event(a, ev_b);
+    printf("ctx_event.wait_other_context=%s\n", e2e::CuName(wait_other));
+    EXPECT(wait_other == CUDA_SUCCESS, "cuCtxWaitEvent(A, B's event): %d (%s)",
+           static_cast<int>(wait_other), e2e::CuName(wait_other));
+    CU(g_cu.synchronize());
+    EXPECT(Current() == a, "the context events changed the current context");
+    CU(g_cu.event_destroy(ev_b));
+    CU(g_cu.event_destroy(ev));
+    CU(g_cu.stream_destroy(s1));
+    CU(g_cu.stream_destroy(s2));
+  }
 
   e2e::Step("another thread");
   {
@@ -436,6 +506,17 @@ int main(int argc, char** argv) {
     CK(cudaMemset(p, 1, 1 << 20));
     CK(cudaFree(p));
     CK(cudaDeviceSynchronize());
+    // The primary context records and waits for a cudart event.
+    CUcontext primary = nullptr;
+    CU(g_cu.primary_retain(&primary, dev));
+    cudaEvent_t ev = nullptr;
+    CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    CU(g_cu.ctx_record_event(primary, reinterpret_cast<CUevent>(ev)));
+    CU(g_cu.ctx_wait_event(primary, reinterpret_cast<CUevent>(ev)));
+    CK(cudaEventSynchronize(ev));
+    CK(cudaEventDestroy(ev));
+    CU(g_cu.primary_release(dev));
+    printf("ctx_event.primary=ok\n");
   }
 
   e2e::Step("leave a context for the server");

@@ -1,5 +1,6 @@
 // device_query: device enumeration, properties, attributes, versions and memory info must
-// match the Flyt sim device, and the client must answer the same from several threads.
+// match the Flyt sim device, the 1D linear texture limit must be there, and the client must
+// answer the same from several threads.
 // Prints one "key=value" line per fact, then "device_query: PASS". With FLYT_E2E_NATIVE=1
 // (a real GPU, with or without Flyt) the checks of the sim device's identity are skipped.
 #include <thread>
@@ -116,6 +117,16 @@ int main() {
     EXPECT(err == cudaErrorInvalidValue, "cudaDevAttrMax gave %d (%s)", static_cast<int>(err),
            cudaGetErrorName(err));
     cudaGetLastError();
+  }
+
+  e2e::Step("cudaDeviceGetTexture1DLinearMaxWidth");
+  {
+    // The limit itself is the device's; that there is one is what is checked.
+    size_t width = 0;
+    cudaChannelFormatDesc fmt = cudaCreateChannelDesc<float4>();
+    CK(cudaDeviceGetTexture1DLinearMaxWidth(&width, &fmt, 0));
+    printf("texture1d_linear_max_width_positive=%d\n", width > 0 ? 1 : 0);
+    EXPECT(width > 0, "cudaDeviceGetTexture1DLinearMaxWidth gave 0");
   }
 
   e2e::Step("cudaMemGetInfo");

@@ -1,11 +1,15 @@
 // memory_roundtrip: every copy kind (H2D/D2H/D2D/H2H, sync and async, pageable, pinned via
 // cudaMallocHost/cudaHostAlloc/cudaHostRegister, cudaMemcpyDefault), memsets (1D, async,
 // 2D, 3D), pitched 2D/3D copies, symbol copies, at sizes 1 B, odd sizes and 64 MiB, with
-// unaligned device offsets. Every check is byte-exact. Prints "memory_roundtrip: PASS".
+// unaligned device offsets. Every check is byte-exact. Texture and surface objects, made
+// through the driver API and through cudart: each object's Get*Desc calls give back what it
+// was made with (no kernel samples them: the sim runs none), a texture made without a
+// resource view has none (CUDA_ERROR_INVALID_VALUE, as cuda.h says), printed as tex.* and
+// cudart.* lines. Prints "memory_roundtrip: PASS".
 #include <algorithm>
 #include <vector>
 
-#include "e2e_common.h"
+#include "e2e_driver.h"
 
 // Referenced by a kernel that is never launched, so that nvcc keeps and registers it.
 __device__ unsigned char g_sym[4099];
@@ -367,6 +371,160 @@ void Symbols(cudaStream_t stream) {
   EXPECT_SAME(cgot, csrc, sizeof(csrc), "__constant__ symbol round trip");
 }
 
+// Texture and surface objects: the descriptors read back are those given.
+void Textures() {
+  e2e::Step("texture and surface objects");
+  e2e::ResolveDriver("cuGetErrorName", &e2e::g_error_name);
+  decltype(&::cuArray3DCreate_v2) array_create = nullptr;
+  decltype(&::cuArrayDestroy) array_destroy = nullptr;
+  decltype(&::cuTexObjectCreate) tex_create = nullptr;
+  decltype(&::cuTexObjectDestroy) tex_destroy = nullptr;
+  decltype(&::cuTexObjectGetResourceDesc) tex_resource = nullptr;
+  decltype(&::cuTexObjectGetTextureDesc) tex_texture = nullptr;
+  decltype(&::cuTexObjectGetResourceViewDesc) tex_view = nullptr;
+  decltype(&::cuSurfObjectCreate) surf_create = nullptr;
+  decltype(&::cuSurfObjectDestroy) surf_destroy = nullptr;
+  decltype(&::cuSurfObjectGetResourceDesc) surf_resource = nullptr;
+  e2e::ResolveDriver("cuArray3DCreate", &array_create);
+  e2e::ResolveDriver("cuArrayDestroy", &array_destroy);
+  e2e::ResolveDriver("cuTexObjectCreate", &tex_create);
+  e2e::ResolveDriver("cuTexObjectDestroy", &tex_destroy);
+  e2e::ResolveDriver("cuTexObjectGetResourceDesc", &tex_resource);
+  e2e::ResolveDriver("cuTexObjectGetTextureDesc", &tex_texture);
+  e2e::ResolveDriver("cuTexObjectGetResourceViewDesc", &tex_view);
+  e2e::ResolveDriver("cuSurfObjectCreate", &surf_create);
+  e2e::ResolveDriver("cuSurfObjectDestroy", &surf_destroy);
+  e2e::ResolveDriver("cuSurfObjectGetResourceDesc", &surf_resource);
+  auto said = [](const char* key, bool same) {
+    printf("%s=%s\n", key, same ? "same" : "different");
+    EXPECT(same, "%s: the descriptor read back differs from the one given", key);
+  };
+
+  // A 64x48 float array that surfaces may use; a texture of it with a resource view.
+  const size_t w = 64, h = 48;
+  CUDA_ARRAY3D_DESCRIPTOR ad;
+  memset(&ad, 0, sizeof(ad));
+  ad.Width = w;
+  ad.Height = h;
+  ad.Format = CU_AD_FORMAT_FLOAT;
+  ad.NumChannels = 1;
+  ad.Flags = CUDA_ARRAY3D_SURFACE_LDST;
+  CUarray arr = nullptr;
+  CU(array_create(&arr, &ad));
+  CUDA_RESOURCE_DESC rd;
+  memset(&rd, 0, sizeof(rd));
+  rd.resType = CU_RESOURCE_TYPE_ARRAY;
+  rd.res.array.hArray = arr;
+  CUDA_TEXTURE_DESC td;
+  memset(&td, 0, sizeof(td));
+  td.addressMode[0] = td.addressMode[1] = td.addressMode[2] = CU_TR_ADDRESS_MODE_WRAP;
+  td.filterMode = CU_TR_FILTER_MODE_LINEAR;
+  td.flags = CU_TRSF_NORMALIZED_COORDINATES;
+  CUDA_RESOURCE_VIEW_DESC vd;
+  memset(&vd, 0, sizeof(vd));
+  vd.format = CU_RES_VIEW_FORMAT_FLOAT_1X32;
+  vd.width = w;
+  vd.height = h;
+  CUtexObject tex = 0;
+  CU(tex_create(&tex, &rd, &td, &vd));
+  CUDA_RESOURCE_DESC got_rd;
+  memset(&got_rd, 0xab, sizeof(got_rd));
+  CU(tex_resource(&got_rd, tex));
+  said("tex.array.resource",
+       got_rd.resType == CU_RESOURCE_TYPE_ARRAY && got_rd.res.array.hArray == arr);
+  CUDA_TEXTURE_DESC got_td;
+  memset(&got_td, 0xab, sizeof(got_td));
+  CU(tex_texture(&got_td, tex));
+  said("tex.array.texture",
+       got_td.addressMode[0] == CU_TR_ADDRESS_MODE_WRAP &&
+           got_td.addressMode[1] == CU_TR_ADDRESS_MODE_WRAP &&
+           got_td.filterMode == CU_TR_FILTER_MODE_LINEAR &&
+           (got_td.flags & (CU_TRSF_NORMALIZED_COORDINATES | CU_TRSF_READ_AS_INTEGER)) ==
+               CU_TRSF_NORMALIZED_COORDINATES);
+  CUDA_RESOURCE_VIEW_DESC got_vd;
+  memset(&got_vd, 0xab, sizeof(got_vd));
+  CU(tex_view(&got_vd, tex));
+  said("tex.array.view",
+       got_vd.format == CU_RES_VIEW_FORMAT_FLOAT_1X32 && got_vd.width == w && got_vd.height == h);
+
+  // A texture of linear memory (two 32-bit integers per element), without a view.
+  const size_t elements = 4096, bytes = elements * 8;
+  unsigned char* lin = nullptr;
+  CK(cudaMalloc(&lin, bytes + 512));
+  const CUdeviceptr lin_at = (reinterpret_cast<CUdeviceptr>(lin) + 511) & ~CUdeviceptr{511};
+  CUDA_RESOURCE_DESC lrd;
+  memset(&lrd, 0, sizeof(lrd));
+  lrd.resType = CU_RESOURCE_TYPE_LINEAR;
+  lrd.res.linear.devPtr = lin_at;
+  lrd.res.linear.format = CU_AD_FORMAT_SIGNED_INT32;
+  lrd.res.linear.numChannels = 2;
+  lrd.res.linear.sizeInBytes = bytes;
+  CUDA_TEXTURE_DESC ltd;
+  memset(&ltd, 0, sizeof(ltd));
+  ltd.addressMode[0] = CU_TR_ADDRESS_MODE_CLAMP;
+  ltd.filterMode = CU_TR_FILTER_MODE_POINT;
+  ltd.flags = CU_TRSF_READ_AS_INTEGER;
+  CUtexObject ltex = 0;
+  CU(tex_create(&ltex, &lrd, &ltd, nullptr));
+  memset(&got_rd, 0xab, sizeof(got_rd));
+  CU(tex_resource(&got_rd, ltex));
+  said("tex.linear.resource",
+       got_rd.resType == CU_RESOURCE_TYPE_LINEAR && got_rd.res.linear.devPtr == lin_at &&
+           got_rd.res.linear.format == CU_AD_FORMAT_SIGNED_INT32 &&
+           got_rd.res.linear.numChannels == 2 && got_rd.res.linear.sizeInBytes == bytes);
+  printf("tex.linear.view=%s\n", e2e::CuName(tex_view(&got_vd, ltex)));
+  printf("tex.null_out=%s\n", e2e::CuName(tex_resource(nullptr, ltex)));
+
+  // A surface of the array.
+  CUsurfObject surf = 0;
+  CU(surf_create(&surf, &rd));
+  memset(&got_rd, 0xab, sizeof(got_rd));
+  CU(surf_resource(&got_rd, surf));
+  said("surf.resource", got_rd.resType == CU_RESOURCE_TYPE_ARRAY && got_rd.res.array.hArray == arr);
+  CU(surf_destroy(surf));
+  CU(tex_destroy(ltex));
+  CU(tex_destroy(tex));
+  CU(array_destroy(arr));
+  CK(cudaFree(lin));
+
+  // Through cudart, as applications make them.
+  cudaChannelFormatDesc fmt = cudaCreateChannelDesc<int>();
+  cudaArray_t carr = nullptr;
+  CK(cudaMallocArray(&carr, &fmt, 32, 16, cudaArraySurfaceLoadStore));
+  cudaResourceDesc crd;
+  memset(&crd, 0, sizeof(crd));
+  crd.resType = cudaResourceTypeArray;
+  crd.res.array.array = carr;
+  cudaTextureDesc ctd;
+  memset(&ctd, 0, sizeof(ctd));
+  ctd.addressMode[0] = ctd.addressMode[1] = cudaAddressModeClamp;
+  ctd.filterMode = cudaFilterModePoint;
+  ctd.readMode = cudaReadModeElementType;
+  cudaTextureObject_t ctex = 0;
+  CK(cudaCreateTextureObject(&ctex, &crd, &ctd, nullptr));
+  cudaResourceDesc got_crd;
+  memset(&got_crd, 0xab, sizeof(got_crd));
+  CK(cudaGetTextureObjectResourceDesc(&got_crd, ctex));
+  cudaTextureDesc got_ctd;
+  memset(&got_ctd, 0xab, sizeof(got_ctd));
+  CK(cudaGetTextureObjectTextureDesc(&got_ctd, ctex));
+  said("cudart.texture",
+       got_crd.resType == cudaResourceTypeArray && got_crd.res.array.array == carr &&
+           got_ctd.addressMode[0] == cudaAddressModeClamp &&
+           got_ctd.addressMode[1] == cudaAddressModeClamp &&
+           got_ctd.filterMode == cudaFilterModePoint &&
+           got_ctd.readMode == cudaReadModeElementType && got_ctd.normalizedCoords == 0);
+  cudaSurfaceObject_t csurf = 0;
+  CK(cudaCreateSurfaceObject(&csurf, &crd));
+  memset(&got_crd, 0xab, sizeof(got_crd));
+  CK(cudaGetSurfaceObjectResourceDesc(&got_crd, csurf));
+  said("cudart.surface",
+       got_crd.resType == cudaResourceTypeArray && got_crd.res.array.array == carr);
+  CK(cudaDestroySurfaceObject(csurf));
+  CK(cudaDestroyTextureObject(ctex));
+  CK(cudaFreeArray(carr));
+}
+
 }  // namespace
 
 int main() {
@@ -401,6 +559,7 @@ int main() {
   Pitched2D(stream);
   Pitched3D();
   Symbols(stream);
+  Textures();
 
   e2e::Step("teardown");
   CK(cudaStreamDestroy(stream));
