@@ -20,7 +20,8 @@
 # graph_nodes (graphs built by hand: memcpy to and from host memory, memset, kernel,
 # host, conditional IF/IF-ELSE/WHILE/SWITCH, memory alloc/free, child, empty and event
 # nodes, SetParams, clone, update), stream_memops, managed_memory (unified memory:
-# host and device writes interleaved, copies, prefetch, advice, threads, fork).
+# host and device writes interleaved, copies, prefetch, advice, threads, fork),
+# memory_roundtrip (copies of every shape, texture and surface descriptors read back).
 # Environment: CASES, RUN_TIMEOUT=60, MODES="tcp unix shm", SERVER_BACKEND=cuda (sim: plumbing
 # only, on a machine without a GPU, where the native runs fail).
 set -uo pipefail
@@ -33,7 +34,7 @@ export CUDA_CACHE_DISABLE=1
 BUILD=$(cd "$1" && pwd) || exit 2
 PROGS=$(cd "$2" && pwd) || exit 2
 OUTFILE=$3
-CASES=${CASES:-"ipc vmm_share contexts isolation_fault stream_event_order jit_link module_functions graph_nodes cupti_activity cupti_activity_clock tensor_map stream_memops managed_memory"}
+CASES=${CASES:-"ipc vmm_share contexts isolation_fault stream_event_order jit_link module_functions graph_nodes cupti_activity cupti_activity_clock tensor_map stream_memops managed_memory memory_roundtrip"}
 MODES=${MODES:-"tcp unix shm"}
 RUN_TIMEOUT=${RUN_TIMEOUT:-60}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/flyt-e2e-gpu.XXXXXX")
@@ -55,6 +56,7 @@ cmd_of() {  # case -> program and arguments
     tensor_map) echo "$PROGS/tensor_map" ;;
     stream_memops) echo "$PROGS/stream_memops" ;;
     managed_memory) echo "$PROGS/managed_memory" ;;
+    memory_roundtrip) echo "$PROGS/memory_roundtrip" ;;
   esac
 }
 
