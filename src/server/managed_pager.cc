@@ -22,7 +22,9 @@ namespace {
 
 // A copy that faults (the driver could not give a page: the GPU failed, the
 // memory went) jumps back here instead of killing the worker.
-thread_local sigjmp_buf* t_copy_guard = nullptr;
+// volatile: the compiler must not drop the store before memcpy as dead (it
+// knows memcpy does not read it; the signal handler does).
+thread_local sigjmp_buf* volatile t_copy_guard = nullptr;
 struct sigaction g_previous_segv, g_previous_bus;
 
 void GuardHandler(int sig, siginfo_t* info, void* ctx) {
@@ -230,6 +232,12 @@ void ManagedPager::Serve(transport::Connection* conn, DriverApi* api, CUcontext 
       if (d.pinned != nullptr) d.api->cuMemFreeHost(d.pinned);
     }
   } release{dma};
+  // However the loop ends, the client sees the channel close (a malformed
+  // request gets no answer).
+  struct Hangup {
+    transport::Connection* c;
+    ~Hangup() { c->Shutdown(); }
+  } hangup{conn};
   auto malformed = [](const char* what) {
     FLYT_WARN("paging channel: malformed %s; closing", what);
   };
