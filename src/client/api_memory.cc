@@ -339,34 +339,37 @@ FLYT_API CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdev
   return Forward<154, true, false>("cuMemGetAddressRange_v2", base, size, p);
 }
 
+namespace {
+// After cuModuleGetGlobal / cuLibraryGetGlobal: a __managed__ variable's host
+// side is mapped (the server said so in the reply), other globals are device
+// memory to copies and pointer queries.
+CUresult KnowGlobal(CUresult rc, CUdeviceptr d, size_t local, uint64_t image, CUdeviceptr* p,
+                    size_t* size) {
+  if (rc != CUDA_SUCCESS) return rc;
+  if (Client::LastReplyInfo() & wire::kReplyManaged) {
+    rc = flyt::client::MapManagedGlobal(d, image);
+    if (rc != CUDA_SUCCESS) return rc;
+  } else {
+    Client::Get().AddDeviceRange(d, local, false);
+  }
+  if (size) *size = local;
+  if (p) *p = d;
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
 FLYT_API CUresult cuModuleGetGlobal_v2(CUdeviceptr* p, size_t* size, CUmodule m, const char* name) {
   size_t local = 0;
   CUdeviceptr d = 0;
   CUresult rc = Forward<201, true, false>("cuModuleGetGlobal_v2", &d, &local, m, name);
-  if (rc == CUDA_SUCCESS && (Client::LastReplyInfo() & wire::kReplyManaged))
-    rc = flyt::client::MapManagedGlobal(d, reinterpret_cast<uintptr_t>(m));
-  else if (rc == CUDA_SUCCESS)
-    Client::Get().AddDeviceRange(d, local, false);
-  if (rc == CUDA_SUCCESS) {
-    if (size) *size = local;
-    if (p) *p = d;
-  }
-  return rc;
+  return KnowGlobal(rc, d, local, reinterpret_cast<uintptr_t>(m), p, size);
 }
 
 FLYT_API CUresult cuLibraryGetGlobal(CUdeviceptr* p, size_t* size, CUlibrary l, const char* name) {
   size_t local = 0;
   CUdeviceptr d = 0;
   CUresult rc = Forward<202, true, false>("cuLibraryGetGlobal", &d, &local, l, name);
-  if (rc == CUDA_SUCCESS && (Client::LastReplyInfo() & wire::kReplyManaged))
-    rc = flyt::client::MapManagedGlobal(d, reinterpret_cast<uintptr_t>(l));
-  else if (rc == CUDA_SUCCESS)
-    Client::Get().AddDeviceRange(d, local, false);
-  if (rc == CUDA_SUCCESS) {
-    if (size) *size = local;
-    if (p) *p = d;
-  }
-  return rc;
+  return KnowGlobal(rc, d, local, reinterpret_cast<uintptr_t>(l), p, size);
 }
 
 // --- host memory. Over shm:// a pinned buffer is a sealed memfd shared with

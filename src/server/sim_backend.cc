@@ -1114,33 +1114,34 @@ CUresult simTexObjectCreate(CUtexObject* out, const CUDA_RESOURCE_DESC* res,
   return CUDA_SUCCESS;
 }
 CUresult simTexObjectDestroy(CUtexObject t) { return DestroyTexObject(t, false); }
-CUresult simTexObjectGetResourceDesc(CUDA_RESOURCE_DESC* out, CUtexObject t) {
+// The getters of a texture or surface object's descriptors: `pick` copies
+// one of them out (false: the object has none of that kind).
+template <typename Out, typename Pick>
+CUresult ReadTexObject(Out* out, uint64_t handle, bool surface, Pick pick) {
   if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard<std::mutex> lock(g_sim->mu);
-  const SimTexObject* o = FindTexObject(t, false);
-  if (o == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *out = o->res;
-  return CUDA_SUCCESS;
+  const SimTexObject* o = FindTexObject(handle, surface);
+  return o != nullptr && pick(*o, out) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+CUresult simTexObjectGetResourceDesc(CUDA_RESOURCE_DESC* out, CUtexObject t) {
+  return ReadTexObject(out, t, false, [](const SimTexObject& o, CUDA_RESOURCE_DESC* d) {
+    *d = o.res;
+    return true;
+  });
 }
 CUresult simTexObjectGetTextureDesc(CUDA_TEXTURE_DESC* out, CUtexObject t) {
-  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
-  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  std::lock_guard<std::mutex> lock(g_sim->mu);
-  const SimTexObject* o = FindTexObject(t, false);
-  if (o == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *out = o->tex;
-  return CUDA_SUCCESS;
+  return ReadTexObject(out, t, false, [](const SimTexObject& o, CUDA_TEXTURE_DESC* d) {
+    *d = o.tex;
+    return true;
+  });
 }
 // CUDA_ERROR_INVALID_VALUE for a texture made without a view (cuda.h).
 CUresult simTexObjectGetResourceViewDesc(CUDA_RESOURCE_VIEW_DESC* out, CUtexObject t) {
-  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
-  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  std::lock_guard<std::mutex> lock(g_sim->mu);
-  const SimTexObject* o = FindTexObject(t, false);
-  if (o == nullptr || !o->has_view) return CUDA_ERROR_INVALID_VALUE;
-  *out = o->view;
-  return CUDA_SUCCESS;
+  return ReadTexObject(out, t, false, [](const SimTexObject& o, CUDA_RESOURCE_VIEW_DESC* d) {
+    if (o.has_view) *d = o.view;
+    return o.has_view;
+  });
 }
 CUresult simSurfObjectCreate(CUsurfObject* out, const CUDA_RESOURCE_DESC* res) {
   if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
@@ -1154,13 +1155,10 @@ CUresult simSurfObjectCreate(CUsurfObject* out, const CUDA_RESOURCE_DESC* res) {
 }
 CUresult simSurfObjectDestroy(CUsurfObject v) { return DestroyTexObject(v, true); }
 CUresult simSurfObjectGetResourceDesc(CUDA_RESOURCE_DESC* out, CUsurfObject v) {
-  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
-  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  std::lock_guard<std::mutex> lock(g_sim->mu);
-  const SimTexObject* o = FindTexObject(v, true);
-  if (o == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *out = o->res;
-  return CUDA_SUCCESS;
+  return ReadTexObject(out, v, true, [](const SimTexObject& o, CUDA_RESOURCE_DESC* d) {
+    *d = o.res;
+    return true;
+  });
 }
 
 // Stream-ordered allocations: immediate (everything here is synchronous).
