@@ -85,6 +85,7 @@ void AfterForkInChild() {
   c.queue_.clear();
   c.broken_ = CUDA_ERROR_NOT_INITIALIZED;
   c.init_rc_ = CUDA_ERROR_NOT_INITIALIZED;
+  managed::AfterForkInChild();
 }
 
 Client& Client::Get() {

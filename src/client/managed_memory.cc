@@ -629,6 +629,16 @@ bool Any() { return g_any.load(std::memory_order_relaxed); }
 
 uint64_t Epoch() { return M().epoch.load(); }
 
+void AfterForkInChild() {
+  if (!g_any.load()) return;
+  g_any.store(false);
+  // A parent thread may have held the lock at fork(); nothing here takes it again.
+  Manager& m = M();
+  if (m.conn != nullptr) m.conn->AbandonAfterFork();
+  (void)m.conn.release();  // the socket is the parent's too: never shut it down
+  m.conn_failed = true;
+}
+
 void BeforeDeviceWork() {
   Manager& m = M();
   if (m.dirty_count.load() != 0) {

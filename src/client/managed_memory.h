@@ -56,5 +56,9 @@ void AfterCompletion(bool all_idle);
 void NotePrefetchToHost(uint64_t p, uint64_t n);
 // Epoch of device work sent so far (for the call hooks).
 uint64_t Epoch();
+// In a child forked after managed memory existed: the hooks stop for good and
+// the parent's paging connection is left alone (the child's CUDA calls fail,
+// as natively; its copy of the view is gone, MADV_DONTFORK).
+void AfterForkInChild();
 
 }  // namespace flyt::client::managed

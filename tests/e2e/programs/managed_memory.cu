@@ -12,7 +12,8 @@
 //   - several threads writing neighbouring slices (shared pages) while another thread
 //     synchronises, and reading while the device is written;
 //   - the application's own SIGSEGV handler still gets its own faults, installed before
-//     or after Flyt's; a fork()ed child that exits leaves the parent's memory intact.
+//     or after Flyt's; a fork()ed child whose CUDA calls fail leaves the parent's memory
+//     intact (host changes pending at the fork still reach the device afterwards).
 // With the argument `quota` (a server with --memory-quota 64M) instead: managed memory
 // counts against the quota in full at allocation, and a free gives it back.
 // Prints key=value lines and "managed_memory: PASS".
@@ -242,7 +243,12 @@ int main(int argc, char** argv) {
   e2e::Step("fork: the child exits, the parent's managed memory is intact");
   m[64] = 0x31;
   pid_t child = fork();
-  if (child == 0) _exit(0);
+  if (child == 0) {
+    // CUDA is unusable in a child forked after initialisation (an error, not a
+    // hang); it must not disturb the parent's managed memory either.
+    void* x = nullptr;
+    _exit(cudaMalloc(&x, 16) == cudaSuccess || cudaMemset(m, 1, 16) == cudaSuccess ? 1 : 0);
+  }
   int status = -1;
   waitpid(child, &status, 0);
   CK(cudaMemset(m + 65, 0x32, 1));
