@@ -247,6 +247,89 @@ Status Placement::Place(const PlacementRequest& request, std::string* gpu_uuid) 
   return Status::Ok();
 }
 
+Status Placement::PlaceGroup(const PlacementRequest& request, int count,
+                             std::vector<std::string>* uuids, bool* one_node) const {
+  if (uuids == nullptr || one_node == nullptr)
+    return Status::Error("placement: no output for the GPU uuids");
+  if (count < 1) return Status::Error("bad placement request: " + std::to_string(count) + " GPUs");
+  if (request.sm < 0 || request.memory_bytes < 0) {
+    return Status::Error("bad placement request for VM " + request.vm_ip + ": " +
+                         Share(request.sm, request.memory_bytes) + " (negative)");
+  }
+  uuids->clear();
+  if (count == 1) {  // exactly Place's pick
+    uuids->emplace_back();
+    Status st = Place(request, &uuids->back());
+    if (!st.ok()) uuids->clear();
+    *one_node = st.ok();
+    return st;
+  }
+  // Each node's GPUs that can take the share, best first.
+  struct Candidate {
+    const std::string* node = nullptr;
+    bool vm_host = false;
+    std::vector<const Entry*> gpus;
+    int64_t free_sm = 0;  // of the `count` best (or all, if fewer)
+  };
+  std::vector<Candidate> nodes;
+  size_t fitting = 0;
+  for (const auto& [node_id, node] : nodes_) {
+    if (!node.schedulable) continue;
+    Candidate c;
+    c.node = &node_id;
+    for (const Entry* e : node.gpus) {
+      if (!e->usage.schedulable || !Fits(*e, request.sm, request.memory_bytes)) continue;
+      c.gpus.push_back(e);
+      c.vm_host =
+          c.vm_host || (!request.host_ip.empty() && e->usage.capacity.host_ip == request.host_ip);
+    }
+    if (c.gpus.empty()) continue;
+    std::sort(c.gpus.begin(), c.gpus.end(),
+              [this](const Entry* a, const Entry* b) { return Better(*a, *b); });
+    for (size_t i = 0; i < c.gpus.size() && i < static_cast<size_t>(count); ++i)
+      c.free_sm += c.gpus[i]->free_sm();
+    fitting += c.gpus.size();
+    nodes.push_back(std::move(c));
+  }
+  if (fitting < static_cast<size_t>(count)) {
+    return Status::Error(
+        "only " + std::to_string(fitting) + " of the " + std::to_string(count) +
+        " GPUs asked for have " + Share(request.sm, request.memory_bytes) + " free" +
+        (fitting == 0 ? " (" + Refusal(request.sm, request.memory_bytes) + ")" : ""));
+  }
+  const bool spread = options_.policy == Policy::kSpread;
+  // The order to try nodes in: the VM's host first; then, for one node, by policy on the
+  // free SMs of the picks; across nodes, most fitting GPUs first (fewest nodes).
+  auto by = [&](bool whole) {
+    return [&, whole](const Candidate& a, const Candidate& b) {
+      if (a.vm_host != b.vm_host) return a.vm_host;
+      if (!whole && a.gpus.size() != b.gpus.size()) return a.gpus.size() > b.gpus.size();
+      if (a.free_sm != b.free_sm) return spread ? a.free_sm > b.free_sm : a.free_sm < b.free_sm;
+      return Better(*a.gpus[0], *b.gpus[0]);  // Place's tie-break, on each node's best
+    };
+  };
+  std::vector<const Candidate*> whole;
+  for (const Candidate& c : nodes)
+    if (c.gpus.size() >= static_cast<size_t>(count)) whole.push_back(&c);
+  if (!whole.empty()) {
+    const Candidate* best =
+        *std::min_element(whole.begin(), whole.end(),
+                          [&](const Candidate* a, const Candidate* b) { return by(true)(*a, *b); });
+    for (int i = 0; i < count; ++i) uuids->push_back(best->gpus[i]->uuid());
+    *one_node = true;
+    return Status::Ok();
+  }
+  std::sort(nodes.begin(), nodes.end(), by(false));
+  for (const Candidate& c : nodes) {
+    for (const Entry* e : c.gpus) {
+      if (uuids->size() == static_cast<size_t>(count)) break;
+      uuids->push_back(e->uuid());
+    }
+  }
+  *one_node = false;
+  return Status::Ok();
+}
+
 std::string Placement::Refusal(int sm, int64_t memory) const {
   const bool over_sm = options_.oversubscribe_sm, over_memory = options_.oversubscribe_memory;
   std::string msg;

@@ -1,4 +1,4 @@
-// Placement: which GPU gets a new tenant allocation.
+// Placement: which GPU gets a new tenant allocation (or which GPUs, for a tenant with several).
 //
 // Owns: an in-memory index of the cluster's GPUs (capacity, SMs and memory in use, whether
 // their node takes new work) and the choice of a GPU for a request, by host preference then
@@ -90,6 +90,14 @@ class Placement {
   // Failure says what was asked and the best that is free, e.g. "no GPU has 64 SMs and
   // 80.0 GiB free (most free: 32 SMs, 40.0 GiB on GPU-xx of node n3)".
   Status Place(const PlacementRequest& request, std::string* gpu_uuid) const;
+  // Picks `count` distinct schedulable GPUs, each able to take the request's share, for a
+  // tenant with several GPUs. One node when one can take them all (the VM's host first,
+  // then by policy: spread the node whose picked GPUs have the most free, pack the least);
+  // otherwise across as few nodes as it can, the nodes with most fitting GPUs first.
+  // *one_node says which it was. The picks come in an order that keeps a node's GPUs
+  // together. Does NOT reserve. Failure says how many GPUs could take the share.
+  Status PlaceGroup(const PlacementRequest& request, int count, std::vector<std::string>* uuids,
+                    bool* one_node) const;
   // Whether uuid can grow by (sm_delta, memory_delta); deltas may be negative, and a
   // shrink always fits. The node's schedulable flag does not matter here.
   Status CanResize(const std::string& uuid, int sm_delta, int64_t memory_delta) const;

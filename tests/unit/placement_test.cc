@@ -361,6 +361,94 @@ TEST(PlacementTest, ListIsOrderedByNodeThenUuid) {
 
 // The index must pick what a brute-force scan over List() would: a fitting GPU of the VM's
 // host if there is one, else any fitting GPU, and none that is strictly better by policy.
+// --- several GPUs for one tenant (PlaceGroup)
+
+std::vector<std::string> GroupOrDie(const Placement& p, const PlacementRequest& r, int count,
+                                    bool* one_node) {
+  std::vector<std::string> uuids;
+  Status s = p.PlaceGroup(r, count, &uuids, one_node);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return uuids;
+}
+
+std::vector<std::string> Sorted(std::vector<std::string> v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+TEST(PlacementTest, GroupPrefersOneNode) {
+  Placement p;
+  AddTwoNodes(&p);
+  p.Reserve("GPU-a", 100, 10 * kGiB);  // n1 has less free: spread picks n2 whole
+  bool one_node = false;
+  auto uuids = GroupOrDie(p, {"vm", "", 20, 10 * kGiB}, 2, &one_node);
+  EXPECT_TRUE(one_node);
+  EXPECT_EQ(Sorted(uuids), (std::vector<std::string>{"GPU-c", "GPU-d"}));
+  p.set_options({Policy::kPack});  // pack takes the fuller node that still fits
+  uuids = GroupOrDie(p, {"vm", "", 20, 10 * kGiB}, 2, &one_node);
+  EXPECT_TRUE(one_node);
+  EXPECT_EQ(uuids, (std::vector<std::string>{"GPU-a", "GPU-b"}));  // fullest first
+}
+
+TEST(PlacementTest, GroupPrefersTheVmsHostWhenItTakesThemAll) {
+  Placement p;
+  AddTwoNodes(&p);
+  p.Reserve("GPU-a", 10, kGiB);  // n1 less free, but it is the VM's host
+  bool one_node = false;
+  auto uuids = GroupOrDie(p, {"vm", "10.0.0.1", 20, kGiB}, 2, &one_node);
+  EXPECT_TRUE(one_node);
+  EXPECT_EQ(uuids, (std::vector<std::string>{"GPU-b", "GPU-a"}));  // spread: most free first
+}
+
+TEST(PlacementTest, GroupSpreadsAcrossNodesOnlyWhenItMust) {
+  Placement p;
+  AddTwoNodes(&p);
+  p.AddGpu(Gpu("GPU-e", "n3", "10.0.0.3"));
+  p.Reserve("GPU-a", 130, kGiB);  // n1 keeps one GPU that fits, n2 two, n3 one
+  bool one_node = true;
+  auto uuids = GroupOrDie(p, {"vm", "", 64, kGiB}, 3, &one_node);
+  EXPECT_FALSE(one_node);
+  ASSERT_EQ(uuids.size(), 3u);
+  std::vector<std::string> sorted = uuids;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(std::adjacent_find(sorted.begin(), sorted.end()), sorted.end()) << "distinct GPUs";
+  // The node with most fitting GPUs comes first and whole: n2's two, then one more
+  // that fits (not GPU-a, which has 2 SMs free).
+  EXPECT_EQ(Sorted({uuids[0], uuids[1]}), (std::vector<std::string>{"GPU-c", "GPU-d"}));
+  EXPECT_TRUE(uuids[2] == "GPU-b" || uuids[2] == "GPU-e") << uuids[2];
+}
+
+TEST(PlacementTest, GroupSkipsDrainedNodesAndSaysHowManyFit) {
+  Placement p;
+  AddTwoNodes(&p);
+  p.SetNodeSchedulable("n2", false);
+  bool one_node = false;
+  auto uuids = GroupOrDie(p, {"vm", "", 10, kGiB}, 2, &one_node);
+  EXPECT_TRUE(one_node);
+  EXPECT_EQ(Sorted(uuids), (std::vector<std::string>{"GPU-a", "GPU-b"}));
+  std::vector<std::string> none;
+  Status s = p.PlaceGroup({"vm", "", 10, kGiB}, 3, &none, &one_node);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("only 2 of the 3 GPUs"), std::string::npos) << s.message();
+  EXPECT_TRUE(none.empty());
+  s = p.PlaceGroup({"vm", "", 10, kGiB}, 0, &none, &one_node);
+  EXPECT_FALSE(s.ok());
+}
+
+TEST(PlacementTest, GroupOfOneMatchesPlace) {
+  Placement p;
+  AddTwoNodes(&p);
+  p.Reserve("GPU-c", 50, kGiB);
+  for (Policy policy : {Policy::kSpread, Policy::kPack}) {
+    p.set_options({policy});
+    bool one_node = false;
+    auto uuids = GroupOrDie(p, {"vm", "", 40, kGiB}, 1, &one_node);
+    ASSERT_EQ(uuids.size(), 1u);
+    EXPECT_TRUE(one_node);
+    EXPECT_EQ(uuids[0], PlaceOrDie(p, {"vm", "", 40, kGiB}));
+  }
+}
+
 TEST(PlacementTest, MatchesBruteForceUnderRandomOperations) {
   std::mt19937 rng(12345);
   for (int variant = 0; variant < 8; ++variant) {
