@@ -1988,11 +1988,15 @@ std::vector<SimStream*> StreamsOf(CUcontext ctx) {
 // The event is done once every host function queued on the context's streams
 // by now has run: a StreamWork of its own, pending until then, stands for
 // them (cuEventQuery, cuEventSynchronize and the waits read it).
-CUresult simCtxRecordEvent(CUcontext c, CUevent e) {
+// The checks both context-event calls make; a null context is the current one.
+CUresult CheckContextEvent(CUcontext* c, CUevent e) {
   if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
-  if (c == nullptr) c = t_current;
-  if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (*c == nullptr) *c = t_current;
+  if (*c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  return e == nullptr ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+}
+CUresult simCtxRecordEvent(CUcontext c, CUevent e) {
+  if (CUresult rc = CheckContextEvent(&c, e); rc != CUDA_SUCCESS) return rc;
   auto* ev = reinterpret_cast<SimEvent*>(e);
   // The event must be of the context recorded (the driver's INVALID_HANDLE).
   if (ev->ctx != nullptr && ev->ctx != c) return CUDA_ERROR_INVALID_HANDLE;
@@ -2027,10 +2031,7 @@ CUresult simCtxRecordEvent(CUcontext c, CUevent e) {
 // Each stream of the context waits for the event (cuStreamWaitEvent), and so
 // do the context's streams made later (AddStream).
 CUresult simCtxWaitEvent(CUcontext c, CUevent e) {
-  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
-  if (c == nullptr) c = t_current;
-  if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult rc = CheckContextEvent(&c, e); rc != CUDA_SUCCESS) return rc;
   auto* ev = reinterpret_cast<SimEvent*>(e);
   for (SimStream* st : StreamsOf(c)) {
     CUstream s = st == &g_default_stream ? nullptr : reinterpret_cast<CUstream>(st);
