@@ -17,13 +17,13 @@
 
 #include <cuda_runtime.h>
 
-#define CHECK(call)                                                         \
-  do {                                                                      \
-    cudaError_t e_ = (call);                                                \
-    if (e_ != cudaSuccess) {                                                \
-      fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(e_));    \
-      exit(1);                                                              \
-    }                                                                       \
+#define CHECK(call)                                                      \
+  do {                                                                   \
+    cudaError_t e_ = (call);                                             \
+    if (e_ != cudaSuccess) {                                             \
+      fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(e_)); \
+      exit(1);                                                           \
+    }                                                                    \
   } while (0)
 
 __global__ void bump(int* p, size_t n) {
@@ -32,8 +32,7 @@ __global__ void bump(int* p, size_t n) {
 }
 
 double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

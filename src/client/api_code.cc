@@ -1,8 +1,8 @@
 // Code loading and launches: images are hashed and shipped unopened (once per
 // server), the server answers with every kernel and its parameter layout, so
 // kernel lookups are local and a launch is one fire-and-forget frame.
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -558,8 +558,7 @@ namespace {
 // query, answered locally once seen.
 CUresult PotentialBlockSize(int* min_grid, int* block_size, CUfunction f,
                             CUoccupancyB2DSize smem_of, size_t smem, int limit, unsigned flags) {
-  if (min_grid == nullptr || block_size == nullptr || f == nullptr)
-    return CUDA_ERROR_INVALID_VALUE;
+  if (min_grid == nullptr || block_size == nullptr || f == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Client& c = Client::Get();
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   int dev = c.ContextDevice(flyt::client::CurrentContext());

@@ -130,7 +130,7 @@ namespace flyt::server {
   X(cuTensorMapEncodeIm2col)            \
   X(cuTensorMapEncodeIm2colWide)        \
   X(cuTensorMapReplaceAddress)          \
-  X(cuMemRangeGetAttribute)            \
+  X(cuMemRangeGetAttribute)             \
   X(cuPointerGetAttribute)
 
 struct DriverApi {

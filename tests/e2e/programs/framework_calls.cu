@@ -112,15 +112,17 @@ int main() {
   CK(cudaGetFuncBySymbol(&fn, reinterpret_cast<const void*>(Scale)));
   int grid = 0, block = 0;
   static int callbacks = 0;
-  CUresult prc = potential(&grid, &block, fn,
-                           [](int b) -> size_t {
-                             ++callbacks;
-                             return static_cast<size_t>(b) * 4;
-                           },
-                           0, 200);
-  printf("potential.rc=%d\npotential.block_within_limit=%d\npotential.grid_positive=%d\n"
-         "potential.callbacks_ran=%d\n",
-         static_cast<int>(prc), block > 0 && block <= 200, grid > 0, callbacks > 0);
+  CUresult prc = potential(
+      &grid, &block, fn,
+      [](int b) -> size_t {
+        ++callbacks;
+        return static_cast<size_t>(b) * 4;
+      },
+      0, 200);
+  printf(
+      "potential.rc=%d\npotential.block_within_limit=%d\npotential.grid_positive=%d\n"
+      "potential.callbacks_ran=%d\n",
+      static_cast<int>(prc), block > 0 && block <= 200, grid > 0, callbacks > 0);
 
   e2e::Step("fork");
   fflush(stdout);

@@ -31,8 +31,8 @@ int main() {
   *bits = 0;
   int adds = 0;
   for (int round = 1; round <= 5; ++round) {
-    c[5] = round;      // the kernel runs only if it sees this
-    c[0] += 1000;      // host adds between kernels
+    c[5] = round;  // the kernel runs only if it sees this
+    c[0] += 1000;  // host adds between kernels
     adds += 1000;
     atomics<<<blocks, threads>>>(c, bits, order, round);
     CHECK_LAUNCH();
@@ -41,9 +41,10 @@ int main() {
   }
   int ordered = 0;
   for (int i = 0; i < total; ++i) ordered += order[i];
-  printf("concurrent=%d add=%d want=%d max=%d cas_set=%d exch_matches=%d bits=%08x counted=%d "
-         "ordered=%d\n",
-         concurrent, c[0], adds, c[1], c[2] != 0, c[3] == c[2], *bits, c[4], ordered);
+  printf(
+      "concurrent=%d add=%d want=%d max=%d cas_set=%d exch_matches=%d bits=%08x counted=%d "
+      "ordered=%d\n",
+      concurrent, c[0], adds, c[1], c[2] != 0, c[3] == c[2], *bits, c[4], ordered);
   EXPECT(c[0] == adds && c[1] == total - 1 && c[4] == 5 * total && ordered == total,
          "atomics lost updates");
   CHECK(cudaFree(c));

@@ -5,8 +5,8 @@
 // (into a managed scalar) and vector updates; the host reads the scalar after
 // each cudaDeviceSynchronize to compute alpha and beta. Prints the iteration
 // count and the residual and solution checks (the residual against 1e-6: the
-// iteration stops on 1e-20 of the first, about 6.5e-8 absolute on an H200), rounded (dot products use atomics,
-// so the last bits may differ between runs).
+// iteration stops on 1e-20 of the first, about 6.5e-8 absolute on an H200), rounded (dot products
+// use atomics, so the last bits may differ between runs).
 #include <cmath>
 
 #include "common.h"

@@ -125,12 +125,11 @@ int main() {
   printf("driver light potential block with callback=%d\n", drv_block);
   CU_CHECK(cuOccupancyMaxPotentialBlockSize(&drv_grid, &drv_block, light_fn, nullptr, 4096, 200));
   printf("driver light potential block limit 200=%d\n", drv_block);
-  CU_CHECK(cuOccupancyMaxPotentialBlockSizeWithFlags(&drv_grid, &drv_block, light_fn, nullptr,
-                                                     0, 0, CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE));
+  CU_CHECK(cuOccupancyMaxPotentialBlockSizeWithFlags(&drv_grid, &drv_block, light_fn, nullptr, 0, 0,
+                                                     CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE));
   printf("driver light potential block with flags=%d\n", drv_block);
-  printf("driver null output=%d\n",
-         static_cast<int>(cuOccupancyMaxPotentialBlockSize(nullptr, &drv_block, light_fn, nullptr,
-                                                           0, 0)));
+  printf("driver null output=%d\n", static_cast<int>(cuOccupancyMaxPotentialBlockSize(
+                                        nullptr, &drv_block, light_fn, nullptr, 0, 0)));
 
   cudaFuncAttributes fa;
   CHECK(cudaFuncGetAttributes(&fa, heavy));
