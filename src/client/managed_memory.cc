@@ -42,8 +42,8 @@ struct Range {
   uint64_t owner = 0;
   uint8_t* alias = nullptr;  // the private read-write mapping of the same pages
   int fd = -1;               // the memfd, sealed (until offered to an shm:// server)
-  bool share_tried = false, shared = false;  // the server maps the pages itself
-  int slot = -1;                             // in the handler's table
+  bool shared = false;       // the server maps the pages itself (shm://)
+  int slot = -1;             // in the handler's table
   // Zero on both sides while no device work ran since the allocation.
   bool fresh = false;
   uint32_t fresh_epoch = 0;
@@ -183,9 +183,9 @@ class Manager {
   bool ExchangeLocked(uint16_t op, const wire::Writer& req, void* into, size_t into_len,
                       CUresult* rc);
   bool FetchLocked(Range* r, uint64_t g, uint64_t count);
-  // Over shm://, hands the range's memfd to the server once, so that its
-  // pages are copied to and from directly; true when it took it.
-  bool ShareLocked(Range* r);
+  // Over shm://, hands a new range's memfd to the server, so that its pages
+  // are copied to and from directly (r->shared when it took it).
+  void ShareLocked(Range* r);
   bool PushLocked(std::vector<std::pair<uint64_t, uint32_t>>& runs, std::vector<uint8_t>& bytes,
                   bool shared);
   void CollectDiffLocked(Range* r, uint32_t g, std::vector<std::pair<uint64_t, uint32_t>>* runs,
@@ -270,7 +270,7 @@ bool Manager::FetchLocked(Range* r, uint64_t g, uint64_t count) {
     // New memory is zero on the GPU too, and its pages here were never written
     // (a fresh range has dropped nothing yet).
     if (!r->fresh) {
-      const bool shared = ShareLocked(r);
+      const bool shared = r->shared;
       wire::Writer w;
       w.Put<uint64_t>(r->base + off);
       w.Put<uint32_t>(len);
@@ -327,19 +327,17 @@ void Manager::CollectDiffLocked(Range* r, uint32_t g,
   r->twins.erase(g);
 }
 
-bool Manager::ShareLocked(Range* r) {
-  if (r->share_tried) return r->shared;
-  if (EnsureChannelLocked() != CUDA_SUCCESS) return false;
-  r->share_tried = true;
+void Manager::ShareLocked(Range* r) {
   uint64_t id = 0;
-  if (!conn->SharesMemory() || !conn->ShareFd(r->fd, &id).ok()) return false;
+  if (EnsureChannelLocked() != CUDA_SUCCESS || !conn->SharesMemory() ||
+      !conn->ShareFd(r->fd, &id).ok())
+    return;
   wire::Writer w;
   w.Put<uint64_t>(id);
   w.Put<uint64_t>(r->base);
   w.Put<uint64_t>(r->size);
   CUresult rc = CUDA_SUCCESS;
   r->shared = ExchangeLocked(ops::kOpManagedShare, w, nullptr, 0, &rc) && rc == CUDA_SUCCESS;
-  return r->shared;
 }
 
 // Sends the runs of one range (shared: the server reads them from the pages).
@@ -382,7 +380,7 @@ void Manager::FlushLocked(bool drop_changed) {
         Protect(r, r->dirty[i], r->dirty[j - 1] - r->dirty[i] + 1, PROT_READ);
         i = j;
       }
-      const bool shared = ShareLocked(r);
+      const bool shared = r->shared;
       for (uint32_t g : r->dirty) {
         if (r->state[g] != kDirty) continue;
         CollectDiffLocked(r, g, &runs, &bytes);
@@ -561,8 +559,7 @@ CUresult Map(uint64_t base, uint64_t size, bool fresh, uint64_t owner) {
   // (a process may hold thousands of allocations).
   Range* added = r.get();
   m.ranges[base] = std::move(r);
-  if (m.EnsureChannelLocked() == CUDA_SUCCESS) m.ShareLocked(added);
-  added->share_tried = true;
+  m.ShareLocked(added);
   close(added->fd);
   added->fd = -1;
   g_owner_pid.store(getpid());

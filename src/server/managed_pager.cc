@@ -124,7 +124,7 @@ void ManagedPager::Clear() {
 
 bool ManagedPager::Contains(uint64_t p, uint64_t n) {
   std::lock_guard<std::mutex> lock(mu_);
-  return ContainsLocked(p, n);
+  return FindLocked(p, n, nullptr) != nullptr;
 }
 
 ManagedPager::Range* ManagedPager::FindLocked(uint64_t p, uint64_t n, uint64_t* off) {
@@ -135,10 +135,6 @@ ManagedPager::Range* ManagedPager::FindLocked(uint64_t p, uint64_t n, uint64_t* 
   if (o >= it->second.size || n > it->second.size - o) return nullptr;
   if (off != nullptr) *off = o;
   return &it->second;
-}
-
-bool ManagedPager::ContainsLocked(uint64_t p, uint64_t n) const {
-  return const_cast<ManagedPager*>(this)->FindLocked(p, n, nullptr) != nullptr;
 }
 
 void ManagedPager::Attach(std::unique_ptr<transport::Connection> conn, DriverApi* api,

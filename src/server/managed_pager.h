@@ -67,7 +67,6 @@ class ManagedPager {
   static void Unshare(Range& r);
   CUresult ShareLocked(transport::Connection* conn, uint64_t id, uint64_t base, uint64_t size);
   void Serve(transport::Connection* conn, DriverApi* api, CUcontext ctx);
-  bool ContainsLocked(uint64_t p, uint64_t n) const;
   // The pager thread's DMA path (null stream: none, copy with the CPU).
   struct Dma {
     DriverApi* api = nullptr;
