@@ -511,6 +511,9 @@ CUresult Client::ReceiveReplyLocked(const char* name, uint64_t id, ReplySink sin
   }
   if (!st.ok() || malformed)
     return MarkLostLocked(name, malformed ? "malformed reply" : st.message());
+  // The operator moves this process's session: every call sent so far is
+  // answered, so the session can go now (client/session_move.cc).
+  if (rep.info & wire::kReplyMoveWanted) ParkLocked();
   return CUDA_SUCCESS;
 }
 
@@ -528,9 +531,21 @@ void Client::RefreshDevicesLocked() {
   wire::Reader r(reply.data(), reply.size());
   uint32_t n = 0;
   if (rep.status != CUDA_SUCCESS || !r.Get(&n) || n != devices_.size()) return;
-  for (uint32_t i = 0; i < n; ++i) {
-    ops::DeviceInfo d{};
+  std::vector<ops::DeviceInfo> devices(n);
+  for (auto& d : devices)
     if (!r.Get(&d)) return;
+  UpdateDevicesLocked(devices);
+  FLYT_INFO("the tenant's share changed: %d SMs, %llu bytes of device memory",
+            n > 0 ? devices_[0].attributes[CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT] : 0,
+            n > 0 ? static_cast<unsigned long long>(devices_[0].total_mem) : 0ull);
+}
+
+// --- host functions
+
+void Client::UpdateDevicesLocked(const std::vector<ops::DeviceInfo>& devices) {
+  if (devices.size() != devices_.size()) return;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    const ops::DeviceInfo& d = devices[i];
     // Other threads read these without a lock (cuDeviceGetAttribute): only
     // what changed is stored, one aligned word at a time.
     ops::DeviceInfo& mine = devices_[i];
@@ -541,12 +556,7 @@ void Client::RefreshDevicesLocked() {
     if (d.total_mem != __atomic_load_n(&mine.total_mem, __ATOMIC_RELAXED))
       __atomic_store_n(&mine.total_mem, d.total_mem, __ATOMIC_RELAXED);
   }
-  FLYT_INFO("the tenant's share changed: %d SMs, %llu bytes of device memory",
-            n > 0 ? devices_[0].attributes[CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT] : 0,
-            n > 0 ? static_cast<unsigned long long>(devices_[0].total_mem) : 0ull);
 }
-
-// --- host functions
 
 CUresult Client::DialSideChannel(uint16_t op, const char* what,
                                  std::unique_ptr<transport::Connection>* out) {
@@ -578,12 +588,15 @@ CUresult Client::EnsureCallbackChannel() {
   std::unique_ptr<transport::Connection> conn;
   CUresult rc = DialSideChannel(ops::kOpAttachCallbackChannel, "host-function", &conn);
   if (rc != CUDA_SUCCESS) return rc;
-  std::thread([this, c = std::move(conn)]() mutable { ServeCallbacks(std::move(c)); }).detach();
+  std::shared_ptr<transport::Connection> shared(std::move(conn));
+  callback_conn_ = shared;
+  const uint64_t generation = ++callback_generation_;
+  std::thread([this, shared, generation] { ServeCallbacks(shared, generation); }).detach();
   callback_channel_ = true;
   return CUDA_SUCCESS;
 }
 
-void Client::ServeCallbacks(std::unique_ptr<transport::Connection> conn) {
+void Client::ServeCallbacks(std::shared_ptr<transport::Connection> conn, uint64_t generation) {
   std::vector<uint8_t> payload;
   for (;;) {
     wire::FrameHeader h{};
@@ -615,8 +628,11 @@ void Client::ServeCallbacks(std::unique_ptr<transport::Connection> conn) {
     iovec iov[2] = {{&done, sizeof(done)}, {const_cast<void*>(reply), done.payload_len}};
     if (!conn->Send(iov, done.payload_len > 0 ? 2 : 1).ok()) break;
   }
-  // The server is gone: queued host functions will never be asked for.
+  // The server is gone: queued host functions will never be asked for. (A
+  // session that moved has a channel of a later generation already.)
   std::lock_guard<std::mutex> lock(callback_mu_);
+  if (generation != callback_generation_) return;
+  callback_conn_.reset();
   callback_channel_ = false;
   host_funcs_.clear();
   host_funcs_per_stream_.clear();

@@ -239,7 +239,19 @@ class Client {
   // Fetches the device inventory again after the server said the tenant's
   // share changed (wire::kReplyConfigChanged).
   void RefreshDevicesLocked();
-  void ServeCallbacks(std::unique_ptr<transport::Connection> conn);
+  void ServeCallbacks(std::shared_ptr<transport::Connection> conn, uint64_t generation);
+  // Stores a new device inventory (same device count) where other threads
+  // read it without a lock.
+  void UpdateDevicesLocked(const std::vector<ops::DeviceInfo>& devices);
+  // --- the session moves (client/session_move.cc)
+  // After a reply with wire::kReplyMoveWanted: tells the server that every
+  // call sent is answered (ops::kOpPark) and goes where its reply says.
+  void ParkLocked();
+  // Continues the session at `where` (ops::kOpResume with `key`), asking
+  // again until `deadline_ms` while the session is not there yet.
+  void ResumeLocked(const std::string& where, const uint64_t key[2], int deadline_ms);
+  bool parking_ = false;     // under mu_
+  bool park_again_ = false;  // under mu_: asked to park while parking
   void RunHostFunc(uint64_t id, bool persistent);
   void TraceCall(const char* name, const char* cls, uint64_t t0_ns);
 
@@ -276,6 +288,8 @@ class Client {
 
   std::mutex callback_mu_;  // the callback channel and the queued host functions
   bool callback_channel_ = false;
+  std::shared_ptr<transport::Connection> callback_conn_;  // the live one
+  uint64_t callback_generation_ = 0;  // a moved session's old channel ends quietly
   uint64_t next_host_func_ = 1;
   struct HostFunc {
     std::function<void()> fn;

@@ -10,6 +10,13 @@
 
 namespace flyt::ops {
 
+// What a client does after kOpPark.
+enum class ParkAction : uint8_t {
+  kContinue = 0,    // go on with this connection (the move did not happen or was not wanted)
+  kResumeAt = 1,    // the session is now at `address`: resume there with the key
+  kWaitResume = 2,  // checkpointed: resume at this server's address once it is restored
+};
+
 enum : uint16_t {
   kOpHello = 1,
   kOpGoodbye = 2,
@@ -20,6 +27,21 @@ enum : uint16_t {
   // pushes pages of managed memory (server/managed_pager.h): u64 session id,
   // u64 secret. It never waits behind the session's calls.
   kOpAttachPagingChannel = 4,
+  // Moving a session to another server, or to a checkpoint file
+  // (server/session_migrate.cc, docs/architecture.md §7.4). After a reply with
+  // wire::kReplyMoveWanted the client sends kOpPark: every call it sent before
+  // is done; the reply says what next: u8 ParkAction, string address, u64
+  // key[2].
+  kOpPark = 5,
+  // First frame of a connection that continues a moved session: a
+  // HelloRequest with its token, then u64 key[2]. Answered as kOpHello;
+  // CUDA_ERROR_NOT_READY while no worker holds the key yet (ask again).
+  kOpResume = 6,
+  // First frame of a connection from a server that moves a session here: a
+  // HelloRequest with this server's token. The snapshot's bytes follow
+  // (server/session_snapshot.h); the reply (status, string message) comes
+  // once the session is restored.
+  kOpRestoreSession = 7,
   kOpPrimaryCtxRetain = 10,
   kOpSetCurrentContext = 11,
   // u32 CUstreamCaptureMode: the calling client thread's capture mode

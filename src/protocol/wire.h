@@ -51,6 +51,9 @@ enum ReplyInfo : uint32_t {
   // The global the call returned is a __managed__ variable: the client maps
   // its host side (client/managed_memory.h).
   kReplyManaged = 1 << 2,
+  // The operator moves this session (migration or checkpoint): the client
+  // sends ops::kOpPark right after this reply.
+  kReplyMoveWanted = 1 << 3,
 };
 static_assert(sizeof(FrameHeader) == 32);
 

@@ -84,7 +84,8 @@ void Acceptor::Handle(std::unique_ptr<transport::Connection> conn) {
   if (!conn->Receive(&h, sizeof(h)).ok()) return;
   if (h.magic != wire::kMagic || h.payload_len > 4096 ||
       (h.op != ops::kOpHello && h.op != ops::kOpAttachCallbackChannel &&
-       h.op != ops::kOpAttachPagingChannel)) {
+       h.op != ops::kOpAttachPagingChannel && h.op != ops::kOpResume &&
+       h.op != ops::kOpRestoreSession)) {
     FLYT_WARN("connection from %s: not a Flyt handshake; closing", peer.c_str());
     return;
   }
@@ -93,6 +94,8 @@ void Acceptor::Handle(std::unique_ptr<transport::Connection> conn) {
   conn->SetReceiveTimeout(0);  // the worker waits for calls as long as the client lives
   if (h.op == ops::kOpAttachCallbackChannel || h.op == ops::kOpAttachPagingChannel) {
     Callback(std::move(conn), h, payload);
+  } else if (h.op == ops::kOpResume || h.op == ops::kOpRestoreSession) {
+    Moved(std::move(conn), h, payload);
   } else {
     Hello(std::move(conn), h, payload);
   }
@@ -118,16 +121,7 @@ void Acceptor::Hello(std::unique_ptr<transport::Connection> conn, const wire::Fr
   wire::HelloReply rep{wire::kProtocolVersion, state_->driver_version, ticket.session,
                        ticket.secret};
   out.Put(rep);
-  std::string refusal;
-  if (req.protocol_version != wire::kProtocolVersion) {
-    refusal = "protocol version mismatch: client speaks " + std::to_string(req.protocol_version) +
-              ", server speaks " + std::to_string(wire::kProtocolVersion) +
-              "; use matching Flyt versions";
-  } else if (std::string(reinterpret_cast<const char*>(token), req.token_len) != state_->token) {
-    refusal =
-        "wrong token: the server refused the client's credential; set FLYT_TOKEN (or "
-        "--token) to the token the server was started with";
-  }
+  std::string refusal = Refusal(req, token);
   out.PutString(refusal);
   if (!refusal.empty()) {
     FLYT_WARN("session %llu from %s (pid %u) refused: %s",
@@ -145,11 +139,7 @@ void Acceptor::Hello(std::unique_ptr<transport::Connection> conn, const wire::Fr
   // The inventory as the share shows it now; the generation tells the
   // worker whether the client must fetch it again.
   ticket.share_generation = state_->board->layout().share_generation.load();
-  std::vector<ops::DeviceInfo> devices = state_->share.Devices(nullptr);
-  out.Put<uint32_t>(static_cast<uint32_t>(devices.size()));
-  for (const auto& d : devices) out.Put(d);
-  out.PutString(state_->shm_offer);
-  out.PutString(state_->boot_id);
+  PutWelcome(out);
   if (!Reply(conn.get(), h, CUDA_SUCCESS, out)) return;
   transport::DetachedConnection detached;
   Status st = conn->Detach(&detached);
@@ -170,6 +160,93 @@ void Acceptor::Hello(std::unique_ptr<transport::Connection> conn, const wire::Fr
     FLYT_ERROR("session %llu from %s (pid %u): no worker to serve it: %s",
                static_cast<unsigned long long>(ticket.session), peer.c_str(), req.pid,
                st.message().c_str());
+    transport::CloseDetached(&detached);
+  }
+}
+
+std::string Acceptor::Refusal(const wire::HelloRequest& req, const uint8_t* token) const {
+  if (req.protocol_version != wire::kProtocolVersion)
+    return "protocol version mismatch: client speaks " + std::to_string(req.protocol_version) +
+           ", server speaks " + std::to_string(wire::kProtocolVersion) +
+           "; use matching Flyt versions";
+  if (std::string(reinterpret_cast<const char*>(token), req.token_len) != state_->token)
+    return "wrong token: the server refused the client's credential; set FLYT_TOKEN (or "
+           "--token) to the token the server was started with";
+  return "";
+}
+
+void Acceptor::PutWelcome(wire::Writer& out) const {
+  std::vector<ops::DeviceInfo> devices = state_->share.Devices(nullptr);
+  out.Put<uint32_t>(static_cast<uint32_t>(devices.size()));
+  for (const auto& d : devices) out.Put(d);
+  out.PutString(state_->shm_offer);
+  out.PutString(state_->boot_id);
+}
+
+void Acceptor::Moved(std::unique_ptr<transport::Connection> conn, const wire::FrameHeader& h,
+                     const std::vector<uint8_t>& payload) {
+  const std::string peer = conn->Peer();
+  const bool resume = h.op == ops::kOpResume;
+  wire::Reader in(payload.data(), payload.size());
+  wire::HelloRequest req{};
+  const uint8_t* token = nullptr;
+  uint64_t key[2] = {0, 0};
+  if (!in.Get(&req) || req.token_len > wire::kMaxTokenLen ||
+      (token = in.Skip(req.token_len)) == nullptr ||
+      (resume && (!in.Get(&key[0]) || !in.Get(&key[1]))) || in.remaining() != 0) {
+    FLYT_WARN("connection from %s: malformed %s; closing", peer.c_str(),
+              resume ? "resume" : "restore");
+    return;
+  }
+  std::string refusal = Refusal(req, token);
+  wire::Writer out;
+  if (!refusal.empty()) {
+    FLYT_WARN("%s from %s refused: %s", resume ? "resume" : "restore", peer.c_str(),
+              refusal.c_str());
+    if (resume) out.Put(wire::HelloReply{wire::kProtocolVersion, state_->driver_version, 0, 0});
+    out.PutString(refusal);
+    Reply(conn.get(), h, CUDA_ERROR_NOT_PERMITTED, out);
+    return;
+  }
+  transport::DetachedConnection detached;
+  if (!resume) {
+    // A server moves a session here: a worker reads the snapshot and answers.
+    channel::Ticket ticket;
+    ticket.session = next_session_++;
+    std::random_device rd;
+    ticket.secret = ((static_cast<uint64_t>(rd()) << 32) ^ rd()) | 1;
+    ticket.client_pid = req.pid;
+    ticket.flags = channel::kTicketRestore;
+    ticket.share_generation = state_->board->layout().share_generation.load();
+    // Accepted: the snapshot may come (a refusal above costs the mover no bytes).
+    out.PutString("");
+    if (!Reply(conn.get(), h, CUDA_SUCCESS, out)) return;
+    Status st = conn->Detach(&detached);
+    if (st.ok()) st = pool_->Serve(ticket, &detached);
+    if (!st.ok()) {
+      FLYT_ERROR("session moved here from %s: no worker to restore it: %s", peer.c_str(),
+                 st.message().c_str());
+      transport::CloseDetached(&detached);
+    }
+    return;
+  }
+  uint64_t session = 0, secret = 0;
+  if (!pool_->FindResume(key, &session, &secret)) {
+    // Not restored (yet): a checkpointed client asks again until it is.
+    out.Put(wire::HelloReply{wire::kProtocolVersion, state_->driver_version, 0, 0});
+    out.PutString("no session waits for this client here (yet)");
+    Reply(conn.get(), h, CUDA_ERROR_NOT_READY, out);
+    return;
+  }
+  out.Put(wire::HelloReply{wire::kProtocolVersion, state_->driver_version, session, secret});
+  out.PutString("");
+  PutWelcome(out);
+  if (!Reply(conn.get(), h, CUDA_SUCCESS, out)) return;
+  Status st = conn->Detach(&detached);
+  if (st.ok()) st = pool_->RouteResume(key, &detached);
+  if (!st.ok()) {
+    FLYT_WARN("session %llu: resume from %s failed: %s", static_cast<unsigned long long>(session),
+              peer.c_str(), st.message().c_str());
     transport::CloseDetached(&detached);
   }
 }

@@ -39,6 +39,14 @@ class Acceptor {
              const std::vector<uint8_t>& payload);
   void Callback(std::unique_ptr<transport::Connection> conn, const wire::FrameHeader& h,
                 const std::vector<uint8_t>& payload);
+  // ops::kOpResume (a client continues its moved session here) and
+  // ops::kOpRestoreSession (a server moves a session here).
+  void Moved(std::unique_ptr<transport::Connection> conn, const wire::FrameHeader& h,
+             const std::vector<uint8_t>& payload);
+  // Why the handshake's version or token is refused (empty: accepted).
+  std::string Refusal(const wire::HelloRequest& req, const uint8_t* token) const;
+  // The device inventory and the shm offer, as a welcome ends.
+  void PutWelcome(wire::Writer& out) const;
   bool Reply(transport::Connection* conn, const wire::FrameHeader& req, CUresult rc,
              const wire::Writer& out);
 

@@ -1,8 +1,13 @@
 // Implementation of server/control_socket.h.
 #include "server/control_socket.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <random>
 
 #include <cctype>
 #include <chrono>
@@ -128,6 +133,123 @@ Json SetShare(ServerState* state, const Json& request) {
   return answer;
 }
 
+// How long migrate, checkpoint and restore wait for the sessions' reports.
+int WaitMs(const Json& request) {
+  if (request.contains("wait_ms") && request["wait_ms"].is_number_integer()) {
+    int64_t v = request["wait_ms"].get<int64_t>();
+    return static_cast<int>(std::clamp<int64_t>(v, 0, 10 * 60 * 1000));
+  }
+  return 30000;
+}
+
+Json ReportsJson(const std::vector<channel::Report>& reports, size_t* ok) {
+  Json list = Json::array();
+  *ok = 0;
+  for (const auto& r : reports) {
+    if (r.ok) ++*ok;
+    list.push_back({{"session", r.session}, {"ok", r.ok}, {"message", r.message}});
+  }
+  return list;
+}
+
+// migrate / checkpoint: every session with a client moves at its next park
+// (its client's next synchronous call), then this answers what happened.
+Json Move(ServerState* state, const Json& request, channel::MoveOrder::Mode mode) {
+  channel::MoveOrder order;
+  order.mode = mode;
+  const bool checkpoint = mode == channel::MoveOrder::Mode::kCheckpoint;
+  const char* field = checkpoint ? "dir" : "to";
+  if (!request.contains(field) || !request[field].is_string() ||
+      request[field].get<std::string>().empty())
+    return control::Error("bad_request", std::string(checkpoint ? "checkpoint" : "migrate") +
+                                             " needs \"" + field + "\"");
+  order.where = request[field].get<std::string>();
+  if (checkpoint) {
+    struct stat st {};
+    if (::stat(order.where.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
+        ::access(order.where.c_str(), W_OK) != 0)
+      return control::Error("bad_request", "checkpoint: " + order.where +
+                                               " is not a directory this server can write");
+    order.leave_running = request.contains("leave_running") &&
+                          request["leave_running"].is_boolean() &&
+                          request["leave_running"].get<bool>();
+  } else {
+    transport::Address addr;
+    Status st = transport::ParseAddress(order.where, &addr);
+    if (!st.ok()) return control::Error("bad_request", "migrate: " + st.message());
+    if (addr.kind != transport::Address::Kind::kTcp && addr.kind != transport::Address::Kind::kUnix)
+      return control::Error("bad_request",
+                            "migrate: the target must be a tcp:// or unix:// address");
+    order.token = request.contains("token") && request["token"].is_string()
+                      ? request["token"].get<std::string>()
+                      : state->token;
+  }
+  const uint64_t after = state->pool->LastReport();
+  const int asked = state->pool->AskMove(order);
+  std::vector<channel::Report> reports = state->pool->WaitReports(
+      channel::Report::Kind::kMove, after, static_cast<size_t>(asked), WaitMs(request));
+  size_t ok = 0;
+  Json sessions = ReportsJson(reports, &ok);
+  FLYT_INFO("control: %s to %s: %d session(s) asked, %zu moved, %zu stayed, %zu not parked yet",
+            checkpoint ? "checkpoint" : "migrate", order.where.c_str(), asked, ok,
+            reports.size() - ok, asked - std::min<size_t>(asked, reports.size()));
+  return control::Ok({{"asked", asked},
+                      {checkpoint ? "checkpointed" : "moved", ok},
+                      {"stayed", reports.size() - ok},
+                      {"pending", asked - std::min<size_t>(asked, reports.size())},
+                      {"sessions", sessions}});
+}
+
+// restore: each *.flyt file of the directory becomes a session that waits
+// for its client.
+Json Restore(ServerState* state, const Json& request) {
+  if (!request.contains("dir") || !request["dir"].is_string())
+    return control::Error("bad_request", "restore needs \"dir\"");
+  const std::string dir = request["dir"].get<std::string>();
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return control::Error("bad_request", "restore: cannot read " + dir);
+  std::vector<std::string> files;
+  while (dirent* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    if (name.size() > 5 && name.compare(name.size() - 5, 5, ".flyt") == 0) files.push_back(name);
+  }
+  ::closedir(d);
+  std::sort(files.begin(), files.end());
+  const uint64_t after = state->pool->LastReport();
+  int started = 0;
+  Json failed = Json::array();
+  for (const auto& name : files) {
+    const std::string path = dir + "/" + name;
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      failed.push_back({{"file", path}, {"message", "cannot open it"}});
+      continue;
+    }
+    channel::Ticket ticket;
+    std::random_device rd;
+    ticket.session = (static_cast<uint64_t>(rd()) << 32 | rd()) & ((1ull << 62) - 1);
+    ticket.secret = ((static_cast<uint64_t>(rd()) << 32) ^ rd()) | 1;
+    ticket.flags = channel::kTicketRestore;
+    ticket.share_generation = state->board->layout().share_generation.load();
+    Status st = state->pool->ServeRestoreFile(ticket, fd);  // closes fd
+    if (st.ok()) {
+      ++started;
+    } else {
+      failed.push_back({{"file", path}, {"message", st.message()}});
+    }
+  }
+  std::vector<channel::Report> reports = state->pool->WaitReports(
+      channel::Report::Kind::kRestore, after, static_cast<size_t>(started), WaitMs(request));
+  size_t ok = 0;
+  Json sessions = ReportsJson(reports, &ok);
+  FLYT_INFO("control: restore from %s: %zu file(s), %zu restored", dir.c_str(), files.size(), ok);
+  return control::Ok({{"files", files.size()},
+                      {"restored", ok},
+                      {"failed", failed},
+                      {"pending", started - std::min<size_t>(started, reports.size())},
+                      {"sessions", sessions}});
+}
+
 }  // namespace
 
 Json HandleControlRequest(ServerState* state, const Json& request) {
@@ -136,8 +258,12 @@ Json HandleControlRequest(ServerState* state, const Json& request) {
   const std::string verb = request["verb"].get<std::string>();
   if (verb == "stats") return Stats(state);
   if (verb == "set-share") return SetShare(state, request);
-  return control::Error("bad_request",
-                        "unknown verb '" + verb + "': flyt-server answers stats and set-share");
+  if (verb == "migrate") return Move(state, request, channel::MoveOrder::Mode::kMigrate);
+  if (verb == "checkpoint") return Move(state, request, channel::MoveOrder::Mode::kCheckpoint);
+  if (verb == "restore") return Restore(state, request);
+  return control::Error("bad_request", "unknown verb '" + verb +
+                                           "': flyt-server answers stats, set-share, migrate, "
+                                           "checkpoint and restore");
 }
 
 bool ParseByteCount(const std::string& text, uint64_t* out) {

@@ -48,6 +48,10 @@ class ManagedPager {
   void RemoveOwnedBy(uint64_t owner);
   void Clear();  // a context reset took them all
   bool Contains(uint64_t p, uint64_t n);
+  bool Any() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !ranges_.empty();
+  }
 
   // Serves the client's paging channel on a thread of its own; a second
   // channel replaces the first. `ctx` (the session's primary context; null

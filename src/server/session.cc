@@ -101,6 +101,8 @@ struct Slot<T, ArgRole::kHandle> {
       real = reinterpret_cast<uintptr_t>(s.RealStream(raw));
     if constexpr (kind == HandleKind::kContext)
       real = reinterpret_cast<uintptr_t>(s.RealContext(raw));
+    if constexpr (kind != HandleKind::kStream && kind != HandleKind::kContext)
+      real = s.RealHandle(kind, raw);  // a restored session's handles (session_migrate.cc)
     return true;
   }
   T Get() { return reinterpret_cast<T>(real); }
@@ -131,14 +133,20 @@ struct Slot<T, ArgRole::kOut> {
   uint64_t Raw() const { return 0; }
   void Finish(Writer& w, Session& s) {
     if (!want) return;
-    w.Put(v);
     if constexpr (marshal::kIsHandle<U>) {
-      if (v != nullptr) s.Adopt(marshal::HandleOf<U>::kind, reinterpret_cast<uintptr_t>(v));
-    }
-    // A graph a generic call returns (cuGraphCreate, cuStreamEndCapture) is a new
-    // top-level graph, whatever node-owned graph had its address before.
-    if constexpr (std::is_same_v<U, CUgraph>) {
-      if (v != nullptr) s.NewTopLevelGraph(reinterpret_cast<uintptr_t>(v));
+      constexpr HandleKind kind = marshal::HandleOf<U>::kind;
+      // The client gets its own value for the object (a restored session's
+      // may differ from the driver's).
+      uint64_t client = v != nullptr ? s.ClientHandle(kind, reinterpret_cast<uintptr_t>(v)) : 0;
+      w.Put<uint64_t>(client);
+      if (v != nullptr) s.Adopt(kind, client);
+      // A graph a generic call returns (cuGraphCreate, cuStreamEndCapture) is a new
+      // top-level graph, whatever node-owned graph had its address before.
+      if constexpr (std::is_same_v<U, CUgraph>) {
+        if (v != nullptr) s.NewTopLevelGraph(client);
+      }
+    } else {
+      w.Put(v);
     }
   }
 };
@@ -204,6 +212,13 @@ bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CU
       *rc = CUDA_ERROR_INVALID_VALUE;
       return true;
     }
+    // Memory a restore mapped at the client's old address is not the driver's
+    // cuMemAlloc memory: the session frees it (session_migrate.cc).
+    if (releases == HandleKind::kMemory && s.IsRestoredAllocation(std::get<0>(slots).Raw())) {
+      *rc = s.FreeRestored(std::get<0>(slots).Raw());
+      s.Forget(HandleKind::kMemory, std::get<0>(slots).Raw());
+      return true;
+    }
     // Managed memory: the pager stops touching it before the driver frees it.
     if (releases == HandleKind::kMemory) s.pager().Remove(std::get<0>(slots).Raw());
     if (releases == HandleKind::kLibrary || releases == HandleKind::kModule)
@@ -253,6 +268,16 @@ bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CU
   // A global of a module or library: a __managed__ variable's block is paged.
   if constexpr (Op == 201 || Op == 202 || Op == 203)
     s.NoteGlobal(std::get<0>(slots).v, std::get<2>(slots).Raw());
+  // What a snapshot needs later (session_migrate.cc): globals by name, event
+  // flags, and which memory came from a pool.
+  if constexpr (Op == 201 || Op == 202)
+    s.NoteGlobalName(std::get<0>(slots).v, std::get<1>(slots).v, std::get<2>(slots).Raw(),
+                     std::get<3>(slots).Get());
+  if constexpr (Op == 130)
+    s.NoteEventFlags(
+        s.ClientHandle(HandleKind::kEvent, reinterpret_cast<uintptr_t>(std::get<0>(slots).v)),
+        std::get<1>(slots).v);
+  if constexpr (Op == 240 || Op == 241) s.NoteAsyncAllocation(std::get<0>(slots).v);
   std::apply([&](auto&... sl) { (sl.Finish(out, s), ...); }, slots);
   if constexpr (sizeof...(Args) > 0) {
     if (releases != HandleKind::kNone) s.Forget(releases, std::get<0>(slots).Raw());
@@ -325,7 +350,7 @@ Session::Session(ServerState* state, std::unique_ptr<transport::Connection> conn
   id_ = ticket.session;
   secret_ = ticket.secret;
   client_pid_ = ticket.client_pid;
-  peer_ = conn_->Peer();
+  peer_ = conn_ != nullptr ? conn_->Peer() : "";
   FollowShare();
   // The client has the inventory of the share it saw in the handshake; a
   // change since then reaches it with the first reply.
@@ -382,7 +407,9 @@ void Session::FollowShare() {
   if (state_->slot != nullptr) state_->slot->share_generation = generation;
 }
 
-void Session::Abort() { conn_->Shutdown(); }
+void Session::Abort() {
+  if (conn_ != nullptr) conn_->Shutdown();
+}
 
 bool Session::Owns(HandleKind kind, uint64_t value) const {
   if (handles_[static_cast<int>(kind)].count(value) != 0) return true;
@@ -413,6 +440,18 @@ void Session::Forget(HandleKind kind, uint64_t value) {
   // stays taken by the retired stream object until the session ends.
   if (kind == HandleKind::kStream) stream_map_.erase(value);
   if (kind == HandleKind::kGraph) GraphForgotten(value);
+  auto& fwd = xlate_[static_cast<int>(kind)];
+  if (!fwd.empty()) {
+    auto it = fwd.find(value);
+    if (it != fwd.end()) {
+      rev_[static_cast<int>(kind)].erase(it->second);
+      fwd.erase(it);
+    }
+  }
+  if (kind == HandleKind::kEvent) event_flags_.erase(value);
+  if (kind == HandleKind::kMemory) async_allocs_.erase(value);
+  if (kind == HandleKind::kModule || kind == HandleKind::kLibrary) images_.erase(value);
+  if (kind == HandleKind::kFunction || kind == HandleKind::kKernel) code_names_.erase(value);
 }
 
 void Session::NoteAllocation(HandleKind kind, uint64_t handle, uint64_t bytes) {
@@ -442,7 +481,7 @@ CUstream Session::RealStream(uint64_t raw) const {
 }
 
 CUcontext Session::RealContext(uint64_t raw) const {
-  if (raw != 0 && raw == reinterpret_cast<uintptr_t>(primary_) && exec_ != nullptr) return exec_;
+  if (raw != 0 && raw == primary_client_) return exec_ != nullptr ? exec_ : primary_;
   return reinterpret_cast<CUcontext>(raw);
 }
 
@@ -496,6 +535,11 @@ wire::FrameHeader Session::ReplyHeader(const wire::FrameHeader& req, CUresult rc
   // The share changed since the client fetched the device inventory: it
   // fetches it again (kOpDeviceInfo) when it sees this bit.
   if (info_generation_ != state_->share.info_generation()) h.info |= wire::kReplyConfigChanged;
+  // The operator moves this session: the client parks after this reply.
+  if (!move_asked_ && move_wanted_.load(std::memory_order_acquire)) {
+    h.info |= wire::kReplyMoveWanted;
+    move_asked_ = true;
+  }
   if (!keep_deferred_) {
     h.deferred_status = static_cast<uint32_t>(deferred_);
     deferred_ = CUDA_SUCCESS;
@@ -651,12 +695,17 @@ void Session::Run() {
     }
     if (h.flags & wire::kFlagWantReply) {
       if (!replied_ && !Reply(h, rc, out)) break;
+      if (moved_) break;  // the session goes on elsewhere (session_migrate.cc)
     } else if (rc != CUDA_SUCCESS && deferred_ == CUDA_SUCCESS) {
       FLYT_DEBUG("session %llu: asynchronous op %u failed with %d (deferred)",
                  static_cast<unsigned long long>(id_), h.op, rc);
       deferred_ = rc;
     }
   }
+  ReleaseEverything();
+}
+
+void Session::ReleaseEverything() {
   if (profiling_) ProfilerStop(profiled_kinds_);
   pager_.Stop();          // before the managed memory goes
   ReleaseUserContexts();  // their handles first, then each context
@@ -664,6 +713,7 @@ void Session::Run() {
   ReleaseSharedHost();
   ReleaseExec();
   if (retained_primary_) state_->api.cuDevicePrimaryCtxRelease_v2(primary_device_);
+  retained_primary_ = false;
 }
 
 void Session::ReleaseStaging() {
@@ -704,7 +754,10 @@ void Session::ReleaseAll() {
   ReleaseGraphNodes();
   each(HandleKind::kGraph, [&](uint64_t h) { a.cuGraphDestroy(reinterpret_cast<CUgraph>(h)); });
   ReleaseCaptured();
-  each(HandleKind::kEvent, [&](uint64_t h) { a.cuEventDestroy_v2(reinterpret_cast<CUevent>(h)); });
+  auto real = [&](HandleKind k, uint64_t h) { return RealHandle(k, h); };
+  each(HandleKind::kEvent, [&](uint64_t h) {
+    a.cuEventDestroy_v2(reinterpret_cast<CUevent>(real(HandleKind::kEvent, h)));
+  });
   each(HandleKind::kStream, [&](uint64_t h) { a.cuStreamDestroy_v2(RealStream(h)); });
   stream_map_.clear();
   for (CUstream st : retired_streams_) a.cuStreamDestroy_v2(st);
@@ -715,8 +768,11 @@ void Session::ReleaseAll() {
   }
   old_greens_.clear();
   each(HandleKind::kArray, [&](uint64_t h) { a.cuArrayDestroy(reinterpret_cast<CUarray>(h)); });
-  each(HandleKind::kMemory, [&](uint64_t h) { a.cuMemFree_v2(static_cast<CUdeviceptr>(h)); });
-  ReleaseVmm();  // unmaps, releases, frees; refunds its own charges
+  each(HandleKind::kMemory, [&](uint64_t h) {
+    if (!IsRestoredAllocation(h)) a.cuMemFree_v2(static_cast<CUdeviceptr>(h));
+  });
+  ReleaseRestoredMemory();  // unmapped and released here (session_migrate.cc)
+  ReleaseVmm();             // unmaps, releases, frees; refunds its own charges
   // The session's memory no longer counts against the tenant's quota.
   uint64_t charged = 0;
   for (auto& [h, bytes] : memory_bytes_) charged += bytes;
@@ -724,9 +780,19 @@ void Session::ReleaseAll() {
   memory_bytes_.clear();
   array_bytes_.clear();
   RefundMemory(charged);
-  each(HandleKind::kModule, [&](uint64_t h) { a.cuModuleUnload(reinterpret_cast<CUmodule>(h)); });
-  each(HandleKind::kLibrary,
-       [&](uint64_t h) { a.cuLibraryUnload(reinterpret_cast<CUlibrary>(h)); });
+  each(HandleKind::kModule, [&](uint64_t h) {
+    a.cuModuleUnload(reinterpret_cast<CUmodule>(real(HandleKind::kModule, h)));
+  });
+  each(HandleKind::kLibrary, [&](uint64_t h) {
+    a.cuLibraryUnload(reinterpret_cast<CUlibrary>(real(HandleKind::kLibrary, h)));
+  });
+  for (auto& m : xlate_) m.clear();
+  for (auto& m : rev_) m.clear();
+  images_.clear();
+  code_names_.clear();
+  event_flags_.clear();
+  async_allocs_.clear();
+  globals_.clear();
   // Pools: the device's default pool is shared and stays; pools this session
   // created are not told apart yet and live until the server exits.
   handles_[static_cast<int>(HandleKind::kMemPool)].clear();
@@ -754,12 +820,14 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
         }
         retained_primary_ = true;
         primary_ = ctx;
-        Adopt(HandleKind::kContext, reinterpret_cast<uintptr_t>(ctx));
+        // A restored session keeps the client's old handle of its primary context.
+        if (primary_client_ == 0) primary_client_ = reinterpret_cast<uintptr_t>(ctx);
+        Adopt(HandleKind::kContext, primary_client_);
         EnterExec(dev);
         *rc = a.cuCtxSetCurrent(exec_);
-        NoteCurrentContext(reinterpret_cast<uintptr_t>(ctx));
+        NoteCurrentContext(primary_client_);
       }
-      out.Put<uint64_t>(reinterpret_cast<uintptr_t>(ctx));
+      out.Put<uint64_t>(*rc == CUDA_SUCCESS ? primary_client_ : 0);
       return true;
     }
     case ops::kOpSetCurrentContext: {
@@ -823,7 +891,7 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
     case ops::kOpPrimaryCtxReset: {
       // cudaDeviceReset: this process's state goes, other sessions keep theirs.
       CUcontext keep = primary_;
-      uint64_t keep_raw = reinterpret_cast<uintptr_t>(keep);
+      uint64_t keep_raw = primary_client_;
       std::vector<StashedHandle> user = StashUserHandles();  // contexts it created stay
       pager_.Clear();  // its managed memory goes with the rest
       ReleaseAll();
@@ -872,9 +940,17 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
         return true;
       }
       CUfunction f = nullptr;
-      *rc = a.cuKernelGetFunction(&f, reinterpret_cast<CUkernel>(k));
-      if (*rc == CUDA_SUCCESS) Adopt(HandleKind::kFunction, reinterpret_cast<uintptr_t>(f));
-      out.Put<uint64_t>(reinterpret_cast<uintptr_t>(f));
+      *rc =
+          a.cuKernelGetFunction(&f, reinterpret_cast<CUkernel>(RealHandle(HandleKind::kKernel, k)));
+      uint64_t client = 0;
+      if (*rc == CUDA_SUCCESS) {
+        client = ClientHandle(HandleKind::kFunction, reinterpret_cast<uintptr_t>(f));
+        Adopt(HandleKind::kFunction, client);
+        auto named = code_names_.find(k);
+        if (named != code_names_.end() && code_names_.count(client) == 0)
+          code_names_[client] = CodeName{named->second.image, named->second.name, false, k};
+      }
+      out.Put<uint64_t>(client);
       return true;
     }
     case ops::kOpFuncParamLayout: {
@@ -885,12 +961,15 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
         *rc = CUDA_ERROR_INVALID_HANDLE;
         return true;
       }
-      DescribeFunction(f, is_kernel != 0, out);
+      DescribeFunction(RealHandle(is_kernel ? HandleKind::kKernel : HandleKind::kFunction, f),
+                       is_kernel != 0, out);
       *rc = CUDA_SUCCESS;
       return true;
     }
     case ops::kOpLaunch:
       return Launch(in, per_thread, rc);
+    case ops::kOpPark:  // the client is ready to move (session_migrate.cc)
+      return Park(in, out, rc);
     case ops::kOpMaxActiveClusters:
       return MaxActiveClusters(in, out, rc);
     case ops::kOpStreamCaptureInfo: {
@@ -1029,7 +1108,7 @@ void Session::DescribeFunction(uint64_t handle, bool is_kernel, Writer& out) {
 
 // Writes u32 n, then per kernel (library) or function (module): u64 handle,
 // string name, parameter layout; and adopts each handle for this session.
-void Session::DescribeImage(uint64_t image, bool library, Writer& out) {
+void Session::DescribeImage(uint64_t image, uint64_t image_client, bool library, Writer& out) {
   DriverApi& a = state_->api;
   unsigned int count = 0;
   std::vector<uint64_t> fns;
@@ -1054,8 +1133,11 @@ void Session::DescribeImage(uint64_t image, bool library, Writer& out) {
     } else {
       a.cuFuncGetName(&name, reinterpret_cast<CUfunction>(raw));
     }
-    Adopt(library ? HandleKind::kKernel : HandleKind::kFunction, raw);
-    out.Put(raw);
+    const HandleKind kind = library ? HandleKind::kKernel : HandleKind::kFunction;
+    const uint64_t client = ClientHandle(kind, raw);
+    Adopt(kind, client);
+    code_names_[client] = CodeName{image_client, name ? name : "", library, 0};
+    out.Put(client);
     out.PutString(name ? name : "");
     DescribeFunction(raw, library, out);
   }
@@ -1108,9 +1190,12 @@ bool Session::LoadImage(Reader& in, Writer& out, CUresult* rc) {
     handle = reinterpret_cast<uintptr_t>(mod);
   }
   if (*rc != CUDA_SUCCESS) return true;
-  Adopt(library ? HandleKind::kLibrary : HandleKind::kModule, handle);
-  out.Put(handle);
-  DescribeImage(handle, library, out);
+  const HandleKind kind = library ? HandleKind::kLibrary : HandleKind::kModule;
+  const uint64_t client = ClientHandle(kind, handle);
+  Adopt(kind, client);
+  images_[client] = ImageRecord{image, h0, h1, library, ++image_seq_};
+  out.Put(client);
+  DescribeImage(handle, client, library, out);
   return true;
 }
 
@@ -1132,6 +1217,7 @@ bool Session::DecodeLaunchHead(Reader& in, CUlaunchConfig* cfg, CUlaunchAttribut
   if (!Owns(is_kernel ? HandleKind::kKernel : HandleKind::kFunction, *fn) ||
       (stream > 2 && !Owns(HandleKind::kStream, stream)))
     *rc = CUDA_ERROR_INVALID_HANDLE;
+  *fn = RealHandle(is_kernel ? HandleKind::kKernel : HandleKind::kFunction, *fn);
   if (flags & ops::kLaunchCooperative) {
     attrs[nattrs] = CUlaunchAttribute{};
     attrs[nattrs].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;

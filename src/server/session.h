@@ -26,6 +26,7 @@
 #include "protocol/ops.h"
 #include "protocol/wire.h"
 #include "server/driver_api.h"
+#include "server/image_cache.h"
 #include "server/managed_pager.h"
 #include "server/share.h"
 #include "server/worker_channel.h"
@@ -34,6 +35,8 @@
 namespace flyt::server {
 
 class MainLink;
+class SnapshotReader;
+class SnapshotWriter;
 struct WorkerSlot;
 class TenantBoard;
 class WorkerPool;
@@ -106,6 +109,8 @@ class Session {
   ~Session();
   // Serves the client until it leaves, dies or misbehaves; then frees all it owned.
   void Run();
+  // Frees all the session owns (Run's end; a restore that failed).
+  void ReleaseEverything();
   // The client's second connection, for host functions (from the main process).
   void AttachCallbackChannel(std::unique_ptr<transport::Connection> conn);
   // The client's third connection, on which its pager moves managed pages.
@@ -293,7 +298,7 @@ class Session {
   bool CopyShared(wire::Reader& in, bool per_thread, CUresult* rc);
   void ReleaseSharedHost();
   void DescribeFunction(uint64_t handle, bool is_kernel, wire::Writer& out);
-  void DescribeImage(uint64_t image, bool library, wire::Writer& out);
+  void DescribeImage(uint64_t image, uint64_t image_client, bool library, wire::Writer& out);
   void ReleaseAll();
   void ReleaseStaging();
   // Execution context (server/share.h): made at the primary context's retain,
@@ -465,6 +470,100 @@ class Session {
   void ReleaseLinks();
   std::map<uint64_t, std::unique_ptr<LinkState>> links_;  // by the driver's handle
   // --- end of the JIT linker ---------------------------------------------------
+
+  // --- moving the session to another server or a file (session_migrate.cc) -----
+ public:
+  // From the worker's control thread: the next reply asks the client to park
+  // (wire::kReplyMoveWanted); at the park the session moves.
+  void RequestMove(const channel::MoveOrder& order);
+  // Before any client: recreates a moved session's state from its snapshot,
+  // under the client's handle values and at its device addresses. *key is
+  // what the client resumes with (ops::kOpResume).
+  Status Restore(SnapshotReader& in, uint64_t key[2]);
+  // The client's connection to this restored session.
+  void Resume(std::unique_ptr<transport::Connection> conn);
+  // Handles of a restored session: the driver's object behind the client's
+  // value, and the client's value for an object the driver returned (the
+  // client's old value when it had one; a value no live handle has else).
+  // Identity until the session is restored.
+  uint64_t RealHandle(marshal::HandleKind kind, uint64_t client) const {
+    const auto& m = xlate_[static_cast<int>(kind)];
+    if (m.empty()) return client;
+    auto it = m.find(client);
+    return it == m.end() ? client : it->second;
+  }
+  uint64_t ClientHandle(marshal::HandleKind kind, uint64_t real);
+  // Hooks of the generic handlers: what a snapshot needs that the driver does
+  // not tell afterwards.
+  void NoteEventFlags(uint64_t event, unsigned flags) { event_flags_[event] = flags; }
+  void NoteAsyncAllocation(uint64_t ptr) { async_allocs_.insert(ptr); }
+  void NoteGlobalName(uint64_t ptr, uint64_t size, uint64_t image, const char* name);
+  // cuMemFree of memory a restore mapped at the client's old address.
+  bool IsRestoredAllocation(uint64_t ptr) const {
+    return !restored_allocs_.empty() && restored_allocs_.count(ptr) != 0;
+  }
+  CUresult FreeRestored(uint64_t ptr);
+
+ private:
+  bool Park(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  // Why this session cannot move now (empty: it can).
+  std::string Unmovable();
+  Status WriteSnapshot(SnapshotWriter& out, const uint64_t key[2]);
+  // Reserves and maps the client's device ranges at their addresses (before
+  // anything else can take them), then fills them.
+  struct RestoredAlloc {
+    uint64_t base = 0, size = 0, charged = 0;
+  };
+  Status RestoreMemoryLayout(SnapshotReader& in, std::vector<RestoredAlloc>* allocs);
+  Status RestoreMemoryContents(SnapshotReader& in, const std::vector<RestoredAlloc>& allocs);
+  Status RestoreCode(SnapshotReader& in);
+  // Sends a move or restore outcome to the main process (control socket).
+  void ReportOutcome(channel::Report::Kind kind, bool ok, const std::string& message);
+  void ReleaseRestoredMemory();
+  std::mutex move_mu_;
+  channel::MoveOrder move_order_;  // under move_mu_
+  std::atomic<bool> move_wanted_{false};
+  bool move_asked_ = false;  // the client was told to park
+  bool moved_ = false;       // the session lives elsewhere now: Run ends
+  struct ImageRecord {
+    std::shared_ptr<const ImageBytes> bytes;
+    uint64_t h0 = 0, h1 = 0;
+    bool library = false;
+    uint64_t seq = 0;  // load order
+  };
+  std::map<uint64_t, ImageRecord> images_;  // by the client's handle
+  uint64_t image_seq_ = 0;
+  struct CodeName {
+    uint64_t image = 0;  // client handle of the module or library
+    std::string name;
+    bool kernel = false;       // a CUkernel (library), else a CUfunction
+    uint64_t from_kernel = 0;  // a function made by cuKernelGetFunction from this kernel
+  };
+  std::unordered_map<uint64_t, CodeName> code_names_;  // by the client's handle
+  std::unordered_map<uint64_t, unsigned> event_flags_;
+  std::unordered_set<uint64_t> async_allocs_;
+  struct GlobalRecord {
+    uint64_t size = 0;
+    uint64_t image = 0;
+    std::string name;
+  };
+  std::map<uint64_t, GlobalRecord> globals_;  // by device address
+  std::unordered_map<uint64_t, uint64_t> xlate_[static_cast<int>(marshal::HandleKind::kCount)];
+  std::unordered_map<uint64_t, uint64_t> rev_[static_cast<int>(marshal::HandleKind::kCount)];
+  uint64_t next_synthetic_ = 0xf17e000000000000ull;
+  uint64_t primary_client_ = 0;  // the client's handle of the primary context
+  struct RestoredRegion {
+    uint64_t size = 0;
+    CUmemGenericAllocationHandle handle = 0;
+    uint32_t live = 0;  // allocations still inside
+  };
+  std::map<uint64_t, RestoredRegion> restored_regions_;  // by base
+  struct RestoredPlace {
+    uint64_t region = 0;  // base of its region
+    uint64_t size = 0;
+  };
+  std::unordered_map<uint64_t, RestoredPlace> restored_allocs_;  // by allocation base
+  // --- end of moving the session ------------------------------------------------
 };
 
 }  // namespace flyt::server

@@ -205,6 +205,8 @@ bool Session::ReadNodeDesc(Reader& in, NodeDesc* d, CUresult* rc) {
            d->type == CU_GRAPH_NODE_TYPE_WAIT_EVENT) &&
           !Owns(HandleKind::kEvent, d->value))
         *rc = CUDA_ERROR_INVALID_HANDLE;
+      if (d->type == CU_GRAPH_NODE_TYPE_EVENT_RECORD || d->type == CU_GRAPH_NODE_TYPE_WAIT_EVENT)
+        d->value = RealHandle(HandleKind::kEvent, d->value);
       break;
     case CU_GRAPH_NODE_TYPE_EMPTY:
       break;

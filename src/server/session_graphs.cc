@@ -207,6 +207,7 @@ bool Session::GraphKernelNode(Reader& in, Writer& out, CUresult* rc) {
       !Owns(is_kernel ? HandleKind::kKernel : HandleKind::kFunction, fn))
     *rc = CUDA_ERROR_INVALID_HANDLE;
   if (*rc != CUDA_SUCCESS) return true;
+  fn = RealHandle(is_kernel ? HandleKind::kKernel : HandleKind::kFunction, fn);
   // Parameter pointers into the blob, laid out as the driver reports.
   std::vector<uint8_t> params(blob, blob + blob_len);
   std::vector<void*> pointers;

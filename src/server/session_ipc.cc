@@ -137,6 +137,7 @@ bool Session::IpcGetEventHandle(wire::Reader& in, wire::Writer& out, CUresult* r
     *rc = CUDA_ERROR_INVALID_HANDLE;
     return true;
   }
+  event = RealHandle(marshal::HandleKind::kEvent, event);
   CUipcEventHandle handle{};
   *rc = api().cuIpcGetEventHandle(&handle, reinterpret_cast<CUevent>(event));
   if (*rc != CUDA_SUCCESS) return true;

@@ -10,6 +10,7 @@
 
 #include "common/log.h"
 #include "server/session.h"
+#include "server/session_snapshot.h"
 #include "server/tenant_board.h"
 #include "server/worker_channel.h"
 #include "transport/tls_server.h"
@@ -66,6 +67,75 @@ Status Boot(const WorkerArgs& args, const ServerOptions& options, ServerState* s
   state->slot->share_generation = state->share_seen;
   if (st.ok()) Prewarm(state);
   return st;
+}
+
+// How long a restored session waits for its client (ops::kOpResume): a
+// checkpointed client asks again until its server is back.
+constexpr int kResumeWaitMs = 10 * 60 * 1000;
+
+// A session moved here: restores it from the snapshot (a file, or the moving
+// server's connection, which is then answered), then waits for the client
+// to resume. False when there is nothing to serve (the state is released).
+bool RestoreSession(Session* session, const channel::Ticket& ticket, const WorkerArgs& args,
+                    const ServerOptions& options, MainLink* link, int fd,
+                    std::unique_ptr<transport::Connection> from) {
+  const auto id = static_cast<unsigned long long>(ticket.session);
+  uint64_t key[2] = {0, 0};
+  Status st;
+  const int64_t t0 = SteadyNowNs();
+  if (fd >= 0) {
+    SnapshotReader in(fd);
+    st = session->Restore(in, key);
+    ::close(fd);
+  } else {
+    SnapshotReader in(from.get());
+    st = session->Restore(in, key);
+    wire::Writer out;
+    out.PutString(st.ok() ? "" : st.message());
+    wire::FrameHeader h{wire::kMagic,
+                        ops::kOpRestoreSession,
+                        wire::kFlagReply,
+                        0,
+                        static_cast<uint32_t>(out.size()),
+                        st.ok() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE,
+                        0,
+                        0};
+    iovec iov[2] = {{&h, sizeof(h)}, {const_cast<uint8_t*>(out.data()), out.size()}};
+    if (!from->Send(iov, 2).ok() && st.ok())
+      st = Status::Error("the moving server left before the restore was confirmed");
+  }
+  channel::Report report;
+  report.kind = channel::Report::Kind::kRestore;
+  report.ok = st.ok();
+  report.session = ticket.session;
+  report.message = st.ok() ? "restored" : st.message();
+  link->Report(report);
+  if (!st.ok()) {
+    FLYT_ERROR("session %llu: restore failed: %s", id, st.message().c_str());
+    session->ReleaseEverything();
+    return false;
+  }
+  FLYT_INFO("session %llu: restored in %.1f ms; waiting for its client", id,
+            static_cast<double>(SteadyNowNs() - t0) / 1e6);
+  link->OfferResume(key);
+  for (;;) {
+    channel::Message m;
+    st = channel::Receive(args.control, &m, kResumeWaitMs);
+    if (!st.ok()) break;
+    transport::DetachedConnection d;
+    std::unique_ptr<transport::Connection> conn;
+    if (m.type == channel::Type::kResume && channel::ParseConnection(&m, nullptr, &d).ok() &&
+        Continue(&d, options, &conn).ok()) {
+      FLYT_INFO("session %llu: client pid %u resumed from %s", id, ticket.client_pid,
+                conn->Peer().c_str());
+      session->Resume(std::move(conn));
+      return true;
+    }
+    channel::CloseFds(&m);
+  }
+  FLYT_WARN("session %llu: its client did not resume (%s); releasing it", id, st.message().c_str());
+  session->ReleaseEverything();
+  return false;
 }
 
 }  // namespace
@@ -170,6 +240,19 @@ void MainLink::ReportSticky() {
   if (!st.ok()) FLYT_WARN("worker: %s", st.message().c_str());
 }
 
+void MainLink::OfferResume(const uint64_t key[2]) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status st = channel::Send(fd_, channel::Type::kResumeKey, key, 16);
+  if (!st.ok()) FLYT_WARN("worker: %s", st.message().c_str());
+}
+
+void MainLink::Report(const channel::Report& report) {
+  std::vector<uint8_t> p = channel::EncodeReport(report);
+  std::lock_guard<std::mutex> lock(mu_);
+  Status st = channel::Send(fd_, channel::Type::kReport, p.data(), p.size());
+  if (!st.ok()) FLYT_WARN("worker: %s", st.message().c_str());
+}
+
 int RunWorker(const WorkerArgs& args, const ServerOptions& options) {
   static char tag[48];
   std::snprintf(tag, sizeof(tag), "flyt-server worker %d", static_cast<int>(getpid()));
@@ -184,28 +267,44 @@ int RunWorker(const WorkerArgs& args, const ServerOptions& options) {
   MainLink link(args.requests);
   state->link = &link;
   st = link.Ready();
-  // Idle in the pool until the main process hands over a client.
+  // Idle in the pool until the main process hands over a client (or a
+  // session to restore: from a server that moves it here, or from a file).
   channel::Message m;
   if (st.ok()) st = channel::Receive(args.control, &m);
   if (!st.ok()) return 0;  // the main process is gone: nothing to serve
   channel::Ticket ticket;
   transport::DetachedConnection detached;
   std::unique_ptr<transport::Connection> conn;
-  st = m.type == channel::Type::kServe ? channel::ParseConnection(&m, &ticket, &detached)
-                                       : Status::Error("expected a client to serve");
-  if (st.ok()) st = Continue(&detached, options, &conn);
+  int restore_fd = -1;
+  if (m.type == channel::Type::kServe) {
+    st = channel::ParseConnection(&m, &ticket, &detached);
+    if (st.ok()) st = Continue(&detached, options, &conn);
+  } else if (m.type == channel::Type::kRestoreFile && m.payload.size() == sizeof(ticket) &&
+             m.fds.size() == 1) {
+    std::memcpy(&ticket, m.payload.data(), sizeof(ticket));
+    restore_fd = m.fds[0];
+    m.fds.clear();
+  } else {
+    st = Status::Error("expected a client to serve");
+  }
   if (!st.ok()) {
     channel::CloseFds(&m);
     FLYT_ERROR("worker: cannot take over the client's connection: %s", st.message().c_str());
     return 1;
   }
+  const bool restoring = restore_fd >= 0 || (ticket.flags & channel::kTicketRestore) != 0;
   state->slot->session = ticket.session;
   state->slot->client_pid = ticket.client_pid;
   state->slot->state = static_cast<uint32_t>(WorkerState::kServing);
-  FLYT_INFO("session %llu: client pid %u from %s", static_cast<unsigned long long>(ticket.session),
-            ticket.client_pid, conn->Peer().c_str());
+  if (!restoring)
+    FLYT_INFO("session %llu: client pid %u from %s",
+              static_cast<unsigned long long>(ticket.session), ticket.client_pid,
+              conn->Peer().c_str());
   {
-    Session session(state.get(), std::move(conn), ticket);
+    Session session(state.get(), restoring ? nullptr : std::move(conn), ticket);
+    if (restoring &&
+        !RestoreSession(&session, ticket, args, options, &link, restore_fd, std::move(conn)))
+      _exit(0);
     // The control channel now brings the client's callback channel; its end
     // means the main process is gone, which ends the session too.
     std::thread control([&] {
@@ -223,6 +322,9 @@ int RunWorker(const WorkerArgs& args, const ServerOptions& options) {
             session.AttachCallbackChannel(std::move(cb));
           }
         }
+        channel::MoveOrder order;
+        if (c.type == channel::Type::kMove && channel::DecodeMoveOrder(c.payload, &order))
+          session.RequestMove(order);
         channel::CloseFds(&c);
       }
       if (state->slot->state.load() == static_cast<uint32_t>(WorkerState::kServing))

@@ -22,6 +22,7 @@
 #include "server/driver_api.h"
 #include "server/image_cache.h"
 #include "server/share.h"
+#include "server/worker_channel.h"
 #include "transport/emulated_transport.h"
 
 namespace flyt::server {
@@ -66,6 +67,10 @@ class MainLink {
   int GetShareable(uint64_t key, uint64_t secret);
   // Tells the main process that this worker's client hit a sticky error.
   void ReportSticky();
+  // A restored session waits for the client that holds `key` (ops::kOpResume).
+  void OfferResume(const uint64_t key[2]);
+  // How a move or a restore ended, for the control socket.
+  void Report(const channel::Report& report);
 
  private:
   std::mutex mu_;

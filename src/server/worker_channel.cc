@@ -147,4 +147,58 @@ Status ParseConnection(Message* m, Ticket* ticket, transport::DetachedConnection
   return Status::Ok();
 }
 
+namespace {
+
+void PutString(std::vector<uint8_t>* p, const std::string& s) {
+  const auto n = static_cast<uint32_t>(s.size());
+  const auto* b = reinterpret_cast<const uint8_t*>(&n);
+  p->insert(p->end(), b, b + 4);
+  p->insert(p->end(), s.begin(), s.end());
+}
+
+bool GetString(const std::vector<uint8_t>& p, size_t* at, std::string* out) {
+  uint32_t n = 0;
+  if (p.size() - *at < 4) return false;
+  std::memcpy(&n, p.data() + *at, 4);
+  *at += 4;
+  if (p.size() - *at < n) return false;
+  out->assign(reinterpret_cast<const char*>(p.data() + *at), n);
+  *at += n;
+  return true;
+}
+
+}  // namespace
+
+std::vector<uint8_t> EncodeMoveOrder(const MoveOrder& o) {
+  std::vector<uint8_t> p = {static_cast<uint8_t>(o.mode), static_cast<uint8_t>(o.leave_running)};
+  PutString(&p, o.where);
+  PutString(&p, o.token);
+  return p;
+}
+
+bool DecodeMoveOrder(const std::vector<uint8_t>& p, MoveOrder* out) {
+  if (p.size() < 2 || (p[0] != 1 && p[0] != 2)) return false;
+  out->mode = static_cast<MoveOrder::Mode>(p[0]);
+  out->leave_running = p[1] != 0;
+  size_t at = 2;
+  return GetString(p, &at, &out->where) && GetString(p, &at, &out->token) && at == p.size();
+}
+
+std::vector<uint8_t> EncodeReport(const Report& r) {
+  std::vector<uint8_t> p = {static_cast<uint8_t>(r.kind), static_cast<uint8_t>(r.ok)};
+  const auto* b = reinterpret_cast<const uint8_t*>(&r.session);
+  p.insert(p.end(), b, b + 8);
+  PutString(&p, r.message);
+  return p;
+}
+
+bool DecodeReport(const std::vector<uint8_t>& p, Report* out) {
+  if (p.size() < 10 || (p[0] != 1 && p[0] != 2)) return false;
+  out->kind = static_cast<Report::Kind>(p[0]);
+  out->ok = p[1] != 0;
+  std::memcpy(&out->session, p.data() + 2, 8);
+  size_t at = 10;
+  return GetString(p, &at, &out->message) && at == p.size();
+}
+
 }  // namespace flyt::server::channel

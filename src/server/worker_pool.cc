@@ -185,6 +185,18 @@ void WorkerPool::ServeRequests(Worker* w) {
       m.fds.clear();
     } else if (m.type == channel::Type::kSticky) {
       RetireIdle(w);
+    } else if (m.type == channel::Type::kResumeKey && m.payload.size() == 16) {
+      std::lock_guard<std::mutex> lock(mu_);
+      std::memcpy(w->resume_key, m.payload.data(), 16);
+      w->awaiting_resume = true;
+    } else if (m.type == channel::Type::kReport) {
+      channel::Report r;
+      if (channel::DecodeReport(m.payload, &r)) {
+        std::lock_guard<std::mutex> lock(mu_);
+        reports_.emplace_back(++report_seq_, r);
+        while (reports_.size() > 1024) reports_.pop_front();
+        reports_cv_.notify_all();
+      }
     } else if (m.type == channel::Type::kShareablePut && m.fds.size() == 1) {
       std::random_device rd;
       uint64_t answer[2];
@@ -300,7 +312,8 @@ void WorkerPool::Reap(Worker* w) {
   ready_cv_.notify_all();
 }
 
-Status WorkerPool::Serve(const channel::Ticket& ticket, transport::DetachedConnection* conn) {
+Status WorkerPool::Assign(const channel::Ticket& ticket,
+                          const std::function<Status(Worker*)>& send) {
   std::unique_lock<std::mutex> lock(mu_);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   Status st;
@@ -328,16 +341,86 @@ Status WorkerPool::Serve(const channel::Ticket& ticket, transport::DetachedConne
     w->session = ticket.session;
     w->secret = ticket.secret;
     (*board_)->slots[w->slot].session = ticket.session;
-    st = channel::SendConnection(w->control, channel::Type::kServe, &ticket, conn);
+    st = send(w);
     TopUpLocked();
-    if (st.ok()) {
-      transport::CloseDetached(conn);  // the worker has its own copies now
-      return st;
-    }
+    if (st.ok()) return st;
     FLYT_WARN("worker %d could not take a client (%s); trying another", static_cast<int>(w->pid),
               st.message().c_str());
   }
   return st;
+}
+
+Status WorkerPool::Serve(const channel::Ticket& ticket, transport::DetachedConnection* conn) {
+  return Assign(ticket, [&](Worker* w) {
+    Status st = channel::SendConnection(w->control, channel::Type::kServe, &ticket, conn);
+    if (st.ok()) transport::CloseDetached(conn);  // the worker has its own copies now
+    return st;
+  });
+}
+
+Status WorkerPool::ServeRestoreFile(const channel::Ticket& ticket, int fd) {
+  Status st = Assign(ticket, [&](Worker* w) {
+    return channel::Send(w->control, channel::Type::kRestoreFile, &ticket, sizeof(ticket), {fd});
+  });
+  close(fd);
+  return st;
+}
+
+bool WorkerPool::FindResume(const uint64_t key[2], uint64_t* session, uint64_t* secret) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [slot, w] : workers_) {
+    if (!w->awaiting_resume || w->resume_key[0] != key[0] || w->resume_key[1] != key[1]) continue;
+    *session = w->session;
+    *secret = w->secret;
+    return true;
+  }
+  return false;
+}
+
+Status WorkerPool::RouteResume(const uint64_t key[2], transport::DetachedConnection* conn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [slot, w] : workers_) {
+    if (!w->awaiting_resume || w->resume_key[0] != key[0] || w->resume_key[1] != key[1]) continue;
+    Status st = channel::SendConnection(w->control, channel::Type::kResume, nullptr, conn);
+    if (st.ok()) {
+      transport::CloseDetached(conn);
+      w->awaiting_resume = false;  // a key is good for one resume
+    }
+    return st;
+  }
+  return Status::Error("no session waits for this key");
+}
+
+int WorkerPool::AskMove(const channel::MoveOrder& order) {
+  std::vector<uint8_t> payload = channel::EncodeMoveOrder(order);
+  std::lock_guard<std::mutex> lock(mu_);
+  int asked = 0;
+  for (auto& [slot, w] : workers_) {
+    if (!w->assigned || w->awaiting_resume || w->retired) continue;
+    if (channel::Send(w->control, channel::Type::kMove, payload.data(), payload.size()).ok())
+      ++asked;
+  }
+  return asked;
+}
+
+uint64_t WorkerPool::LastReport() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return report_seq_;
+}
+
+std::vector<channel::Report> WorkerPool::WaitReports(channel::Report::Kind kind, uint64_t after,
+                                                     size_t want, int timeout_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  std::vector<channel::Report> got;
+  auto collect = [&] {
+    got.clear();
+    for (auto& [seq, r] : reports_)
+      if (seq > after && r.kind == kind) got.push_back(r);
+    return got.size() >= want;
+  };
+  reports_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), collect);
+  collect();
+  return got;
 }
 
 bool WorkerPool::KnowsSession(uint64_t session, uint64_t secret) {

@@ -18,6 +18,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -53,6 +55,24 @@ class WorkerPool {
                        channel::Type type = channel::Type::kCallback);
   // True if `session` is served now and `secret` is its secret.
   bool KnowsSession(uint64_t session, uint64_t secret);
+
+  // --- moving sessions (server/session_migrate.cc)
+  // Hands a checkpoint file (its descriptor, which this call closes) to an
+  // idle worker, which restores the session and waits for its client.
+  Status ServeRestoreFile(const channel::Ticket& ticket, int fd);
+  // The restored session waiting for the client with `key`: its id and
+  // secret (for the client's handshake reply); false when none (yet).
+  bool FindResume(const uint64_t key[2], uint64_t* session, uint64_t* secret);
+  // Hands the client's connection to that session's worker.
+  Status RouteResume(const uint64_t key[2], transport::DetachedConnection* conn);
+  // Tells every session that has a client to move at its next park; returns
+  // how many were told.
+  int AskMove(const channel::MoveOrder& order);
+  // Reports of moves and restores, numbered from 1. Waits until `want` of
+  // `kind` after number `after` are in (or timeout_ms), returns those.
+  uint64_t LastReport();
+  std::vector<channel::Report> WaitReports(channel::Report::Kind kind, uint64_t after, size_t want,
+                                           int timeout_ms);
 
   struct WorkerInfo {
     pid_t pid = 0;
@@ -91,7 +111,12 @@ class WorkerPool {
     bool retired = false;  // an idle worker told to exit (RetireIdle)
     uint64_t session = 0;
     uint64_t secret = 0;
+    uint64_t resume_key[2] = {0, 0};  // a restored session waiting for its client
+    bool awaiting_resume = false;
   };
+  // Picks an idle worker (waiting for one to start) for `ticket` and gives it
+  // the session with `send`.
+  Status Assign(const channel::Ticket& ticket, const std::function<Status(Worker*)>& send);
   Status SpawnLocked();
   void TopUpLocked();
   void ServeRequests(Worker* w);
@@ -106,6 +131,10 @@ class WorkerPool {
     int slot;
   };
   std::map<uint64_t, Shareable> shareables_;
+  // Reports of moves and restores (the last few), numbered from 1.
+  std::deque<std::pair<uint64_t, channel::Report>> reports_;
+  uint64_t report_seq_ = 0;
+  std::condition_variable reports_cv_;
 
   TenantBoard* board_;
   std::vector<std::string> argv_;

@@ -68,6 +68,7 @@ PROGRAMS = (
     "server_gone",
     "share_quota",
     "pinned_shared",
+    "migrate_loop",
 )
 
 TOKEN = "e2e-secret-token-7f3a"
@@ -232,8 +233,9 @@ class Server:
     control=True also a control socket (--control unix://<tmp>/<name>.ctl)."""
 
     def __init__(self, tmp, name="server", token=TOKEN, log_level="info", extra_args=(),
-                 control=False):
+                 control=False, port=None):
         self.tmp = tmp
+        self.fixed_port = port
         self.name = name
         self.token = token
         self.log_level = log_level
@@ -255,7 +257,7 @@ class Server:
     def start(self):
         last_error = None
         for _ in range(3):  # a port taken between probe and bind: try another
-            self.port = free_tcp_port()
+            self.port = self.fixed_port or free_tcp_port()
             for p in (self.sock_path, self.shm_path):
                 if os.path.exists(p):
                     os.unlink(p)
@@ -1250,6 +1252,83 @@ class E2E(unittest.TestCase):
                                   ("bad_wait_flags", "CUDA_ERROR_INVALID_VALUE")):
                     self.assertEqual(kv.get(key), want, "%s\n%s" % (key, res.describe()))
                 self.stop_server(srv)
+
+    def test_migrate(self):
+        """A program that keeps allocating, copying, launching and freeing is migrated from
+        server A to B and back, a migration to a dead target leaves it running on its
+        source, it is checkpointed and its server restarted and restored from the file; its
+        output equals an undisturbed run's, and every server ends with nothing held."""
+        steps, pause = "40", "60"
+        for variant in CFG.variants:
+            with self.subTest(variant=variant):
+                a = self.start_server(control=True)
+                b = self.start_server(control=True)
+                base = self.run_ok(a, "tcp", "migrate_loop", variant, args=(steps, "0"))
+                expected = [l for l in base.lines() if l.startswith("step ")]
+                self.assertEqual(len(expected), int(steps), base.describe())
+                prog = RunningProgram(self.tmp, a, "tcp", program_path("migrate_loop", variant),
+                                      (steps, pause))
+                ckpt = os.path.join(self.tmp, "ckpt-" + variant)
+                os.makedirs(ckpt)
+                restarted = None
+                try:
+                    def reach(pattern):
+                        if prog.wait_line(pattern) is None:
+                            self.fail("migrate_loop never printed %s\n%s" % (
+                                pattern, prog.finish(5).describe()))
+
+                    def moved(srv, verb, key, **extra):
+                        request = {"verb": verb, "wait_ms": 20000}
+                        request.update(extra)
+                        answer = srv.control(request, timeout=30)
+                        self.assertTrue(answer.get("ok"), "%s\n%s" % (answer, srv.logs()))
+                        self.assertEqual(answer.get("asked"), 1, "%s\n%s" % (answer, srv.logs()))
+                        return answer.get(key), answer
+                    reach(r"^step 3 ")
+                    n, answer = moved(a, "migrate", "moved", to=b.url("tcp"), token=TOKEN)
+                    self.assertEqual(n, 1, "%s\n%s\n%s" % (answer, a.logs(), b.logs()))
+                    reach(r"^step 9 ")
+                    self.assert_stats(b, sessions=1)
+                    n, answer = moved(b, "migrate", "moved", to=a.url("tcp"), token=TOKEN)
+                    self.assertEqual(n, 1, "%s\n%s\n%s" % (answer, a.logs(), b.logs()))
+                    reach(r"^step 15 ")
+                    # A target that is not there: the program stays where it is.
+                    dead = "tcp://127.0.0.1:%d" % free_tcp_port()
+                    n, answer = moved(a, "migrate", "moved", to=dead, token=TOKEN)
+                    self.assertEqual((n, answer.get("stayed")), (0, 1), answer)
+                    self.assertIn("failed", answer["sessions"][0]["message"], answer)
+                    # A wrong token at the target: refused there, the program stays.
+                    n, answer = moved(a, "migrate", "moved", to=b.url("tcp"), token="wrong")
+                    self.assertEqual((n, answer.get("stayed")), (0, 1), answer)
+                    self.assertIn("token", answer["sessions"][0]["message"], answer)
+                    reach(r"^step 21 ")
+                    # Checkpoint, then the server goes away; a new one on the same port
+                    # restores the file and the program goes on there.
+                    n, answer = moved(a, "checkpoint", "checkpointed", dir=ckpt)
+                    self.assertEqual(n, 1, "%s\n%s" % (answer, a.logs()))
+                    files = os.listdir(ckpt)
+                    self.assertEqual(len(files), 1, files)
+                    self.assertTrue(files[0].endswith(".flyt"), files)
+                    port = a.port
+                    self.stop_server(a)
+                    restarted = self.start_server(control=True, port=port,
+                                                  name="restarted-" + variant)
+                    answer = restarted.control({"verb": "restore", "dir": ckpt,
+                                                "wait_ms": 20000}, timeout=30)
+                    self.assertTrue(answer.get("ok"), answer)
+                    self.assertEqual(answer.get("restored"), 1,
+                                     "%s\n%s" % (answer, restarted.logs()))
+                finally:
+                    res = prog.finish()
+                self.assert_passed(res, "migrate_loop", restarted or a)
+                got = [l for l in res.lines() if l.startswith("step ")]
+                self.assertEqual(got, expected, res.describe())
+                log = res.client_log
+                self.assertEqual(log.count("now lives at flyt-server"), 3, log)
+                for srv in (b, restarted):
+                    self.assert_stats(srv, sessions=0, memory_used=0)
+                self.stop_server(b)
+                self.stop_server(restarted)
 
     def test_managed_memory(self):
         """Managed memory over every transport and cudart, against the sim (memsets and

@@ -1,0 +1,207 @@
+// The client's side of a moved session (migration to another flyt-server, or
+// a checkpoint that a restarted server restores).
+//
+// Owns: the park (ops::kOpPark) after the server asked for it, and the resume
+// on the new connection (ops::kOpResume): the app's handles and device
+// pointers stay what they were, because the server keeps them. Must not
+// touch: the app's calls in flight (there are none: the park happens while
+// this process's connection lock is held, after every call sent was
+// answered).
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "client/client.h"
+#include "client/query_cache.h"
+#include "common/log.h"
+#include "transport/emulated_transport.h"
+
+namespace flyt::client {
+namespace {
+
+// How long a checkpointed client waits for its session to be restored
+// (FLYT_RESUME_TIMEOUT_MS), and a migrated one for the new server.
+constexpr int kCheckpointWaitMs = 10 * 60 * 1000;
+constexpr int kMigrateWaitMs = 60 * 1000;
+constexpr int kRetryMs = 200;
+
+int64_t MonotonicMs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
+}
+
+// One request and its reply on a connection that is not the session's yet.
+Status Exchange(transport::Connection* c, const wire::FrameHeader& h, const wire::Writer& w,
+                wire::FrameHeader* rep, std::vector<uint8_t>* payload) {
+  iovec iov[2] = {{const_cast<wire::FrameHeader*>(&h), sizeof(h)},
+                  {const_cast<uint8_t*>(w.data()), w.size()}};
+  Status st = c->Send(iov, w.size() > 0 ? 2 : 1);
+  if (st.ok()) st = c->Receive(rep, sizeof(*rep));
+  if (st.ok() && (rep->magic != wire::kMagic || rep->call_id != h.call_id ||
+                  rep->payload_len > wire::kMaxPayload))
+    st = Status::Error("malformed reply");
+  if (st.ok()) {
+    payload->resize(rep->payload_len);
+    st = c->Receive(payload->data(), payload->size());
+  }
+  return st;
+}
+
+}  // namespace
+
+void Client::ParkLocked() {
+  if (parking_) {
+    park_again_ = true;
+    return;
+  }
+  do {
+    park_again_ = false;
+    parking_ = true;
+    const uint64_t id = next_call_++;
+    wire::FrameHeader h{wire::kMagic, ops::kOpPark, wire::kFlagWantReply, id, 0, 0, 0, 0};
+    wire::Writer none;
+    std::vector<uint8_t> reply;
+    wire::FrameHeader rep{};
+    CUresult rc = SendLocked(h, none, nullptr, 0);
+    if (rc == CUDA_SUCCESS) rc = ReceiveReplyLocked("park", id, ReplySink{&reply}, &rep);
+    parking_ = false;
+    if (rc != CUDA_SUCCESS) return;  // the connection is marked lost already
+    wire::Reader r(reply.data(), reply.size());
+    uint8_t action = 0;
+    std::string address;
+    uint64_t key[2] = {0, 0};
+    if (!r.Get(&action) || !r.GetString(&address) || !r.Get(&key[0]) || !r.Get(&key[1])) {
+      MarkLostLocked("park", "malformed reply");
+      return;
+    }
+    switch (static_cast<ops::ParkAction>(action)) {
+      case ops::ParkAction::kContinue:
+        break;
+      case ops::ParkAction::kResumeAt:
+        ResumeLocked(address, key, kMigrateWaitMs);
+        break;
+      case ops::ParkAction::kWaitResume: {
+        FLYT_INFO(
+            "flyt-server at %s checkpointed this process's GPU state; waiting for it to be "
+            "restored there",
+            server_.c_str());
+        const char* wait = std::getenv("FLYT_RESUME_TIMEOUT_MS");
+        int ms = wait != nullptr ? std::atoi(wait) : 0;
+        ResumeLocked(server_, key, ms > 0 ? ms : kCheckpointWaitMs);
+        break;
+      }
+      default:
+        MarkLostLocked("park", "unknown park action " + std::to_string(action));
+        return;
+    }
+  } while (park_again_ && broken_ == CUDA_SUCCESS);
+}
+
+void Client::ResumeLocked(const std::string& where, const uint64_t key[2], int deadline_ms) {
+  transport::Address addr;
+  Status st = transport::ParseAddress(where, &addr);
+  if (!st.ok()) {
+    MarkLostLocked("resume", "the session moved to an unusable address: " + st.message());
+    return;
+  }
+  const int64_t t0 = MonotonicMs();
+  const int64_t deadline = t0 + deadline_ms;
+  std::string last_error;
+  for (int attempt = 0;; ++attempt) {
+    if (attempt > 0) {
+      if (MonotonicMs() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(kRetryMs));
+    }
+    std::unique_ptr<transport::Connection> c;
+    st = transport::Dial(addr, liveness_, &c);
+    if (st.ok()) st = transport::WrapFromEnvironment(&c);
+    if (!st.ok()) {
+      last_error = st.message();
+      continue;
+    }
+    wire::Writer w;
+    w.Put(wire::HelloRequest{wire::kProtocolVersion, CUDA_VERSION, static_cast<uint32_t>(getpid()),
+                             static_cast<uint32_t>(token_.size())});
+    w.PutBytes(token_.data(), token_.size());
+    w.Put(key[0]);
+    w.Put(key[1]);
+    wire::FrameHeader h{wire::kMagic,
+                        ops::kOpResume,
+                        wire::kFlagWantReply,
+                        next_call_++,
+                        static_cast<uint32_t>(w.size()),
+                        0,
+                        0,
+                        0};
+    wire::FrameHeader rep{};
+    std::vector<uint8_t> payload;
+    st = Exchange(c.get(), h, w, &rep, &payload);
+    if (!st.ok()) {
+      last_error = st.message();
+      continue;
+    }
+    wire::Reader r(payload.data(), payload.size());
+    wire::HelloReply hello{};
+    std::string message;
+    r.Get(&hello);
+    r.GetString(&message);
+    if (rep.status == CUDA_ERROR_NOT_READY) {  // not restored yet: ask again
+      last_error = message;
+      continue;
+    }
+    if (rep.status != CUDA_SUCCESS) {
+      MarkLostLocked("resume", "flyt-server at " + where + " refused it: " + message);
+      return;
+    }
+    uint32_t n = 0;
+    std::vector<ops::DeviceInfo> devices;
+    if (r.Get(&n) && n <= 64) {
+      devices.resize(n);
+      for (auto& d : devices) r.Get(&d);
+    }
+    if (!r.ok()) {
+      MarkLostLocked("resume", "malformed reply of flyt-server at " + where);
+      return;
+    }
+    // The session is there: from now on every call goes to it.
+    conn_->Shutdown();
+    conn_ = std::move(c);
+    server_ = where;
+    address_ = addr;
+    session_id_ = hello.session_id;
+    session_secret_ = hello.session_secret;
+    // The new server's thread has no context current and the default mode.
+    sent_ctx_ = nullptr;
+    sent_capture_mode_ = CU_STREAM_CAPTURE_MODE_GLOBAL;
+    drained_ = Drained{};
+    if (devices.size() == devices_.size()) {
+      UpdateDevicesLocked(devices);
+    } else {
+      FLYT_WARN("the session moved to a server with %zu GPU(s) where it had %zu", devices.size(),
+                devices_.size());
+    }
+    QueryCache::Get().Clear();  // the new GPU answers for itself
+    {
+      // Host functions come over a new callback channel, opened on demand.
+      std::lock_guard<std::mutex> lock(callback_mu_);
+      if (callback_conn_ != nullptr) callback_conn_->Shutdown();
+      callback_conn_.reset();
+      callback_channel_ = false;
+      ++callback_generation_;
+    }
+    FLYT_INFO(
+        "this process's GPU state now lives at flyt-server %s (session %llu); resumed after "
+        "%lld ms",
+        where.c_str(), static_cast<unsigned long long>(session_id_),
+        static_cast<long long>(MonotonicMs() - t0));
+    return;
+  }
+  MarkLostLocked("resume", "the session did not come back at " + where + " within " +
+                               std::to_string(deadline_ms) + " ms (" + last_error + ")");
+}
+
+}  // namespace flyt::client

@@ -1,0 +1,770 @@
+// Moving a session: live migration to another flyt-server, and checkpoint to a
+// file with restore from it (docs/architecture.md §7.4).
+//
+// Owns: the park (the client stops sending until told where to go on), what a
+// session's snapshot holds and how it is written and read back, the restore
+// of that state under the client's handle values and device addresses, the
+// translation of handles a restored session needs, and the memory a restore
+// maps with the driver's VMM calls at the client's old addresses.
+// Must not touch: other sessions, the client's connection outside the park's
+// reply, the framing of the snapshot (server/session_snapshot.h).
+//
+// What moves: device memory from cuMemAlloc/cuMemAllocPitch (contents and
+// addresses), modules and libraries with their functions and kernels (and the
+// attributes the app set on them), the globals the app looked up (contents;
+// the address must come out the same), streams (flags, priority), events
+// (flags), context limits, the deferred error. What refuses a move, before
+// anything is paused: see Unmovable().
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#include "common/log.h"
+#include "server/session.h"
+#include "server/session_snapshot.h"
+#include "server/tenant_board.h"
+#include "server/worker.h"
+#include "transport/transport.h"
+
+namespace flyt::server {
+
+using marshal::HandleKind;
+using wire::Reader;
+using wire::Writer;
+
+namespace {
+
+constexpr size_t kCopyChunk = 8u << 20;  // pinned bounce buffer of memory copies
+constexpr int kConnectTimeoutMs = 10000;
+constexpr int kRestoreTimeoutMs = 10 * 60 * 1000;  // the target restores at most this long
+
+int K(HandleKind k) { return static_cast<int>(k); }
+
+// Function attributes an app may set, carried to the new server.
+constexpr CUfunction_attribute kSettableAttributes[] = {
+    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+    CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+};
+constexpr CUlimit kCarriedLimits[] = {CU_LIMIT_STACK_SIZE, CU_LIMIT_PRINTF_FIFO_SIZE,
+                                      CU_LIMIT_MALLOC_HEAP_SIZE};
+
+uint64_t RandomWord() {
+  std::random_device rd;
+  return ((static_cast<uint64_t>(rd()) << 32) ^ rd()) | 1;
+}
+
+// A pinned bounce buffer for memory contents, freed on scope exit.
+struct Bounce {
+  DriverApi& a;
+  void* p = nullptr;
+  explicit Bounce(DriverApi& api) : a(api) {
+    if (a.cuMemHostAlloc(&p, kCopyChunk, 0) != CUDA_SUCCESS) p = nullptr;
+  }
+  ~Bounce() {
+    if (p != nullptr) a.cuMemFreeHost(p);
+  }
+};
+
+std::string Describe(CUresult rc) { return "CUDA error " + std::to_string(rc); }
+
+}  // namespace
+
+void Session::RequestMove(const channel::MoveOrder& order) {
+  std::lock_guard<std::mutex> lock(move_mu_);
+  move_order_ = order;
+  move_wanted_.store(true, std::memory_order_release);
+}
+
+uint64_t Session::ClientHandle(HandleKind kind, uint64_t real) {
+  if (kind == HandleKind::kStream) {
+    // A stream the driver made now may carry the value of a stream the
+    // client had on the old server: that value still means the old one.
+    if (stream_map_.empty() || stream_map_.count(real) == 0) return real;
+    uint64_t synthetic = next_synthetic_++;
+    stream_map_[synthetic] = reinterpret_cast<CUstream>(real);
+    return synthetic;
+  }
+  auto& fwd = xlate_[K(kind)];
+  auto& rev = rev_[K(kind)];
+  if (fwd.empty()) return real;
+  auto known = rev.find(real);
+  if (known != rev.end()) return known->second;
+  if (fwd.count(real) == 0) return real;
+  uint64_t synthetic = next_synthetic_++;
+  fwd[synthetic] = real;
+  rev[real] = synthetic;
+  return synthetic;
+}
+
+void Session::NoteGlobalName(uint64_t ptr, uint64_t size, uint64_t image, const char* name) {
+  if (ptr == 0 || name == nullptr || pager_.Contains(ptr, 1)) return;  // managed: not moved
+  globals_[ptr] = GlobalRecord{size, image, name};
+}
+
+std::string Session::Unmovable() {
+  auto any = [&](HandleKind k) { return !handles_[K(k)].empty(); };
+  if (sticky_logged_) return "the process hit a sticky error";
+  if (captures_.load() > 0) return "a stream capture is in progress";
+  if (any(HandleKind::kGraph) || any(HandleKind::kGraphExec) || any(HandleKind::kGraphNode))
+    return "it holds CUDA graphs (not movable yet)";
+  if (any(HandleKind::kArray)) return "it holds CUDA arrays (not movable yet)";
+  if (any(HandleKind::kMemPool)) return "it uses memory pools (not movable yet)";
+  if (!async_allocs_.empty()) return "it holds stream-ordered allocations (not movable yet)";
+  if (pager_.Any()) return "it holds managed memory (not movable yet)";
+  if (!VmmEmpty()) return "it holds virtual memory mappings (not movable yet)";
+  if (!ipc_opened_.empty() || !ipc_exported_mem_.empty() || !ipc_exported_events_.empty())
+    return "it shares memory or events with other processes over CUDA IPC";
+  if (!user_contexts_.empty()) return "it created contexts of its own (not movable yet)";
+  if (!links_.empty()) return "a JIT link is in progress";
+  if (!shared_host_.empty()) return "it shares pinned host memory over shm (not movable yet)";
+  if (!captured_.empty()) return "it holds host work captured into graphs";
+  if (profiling_) return "a profiler is recording it";
+  if (primary_ == nullptr) return "";  // nothing on the GPU yet
+  for (uint64_t f : handles_[K(HandleKind::kFunction)])
+    if (code_names_.count(f) == 0 && handles_[K(HandleKind::kKernel)].count(f) == 0)
+      return "it holds a function of unknown origin";
+  return "";
+}
+
+// --- the snapshot ----------------------------------------------------------------
+//
+// header: magic, version, key[2], client pid, device, primary context handle,
+//         deferred error
+// limits: count, {u32 limit, u64 value}
+// memory:  count, {u64 base, u64 size, u64 charged} (contents at the end)
+// images: count, {u64 handle, u8 library, u64 h0, u64 h1, bytes}
+// code:   count, {u64 handle, u8 kernel, u64 image, string name, u64 from_kernel,
+//                 count, {i32 attribute, i32 value}}
+// globals: count, {u64 ptr, u64 size, u64 image, string name, bytes}
+// streams: count, {u64 handle, u32 flags, i32 priority}
+// events:  count, {u64 handle, u32 flags}
+// memory contents, in the order of the list
+// trailer: magic
+
+Status Session::WriteSnapshot(SnapshotWriter& out, const uint64_t key[2]) {
+  DriverApi& a = state_->api;
+  out.Put(kSnapshotMagic);
+  out.Put(kSnapshotVersion);
+  out.Put(key[0]);
+  out.Put(key[1]);
+  out.Put<uint32_t>(client_pid_);
+  out.Put<int32_t>(primary_ != nullptr ? primary_device_ : -1);
+  out.Put<uint64_t>(primary_client_);
+  out.Put<uint32_t>(deferred_);
+  // Limits, as the app left them.
+  std::vector<std::pair<uint32_t, uint64_t>> limits;
+  for (CUlimit l : kCarriedLimits) {
+    size_t v = 0;
+    if (primary_ != nullptr && a.cuCtxGetLimit(&v, l) == CUDA_SUCCESS) limits.emplace_back(l, v);
+  }
+  out.Put<uint64_t>(limits.size());
+  for (auto& [l, v] : limits) {
+    out.Put(l);
+    out.Put(v);
+  }
+  std::vector<std::pair<uint64_t, uint64_t>> memory;  // base, size
+  for (uint64_t base : handles_[K(HandleKind::kMemory)]) {
+    CUdeviceptr b = 0;
+    size_t size = 0;
+    auto restored = restored_allocs_.find(base);
+    if (restored == restored_allocs_.end()) {
+      CUresult r = a.cuMemGetAddressRange_v2(&b, &size, base);
+      if (r != CUDA_SUCCESS || b != base)
+        return Status::Error("cannot tell the size of the allocation at " + std::to_string(base));
+    } else {
+      size = restored->second.size;
+    }
+    memory.emplace_back(base, size);
+  }
+  std::sort(memory.begin(), memory.end());
+  out.Put<uint64_t>(memory.size());
+  for (auto& [base, size] : memory) {
+    auto charged = memory_bytes_.find(base);
+    out.Put(base);
+    out.Put(size);
+    out.Put<uint64_t>(charged != memory_bytes_.end() ? charged->second : 0);
+  }
+  // Code, in load order.
+  std::vector<std::pair<uint64_t, const ImageRecord*>> images;
+  for (auto& [h, rec] : images_) images.emplace_back(h, &rec);
+  std::sort(images.begin(), images.end(),
+            [](auto& x, auto& y) { return x.second->seq < y.second->seq; });
+  out.Put<uint64_t>(images.size());
+  for (auto& [h, rec] : images) {
+    out.Put(h);
+    out.Put<uint8_t>(rec->library);
+    out.Put(rec->h0);
+    out.Put(rec->h1);
+    out.Put<uint64_t>(rec->bytes->size());
+    out.Bytes(rec->bytes->data(), rec->bytes->size());
+  }
+  std::vector<uint64_t> code;
+  for (HandleKind k : {HandleKind::kKernel, HandleKind::kFunction})
+    for (uint64_t h : handles_[K(k)])
+      if (code_names_.count(h) != 0) code.push_back(h);
+  out.Put<uint64_t>(code.size());
+  for (uint64_t h : code) {
+    const CodeName& c = code_names_.at(h);
+    out.Put(h);
+    out.Put<uint8_t>(c.kernel);
+    out.Put(c.image);
+    out.String(c.name);
+    out.Put(c.from_kernel);
+    std::vector<std::pair<int32_t, int32_t>> attrs;
+    const uint64_t real = RealHandle(c.kernel ? HandleKind::kKernel : HandleKind::kFunction, h);
+    for (CUfunction_attribute attr : kSettableAttributes) {
+      int v = 0;
+      CUresult r = c.kernel ? a.cuKernelGetAttribute(&v, attr, reinterpret_cast<CUkernel>(real),
+                                                     primary_device_)
+                            : a.cuFuncGetAttribute(&v, attr, reinterpret_cast<CUfunction>(real));
+      if (r == CUDA_SUCCESS) attrs.emplace_back(attr, v);
+    }
+    out.Put<uint64_t>(attrs.size());
+    for (auto& [attr, v] : attrs) {
+      out.Put(attr);
+      out.Put(v);
+    }
+  }
+  Bounce bounce(a);
+  if (bounce.p == nullptr) return Status::Error("no pinned memory for the copy");
+  auto put_bytes = [&](uint64_t base, uint64_t size) -> Status {
+    for (uint64_t off = 0; off < size; off += kCopyChunk) {
+      size_t n = static_cast<size_t>(std::min<uint64_t>(kCopyChunk, size - off));
+      CUresult r = a.cuMemcpyDtoH_v2(bounce.p, base + off, n);
+      if (r != CUDA_SUCCESS) return Status::Error("reading device memory: " + Describe(r));
+      out.Bytes(bounce.p, n);
+    }
+    return out.status();
+  };
+  out.Put<uint64_t>(globals_.size());
+  for (auto& [ptr, g] : globals_) {
+    out.Put(ptr);
+    out.Put(g.size);
+    out.Put(g.image);
+    out.String(g.name);
+    if (Status st = put_bytes(ptr, g.size); !st.ok()) return st;
+  }
+  out.Put<uint64_t>(handles_[K(HandleKind::kStream)].size());
+  for (uint64_t h : handles_[K(HandleKind::kStream)]) {
+    unsigned flags = 0;
+    int priority = 0;
+    CUstream s = RealStream(h);
+    if (a.cuStreamGetFlags(s, &flags) != CUDA_SUCCESS) flags = CU_STREAM_DEFAULT;
+    if (a.cuStreamGetPriority(s, &priority) != CUDA_SUCCESS) priority = 0;
+    out.Put(h);
+    out.Put<uint32_t>(flags);
+    out.Put<int32_t>(priority);
+  }
+  out.Put<uint64_t>(handles_[K(HandleKind::kEvent)].size());
+  for (uint64_t h : handles_[K(HandleKind::kEvent)]) {
+    auto f = event_flags_.find(h);
+    out.Put(h);
+    out.Put<uint32_t>(f != event_flags_.end() ? f->second : 0);
+  }
+  for (auto& [base, size] : memory)
+    if (Status st = put_bytes(base, size); !st.ok()) return st;
+  out.Put(kSnapshotMagic);
+  return out.Flush();
+}
+
+// --- the park --------------------------------------------------------------------
+
+bool Session::Park(Reader& in, Writer& out, CUresult* rc) {
+  if (in.remaining() != 0) return false;
+  *rc = CUDA_SUCCESS;
+  keep_deferred_ = true;  // an earlier call's error moves with the session
+  channel::MoveOrder order;
+  {
+    std::lock_guard<std::mutex> lock(move_mu_);
+    order = move_order_;
+  }
+  const bool wanted = move_wanted_.exchange(false);
+  move_asked_ = false;
+  auto go_on = [&](const std::string& why) {
+    out.Put<uint8_t>(static_cast<uint8_t>(ops::ParkAction::kContinue));
+    out.PutString("");
+    out.Put<uint64_t>(0);
+    out.Put<uint64_t>(0);
+    if (!why.empty()) {
+      FLYT_WARN("session %llu (client pid %u) stays here: %s", static_cast<unsigned long long>(id_),
+                client_pid_, why.c_str());
+      ReportOutcome(channel::Report::Kind::kMove, false, why);
+    }
+    return true;
+  };
+  if (!wanted) return go_on("");
+  const auto t0 = SteadyNowNs();
+  // Everything the client sent is done on the CPU side; now on the GPU too.
+  if (primary_ != nullptr) {
+    state_->api.cuCtxSetCurrent(exec_ != nullptr ? exec_ : primary_);
+    if (CUresult r = SynchronizeSession(); r != CUDA_SUCCESS) {
+      if (deferred_ == CUDA_SUCCESS) deferred_ = r;
+      return go_on("its work failed while draining (" + Describe(r) + ")");
+    }
+  }
+  std::string why = Unmovable();
+  if (!why.empty()) return go_on("cannot move: " + why);
+  uint64_t key[2] = {RandomWord(), RandomWord()};
+  const bool checkpoint = order.mode == channel::MoveOrder::Mode::kCheckpoint;
+  std::string done;
+  if (checkpoint) {
+    const std::string path = order.where + "/session-" + std::to_string(id_) + ".flyt";
+    const std::string tmp = path + ".partial";
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return go_on("cannot write " + tmp + ": " + std::strerror(errno));
+    SnapshotWriter w(fd);
+    Status st = WriteSnapshot(w, key);
+    if (st.ok() && ::fsync(fd) != 0) st = Status::Error(std::string("fsync: ") + strerror(errno));
+    ::close(fd);
+    if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0)
+      st = Status::Error("rename to " + path + ": " + std::strerror(errno));
+    if (!st.ok()) {
+      ::unlink(tmp.c_str());
+      return go_on("checkpoint failed: " + st.message());
+    }
+    done = "checkpointed to " + path + " (" + std::to_string(w.written()) + " bytes)";
+  } else {
+    transport::Address addr;
+    Status st = transport::ParseAddress(order.where, &addr);
+    if (st.ok() && addr.kind != transport::Address::Kind::kTcp &&
+        addr.kind != transport::Address::Kind::kUnix)
+      st = Status::Error("migration goes over tcp:// or unix:// only");
+    std::unique_ptr<transport::Connection> target;
+    transport::Liveness live;
+    live.connect_timeout_ms = kConnectTimeoutMs;
+    live.dead_peer_timeout_ms = kRestoreTimeoutMs;
+    if (st.ok()) st = transport::Dial(addr, live, &target);
+    uint64_t written = 0;
+    if (st.ok()) {
+      Writer hello;
+      wire::HelloRequest req{wire::kProtocolVersion, 0, client_pid_,
+                             static_cast<uint32_t>(order.token.size())};
+      hello.Put(req);
+      hello.PutBytes(order.token.data(), order.token.size());
+      wire::FrameHeader h{wire::kMagic,
+                          ops::kOpRestoreSession,
+                          wire::kFlagWantReply,
+                          0,
+                          static_cast<uint32_t>(hello.size()),
+                          0,
+                          0,
+                          0};
+      iovec iov[2] = {{&h, sizeof(h)}, {const_cast<uint8_t*>(hello.data()), hello.size()}};
+      st = target->Send(iov, 2);
+      // The target answers twice: whether it takes the session (token,
+      // version), and once the session is restored there.
+      target->SetReceiveTimeout(kRestoreTimeoutMs);
+      auto answer = [&]() {
+        wire::FrameHeader rep{};
+        Status s = target->Receive(&rep, sizeof(rep));
+        if (s.ok() && (rep.magic != wire::kMagic || rep.payload_len > 65536))
+          s = Status::Error("the target answered with a malformed frame");
+        std::vector<uint8_t> payload;
+        if (s.ok()) {
+          payload.resize(rep.payload_len);
+          s = target->Receive(payload.data(), payload.size());
+        }
+        if (s.ok() && rep.status != CUDA_SUCCESS) {
+          Reader r(payload.data(), payload.size());
+          std::string message;
+          r.GetString(&message);
+          s = Status::Error("the target refused it: " + message);
+        }
+        return s;
+      };
+      if (st.ok()) st = answer();
+      SnapshotWriter w(target.get());
+      if (st.ok()) st = WriteSnapshot(w, key);
+      written = w.written();
+      if (st.ok()) st = answer();
+    }
+    if (!st.ok()) return go_on("migration to " + order.where + " failed: " + st.message());
+    done = "migrated to " + order.where + " (" + std::to_string(written) + " bytes)";
+  }
+  const double pause_ms = static_cast<double>(SteadyNowNs() - t0) / 1e6;
+  if (checkpoint && order.leave_running) {
+    FLYT_INFO("session %llu %s in %.1f ms; it goes on here", static_cast<unsigned long long>(id_),
+              done.c_str(), pause_ms);
+    ReportOutcome(channel::Report::Kind::kMove, true, done);
+    return go_on("");
+  }
+  out.Put<uint8_t>(
+      static_cast<uint8_t>(checkpoint ? ops::ParkAction::kWaitResume : ops::ParkAction::kResumeAt));
+  out.PutString(checkpoint ? "" : order.where);
+  out.Put(key[0]);
+  out.Put(key[1]);
+  moved_ = true;  // Run ends after this reply; the session's state here goes
+  FLYT_INFO("session %llu (client pid %u) %s; paused %.1f ms so far",
+            static_cast<unsigned long long>(id_), client_pid_, done.c_str(), pause_ms);
+  ReportOutcome(channel::Report::Kind::kMove, true, done);
+  return true;
+}
+
+void Session::ReportOutcome(channel::Report::Kind kind, bool ok, const std::string& message) {
+  if (state_->link == nullptr) return;
+  channel::Report r;
+  r.kind = kind;
+  r.ok = ok;
+  r.session = id_;
+  r.message = message;
+  state_->link->Report(r);
+}
+
+// --- the restore -----------------------------------------------------------------
+
+Status Session::RestoreMemoryLayout(SnapshotReader& in, std::vector<RestoredAlloc>* allocs) {
+  DriverApi& a = state_->api;
+  uint64_t n = 0;
+  if (!in.Count(&n)) return in.status();
+  allocs->resize(n);
+  for (auto& x : *allocs)
+    if (!in.Get(&x.base) || !in.Get(&x.size) || !in.Get(&x.charged)) return in.status();
+  if (allocs->empty()) return Status::Ok();
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = primary_device_;
+  size_t gran = 0;
+  CUresult r = a.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  if (r != CUDA_SUCCESS || gran == 0)
+    return Status::Error("cuMemGetAllocationGranularity: " + Describe(r));
+  // Regions: the allocations' granules, merged where they touch (the driver
+  // packs small allocations into one granule).
+  std::vector<std::pair<uint64_t, uint64_t>> regions;  // [lo, hi), sorted
+  for (const auto& x : *allocs) {
+    if (x.size == 0 || x.base + x.size < x.base ||
+        (!regions.empty() && x.base < regions.back().first))
+      return Status::Error("a damaged snapshot (allocations out of order)");
+    uint64_t lo = x.base / gran * gran, hi = (x.base + x.size + gran - 1) / gran * gran;
+    if (!regions.empty() && lo <= regions.back().second) {
+      regions.back().second = std::max(regions.back().second, hi);
+    } else {
+      regions.emplace_back(lo, hi);
+    }
+  }
+  uint64_t charged = 0;
+  for (const auto& x : *allocs) charged += x.charged;
+  if (!ChargeMemory(charged))
+    return Status::Error("the tenant's memory quota here cannot take " + std::to_string(charged) +
+                         " bytes");
+  for (const auto& x : *allocs) {
+    Adopt(HandleKind::kMemory, x.base);
+    if (x.charged != 0) NoteAllocation(HandleKind::kMemory, x.base, x.charged);
+  }
+  for (auto& [lo, hi] : regions) {
+    CUdeviceptr got = 0;
+    r = a.cuMemAddressReserve(&got, hi - lo, gran, lo, 0);
+    if (r != CUDA_SUCCESS) return Status::Error("cuMemAddressReserve: " + Describe(r));
+    if (got != lo) {
+      a.cuMemAddressFree(got, hi - lo);
+      return Status::Error("the device addresses " + std::to_string(lo) + "+" +
+                           std::to_string(hi - lo) + " are taken here");
+    }
+    RestoredRegion& reg = restored_regions_[lo];  // ReleaseRestoredMemory undoes it
+    reg.size = hi - lo;
+    r = a.cuMemCreate(&reg.handle, hi - lo, &prop, 0);
+    if (r != CUDA_SUCCESS) return Status::Error("cuMemCreate: " + Describe(r));
+    r = a.cuMemMap(lo, hi - lo, 0, reg.handle, 0);
+    if (r != CUDA_SUCCESS) return Status::Error("cuMemMap: " + Describe(r));
+    CUmemAccessDesc access{};
+    access.location = prop.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    r = a.cuMemSetAccess(lo, hi - lo, &access, 1);
+    if (r != CUDA_SUCCESS) return Status::Error("cuMemSetAccess: " + Describe(r));
+  }
+  for (const auto& x : *allocs) {
+    auto reg = std::prev(restored_regions_.upper_bound(x.base));
+    reg->second.live++;
+    restored_allocs_[x.base] = RestoredPlace{reg->first, x.size};
+  }
+  return Status::Ok();
+}
+
+Status Session::RestoreMemoryContents(SnapshotReader& in,
+                                      const std::vector<RestoredAlloc>& allocs) {
+  DriverApi& a = state_->api;
+  Bounce bounce(a);
+  if (bounce.p == nullptr) return Status::Error("no pinned memory for the copy");
+  for (const auto& x : allocs) {
+    for (uint64_t off = 0; off < x.size; off += kCopyChunk) {
+      size_t len = static_cast<size_t>(std::min<uint64_t>(kCopyChunk, x.size - off));
+      if (!in.Bytes(bounce.p, len)) return in.status();
+      CUresult r = a.cuMemcpyHtoD_v2(x.base + off, bounce.p, len);
+      if (r != CUDA_SUCCESS) return Status::Error("writing device memory: " + Describe(r));
+    }
+  }
+  return Status::Ok();
+}
+
+Status Session::RestoreCode(SnapshotReader& in) {
+  DriverApi& a = state_->api;
+  uint64_t n = 0;
+  if (!in.Count(&n)) return in.status();
+  // Image handle (client) -> name -> the new driver handle.
+  std::map<uint64_t, std::map<std::string, uint64_t>> by_name;
+  for (uint64_t i = 0; i < n; ++i) {
+    uint64_t client = 0, h0 = 0, h1 = 0, size = 0;
+    uint8_t library = 0;
+    if (!in.Get(&client) || !in.Get(&library) || !in.Get(&h0) || !in.Get(&h1) || !in.Get(&size))
+      return in.status();
+    if (size > wire::kMaxPayload) return Status::Error("an image of " + std::to_string(size));
+    std::vector<uint8_t> bytes(size);
+    if (!in.Bytes(bytes.data(), size)) return in.status();
+    std::shared_ptr<const ImageBytes> image =
+        state_->link != nullptr ? state_->link->PutImage(h0, h1, bytes.data(), size)
+                                : ImageBytes::Copy(bytes.data(), size);
+    uint64_t real = 0;
+    CUresult r;
+    if (library) {
+      CUlibrary lib = nullptr;
+      r = a.cuLibraryLoadData(&lib, image->data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+      real = reinterpret_cast<uintptr_t>(lib);
+    } else {
+      CUmodule mod = nullptr;
+      r = a.cuModuleLoadData(&mod, image->data());
+      real = reinterpret_cast<uintptr_t>(mod);
+    }
+    if (r != CUDA_SUCCESS) return Status::Error("loading code here: " + Describe(r));
+    const HandleKind kind = library ? HandleKind::kLibrary : HandleKind::kModule;
+    xlate_[K(kind)][client] = real;
+    rev_[K(kind)][real] = client;
+    Adopt(kind, client);
+    images_[client] = ImageRecord{image, h0, h1, library != 0, ++image_seq_};
+    auto& names = by_name[client];
+    unsigned count = 0;
+    if (library) {
+      CUlibrary lib = reinterpret_cast<CUlibrary>(real);
+      std::vector<CUkernel> ks;
+      if (a.cuLibraryGetKernelCount(&count, lib) == CUDA_SUCCESS && count > 0) ks.resize(count);
+      if (!ks.empty() && a.cuLibraryEnumerateKernels(ks.data(), count, lib) == CUDA_SUCCESS)
+        for (CUkernel k : ks) {
+          const char* name = nullptr;
+          if (a.cuKernelGetName(&name, k) == CUDA_SUCCESS && name != nullptr)
+            names[name] = reinterpret_cast<uintptr_t>(k);
+        }
+    } else {
+      CUmodule mod = reinterpret_cast<CUmodule>(real);
+      std::vector<CUfunction> fs;
+      if (a.cuModuleGetFunctionCount(&count, mod) == CUDA_SUCCESS && count > 0) fs.resize(count);
+      if (!fs.empty() && a.cuModuleEnumerateFunctions(fs.data(), count, mod) == CUDA_SUCCESS)
+        for (CUfunction f : fs) {
+          const char* name = nullptr;
+          if (a.cuFuncGetName(&name, f) == CUDA_SUCCESS && name != nullptr)
+            names[name] = reinterpret_cast<uintptr_t>(f);
+        }
+    }
+  }
+  if (!in.Count(&n)) return in.status();
+  for (uint64_t i = 0; i < n; ++i) {
+    uint64_t client = 0, image = 0, from_kernel = 0, nattrs = 0;
+    uint8_t kernel = 0;
+    std::string name;
+    if (!in.Get(&client) || !in.Get(&kernel) || !in.Get(&image) || !in.String(&name) ||
+        !in.Get(&from_kernel) || !in.Count(&nattrs))
+      return in.status();
+    std::vector<std::pair<int32_t, int32_t>> attrs(nattrs);
+    for (auto& [attr, v] : attrs)
+      if (!in.Get(&attr) || !in.Get(&v)) return in.status();
+    uint64_t real = 0;
+    if (from_kernel != 0) {
+      CUfunction f = nullptr;
+      CUresult r = a.cuKernelGetFunction(
+          &f, reinterpret_cast<CUkernel>(RealHandle(HandleKind::kKernel, from_kernel)));
+      if (r != CUDA_SUCCESS) return Status::Error("cuKernelGetFunction: " + Describe(r));
+      real = reinterpret_cast<uintptr_t>(f);
+    } else {
+      auto img = by_name.find(image);
+      auto it = img != by_name.end() ? img->second.find(name) : decltype(img->second.end()){};
+      if (img == by_name.end() || it == img->second.end())
+        return Status::Error("the kernel " + name + " is not in its code here");
+      real = it->second;
+    }
+    const HandleKind kind = kernel ? HandleKind::kKernel : HandleKind::kFunction;
+    xlate_[K(kind)][client] = real;
+    rev_[K(kind)][real] = client;
+    Adopt(kind, client);
+    code_names_[client] = CodeName{image, name, kernel != 0, from_kernel};
+    for (auto& [attr, v] : attrs) {
+      int now = 0;
+      auto at = static_cast<CUfunction_attribute>(attr);
+      CUresult r = kernel ? a.cuKernelGetAttribute(&now, at, reinterpret_cast<CUkernel>(real),
+                                                   primary_device_)
+                          : a.cuFuncGetAttribute(&now, at, reinterpret_cast<CUfunction>(real));
+      if (r == CUDA_SUCCESS && now == v) continue;
+      r = kernel ? a.cuKernelSetAttribute(at, v, reinterpret_cast<CUkernel>(real), primary_device_)
+                 : a.cuFuncSetAttribute(reinterpret_cast<CUfunction>(real), at, v);
+      if (r != CUDA_SUCCESS)
+        return Status::Error("setting attribute " + std::to_string(attr) + " of " + name + ": " +
+                             Describe(r));
+    }
+  }
+  // Globals: the contents, at the address the client knows.
+  if (!in.Count(&n)) return in.status();
+  for (uint64_t i = 0; i < n; ++i) {
+    uint64_t ptr = 0, size = 0, image = 0;
+    std::string name;
+    if (!in.Get(&ptr) || !in.Get(&size) || !in.Get(&image) || !in.String(&name)) return in.status();
+    auto img = images_.find(image);
+    if (img == images_.end()) return Status::Error("the global " + name + " has no code");
+    CUdeviceptr got = 0;
+    size_t got_size = 0;
+    const uint64_t real =
+        RealHandle(img->second.library ? HandleKind::kLibrary : HandleKind::kModule, image);
+    CUresult r =
+        img->second.library
+            ? a.cuLibraryGetGlobal(&got, &got_size, reinterpret_cast<CUlibrary>(real), name.c_str())
+            : a.cuModuleGetGlobal_v2(&got, &got_size, reinterpret_cast<CUmodule>(real),
+                                     name.c_str());
+    if (r != CUDA_SUCCESS) return Status::Error("the global " + name + ": " + Describe(r));
+    if (got != ptr || got_size != size)
+      return Status::Error("the global " + name + " lands at another address here");
+    std::vector<uint8_t> bytes(size);
+    if (size > (1ull << 30) || !in.Bytes(bytes.data(), size)) return in.status();
+    r = a.cuMemcpyHtoD_v2(ptr, bytes.data(), size);
+    if (r != CUDA_SUCCESS) return Status::Error("writing the global " + name + ": " + Describe(r));
+    globals_[ptr] = GlobalRecord{size, image, name};
+  }
+  return Status::Ok();
+}
+
+Status Session::Restore(SnapshotReader& in, uint64_t key[2]) {
+  DriverApi& a = state_->api;
+  uint64_t magic = 0;
+  uint32_t version = 0, pid = 0, deferred = 0;
+  int32_t device = -1;
+  uint64_t primary = 0;
+  if (!in.Get(&magic) || !in.Get(&version)) return in.status();
+  if (magic != kSnapshotMagic) return Status::Error("not a Flyt session snapshot");
+  if (version != kSnapshotVersion)
+    return Status::Error("snapshot format " + std::to_string(version) + ", this server reads " +
+                         std::to_string(kSnapshotVersion));
+  if (!in.Get(&key[0]) || !in.Get(&key[1]) || !in.Get(&pid) || !in.Get(&device) ||
+      !in.Get(&primary) || !in.Get(&deferred))
+    return in.status();
+  client_pid_ = pid;
+  deferred_ = static_cast<CUresult>(deferred);
+  if (state_->slot != nullptr) state_->slot->client_pid = pid;
+  uint64_t nlimits = 0;
+  if (!in.Count(&nlimits)) return in.status();
+  std::vector<std::pair<uint32_t, uint64_t>> limits(nlimits);
+  for (auto& [l, v] : limits)
+    if (!in.Get(&l) || !in.Get(&v)) return in.status();
+  if (device < 0) {  // the client had not touched the GPU yet
+    uint64_t rest = 0;
+    for (int i = 0; i < 6; ++i)
+      if (!in.Count(&rest) || rest != 0)
+        return in.status().ok() ? Status::Error("a snapshot with state but no context")
+                                : in.status();
+    if (!in.Get(&magic) || magic != kSnapshotMagic) return Status::Error("a damaged snapshot");
+    return Status::Ok();
+  }
+  if (device >= static_cast<int32_t>(state_->devices.size()))
+    return Status::Error("the session used GPU " + std::to_string(device) + ", this server has " +
+                         std::to_string(state_->devices.size()));
+  CUcontext ctx = nullptr;
+  CUresult r = a.cuDevicePrimaryCtxRetain(&ctx, device);
+  if (r != CUDA_SUCCESS) return Status::Error("cuDevicePrimaryCtxRetain: " + Describe(r));
+  primary_device_ = device;
+  retained_primary_ = true;
+  primary_ = ctx;
+  primary_client_ = primary;
+  Adopt(HandleKind::kContext, primary_client_);
+  EnterExec(device);
+  r = a.cuCtxSetCurrent(exec_);
+  if (r != CUDA_SUCCESS) return Status::Error("cuCtxSetCurrent: " + Describe(r));
+  NoteCurrentContext(primary_client_);
+  for (auto& [l, v] : limits) {
+    size_t now = 0;
+    if (a.cuCtxGetLimit(&now, static_cast<CUlimit>(l)) == CUDA_SUCCESS && now == v) continue;
+    r = a.cuCtxSetLimit(static_cast<CUlimit>(l), v);
+    if (r != CUDA_SUCCESS)
+      return Status::Error("cuCtxSetLimit(" + std::to_string(l) + "): " + Describe(r));
+  }
+  // Memory first: its addresses must be free, which gets less likely with
+  // every other object made here. Its contents come last.
+  std::vector<RestoredAlloc> allocs;
+  Status st = RestoreMemoryLayout(in, &allocs);
+  if (!st.ok()) return st;
+  st = RestoreCode(in);
+  if (!st.ok()) return st;
+  uint64_t n = 0;
+  if (!in.Count(&n)) return in.status();
+  for (uint64_t i = 0; i < n; ++i) {
+    uint64_t client = 0;
+    uint32_t flags = 0;
+    int32_t priority = 0;
+    if (!in.Get(&client) || !in.Get(&flags) || !in.Get(&priority)) return in.status();
+    CUstream s = nullptr;
+    r = a.cuStreamCreateWithPriority(&s, flags, priority);
+    if (r != CUDA_SUCCESS) return Status::Error("cuStreamCreateWithPriority: " + Describe(r));
+    stream_map_[client] = s;
+    Adopt(HandleKind::kStream, client);
+  }
+  if (!in.Count(&n)) return in.status();
+  for (uint64_t i = 0; i < n; ++i) {
+    uint64_t client = 0;
+    uint32_t flags = 0;
+    if (!in.Get(&client) || !in.Get(&flags)) return in.status();
+    CUevent e = nullptr;
+    r = a.cuEventCreate(&e, flags);
+    if (r != CUDA_SUCCESS) return Status::Error("cuEventCreate: " + Describe(r));
+    // Recorded, so that queries and waits see a completed event, as they did
+    // after the drain on the old server.
+    a.cuEventRecord(e, nullptr);
+    xlate_[K(HandleKind::kEvent)][client] = reinterpret_cast<uintptr_t>(e);
+    rev_[K(HandleKind::kEvent)][reinterpret_cast<uintptr_t>(e)] = client;
+    Adopt(HandleKind::kEvent, client);
+    event_flags_[client] = flags;
+  }
+  st = RestoreMemoryContents(in, allocs);
+  if (!st.ok()) return st;
+  if (!in.Get(&magic) || magic != kSnapshotMagic)
+    return in.status().ok() ? Status::Error("a damaged snapshot (no trailer)") : in.status();
+  r = a.cuCtxSynchronize();
+  if (r != CUDA_SUCCESS) return Status::Error("cuCtxSynchronize: " + Describe(r));
+  return Status::Ok();
+}
+
+void Session::Resume(std::unique_ptr<transport::Connection> conn) {
+  conn_ = std::move(conn);
+  peer_ = conn_->Peer();
+}
+
+// --- memory a restore mapped ------------------------------------------------------
+
+CUresult Session::FreeRestored(uint64_t ptr) {
+  auto it = restored_allocs_.find(ptr);
+  if (it == restored_allocs_.end()) return CUDA_ERROR_INVALID_VALUE;
+  auto reg = restored_regions_.find(it->second.region);
+  restored_allocs_.erase(it);
+  if (reg == restored_regions_.end() || --reg->second.live > 0) return CUDA_SUCCESS;
+  // The region's last allocation: as cuMemFree, after the work that may use it.
+  DriverApi& a = state_->api;
+  CUresult rc = SynchronizeSession();
+  CUresult r = a.cuMemUnmap(reg->first, reg->second.size);
+  if (rc == CUDA_SUCCESS) rc = r;
+  r = a.cuMemRelease(reg->second.handle);
+  if (rc == CUDA_SUCCESS) rc = r;
+  r = a.cuMemAddressFree(reg->first, reg->second.size);
+  if (rc == CUDA_SUCCESS) rc = r;
+  restored_regions_.erase(reg);
+  return rc;
+}
+
+void Session::ReleaseRestoredMemory() {
+  DriverApi& a = state_->api;
+  for (auto& [base, reg] : restored_regions_) {
+    a.cuMemUnmap(base, reg.size);
+    if (reg.handle != 0) a.cuMemRelease(reg.handle);
+    a.cuMemAddressFree(base, reg.size);
+  }
+  restored_regions_.clear();
+  restored_allocs_.clear();
+}
+
+}  // namespace flyt::server
