@@ -379,17 +379,24 @@ bool Session::Park(Reader& in, Writer& out, CUresult* rc) {
       };
       if (st.ok()) st = answer();
       SnapshotWriter w(target.get());
-      if (st.ok()) st = WriteSnapshot(w, key);
+      if (st.ok()) {
+        st = WriteSnapshot(w, key);
+        // A target that failed part way says why before it hangs up.
+        Status why = answer();
+        if (st.ok() || !why.ok()) st = why;
+      }
       written = w.written();
-      if (st.ok()) st = answer();
     }
     if (!st.ok()) return go_on("migration to " + order.where + " failed: " + st.message());
     done = "migrated to " + order.where + " (" + std::to_string(written) + " bytes)";
   }
   const double pause_ms = static_cast<double>(SteadyNowNs() - t0) / 1e6;
+  char took[64];
+  std::snprintf(took, sizeof(took), " in %.1f ms", pause_ms);
+  done += took;
   if (checkpoint && order.leave_running) {
-    FLYT_INFO("session %llu %s in %.1f ms; it goes on here", static_cast<unsigned long long>(id_),
-              done.c_str(), pause_ms);
+    FLYT_INFO("session %llu %s; it goes on here", static_cast<unsigned long long>(id_),
+              done.c_str());
     ReportOutcome(channel::Report::Kind::kMove, true, done);
     return go_on("");
   }
@@ -399,8 +406,8 @@ bool Session::Park(Reader& in, Writer& out, CUresult* rc) {
   out.Put(key[0]);
   out.Put(key[1]);
   moved_ = true;  // Run ends after this reply; the session's state here goes
-  FLYT_INFO("session %llu (client pid %u) %s; paused %.1f ms so far",
-            static_cast<unsigned long long>(id_), client_pid_, done.c_str(), pause_ms);
+  FLYT_INFO("session %llu (client pid %u) %s", static_cast<unsigned long long>(id_), client_pid_,
+            done.c_str());
   ReportOutcome(channel::Report::Kind::kMove, true, done);
   return true;
 }

@@ -288,8 +288,25 @@ CUresult Alloc(CUdeviceptr* out, size_t n) {
     std::lock_guard<std::mutex> lock(g_sim->mu);
     if (n > kSimMemory - g_sim->used) return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  void* p =
-      mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  // Device memory lives in a range of its own, the same in every process (as
+  // the driver's device addresses do): a session moved to another process
+  // finds its client's addresses free there (server/session_migrate.cc).
+  constexpr uint64_t kSimDeviceBase = 0x600000000000ull, kSimAllocAlign = 2ull << 20;
+  static std::atomic<uint64_t> next{kSimDeviceBase};
+  const uint64_t span = (n + kSimAllocAlign - 1) / kSimAllocAlign * kSimAllocAlign;
+  void* p = MAP_FAILED;
+  for (int tries = 0; tries < 4096 && p == MAP_FAILED; ++tries) {
+    void* want = reinterpret_cast<void*>(next.fetch_add(span));
+    p = mmap(want, n, PROT_READ | PROT_WRITE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+    if (p != MAP_FAILED && p != want) {  // a kernel that ignores the flag
+      munmap(p, n);
+      p = MAP_FAILED;
+    }
+  }
+  if (p == MAP_FAILED)
+    p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
+             0);
   if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
   std::lock_guard<std::mutex> lock(g_sim->mu);
   g_sim->allocs[reinterpret_cast<uint64_t>(p)] = n;

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/personality.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -110,9 +112,16 @@ Status WorkerPool::SpawnLocked() {
   cargv.push_back(nullptr);
   WorkerSlot& s = (*board_)->slots[slot];
   s.state = static_cast<uint32_t>(WorkerState::kStarting);
+  // Workers start with the same address-space layout (no ASLR), so that a
+  // session moved to another worker, here or on another server, finds the
+  // device addresses its client holds free there (server/session_migrate.cc).
+  // FLYT_WORKER_ASLR=1 keeps ASLR, and moves may then fail.
+  const char* aslr = std::getenv("FLYT_WORKER_ASLR");
+  const bool stable_layout = aslr == nullptr || std::strcmp(aslr, "1") != 0;
   const pid_t pid = fork();
   if (pid == 0) {
     // Only async-signal-safe calls between fork and exec.
+    if (stable_layout) personality(ADDR_NO_RANDOMIZE);
     fcntl(args.control, F_SETFD, 0);
     fcntl(args.requests, F_SETFD, 0);
     fcntl(args.board, F_SETFD, 0);

@@ -7,7 +7,11 @@
 // Every value is checked against what the host computed, and the step prints
 // a checksum, so a moved run's output equals an undisturbed run's.
 //
-//   migrate_loop STEPS PAUSE_MS
+//   migrate_loop STEPS PAUSE_MS [EXTRA_MIB]
+//
+// EXTRA_MIB: that much more device memory, filled at the start (one value
+// per MiB) and checked at the end (a sample of every MiB), to measure how a
+// move's pause grows with the memory in use.
 //
 // Prints "step N sum=S" per step, then "migrate_loop: PASS".
 #include <unistd.h>
@@ -57,6 +61,16 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&counter, 2 * sizeof(int)));
   int start[2] = {1000000, 0};
   CK(cudaMemcpy(counter, start, sizeof(start), cudaMemcpyHostToDevice));
+  const size_t extra_mib = argc > 3 ? strtoull(argv[3], nullptr, 10) : 0;
+  unsigned char* extra = nullptr;
+  if (extra_mib > 0) {
+    CK(cudaMalloc(&extra, extra_mib << 20));
+    for (size_t m = 0; m < extra_mib; ++m)
+      CK(cudaMemsetAsync(extra + (m << 20), static_cast<int>(m * 7 + 1) & 0xff, 1 << 20, stream));
+    CK(cudaStreamSynchronize(stream));
+    std::printf("extra %zu MiB\n", extra_mib);
+    std::fflush(stdout);
+  }
   struct Buffer {
     unsigned char* dev;
     std::vector<unsigned char> host;
@@ -110,6 +124,15 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     if (pause_ms > 0) usleep(pause_ms * 1000);
   }
+  e2e::Step("extra");
+  for (size_t m = 0; m < extra_mib; ++m) {
+    unsigned char sample[64];
+    CK(cudaMemcpy(sample, extra + (m << 20) + ((m * 4099) % ((1 << 20) - 64)), sizeof(sample),
+                  cudaMemcpyDeviceToHost));
+    EXPECT(e2e::FirstNot(sample, static_cast<unsigned char>((m * 7 + 1) & 0xff), 64) < 0,
+           "extra memory MiB %zu", m);
+  }
+  if (extra != nullptr) CK(cudaFree(extra));
   e2e::Step("teardown");
   for (const Buffer& x : live) CK(cudaFree(x.dev));
   CK(cudaFree(keep));
