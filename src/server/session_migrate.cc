@@ -685,6 +685,12 @@ Status Session::Restore(SnapshotReader& in, uint64_t key[2]) {
   r = a.cuCtxSetCurrent(exec_);
   if (r != CUDA_SUCCESS) return Status::Error("cuCtxSetCurrent: " + Describe(r));
   NoteCurrentContext(primary_client_);
+  // Memory first: its addresses must be free, which gets less likely with
+  // every other object made here (a larger stack limit reallocates the
+  // context's local memory, code takes device memory). Its contents come last.
+  std::vector<RestoredAlloc> allocs;
+  Status st = RestoreMemoryLayout(in, &allocs);
+  if (!st.ok()) return st;
   for (auto& [l, v] : limits) {
     size_t now = 0;
     if (a.cuCtxGetLimit(&now, static_cast<CUlimit>(l)) == CUDA_SUCCESS && now == v) continue;
@@ -692,11 +698,6 @@ Status Session::Restore(SnapshotReader& in, uint64_t key[2]) {
     if (r != CUDA_SUCCESS)
       return Status::Error("cuCtxSetLimit(" + std::to_string(l) + "): " + Describe(r));
   }
-  // Memory first: its addresses must be free, which gets less likely with
-  // every other object made here. Its contents come last.
-  std::vector<RestoredAlloc> allocs;
-  Status st = RestoreMemoryLayout(in, &allocs);
-  if (!st.ok()) return st;
   st = RestoreCode(in);
   if (!st.ok()) return st;
   uint64_t n = 0;
