@@ -206,6 +206,11 @@ bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CU
     }
     // Managed memory: the pager stops touching it before the driver frees it.
     if (releases == HandleKind::kMemory) s.pager().Remove(std::get<0>(slots).Raw());
+    // A library's module goes with its library only, as natively.
+    if (releases == HandleKind::kModule && s.LibraryOwnsModule(std::get<0>(slots).Raw())) {
+      *rc = CUDA_ERROR_NOT_PERMITTED;
+      return true;
+    }
     if (releases == HandleKind::kLibrary || releases == HandleKind::kModule)
       s.pager().RemoveOwnedBy(std::get<0>(slots).Raw());
     // A graph a node owns (a conditional node's body) goes only with its node.
@@ -413,6 +418,8 @@ void Session::Forget(HandleKind kind, uint64_t value) {
   // stays taken by the retired stream object until the session ends.
   if (kind == HandleKind::kStream) stream_map_.erase(value);
   if (kind == HandleKind::kGraph) GraphForgotten(value);
+  if (kind == HandleKind::kModule) library_modules_.erase(value);
+  if (kind == HandleKind::kLibrary) ForgetLibraryModules(value);
 }
 
 void Session::NoteAllocation(HandleKind kind, uint64_t handle, uint64_t bytes) {
@@ -724,6 +731,11 @@ void Session::ReleaseAll() {
   memory_bytes_.clear();
   array_bytes_.clear();
   RefundMemory(charged);
+  // Modules of libraries go with their libraries.
+  for (auto& [m, lib] : library_modules_) handles_[static_cast<int>(HandleKind::kModule)].erase(m);
+  library_modules_.clear();
+  kernel_library_.clear();
+  function_library_.clear();
   each(HandleKind::kModule, [&](uint64_t h) { a.cuModuleUnload(reinterpret_cast<CUmodule>(h)); });
   each(HandleKind::kLibrary,
        [&](uint64_t h) { a.cuLibraryUnload(reinterpret_cast<CUlibrary>(h)); });
@@ -873,7 +885,12 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       }
       CUfunction f = nullptr;
       *rc = a.cuKernelGetFunction(&f, reinterpret_cast<CUkernel>(k));
-      if (*rc == CUDA_SUCCESS) Adopt(HandleKind::kFunction, reinterpret_cast<uintptr_t>(f));
+      if (*rc == CUDA_SUCCESS) {
+        Adopt(HandleKind::kFunction, reinterpret_cast<uintptr_t>(f));
+        auto lib = kernel_library_.find(k);  // for cuFuncGetModule
+        if (lib != kernel_library_.end())
+          function_library_[reinterpret_cast<uintptr_t>(f)] = lib->second;
+      }
       out.Put<uint64_t>(reinterpret_cast<uintptr_t>(f));
       return true;
     }
@@ -982,6 +999,8 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       return GraphTopology(in, out, rc);
     case ops::kOpStreamBatchMemOp:
       return StreamBatchMemOp(in, per_thread, rc);
+    case ops::kOpDriverMisc:
+      return DriverMisc(in, per_thread, out, rc);
     case 100:  // cuCtxSynchronize: this client's work, not other sessions'
       if (in.remaining() != 0) return false;
       *rc = SynchronizeSession();
@@ -1055,6 +1074,7 @@ void Session::DescribeImage(uint64_t image, bool library, Writer& out) {
       a.cuFuncGetName(&name, reinterpret_cast<CUfunction>(raw));
     }
     Adopt(library ? HandleKind::kKernel : HandleKind::kFunction, raw);
+    if (library) kernel_library_[raw] = image;
     out.Put(raw);
     out.PutString(name ? name : "");
     DescribeFunction(raw, library, out);
