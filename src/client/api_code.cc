@@ -67,25 +67,8 @@ CUresult LoadImage(const void* image, bool library, uint64_t* handle) {
   if (rc != CUDA_SUCCESS) return rc;
   wire::Reader r(reply.data(), reply.size());
   uint64_t h = 0;
-  uint32_t n = 0;
-  if (!r.Get(&h) || !r.Get(&n)) return CUDA_ERROR_UNKNOWN;
   std::vector<std::pair<uint64_t, FuncInfo>> fns;
-  fns.reserve(n);
-  for (uint32_t i = 0; i < n; ++i) {
-    uint64_t fh = 0;
-    FuncInfo info;
-    uint32_t np = 0;
-    if (!r.Get(&fh) || !r.GetString(&info.name, ops::kMaxNameLen) || !r.Get(&np) ||
-        np > ops::kMaxParams)
-      return CUDA_ERROR_UNKNOWN;
-    info.params.resize(np);
-    if (np > 0 && !r.GetBytes(info.params.data(), np * sizeof(ops::ParamSlot)))
-      return CUDA_ERROR_UNKNOWN;
-    for (const auto& s : info.params)
-      info.param_bytes = std::max(info.param_bytes, s.offset + s.size);
-    info.is_kernel = library;
-    fns.emplace_back(fh, std::move(info));
-  }
+  if (!r.Get(&h) || !flyt::client::ReadFunctionList(r, library, &fns)) return CUDA_ERROR_UNKNOWN;
   c.AddImage(h, library, std::move(fns));
   *handle = h;
   return CUDA_SUCCESS;
@@ -100,6 +83,28 @@ bool ReadFile(const char* path, std::vector<char>* out) {
 }
 
 }  // namespace
+
+bool flyt::client::ReadFunctionList(wire::Reader& r, bool is_kernel,
+                                    std::vector<std::pair<uint64_t, FuncInfo>>* fns) {
+  uint32_t n = 0;
+  if (!r.Get(&n) || n > ops::kMaxKernelsPerImage) return false;
+  fns->reserve(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    uint64_t fh = 0;
+    FuncInfo info;
+    uint32_t np = 0;
+    if (!r.Get(&fh) || !r.GetString(&info.name, ops::kMaxNameLen) || !r.Get(&np) ||
+        np > ops::kMaxParams)
+      return false;
+    info.params.resize(np);
+    if (np > 0 && !r.GetBytes(info.params.data(), np * sizeof(ops::ParamSlot))) return false;
+    for (const auto& s : info.params)
+      info.param_bytes = std::max(info.param_bytes, s.offset + s.size);
+    info.is_kernel = is_kernel;
+    fns->emplace_back(fh, std::move(info));
+  }
+  return true;
+}
 
 // Layout of a function we have not seen load (e.g. from another API path).
 std::shared_ptr<const FuncInfo> flyt::client::FuncLayout(uint64_t f) {
@@ -278,6 +283,10 @@ FLYT_API CUresult cuModuleLoad(CUmodule* mod, const char* path) {
 }
 
 FLYT_API CUresult cuModuleUnload(CUmodule m) {
+  // A library's module goes with its library (cuLibraryGetModule's documentation).
+  bool owned = false;
+  if (Client::Get().ImageKind(reinterpret_cast<uintptr_t>(m), nullptr, &owned) && owned)
+    return CUDA_ERROR_NOT_PERMITTED;
   Client::Get().RemoveImage(reinterpret_cast<uintptr_t>(m));
   flyt::client::managed::UnmapOwnedBy(reinterpret_cast<uintptr_t>(m));  // its __managed__ variables
   return Forward<204, false, false>("cuModuleUnload", m);
@@ -467,6 +476,32 @@ FLYT_API CUresult cuOccupancyMaxActiveClusters(int* n, CUfunction f, const CUlau
   int32_t v = 0;
   if (rc == CUDA_SUCCESS && !r.Get(&v)) rc = CUDA_ERROR_UNKNOWN;
   if (rc == CUDA_SUCCESS) *n = v;
+  return rc;
+}
+
+// The largest cluster a launch of `f` with `cfg` could have (the server's driver answers).
+FLYT_API CUresult cuOccupancyMaxPotentialClusterSize(int* size, CUfunction f,
+                                                     const CUlaunchConfig* cfg) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (size == nullptr || cfg == nullptr || cfg->numAttrs > 64 ||
+      (cfg->numAttrs > 0 && cfg->attrs == nullptr))
+    return CUDA_ERROR_INVALID_VALUE;
+  auto info = FuncLayout(reinterpret_cast<uintptr_t>(f));
+  if (info == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  unsigned grid[3] = {cfg->gridDimX, cfg->gridDimY, cfg->gridDimZ};
+  unsigned block[3] = {cfg->blockDimX, cfg->blockDimY, cfg->blockDimZ};
+  wire::Writer w;
+  w.Put<uint8_t>(ops::kDriverMiscMaxPotentialClusterSize);
+  EncodeLaunchHead(w, f, info->is_kernel ? uint32_t{ops::kLaunchIsKernel} : 0u, grid, block,
+                   cfg->sharedMemBytes, cfg->hStream, cfg->attrs, cfg->numAttrs);
+  std::vector<uint8_t> reply;
+  CUresult rc =
+      c.Call("cuOccupancyMaxPotentialClusterSize", ops::kOpDriverMisc, w, ReplySink{&reply});
+  wire::Reader r(reply.data(), reply.size());
+  int32_t v = 0;
+  if (rc == CUDA_SUCCESS && !r.Get(&v)) rc = CUDA_ERROR_UNKNOWN;
+  if (rc == CUDA_SUCCESS) *size = v;
   return rc;
 }
 

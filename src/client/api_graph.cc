@@ -67,7 +67,30 @@ CUresult KernelNode(const char* name, uint8_t which, uint64_t target, uint64_t n
   w.Put<uint32_t>(p->sharedMemBytes);
   CUresult rc = flyt::client::PackKernelParams(*info, p->kernelParams, p->extra, w);
   if (rc != CUDA_SUCCESS) return rc;
-  return CallForNode(name, ops::kOpGraphKernelNode, w, created);
+  rc = CallForNode(name, ops::kOpGraphKernelNode, w, created);
+  // cuGraphKernelNodeGetParams answers in the form the node's arguments last came in.
+  const bool through_extra = p->kernelParams == nullptr && p->extra != nullptr;
+  if (rc == CUDA_SUCCESS && which == 0 && created != nullptr)
+    flyt::client::NoteKernelNodeArgs(*created, through_extra);
+  if (rc == CUDA_SUCCESS && which == 1)
+    flyt::client::NoteKernelNodeArgs(reinterpret_cast<CUgraphNode>(target), through_extra);
+  return rc;
+}
+
+// The CUDA 10/11 ABI's parameters (no kernel, no context) as the CUDA 12 ones.
+CUDA_KERNEL_NODE_PARAMS FromV1(const CUDA_KERNEL_NODE_PARAMS_v1& p) {
+  CUDA_KERNEL_NODE_PARAMS v2{};
+  v2.func = p.func;
+  v2.gridDimX = p.gridDimX;
+  v2.gridDimY = p.gridDimY;
+  v2.gridDimZ = p.gridDimZ;
+  v2.blockDimX = p.blockDimX;
+  v2.blockDimY = p.blockDimY;
+  v2.blockDimZ = p.blockDimZ;
+  v2.sharedMemBytes = p.sharedMemBytes;
+  v2.kernelParams = p.kernelParams;
+  v2.extra = p.extra;
+  return v2;
 }
 
 }  // namespace
@@ -118,6 +141,32 @@ FLYT_API CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec exec, CUgraphNod
                                                     const CUDA_KERNEL_NODE_PARAMS* p) {
   return KernelNode("cuGraphExecKernelNodeSetParams", 2, reinterpret_cast<uintptr_t>(exec),
                     reinterpret_cast<uintptr_t>(node), nullptr, 0, p, nullptr);
+}
+
+// The ABI before CUDA 12 (CUDA_KERNEL_NODE_PARAMS_v1).
+#undef cuGraphAddKernelNode
+#undef cuGraphKernelNodeSetParams
+#undef cuGraphExecKernelNodeSetParams
+FLYT_API CUresult cuGraphAddKernelNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps,
+                                       size_t n, const CUDA_KERNEL_NODE_PARAMS_v1* p) {
+  if (node == nullptr || p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const CUDA_KERNEL_NODE_PARAMS v2 = FromV1(*p);
+  return KernelNode("cuGraphAddKernelNode", 0, reinterpret_cast<uintptr_t>(g), 0, deps, n, &v2,
+                    node);
+}
+FLYT_API CUresult cuGraphKernelNodeSetParams(CUgraphNode node,
+                                             const CUDA_KERNEL_NODE_PARAMS_v1* p) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const CUDA_KERNEL_NODE_PARAMS v2 = FromV1(*p);
+  return KernelNode("cuGraphKernelNodeSetParams", 1, reinterpret_cast<uintptr_t>(node), 0, nullptr,
+                    0, &v2, nullptr);
+}
+FLYT_API CUresult cuGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                                 const CUDA_KERNEL_NODE_PARAMS_v1* p) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const CUDA_KERNEL_NODE_PARAMS v2 = FromV1(*p);
+  return KernelNode("cuGraphExecKernelNodeSetParams", 2, reinterpret_cast<uintptr_t>(exec),
+                    reinterpret_cast<uintptr_t>(node), nullptr, 0, &v2, nullptr);
 }
 
 FLYT_API CUresult cuGraphAddHostNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps,

@@ -317,6 +317,14 @@ CUresult SetNodeParams(const char* name, uint8_t which, uint64_t target, CUgraph
     }
     case CU_GRAPH_NODE_TYPE_GRAPH:
       return ValueNode(name, which, target, n, nullptr, 0, p->type, Raw(p->graph.graph), nullptr);
+    case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
+      return exec ? cuGraphExecEventRecordNodeSetEvent(reinterpret_cast<CUgraphExec>(target), node,
+                                                       p->eventRecord.event)
+                  : cuGraphEventRecordNodeSetEvent(node, p->eventRecord.event);
+    case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
+      return exec ? cuGraphExecEventWaitNodeSetEvent(reinterpret_cast<CUgraphExec>(target), node,
+                                                     p->eventWait.event)
+                  : cuGraphEventWaitNodeSetEvent(node, p->eventWait.event);
     default:
       NotSupportedOnce(name);
       return CUDA_ERROR_NOT_SUPPORTED;
@@ -359,6 +367,11 @@ FLYT_API CUresult cuGraphMemsetNodeGetParams(CUgraphNode node, CUDA_MEMSET_NODE_
 FLYT_API CUresult cuGraphHostNodeSetParams(CUgraphNode node, const CUDA_HOST_NODE_PARAMS* p) {
   return HostNode("cuGraphHostNodeSetParams", ops::kGraphNodeSet, Raw(node), 0, nullptr, 0, p,
                   nullptr);
+}
+FLYT_API CUresult cuGraphExecHostNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                               const CUDA_HOST_NODE_PARAMS* p) {
+  return HostNode("cuGraphExecHostNodeSetParams", ops::kGraphNodeExecSet, Raw(exec), Raw(node),
+                  nullptr, 0, p, nullptr);
 }
 FLYT_API CUresult cuGraphHostNodeGetParams(CUgraphNode node, CUDA_HOST_NODE_PARAMS* p) {
   if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;

@@ -572,6 +572,9 @@ CUresult PointerAttribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr,
                                      ? (dev || host)
                                      : (is_managed && (attr == CU_POINTER_ATTRIBUTE_IS_MANAGED ||
                                                        attr == CU_POINTER_ATTRIBUTE_SYNC_MEMOPS));
+      // As cuPointerSetAttribute left it (client/api_driver_misc.cc).
+      if (attr == CU_POINTER_ATTRIBUTE_SYNC_MEMOPS && dev && flyt::client::SyncMemops(base))
+        *static_cast<int*>(data) = 1;
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
       if (!dev && !host && !lenient) return CUDA_ERROR_INVALID_VALUE;

@@ -851,6 +851,17 @@ CUresult Client::DestroyContext(CUcontext ctx) {
   return rc;
 }
 
+void Client::SetContextFlags(CUcontext ctx, unsigned flags) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  auto it = created_contexts_.find(ctx);
+  if (it != created_contexts_.end()) {
+    it->second.flags = flags;
+    return;
+  }
+  for (auto& p : primaries_)
+    if (p.ctx == ctx && ctx != nullptr) p.flags = flags;
+}
+
 bool Client::FindCreatedContext(CUcontext ctx, CreatedContext* out) {
   std::lock_guard<std::mutex> lock(state_mu_);
   auto it = created_contexts_.find(ctx);
@@ -884,6 +895,7 @@ bool Client::RemoveDeviceRange(uint64_t base) {
   if (it == device_ranges_.end()) return false;
   if (it->second.second) munmap(reinterpret_cast<void*>(base), it->second.first);
   device_ranges_.erase(it);
+  ForgetSyncMemops(base);
   return true;
 }
 
@@ -975,13 +987,41 @@ void Client::AddImage(uint64_t handle, bool is_library,
   }
 }
 
+void Client::AddLibraryModule(uint64_t module, uint64_t library,
+                              std::vector<std::pair<uint64_t, FuncInfo>> fns) {
+  AddImage(module, false, std::move(fns));
+  std::lock_guard<std::mutex> lock(state_mu_);
+  ImageInfo& img = images_[module];
+  img.library_owned = true;
+  img.owner = library;
+}
+
 void Client::RemoveImage(uint64_t handle) {
   QueryCache::Get().Clear();  // its handles may come back for other code
   std::lock_guard<std::mutex> lock(state_mu_);
   auto it = images_.find(handle);
   if (it == images_.end()) return;
+  const bool library = it->second.is_library;
   for (auto& [name, h] : it->second.by_name) funcs_.erase(h);
   images_.erase(it);
+  if (!library) return;
+  for (auto m = images_.begin(); m != images_.end();) {  // its modules go with it
+    if (m->second.library_owned && m->second.owner == handle) {
+      for (auto& [name, h] : m->second.by_name) funcs_.erase(h);
+      m = images_.erase(m);
+    } else {
+      ++m;
+    }
+  }
+}
+
+bool Client::ImageKind(uint64_t image, bool* is_library, bool* library_owned) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  auto it = images_.find(image);
+  if (it == images_.end()) return false;
+  if (is_library != nullptr) *is_library = it->second.is_library;
+  if (library_owned != nullptr) *library_owned = it->second.library_owned;
+  return true;
 }
 
 uint64_t Client::FindInImage(uint64_t image, const std::string& name) {

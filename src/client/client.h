@@ -41,6 +41,10 @@ struct FuncInfo {
 
 struct ImageInfo {
   bool is_library = false;
+  // A module a library owns (cuLibraryGetModule, cuFuncGetModule): the app
+  // may not unload it, and it goes with `owner` (0: its library is not known).
+  bool library_owned = false;
+  uint64_t owner = 0;
   std::unordered_map<std::string, uint64_t> by_name;
 };
 
@@ -144,6 +148,8 @@ class Client {
     uint64_t id = 0;     // cuCtxGetId: unique in the process, never a primary's
   };
   bool FindCreatedContext(CUcontext ctx, CreatedContext* out);
+  // cuCtxSetFlags: the flags the server's driver now reports for `ctx`.
+  void SetContextFlags(CUcontext ctx, unsigned flags);
 
   // --- device allocations (ranges) and pinned host buffers
   void AddDeviceRange(uint64_t base, uint64_t size, bool reserve_va);
@@ -191,7 +197,13 @@ class Client {
 
   // --- code
   void AddImage(uint64_t handle, bool is_library, std::vector<std::pair<uint64_t, FuncInfo>> fns);
+  // A library's module, with its functions (client/api_driver_misc.cc).
+  void AddLibraryModule(uint64_t module, uint64_t library,
+                        std::vector<std::pair<uint64_t, FuncInfo>> fns);
+  // Forgets the image, and the modules a library being removed owns.
   void RemoveImage(uint64_t handle);
+  // What this process knows of an image: false when nothing.
+  bool ImageKind(uint64_t image, bool* is_library, bool* library_owned);
   uint64_t FindInImage(uint64_t image, const std::string& name);
   std::shared_ptr<const FuncInfo> Func(uint64_t handle);
   void AliasFunc(uint64_t alias, std::shared_ptr<const FuncInfo> info);
@@ -350,6 +362,20 @@ CUresult PackKernelParams(const FuncInfo& info, void** params, void** extra, wir
 // The calling thread's stream-capture mode (cuThreadExchangeStreamCaptureMode).
 CUstreamCaptureMode CurrentCaptureMode();
 void SetCaptureMode(CUstreamCaptureMode mode);
+
+// Reads a kOpLoadImage-style function list (u32 n, then per function u64
+// handle, name, parameter layout) into `fns` (client/api_code.cc).
+bool ReadFunctionList(wire::Reader& r, bool is_kernel,
+                      std::vector<std::pair<uint64_t, FuncInfo>>* fns);
+
+// Kernel nodes built by hand (client/api_driver_misc.cc): whether the app last
+// gave the node its arguments through `extra` (cuGraphKernelNodeGetParams
+// answers in the same form, as natively).
+void NoteKernelNodeArgs(CUgraphNode node, bool through_extra);
+// cuPointerSetAttribute(CU_POINTER_ATTRIBUTE_SYNC_MEMOPS) on the device range
+// at `base`, for cuPointerGetAttribute; forgotten when the range goes.
+bool SyncMemops(uint64_t base);
+void ForgetSyncMemops(uint64_t base);
 
 // Host nodes of graphs (client/api_graph_nodes.cc): the function and data the
 // app gave for a callback id, for cuGraphHostNodeGetParams.

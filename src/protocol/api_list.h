@@ -47,6 +47,12 @@
 // server's driver checks them (CUDA_ERROR_INVALID_VALUE for one it never made);
 // the Get*Desc calls return the descriptors the object was made with.
 //
+// Kernel node attributes, an executable graph's flags and event nodes' events
+// (274-281) are SYNC: rare calls whose errors (a node of another type, an
+// attribute a kernel node does not take) the app checks at once. Setting an
+// attribute that names an event runs through the session, which lets only the
+// session's own events reach the driver (server/session_vmm.h).
+//
 // Stream memory operations (259-262) are SYNC: the driver checks address, alignment
 // and flags at the call and apps test the result at once; the wait itself still
 // happens on the GPU, in stream order.
@@ -170,7 +176,16 @@
   X(270, cuTexObjectGetResourceDesc, SYNC, None)                           \
   X(271, cuTexObjectGetTextureDesc, SYNC, None)                            \
   X(272, cuTexObjectGetResourceViewDesc, SYNC, None)                       \
-  X(273, cuSurfObjectGetResourceDesc, SYNC, None)
+  X(273, cuSurfObjectGetResourceDesc, SYNC, None)                          \
+  X(274, cuGraphKernelNodeGetAttribute, SYNC, None)                        \
+  X(275, cuGraphKernelNodeSetAttribute, SYNC, None)                        \
+  X(276, cuGraphKernelNodeCopyAttributes, SYNC, None)                      \
+  X(277, cuGraphExecGetFlags, SYNC, None)                                  \
+  X(278, cuGraphEventRecordNodeSetEvent, SYNC, None)                       \
+  X(279, cuGraphEventWaitNodeSetEvent, SYNC, None)                         \
+  X(280, cuGraphExecEventRecordNodeSetEvent, SYNC, None)                   \
+  X(281, cuGraphExecEventWaitNodeSetEvent, SYNC, None)                     \
+  X(282, cuCtxGetExecAffinity, SYNC, None)
 
 // Generic calls whose client entry point is hand-written because the client
 // keeps state about them (client/api_*.cc calls Forward<> itself).
@@ -211,4 +226,5 @@
   X(cuMemCreate)                                          \
   X(cuMemRelease)                                         \
   X(cuMemMap)                                             \
-  X(cuMemUnmap)
+  X(cuMemUnmap)                                           \
+  X(cuCtxGetExecAffinity)

@@ -149,7 +149,9 @@ enum : uint16_t {
   // u64 node -> u32 type as the app built it, then by type: MEMCPY CUDA_MEMCPY3D
   // (client addresses), MEMSET CUDA_MEMSET_NODE_PARAMS, GRAPH u64 graph,
   // EVENT_* u64 event, MEM_ALLOC u64 bytes, u64 pointer, i32 device, MEM_FREE
-  // u64 pointer, HOST u64 callback id; others nothing.
+  // u64 pointer, HOST u64 callback id, KERNEL u64 function, u64 kernel, u64
+  // context (the client's handles), u32 grid[3], u32 block[3], u32 shared
+  // bytes, u32 n, n x ParamSlot, blob (the argument bytes); others nothing.
   kOpGraphNodeQuery = 311,
   // u8 kGraphMisc*, then: Clone u64 graph -> u64 graph; FindInClone u64 node,
   // u64 clone -> u64 node; CondHandle u64 graph, u64 ctx, u32 default, u32
@@ -183,6 +185,22 @@ enum : uint16_t {
   // cuMemRangeGetAttribute (main connection): u32 attribute, u64 address, u64
   // count, u64 data size -> data size bytes.
   kOpMemRangeAttribute = 317,
+  // Driver calls of several kinds, each small (server/session_driver_misc.cc,
+  // client/api_driver_misc.cc): u8 kDriverMisc*, then
+  //   FuncGetModule u64 function / LibraryGetModule u64 library -> u64 module,
+  //     u8 owned by a library (not one the app loaded), u64 that library (0:
+  //     not known), then, when owned, the module's functions as kOpLoadImage
+  //     describes them (u32 n, ...)
+  //   CtxSetFlags u32 flags -> u32 the current context's flags now
+  //   HostAtomicCaps i32 device, u32 n, n x u32 CUatomicOperation -> n x u32
+  //   PointerSetAttribute u32 attribute, u32 value, u64 pointer
+  //   InstantiateWithParams u64 graph, u64 flags, u64 upload stream -> u64 exec,
+  //     u32 CUgraphInstantiateResult, u64 error node
+  //   MaxPotentialClusterSize: a launch head (kOpLaunch's) -> i32 cluster size
+  //   StreamMemOpV1 (the ABI before CUDA 11.7): u8 kMemOpV1*, u64 stream, then
+  //     Wait32/Write32/Wait64/Write64 u64 address, u64 value, u32 flags;
+  //     Batch u32 flags, u32 count, count x CUstreamBatchMemOpParams_v1
+  kOpDriverMisc = 319,
   // CUPTI activity of a profiled client (server/session_profiler.cc, src/cupti/):
   // u8 kProfiler*, then Start: u32 GpuActivity kinds (bit 1 << kind) -> u32 kinds
   // enabled, u64 server timestamp (ns), string why the others are not; Stop: u32
@@ -263,6 +281,26 @@ enum GraphMisc : uint8_t {
   kGraphMiscMemAttrSet = 4,
   kGraphMiscMemTrim = 5,
 };
+
+// kOpDriverMisc sub-operations.
+enum : uint8_t {
+  kDriverMiscFuncGetModule = 0,
+  kDriverMiscLibraryGetModule = 1,
+  kDriverMiscHostAtomicCaps = 2,
+  kDriverMiscPointerSetAttribute = 3,
+  kDriverMiscInstantiateWithParams = 4,
+  kDriverMiscMaxPotentialClusterSize = 5,
+  kDriverMiscStreamMemOpV1 = 6,
+  kDriverMiscCtxSetFlags = 7,
+};
+enum : uint8_t {
+  kMemOpV1Wait32 = 0,
+  kMemOpV1Write32 = 1,
+  kMemOpV1Wait64 = 2,
+  kMemOpV1Write64 = 3,
+  kMemOpV1Batch = 4,
+};
+inline constexpr uint32_t kMaxAtomicOps = 64;  // cuDeviceGetHostAtomicCapabilities
 
 // Launch flags (kOpLaunch).
 enum LaunchFlags : uint32_t {

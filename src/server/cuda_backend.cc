@@ -71,6 +71,18 @@ Status LoadCudaDriver(DriverApi* api) {
   ResolvePerThread(lib, "cuLaunchHostFunc", &api->cuLaunchHostFunc_pt);
   ResolvePerThread(lib, "cuStreamBatchMemOp_v2", &api->cuStreamBatchMemOp_v2_pt);
   ResolvePerThread(lib, "cuStreamGetCaptureInfo_v3", &api->cuStreamGetCaptureInfo_v3_pt);
+  ResolvePerThread(lib, "cuGraphInstantiateWithParams", &api->cuGraphInstantiateWithParams_pt);
+  // The pre-11.7 ABI of the stream memory operations, by its exact symbols.
+  Resolve(lib, "cuStreamWaitValue32", &api->cuStreamWaitValue32_v1);
+  Resolve(lib, "cuStreamWriteValue32", &api->cuStreamWriteValue32_v1);
+  Resolve(lib, "cuStreamWaitValue64", &api->cuStreamWaitValue64_v1);
+  Resolve(lib, "cuStreamWriteValue64", &api->cuStreamWriteValue64_v1);
+  Resolve(lib, "cuStreamBatchMemOp", &api->cuStreamBatchMemOp_v1);
+  ResolvePerThread(lib, "cuStreamWaitValue32", &api->cuStreamWaitValue32_v1_pt);
+  ResolvePerThread(lib, "cuStreamWriteValue32", &api->cuStreamWriteValue32_v1_pt);
+  ResolvePerThread(lib, "cuStreamWaitValue64", &api->cuStreamWaitValue64_v1_pt);
+  ResolvePerThread(lib, "cuStreamWriteValue64", &api->cuStreamWriteValue64_v1_pt);
+  ResolvePerThread(lib, "cuStreamBatchMemOp", &api->cuStreamBatchMemOp_v1_pt);
   g_begin_capture = api->cuStreamBeginCapture_v2;
   g_begin_capture_pt = api->cuStreamBeginCapture_v2_pt;
   if (g_begin_capture != nullptr) api->cuStreamBeginCapture_v2 = BeginCapture;

@@ -131,7 +131,16 @@ namespace flyt::server {
   X(cuTensorMapEncodeIm2colWide)        \
   X(cuTensorMapReplaceAddress)          \
   X(cuMemRangeGetAttribute)             \
-  X(cuPointerGetAttribute)
+  X(cuPointerGetAttribute)              \
+  X(cuFuncGetModule)                    \
+  X(cuLibraryGetModule)                 \
+  X(cuGraphKernelNodeGetParams_v2)      \
+  X(cuGraphExecHostNodeSetParams)       \
+  X(cuGraphInstantiateWithParams)       \
+  X(cuDeviceGetHostAtomicCapabilities)  \
+  X(cuPointerSetAttribute)              \
+  X(cuOccupancyMaxPotentialClusterSize) \
+  X(cuCtxSetFlags)
 
 struct DriverApi {
 #define FLYT_DECLARE_GENERIC(op, sym, cls, rel) \
@@ -150,6 +159,19 @@ struct DriverApi {
   decltype(&::cuLaunchHostFunc) cuLaunchHostFunc_pt = nullptr;
   decltype(&::cuStreamBatchMemOp_v2) cuStreamBatchMemOp_v2_pt = nullptr;
   decltype(&::cuStreamGetCaptureInfo_v3) cuStreamGetCaptureInfo_v3_pt = nullptr;
+  decltype(&::cuGraphInstantiateWithParams) cuGraphInstantiateWithParams_pt = nullptr;
+  // The stream memory operations of the ABI before CUDA 11.7 (symbols without
+  // _v2; cuda.h maps those names to the _v2 ABI), with their per-thread twins.
+  decltype(&::cuStreamWaitValue32_v2) cuStreamWaitValue32_v1 = nullptr,
+                                      cuStreamWaitValue32_v1_pt = nullptr;
+  decltype(&::cuStreamWriteValue32_v2) cuStreamWriteValue32_v1 = nullptr,
+                                       cuStreamWriteValue32_v1_pt = nullptr;
+  decltype(&::cuStreamWaitValue64_v2) cuStreamWaitValue64_v1 = nullptr,
+                                      cuStreamWaitValue64_v1_pt = nullptr;
+  decltype(&::cuStreamWriteValue64_v2) cuStreamWriteValue64_v1 = nullptr,
+                                       cuStreamWriteValue64_v1_pt = nullptr;
+  decltype(&::cuStreamBatchMemOp_v2) cuStreamBatchMemOp_v1 = nullptr,
+                                     cuStreamBatchMemOp_v1_pt = nullptr;
   bool is_sim = false;
 };
 

@@ -221,6 +221,11 @@ bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CU
     }
     // Managed memory: the pager stops touching it before the driver frees it.
     if (releases == HandleKind::kMemory) s.pager().Remove(std::get<0>(slots).Raw());
+    // A library's module goes with its library only, as natively.
+    if (releases == HandleKind::kModule && s.LibraryOwnsModule(std::get<0>(slots).Raw())) {
+      *rc = CUDA_ERROR_NOT_PERMITTED;
+      return true;
+    }
     if (releases == HandleKind::kLibrary || releases == HandleKind::kModule)
       s.pager().RemoveOwnedBy(std::get<0>(slots).Raw());
     // A graph a node owns (a conditional node's body) goes only with its node.
@@ -452,6 +457,8 @@ void Session::Forget(HandleKind kind, uint64_t value) {
   if (kind == HandleKind::kMemory) async_allocs_.erase(value);
   if (kind == HandleKind::kModule || kind == HandleKind::kLibrary) images_.erase(value);
   if (kind == HandleKind::kFunction || kind == HandleKind::kKernel) code_names_.erase(value);
+  if (kind == HandleKind::kModule) library_modules_.erase(value);
+  if (kind == HandleKind::kLibrary) ForgetLibraryModules(value);
 }
 
 void Session::NoteAllocation(HandleKind kind, uint64_t handle, uint64_t bytes) {
@@ -780,6 +787,11 @@ void Session::ReleaseAll() {
   memory_bytes_.clear();
   array_bytes_.clear();
   RefundMemory(charged);
+  // Modules of libraries go with their libraries.
+  for (auto& [m, lib] : library_modules_) handles_[static_cast<int>(HandleKind::kModule)].erase(m);
+  library_modules_.clear();
+  kernel_library_.clear();
+  function_library_.clear();
   each(HandleKind::kModule, [&](uint64_t h) {
     a.cuModuleUnload(reinterpret_cast<CUmodule>(real(HandleKind::kModule, h)));
   });
@@ -949,6 +961,8 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
         auto named = code_names_.find(k);
         if (named != code_names_.end() && code_names_.count(client) == 0)
           code_names_[client] = CodeName{named->second.image, named->second.name, false, k};
+        auto lib = kernel_library_.find(k);  // for cuFuncGetModule
+        if (lib != kernel_library_.end()) function_library_[client] = lib->second;
       }
       out.Put<uint64_t>(client);
       return true;
@@ -1061,6 +1075,8 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       return GraphTopology(in, out, rc);
     case ops::kOpStreamBatchMemOp:
       return StreamBatchMemOp(in, per_thread, rc);
+    case ops::kOpDriverMisc:
+      return DriverMisc(in, per_thread, out, rc);
     case 100:  // cuCtxSynchronize: this client's work, not other sessions'
       if (in.remaining() != 0) return false;
       *rc = SynchronizeSession();
@@ -1137,6 +1153,7 @@ void Session::DescribeImage(uint64_t image, uint64_t image_client, bool library,
     const uint64_t client = ClientHandle(kind, raw);
     Adopt(kind, client);
     code_names_[client] = CodeName{image_client, name ? name : "", library, 0};
+    if (library) kernel_library_[client] = image_client;
     out.Put(client);
     out.PutString(name ? name : "");
     DescribeFunction(raw, library, out);

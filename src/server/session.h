@@ -160,6 +160,15 @@ class Session {
   CUresult VmmUnmap(CUdeviceptr ptr, size_t size);
   CUresult VmmGetAccess(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr);
   CUresult VmmGetProperties(CUmemAllocationProp* prop, CUmemGenericAllocationHandle handle);
+  // cuGraphKernelNodeSetAttribute: an attribute that names an event
+  // (programmatic and launch completion events) must name one of the session's
+  // (session_driver_misc.cc).
+  CUresult KernelNodeSetAttribute(CUgraphNode node, CUkernelNodeAttrID attr,
+                                  const CUkernelNodeAttrValue* value);
+  // A module a library owns (cuLibraryGetModule, cuFuncGetModule of a
+  // library's function): the app may not unload it (CUDA_ERROR_NOT_PERMITTED,
+  // as natively); it goes with its library.
+  bool LibraryOwnsModule(uint64_t module) const { return library_modules_.count(module) != 0; }
   // The stream that runs a client's stream handle now: after a live SM change
   // the session's streams move to new streams in the new context, under the
   // same client-visible handles. 0, 1 and 2 follow the current context.
@@ -259,6 +268,19 @@ class Session {
   bool GraphMisc(wire::Reader& in, wire::Writer& out, CUresult* rc);
   bool GraphTopology(wire::Reader& in, wire::Writer& out, CUresult* rc);
   bool StreamBatchMemOp(wire::Reader& in, bool per_thread, CUresult* rc);
+  // --- kOpDriverMisc (session_driver_misc.cc)
+  bool DriverMisc(wire::Reader& in, bool per_thread, wire::Writer& out, CUresult* rc);
+  bool ModuleOf(uint8_t sub, wire::Reader& in, wire::Writer& out, CUresult* rc);
+  bool StreamMemOpV1(wire::Reader& in, bool per_thread, CUresult* rc);
+  // kOpGraphNodeQuery of a kernel node: its parameters with the argument bytes.
+  CUresult DescribeKernelNode(CUgraphNode node, wire::Writer& out);
+  // The client's handle of a context the driver names (0: none of the client's).
+  uint64_t ClientContext(CUcontext real) const;
+  // The session's end or a library's unload: the modules its libraries own.
+  void ForgetLibraryModules(uint64_t library);
+  std::unordered_map<uint64_t, uint64_t> library_modules_;   // module -> owning library
+  std::unordered_map<uint64_t, uint64_t> kernel_library_;    // kernel -> its library
+  std::unordered_map<uint64_t, uint64_t> function_library_;  // cuKernelGetFunction's -> library
   // Whether `node` is one of Flyt's own helper nodes (client memory in a captured graph).
   bool IsFlytHelperNode(CUgraphNode node);
   // The nodes of `g` the app sees (helper nodes left out), each adopted as the session's.

@@ -205,7 +205,9 @@ CUresult Session::DestroyUserContext(uint64_t raw, std::vector<uint64_t>* memory
     if (memory != nullptr) memory->push_back(h);
   });
   each(HandleKind::kModule, [&](uint64_t h) {
-    warn("cuModuleUnload", a.cuModuleUnload(reinterpret_cast<CUmodule>(h)));
+    // A library's module in this context goes with the context, not by unloading.
+    if (!LibraryOwnsModule(h))
+      warn("cuModuleUnload", a.cuModuleUnload(reinterpret_cast<CUmodule>(h)));
     if (modules != nullptr) modules->push_back(h);
   });
   each(HandleKind::kFunction, [](uint64_t) {});  // went with their modules

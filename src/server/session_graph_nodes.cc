@@ -339,8 +339,7 @@ bool Session::GraphNode(Reader& in, Writer& out, CUresult* rc) {
       }
       break;
     case CU_GRAPH_NODE_TYPE_HOST: {
-      if (which == ops::kGraphNodeExecSet) {
-        FLYT_WARN_ONCE("cuGraphExecHostNodeSetParams: not supported");
+      if (which == ops::kGraphNodeExecSet && a.cuGraphExecHostNodeSetParams == nullptr) {
         *rc = CUDA_ERROR_NOT_SUPPORTED;
         break;
       }
@@ -349,8 +348,10 @@ bool Session::GraphNode(Reader& in, Writer& out, CUresult* rc) {
       CUDA_HOST_NODE_PARAMS p{};
       p.fn = RunCapturedHostFuncFn();
       p.userData = w.get();
+      // The executable graph's copy of the node calls the new callback id.
       *rc = add ? a.cuGraphAddHostNode(&created, graph, deps.data(), deps.size(), &p)
-                : a.cuGraphHostNodeSetParams(node, &p);
+            : which == ops::kGraphNodeSet ? a.cuGraphHostNodeSetParams(node, &p)
+                                          : a.cuGraphExecHostNodeSetParams(exec, node, &p);
       if (*rc == CUDA_SUCCESS) captured_.push_back(std::move(w));
       break;
     }
@@ -560,6 +561,9 @@ bool Session::GraphNodeQuery(Reader& in, Writer& out, CUresult* rc) {
       out.Put<uint64_t>(p);
       break;
     }
+    case CU_GRAPH_NODE_TYPE_KERNEL:
+      *rc = DescribeKernelNode(node, out);
+      break;
     default:
       break;
   }

@@ -1,5 +1,6 @@
 // Generic calls that the session runs itself instead of handing them straight
-// to the driver: the virtual memory calls (server/session_vmm.cc).
+// to the driver: the virtual memory calls (server/session_vmm.cc) and kernel
+// node attributes that may name an event (server/session_driver_misc.cc).
 //
 // Owns: the table from a generic op id (protocol/api_list.h) to the Session
 // method that takes the driver function's place, with exactly its
@@ -57,6 +58,7 @@ FLYT_THROUGH_SESSION(cuMemMap, VmmMap)
 FLYT_THROUGH_SESSION(cuMemUnmap, VmmUnmap)
 FLYT_THROUGH_SESSION(cuMemGetAccess, VmmGetAccess)
 FLYT_THROUGH_SESSION(cuMemGetAllocationPropertiesFromHandle, VmmGetProperties)
+FLYT_THROUGH_SESSION(cuGraphKernelNodeSetAttribute, KernelNodeSetAttribute)
 
 #undef FLYT_THROUGH_SESSION
 

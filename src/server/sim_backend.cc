@@ -78,13 +78,21 @@ namespace {
 
 uint64_t kSimMemory = 80ull << 30;  // set from SimOptions
 
+struct SimLibrary;
 struct SimKernel {
   std::string name;
   std::vector<sim::ParamSlot> params;
+  SimLibrary* owner = nullptr;  // the library or module that loaded it
 };
+// A library (cuLibraryLoadData) or a module (cuModuleLoadData). A library's
+// module (cuLibraryGetModule) is a view of its library: made on first use, with
+// the library's kernels as its functions, unloaded with it.
 struct SimLibrary {
   std::vector<std::unique_ptr<SimKernel>> kernels;
   std::map<std::string, CUdeviceptr> globals;
+  bool is_library = false;
+  SimLibrary* of_library = nullptr;         // set on a library's module
+  std::unique_ptr<SimLibrary> module_view;  // a library's module, once asked for
 };
 // Host functions run on their own threads, one after another per stream; the
 // queries and synchronisations below see them as pending work.
@@ -208,6 +216,7 @@ struct Sim {
   bool green = false;  // fake green contexts (SimOptions::green_contexts)
   // Contexts made with cuCtxCreate: their flags, by handle.
   std::map<CUcontext, unsigned> user_contexts;
+  unsigned primary_flags = 0;  // cuCtxSetFlags on the primary (or a green) context
   // Managed allocations (cuMemAllocManaged): what cuMemRangeGetAttribute
   // reports of each, as a whole (the driver tracks pages).
   struct Managed {
@@ -397,6 +406,8 @@ CUresult simDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice) {
       {CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 1},
       {CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, 1},
       {CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR, 1},
+      {CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1, 1},
+      {CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V1, 1},
       {CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS, 1},
       {CU_DEVICE_ATTRIBUTE_ECC_ENABLED, 1},
       {CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, 0x19},
@@ -475,7 +486,7 @@ CUresult simCtxGetFlags(unsigned* flags) {
   if (t_current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   std::lock_guard<std::mutex> lock(g_sim->mu);
   auto it = g_sim->user_contexts.find(t_current);
-  *flags = it != g_sim->user_contexts.end() ? it->second : 0;
+  *flags = it != g_sim->user_contexts.end() ? it->second : g_sim->primary_flags;
   return CUDA_SUCCESS;
 }
 std::atomic<int> g_pending_host_funcs{0};
@@ -578,7 +589,7 @@ CUresult LoadKernels(const void* image, SimLibrary* lib) {
     FLYT_DEBUG("sim: image without kernels (%s)", error.c_str());
   }
   for (auto& d : descs)
-    lib->kernels.push_back(std::make_unique<SimKernel>(SimKernel{d.name, d.params}));
+    lib->kernels.push_back(std::make_unique<SimKernel>(SimKernel{d.name, d.params, lib}));
   return CUDA_SUCCESS;
 }
 CUresult simLibraryLoadData(CUlibrary* out, const void* code, CUjit_option*, void**, unsigned,
@@ -587,15 +598,20 @@ CUresult simLibraryLoadData(CUlibrary* out, const void* code, CUjit_option*, voi
   auto lib = std::make_unique<SimLibrary>();
   CUresult rc = LoadKernels(code, lib.get());
   if (rc != CUDA_SUCCESS) return rc;
+  lib->is_library = true;
   *out = reinterpret_cast<CUlibrary>(lib.release());
   return CUDA_SUCCESS;
 }
 // Libraries load lazily and keep working after a fault; modules do not.
 CUresult simModuleLoadData(CUmodule* out, const void* code) {
   if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
-  return simLibraryLoadData(reinterpret_cast<CUlibrary*>(out), code, nullptr, nullptr, 0, nullptr,
-                            nullptr, 0);
+  CUresult rc = simLibraryLoadData(reinterpret_cast<CUlibrary*>(out), code, nullptr, nullptr, 0,
+                                   nullptr, nullptr, 0);
+  if (rc == CUDA_SUCCESS) reinterpret_cast<SimLibrary*>(*out)->is_library = false;
+  return rc;
 }
+// What a handle's kernels, functions and globals are: a library's module is its library's view.
+SimLibrary* Contents(SimLibrary* lib) { return lib->of_library != nullptr ? lib->of_library : lib; }
 CUresult simLibraryUnload(CUlibrary l) {
   auto* lib = reinterpret_cast<SimLibrary*>(l);
   for (auto& [name, p] : lib->globals) FreeAlloc(p);
@@ -604,11 +620,39 @@ CUresult simLibraryUnload(CUlibrary l) {
 }
 CUresult simModuleUnload(CUmodule m) {
   if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  // As the driver: a module of a library goes with its library only.
+  if (reinterpret_cast<SimLibrary*>(m)->of_library != nullptr) return CUDA_ERROR_NOT_PERMITTED;
   return simLibraryUnload(reinterpret_cast<CUlibrary>(m));
+}
+// A library's module (the sim has one context's worth of them).
+SimLibrary* ModuleView(SimLibrary* lib) {
+  if (!lib->is_library) return lib;
+  if (lib->module_view == nullptr) {
+    lib->module_view = std::make_unique<SimLibrary>();
+    lib->module_view->of_library = lib;
+  }
+  return lib->module_view.get();
+}
+CUresult simLibraryGetModule(CUmodule* out, CUlibrary l) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (l == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (t_current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  auto* lib = reinterpret_cast<SimLibrary*>(l);
+  if (!lib->is_library) return CUDA_ERROR_INVALID_HANDLE;
+  *out = reinterpret_cast<CUmodule>(ModuleView(lib));
+  return CUDA_SUCCESS;
+}
+CUresult simFuncGetModule(CUmodule* out, CUfunction f) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  *out = reinterpret_cast<CUmodule>(ModuleView(reinterpret_cast<SimKernel*>(f)->owner));
+  return CUDA_SUCCESS;
 }
 CUresult simLibraryGetKernelCount(unsigned* n, CUlibrary l) {
   if (n == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *n = static_cast<unsigned>(reinterpret_cast<SimLibrary*>(l)->kernels.size());
+  *n = static_cast<unsigned>(Contents(reinterpret_cast<SimLibrary*>(l))->kernels.size());
   return CUDA_SUCCESS;
 }
 CUresult simModuleGetFunctionCount(unsigned* n, CUmodule m) {
@@ -616,7 +660,7 @@ CUresult simModuleGetFunctionCount(unsigned* n, CUmodule m) {
 }
 CUresult simLibraryEnumerateKernels(CUkernel* out, unsigned n, CUlibrary l) {
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  auto* lib = reinterpret_cast<SimLibrary*>(l);
+  auto* lib = Contents(reinterpret_cast<SimLibrary*>(l));
   if (n > lib->kernels.size()) return CUDA_ERROR_INVALID_VALUE;
   for (unsigned i = 0; i < n; ++i) out[i] = reinterpret_cast<CUkernel>(lib->kernels[i].get());
   return CUDA_SUCCESS;
@@ -654,7 +698,7 @@ CUresult simKernelGetFunction(CUfunction* f, CUkernel k) {
 CUresult simLibraryGetGlobal(CUdeviceptr* p, size_t* size, CUlibrary l, const char* name) {
   if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (name == nullptr || l == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  auto* lib = reinterpret_cast<SimLibrary*>(l);
+  auto* lib = Contents(reinterpret_cast<SimLibrary*>(l));
   auto it = lib->globals.find(name);
   if (it == lib->globals.end()) {
     CUdeviceptr d = 0;
@@ -2522,7 +2566,9 @@ struct SimNode {
   CUfunction func = nullptr;
   unsigned dims[6] = {};
   unsigned shmem = 0;
-  std::vector<uint8_t> params;  // kernel argument buffer
+  std::vector<uint8_t> params;                  // kernel argument buffer
+  std::vector<void*> param_ptrs;                // into params, for cuGraphKernelNodeGetParams
+  std::map<int, CUlaunchAttributeValue> attrs;  // kernel node attributes set
   CUDA_MEMCPY3D copy{};
   CUDA_MEMSET_NODE_PARAMS memset{};
   CUDA_HOST_NODE_PARAMS host{};
@@ -2546,6 +2592,7 @@ struct SimGraph {
 };
 struct SimExec {
   std::unique_ptr<SimGraph> graph;
+  unsigned long long flags = 0;  // as instantiated (cuGraphExecGetFlags)
 };
 std::mutex g_graph_mu;  // guards the sets below
 std::set<SimGraph*> g_graphs;
@@ -2604,6 +2651,7 @@ std::unique_ptr<SimGraph> CopyGraph(const SimGraph& src, SimGraph* top) {
     std::memcpy(c->dims, n->dims, sizeof(c->dims));
     c->shmem = n->shmem;
     c->params = n->params;
+    c->attrs = n->attrs;
     c->copy = n->copy;
     c->memset = n->memset;
     c->host = n->host;
@@ -3077,13 +3125,14 @@ CUresult simGraphNodeFindInClone(CUgraphNode* out, CUgraphNode node, CUgraph clo
   *out = reinterpret_cast<CUgraphNode>(it->second);
   return CUDA_SUCCESS;
 }
-CUresult simGraphInstantiate(CUgraphExec* out, CUgraph graph, unsigned long long) {
+CUresult simGraphInstantiate(CUgraphExec* out, CUgraph graph, unsigned long long flags) {
   if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   std::lock_guard<std::mutex> lock(g_graph_mu);
   SimGraph* g = AsGraph(graph);
   if (out == nullptr || g == nullptr) return CUDA_ERROR_INVALID_VALUE;
   auto* e = new SimExec;
   e->graph = CopyGraph(*g, nullptr);
+  e->flags = flags;
   g_execs.insert(e);
   *out = reinterpret_cast<CUgraphExec>(e);
   return CUDA_SUCCESS;
@@ -3459,6 +3508,184 @@ CUresult simGraphUpload(CUgraphExec exec, CUstream) {
   return AsExec(exec) != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+// --- calls of session_driver_misc.cc and the kernel node queries
+// Kernel node attributes: those a kernel node takes read back what was set
+// (zero before); others are refused, as are nodes of other types.
+bool KernelNodeAttribute(CUkernelNodeAttrID attr) {
+  switch (attr) {
+    case CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW:
+    case CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
+    case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
+    case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+    case CU_LAUNCH_ATTRIBUTE_PRIORITY:
+    case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
+    case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
+    case CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+      return true;
+    default:
+      return false;
+  }
+}
+CUresult simGraphKernelNodeGetAttribute(CUgraphNode node, CUkernelNodeAttrID attr,
+                                        CUkernelNodeAttrValue* v) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimNode* n = NodeOf(nullptr, node, CU_GRAPH_NODE_TYPE_KERNEL);
+  if (n == nullptr || v == nullptr || !KernelNodeAttribute(attr)) return CUDA_ERROR_INVALID_VALUE;
+  std::memset(v, 0, sizeof(*v));
+  auto it = n->attrs.find(attr);
+  if (it != n->attrs.end()) *v = it->second;
+  return CUDA_SUCCESS;
+}
+CUresult simGraphKernelNodeSetAttribute(CUgraphNode node, CUkernelNodeAttrID attr,
+                                        const CUkernelNodeAttrValue* v) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimNode* n = NodeOf(nullptr, node, CU_GRAPH_NODE_TYPE_KERNEL);
+  if (n == nullptr || v == nullptr || !KernelNodeAttribute(attr)) return CUDA_ERROR_INVALID_VALUE;
+  if (attr == CU_LAUNCH_ATTRIBUTE_COOPERATIVE && v->cooperative > 1)
+    return CUDA_ERROR_INVALID_VALUE;
+  n->attrs[attr] = *v;
+  return CUDA_SUCCESS;
+}
+CUresult simGraphKernelNodeCopyAttributes(CUgraphNode dst, CUgraphNode src) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimNode* to = NodeOf(nullptr, dst, CU_GRAPH_NODE_TYPE_KERNEL);
+  SimNode* from = NodeOf(nullptr, src, CU_GRAPH_NODE_TYPE_KERNEL);
+  if (to == nullptr || from == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  to->attrs = from->attrs;
+  return CUDA_SUCCESS;
+}
+// The node's parameters; kernelParams point into the node's own buffer.
+CUresult simGraphKernelNodeGetParams(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS* p) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimNode* n = NodeOf(nullptr, node, CU_GRAPH_NODE_TYPE_KERNEL);
+  if (n == nullptr || p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto* k = reinterpret_cast<SimKernel*>(n->func);
+  n->param_ptrs.clear();
+  for (const auto& slot : k->params) n->param_ptrs.push_back(n->params.data() + slot.offset);
+  *p = CUDA_KERNEL_NODE_PARAMS{};
+  p->func = n->func;
+  p->gridDimX = n->dims[0];
+  p->gridDimY = n->dims[1];
+  p->gridDimZ = n->dims[2];
+  p->blockDimX = n->dims[3];
+  p->blockDimY = n->dims[4];
+  p->blockDimZ = n->dims[5];
+  p->sharedMemBytes = n->shmem;
+  p->kernelParams = n->param_ptrs.empty() ? nullptr : n->param_ptrs.data();
+  return CUDA_SUCCESS;
+}
+CUresult simGraphExecHostNodeSetParams(CUgraphExec e, CUgraphNode node,
+                                       const CUDA_HOST_NODE_PARAMS* p) {
+  return SetNodeParams<CU_GRAPH_NODE_TYPE_HOST, &SimNode::host>(e, node, p, CheckHost);
+}
+CUresult SetEvent(CUgraphExec e, CUgraphNode node, CUgraphNodeType type, CUevent ev) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimNode* n = NodeOf(e, node, type);
+  if (n == nullptr || ev == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  n->event = ev;
+  return CUDA_SUCCESS;
+}
+CUresult simGraphEventRecordNodeSetEvent(CUgraphNode node, CUevent ev) {
+  return SetEvent(nullptr, node, CU_GRAPH_NODE_TYPE_EVENT_RECORD, ev);
+}
+CUresult simGraphEventWaitNodeSetEvent(CUgraphNode node, CUevent ev) {
+  return SetEvent(nullptr, node, CU_GRAPH_NODE_TYPE_WAIT_EVENT, ev);
+}
+CUresult simGraphExecEventRecordNodeSetEvent(CUgraphExec e, CUgraphNode node, CUevent ev) {
+  return e == nullptr ? CUDA_ERROR_INVALID_VALUE
+                      : SetEvent(e, node, CU_GRAPH_NODE_TYPE_EVENT_RECORD, ev);
+}
+CUresult simGraphExecEventWaitNodeSetEvent(CUgraphExec e, CUgraphNode node, CUevent ev) {
+  return e == nullptr ? CUDA_ERROR_INVALID_VALUE
+                      : SetEvent(e, node, CU_GRAPH_NODE_TYPE_WAIT_EVENT, ev);
+}
+constexpr unsigned long long kInstantiateFlags =
+    CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH | CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD |
+    CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH | CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
+CUresult simGraphInstantiateWithParams(CUgraphExec* out, CUgraph graph,
+                                       CUDA_GRAPH_INSTANTIATE_PARAMS* p) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  p->hErrNode_out = nullptr;
+  p->result_out = CUDA_GRAPH_INSTANTIATE_ERROR;
+  if ((p->flags & ~kInstantiateFlags) != 0 ||
+      ((p->flags & CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH) != 0 &&
+       (p->flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) != 0))
+    return CUDA_ERROR_INVALID_VALUE;
+  CUresult rc = simGraphInstantiate(out, graph, p->flags);
+  if (rc != CUDA_SUCCESS) return rc;
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  AsExec(*out)->flags =
+      p->flags & ~static_cast<unsigned long long>(CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD);
+  p->result_out = CUDA_GRAPH_INSTANTIATE_SUCCESS;
+  return CUDA_SUCCESS;
+}
+CUresult simGraphExecGetFlags(CUgraphExec exec, cuuint64_t* flags) {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  SimExec* e = AsExec(exec);
+  if (e == nullptr || flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *flags = e->flags;
+  return CUDA_SUCCESS;
+}
+// The sim's contexts are not limited to part of the GPU.
+CUresult simCtxGetExecAffinity(CUexecAffinityParam* p, CUexecAffinityType type) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (p == nullptr || type != CU_EXEC_AFFINITY_TYPE_SM_COUNT) return CUDA_ERROR_INVALID_VALUE;
+  if (t_current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  p->type = type;
+  p->param.smCount.val = kSimSms;
+  return CUDA_SUCCESS;
+}
+CUresult simCtxSetFlags(unsigned flags) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  const unsigned sched = flags & CU_CTX_SCHED_MASK;
+  if ((flags & ~static_cast<unsigned>(CU_CTX_FLAGS_MASK)) != 0 ||
+      (sched != CU_CTX_SCHED_AUTO && sched != CU_CTX_SCHED_SPIN && sched != CU_CTX_SCHED_YIELD &&
+       sched != CU_CTX_SCHED_BLOCKING_SYNC))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (t_current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  auto it = g_sim->user_contexts.find(t_current);
+  (it != g_sim->user_contexts.end() ? it->second : g_sim->primary_flags) = flags;
+  return CUDA_SUCCESS;
+}
+// Host atomics over the sim's (PCIe-like) link: integer operations signed and
+// unsigned on 32 and 64 bits, float operations on 32 and 64 bits.
+CUresult simDeviceGetHostAtomicCapabilities(unsigned* caps, const CUatomicOperation* ops,
+                                            unsigned count, CUdevice dev) {
+  if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+  if (caps == nullptr || ops == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+  for (unsigned i = 0; i < count; ++i)
+    if (ops[i] < 0 || ops[i] >= CU_ATOMIC_OPERATION_MAX) return CUDA_ERROR_INVALID_VALUE;
+  for (unsigned i = 0; i < count; ++i) {
+    const bool fp = ops[i] >= CU_ATOMIC_OPERATION_FLOAT_ADD;
+    caps[i] = CU_ATOMIC_CAPABILITY_SCALAR_32 | CU_ATOMIC_CAPABILITY_SCALAR_64 |
+              (fp ? 0u : CU_ATOMIC_CAPABILITY_SIGNED | CU_ATOMIC_CAPABILITY_UNSIGNED);
+  }
+  return CUDA_SUCCESS;
+}
+CUresult simPointerSetAttribute(const void* value, CUpointer_attribute attr, CUdeviceptr ptr) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (value == nullptr || attr != CU_POINTER_ATTRIBUTE_SYNC_MEMOPS) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  return Within(g_sim->allocs, ptr, 1) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+// Hopper: 8 blocks per cluster portably, 16 with the non-portable opt-in.
+CUresult simOccupancyMaxPotentialClusterSize(int* size, CUfunction f, const CUlaunchConfig* cfg) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (size == nullptr || cfg == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  int non_portable = 0;
+  FuncGetAttribute(&non_portable, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, f);
+  *size = non_portable ? 16 : 8;
+  return CUDA_SUCCESS;
+}
+// The ABI before CUDA 11.7: the same operations, without memory barriers in a batch.
+CUresult simStreamBatchMemOpV1(CUstream s, unsigned count, CUstreamBatchMemOpParams* ops,
+                               unsigned flags) {
+  for (unsigned i = 0; i < count && ops != nullptr; ++i)
+    if (ops[i].operation == CU_STREAM_MEM_OP_BARRIER) return CUDA_ERROR_INVALID_VALUE;
+  return simStreamBatchMemOp(s, count, ops, flags);
+}
+
 }  // namespace
 
 Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
@@ -3673,6 +3900,31 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuGraphClone = simGraphClone;
   a->cuGraphNodeFindInClone = simGraphNodeFindInClone;
   a->cuGraphInstantiateWithFlags = simGraphInstantiate;
+  a->cuGraphInstantiateWithParams = simGraphInstantiateWithParams;
+  a->cuGraphExecGetFlags = simGraphExecGetFlags;
+  a->cuGraphKernelNodeGetAttribute = simGraphKernelNodeGetAttribute;
+  a->cuGraphKernelNodeSetAttribute = simGraphKernelNodeSetAttribute;
+  a->cuGraphKernelNodeCopyAttributes = simGraphKernelNodeCopyAttributes;
+  a->cuGraphKernelNodeGetParams_v2 = simGraphKernelNodeGetParams;
+  a->cuGraphExecHostNodeSetParams = simGraphExecHostNodeSetParams;
+  a->cuGraphEventRecordNodeSetEvent = simGraphEventRecordNodeSetEvent;
+  a->cuGraphEventWaitNodeSetEvent = simGraphEventWaitNodeSetEvent;
+  a->cuGraphExecEventRecordNodeSetEvent = simGraphExecEventRecordNodeSetEvent;
+  a->cuGraphExecEventWaitNodeSetEvent = simGraphExecEventWaitNodeSetEvent;
+  a->cuCtxGetExecAffinity = simCtxGetExecAffinity;
+  a->cuCtxSetFlags = simCtxSetFlags;
+  a->cuDeviceGetHostAtomicCapabilities = simDeviceGetHostAtomicCapabilities;
+  a->cuPointerSetAttribute = simPointerSetAttribute;
+  a->cuOccupancyMaxPotentialClusterSize = simOccupancyMaxPotentialClusterSize;
+  a->cuLibraryGetModule = simLibraryGetModule;
+  a->cuFuncGetModule = simFuncGetModule;
+  // The stream memory operations of the ABI before CUDA 11.7 (enabled in the
+  // sim, as with NVreg_EnableStreamMemOPs=1: CAN_USE_STREAM_MEM_OPS_V1 says 1).
+  a->cuStreamWriteValue32_v1 = a->cuStreamWriteValue32_v1_pt = simStreamWriteValue32;
+  a->cuStreamWaitValue32_v1 = a->cuStreamWaitValue32_v1_pt = simStreamWaitValue32;
+  a->cuStreamWriteValue64_v1 = a->cuStreamWriteValue64_v1_pt = simStreamWriteValue64;
+  a->cuStreamWaitValue64_v1 = a->cuStreamWaitValue64_v1_pt = simStreamWaitValue64;
+  a->cuStreamBatchMemOp_v1 = a->cuStreamBatchMemOp_v1_pt = simStreamBatchMemOpV1;
   a->cuGraphExecDestroy = simGraphExecDestroy;
   a->cuGraphExecUpdate_v2 = simGraphExecUpdate;
   a->cuGraphLaunch = simGraphLaunch;

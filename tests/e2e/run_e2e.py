@@ -1329,6 +1329,78 @@ class E2E(unittest.TestCase):
                     self.assert_stats(srv, sessions=0, memory_used=0)
                 self.stop_server(b)
                 self.stop_server(restarted)
+    DRIVER_QUERIES_EXPECTED = (
+        ("under_flyt", "1"), ("kernel.library_same", "1"),
+        ("kernel.library_null_out", "CUDA_ERROR_INVALID_VALUE"),
+        ("library_module.found", "1"), ("library_module.stable", "1"),
+        ("library_module.null_out", "CUDA_ERROR_INVALID_VALUE"),
+        ("library_module.get_function", "CUDA_SUCCESS"),
+        ("library_module.function_is_kernel_function", "1"),
+        ("kernel_function.module_is_library_module", "1"),
+        ("library_module.unload", "CUDA_ERROR_NOT_PERMITTED"),
+        ("library_module.after_refused_unload", "CUDA_SUCCESS"),
+        ("module_function.module_same", "1"),
+        ("func_module.null_out", "CUDA_ERROR_INVALID_VALUE"),
+        ("get_params.func_same", "1"), ("get_params.grid", "4,1,1"),
+        ("get_params.block", "256,1,1"), ("get_params.shared", "0"),
+        ("get_params.form", "kernelParams"), ("get_params.arg0_same", "1"),
+        ("get_params.arg1", "1000"), ("get_params_v1.func_same", "1"),
+        ("get_params_v1.arg1", "7"), ("get_params.null_out", "CUDA_ERROR_INVALID_VALUE"),
+        ("extra.form", "extra"), ("extra.arg1", "33"),
+        ("attr.cooperative", "1"), ("attr.before_copy", "0"), ("attr.copied", "1"),
+        ("attr.of_memset_node", "CUDA_ERROR_INVALID_VALUE"),
+        ("instantiate.result", "0"), ("instantiate.err_node_null", "1"),
+        ("instantiate.upload_flags", "0"), ("instantiate.auto_free_flags", "1"),
+        ("instantiate.null_params", "CUDA_ERROR_INVALID_VALUE"),
+        ("instantiate_v11.flags", "0"), ("instantiate_v11.err_node_null", "1"),
+        ("event.record_set", "1"), ("event.wait_set", "1"),
+        ("event.set_on_host_node", "CUDA_ERROR_INVALID_VALUE"),
+        ("exec_host.new_ran", "1"), ("exec_host.old_ran", "0"),
+        ("exec_host.graph_node_unchanged", "1"), ("exec_event.recorded", "cudaSuccess"),
+        ("ctx_flags.sched_after_set", "4"), ("ctx_flags.bogus", "CUDA_ERROR_INVALID_VALUE"),
+        ("ctx_flags.restored", "1"), ("exec_affinity.type", "0"),
+        ("exec_affinity.is_device_sms", "1"), ("exec_affinity.null", "CUDA_ERROR_INVALID_VALUE"),
+        # The sim's link: integer operations signed and unsigned, 32 and 64 bits (27);
+        # float operations 32 and 64 bits (24).
+        ("host_atomics.result", "CUDA_SUCCESS"), ("host_atomics.caps", "27,27,24"),
+        ("host_atomics.count0", "CUDA_ERROR_INVALID_VALUE"),
+        ("host_atomics.bad_device", "CUDA_ERROR_INVALID_DEVICE"),
+        ("host_atomics.bad_op", "CUDA_ERROR_INVALID_VALUE"),
+        ("pointer.sync_before", "0"), ("pointer.sync_after", "1"),
+        ("pointer.set_host_stack", "CUDA_ERROR_INVALID_VALUE"),
+        ("cluster_size.result", "CUDA_SUCCESS"), ("cluster_size", "8"),
+        ("cluster_size.null_config", "CUDA_ERROR_INVALID_VALUE"),
+        ("v1.enabled", "1"), ("v1.write32", "CUDA_SUCCESS"), ("v1.value32", "5"),
+        ("v1.value64", str((1 << 36) + 3)), ("v1.batch_value", "21"),
+        ("v1.misaligned", "CUDA_ERROR_INVALID_VALUE"))
+
+    def test_driver_queries(self):
+        """Driver calls about handles, graph kernel nodes, contexts and older ABIs
+        (driver_queries.cu) over every transport and cudart: a kernel's library, a
+        library's module (its function is the kernel's function, unloading it alone is
+        CUDA_ERROR_NOT_PERMITTED and leaves it working), a module function's module;
+        kernel node parameters (CUDA 12 and 11 ABIs) with the argument values the node
+        holds, in the form last set (kernelParams or an extra buffer); kernel node
+        attributes set, read, copied, refused on a memset node;
+        cuGraphInstantiateWithParams (result, flags without UPLOAD), the CUDA 11
+        cuGraphInstantiate; an executable graph's host node and event changed (the new
+        callback runs, the old does not, the graph's node keeps its own); event nodes'
+        events changed; cuCtxSetFlags read back by cuCtxGetFlags; cuCtxGetExecAffinity;
+        host atomic capabilities and their errors; SYNC_MEMOPS set on device memory and
+        read back, refused on a host address; cuOccupancyMaxPotentialClusterSize; the
+        pre-11.7 stream memory operations (single and batched). The server holds
+        nothing of the client afterwards."""
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                srv = self.start_server(control=True)
+                res = self.run_ok(srv, transport, "driver_queries", variant, log_level="warn")
+                kv = self.kv(res)
+                where = res.describe()
+                for key, want in self.DRIVER_QUERIES_EXPECTED:
+                    self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
+                self.assertNotIn("not supported", res.stderr + res.client_log, where)
+                self.assert_stats(srv, sessions=0, memory_used=0)
+                self.stop_server(srv)
 
     def test_managed_memory(self):
         """Managed memory over every transport and cudart, against the sim (memsets and

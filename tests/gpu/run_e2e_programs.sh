@@ -21,7 +21,10 @@
 # host, conditional IF/IF-ELSE/WHILE/SWITCH, memory alloc/free, child, empty and event
 # nodes, SetParams, clone, update), stream_memops, managed_memory (unified memory:
 # host and device writes interleaved, copies, prefetch, advice, threads, fork),
-# memory_roundtrip (copies of every shape, texture and surface descriptors read back).
+# memory_roundtrip (copies of every shape, texture and surface descriptors read back),
+# driver_queries (module/library/kernel handle queries, graph kernel node parameters and
+# attributes, instantiate with parameters, context flags and affinity, host atomics,
+# pointer SYNC_MEMOPS, cluster size, the pre-11.7 stream memory operations).
 # Environment: CASES, RUN_TIMEOUT=60, MODES="tcp unix shm", SERVER_BACKEND=cuda (sim: plumbing
 # only, on a machine without a GPU, where the native runs fail).
 set -uo pipefail
@@ -34,7 +37,7 @@ export CUDA_CACHE_DISABLE=1
 BUILD=$(cd "$1" && pwd) || exit 2
 PROGS=$(cd "$2" && pwd) || exit 2
 OUTFILE=$3
-CASES=${CASES:-"ipc vmm_share contexts isolation_fault stream_event_order jit_link module_functions graph_nodes cupti_activity cupti_activity_clock tensor_map stream_memops managed_memory memory_roundtrip"}
+CASES=${CASES:-"ipc vmm_share contexts isolation_fault stream_event_order jit_link module_functions graph_nodes cupti_activity cupti_activity_clock tensor_map stream_memops managed_memory memory_roundtrip driver_queries"}
 MODES=${MODES:-"tcp unix shm"}
 RUN_TIMEOUT=${RUN_TIMEOUT:-60}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/flyt-e2e-gpu.XXXXXX")
@@ -57,6 +60,7 @@ cmd_of() {  # case -> program and arguments
     stream_memops) echo "$PROGS/stream_memops" ;;
     managed_memory) echo "$PROGS/managed_memory" ;;
     memory_roundtrip) echo "$PROGS/memory_roundtrip" ;;
+    driver_queries) echo "$PROGS/driver_queries" ;;
   esac
 }
 
