@@ -160,7 +160,7 @@ bool Session::ModuleOf(uint8_t sub, Reader& in, Writer& out, CUresult* rc) {
   out.Put(mod);
   out.Put<uint8_t>(owned ? 1 : 0);
   out.Put(library);
-  if (owned) DescribeImage(mod, false, out);
+  if (owned) DescribeImage(mod, mod, false, out);
   return true;
 }
 
