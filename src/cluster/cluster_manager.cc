@@ -1,9 +1,13 @@
 #include "cluster/cluster_manager.h"
 
+#include <algorithm>
 #include <cinttypes>
+#include <climits>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 
+#include "cluster/gpu_group.h"
 #include "common/log.h"
 
 namespace flyt::cluster {
@@ -38,7 +42,25 @@ Json VmJson(const store::VmRequirement& v) {
   return Json{{"vm_ip", v.vm_ip},
               {"host_ip", v.host_ip},
               {"compute_units", v.compute_units},
-              {"memory_gb", v.memory_gb}};
+              {"memory_gb", v.memory_gb},
+              {"gpus", v.gpus}};
+}
+
+std::string Join(const std::vector<std::string>& parts) { return JoinEndpoints(parts); }
+
+std::string GpuCount(size_t n) { return std::to_string(n) + (n == 1 ? " GPU" : " GPUs"); }
+
+// Runs fn(0) .. fn(n-1) at once, one thread each (n is one VM's GPU count), and waits for
+// all: a VM's servers start, stop and resize in parallel.
+void RunEach(size_t n, const std::function<void(size_t)>& fn) {
+  if (n == 1) {
+    fn(0);
+    return;
+  }
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (size_t i = 0; i < n; ++i) threads.emplace_back(fn, i);
+  for (auto& t : threads) t.join();
 }
 
 Json GpuCapacityJson(const store::Gpu& g) {
@@ -66,6 +88,14 @@ Status ParseVm(const Json& j, store::VmRequirement* out) {
   }
   out->compute_units = cu->get<int>();
   out->memory_gb = mem->get<double>();
+  out->gpus = 1;
+  if (auto g = j.find("gpus"); g != j.end()) {
+    if (!g->is_number_integer() || g->get<int64_t>() < 1 || g->get<int64_t>() > INT_MAX) {
+      return Status::Error("gpus of VM " + out->vm_ip +
+                           " must be a whole number of at least 1, got " + g->dump());
+    }
+    out->gpus = g->get<int>();
+  }
   return Status::Ok();
 }
 
@@ -115,8 +145,13 @@ Status ClusterManager::Start() {
   for (auto& a : allocs) {
     AllocState& as = allocs_[a.alloc_id];
     as.row = a;
-    vm_alloc_[a.vm_ip] = a.alloc_id;
+    vm_allocs_[a.vm_ip].push_back(a.alloc_id);
     placement_.Reserve(a.gpu_uuid, a.sm, a.memory_bytes);
+  }
+  for (auto& [vm, ids] : vm_allocs_) {
+    std::sort(ids.begin(), ids.end(), [this](const std::string& x, const std::string& y) {
+      return allocs_[x].row.ordinal < allocs_[y].row.ordinal;
+    });
   }
   EventLocked("cluster-manager-start", "cluster",
               std::to_string(vms_.size()) + " VMs, " + std::to_string(nodes_.size()) + " nodes, " +
@@ -156,12 +191,94 @@ void ClusterManager::FreeAllocLocked(const std::string& alloc_id) {
   if (it == allocs_.end()) return;
   const store::Allocation& row = it->second.row;
   placement_.Release(row.gpu_uuid, row.sm, row.memory_bytes);
-  auto v = vm_alloc_.find(row.vm_ip);
-  if (v != vm_alloc_.end() && v->second == alloc_id) vm_alloc_.erase(v);
+  if (auto v = vm_allocs_.find(row.vm_ip); v != vm_allocs_.end()) {
+    v->second.erase(std::remove(v->second.begin(), v->second.end(), alloc_id), v->second.end());
+    if (v->second.empty()) vm_allocs_.erase(v);
+  }
   Status s = store_->DeleteAllocation(alloc_id);
   if (!s.ok()) FLYT_ERROR("cannot delete allocation %s: %s", alloc_id.c_str(), s.message().c_str());
   allocs_.erase(it);
   changed_.notify_all();
+}
+
+void ClusterManager::FreeVmLocked(const std::string& vm_ip, const std::string& except) {
+  auto it = vm_allocs_.find(vm_ip);
+  if (it == vm_allocs_.end()) return;
+  const std::vector<std::string> ids = it->second;  // a copy: FreeAllocLocked edits the list
+  for (const std::string& id : ids) {
+    auto a = allocs_.find(id);
+    if (a == allocs_.end()) continue;
+    if (id != except) {
+      const std::string& node_id = a->second.row.node_id;
+      auto n = nodes_.find(node_id);
+      if (n != nodes_.end() && n->second.row.state != "down") StopServerAsync(node_id, id);
+    }
+    FreeAllocLocked(id);
+  }
+}
+
+std::vector<ClusterManager::AllocState*> ClusterManager::MembersLocked(const std::string& vm_ip) {
+  std::vector<AllocState*> out;
+  auto it = vm_allocs_.find(vm_ip);
+  if (it == vm_allocs_.end()) return out;
+  for (const std::string& id : it->second) {
+    auto a = allocs_.find(id);
+    if (a != allocs_.end()) out.push_back(&a->second);
+  }
+  return out;
+}
+
+bool ClusterManager::AnyBusyLocked(const std::string& vm_ip) {
+  for (const AllocState* a : MembersLocked(vm_ip)) {
+    if (a->busy) return true;
+  }
+  return false;
+}
+
+Json ClusterManager::VmAllocJsonLocked(const std::string& vm_ip) {
+  std::vector<AllocState*> members = MembersLocked(vm_ip);
+  if (members.empty()) return Json();
+  if (members.size() == 1) {
+    Json j = AllocJsonLocked(*members[0]);
+    j["gpus"] = 1;
+    return j;
+  }
+  std::vector<std::string> ids, nodes, gpus, endpoints;
+  Json servers = Json::array();
+  std::string state = "running";
+  int64_t sessions = 0, memory_used = 0, calls = 0, last_client_ms = 0, restarts = 0;
+  for (const AllocState* a : members) {
+    Json sj = AllocJsonLocked(*a);
+    ids.push_back(a->row.alloc_id);
+    nodes.push_back(a->row.node_id);
+    gpus.push_back(a->row.gpu_uuid);
+    endpoints.push_back(a->row.endpoint);
+    if (a->row.state != "running" && state == "running") state = a->row.state;
+    sessions = std::max(sessions, Int(sj, "sessions"));  // a client process uses each server
+    memory_used += Int(sj, "memory_used");
+    calls += Int(sj, "calls");
+    last_client_ms = std::max(last_client_ms, a->row.last_client_ms);
+    restarts += a->restarts;
+    servers.push_back(std::move(sj));
+  }
+  const store::Allocation& first = members[0]->row;
+  return Json{{"alloc_id", Join(ids)},
+              {"vm_ip", vm_ip},
+              {"gpus", members.size()},
+              {"node_id", Join(DistinctNodes(nodes))},
+              {"gpu_uuid", Join(gpus)},
+              {"placement", DescribeGpuNodes(nodes)},
+              {"sm", first.sm},
+              {"memory_bytes", first.memory_bytes},
+              {"endpoint", JoinEndpoints(endpoints)},
+              {"state", state},
+              {"created_ms", first.created_ms},
+              {"last_client_ms", last_client_ms},
+              {"restarts", restarts},
+              {"sessions", sessions},
+              {"memory_used", memory_used},
+              {"calls", calls},
+              {"servers", servers}};
 }
 
 Json ClusterManager::AllocJsonLocked(const AllocState& a) const {
@@ -170,6 +287,7 @@ Json ClusterManager::AllocJsonLocked(const AllocState& a) const {
          {"vm_ip", r.vm_ip},
          {"node_id", r.node_id},
          {"gpu_uuid", r.gpu_uuid},
+         {"ordinal", r.ordinal},
          {"sm", r.sm},
          {"memory_bytes", r.memory_bytes},
          {"endpoint", r.endpoint},
@@ -546,10 +664,17 @@ void ClusterManager::ApplyReportsLocked(const std::string& node_id, const Json& 
     if (a.row.node_id == node_id && !a.busy && !reported.count(id)) lost.push_back(id);
   }
   for (const auto& id : lost) {
+    auto it = allocs_.find(id);
+    if (it == allocs_.end()) continue;  // freed with a lost sibling
+    const std::string vm_ip = it->second.row.vm_ip;
+    const size_t others = MembersLocked(vm_ip).size() - 1;
     EventLocked("server-lost", id,
-                "node " + node_id + " came back without the server of VM " + allocs_[id].row.vm_ip +
-                    "; share freed (the next client allocates again)");
-    FreeAllocLocked(id);
+                "node " + node_id + " came back without the server of VM " + vm_ip +
+                    "; share freed (the next client allocates again)" +
+                    (others ? "; the VM's other " + std::to_string(others) +
+                                  " server(s) are stopped too (a VM runs with all its GPUs or none)"
+                            : ""));
+    FreeVmLocked(vm_ip, id);
   }
 }
 
@@ -576,10 +701,15 @@ Json ClusterManager::ServerExited(const control::Peer&, const Json& req) {
                     std::to_string(options_.max_server_restarts));
     return Ok({{"action", "restart"}});
   }
+  const std::string vm_ip = a.row.vm_ip;
+  const size_t others = MembersLocked(vm_ip).size() - 1;
   EventLocked("server-failed", alloc_id,
-              "server of VM " + a.row.vm_ip + " on node " + node_id + " exited (" + reason + "); " +
-                  (vm_wants ? "restart limit reached" : "VM removed") + ", share freed");
-  FreeAllocLocked(alloc_id);
+              "server of VM " + vm_ip + " on node " + node_id + " exited (" + reason + "); " +
+                  (vm_wants ? "restart limit reached" : "VM removed") + ", share freed" +
+                  (others ? "; the VM's other " + std::to_string(others) +
+                                " server(s) are stopped too (a VM runs with all its GPUs or none)"
+                          : ""));
+  FreeVmLocked(vm_ip, alloc_id);
   return Ok({{"action", "free"}});
 }
 
@@ -597,88 +727,171 @@ Json ClusterManager::RequestAllocation(const std::string& vm_ip) {
                                      "`flytctl vm add --vm " +
                                      vm_ip + " --host HOST_IP --sm N --memory GB`");
     }
-    auto ait = vm_alloc_.find(vm_ip);
-    if (ait == vm_alloc_.end()) break;
-    AllocState& a = allocs_[ait->second];
-    if (a.busy || a.row.state == "restarting") {
+    std::vector<AllocState*> members = MembersLocked(vm_ip);
+    if (members.empty()) break;
+    const AllocState* waiting = nullptr;
+    const AllocState* down = nullptr;
+    for (const AllocState* a : members) {
+      if (!waiting && (a->busy || a->row.state == "restarting")) waiting = a;
+      if (!down && a->row.state != "running") down = a;
+    }
+    if (waiting) {
+      const std::string state = waiting->row.state;
       if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
         return Error("server_failed",
-                     "the server of VM " + vm_ip + " is still " + a.row.state + "; try again");
+                     "the server of VM " + vm_ip + " is still " + state + "; try again");
       }
       continue;
     }
-    if (a.row.state == "running") {
-      Json j = AllocJsonLocked(a);
-      j["token"] = a.row.token;
+    if (!down) {
+      Json j = VmAllocJsonLocked(vm_ip);
+      j["token"] = members[0]->row.token;
       return Ok(j);
     }
-    // Its node is down (or the server failed): place it anew.
-    EventLocked("reallocate", a.row.alloc_id,
-                "VM " + vm_ip + "'s server on node " + a.row.node_id + " is " + a.row.state +
-                    "; placing the VM again");
-    FreeAllocLocked(a.row.alloc_id);
+    // A node is down (or a server failed): place the VM anew, all its GPUs together.
+    EventLocked("reallocate", down->row.alloc_id,
+                "VM " + vm_ip + "'s server on node " + down->row.node_id + " is " +
+                    down->row.state + "; placing the VM again" +
+                    (members.size() > 1 ? " (all " + GpuCount(members.size()) +
+                                              "; the servers still running are stopped)"
+                                        : ""));
+    FreeVmLocked(vm_ip, "");
     break;
   }
   const store::VmRequirement vm = vms_[vm_ip];
+  const size_t count = static_cast<size_t>(std::max(1, vm.gpus));
   PlacementRequest pr{vm.vm_ip, vm.host_ip, vm.compute_units, GbToBytes(vm.memory_gb)};
-  std::string gpu;
-  Status s = placement_.Place(pr, &gpu);
+  std::vector<std::string> gpus;
+  bool one_node = false;
+  Status s = placement_.PlaceGroup(pr, static_cast<int>(count), &gpus, &one_node);
   if (!s.ok()) {
-    EventLocked("allocation-refused", vm_ip, s.message());
-    return Error("no_capacity", "not enough capacity for VM " + vm_ip + ": " + s.message());
+    if (count == 1) {
+      EventLocked("allocation-refused", vm_ip, s.message());
+      return Error("no_capacity", "not enough capacity for VM " + vm_ip + ": " + s.message());
+    }
+    const std::string why = "VM " + vm_ip + " needs " + GpuCount(count) + " with " +
+                            std::to_string(pr.sm) + " SMs and " + Gib(pr.memory_bytes) +
+                            " each: " + s.message() +
+                            "; nothing was started (a VM gets all its GPUs or none)";
+    EventLocked("allocation-refused", vm_ip, why);
+    return Error("no_capacity", "not enough capacity: " + why +
+                                    ". Free or add GPUs, or lower the VM's GPU count or share "
+                                    "(flytctl vm add --vm " +
+                                    vm_ip + " ... --gpus N)");
   }
-  const GpuUsage* usage = placement_.Find(gpu);
-  AllocState a;
-  a.busy = true;
-  a.row.alloc_id = "a-" + control::RandomHex(6);
-  a.row.vm_ip = vm_ip;
-  a.row.node_id = usage->capacity.node_id;
-  a.row.gpu_uuid = gpu;
-  a.row.token = control::RandomHex(24);
-  a.row.state = "starting";
-  a.row.sm = vm.compute_units;
-  a.row.memory_bytes = pr.memory_bytes;
-  a.row.created_ms = a.row.updated_ms = NowMs();
-  placement_.Reserve(gpu, a.row.sm, a.row.memory_bytes);
-  std::string alloc_id = a.row.alloc_id;
-  std::string node_id = a.row.node_id;
-  Json start{{"alloc_id", alloc_id},
-             {"gpu_uuid", gpu},
-             {"sm", a.row.sm},
-             {"memory_bytes", a.row.memory_bytes},
-             {"token", a.row.token}};
-  allocs_[alloc_id] = a;
-  vm_alloc_[vm_ip] = alloc_id;
-  PersistAllocLocked(a);
-  EventLocked("allocate", alloc_id,
-              "VM " + vm_ip + ": " + std::to_string(a.row.sm) + " SMs, " + Gib(a.row.memory_bytes) +
-                  " on GPU " + gpu + " of node " + node_id);
+  // One allocation (one flyt-server) per GPU, ordinal i = the i-th pick, one token for all.
+  const std::string token = control::RandomHex(24);
+  const int64_t now = NowMs();
+  std::vector<std::string> ids, node_ids;
+  std::vector<Json> starts;
+  for (size_t i = 0; i < count; ++i) {
+    const GpuUsage* usage = placement_.Find(gpus[i]);
+    AllocState a;
+    a.busy = true;
+    a.row.alloc_id = "a-" + control::RandomHex(6);
+    a.row.vm_ip = vm_ip;
+    a.row.node_id = usage->capacity.node_id;
+    a.row.gpu_uuid = gpus[i];
+    a.row.ordinal = static_cast<int>(i);
+    a.row.token = token;
+    a.row.state = "starting";
+    a.row.sm = vm.compute_units;
+    a.row.memory_bytes = pr.memory_bytes;
+    a.row.created_ms = a.row.updated_ms = now;
+    placement_.Reserve(gpus[i], a.row.sm, a.row.memory_bytes);
+    ids.push_back(a.row.alloc_id);
+    node_ids.push_back(a.row.node_id);
+    starts.push_back(Json{{"alloc_id", a.row.alloc_id},
+                          {"gpu_uuid", gpus[i]},
+                          {"sm", a.row.sm},
+                          {"memory_bytes", a.row.memory_bytes},
+                          {"token", token}});
+    allocs_[a.row.alloc_id] = a;
+    vm_allocs_[vm_ip].push_back(a.row.alloc_id);
+    PersistAllocLocked(a);
+    EventLocked(
+        "allocate", a.row.alloc_id,
+        "VM " + vm_ip + ": " + std::to_string(a.row.sm) + " SMs, " + Gib(a.row.memory_bytes) +
+            " on GPU " + gpus[i] + " of node " + a.row.node_id +
+            (count > 1 ? " (GPU " + std::to_string(i) + " of " + std::to_string(count) + ")" : ""));
+  }
+  if (count > 1) {
+    EventLocked("place-group", vm_ip,
+                "placed VM " + vm_ip + ": " + DescribeGpuNodes(node_ids) + " (" +
+                    std::to_string(pr.sm) + " SMs and " + Gib(pr.memory_bytes) + " each)");
+  }
   lock.unlock();
   auto t0 = Clock::now();
-  Status started;
-  Json answer = CallNode(node_id, "start-server", start, &started);
+  std::vector<Status> started(count);
+  std::vector<Json> answers(count);
+  RunEach(count, [&](size_t i) {
+    answers[i] = CallNode(node_ids[i], "start-server", starts[i], &started[i]);
+  });
   lock.lock();
-  auto it = allocs_.find(alloc_id);
-  if (it == allocs_.end()) return Error("server_failed", "VM " + vm_ip + " was removed meanwhile");
-  AllocState& cur = it->second;
-  cur.busy = false;
-  changed_.notify_all();
-  if (!started.ok()) {
-    EventLocked("server-start-failed", alloc_id, "node " + node_id + ": " + started.message());
-    FreeAllocLocked(alloc_id);
-    return Error("server_failed", "could not start a server for VM " + vm_ip + " on node " +
-                                      node_id + ": " + started.message());
+  bool vanished = false;
+  size_t failed = count;
+  for (size_t i = 0; i < count; ++i) {
+    vanished = vanished || !allocs_.count(ids[i]);
+    if (failed == count && !started[i].ok()) failed = i;
   }
-  cur.row.endpoint = Str(answer, "endpoint");
-  cur.row.state = "running";
-  cur.row.updated_ms = NowMs();
-  if (answer.contains("pid")) cur.report["pid"] = answer["pid"];
-  PersistAllocLocked(cur);
+  if (vanished || failed < count) {
+    for (size_t i = 0; i < count; ++i) {
+      if (!started[i].ok()) {
+        EventLocked("server-start-failed", ids[i],
+                    "node " + node_ids[i] + ": " + started[i].message());
+      }
+    }
+    // All or nothing: the servers that did start are stopped before the shares are freed.
+    std::vector<size_t> stop;
+    for (size_t i = 0; i < count; ++i) {
+      if (started[i].ok()) stop.push_back(i);
+    }
+    if (!stop.empty()) {
+      lock.unlock();
+      RunEach(stop.size(), [&](size_t k) {
+        Status st;
+        CallNode(node_ids[stop[k]], "stop-server", Json{{"alloc_id", ids[stop[k]]}}, &st);
+        if (!st.ok()) {
+          FLYT_WARN("stop-server %s on %s: %s", ids[stop[k]].c_str(), node_ids[stop[k]].c_str(),
+                    st.message().c_str());
+        }
+      });
+      lock.lock();
+    }
+    for (const std::string& id : ids) {
+      if (auto it = allocs_.find(id); it != allocs_.end()) it->second.busy = false;
+      FreeAllocLocked(id);
+    }
+    changed_.notify_all();
+    if (failed == count) return Error("server_failed", "VM " + vm_ip + " was removed meanwhile");
+    if (count == 1) {
+      return Error("server_failed", "could not start a server for VM " + vm_ip + " on node " +
+                                        node_ids[0] + ": " + started[0].message());
+    }
+    const std::string why = "could not start the server for GPU " + std::to_string(failed) +
+                            " of VM " + vm_ip + " on node " + node_ids[failed] + ": " +
+                            started[failed].message() + "; its other " + std::to_string(count - 1) +
+                            " server(s) were stopped and nothing stays allocated (a VM gets all "
+                            "its GPUs or none)";
+    EventLocked("allocation-failed", vm_ip, why);
+    return Error("server_failed", why);
+  }
   int64_t ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
-  EventLocked("server-started", alloc_id,
-              "VM " + vm_ip + " at " + cur.row.endpoint + " after " + std::to_string(ms) + " ms");
-  Json j = AllocJsonLocked(cur);
-  j["token"] = cur.row.token;
+  for (size_t i = 0; i < count; ++i) {
+    AllocState& cur = allocs_[ids[i]];
+    cur.busy = false;
+    cur.row.endpoint = Str(answers[i], "endpoint");
+    cur.row.state = "running";
+    cur.row.updated_ms = NowMs();
+    if (answers[i].contains("pid")) cur.report["pid"] = answers[i]["pid"];
+    PersistAllocLocked(cur);
+    EventLocked("server-started", ids[i],
+                "VM " + vm_ip + " at " + cur.row.endpoint + " after " + std::to_string(ms) + " ms" +
+                    (count > 1 ? " (GPU " + std::to_string(i) + ")" : ""));
+  }
+  changed_.notify_all();
+  Json j = VmAllocJsonLocked(vm_ip);
+  j["token"] = token;
   j["start_ms"] = ms;
   return Ok(j);
 }
@@ -687,32 +900,55 @@ Json ClusterManager::Deallocate(const std::string& vm_ip, const std::string& why
   std::unique_lock<std::mutex> lock(mu_);
   auto deadline = Clock::now() + kBusyWait;
   for (;;) {
-    auto ait = vm_alloc_.find(vm_ip);
-    if (ait == vm_alloc_.end()) {
+    if (!vm_allocs_.count(vm_ip)) {
       if (!vms_.count(vm_ip)) return Error("unknown_vm", "unknown VM " + vm_ip);
       return Error("unknown_allocation", "VM " + vm_ip + " has no allocation");
     }
-    AllocState& a = allocs_[ait->second];
-    if (!a.busy) break;
+    if (!AnyBusyLocked(vm_ip)) break;
     if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
       return Error("internal", "VM " + vm_ip + "'s allocation stays busy");
     }
   }
-  AllocState& a = allocs_[vm_alloc_[vm_ip]];
-  a.busy = true;
-  a.row.state = "stopping";
-  std::string alloc_id = a.row.alloc_id, node_id = a.row.node_id;
-  bool node_up = nodes_.count(node_id) && nodes_[node_id].row.state != "down";
+  struct StopCall {
+    std::string alloc_id, node_id;
+    bool node_up = false;
+    Status status;
+  };
+  std::vector<StopCall> stops;
+  for (AllocState* a : MembersLocked(vm_ip)) {
+    a->busy = true;
+    a->row.state = "stopping";
+    StopCall c;
+    c.alloc_id = a->row.alloc_id;
+    c.node_id = a->row.node_id;
+    c.node_up = nodes_.count(c.node_id) && nodes_[c.node_id].row.state != "down";
+    stops.push_back(std::move(c));
+  }
   lock.unlock();
-  Status s;
-  if (node_up) CallNode(node_id, "stop-server", Json{{"alloc_id", alloc_id}}, &s);
+  RunEach(stops.size(), [&](size_t i) {
+    if (stops[i].node_up) {
+      CallNode(stops[i].node_id, "stop-server", Json{{"alloc_id", stops[i].alloc_id}},
+               &stops[i].status);
+    }
+  });
   lock.lock();
-  if (!s.ok()) FLYT_WARN("stop-server %s: %s", alloc_id.c_str(), s.message().c_str());
-  EventLocked(why == "idle" ? "auto-deallocate" : "deallocate", alloc_id,
-              "VM " + vm_ip + " on node " + node_id + " (" + why + ")" +
-                  (s.ok() ? "" : "; stopping it failed: " + s.message()));
-  FreeAllocLocked(alloc_id);
-  return Ok({{"vm_ip", vm_ip}, {"alloc_id", alloc_id}});
+  std::vector<std::string> ids;
+  for (size_t i = 0; i < stops.size(); ++i) {
+    const StopCall& c = stops[i];
+    const Status& s = c.status;
+    if (!s.ok()) FLYT_WARN("stop-server %s: %s", c.alloc_id.c_str(), s.message().c_str());
+    EventLocked(why == "idle" ? "auto-deallocate" : "deallocate", c.alloc_id,
+                "VM " + vm_ip + " on node " + c.node_id + " (" + why + ")" +
+                    (stops.size() > 1 ? " (GPU " + std::to_string(i) + " of " +
+                                            std::to_string(stops.size()) + ")"
+                                      : "") +
+                    (s.ok() ? "" : "; stopping it failed: " + s.message()));
+    FreeAllocLocked(c.alloc_id);
+    ids.push_back(c.alloc_id);
+  }
+  Json out{{"vm_ip", vm_ip}, {"alloc_id", Join(ids)}, {"gpus", ids.size()}};
+  if (ids.size() > 1) out["alloc_ids"] = ids;
+  return Ok(out);
 }
 
 Json ClusterManager::ChangeConfig(const Json& req, int direction) {
@@ -722,9 +958,7 @@ Json ClusterManager::ChangeConfig(const Json& req, int direction) {
   if (!has_sm && !has_mem) return Error("bad_request", "give --sm and/or --memory");
   std::unique_lock<std::mutex> lock(mu_);
   auto deadline = Clock::now() + kBusyWait;
-  for (;;) {
-    auto ait = vm_alloc_.find(vm_ip);
-    if (ait == vm_alloc_.end() || !allocs_[ait->second].busy) break;
+  while (AnyBusyLocked(vm_ip)) {
     if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
       return Error("internal", "VM " + vm_ip + "'s allocation stays busy");
     }
@@ -734,11 +968,11 @@ Json ClusterManager::ChangeConfig(const Json& req, int direction) {
   store::VmRequirement vm = vit->second;
   int64_t old_sm = vm.compute_units;
   double old_gb = vm.memory_gb;
-  AllocState* a = nullptr;
-  if (auto ait = vm_alloc_.find(vm_ip); ait != vm_alloc_.end()) a = &allocs_[ait->second];
-  if (a) {
-    old_sm = a->row.sm;
-    old_gb = static_cast<double>(a->row.memory_bytes) / kGiB;
+  // The share is per GPU: each of the VM's servers has it, and each is resized.
+  std::vector<AllocState*> members = MembersLocked(vm_ip);
+  if (!members.empty()) {
+    old_sm = members[0]->row.sm;
+    old_gb = static_cast<double>(members[0]->row.memory_bytes) / kGiB;
   }
   int64_t new_sm = old_sm;
   double new_gb = old_gb;
@@ -758,44 +992,115 @@ Json ClusterManager::ChangeConfig(const Json& req, int direction) {
   int64_t new_bytes = GbToBytes(new_gb);
   Json result{{"vm_ip", vm_ip}, {"sm", new_sm}, {"memory_bytes", new_bytes}, {"pause_us", 0}};
   std::string detail;
-  if (a && a->row.state == "running") {
-    Status fit = placement_.CanResize(a->row.gpu_uuid, static_cast<int>(new_sm - a->row.sm),
-                                      new_bytes - a->row.memory_bytes);
-    if (!fit.ok()) {
-      EventLocked("change-config-refused", vm_ip, fit.message());
-      return Error("no_capacity", "cannot resize VM " + vm_ip + ": " + fit.message());
+  bool all_running = !members.empty();
+  for (const AllocState* a : members) all_running = all_running && a->row.state == "running";
+  if (all_running) {
+    const size_t n = members.size();
+    for (size_t i = 0; i < n; ++i) {
+      const AllocState* a = members[i];
+      Status fit = placement_.CanResize(a->row.gpu_uuid, static_cast<int>(new_sm - a->row.sm),
+                                        new_bytes - a->row.memory_bytes);
+      if (!fit.ok()) {
+        std::string why = fit.message();
+        if (n > 1) {
+          why += " (GPU " + std::to_string(i) + " of " + std::to_string(n) +
+                 "; a VM's GPUs are resized together, so none was)";
+        }
+        EventLocked("change-config-refused", vm_ip, why);
+        return Error("no_capacity", "cannot resize VM " + vm_ip + ": " + why);
+      }
     }
-    a->busy = true;
-    std::string alloc_id = a->row.alloc_id, node_id = a->row.node_id;
+    struct Resize {
+      std::string alloc_id, node_id;
+      int old_sm = 0;
+      int64_t old_bytes = 0;
+      Status status, undo;
+      Json answer;
+      bool undone = false;
+    };
+    std::vector<Resize> calls(n);
+    for (size_t i = 0; i < n; ++i) {
+      members[i]->busy = true;
+      calls[i].alloc_id = members[i]->row.alloc_id;
+      calls[i].node_id = members[i]->row.node_id;
+      calls[i].old_sm = members[i]->row.sm;
+      calls[i].old_bytes = members[i]->row.memory_bytes;
+    }
     lock.unlock();
-    Status s;
-    Json answer =
-        CallNode(node_id, "set-share",
-                 Json{{"alloc_id", alloc_id}, {"sm", new_sm}, {"memory_bytes", new_bytes}}, &s);
-    lock.lock();
-    auto it = allocs_.find(alloc_id);
-    if (it == allocs_.end()) return Error("unknown_allocation", "allocation vanished meanwhile");
-    a = &it->second;
-    a->busy = false;
-    changed_.notify_all();
-    if (!s.ok()) {
-      EventLocked("change-config-failed", vm_ip, s.message());
-      return Error("server_failed", "resizing VM " + vm_ip + " failed: " + s.message());
+    RunEach(n, [&](size_t i) {
+      calls[i].answer = CallNode(
+          calls[i].node_id, "set-share",
+          Json{{"alloc_id", calls[i].alloc_id}, {"sm", new_sm}, {"memory_bytes", new_bytes}},
+          &calls[i].status);
+    });
+    size_t failed = n;
+    for (size_t i = 0; i < n && failed == n; ++i) {
+      if (!calls[i].status.ok()) failed = i;
     }
-    int64_t applied_sm = Int(answer, "sm", new_sm);
-    placement_.Release(a->row.gpu_uuid, a->row.sm, a->row.memory_bytes);
-    placement_.Reserve(a->row.gpu_uuid, static_cast<int>(applied_sm), new_bytes);
-    a->row.sm = static_cast<int>(applied_sm);
-    a->row.memory_bytes = new_bytes;
-    a->row.updated_ms = NowMs();
-    PersistAllocLocked(*a);
-    result["sm"] = applied_sm;
-    result["pause_us"] = Int(answer, "pause_us");
+    if (failed < n && n > 1) {
+      // Set the GPUs that did change back, so that the VM's GPUs keep one share.
+      RunEach(n, [&](size_t i) {
+        if (!calls[i].status.ok()) return;
+        CallNode(calls[i].node_id, "set-share",
+                 Json{{"alloc_id", calls[i].alloc_id},
+                      {"sm", calls[i].old_sm},
+                      {"memory_bytes", calls[i].old_bytes}},
+                 &calls[i].undo);
+        calls[i].undone = calls[i].undo.ok();
+      });
+    }
+    lock.lock();
+    std::vector<AllocState*> now;
+    for (const Resize& c : calls) {
+      auto it = allocs_.find(c.alloc_id);
+      if (it != allocs_.end()) {
+        it->second.busy = false;
+        now.push_back(&it->second);
+      }
+    }
+    changed_.notify_all();
+    if (now.size() != n) return Error("unknown_allocation", "allocation vanished meanwhile");
+    // Account what each server really has now.
+    int64_t pause_us = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const Resize& c = calls[i];
+      if (!c.status.ok() || c.undone) continue;
+      AllocState* a = now[i];
+      int64_t applied_sm = Int(c.answer, "sm", new_sm);
+      placement_.Release(a->row.gpu_uuid, a->row.sm, a->row.memory_bytes);
+      placement_.Reserve(a->row.gpu_uuid, static_cast<int>(applied_sm), new_bytes);
+      a->row.sm = static_cast<int>(applied_sm);
+      a->row.memory_bytes = new_bytes;
+      a->row.updated_ms = NowMs();
+      PersistAllocLocked(*a);
+      pause_us = std::max(pause_us, Int(c.answer, "pause_us"));
+      if (i == 0) result["sm"] = applied_sm;
+    }
+    if (failed < n) {
+      std::string why = calls[failed].status.message();
+      if (n > 1) {
+        why = "GPU " + std::to_string(failed) + " of " + std::to_string(n) + " (node " +
+              calls[failed].node_id + "): " + why + "; the others were set back";
+        for (const Resize& c : calls) {
+          if (c.status.ok() && !c.undone) {
+            why +=
+                " except " + c.alloc_id + " (" + c.undo.message() + "), which keeps the new share";
+          }
+        }
+      }
+      EventLocked("change-config-failed", vm_ip, why);
+      return Error("server_failed", "resizing VM " + vm_ip + " failed: " + why);
+    }
+    result["pause_us"] = pause_us;
     result["applied"] = "live";
-    detail = " live, pause " + std::to_string(Int(answer, "pause_us")) + " µs";
+    result["gpus"] = n;
+    detail = " live" + (n > 1 ? " on " + GpuCount(n) : std::string()) + ", pause " +
+             std::to_string(pause_us) + " µs";
   } else {
     result["applied"] = "stored";
-    detail = " stored (no running server)";
+    detail = members.empty() ? " stored (no running server)"
+                             : " stored (its servers are not all running; the next allocation "
+                               "gets it)";
   }
   vm.compute_units = static_cast<int>(new_sm);
   vm.memory_gb = new_gb;
@@ -819,9 +1124,7 @@ Json ClusterManager::ListVms() {
   Json vms = Json::array();
   for (const auto& [ip, v] : vms_) {
     Json j = VmJson(v);
-    if (auto a = vm_alloc_.find(ip); a != vm_alloc_.end()) {
-      j["allocation"] = AllocJsonLocked(allocs_[a->second]);
-    }
+    if (vm_allocs_.count(ip)) j["allocation"] = VmAllocJsonLocked(ip);
     vms.push_back(j);
   }
   return Ok({{"vms", vms}});
@@ -869,9 +1172,7 @@ Json ClusterManager::Show(const Json& req) {
   std::lock_guard<std::mutex> lock(mu_);
   if (auto v = vms_.find(key); v != vms_.end()) {
     Json j = VmJson(v->second);
-    if (auto a = vm_alloc_.find(key); a != vm_alloc_.end()) {
-      j["allocation"] = AllocJsonLocked(allocs_[a->second]);
-    }
+    if (vm_allocs_.count(key)) j["allocation"] = VmAllocJsonLocked(key);
     return Ok({{"kind", "vm"}, {"vm", j}});
   }
   if (auto n = nodes_.find(key); n != nodes_.end()) {
@@ -917,8 +1218,9 @@ Json ClusterManager::VmAdd(const Json& req) {
   s = store_->UpsertVm(vm);
   if (!s.ok()) return Error("internal", "cannot store VM " + vm.vm_ip + ": " + s.message());
   vms_[vm.vm_ip] = vm;
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%d SMs, %.1f GB", vm.compute_units, vm.memory_gb);
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "%d SMs, %.1f GB%s", vm.compute_units, vm.memory_gb,
+                vm.gpus > 1 ? (" on each of " + std::to_string(vm.gpus) + " GPUs").c_str() : "");
   EventLocked(existed ? "vm-update" : "vm-add", vm.vm_ip,
               "host " + vm.host_ip + ", " + buf + " (applies at its next allocation)");
   return Ok({{"vm", VmJson(vm)}});
@@ -933,7 +1235,7 @@ Json ClusterManager::VmRemove(const Json& req) {
   bool had_alloc;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    had_alloc = vm_alloc_.count(vm_ip) > 0;
+    had_alloc = vm_allocs_.count(vm_ip) > 0;
   }
   if (had_alloc) Deallocate(vm_ip, "VM removed");
   std::lock_guard<std::mutex> lock(mu_);
@@ -1000,13 +1302,20 @@ void ClusterManager::MonitorLoop() {
                         " allocation(s) affected");
       }
       if (options_.idle_grace_ms > 0) {
-        for (auto& [aid, a] : allocs_) {
-          if (a.busy || a.row.state != "running" || !a.report.contains("idle_ms")) continue;
-          if (Int(a.report, "sessions") == 0 &&
-              Int(a.report, "idle_ms") >= options_.idle_grace_ms) {
-            idle.push_back(a.row.vm_ip);
-            a.report["idle_ms"] = 0;  // until the next report, so it is not picked twice
+        // A VM is idle when every one of its servers is: the VM is freed whole.
+        for (const auto& entry : vm_allocs_) {
+          const std::string& vm_ip = entry.first;
+          std::vector<AllocState*> members = MembersLocked(vm_ip);
+          bool all_idle = !members.empty();
+          for (const AllocState* a : members) {
+            all_idle = all_idle && !a->busy && a->row.state == "running" &&
+                       a->report.contains("idle_ms") && Int(a->report, "sessions") == 0 &&
+                       Int(a->report, "idle_ms") >= options_.idle_grace_ms;
           }
+          if (!all_idle) continue;
+          idle.push_back(vm_ip);
+          // Until the next report, so that it is not picked twice.
+          for (AllocState* a : members) a->report["idle_ms"] = 0;
         }
       }
     }

@@ -8,6 +8,10 @@
 // Every change is written through to the Store before it is answered, so a
 // restarted manager rebuilds its view from the database and the node managers'
 // re-registrations. Must not touch GPUs or processes itself: node managers do.
+// A VM with N GPUs has N allocations, one flyt-server per GPU (ordinal 0..N-1, one
+// token), placed together by Placement::PlaceGroup: it gets all of them or none, is
+// resized, freed and restarted-or-freed as a whole, and its client is told the
+// servers' endpoints as one comma-separated list in ordinal order.
 // Verbs and fields: docs/control_plane.md.
 #pragma once
 
@@ -19,6 +23,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "cluster/metrics_text.h"
 #include "cluster/placement.h"
@@ -96,7 +101,17 @@ class ClusterManager {
   void EventLocked(const std::string& kind, const std::string& subject, const std::string& detail);
   void PersistAllocLocked(const AllocState& a);
   void FreeAllocLocked(const std::string& alloc_id);
+  // Frees every allocation of the VM; the servers of those other than `except` whose node is
+  // up are stopped in the background (the VM runs with all its GPUs or none).
+  void FreeVmLocked(const std::string& vm_ip, const std::string& except);
+  // The VM's allocations in ordinal order (empty: none).
+  std::vector<AllocState*> MembersLocked(const std::string& vm_ip);
+  bool AnyBusyLocked(const std::string& vm_ip);
   control::Json AllocJsonLocked(const AllocState& a) const;
+  // What a VM's client and the operator see of its allocation: one server's JSON as is; for
+  // several GPUs, the servers' fields joined in ordinal order (endpoint "e0,e1", ...) and
+  // the servers themselves under "servers".
+  control::Json VmAllocJsonLocked(const std::string& vm_ip);
   control::Json NodeJsonLocked(const NodeState& n) const;
   void ApplyReportsLocked(const std::string& node_id, const control::Json& servers, bool adopt);
   void MonitorLoop();
@@ -112,8 +127,8 @@ class ClusterManager {
   std::condition_variable changed_;  // an allocation stopped being busy
   std::map<std::string, store::VmRequirement> vms_;
   std::map<std::string, NodeState> nodes_;
-  std::map<std::string, AllocState> allocs_;     // by alloc_id
-  std::map<std::string, std::string> vm_alloc_;  // vm_ip -> alloc_id
+  std::map<std::string, AllocState> allocs_;                   // by alloc_id
+  std::map<std::string, std::vector<std::string>> vm_allocs_;  // vm_ip -> alloc_ids, by ordinal
   Placement placement_;
   // Since start, for /metrics: events by kind, requests by (verb, outcome), and
   // how long allocation requests took to answer.

@@ -81,6 +81,14 @@ const std::vector<Migration>& Migrations() {
            " subject TEXT NOT NULL,"
            " detail TEXT NOT NULL)",
        }},
+      {2,
+       "GPU count per VM, each server's GPU ordinal",
+       {
+           // A VM may ask for several GPUs (one flyt-server each); existing VMs keep one.
+           "ALTER TABLE vm_required_resources ADD COLUMN gpus INTEGER NOT NULL DEFAULT 1",
+           // Which of its VM's GPUs an allocation (one server) is: 0 .. gpus-1.
+           "ALTER TABLE allocations ADD COLUMN gpu_ordinal INTEGER NOT NULL DEFAULT 0",
+       }},
   };
   return kMigrations;
 }
@@ -186,17 +194,21 @@ Status CheckVm(const VmRequirement& vm) {
   if (!std::isfinite(vm.memory_gb) || vm.memory_gb < 0) {
     return Status::Error("store: VM " + vm.vm_ip + " has an invalid memory (GB) value");
   }
+  if (vm.gpus < 1) {
+    return Status::Error("store: VM " + vm.vm_ip + " asks for " + std::to_string(vm.gpus) +
+                         " GPUs; it needs at least 1");
+  }
   return Status::Ok();
 }
 
-constexpr char kVmColumns[] = "vm_ip, host_ip, compute_units, memory";
+constexpr char kVmColumns[] = "vm_ip, host_ip, compute_units, memory, gpus";
 constexpr char kNodeColumns[] =
     "node_id, hostname, address, host_ip, state, mps, registered_ms, last_heartbeat_ms";
 constexpr char kGpuColumns[] =
     "uuid, node_id, gpu_index, name, sm_count, memory_bytes, driver_version, cuda_version";
 constexpr char kAllocationColumns[] =
     "alloc_id, vm_ip, node_id, gpu_uuid, token, endpoint, state, sm, memory_bytes, created_ms, "
-    "updated_ms, last_client_ms";
+    "updated_ms, last_client_ms, gpu_ordinal";
 
 // "col = excluded.col" for each column after the first (the key).
 std::string UpdateFromExcluded(const std::string& columns) {
@@ -229,6 +241,7 @@ void AppendVm(const VmRequirement& vm, std::vector<SqlValue>* params) {
   params->emplace_back(vm.host_ip);
   params->emplace_back(vm.compute_units);
   params->emplace_back(vm.memory_gb);
+  params->emplace_back(vm.gpus);
 }
 
 VmRequirement ReadVm(RowReader* r) {
@@ -237,10 +250,11 @@ VmRequirement ReadVm(RowReader* r) {
   vm.host_ip = r->Text();
   vm.compute_units = static_cast<int>(r->Int());
   vm.memory_gb = r->Double();
+  vm.gpus = static_cast<int>(r->Int());
   return vm;
 }
 
-constexpr size_t kVmBatch = 500;  // rows per multi-row INSERT (2,000 parameters)
+constexpr size_t kVmBatch = 500;  // rows per multi-row INSERT (2,500 parameters)
 
 }  // namespace
 
@@ -347,7 +361,7 @@ Status Store::UpsertVm(const VmRequirement& vm) {
 
 Status Store::UpsertVmBatch(const std::vector<const VmRequirement*>& batch) {
   std::vector<SqlValue> params;
-  params.reserve(batch.size() * 4);
+  params.reserve(batch.size() * 5);
   for (const VmRequirement* vm : batch) AppendVm(*vm, &params);
   return db_->Exec(
       Upsert("vm_required_resources", kVmColumns, "vm_ip", static_cast<int>(batch.size())), params);
@@ -519,7 +533,7 @@ Status Store::PutAllocation(const Allocation& a) {
   std::lock_guard<std::mutex> lock(mu_);
   return db_->Exec(Upsert("allocations", kAllocationColumns, "alloc_id"),
                    {a.alloc_id, a.vm_ip, a.node_id, a.gpu_uuid, a.token, a.endpoint, a.state, a.sm,
-                    a.memory_bytes, a.created_ms, a.updated_ms, a.last_client_ms});
+                    a.memory_bytes, a.created_ms, a.updated_ms, a.last_client_ms, a.ordinal});
 }
 
 Status Store::DeleteAllocation(const std::string& alloc_id) {
@@ -550,6 +564,7 @@ Status Store::ListAllocations(std::vector<Allocation>* out) {
     a.created_ms = r.Int();
     a.updated_ms = r.Int();
     a.last_client_ms = r.Int();
+    a.ordinal = static_cast<int>(r.Int());
     if (!r.status().ok()) return r.status();
     allocs.push_back(std::move(a));
   }

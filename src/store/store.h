@@ -25,6 +25,7 @@ struct VmRequirement {
   std::string vm_ip, host_ip;
   int compute_units = 0;  // SMs
   double memory_gb = 0;   // column `memory`, GB, as in Flyt's MongoDB collection
+  int gpus = 1;           // how many GPUs, each with the share above (one flyt-server each)
 };
 
 struct Node {
@@ -39,8 +40,11 @@ struct Gpu {
   int64_t memory_bytes = 0;
 };
 
+// One flyt-server: one GPU of a VM. A VM with N GPUs has N rows, ordinal 0 .. N-1, which
+// share the VM's token.
 struct Allocation {
   std::string alloc_id, vm_ip, node_id, gpu_uuid, token, endpoint, state;
+  int ordinal = 0;  // column gpu_ordinal: the GPU's place in the VM's device list
   int sm = 0;
   int64_t memory_bytes = 0, created_ms = 0, updated_ms = 0, last_client_ms = 0;
 };
@@ -63,7 +67,7 @@ class Store {
   int schema_version() const;
   std::string dialect() const;
 
-  // VMs. vm_ip and host_ip must not be empty, compute_units and memory_gb >= 0.
+  // VMs. vm_ip and host_ip must not be empty, compute_units and memory_gb >= 0, gpus >= 1.
   Status UpsertVm(const VmRequirement& vm);
   Status RemoveVm(const std::string& vm_ip, bool* existed);  // existed may be null
   Status GetVm(const std::string& vm_ip, VmRequirement* out, bool* found);

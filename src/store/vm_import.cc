@@ -106,8 +106,9 @@ bool NumberText(const Json& v, std::string* text, std::string* why) {
 // Fields named in the header/document, already extracted as text.
 struct RawVm {
   std::string vm_ip, host_ip, compute_units, memory;
+  std::string gpus;                     // optional: empty = 1
   std::string memory_field = "memory";  // the name used, for messages
-  int vm_ip_line = 0, host_ip_line = 0, compute_units_line = 0, memory_line = 0;
+  int vm_ip_line = 0, host_ip_line = 0, compute_units_line = 0, memory_line = 0, gpus_line = 0;
 };
 
 Status Convert(const RawVm& raw, const ErrorAt& error, VmRequirement* out) {
@@ -134,10 +135,21 @@ Status Convert(const RawVm& raw, const ErrorAt& error, VmRequirement* out) {
     return error.Field(raw.memory_line, raw.memory_field,
                        "must be >= 0, got " + Quoted(raw.memory));
   }
+  int64_t gpus = 1;
+  if (!TrimSpace(raw.gpus).empty()) {
+    if (!ParseInteger(raw.gpus, &gpus)) {
+      return error.Field(raw.gpus_line, "gpus", "expected a whole number, got " + Quoted(raw.gpus));
+    }
+    if (gpus < 1 || gpus > INT_MAX) {
+      return error.Field(raw.gpus_line, "gpus",
+                         "must be at least 1 (GPUs for the VM), got " + Quoted(raw.gpus));
+    }
+  }
   out->vm_ip = std::string(TrimSpace(raw.vm_ip));
   out->host_ip = std::string(TrimSpace(raw.host_ip));
   out->compute_units = static_cast<int>(units);
   out->memory_gb = memory;
+  out->gpus = static_cast<int>(gpus);
   return Status::Ok();
 }
 
@@ -337,6 +349,11 @@ Status ParseDoc(const Doc& doc, const ErrorAt& error, Collector* collector) {
       *w.text = it->get<std::string>();
     }
   }
+  if (auto it = j.find("gpus"); it != j.end()) {  // optional; absent = 1
+    raw.gpus_line = LineOfField(doc, "gpus");
+    std::string why;
+    if (!NumberText(*it, &raw.gpus, &why)) return error.Field(raw.gpus_line, "gpus", why);
+  }
   return collector->Add(raw, doc.line);
 }
 
@@ -484,7 +501,9 @@ Status ParseCsv(std::string_view text, const ErrorAt& error, std::vector<VmRequi
     raw.compute_units = rec.fields[column["compute_units"]];
     raw.memory = rec.fields[column[memory_name]];
     raw.memory_field = memory_name;
+    if (column.count("gpus")) raw.gpus = rec.fields[column["gpus"]];
     raw.vm_ip_line = raw.host_ip_line = raw.compute_units_line = raw.memory_line = rec.line;
+    raw.gpus_line = rec.line;
     s = collector.Add(raw, rec.line);
     if (!s.ok()) return s;
   }

@@ -8,7 +8,8 @@
 // the network: flytctl links this without the store.
 //
 // Fields: vm_ip, host_ip (non-empty text), compute_units (integer >= 0, SMs),
-// memory (number >= 0, GB; `memory_gb` is accepted as another name). Other
+// memory (number >= 0, GB; `memory_gb` is accepted as another name), and the
+// optional gpus (integer >= 1, default 1: GPUs, each with that share). Other
 // fields/columns (e.g. `_id`) are ignored. A vm_ip listed twice is an error.
 // Errors read "FILE:LINE: field NAME: what is wrong".
 #pragma once

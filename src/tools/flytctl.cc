@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -61,7 +62,7 @@ const VerbHelp kVerbs[] = {
     {"dec-resources", "--vm IP [--sm N] [--memory GB]", "take SMs and/or memory (GiB) from a VM"},
     {"drain-node", "NODE_ID", "place nothing new on a node (running servers stay)"},
     {"undrain-node", "NODE_ID", "let a drained node take new allocations again"},
-    {"vm", "add --vm IP --host IP --sm N --memory GB | remove IP | import FILE",
+    {"vm", "add --vm IP --host IP --sm N --memory GB [--gpus N] | remove IP | import FILE",
      "add, remove or bulk-import VM requirements (FILE: MongoDB export JSON or CSV)"},
     {"allocate", "--vm IP", "start a VM's flyt-server now (as its first client would)"},
     {"deallocate", "--vm IP", "stop a VM's flyt-server and free its share"},
@@ -110,15 +111,17 @@ void PrintVerbUsage(FILE* out, const std::string& verb) {
       if (verb == "vm") {
         std::fprintf(out,
                      "\n"
-                     "  vm add --vm IP --host IP --sm N --memory GB\n"
-                     "      store a VM's requirement: N SMs and GB GiB of GPU memory; a\n"
-                     "      node whose host_ip equals --host is preferred for it\n"
+                     "  vm add --vm IP --host IP --sm N --memory GB [--gpus N]\n"
+                     "      store a VM's requirement: N SMs and GB GiB of GPU memory on\n"
+                     "      each of --gpus GPUs (default 1; one flyt-server per GPU, all\n"
+                     "      on one node when one has room, else across nodes; all or\n"
+                     "      none); a node whose host_ip equals --host is preferred\n"
                      "  vm remove IP\n"
                      "      forget a VM (its allocation, if any, is freed)\n"
                      "  vm import FILE\n"
                      "      import many VMs: a MongoDB export of vm_required_resources\n"
                      "      (JSON array or one document per line) or CSV with a header\n"
-                     "      vm_ip,host_ip,compute_units,memory\n");
+                     "      vm_ip,host_ip,compute_units,memory (and optionally gpus)\n");
       } else if (verb == "show") {
         std::fprintf(out,
                      "\n  An IPv4 address is a VM; anything else is tried as a node id, then\n"
@@ -465,12 +468,13 @@ void PrintVms(const Json& answer) {
     std::printf("no VMs (add one with `flytctl vm add` or `flytctl vm import`)\n");
     return;
   }
-  Table t({"VM IP", "HOST IP", "SMS", "MEMORY(GiB)", "ALLOCATION", "NODE", "GPU", "STATE",
+  Table t({"VM IP", "HOST IP", "GPUS", "SMS", "MEMORY(GiB)", "ALLOCATION", "NODE", "GPU", "STATE",
            "SESSIONS", "MEM USED(GiB)"});
-  t.RightAlign({2, 3, 8, 9});
+  t.RightAlign({2, 3, 4, 9, 10});
   for (const Json& vm : vms) {
-    std::vector<std::string> row = {Str(vm, "vm_ip"), Str(vm, "host_ip"), Int(vm, "compute_units"),
-                                    Int(vm, "memory_gb")};
+    std::vector<std::string> row = {Str(vm, "vm_ip"), Str(vm, "host_ip"),
+                                    Present(vm, "gpus") ? Int(vm, "gpus") : "1",
+                                    Int(vm, "compute_units"), Int(vm, "memory_gb")};
     if (Present(vm, "allocation") && vm.at("allocation").is_object()) {
       const Json& a = vm.at("allocation");
       row.insert(row.end(), {Str(a, "alloc_id"), Str(a, "node_id"), Str(a, "gpu_uuid"),
@@ -952,10 +956,21 @@ int RunAllocate(Context& ctx, const std::string& verb) {
       return;
     }
     std::printf("VM %s: allocation %s", vm.c_str(), Str(a, "alloc_id").c_str());
-    if (Present(a, "node_id")) std::printf(" on node %s", Str(a, "node_id").c_str());
-    if (Present(a, "gpu_uuid")) std::printf(" GPU %s", Str(a, "gpu_uuid").c_str());
-    std::printf("\n  endpoint %s, %s SMs, %s GiB\n", Str(a, "endpoint").c_str(),
-                Int(a, "sm").c_str(), Bytes(a, "memory_bytes").c_str());
+    if (Present(a, "servers") && a.at("servers").is_array()) {  // several GPUs
+      std::printf(" (%s)\n", Str(a, "placement").c_str());
+      for (const Json& s : a.at("servers")) {
+        std::printf("  GPU %s: %s on node %s, GPU %s\n", Int(s, "ordinal").c_str(),
+                    Str(s, "endpoint").c_str(), Str(s, "node_id").c_str(),
+                    Str(s, "gpu_uuid").c_str());
+      }
+      std::printf("  endpoints %s, %s SMs, %s GiB on each GPU\n", Str(a, "endpoint").c_str(),
+                  Int(a, "sm").c_str(), Bytes(a, "memory_bytes").c_str());
+    } else {
+      if (Present(a, "node_id")) std::printf(" on node %s", Str(a, "node_id").c_str());
+      if (Present(a, "gpu_uuid")) std::printf(" GPU %s", Str(a, "gpu_uuid").c_str());
+      std::printf("\n  endpoint %s, %s SMs, %s GiB\n", Str(a, "endpoint").c_str(),
+                  Int(a, "sm").c_str(), Bytes(a, "memory_bytes").c_str());
+    }
     if (Present(a, "token")) {
       std::printf("  standalone use: flyt run --server %s --token %s -- APP\n",
                   Str(a, "endpoint").c_str(), Str(a, "token").c_str());
@@ -969,7 +984,8 @@ int RunVm(Context& ctx) {
   VerbArgs va;
   std::string error;
   if (sub == "add") {
-    if (!ParseVerbArgs(ctx.args, 2, {"--vm", "--host", "--sm", "--memory"}, 0, &va, &error)) {
+    if (!ParseVerbArgs(ctx.args, 2, {"--vm", "--host", "--sm", "--memory", "--gpus"}, 0, &va,
+                       &error)) {
       return Usage("vm", error);
     }
     for (const char* o : {"--vm", "--host", "--sm", "--memory"}) {
@@ -983,13 +999,21 @@ int RunVm(Context& ctx) {
     if (!ParseNumber(va.Get("--memory"), &gb) || gb <= 0) {
       return Usage("vm", "--memory needs a size in GiB, got '" + va.Get("--memory") + "'");
     }
+    int64_t gpus = 1;
+    if (va.Has("--gpus") && (!ParseInt(va.Get("--gpus"), &gpus) || gpus < 1 || gpus > INT_MAX)) {
+      return Usage(
+          "vm", "--gpus needs a whole number of GPUs, at least 1, got '" + va.Get("--gpus") + "'");
+    }
     Json request = {{"vm_ip", va.Get("--vm")},
                     {"host_ip", va.Get("--host")},
                     {"compute_units", sm},
-                    {"memory_gb", NumberJson(gb)}};
+                    {"memory_gb", NumberJson(gb)},
+                    {"gpus", gpus}};
     return Simple(ctx, "vm-add", request, [&](const Json&) {
-      std::printf("VM %s added: host %s, %lld SMs, %s GiB\n", va.Get("--vm").c_str(),
+      std::printf("VM %s added: host %s, %lld SMs, %s GiB", va.Get("--vm").c_str(),
                   va.Get("--host").c_str(), static_cast<long long>(sm), FormatNumber(gb).c_str());
+      if (gpus > 1) std::printf(" on each of %lld GPUs", static_cast<long long>(gpus));
+      std::printf("\n");
     });
   }
   if (sub == "remove") {
@@ -1015,7 +1039,8 @@ int RunVm(Context& ctx) {
       list.push_back({{"vm_ip", vm.vm_ip},
                       {"host_ip", vm.host_ip},
                       {"compute_units", vm.compute_units},
-                      {"memory_gb", NumberJson(static_cast<double>(vm.memory_gb))}});
+                      {"memory_gb", NumberJson(static_cast<double>(vm.memory_gb))},
+                      {"gpus", vm.gpus}});
     }
     if (list.empty()) {
       std::fprintf(stderr, "flytctl: %s holds no VMs\n", path.c_str());

@@ -1207,6 +1207,171 @@ class Control(unittest.TestCase):
         self.ctl_fails("drain-node", "no-such-node", json_out=False)
 
     # =====================================================================================
+    # VMs with several GPUs (issue 19): one flyt-server per GPU, placed together.
+
+    def add_vm_gpus(self, vm_ip, host_ip, sm, memory_gb, gpus):
+        self.ctl("vm", "add", "--vm", vm_ip, "--host", host_ip, "--sm", sm, "--memory",
+                 memory_gb, "--gpus", gpus)
+
+    def servers_of(self, vm_ip):
+        """The VM's servers in ordinal order."""
+        return sorted((s for s in self.servers() if s.get("vm_ip") == vm_ip),
+                      key=lambda s: s.get("ordinal", 0))
+
+    def run_direct(self, endpoint, token):
+        """memory_roundtrip against one server, as a standalone client with the VM's token."""
+        env = clean_env({"FLYT_SERVER": endpoint, "FLYT_TOKEN": token, "FLYT_LOG": "warn",
+                         "FLYT_TIMEOUT_MS": CLIENT_TIMEOUT_MS,
+                         "E2E_WATCHDOG_S": max(10, RUN_TIMEOUT_S - 20)})
+        return run([binary("flyt"), "run", "--", self.memory_roundtrip()], env, RUN_TIMEOUT_S)
+
+    def check_gpu_group(self, vm_ip, gpus, sm, memory_gb, expect_nodes):
+        """Asks the VM's client manager like the client library does, then checks that the
+        answer lists the VM's `gpus` servers in ordinal order, that each is a running
+        flyt-server on the expected node (expect_nodes[i] for GPU i, None = any), on distinct
+        GPUs, with the per-GPU share, reachable with the VM's one token. Returns the servers."""
+        cmgr = self.start_client_manager(vm_ip)
+        answer = self.ask_client_manager(cmgr).split()
+        self.assertEqual(answer[0], "OK", "client manager answered %r\n%s" % (answer, self.logs()))
+        endpoint_list, token = answer[1], answer[2]
+        endpoints = endpoint_list.split(",")
+        self.assertEqual(len(endpoints), gpus, "one address per GPU: %r" % endpoint_list)
+        servers = self.servers_of(vm_ip)
+        self.assertEqual(len(servers), gpus, json.dumps(servers))
+        self.assertEqual([s["endpoint"] for s in servers], endpoints,
+                         "the list is the servers' endpoints in ordinal order\n%s"
+                         % json.dumps(servers))
+        self.assertEqual([s["ordinal"] for s in servers], list(range(gpus)))
+        self.assertEqual(len({s["gpu_uuid"] for s in servers}), gpus,
+                         "each server has its own GPU\n%s" % json.dumps(servers))
+        self.assertEqual(len({s["alloc_id"] for s in servers}), gpus)
+        for s, node in zip(servers, expect_nodes):
+            self.assertEqual(s["state"], "running", json.dumps(s))
+            self.assertEqual(s["sm"], sm, json.dumps(s))
+            self.assertEqual(s["memory_bytes"], memory_gb * GiB, json.dumps(s))
+            if node is not None:
+                self.assertEqual(s["node_id"], node, json.dumps(servers))
+        # list-nodes accounts the share on each of those GPUs.
+        used = {g["uuid"]: g.get("sm_used") for n in self.node_list().values()
+                for g in n.get("gpus", [])}
+        for s in servers:
+            self.assertGreaterEqual(used.get(s["gpu_uuid"], 0), sm, json.dumps(used))
+        # Every address is a live flyt-server that serves the VM's token.
+        for endpoint in endpoints:
+            self.assertTrue(endpoint.startswith("tcp://127.0.0.1:"), endpoint)
+            self.assertTrue(tcp_open(int(endpoint.rsplit(":", 1)[1])), endpoint)
+            res = self.run_direct(endpoint, token)
+            if res.rc != 0 or "memory_roundtrip: PASS" not in res.stdout:
+                self.fail_with("memory_roundtrip failed against %s of VM %s" % (endpoint, vm_ip),
+                               res)
+        # The VM's view joins the same list; a second ask gets the same servers.
+        alloc = self.vms()[vm_ip].get("allocation") or {}
+        self.assertEqual(alloc.get("endpoint"), endpoint_list, json.dumps(alloc))
+        self.assertEqual(alloc.get("gpus"), gpus, json.dumps(alloc))
+        again = self.ask_client_manager(cmgr).split()
+        self.assertEqual(again[1:3], [endpoint_list, token])
+        return servers
+
+    def test_multi_gpu_one_node(self):
+        self.start_cluster_manager(policy="spread")
+        self.start_node("n1", "10.0.0.1")  # two GPUs
+        self.start_node("n2", "10.0.0.2")  # two GPUs, not the VM's host
+        self.add_vm_gpus("10.1.0.61", "10.0.0.1", 16, 2, 2)
+        vm = self.vms()["10.1.0.61"]
+        self.assertEqual(vm.get("gpus"), 2, json.dumps(vm))
+        before = self.last_event_id()
+        servers = self.check_gpu_group("10.1.0.61", 2, 16, 2, ["n1", "n1"])
+        self.assertEqual(len(self.server_pids("n1")), 2, self.logs())
+        self.assertEqual(len(self.server_pids("n2")), 0, self.logs())
+        self.wait_event("the placement on one node", before, "2 GPUs on node n1")
+        # The table shows the GPU count; flytctl allocate prints each GPU's server.
+        table = self.ctl("list-vms", json_out=False).stdout
+        self.assertIn("GPUS", table.splitlines()[0], table)
+        res = self.ctl("allocate", "--vm", "10.1.0.61", json_out=False)
+        for s in servers:
+            self.assertIn(s["endpoint"], res.stdout, res.describe())
+        # A resize applies to each GPU.
+        self.ctl("change-config", "--vm", "10.1.0.61", "--sm", 32)
+        self.wait_for("32 SMs on both servers",
+                      lambda: [s["sm"] for s in self.servers_of("10.1.0.61")] == [32, 32])
+        # Deallocating stops both servers.
+        before = self.last_event_id()
+        self.ctl("deallocate", "--vm", "10.1.0.61")
+        self.wait_for("both flyt-servers gone", lambda: not self.server_pids())
+        self.assertEqual(self.servers_of("10.1.0.61"), [])
+        for s in servers:
+            self.assertFalse(tcp_open(int(s["endpoint"].rsplit(":", 1)[1])), s["endpoint"])
+        done = [e for e in self.events_after(before) if e.get("kind") == "deallocate"]
+        self.assertEqual(sorted(e["subject"] for e in done), sorted(s["alloc_id"] for s in servers),
+                         json.dumps(done))
+
+    def test_multi_gpu_across_nodes(self):
+        self.start_cluster_manager(policy="spread")
+        self.start_node("n1", "10.0.0.1")
+        self.start_node("n2", "10.0.0.2")
+        sm_count, _ = self.gpu_capacity("n1")
+        # One GPU of each node is taken whole: each node has one free GPU left.
+        self.add_vm("10.1.0.71", "10.0.0.1", sm_count, 1)
+        self.add_vm("10.1.0.72", "10.0.0.2", sm_count, 1)
+        self.ctl("allocate", "--vm", "10.1.0.71")
+        self.ctl("allocate", "--vm", "10.1.0.72")
+        self.assertEqual(self.wait_server_running("10.1.0.71")["node_id"], "n1")
+        self.assertEqual(self.wait_server_running("10.1.0.72")["node_id"], "n2")
+        self.add_vm_gpus("10.1.0.73", "10.0.0.1", 16, 2, 2)
+        before = self.last_event_id()
+        servers = self.check_gpu_group("10.1.0.73", 2, 16, 2, [None, None])
+        self.assertEqual(sorted(s["node_id"] for s in servers), ["n1", "n2"],
+                         json.dumps(servers))
+        # The VM's host first: GPU 0 is on n1.
+        self.assertEqual(servers[0]["node_id"], "n1", json.dumps(servers))
+        self.wait_event("the placement across nodes", before, "2 GPUs across nodes n1, n2")
+        self.assertEqual(len(self.server_pids("n1")), 2, self.logs())
+        self.assertEqual(len(self.server_pids("n2")), 2, self.logs())
+        # Releasing the VM releases both nodes' servers, and only those.
+        self.ctl("deallocate", "--vm", "10.1.0.73")
+        self.wait_for("one flyt-server left per node",
+                      lambda: len(self.server_pids("n1")) == 1 and
+                      len(self.server_pids("n2")) == 1)
+        self.assertEqual(self.servers_of("10.1.0.73"), [])
+        for s in servers:
+            self.assertFalse(tcp_open(int(s["endpoint"].rsplit(":", 1)[1])), s["endpoint"])
+
+    def test_multi_gpu_refused(self):
+        self.start_cluster_manager(policy="spread")
+        self.start_node("n1", "10.0.0.1")  # two GPUs
+        sm_count, _ = self.gpu_capacity("n1")
+        self.add_vm("10.1.0.81", "10.0.0.1", sm_count // 2 + 1, 1)
+        self.ctl("allocate", "--vm", "10.1.0.81")
+        self.wait_server_running("10.1.0.81")
+        # Two GPUs with more than half of each: only one GPU can take that.
+        self.add_vm_gpus("10.1.0.82", "10.0.0.1", sm_count // 2 + 1, 1, 2)
+        before = self.last_event_id()
+        res = self.ctl_fails("allocate", "--vm", "10.1.0.82", json_out=False)
+        self.assertIn("only 1 of the 2 GPUs", res.stderr, res.describe())
+        self.assertIn("all its GPUs or none", res.stderr, res.describe())
+        self.assertIn("--gpus", res.stderr, "the message says what to do\n" + res.describe())
+        res = self.ctl("allocate", "--vm", "10.1.0.82", check=False)
+        self.assertEqual((res.json or {}).get("code"), "no_capacity", res.describe())
+        # The client library's path gets the reason too, and nothing was started.
+        cmgr = self.start_client_manager("10.1.0.82")
+        answer = self.ask_client_manager(cmgr)
+        self.assertTrue(answer.startswith("ERR "), answer)
+        self.assertIn("2 GPUs", answer)
+        self.assertEqual(self.servers_of("10.1.0.82"), [])
+        self.assertEqual(len(self.server_pids()), 1, self.logs())
+        refused = [e for e in self.events_after(before) if e.get("kind") == "allocation-refused"]
+        self.assertTrue(refused, json.dumps(self.events_after(before)))
+        self.assertEqual(refused[0]["subject"], "10.1.0.82")
+        self.assertIn("all its GPUs or none", refused[0]["detail"])
+        used = sorted(g.get("sm_used") for g in self.node_list()["n1"]["gpus"])
+        self.assertEqual(used, [0, sm_count // 2 + 1], "no share was reserved for the refused VM")
+        # A bad count is refused by flytctl itself.
+        res = self.ctl("vm", "add", "--vm", "10.1.0.83", "--host", "10.0.0.1", "--sm", 8,
+                       "--memory", 1, "--gpus", 0, json_out=False, check=False)
+        self.assertEqual(res.rc, 2, res.describe())
+        self.assertIn("--gpus", res.stderr, res.describe())
+
+    # =====================================================================================
     # Refusals.
 
     def test_refusal_no_capacity_flytctl(self):

@@ -178,6 +178,62 @@ TYPED_TEST(StoreTest, NewerSchemaIsRefused) {
   EXPECT_NE(s.message().find("999"), std::string::npos) << s.message();
 }
 
+// A database written by a Flyt before migration 2 (no GPU count, no ordinal) is upgraded in
+// place: its VMs get one GPU, its allocations ordinal 0, and both columns are usable.
+TYPED_TEST(StoreTest, Migration2AddsGpuCountToAnOldDatabase) {
+  this->store_.reset();
+  auto db = this->Raw();
+  const bool pg = std::string(TypeParam::kDialect) == "postgresql";
+  for (const char* t :
+       {"vm_required_resources", "nodes", "gpus", "allocations", "events", "schema_migrations"})
+    ASSERT_OK(db->Exec(std::string("DROP TABLE IF EXISTS ") + t + (pg ? " CASCADE" : "")));
+  // Migration 1's tables, as version 1 wrote them (the events table is not needed here).
+  ASSERT_OK(
+      db->Exec("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_ms BIGINT "
+               "NOT NULL)"));
+  ASSERT_OK(db->Exec("INSERT INTO schema_migrations (version, applied_ms) VALUES (1, 1)"));
+  ASSERT_OK(
+      db->Exec("CREATE TABLE vm_required_resources (vm_ip TEXT PRIMARY KEY, host_ip TEXT NOT "
+               "NULL, compute_units INTEGER NOT NULL, memory DOUBLE PRECISION NOT NULL)"));
+  ASSERT_OK(
+      db->Exec("CREATE TABLE allocations (alloc_id TEXT PRIMARY KEY, vm_ip TEXT NOT NULL, node_id "
+               "TEXT NOT NULL, gpu_uuid TEXT NOT NULL, token TEXT NOT NULL, endpoint TEXT NOT "
+               "NULL, state TEXT NOT NULL, sm INTEGER NOT NULL, memory_bytes BIGINT NOT NULL, "
+               "created_ms BIGINT NOT NULL, updated_ms BIGINT NOT NULL, last_client_ms BIGINT NOT "
+               "NULL)"));
+  ASSERT_OK(db->Exec("INSERT INTO vm_required_resources VALUES ('10.0.0.9', 'h', 16, 2.5)"));
+  ASSERT_OK(
+      db->Exec("INSERT INTO allocations VALUES ('a1', '10.0.0.9', 'n1', 'GPU-1', 't', 'tcp://x:1', "
+               "'running', 16, 1024, 1, 2, 3)"));
+  db.reset();
+  std::unique_ptr<Store> store;
+  Status s = Store::Open(this->url_, &store);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(store->schema_version(), 2);
+  std::vector<VmRequirement> vms;
+  ASSERT_OK(store->ListVms(&vms));
+  ASSERT_EQ(vms.size(), 1u);
+  EXPECT_EQ(vms[0].compute_units, 16);
+  EXPECT_EQ(vms[0].gpus, 1);
+  std::vector<Allocation> allocs;
+  ASSERT_OK(store->ListAllocations(&allocs));
+  ASSERT_EQ(allocs.size(), 1u);
+  EXPECT_EQ(allocs[0].ordinal, 0);
+  EXPECT_EQ(allocs[0].endpoint, "tcp://x:1");
+  VmRequirement vm = vms[0];
+  vm.gpus = 3;
+  ASSERT_OK(store->UpsertVm(vm));
+  Allocation a = allocs[0];
+  a.alloc_id = "a2";
+  a.ordinal = 2;
+  ASSERT_OK(store->PutAllocation(a));
+  ASSERT_OK(store->ListVms(&vms));
+  EXPECT_EQ(vms[0].gpus, 3);
+  ASSERT_OK(store->ListAllocations(&allocs));
+  ASSERT_EQ(allocs.size(), 2u);
+  EXPECT_EQ(allocs[1].ordinal, 2);
+}
+
 TYPED_TEST(StoreTest, DataSurvivesReopen) {
   ASSERT_OK(this->store_->UpsertVm(Vm("10.0.0.7", 32, 12.25)));
   Node node;
@@ -273,6 +329,11 @@ TYPED_TEST(StoreTest, VmValidation) {
   EXPECT_FALSE(store.UpsertVm(Vm("10.0.0.1", 1, 1, "")).ok());
   EXPECT_FALSE(store.UpsertVm(Vm("10.0.0.1", -1, 1)).ok());
   EXPECT_FALSE(store.UpsertVm(Vm("10.0.0.1", 1, -0.5)).ok());
+  VmRequirement no_gpu = Vm("10.0.0.1", 1, 1);
+  no_gpu.gpus = 0;
+  Status zero = store.UpsertVm(no_gpu);
+  EXPECT_FALSE(zero.ok());
+  EXPECT_NE(zero.message().find("at least 1"), std::string::npos) << zero.message();
   // Nothing of a batch is written when one entry is invalid.
   EXPECT_FALSE(store.UpsertVms({Vm("10.0.0.2", 1, 1), Vm("10.0.0.3", -4, 1)}).ok());
   EXPECT_TRUE(this->Vms().empty());

@@ -120,6 +120,27 @@ TEST_F(VmImportTest, CsvWithQuotingAndReorderedColumns) {
   ExpectVm(vms[0], "a", "b", 1, 2);
 }
 
+TEST_F(VmImportTest, GpuCountIsOptionalAndDefaultsToOne) {
+  auto vms = ParseOk("gpus.json",
+                     "[{\"vm_ip\":\"a\",\"host_ip\":\"h\",\"compute_units\":8,\"memory\":1,"
+                     "\"gpus\":{\"$numberInt\":\"4\"}},\n"
+                     " {\"vm_ip\":\"b\",\"host_ip\":\"h\",\"compute_units\":8,\"memory\":1}]");
+  ASSERT_EQ(vms.size(), 2u);
+  EXPECT_EQ(vms[0].gpus, 4);
+  EXPECT_EQ(vms[1].gpus, 1);
+  vms = ParseOk("gpus.csv", "vm_ip,host_ip,compute_units,memory,gpus\na,h,8,1,2\nb,h,8,1,\n");
+  ASSERT_EQ(vms.size(), 2u);
+  EXPECT_EQ(vms[0].gpus, 2);
+  EXPECT_EQ(vms[1].gpus, 1);  // an empty cell is the default
+  EXPECT_EQ(ParseOk("old.csv", "vm_ip,host_ip,compute_units,memory\na,h,8,1\n")[0].gpus, 1);
+  EXPECT_EQ(ParseError("zero.csv", "vm_ip,host_ip,compute_units,memory,gpus\na,h,8,1,0\n"),
+            "zero.csv:2: field gpus: must be at least 1 (GPUs for the VM), got \"0\"");
+  EXPECT_EQ(ParseError("text.json",
+                       "{\"vm_ip\":\"a\",\"host_ip\":\"h\",\"compute_units\":8,\"memory\":1,"
+                       "\"gpus\":\"two\"}"),
+            "text.json:1: field gpus: expected a whole number, got \"two\"");
+}
+
 TEST_F(VmImportTest, JsonErrorsNameLineAndField) {
   std::string err = ParseError("bad.json",
                                "{\"vm_ip\":\"a\",\"host_ip\":\"b\",\"compute_units\":1,"

@@ -1,0 +1,446 @@
+// Tests of src/cluster/cluster_manager: VMs with several GPUs. The cluster manager runs on a
+// SQLite file and talks to fake node managers (control listeners on loopback that answer
+// start-server, stop-server and set-share and remember what they were asked), so that a
+// failure on one node can be injected. The real daemons are tested end to end in
+// tests/control.
+#include "cluster/cluster_manager.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+namespace flyt::cluster {
+namespace {
+
+using control::Json;
+
+constexpr char kSecret[] = "cluster-manager-test-secret";
+constexpr int kSms = 132;
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+// A node manager that starts nothing: it answers the cluster manager's verbs and records them.
+class FakeNode {
+ public:
+  FakeNode(std::string id, std::string host_ip, int gpus)
+      : id_(std::move(id)), host_ip_(std::move(host_ip)), gpus_(gpus) {
+    control::Credentials creds;
+    creds.secret = kSecret;
+    Status s = control::Listener::Start(
+        "127.0.0.1:0", creds, [this](const control::Peer&, const Json& req) { return Answer(req); },
+        &listener_);
+    EXPECT_TRUE(s.ok()) << s.message();
+  }
+  ~FakeNode() {
+    if (listener_) listener_->Stop();
+  }
+
+  std::string Uuid(int i) const { return "GPU-" + id_ + "-" + std::to_string(i); }
+  Json Registration() const {
+    Json gpus = Json::array();
+    for (int i = 0; i < gpus_; ++i) {
+      gpus.push_back({{"uuid", Uuid(i)},
+                      {"index", i},
+                      {"name", "Fake H200"},
+                      {"sm_count", kSms},
+                      {"memory_bytes", 80 * kGiB}});
+    }
+    return {{"verb", "register-node"}, {"node_id", id_}, {"address", listener_->Describe()},
+            {"host_ip", host_ip_},     {"gpus", gpus},   {"servers", Json::array()}};
+  }
+
+  // What it was asked, in order: "start a-1 GPU-x", "stop a-1", "set-share a-1 64".
+  std::vector<std::string> calls() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return calls_;
+  }
+  std::set<std::string> running() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return running_;
+  }
+  std::vector<Json> starts() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return starts_;
+  }
+  std::atomic<bool> fail_start{false};
+  int set_share_failures = 0;  // the next this many set-share calls fail (under mu_)
+  void FailSetShares(int n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    set_share_failures = n;
+  }
+  const std::string& id() const { return id_; }
+
+ private:
+  Json Answer(const Json& req) {
+    const std::string verb = req.value("verb", "");
+    const std::string alloc = req.value("alloc_id", "");
+    std::lock_guard<std::mutex> lock(mu_);
+    if (verb == "start-server") {
+      calls_.push_back("start " + alloc + " " + req.value("gpu_uuid", ""));
+      starts_.push_back(req);
+      if (fail_start) return control::Error("server_failed", "simulated start failure");
+      running_.insert(alloc);
+      return control::Ok(
+          {{"endpoint", "tcp://" + id_ + ".test:" + std::to_string(next_port_++)}, {"pid", 4242}});
+    }
+    if (verb == "stop-server") {
+      calls_.push_back("stop " + alloc);
+      running_.erase(alloc);
+      return control::Ok();
+    }
+    if (verb == "set-share") {
+      calls_.push_back("set-share " + alloc + " " + std::to_string(req.value("sm", 0)));
+      if (set_share_failures > 0) {
+        --set_share_failures;
+        return control::Error("server_failed", "simulated set-share failure");
+      }
+      return control::Ok({{"sm", req.value("sm", 0)}, {"pause_us", 7}});
+    }
+    return control::Error("bad_request", "fake node: unknown verb " + verb);
+  }
+
+  std::string id_, host_ip_;
+  int gpus_;
+  std::unique_ptr<control::Listener> listener_;
+  std::mutex mu_;
+  std::vector<std::string> calls_;
+  std::set<std::string> running_;
+  std::vector<Json> starts_;
+  int next_port_ = 40000;
+};
+
+class ClusterManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/flyt-cluster-test-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    StartManager();
+  }
+  void TearDown() override {
+    cm_.reset();
+    nodes_.clear();
+    std::filesystem::remove_all(dir_);
+  }
+  void StartManager(int64_t max_restarts = 3) {
+    cm_.reset();
+    std::unique_ptr<store::Store> store;
+    Status s = store::Store::Open("sqlite:" + dir_ + "/flyt.db", &store);
+    ASSERT_TRUE(s.ok()) << s.message();
+    ClusterOptions options;
+    // Nodes are declared down after 3 silent heartbeats (12 s, longer than a test); the
+    // monitor ticks every heartbeat_ms / 4, which is what Stop() may wait for.
+    options.heartbeat_ms = 4000;
+    options.idle_grace_ms = 0;
+    options.max_server_restarts = max_restarts;
+    options.node_call_timeout_ms = 10000;
+    control::Credentials creds;
+    creds.secret = kSecret;
+    cm_ = std::make_unique<ClusterManager>(options, std::move(store), creds);
+    s = cm_->Start();
+    ASSERT_TRUE(s.ok()) << s.message();
+  }
+  FakeNode& AddNode(const std::string& id, const std::string& host_ip, int gpus) {
+    nodes_[id] = std::make_unique<FakeNode>(id, host_ip, gpus);
+    Json answer = cm_->Handle({"node", id, ""}, nodes_[id]->Registration());
+    EXPECT_TRUE(answer.value("ok", false)) << answer.dump();
+    return *nodes_[id];
+  }
+  Json Admin(Json req) { return cm_->Handle({"admin", "test", ""}, req); }
+  Json AddVm(const std::string& vm, const std::string& host, int sm, double gb, int gpus) {
+    Json answer = Admin({{"verb", "vm-add"},
+                         {"vm_ip", vm},
+                         {"host_ip", host},
+                         {"compute_units", sm},
+                         {"memory_gb", gb},
+                         {"gpus", gpus}});
+    EXPECT_TRUE(answer.value("ok", false)) << answer.dump();
+    return answer;
+  }
+  Json Allocate(const std::string& vm) {
+    return cm_->Handle({"client", vm, ""}, {{"verb", "request-allocation"}, {"vm_ip", vm}});
+  }
+  Json Servers() { return Admin({{"verb", "list-servers"}})["servers"]; }
+  std::vector<Json> Events(const std::string& kind) {
+    std::vector<Json> out;
+    const Json answer = Admin({{"verb", "list-events"}, {"limit", 0}});
+    for (const Json& e : answer["events"]) {
+      if (e.value("kind", "") == kind) out.push_back(e);
+    }
+    return out;
+  }
+  // SMs in use per GPU uuid, from list-nodes.
+  std::map<std::string, int> SmUsed() {
+    std::map<std::string, int> out;
+    const Json answer = Admin({{"verb", "list-nodes"}});
+    for (const Json& n : answer["nodes"]) {
+      for (const Json& g : n["gpus"]) out[g["uuid"]] = g.value("sm_used", 0);
+    }
+    return out;
+  }
+  static size_t Count(const std::vector<std::string>& calls, const std::string& prefix) {
+    size_t n = 0;
+    for (const auto& c : calls) n += c.rfind(prefix, 0) == 0;
+    return n;
+  }
+
+  std::string dir_;
+  std::unique_ptr<ClusterManager> cm_;
+  std::map<std::string, std::unique_ptr<FakeNode>> nodes_;
+};
+
+TEST_F(ClusterManagerTest, OneGpuVmKeepsTheSingleEndpoint) {
+  FakeNode& n1 = AddNode("n1", "10.0.0.1", 2);
+  AddVm("10.1.0.1", "10.0.0.1", 16, 2, 1);
+  Json a = Allocate("10.1.0.1");
+  ASSERT_TRUE(a.value("ok", false)) << a.dump();
+  EXPECT_EQ(a["endpoint"], "tcp://n1.test:40000");
+  EXPECT_EQ(a["gpus"], 1);
+  EXPECT_FALSE(a.contains("servers")) << a.dump();
+  EXPECT_EQ(a["node_id"], "n1");
+  EXPECT_EQ(n1.running().size(), 1u);
+  EXPECT_TRUE(Events("place-group").empty());
+}
+
+TEST_F(ClusterManagerTest, TwoGpusOnOneNode) {
+  FakeNode& n1 = AddNode("n1", "10.0.0.1", 2);
+  FakeNode& n2 = AddNode("n2", "10.0.0.2", 2);
+  AddVm("10.1.0.2", "10.0.0.2", 16, 2, 2);
+  Json a = Allocate("10.1.0.2");
+  ASSERT_TRUE(a.value("ok", false)) << a.dump();
+  // The VM's host has room for both: both servers there, one per GPU, one token.
+  EXPECT_TRUE(n1.starts().empty());
+  std::vector<Json> starts = n2.starts();
+  ASSERT_EQ(starts.size(), 2u);
+  EXPECT_NE(starts[0]["gpu_uuid"], starts[1]["gpu_uuid"]);
+  EXPECT_EQ(starts[0]["token"], starts[1]["token"]);
+  EXPECT_EQ(starts[0]["token"], a["token"]);
+  for (const Json& s : starts) {
+    EXPECT_EQ(s["sm"], 16);
+    EXPECT_EQ(s["memory_bytes"], 2 * kGiB);
+  }
+  EXPECT_EQ(a["gpus"], 2);
+  EXPECT_EQ(a["node_id"], "n2");
+  EXPECT_EQ(a["placement"], "2 GPUs on node n2");
+  ASSERT_EQ(a["servers"].size(), 2u);
+  // The endpoint list is in ordinal order.
+  EXPECT_EQ(a["endpoint"], a["servers"][0]["endpoint"].get<std::string>() + "," +
+                               a["servers"][1]["endpoint"].get<std::string>());
+  EXPECT_EQ(a["servers"][0]["ordinal"], 0);
+  EXPECT_EQ(a["servers"][1]["ordinal"], 1);
+  // Each server runs on the GPU its start-server named (the starts run in parallel).
+  for (const Json& server : a["servers"]) {
+    bool found = false;
+    for (const Json& st : starts) {
+      if (st["alloc_id"] == server["alloc_id"]) {
+        found = true;
+        EXPECT_EQ(st["gpu_uuid"], server["gpu_uuid"]);
+      }
+    }
+    EXPECT_TRUE(found) << server.dump();
+  }
+  auto events = Events("place-group");
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0]["subject"], "10.1.0.2");
+  EXPECT_NE(events[0]["detail"].get<std::string>().find("placed VM 10.1.0.2: 2 GPUs on node n2"),
+            std::string::npos)
+      << events[0].dump();
+  auto used = SmUsed();
+  EXPECT_EQ(used[n2.Uuid(0)], 16);
+  EXPECT_EQ(used[n2.Uuid(1)], 16);
+  EXPECT_EQ(used[n1.Uuid(0)], 0);
+  // A second client of the VM gets the same servers.
+  Json again = Allocate("10.1.0.2");
+  EXPECT_EQ(again["endpoint"], a["endpoint"]);
+  EXPECT_EQ(n2.starts().size(), 2u);
+}
+
+TEST_F(ClusterManagerTest, TwoGpusAcrossNodes) {
+  FakeNode& n1 = AddNode("n1", "10.0.0.1", 1);
+  FakeNode& n2 = AddNode("n2", "10.0.0.2", 1);
+  AddVm("10.1.0.3", "10.0.0.9", 16, 2, 2);
+  Json a = Allocate("10.1.0.3");
+  ASSERT_TRUE(a.value("ok", false)) << a.dump();
+  EXPECT_EQ(n1.running().size(), 1u);
+  EXPECT_EQ(n2.running().size(), 1u);
+  const std::string endpoint = a["endpoint"];
+  EXPECT_NE(endpoint.find("n1.test"), std::string::npos) << endpoint;
+  EXPECT_NE(endpoint.find("n2.test"), std::string::npos) << endpoint;
+  EXPECT_EQ(std::count(endpoint.begin(), endpoint.end(), ','), 1) << endpoint;
+  auto events = Events("place-group");
+  ASSERT_EQ(events.size(), 1u);
+  const std::string detail = events[0]["detail"];
+  EXPECT_TRUE(detail.find("2 GPUs across nodes n1, n2") != std::string::npos ||
+              detail.find("2 GPUs across nodes n2, n1") != std::string::npos)
+      << detail;
+  // Deallocating stops both servers and frees both shares.
+  Json d = Admin({{"verb", "deallocate"}, {"vm_ip", "10.1.0.3"}});
+  ASSERT_TRUE(d.value("ok", false)) << d.dump();
+  EXPECT_TRUE(n1.running().empty());
+  EXPECT_TRUE(n2.running().empty());
+  EXPECT_TRUE(Servers().empty());
+  for (const auto& [uuid, sm] : SmUsed()) EXPECT_EQ(sm, 0) << uuid;
+}
+
+TEST_F(ClusterManagerTest, NoPartialPlacement) {
+  FakeNode& n1 = AddNode("n1", "10.0.0.1", 1);
+  FakeNode& n2 = AddNode("n2", "10.0.0.2", 1);
+  AddVm("10.1.0.4", "10.0.0.1", kSms, 2, 1);  // fills n1's GPU
+  ASSERT_TRUE(Allocate("10.1.0.4").value("ok", false));
+  AddVm("10.1.0.5", "10.0.0.2", 64, 2, 2);
+  Json a = Allocate("10.1.0.5");
+  EXPECT_FALSE(a.value("ok", true)) << a.dump();
+  EXPECT_EQ(a["code"], "no_capacity");
+  const std::string message = a.value("error", a.value("message", a.dump()));
+  EXPECT_NE(message.find("2 GPUs"), std::string::npos) << a.dump();
+  EXPECT_NE(message.find("all its GPUs or none"), std::string::npos) << a.dump();
+  EXPECT_TRUE(n2.starts().empty()) << "nothing is started for a VM that cannot be placed whole";
+  EXPECT_EQ(n1.starts().size(), 1u);
+  EXPECT_EQ(Servers().size(), 1u);
+  EXPECT_EQ(SmUsed()[n2.Uuid(0)], 0);
+  auto refused = Events("allocation-refused");
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_EQ(refused[0]["subject"], "10.1.0.5");
+  EXPECT_NE(refused[0]["detail"].get<std::string>().find("only 1 of the 2 GPUs"), std::string::npos)
+      << refused[0].dump();
+}
+
+TEST_F(ClusterManagerTest, AFailedStartStopsTheOthers) {
+  FakeNode& n1 = AddNode("n1", "10.0.0.1", 1);
+  FakeNode& n2 = AddNode("n2", "10.0.0.2", 1);
+  n2.fail_start = true;
+  AddVm("10.1.0.6", "10.0.0.1", 16, 2, 2);
+  Json a = Allocate("10.1.0.6");
+  EXPECT_FALSE(a.value("ok", true)) << a.dump();
+  EXPECT_EQ(a["code"], "server_failed");
+  EXPECT_NE(a.dump().find("simulated start failure"), std::string::npos) << a.dump();
+  EXPECT_EQ(Count(n1.calls(), "start "), 1u);
+  EXPECT_EQ(Count(n1.calls(), "stop "), 1u) << "the server that started is stopped";
+  EXPECT_TRUE(n1.running().empty());
+  EXPECT_TRUE(Servers().empty());
+  for (const auto& [uuid, sm] : SmUsed()) EXPECT_EQ(sm, 0) << uuid;
+  EXPECT_EQ(Events("allocation-failed").size(), 1u);
+  // Once the node works again the VM is placed whole.
+  n2.fail_start = false;
+  Json b = Allocate("10.1.0.6");
+  ASSERT_TRUE(b.value("ok", false)) << b.dump();
+  EXPECT_EQ(Servers().size(), 2u);
+}
+
+TEST_F(ClusterManagerTest, ResizeAppliesToEachGpu) {
+  FakeNode& n1 = AddNode("n1", "10.0.0.1", 2);
+  AddVm("10.1.0.7", "10.0.0.1", 16, 2, 2);
+  ASSERT_TRUE(Allocate("10.1.0.7").value("ok", false));
+  Json r = Admin({{"verb", "change-config"}, {"vm_ip", "10.1.0.7"}, {"sm", 32}, {"memory_gb", 4}});
+  ASSERT_TRUE(r.value("ok", false)) << r.dump();
+  EXPECT_EQ(r["applied"], "live");
+  EXPECT_EQ(r["gpus"], 2);
+  EXPECT_EQ(Count(n1.calls(), "set-share "), 2u);
+  for (const Json& s : Servers()) {
+    EXPECT_EQ(s["sm"], 32);
+    EXPECT_EQ(s["memory_bytes"], 4 * kGiB);
+  }
+  auto used = SmUsed();
+  EXPECT_EQ(used[n1.Uuid(0)], 32);
+  EXPECT_EQ(used[n1.Uuid(1)], 32);
+  // Growth that one GPU cannot take is refused for all, before any server is touched.
+  AddVm("10.1.0.8", "10.0.0.1", 90, 1, 1);
+  ASSERT_TRUE(Allocate("10.1.0.8").value("ok", false));
+  Json refused = Admin({{"verb", "change-config"}, {"vm_ip", "10.1.0.7"}, {"sm", 64}});
+  EXPECT_EQ(refused["code"], "no_capacity") << refused.dump();
+  EXPECT_NE(refused.dump().find("resized together"), std::string::npos) << refused.dump();
+  EXPECT_EQ(Count(n1.calls(), "set-share "), 2u);
+  // A failure on one GPU sets the other back: the VM's GPUs keep one share.
+  n1.FailSetShares(1);
+  Json failed = Admin({{"verb", "change-config"}, {"vm_ip", "10.1.0.7"}, {"sm", 8}});
+  EXPECT_EQ(failed["code"], "server_failed") << failed.dump();
+  EXPECT_NE(failed.dump().find("set back"), std::string::npos) << failed.dump();
+  std::vector<std::string> calls = n1.calls();
+  ASSERT_EQ(Count(calls, "set-share "), 5u);  // 2 + 2 tries + 1 undo
+  EXPECT_EQ(calls.back().substr(calls.back().size() - 3), " 32") << calls.back();
+  for (const Json& s : Servers()) {
+    if (s["vm_ip"] == "10.1.0.7") {
+      EXPECT_EQ(s["sm"], 32) << s.dump();
+    }
+  }
+  EXPECT_EQ(SmUsed()[n1.Uuid(0)] + SmUsed()[n1.Uuid(1)], 32 + 32 + 90);
+}
+
+TEST_F(ClusterManagerTest, ARestartedManagerKnowsTheGroupInOrder) {
+  AddNode("n1", "10.0.0.1", 1);
+  AddNode("n2", "10.0.0.2", 1);
+  AddVm("10.1.0.9", "10.0.0.2", 16, 2, 2);
+  Json a = Allocate("10.1.0.9");
+  ASSERT_TRUE(a.value("ok", false)) << a.dump();
+  StartManager();
+  for (const auto& [id, n] : nodes_) {
+    Json reg = n->Registration();
+    Json servers = Json::array();
+    for (const std::string& alloc : n->running()) {
+      servers.push_back({{"alloc_id", alloc}, {"state", "running"}});
+    }
+    reg["servers"] = servers;
+    ASSERT_TRUE(cm_->Handle({"node", id, ""}, reg).value("ok", false));
+  }
+  Json again = Allocate("10.1.0.9");
+  ASSERT_TRUE(again.value("ok", false)) << again.dump();
+  EXPECT_EQ(again["endpoint"], a["endpoint"]);
+  EXPECT_EQ(again["token"], a["token"]);
+  Json vm = Admin({{"verb", "show"}, {"id", "10.1.0.9"}});
+  EXPECT_EQ(vm["vm"]["gpus"], 2);
+  EXPECT_EQ(vm["vm"]["allocation"]["servers"].size(), 2u);
+}
+
+TEST_F(ClusterManagerTest, AServerThatFailsForGoodFreesTheWholeVm) {
+  StartManager(/*max_restarts=*/0);
+  FakeNode& n1 = AddNode("n1", "10.0.0.1", 1);
+  FakeNode& n2 = AddNode("n2", "10.0.0.2", 1);
+  AddVm("10.1.0.10", "10.0.0.1", 16, 2, 2);
+  Json a = Allocate("10.1.0.10");
+  ASSERT_TRUE(a.value("ok", false)) << a.dump();
+  const std::string on_n2 = *n2.running().begin();
+  Json exited = cm_->Handle(
+      {"node", "n2", ""},
+      {{"verb", "server-exited"}, {"node_id", "n2"}, {"alloc_id", on_n2}, {"reason", "killed"}});
+  EXPECT_EQ(exited["action"], "free") << exited.dump();
+  EXPECT_TRUE(Servers().empty());
+  // The sibling on n1 is stopped in the background.
+  for (int i = 0; i < 200 && !n1.running().empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(n1.running().empty());
+  auto failed = Events("server-failed");
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_NE(failed[0]["detail"].get<std::string>().find("other 1 server(s) are stopped too"),
+            std::string::npos)
+      << failed[0].dump();
+}
+
+TEST_F(ClusterManagerTest, GpuCountIsValidated) {
+  Json bad = Admin({{"verb", "vm-add"},
+                    {"vm_ip", "10.1.0.11"},
+                    {"host_ip", "h"},
+                    {"compute_units", 8},
+                    {"memory_gb", 1},
+                    {"gpus", 0}});
+  EXPECT_EQ(bad["code"], "bad_request") << bad.dump();
+  EXPECT_NE(bad.dump().find("gpus"), std::string::npos) << bad.dump();
+  Json old = Admin({{"verb", "vm-add"},
+                    {"vm_ip", "10.1.0.12"},
+                    {"host_ip", "h"},
+                    {"compute_units", 8},
+                    {"memory_gb", 1}});
+  ASSERT_TRUE(old.value("ok", false)) << old.dump();
+  EXPECT_EQ(old["vm"]["gpus"], 1) << "no gpus field: one GPU";
+}
+
+}  // namespace
+}  // namespace flyt::cluster
