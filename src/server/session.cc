@@ -1122,9 +1122,22 @@ void Session::DescribeFunction(uint64_t handle, bool is_kernel, Writer& out) {
   for (const auto& s : slots) out.Put(s);
 }
 
-// Writes u32 n, then per kernel (library) or function (module): u64 handle,
-// string name, parameter layout; and adopts each handle for this session.
-void Session::DescribeImage(uint64_t image, uint64_t image_client, bool library, Writer& out) {
+CUresult Session::LoadCode(const ImageBytes& image, bool library, uint64_t* handle) {
+  DriverApi& a = state_->api;
+  CUresult rc;
+  if (library) {
+    CUlibrary lib = nullptr;
+    rc = a.cuLibraryLoadData(&lib, image.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+    *handle = reinterpret_cast<uintptr_t>(lib);
+  } else {
+    CUmodule mod = nullptr;
+    rc = a.cuModuleLoadData(&mod, image.data());
+    *handle = reinterpret_cast<uintptr_t>(mod);
+  }
+  return rc;
+}
+
+std::vector<std::pair<uint64_t, std::string>> Session::CodeOf(uint64_t image, bool library) {
   DriverApi& a = state_->api;
   unsigned int count = 0;
   std::vector<uint64_t> fns;
@@ -1141,7 +1154,7 @@ void Session::DescribeImage(uint64_t image, uint64_t image_client, bool library,
     if (!fs.empty() && a.cuModuleEnumerateFunctions(fs.data(), count, mod) == CUDA_SUCCESS)
       for (CUfunction f : fs) fns.push_back(reinterpret_cast<uintptr_t>(f));
   }
-  out.Put<uint32_t>(static_cast<uint32_t>(fns.size()));
+  std::vector<std::pair<uint64_t, std::string>> out;
   for (uint64_t raw : fns) {
     const char* name = nullptr;
     if (library) {
@@ -1149,13 +1162,24 @@ void Session::DescribeImage(uint64_t image, uint64_t image_client, bool library,
     } else {
       a.cuFuncGetName(&name, reinterpret_cast<CUfunction>(raw));
     }
+    out.emplace_back(raw, name != nullptr ? name : "");
+  }
+  return out;
+}
+
+// Writes u32 n, then per kernel (library) or function (module): u64 handle,
+// string name, parameter layout; and adopts each handle for this session.
+void Session::DescribeImage(uint64_t image, uint64_t image_client, bool library, Writer& out) {
+  std::vector<std::pair<uint64_t, std::string>> code = CodeOf(image, library);
+  out.Put<uint32_t>(static_cast<uint32_t>(code.size()));
+  for (const auto& [raw, name] : code) {
     const HandleKind kind = library ? HandleKind::kKernel : HandleKind::kFunction;
     const uint64_t client = ClientHandle(kind, raw);
     Adopt(kind, client);
-    code_names_[client] = CodeName{image_client, name ? name : "", library, 0};
+    code_names_[client] = CodeName{image_client, name, library, 0};
     if (library) kernel_library_[client] = image_client;
     out.Put(client);
-    out.PutString(name ? name : "");
+    out.PutString(name);
     DescribeFunction(raw, library, out);
   }
 }
@@ -1164,7 +1188,6 @@ void Session::DescribeImage(uint64_t image, uint64_t image_client, bool library,
 // Reply: u64 handle, u32 n, n x {u64 handle, string name, layout}.
 // CUDA_ERROR_NOT_FOUND without bytes asks the client to send the image.
 bool Session::LoadImage(Reader& in, Writer& out, CUresult* rc) {
-  DriverApi& a = state_->api;
   uint8_t loader = 0, has_bytes = 0;
   uint64_t h0 = 0, h1 = 0, size = 0;
   if (!in.Get(&loader) || !in.Get(&h0) || !in.Get(&h1) || !in.Get(&size) || !in.Get(&has_bytes))
@@ -1197,15 +1220,7 @@ bool Session::LoadImage(Reader& in, Writer& out, CUresult* rc) {
   }
   bool library = loader == static_cast<uint8_t>(ops::ImageLoader::kLibrary);
   uint64_t handle = 0;
-  if (library) {
-    CUlibrary lib = nullptr;
-    *rc = a.cuLibraryLoadData(&lib, image->data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
-    handle = reinterpret_cast<uintptr_t>(lib);
-  } else {
-    CUmodule mod = nullptr;
-    *rc = a.cuModuleLoadData(&mod, image->data());
-    handle = reinterpret_cast<uintptr_t>(mod);
-  }
+  *rc = LoadCode(*image, library, &handle);
   if (*rc != CUDA_SUCCESS) return true;
   const HandleKind kind = library ? HandleKind::kLibrary : HandleKind::kModule;
   const uint64_t client = ClientHandle(kind, handle);

@@ -321,6 +321,11 @@ class Session {
   void ReleaseSharedHost();
   void DescribeFunction(uint64_t handle, bool is_kernel, wire::Writer& out);
   void DescribeImage(uint64_t image, uint64_t image_client, bool library, wire::Writer& out);
+  // Loads an image as a library or a module (the driver's handle in *handle).
+  CUresult LoadCode(const ImageBytes& image, bool library, uint64_t* handle);
+  // The kernels (library) or functions (module) of loaded code, with their
+  // names ("" where the driver gives none).
+  std::vector<std::pair<uint64_t, std::string>> CodeOf(uint64_t image, bool library);
   void ReleaseAll();
   void ReleaseStaging();
   // Execution context (server/share.h): made at the primary context's retain,
@@ -579,6 +584,8 @@ class Session {
     CUmemGenericAllocationHandle handle = 0;
     uint32_t live = 0;  // allocations still inside
   };
+  // Unmaps, releases and frees one region; the first error.
+  CUresult ReleaseRegion(uint64_t base, const RestoredRegion& reg);
   std::map<uint64_t, RestoredRegion> restored_regions_;  // by base
   struct RestoredPlace {
     uint64_t region = 0;  // base of its region

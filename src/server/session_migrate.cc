@@ -526,16 +526,7 @@ Status Session::RestoreCode(SnapshotReader& in) {
         state_->link != nullptr ? state_->link->PutImage(h0, h1, bytes.data(), size)
                                 : ImageBytes::Copy(bytes.data(), size);
     uint64_t real = 0;
-    CUresult r;
-    if (library) {
-      CUlibrary lib = nullptr;
-      r = a.cuLibraryLoadData(&lib, image->data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
-      real = reinterpret_cast<uintptr_t>(lib);
-    } else {
-      CUmodule mod = nullptr;
-      r = a.cuModuleLoadData(&mod, image->data());
-      real = reinterpret_cast<uintptr_t>(mod);
-    }
+    CUresult r = LoadCode(*image, library != 0, &real);
     if (r != CUDA_SUCCESS) return Status::Error("loading code here: " + Describe(r));
     const HandleKind kind = library ? HandleKind::kLibrary : HandleKind::kModule;
     xlate_[K(kind)][client] = real;
@@ -543,28 +534,8 @@ Status Session::RestoreCode(SnapshotReader& in) {
     Adopt(kind, client);
     images_[client] = ImageRecord{image, h0, h1, library != 0, ++image_seq_};
     auto& names = by_name[client];
-    unsigned count = 0;
-    if (library) {
-      CUlibrary lib = reinterpret_cast<CUlibrary>(real);
-      std::vector<CUkernel> ks;
-      if (a.cuLibraryGetKernelCount(&count, lib) == CUDA_SUCCESS && count > 0) ks.resize(count);
-      if (!ks.empty() && a.cuLibraryEnumerateKernels(ks.data(), count, lib) == CUDA_SUCCESS)
-        for (CUkernel k : ks) {
-          const char* name = nullptr;
-          if (a.cuKernelGetName(&name, k) == CUDA_SUCCESS && name != nullptr)
-            names[name] = reinterpret_cast<uintptr_t>(k);
-        }
-    } else {
-      CUmodule mod = reinterpret_cast<CUmodule>(real);
-      std::vector<CUfunction> fs;
-      if (a.cuModuleGetFunctionCount(&count, mod) == CUDA_SUCCESS && count > 0) fs.resize(count);
-      if (!fs.empty() && a.cuModuleEnumerateFunctions(fs.data(), count, mod) == CUDA_SUCCESS)
-        for (CUfunction f : fs) {
-          const char* name = nullptr;
-          if (a.cuFuncGetName(&name, f) == CUDA_SUCCESS && name != nullptr)
-            names[name] = reinterpret_cast<uintptr_t>(f);
-        }
-    }
+    for (const auto& [handle, name] : CodeOf(real, library != 0))
+      if (!name.empty()) names[name] = handle;
   }
   if (!in.Count(&n)) return in.status();
   for (uint64_t i = 0; i < n; ++i) {
@@ -745,6 +716,17 @@ void Session::Resume(std::unique_ptr<transport::Connection> conn) {
 
 // --- memory a restore mapped ------------------------------------------------------
 
+CUresult Session::ReleaseRegion(uint64_t base, const RestoredRegion& reg) {
+  DriverApi& a = state_->api;
+  CUresult rc = a.cuMemUnmap(base, reg.size);
+  if (reg.handle != 0) {  // 0: a restore that failed before cuMemCreate
+    CUresult r = a.cuMemRelease(reg.handle);
+    if (rc == CUDA_SUCCESS) rc = r;
+  }
+  CUresult r = a.cuMemAddressFree(base, reg.size);
+  return rc == CUDA_SUCCESS ? r : rc;
+}
+
 CUresult Session::FreeRestored(uint64_t ptr) {
   auto it = restored_allocs_.find(ptr);
   if (it == restored_allocs_.end()) return CUDA_ERROR_INVALID_VALUE;
@@ -752,25 +734,14 @@ CUresult Session::FreeRestored(uint64_t ptr) {
   restored_allocs_.erase(it);
   if (reg == restored_regions_.end() || --reg->second.live > 0) return CUDA_SUCCESS;
   // The region's last allocation: as cuMemFree, after the work that may use it.
-  DriverApi& a = state_->api;
   CUresult rc = SynchronizeSession();
-  CUresult r = a.cuMemUnmap(reg->first, reg->second.size);
-  if (rc == CUDA_SUCCESS) rc = r;
-  r = a.cuMemRelease(reg->second.handle);
-  if (rc == CUDA_SUCCESS) rc = r;
-  r = a.cuMemAddressFree(reg->first, reg->second.size);
-  if (rc == CUDA_SUCCESS) rc = r;
+  CUresult r = ReleaseRegion(reg->first, reg->second);
   restored_regions_.erase(reg);
-  return rc;
+  return rc == CUDA_SUCCESS ? r : rc;
 }
 
 void Session::ReleaseRestoredMemory() {
-  DriverApi& a = state_->api;
-  for (auto& [base, reg] : restored_regions_) {
-    a.cuMemUnmap(base, reg.size);
-    if (reg.handle != 0) a.cuMemRelease(reg.handle);
-    a.cuMemAddressFree(base, reg.size);
-  }
+  for (auto& [base, reg] : restored_regions_) ReleaseRegion(base, reg);
   restored_regions_.clear();
   restored_allocs_.clear();
 }
