@@ -246,6 +246,12 @@ void NoteKernelNodeArgs(CUgraphNode node, bool through_extra) {
   }
 }
 
+bool KernelNodeThroughExtra(CUgraphNode node) {
+  std::lock_guard<std::mutex> lock(g_args_mu);
+  auto it = NodeThroughExtra().find(Raw(node));
+  return it != NodeThroughExtra().end() && it->second;
+}
+
 bool SyncMemops(uint64_t base) {
   std::lock_guard<std::mutex> lock(g_sync_mu);
   return SyncMemopsRanges().count(base) != 0;
@@ -460,4 +466,12 @@ FLYT_API CUresult cuStreamBatchMemOp(CUstream s, unsigned int count,
 FLYT_API CUresult cuStreamBatchMemOp_ptsz(CUstream s, unsigned int count,
                                           CUstreamBatchMemOpParams_v1* params, unsigned int flags) {
   return BatchV1("cuStreamBatchMemOp_ptsz", true, s, count, params, flags);
+}
+
+// Measured natively (H200, driver 580): attributes copied into a kernel node
+// whose arguments last came through `extra` are refused; a node with
+// kernelParams, of the same graph or another, takes them.
+FLYT_API CUresult cuGraphKernelNodeCopyAttributes(CUgraphNode dst, CUgraphNode src) {
+  if (dst != nullptr && flyt::client::KernelNodeThroughExtra(dst)) return CUDA_ERROR_INVALID_VALUE;
+  return Forward<276, true, false>("cuGraphKernelNodeCopyAttributes", dst, src);
 }

@@ -372,6 +372,8 @@ bool ReadFunctionList(wire::Reader& r, bool is_kernel,
 // gave the node its arguments through `extra` (cuGraphKernelNodeGetParams
 // answers in the same form, as natively).
 void NoteKernelNodeArgs(CUgraphNode node, bool through_extra);
+// Whether a kernel node's arguments last came through `extra`.
+bool KernelNodeThroughExtra(CUgraphNode node);
 // cuPointerSetAttribute(CU_POINTER_ATTRIBUTE_SYNC_MEMOPS) on the device range
 // at `base`, for cuPointerGetAttribute; forgotten when the range goes.
 bool SyncMemops(uint64_t base);

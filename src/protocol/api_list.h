@@ -227,4 +227,5 @@
   X(cuMemRelease)                                         \
   X(cuMemMap)                                             \
   X(cuMemUnmap)                                           \
-  X(cuCtxGetExecAffinity)
+  X(cuCtxGetExecAffinity)                                 \
+  X(cuGraphKernelNodeCopyAttributes)

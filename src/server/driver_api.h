@@ -34,6 +34,7 @@ namespace flyt::server {
   X(cuCtxCreate_v4)                     \
   X(cuCtxDestroy_v2)                    \
   X(cuCtxGetFlags)                      \
+  X(cuCtxGetDevice)                     \
   X(cuLibraryLoadData)                  \
   X(cuLibraryGetKernelCount)            \
   X(cuLibraryEnumerateKernels)          \

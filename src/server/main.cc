@@ -39,7 +39,7 @@ void Usage() {
       "usage: flyt-server [--listen ADDR]... [--backend cuda|sim] [--token TOKEN]\n"
       "                   [--memory-quota BYTES] [--sm-count N] [--control unix:///PATH]\n"
       "                   [--sim-record FILE] [--sim-green-contexts] [--emulate SPEC]\n"
-      "                   [--shm-backing memfd|file:DIR] [--worker-pool N]\n"
+      "                   [--shm-backing memfd|file:DIR] [--worker-pool N] [--movable-memory]\n"
       "                   [--tls-cert PEM --tls-key PEM [--tls-ca PEM]]\n"
       "  ADDR: tcp://HOST:PORT (default tcp://0.0.0.0:14833; port 0: the kernel picks),\n"
       "        tls://HOST:PORT (TCP with TLS 1.3: needs --tls-cert and --tls-key),\n"
@@ -60,6 +60,9 @@ void Usage() {
       "  --worker-pool: workers kept started, CUDA initialised, for the next clients\n"
       "        (default: $FLYT_WORKER_POOL, else 2); each client process is served by a\n"
       "        worker process of its own\n"
+      "  --movable-memory: place cuMemAlloc memory so that sessions can always be migrated\n"
+      "        or checkpointed (control verbs migrate, checkpoint); CUDA IPC handles of such\n"
+      "        memory are refused (default: $FLYT_MOVABLE_MEMORY=1)\n"
       "  --tls-cert, --tls-key: the server's certificate chain and key for tls:// listeners;\n"
       "        --tls-ca: only clients with a certificate this CA signed are accepted\n"
       "  logging: FLYT_LOG=error|warn|info|debug|trace, FLYT_LOG_FILE=PATH\n");
@@ -115,6 +118,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   Status emulate_st = transport::EmulationFromEnvironment(&options.emulate);
+  if (const char* m = std::getenv("FLYT_MOVABLE_MEMORY"); m != nullptr && std::string(m) == "1")
+    options.movable_memory = true;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     auto value = [&](const char* name) -> std::string {
@@ -146,6 +151,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "flyt-server: --sm-count '%s' is not a number of SMs\n", v.c_str());
         return 2;
       }
+    } else if (arg == "--movable-memory") {
+      options.movable_memory = true;
     } else if (arg == "--worker-pool") {
       std::string v = value("--worker-pool");
       if (!ParseCount(v, &pool_size) || pool_size > 32) {

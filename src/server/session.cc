@@ -214,8 +214,8 @@ bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CU
     }
     // Memory a restore mapped at the client's old address is not the driver's
     // cuMemAlloc memory: the session frees it (session_migrate.cc).
-    if (releases == HandleKind::kMemory && s.IsRestoredAllocation(std::get<0>(slots).Raw())) {
-      *rc = s.FreeRestored(std::get<0>(slots).Raw());
+    if (releases == HandleKind::kMemory && s.IsSessionMapped(std::get<0>(slots).Raw())) {
+      *rc = s.FreeMapped(std::get<0>(slots).Raw());
       s.Forget(HandleKind::kMemory, std::get<0>(slots).Raw());
       return true;
     }
@@ -257,7 +257,8 @@ bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CU
       uint64_t taken = MulSat(std::get<1>(slots).v, std::get<3>(slots).v);
       if (taken > charge) {
         if (!s.ChargeMemory(taken - charge)) {
-          CUresult freed = s.api().cuMemFree_v2(std::get<0>(slots).v);
+          CUdeviceptr p = std::get<0>(slots).v;
+          CUresult freed = s.IsSessionMapped(p) ? s.FreeMapped(p) : s.api().cuMemFree_v2(p);
           if (freed != CUDA_SUCCESS)
             FLYT_WARN("cuMemFree of an allocation over quota failed with error %d", freed);
           s.RefundMemory(charge);
@@ -776,9 +777,9 @@ void Session::ReleaseAll() {
   old_greens_.clear();
   each(HandleKind::kArray, [&](uint64_t h) { a.cuArrayDestroy(reinterpret_cast<CUarray>(h)); });
   each(HandleKind::kMemory, [&](uint64_t h) {
-    if (!IsRestoredAllocation(h)) a.cuMemFree_v2(static_cast<CUdeviceptr>(h));
+    if (!IsSessionMapped(h)) a.cuMemFree_v2(static_cast<CUdeviceptr>(h));
   });
-  ReleaseRestoredMemory();  // unmapped and released here (session_migrate.cc)
+  ReleaseMappedMemory();  // unmapped and released here (session_migrate.cc)
   ReleaseVmm();             // unmaps, releases, frees; refunds its own charges
   // The session's memory no longer counts against the tenant's quota.
   uint64_t charged = 0;

@@ -25,6 +25,7 @@
 #include "protocol/marshal.h"
 #include "protocol/ops.h"
 #include "protocol/wire.h"
+#include "server/address_span.h"
 #include "server/driver_api.h"
 #include "server/image_cache.h"
 #include "server/managed_pager.h"
@@ -69,6 +70,9 @@ struct ServerState {
   std::string shm_offer;
   std::string boot_id;
   int64_t start_ns = 0;  // steady clock at the server's start
+  // --movable-memory: cuMemAlloc memory at addresses another server can take
+  // over (server/session_movable.cc).
+  bool movable_memory = false;
 };
 
 // Builds the device inventory (the share is applied to it when sent).
@@ -525,11 +529,20 @@ class Session {
   void NoteEventFlags(uint64_t event, unsigned flags) { event_flags_[event] = flags; }
   void NoteAsyncAllocation(uint64_t ptr) { async_allocs_.insert(ptr); }
   void NoteGlobalName(uint64_t ptr, uint64_t size, uint64_t image, const char* name);
-  // cuMemFree of memory a restore mapped at the client's old address.
-  bool IsRestoredAllocation(uint64_t ptr) const {
-    return !restored_allocs_.empty() && restored_allocs_.count(ptr) != 0;
+  // --- memory the session maps itself (session_movable.cc): restored at the
+  // client's old addresses, or movable (--movable-memory).
+  // In place of cuMemAlloc / cuMemAllocPitch / cuMemGetAddressRange (session_vmm.h).
+  CUresult MemAlloc(CUdeviceptr* dptr, size_t bytes);
+  CUresult MemAllocPitch(CUdeviceptr* dptr, size_t* pitch, size_t width, size_t height,
+                         unsigned element);
+  CUresult MemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr p);
+  // An allocation's base the session mapped; cuMemFree of it goes to FreeMapped.
+  bool IsSessionMapped(uint64_t ptr) const {
+    return !mapped_allocs_.empty() && mapped_allocs_.count(ptr) != 0;
   }
-  CUresult FreeRestored(uint64_t ptr);
+  // Whether p lies in memory the session mapped (not the driver's cuMemAlloc memory).
+  bool InMappedRegion(uint64_t p) const;
+  CUresult FreeMapped(uint64_t ptr);
 
  private:
   bool Park(wire::Reader& in, wire::Writer& out, CUresult* rc);
@@ -546,7 +559,7 @@ class Session {
   Status RestoreCode(SnapshotReader& in);
   // Sends a move or restore outcome to the main process (control socket).
   void ReportOutcome(channel::Report::Kind kind, bool ok, const std::string& message);
-  void ReleaseRestoredMemory();
+  void ReleaseMappedMemory();
   std::mutex move_mu_;
   channel::MoveOrder move_order_;  // under move_mu_
   std::atomic<bool> move_wanted_{false};
@@ -579,19 +592,38 @@ class Session {
   std::unordered_map<uint64_t, uint64_t> rev_[static_cast<int>(marshal::HandleKind::kCount)];
   uint64_t next_synthetic_ = 0xf17e000000000000ull;
   uint64_t primary_client_ = 0;  // the client's handle of the primary context
-  struct RestoredRegion {
+  struct MappedRegion {
     uint64_t size = 0;
     CUmemGenericAllocationHandle handle = 0;
     uint32_t live = 0;  // allocations still inside
+    // Reserved for itself (a restore); else part of movable_.
+    bool own_reservation = true;
   };
-  // Unmaps, releases and frees one region; the first error.
-  CUresult ReleaseRegion(uint64_t base, const RestoredRegion& reg);
-  std::map<uint64_t, RestoredRegion> restored_regions_;  // by base
-  struct RestoredPlace {
+  // Physical memory mapped at `at` (reserved already), readable and writable
+  // from `device`; recorded in mapped_regions_ with no allocation inside. On
+  // failure nothing stays (an own reservation is freed too).
+  CUresult MapNewRegion(uint64_t at, uint64_t size, int device, bool own_reservation);
+  // Unmaps and releases one region and frees or returns its addresses; the first error.
+  CUresult ReleaseRegion(uint64_t base, const MappedRegion& reg);
+  // The session's reservation for movable memory, made at its first use.
+  CUresult ReserveMovable(int device);
+  // Reserves the reservation slot at `base` as movable_; ALREADY_MAPPED when
+  // the driver put it elsewhere.
+  CUresult ReserveSlot(uint64_t base, uint64_t gran);
+  // A restore: maps [lo, lo+size) in the reservation slot it came from, made
+  // movable_ here; *handled false when lo is not movable memory.
+  Status RestoreMovableRegion(uint64_t lo, uint64_t size, uint64_t gran, bool* handled);
+  CUresult MovableAlloc(uint64_t bytes, uint64_t* out);
+  std::map<uint64_t, MappedRegion> mapped_regions_;  // by base
+  struct MappedPlace {
     uint64_t region = 0;  // base of its region
     uint64_t size = 0;
   };
-  std::unordered_map<uint64_t, RestoredPlace> restored_allocs_;  // by allocation base
+  std::map<uint64_t, MappedPlace> mapped_allocs_;  // by allocation base
+  AddressSpan movable_;                            // free addresses of the reservation
+  std::map<uint64_t, AddressSpan> small_chunks_;   // by region base: room for small allocations
+  uint64_t granularity_ = 0;
+  bool movable_failed_ = false;  // no reservation could be made: the driver's cuMemAlloc
   // --- end of moving the session ------------------------------------------------
 };
 

@@ -12,6 +12,7 @@
 // ordinary event handle of the session. Handles are the driver's 64 bytes,
 // passed through: clients served by different server processes on one host
 // share memory and events as natively. Must not touch other sessions' state.
+#include <atomic>
 #include <cstring>
 #include <string>
 
@@ -46,6 +47,19 @@ bool Session::IpcGetMemHandle(wire::Reader& in, wire::Writer& out, CUresult* rc)
   if (!in.Get(&ptr) || in.remaining() != 0) return false;
   DriverApi& a = api();
   if (a.cuIpcGetMemHandle == nullptr || a.cuMemGetAddressRange_v2 == nullptr) {
+    *rc = CUDA_ERROR_NOT_SUPPORTED;
+    return true;
+  }
+  // Memory the session mapped itself (movable, or restored after a move) is
+  // not the driver's cuMemAlloc memory, which alone has legacy IPC handles.
+  if (InMappedRegion(ptr)) {
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true))
+      FLYT_WARN(
+          "session %llu: cuIpcGetMemHandle refused: the memory is movable (this server runs "
+          "with --movable-memory, or the session was moved here); run the tenant without "
+          "--movable-memory to share memory by CUDA IPC",
+          Id(id_));
     *rc = CUDA_ERROR_NOT_SUPPORTED;
     return true;
   }

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <random>
 
@@ -71,6 +72,25 @@ struct Bounce {
 };
 
 std::string Describe(CUresult rc) { return "CUDA error " + std::to_string(rc); }
+
+// What this process has mapped over [lo, hi): the /proc/self/maps lines (the
+// driver keeps device addresses out of the host's way with host mappings),
+// or "nothing of the host's".
+std::string HostMappingsOver(uint64_t lo, uint64_t hi) {
+  FILE* f = std::fopen("/proc/self/maps", "r");
+  if (f == nullptr) return "unknown";
+  std::string out;
+  char line[512];
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    unsigned long long a = 0, b = 0;
+    if (std::sscanf(line, "%llx-%llx", &a, &b) != 2 || b <= lo || a >= hi) continue;
+    std::string l(line);
+    while (!l.empty() && (l.back() == '\n' || l.back() == ' ')) l.pop_back();
+    out += (out.empty() ? "" : "; ") + l;
+  }
+  std::fclose(f);
+  return out.empty() ? "nothing of the host's" : out;
+}
 
 }  // namespace
 
@@ -171,8 +191,8 @@ Status Session::WriteSnapshot(SnapshotWriter& out, const uint64_t key[2]) {
   for (uint64_t base : handles_[K(HandleKind::kMemory)]) {
     CUdeviceptr b = 0;
     size_t size = 0;
-    auto restored = restored_allocs_.find(base);
-    if (restored == restored_allocs_.end()) {
+    auto restored = mapped_allocs_.find(base);
+    if (restored == mapped_allocs_.end()) {
       CUresult r = a.cuMemGetAddressRange_v2(&b, &size, base);
       if (r != CUDA_SUCCESS || b != base)
         return Status::Error("cannot tell the size of the allocation at " + std::to_string(base));
@@ -464,30 +484,30 @@ Status Session::RestoreMemoryLayout(SnapshotReader& in, std::vector<RestoredAllo
     if (x.charged != 0) NoteAllocation(HandleKind::kMemory, x.base, x.charged);
   }
   for (auto& [lo, hi] : regions) {
+    bool handled = false;  // movable memory: into its reservation (session_movable.cc)
+    Status st = RestoreMovableRegion(lo, hi - lo, gran, &handled);
+    if (!st.ok()) return st;
+    if (handled) continue;
     CUdeviceptr got = 0;
     r = a.cuMemAddressReserve(&got, hi - lo, gran, lo, 0);
     if (r != CUDA_SUCCESS) return Status::Error("cuMemAddressReserve: " + Describe(r));
     if (got != lo) {
       a.cuMemAddressFree(got, hi - lo);
-      return Status::Error("the device addresses " + std::to_string(lo) + "+" +
-                           std::to_string(hi - lo) + " are taken here");
+      char where[64];
+      std::snprintf(where, sizeof(where), "0x%llx+0x%llx", static_cast<unsigned long long>(lo),
+                    static_cast<unsigned long long>(hi - lo));
+      return Status::Error(std::string("the device addresses ") + where +
+                           " are taken here (host mappings: " + HostMappingsOver(lo, hi) +
+                           "; a session keeps its addresses movable when its server runs with "
+                           "--movable-memory)");
     }
-    RestoredRegion& reg = restored_regions_[lo];  // ReleaseRestoredMemory undoes it
-    reg.size = hi - lo;
-    r = a.cuMemCreate(&reg.handle, hi - lo, &prop, 0);
-    if (r != CUDA_SUCCESS) return Status::Error("cuMemCreate: " + Describe(r));
-    r = a.cuMemMap(lo, hi - lo, 0, reg.handle, 0);
-    if (r != CUDA_SUCCESS) return Status::Error("cuMemMap: " + Describe(r));
-    CUmemAccessDesc access{};
-    access.location = prop.location;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    r = a.cuMemSetAccess(lo, hi - lo, &access, 1);
-    if (r != CUDA_SUCCESS) return Status::Error("cuMemSetAccess: " + Describe(r));
+    r = MapNewRegion(lo, hi - lo, primary_device_, /*own_reservation=*/true);
+    if (r != CUDA_SUCCESS) return Status::Error("mapping device memory: " + Describe(r));
   }
   for (const auto& x : *allocs) {
-    auto reg = std::prev(restored_regions_.upper_bound(x.base));
+    auto reg = std::prev(mapped_regions_.upper_bound(x.base));
     reg->second.live++;
-    restored_allocs_[x.base] = RestoredPlace{reg->first, x.size};
+    mapped_allocs_[x.base] = MappedPlace{reg->first, x.size};
   }
   return Status::Ok();
 }
@@ -712,38 +732,6 @@ Status Session::Restore(SnapshotReader& in, uint64_t key[2]) {
 void Session::Resume(std::unique_ptr<transport::Connection> conn) {
   conn_ = std::move(conn);
   peer_ = conn_->Peer();
-}
-
-// --- memory a restore mapped ------------------------------------------------------
-
-CUresult Session::ReleaseRegion(uint64_t base, const RestoredRegion& reg) {
-  DriverApi& a = state_->api;
-  CUresult rc = a.cuMemUnmap(base, reg.size);
-  if (reg.handle != 0) {  // 0: a restore that failed before cuMemCreate
-    CUresult r = a.cuMemRelease(reg.handle);
-    if (rc == CUDA_SUCCESS) rc = r;
-  }
-  CUresult r = a.cuMemAddressFree(base, reg.size);
-  return rc == CUDA_SUCCESS ? r : rc;
-}
-
-CUresult Session::FreeRestored(uint64_t ptr) {
-  auto it = restored_allocs_.find(ptr);
-  if (it == restored_allocs_.end()) return CUDA_ERROR_INVALID_VALUE;
-  auto reg = restored_regions_.find(it->second.region);
-  restored_allocs_.erase(it);
-  if (reg == restored_regions_.end() || --reg->second.live > 0) return CUDA_SUCCESS;
-  // The region's last allocation: as cuMemFree, after the work that may use it.
-  CUresult rc = SynchronizeSession();
-  CUresult r = ReleaseRegion(reg->first, reg->second);
-  restored_regions_.erase(reg);
-  return rc == CUDA_SUCCESS ? r : rc;
-}
-
-void Session::ReleaseRestoredMemory() {
-  for (auto& [base, reg] : restored_regions_) ReleaseRegion(base, reg);
-  restored_regions_.clear();
-  restored_allocs_.clear();
 }
 
 }  // namespace flyt::server

@@ -59,6 +59,9 @@ FLYT_THROUGH_SESSION(cuMemUnmap, VmmUnmap)
 FLYT_THROUGH_SESSION(cuMemGetAccess, VmmGetAccess)
 FLYT_THROUGH_SESSION(cuMemGetAllocationPropertiesFromHandle, VmmGetProperties)
 FLYT_THROUGH_SESSION(cuGraphKernelNodeSetAttribute, KernelNodeSetAttribute)
+FLYT_THROUGH_SESSION(cuMemAlloc_v2, MemAlloc)
+FLYT_THROUGH_SESSION(cuMemAllocPitch_v2, MemAllocPitch)
+FLYT_THROUGH_SESSION(cuMemGetAddressRange_v2, MemGetAddressRange)
 
 #undef FLYT_THROUGH_SESSION
 

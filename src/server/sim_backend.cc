@@ -489,6 +489,13 @@ CUresult simCtxGetFlags(unsigned* flags) {
   *flags = it != g_sim->user_contexts.end() ? it->second : g_sim->primary_flags;
   return CUDA_SUCCESS;
 }
+// The sim has one device.
+CUresult simCtxGetDevice(CUdevice* device) {
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (t_current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  *device = 0;
+  return CUDA_SUCCESS;
+}
 std::atomic<int> g_pending_host_funcs{0};
 CUresult simCtxSynchronize() {
   if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
@@ -3713,6 +3720,7 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuCtxCreate_v4 = simCtxCreate;
   a->cuCtxDestroy_v2 = simCtxDestroy;
   a->cuCtxGetFlags = simCtxGetFlags;
+  a->cuCtxGetDevice = simCtxGetDevice;
   a->cuCtxSynchronize = simCtxSynchronize;
   a->cuCtxGetLimit = simCtxGetLimit;
   a->cuCtxSetLimit = simCtxSetLimit;

@@ -51,6 +51,7 @@ Status Boot(const WorkerArgs& args, const ServerOptions& options, ServerState* s
   Status st = TenantBoard::Map(args.board, board);
   if (!st.ok()) return st;
   state->board = board->get();
+  state->movable_memory = options.movable_memory;
   state->slot = &(*board)->layout().slots[args.slot];
   st = options.backend == "sim" ? LoadSimDriver(options.sim, &state->api)
                                 : LoadCudaDriver(&state->api);

@@ -33,6 +33,9 @@ struct ServerOptions {
   SimOptions sim;
   ShareOptions share;
   transport::EmulationSettings emulate;
+  // cuMemAlloc memory placed so that another server can take it over
+  // (server/session_movable.cc); legacy CUDA IPC of it is refused.
+  bool movable_memory = false;
 };
 
 // The descriptors a worker inherits: "--worker CTL,REQ,BOARD,SLOT".

@@ -242,10 +242,22 @@ void KernelNodes(CUmodule mod, unsigned* dev) {
   printf("attr.cooperative=%d\n", back.cooperative);
   CUkernelNodeAttrValue before{};
   CU(g_cu.get_attr(other, CU_LAUNCH_ATTRIBUTE_COOPERATIVE, &before));
-  CU(g_cu.copy_attrs(other, node));
+  // As the driver answers it (measured natively on the GPU: see run_e2e.py).
+  printf("attr.copy=%s\n", e2e::CuName(g_cu.copy_attrs(other, node)));
   CUkernelNodeAttrValue copied{};
   CU(g_cu.get_attr(other, CU_LAUNCH_ATTRIBUTE_COOPERATIVE, &copied));
   printf("attr.before_copy=%d\nattr.copied=%d\n", before.cooperative, copied.cooperative);
+  {  // into a node of its own graph, with no dependency and plain kernelParams
+    CUgraph g2 = nullptr;
+    CU(g_cu.graph_create(&g2, 0));
+    CUgraphNode fresh = nullptr;
+    CU(g_cu.add_kernel(&fresh, g2, nullptr, 0, &p));
+    printf("attr.copy_other_graph=%s\n", e2e::CuName(g_cu.copy_attrs(fresh, node)));
+    CUgraphNode sibling = nullptr;
+    CU(g_cu.add_kernel(&sibling, g, nullptr, 0, &p));
+    printf("attr.copy_same_graph=%s\n", e2e::CuName(g_cu.copy_attrs(sibling, node)));
+    CU(g_cu.graph_destroy(g2));
+  }
   CUDA_MEMSET_NODE_PARAMS ms{};
   ms.dst = reinterpret_cast<CUdeviceptr>(dev);
   ms.elementSize = 4;

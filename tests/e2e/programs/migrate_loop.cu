@@ -56,6 +56,7 @@ int main(int argc, char** argv) {
   unsigned char* keep = nullptr;
   CK(cudaMalloc(&keep, kKeep));
   CK(cudaMemset(keep, 0x5a, kKeep));
+  std::printf("keep_at=%p\n", static_cast<void*>(keep));  // where movable memory lives
   std::vector<unsigned char> host_keep(kKeep, 0x5a);
   int* counter = nullptr;
   CK(cudaMalloc(&counter, 2 * sizeof(int)));

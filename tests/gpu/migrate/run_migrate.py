@@ -61,6 +61,8 @@ def control(path, request, timeout=700):
 
 
 class Server:
+    extra_args = []  # --movable: ["--movable-memory"]
+
     def __init__(self, build, work, name, port=None):
         self.build, self.work, self.name = build, work, name
         self.port = port or free_port()
@@ -77,7 +79,7 @@ class Server:
         env = dict(os.environ, FLYT_LOG="info")
         self.proc = subprocess.Popen(
             [os.path.join(self.build, "bin/flyt-server"), "--backend", "cuda", "--listen",
-             self.url(), "--token", TOKEN, "--control", "unix://" + self.ctl],
+             self.url(), "--token", TOKEN, "--control", "unix://" + self.ctl] + self.extra_args,
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         for _ in range(600):
             if os.path.exists(self.ctl):
@@ -169,10 +171,15 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--sizes", default="1,4,16")
     ap.add_argument("--skip-torch", action="store_true")
+    ap.add_argument("--movable", action="store_true",
+                    help="servers with --movable-memory (server/session_movable.cc)")
     args = ap.parse_args()
+    if args.movable:
+        Server.extra_args = ["--movable-memory"]
     work = tempfile.mkdtemp(prefix="flyt-migrate-")
     loop = os.path.join(args.programs, "migrate_loop")
-    out = ["## Moving sessions between two flyt-servers on one GPU", ""]
+    out = ["## Moving sessions between two flyt-servers on one GPU%s" % (
+        " (--movable-memory)" if args.movable else ""), ""]
     fails = 0
     a = Server(args.build, work, "a").start()
     b = Server(args.build, work, "b").start()

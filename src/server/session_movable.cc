@@ -1,0 +1,304 @@
+// Device memory the session maps itself with the driver's VMM calls: memory
+// a restore put back at the client's old addresses (session_migrate.cc), and,
+// with `flyt-server --movable-memory`, every cuMemAlloc/cuMemAllocPitch.
+//
+// Owns: the session's reservation of device addresses for movable memory,
+// the regions mapped in it or restored (physical handle, allocations inside),
+// small allocations packed into shared chunks, and freeing all of it.
+// Must not touch: memory the driver allocated itself (cuMemAlloc without
+// --movable-memory, pools, managed memory, the app's own VMM calls in
+// session_vmm.cc), other sessions.
+//
+// Why: the driver places cuMemAlloc memory inside address pools of its own
+// whose place depends on everything the process mapped before, and it will
+// not hand out an address inside its pools on request. A restore needs the
+// client's addresses free in another process; addresses far from the pools,
+// in a reservation of the session's own, are (docs/architecture.md §7.4).
+#include <algorithm>
+#include <cstdio>
+#include <random>
+
+#include "common/log.h"
+#include "server/session.h"
+
+namespace flyt::server {
+
+namespace {
+
+// Where sessions reserve addresses for movable memory: one of kSlots slots
+// of kSlotBytes from kFirstSlot, far below the driver's pools (near the top
+// of the user address space) and the sim's fixed range (0x600000000000). A
+// random slot: two sessions, even of two servers, rarely pick the same one,
+// so a session moved in finds its addresses free.
+constexpr uint64_t kFirstSlot = 0x100000000000ull;
+constexpr uint64_t kSlotBytes = 1ull << 40;
+constexpr int kSlots = 64;
+constexpr uint64_t kReservationBytes = 1ull << 39;  // 512 GiB: beyond any one GPU's memory
+constexpr int kTries = 16;
+// cuMemAlloc's alignment for allocations that share a chunk, and the largest
+// of them (the rest get regions of their own).
+constexpr uint64_t kSmallAlign = 512;
+
+uint64_t RoundUp(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
+
+}  // namespace
+
+CUresult Session::MapNewRegion(uint64_t at, uint64_t size, int device, bool own_reservation) {
+  DriverApi& a = state_->api;
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  MappedRegion reg;
+  reg.size = size;
+  reg.own_reservation = own_reservation;
+  CUresult rc = a.cuMemCreate(&reg.handle, size, &prop, 0);
+  if (rc == CUDA_SUCCESS) {
+    rc = a.cuMemMap(at, size, 0, reg.handle, 0);
+    if (rc == CUDA_SUCCESS) {
+      CUmemAccessDesc access{};
+      access.location = prop.location;
+      access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      rc = a.cuMemSetAccess(at, size, &access, 1);
+      if (rc == CUDA_SUCCESS) {
+        mapped_regions_[at] = reg;
+        return CUDA_SUCCESS;
+      }
+      a.cuMemUnmap(at, size);
+    }
+    a.cuMemRelease(reg.handle);
+  }
+  if (own_reservation) a.cuMemAddressFree(at, size);
+  return rc;
+}
+
+CUresult Session::ReserveSlot(uint64_t base, uint64_t gran) {
+  CUdeviceptr got = 0;
+  CUresult rc = state_->api.cuMemAddressReserve(&got, kReservationBytes, gran, base, 0);
+  if (rc != CUDA_SUCCESS) return rc;
+  if (got != base) {
+    state_->api.cuMemAddressFree(got, kReservationBytes);
+    return CUDA_ERROR_ALREADY_MAPPED;
+  }
+  movable_.Reset(base, kReservationBytes);
+  granularity_ = gran;
+  return CUDA_SUCCESS;
+}
+
+Status Session::RestoreMovableRegion(uint64_t lo, uint64_t size, uint64_t gran, bool* handled) {
+  *handled = false;
+  if (lo < kFirstSlot || lo >= kFirstSlot + kSlots * kSlotBytes) return Status::Ok();
+  *handled = true;
+  uint64_t base = kFirstSlot + (lo - kFirstSlot) / kSlotBytes * kSlotBytes;
+  if (movable_.size() == 0) {
+    // The whole reservation the client's memory came from, as one: the driver
+    // grants an address asked for only to a reservation that large.
+    CUresult rc = ReserveSlot(base, gran);
+    if (rc != CUDA_SUCCESS) {
+      char where[48];
+      std::snprintf(where, sizeof(where), "0x%llx", static_cast<unsigned long long>(base));
+      return Status::Error(
+          std::string("the device addresses from ") + where + " are taken here" +
+          (rc == CUDA_ERROR_ALREADY_MAPPED ? "" : " (error " + std::to_string(rc) + ")"));
+    }
+  }
+  if (gran != granularity_ || !movable_.TakeAt(lo, size))
+    return Status::Error("a damaged snapshot (memory outside its reservation)");
+  CUresult rc = MapNewRegion(lo, size, primary_device_, /*own_reservation=*/false);
+  if (rc != CUDA_SUCCESS) {
+    movable_.Give(lo, size);
+    return Status::Error("mapping device memory: error " + std::to_string(rc));
+  }
+  return Status::Ok();
+}
+
+CUresult Session::ReserveMovable(int device) {
+  if (movable_.size() != 0) return CUDA_SUCCESS;
+  if (movable_failed_) return CUDA_ERROR_OUT_OF_MEMORY;
+  DriverApi& a = state_->api;
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  size_t gran = 0;
+  CUresult rc = a.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  if (rc != CUDA_SUCCESS || gran == 0 || (gran & (gran - 1)) != 0) {
+    FLYT_WARN(
+        "session %llu: no movable memory (allocation granularity: error %d); cuMemAlloc "
+        "memory comes from the driver and may not move",
+        static_cast<unsigned long long>(id_), rc);
+    movable_failed_ = true;
+    return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_NOT_SUPPORTED;
+  }
+  std::vector<int> slots(kSlots);
+  for (int i = 0; i < kSlots; ++i) slots[i] = i;
+  std::shuffle(slots.begin(), slots.end(), std::mt19937_64(std::random_device{}()));
+  int tries = 0;
+  for (int slot : slots) {
+    uint64_t base = kFirstSlot + static_cast<uint64_t>(slot) * kSlotBytes;
+    // Not over memory a restore mapped here (the client's old addresses).
+    auto after = mapped_regions_.lower_bound(base);
+    bool clash = after != mapped_regions_.end() && after->first < base + kReservationBytes;
+    if (after != mapped_regions_.begin()) {
+      auto before = std::prev(after);
+      clash = clash || before->first + before->second.size > base;
+    }
+    if (clash) continue;
+    if (++tries > kTries) break;
+    rc = ReserveSlot(base, gran);
+    if (rc == CUDA_SUCCESS) return CUDA_SUCCESS;
+    if (rc != CUDA_ERROR_ALREADY_MAPPED) break;
+  }
+  FLYT_WARN(
+      "session %llu: no free range for movable memory (last error %d); cuMemAlloc memory "
+      "comes from the driver and may not move",
+      static_cast<unsigned long long>(id_), rc);
+  movable_failed_ = true;
+  return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult Session::MovableAlloc(uint64_t bytes, uint64_t* out) {
+  CUdevice device = 0;
+  CUresult rc = api().cuCtxGetDevice(&device);
+  if (rc != CUDA_SUCCESS) return rc;
+  rc = ReserveMovable(device);
+  if (rc != CUDA_SUCCESS) return rc;
+  if (bytes <= granularity_ / 2) {  // shares a chunk with other small ones
+    uint64_t need = RoundUp(bytes, kSmallAlign);
+    for (auto& [chunk, span] : small_chunks_) {
+      uint64_t at = span.Take(need, kSmallAlign);
+      if (at == 0) continue;
+      mapped_regions_[chunk].live++;
+      mapped_allocs_[at] = MappedPlace{chunk, bytes};
+      *out = at;
+      return CUDA_SUCCESS;
+    }
+    uint64_t chunk = movable_.Take(granularity_, granularity_);
+    if (chunk == 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    rc = MapNewRegion(chunk, granularity_, device, /*own_reservation=*/false);
+    if (rc != CUDA_SUCCESS) {
+      movable_.Give(chunk, granularity_);
+      return rc;
+    }
+    AddressSpan& span = small_chunks_[chunk];
+    span.Reset(chunk, granularity_);
+    uint64_t at = span.Take(need, kSmallAlign);
+    mapped_regions_[chunk].live = 1;
+    mapped_allocs_[at] = MappedPlace{chunk, bytes};
+    *out = at;
+    return CUDA_SUCCESS;
+  }
+  uint64_t size = RoundUp(bytes, granularity_);
+  if (size < bytes) return CUDA_ERROR_OUT_OF_MEMORY;
+  uint64_t at = movable_.Take(size, granularity_);
+  if (at == 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  rc = MapNewRegion(at, size, device, /*own_reservation=*/false);
+  if (rc != CUDA_SUCCESS) {
+    movable_.Give(at, size);
+    return rc;
+  }
+  mapped_regions_[at].live = 1;
+  mapped_allocs_[at] = MappedPlace{at, bytes};
+  *out = at;
+  return CUDA_SUCCESS;
+}
+
+CUresult Session::MemAlloc(CUdeviceptr* dptr, size_t bytes) {
+  if (!state_->movable_memory || movable_failed_ || dptr == nullptr || bytes == 0)
+    return api().cuMemAlloc_v2(dptr, bytes);
+  uint64_t at = 0;
+  CUresult rc = MovableAlloc(bytes, &at);
+  if (rc == CUDA_SUCCESS) *dptr = at;
+  return rc;
+}
+
+CUresult Session::MemAllocPitch(CUdeviceptr* dptr, size_t* pitch, size_t width, size_t height,
+                                unsigned element) {
+  DriverApi& a = api();
+  if (!state_->movable_memory || movable_failed_ || dptr == nullptr || pitch == nullptr)
+    return a.cuMemAllocPitch_v2(dptr, pitch, width, height, element);
+  // The driver's own pitch (and its checks of the arguments), then the same
+  // bytes as movable memory.
+  CUdeviceptr probe = 0;
+  size_t p = 0;
+  CUresult rc = a.cuMemAllocPitch_v2(&probe, &p, width, height, element);
+  if (rc != CUDA_SUCCESS) return rc;
+  rc = a.cuMemFree_v2(probe);
+  if (rc != CUDA_SUCCESS) return rc;
+  uint64_t at = 0;
+  rc = MovableAlloc(static_cast<uint64_t>(p) * height, &at);
+  if (rc != CUDA_SUCCESS) return rc;
+  *dptr = at;
+  *pitch = p;
+  return CUDA_SUCCESS;
+}
+
+CUresult Session::MemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
+  auto it = mapped_allocs_.upper_bound(p);
+  if (it != mapped_allocs_.begin()) {
+    --it;
+    if (p - it->first < std::max<uint64_t>(it->second.size, 1)) {
+      if (base != nullptr) *base = it->first;
+      if (size != nullptr) *size = it->second.size;
+      return CUDA_SUCCESS;
+    }
+  }
+  return api().cuMemGetAddressRange_v2(base, size, p);
+}
+
+bool Session::InMappedRegion(uint64_t p) const {
+  auto it = mapped_regions_.upper_bound(p);
+  if (it == mapped_regions_.begin()) return false;
+  --it;
+  return p - it->first < it->second.size;
+}
+
+CUresult Session::ReleaseRegion(uint64_t base, const MappedRegion& reg) {
+  DriverApi& a = state_->api;
+  CUresult rc = a.cuMemUnmap(base, reg.size);
+  CUresult r = a.cuMemRelease(reg.handle);
+  if (rc == CUDA_SUCCESS) rc = r;
+  if (reg.own_reservation) {
+    r = a.cuMemAddressFree(base, reg.size);
+    if (rc == CUDA_SUCCESS) rc = r;
+  } else {
+    movable_.Give(base, reg.size);
+  }
+  return rc;
+}
+
+CUresult Session::FreeMapped(uint64_t ptr) {
+  auto it = mapped_allocs_.find(ptr);
+  if (it == mapped_allocs_.end()) return CUDA_ERROR_INVALID_VALUE;
+  MappedPlace place = it->second;
+  mapped_allocs_.erase(it);
+  // As cuMemFree: after the work that may still use the memory.
+  CUresult rc = SynchronizeSession();
+  auto reg = mapped_regions_.find(place.region);
+  if (reg == mapped_regions_.end()) return rc;
+  auto chunk = small_chunks_.find(place.region);
+  if (--reg->second.live > 0) {
+    if (chunk != small_chunks_.end()) chunk->second.Give(ptr, RoundUp(place.size, kSmallAlign));
+    return rc;
+  }
+  if (chunk != small_chunks_.end()) small_chunks_.erase(chunk);
+  CUresult r = ReleaseRegion(reg->first, reg->second);
+  mapped_regions_.erase(reg);
+  return rc == CUDA_SUCCESS ? r : rc;
+}
+
+void Session::ReleaseMappedMemory() {
+  for (auto& [base, reg] : mapped_regions_) ReleaseRegion(base, reg);
+  mapped_regions_.clear();
+  mapped_allocs_.clear();
+  small_chunks_.clear();
+  if (movable_.size() != 0) {
+    CUresult rc = state_->api.cuMemAddressFree(movable_.base(), movable_.size());
+    if (rc != CUDA_SUCCESS)
+      FLYT_WARN("session %llu: freeing the movable-memory reservation failed with error %d",
+                static_cast<unsigned long long>(id_), rc);
+    movable_.Reset(0, 0);
+  }
+}
+
+}  // namespace flyt::server
