@@ -428,8 +428,7 @@ FLYT_API CUresult cuCtxGetFlags(unsigned int* flags) {
   }
   int d = Client::Get().ContextDevice(flyt::client::CurrentContext());
   if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
-  Client::Get().PrimaryState(d, flags, nullptr);
-  return CUDA_SUCCESS;
+  return Client::Get().PrimaryContextFlags(d, flags);
 }
 
 FLYT_API CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int* version) {

@@ -759,6 +759,33 @@ bool Client::PrimaryState(CUdevice dev, unsigned* flags, int* active) {
   return true;
 }
 
+CUresult Client::PrimaryContextFlags(CUdevice dev, unsigned* flags) {
+  if (dev < 0 || dev >= device_count()) return CUDA_ERROR_INVALID_CONTEXT;
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    const Primary& p = primaries_[dev];
+    if (p.driver_bits_known) {
+      *flags = p.flags | p.driver_bits;
+      return CUDA_SUCCESS;
+    }
+  }
+  wire::Writer w;
+  w.Put<uint8_t>(ops::kDriverMiscCtxGetFlags);
+  std::vector<uint8_t> reply;
+  CUresult rc = Call("cuCtxGetFlags", ops::kOpDriverMisc, w, ReplySink{&reply});
+  wire::Reader r(reply.data(), reply.size());
+  uint32_t now = 0;
+  if (rc == CUDA_SUCCESS && !r.Get(&now)) rc = CUDA_ERROR_UNKNOWN;
+  std::lock_guard<std::mutex> lock(state_mu_);
+  Primary& p = primaries_[dev];
+  if (rc == CUDA_SUCCESS) {
+    p.driver_bits = now & ~p.flags & ~static_cast<unsigned>(CU_CTX_SCHED_MASK);
+    p.driver_bits_known = true;
+  }
+  *flags = p.flags | p.driver_bits;  // without an answer: as asked for
+  return CUDA_SUCCESS;
+}
+
 void Client::SetPrimaryFlags(CUdevice dev, unsigned flags) {
   std::lock_guard<std::mutex> lock(state_mu_);
   if (dev >= 0 && dev < device_count()) primaries_[dev].flags = flags;

@@ -132,6 +132,9 @@ class Client {
   CUresult RetainPrimary(CUdevice dev, CUcontext* out);
   CUresult ReleasePrimary(CUdevice dev);
   bool PrimaryState(CUdevice dev, unsigned* flags, int* active);
+  // cuCtxGetFlags of an active primary context: its flags with the bits the
+  // driver adds (asked of the server the first time).
+  CUresult PrimaryContextFlags(CUdevice dev, unsigned* flags);
   void SetPrimaryFlags(CUdevice dev, unsigned flags);
   CUresult ResetPrimary(CUdevice dev);
   int ContextDevice(CUcontext ctx);       // -1 when unknown
@@ -322,6 +325,10 @@ class Client {
     CUcontext ctx = nullptr;
     int refs = 0;
     unsigned flags = 0;
+    // Bits the driver keeps in an active primary context's flags beyond those
+    // asked for (cuCtxGetFlags), learnt from the server once.
+    unsigned driver_bits = 0;
+    bool driver_bits_known = false;
   };
   std::vector<Primary> primaries_;
   std::unordered_map<CUcontext, CreatedContext> created_contexts_;  // cuCtxCreate

@@ -292,6 +292,7 @@ enum : uint8_t {
   kDriverMiscMaxPotentialClusterSize = 5,
   kDriverMiscStreamMemOpV1 = 6,
   kDriverMiscCtxSetFlags = 7,
+  kDriverMiscCtxGetFlags = 8,  // reply: u32 the current context's flags, as the driver has them
 };
 enum : uint8_t {
   kMemOpV1Wait32 = 0,

@@ -321,6 +321,13 @@ bool Session::DriverMisc(Reader& in, bool per_thread, Writer& out, CUresult* rc)
       out.Put<uint32_t>(now);
       return true;
     }
+    case ops::kDriverMiscCtxGetFlags: {
+      if (in.remaining() != 0) return false;
+      unsigned now = 0;
+      *rc = a.cuCtxGetFlags(&now);
+      out.Put<uint32_t>(now);
+      return true;
+    }
     default:
       return false;
   }

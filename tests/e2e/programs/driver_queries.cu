@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <string>
 
 #include "e2e_driver.h"
 
@@ -229,9 +230,16 @@ void KernelNodes(CUmodule mod, unsigned* dev) {
   CU(g_cu.set_kernel_params(other, &q));
   CU(g_cu.kernel_params(other, &got));
   unsigned n_back = 0;
-  if (got.extra != nullptr && got.extra[0] == CU_LAUNCH_PARAM_BUFFER_POINTER)
-    std::memcpy(&n_back, static_cast<char*>(got.extra[1]) + 8, sizeof(n_back));
-  printf("extra.form=%s\nextra.arg1=%u\n", got.extra != nullptr ? "extra" : "kernelParams", n_back);
+  std::string keys;  // the keys of the array handed back, in order
+  for (int i = 0; got.extra != nullptr && i < 10; i += 2) {
+    const uintptr_t key = reinterpret_cast<uintptr_t>(got.extra[i]);
+    keys += (keys.empty() ? "" : ",") + std::to_string(key);
+    if (got.extra[i] == CU_LAUNCH_PARAM_END) break;
+    if (got.extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER && got.extra[i + 1] != nullptr)
+      std::memcpy(&n_back, static_cast<char*>(got.extra[i + 1]) + 8, sizeof(n_back));
+  }
+  printf("extra.form=%s\nextra.keys=%s\nextra.arg1=%u\n",
+         got.extra != nullptr ? "extra" : "kernelParams", keys.c_str(), n_back);
 
   // Attributes.
   CUkernelNodeAttrValue v{};

@@ -62,6 +62,7 @@ def control(path, request, timeout=700):
 
 class Server:
     extra_args = []  # --movable: ["--movable-memory"]
+    extra_env = {}  # --server-env K=V
 
     def __init__(self, build, work, name, port=None):
         self.build, self.work, self.name = build, work, name
@@ -76,7 +77,7 @@ class Server:
         if os.path.exists(self.ctl):
             os.unlink(self.ctl)
         log = open(os.path.join(self.work, self.name + ".log"), "ab")
-        env = dict(os.environ, FLYT_LOG="info")
+        env = dict(os.environ, FLYT_LOG="info", **self.extra_env)
         self.proc = subprocess.Popen(
             [os.path.join(self.build, "bin/flyt-server"), "--backend", "cuda", "--listen",
              self.url(), "--token", TOKEN, "--control", "unix://" + self.ctl] + self.extra_args,
@@ -173,13 +174,17 @@ def main():
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--movable", action="store_true",
                     help="servers with --movable-memory (server/session_movable.cc)")
+    ap.add_argument("--server-env", action="append", default=[],
+                    help="K=V in the flyt-servers' environment (repeatable)")
     args = ap.parse_args()
+    Server.extra_env = dict(kv.split("=", 1) for kv in args.server_env)
     if args.movable:
         Server.extra_args = ["--movable-memory"]
     work = tempfile.mkdtemp(prefix="flyt-migrate-")
     loop = os.path.join(args.programs, "migrate_loop")
-    out = ["## Moving sessions between two flyt-servers on one GPU%s" % (
-        " (--movable-memory)" if args.movable else ""), ""]
+    out = ["## Moving sessions between two flyt-servers on one GPU%s%s" % (
+        " (--movable-memory)" if args.movable else "",
+        "".join(" " + kv for kv in args.server_env)), ""]
     fails = 0
     a = Server(args.build, work, "a").start()
     b = Server(args.build, work, "b").start()
