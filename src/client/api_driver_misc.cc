@@ -134,10 +134,11 @@ CUresult KernelNodeParams(const char* name, CUgraphNode node, CUDA_KERNEL_NODE_P
     args->size = blob_len;
     auto* base = reinterpret_cast<uint8_t*>(args->storage.data());
     for (const auto& s : slots) args->pointers.push_back(base + s.offset);
-    args->extra[0] = CU_LAUNCH_PARAM_BUFFER_POINTER;
-    args->extra[1] = base;
-    args->extra[2] = CU_LAUNCH_PARAM_BUFFER_SIZE;
-    args->extra[3] = &args->size;
+    // In the driver's order (measured on the H200): the size, then the buffer.
+    args->extra[0] = CU_LAUNCH_PARAM_BUFFER_SIZE;
+    args->extra[1] = &args->size;
+    args->extra[2] = CU_LAUNCH_PARAM_BUFFER_POINTER;
+    args->extra[3] = base;
     args->extra[4] = CU_LAUNCH_PARAM_END;
     held = std::move(args);
   }

@@ -1353,7 +1353,7 @@ class E2E(unittest.TestCase):
         ("get_params.form", "kernelParams"), ("get_params.arg0_same", "1"),
         ("get_params.arg1", "1000"), ("get_params_v1.func_same", "1"),
         ("get_params_v1.arg1", "7"), ("get_params.null_out", "CUDA_ERROR_INVALID_VALUE"),
-        ("extra.form", "extra"), ("extra.arg1", "33"),
+        ("extra.form", "extra"), ("extra.keys", "2,1,0"), ("extra.arg1", "33"),
         ("attr.cooperative", "1"), ("attr.before_copy", "0"),
         # As the H200 answered natively: not into a node whose arguments came by `extra`.
         ("attr.copy", "CUDA_ERROR_INVALID_VALUE"), ("attr.copied", "0"),
