@@ -62,7 +62,8 @@ void Usage() {
       "        worker process of its own\n"
       "  --movable-memory: place cuMemAlloc memory so that sessions can always be migrated\n"
       "        or checkpointed (control verbs migrate, checkpoint); CUDA IPC handles of such\n"
-      "        memory are refused (default: $FLYT_MOVABLE_MEMORY=1)\n"
+      "        memory are refused, and modules load eagerly (CUDA_MODULE_LOADING=EAGER\n"
+      "        unless set) (default: $FLYT_MOVABLE_MEMORY=1)\n"
       "  --tls-cert, --tls-key: the server's certificate chain and key for tls:// listeners;\n"
       "        --tls-ca: only clients with a certificate this CA signed are accepted\n"
       "  logging: FLYT_LOG=error|warn|info|debug|trace, FLYT_LOG_FILE=PATH\n");
@@ -190,6 +191,14 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  // Movable memory moves only with code that the target's driver places where
+  // the source's did: module code and data loaded when their module is, not
+  // on first use (measured on the H200: with lazy loading a PyTorch process's
+  // cuBLAS globals land elsewhere on the target). Before the driver starts,
+  // in this process and so in the workers it starts; an explicit
+  // CUDA_MODULE_LOADING stays as it is.
+  if (options.movable_memory && std::getenv("CUDA_MODULE_LOADING") == nullptr)
+    setenv("CUDA_MODULE_LOADING", "EAGER", 1);
   if (is_worker) return server::RunWorker(worker, options);
   log::SetProcessTag("flyt-server");
   auto state = std::make_unique<server::ServerState>();

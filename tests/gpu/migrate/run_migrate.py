@@ -151,6 +151,18 @@ def native(cmd, timeout=900):
     return r.returncode, r.stdout.decode("utf-8", "replace").splitlines()
 
 
+def native_first_step_s(cmd, timeout=600):
+    """Seconds from a native start to its first step line (start-up and code loading)."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    took = None
+    for raw in proc.stdout:
+        if raw.decode("utf-8", "replace").startswith("step 0 ") and took is None:
+            took = time.monotonic() - t0
+    proc.wait(timeout)
+    return took
+
+
 def steps_of(lines):
     return [l for l in lines if l.startswith("step ")]
 
@@ -228,8 +240,13 @@ def main():
         if not args.skip_torch:
             train = [sys.executable, os.path.join(HERE, "train_loop.py"), "40", "100"]
             rc, nat = native([sys.executable, os.path.join(HERE, "train_loop.py"), "40", "0"])
+            native_first = native_first_step_s(
+                [sys.executable, os.path.join(HERE, "train_loop.py"), "40", "0"])
+            t0 = time.monotonic()
             prog = Program(args.build, a, train, os.path.join(work, "train.log"))
             notes = []
+            prog.wait_line(r"^step 0 ")
+            flyt_first = time.monotonic() - t0
             prog.wait_line(r"^step 10 ")
             notes.append(move(a, "migrate", to=b.url()))
             prog.wait_line(r"^step 25 ")
@@ -240,6 +257,10 @@ def main():
             out += ["### PyTorch training loop (MLP, SGD, deterministic; 40 steps)", "",
                     "native rc %s, Flyt rc %s; losses equal to native, step by step: **%s**" % (
                         rc, frc, "yes" if same else "NO"), ""]
+            out.append("start to first step: native %.2f s, Flyt %.2f s%s" % (
+                native_first or -1, flyt_first,
+                " (movable memory: eager module loading)" if args.movable else ""))
+            out.append("")
             for n in notes:
                 out.append("- `%s`" % json.dumps({k: v for k, v in n.items() if k != "_wall_ms"}))
             if not same:
