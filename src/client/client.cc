@@ -176,6 +176,14 @@ CUresult Client::Init() {
   return init_rc_;
 }
 
+bool Client::ReadDeviceList(wire::Reader& r, std::vector<ops::DeviceInfo>* out) {
+  uint32_t n = 0;
+  if (!r.Get(&n) || n > kMaxDevices) return false;
+  out->resize(n);
+  for (auto& d : *out) r.Get(&d);
+  return r.ok();
+}
+
 CUresult Client::SayHello(Hello* out) {
   wire::Writer w;
   wire::HelloRequest req{wire::kProtocolVersion, CUDA_VERSION, static_cast<uint32_t>(getpid()),
@@ -189,12 +197,7 @@ CUresult Client::SayHello(Hello* out) {
     return rc == CUDA_SUCCESS ? CUDA_ERROR_UNKNOWN : rc;
   out->answered = true;
   if (rc != CUDA_SUCCESS) return rc;
-  uint32_t n = 0;
-  r.Get(&n);
-  for (uint32_t i = 0; i < n && r.ok(); ++i) {
-    ops::DeviceInfo d{};
-    if (r.Get(&d)) out->devices.push_back(d);
-  }
+  if (!ReadDeviceList(r, &out->devices)) return CUDA_ERROR_UNKNOWN;
   // Servers that offer shared memory say where, and which kernel they run on.
   if (!r.GetString(&out->shm_offer) || !r.GetString(&out->boot_id)) {
     out->shm_offer.clear();

@@ -228,6 +228,10 @@ class Client {
     std::string boot_id;    // the server's kernel (transport::KernelBootId)
   };
   CUresult SayHello(Hello* out);
+  // The device list of a welcome (hello or resume reply): u32 count, then
+  // each DeviceInfo. False when malformed or longer than kMaxDevices.
+  static constexpr uint32_t kMaxDevices = 64;
+  static bool ReadDeviceList(wire::Reader& r, std::vector<ops::DeviceInfo>* out);
   // When the server offers shared memory and runs on this kernel (same host
   // or a container on it), moves to a new session over shm:// (FLYT_SHM=off: never).
   void MoveToSharedMemory(Hello* hello);

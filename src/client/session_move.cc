@@ -157,13 +157,8 @@ void Client::ResumeLocked(const std::string& where, const uint64_t key[2], int d
       MarkLostLocked("resume", "flyt-server at " + where + " refused it: " + message);
       return;
     }
-    uint32_t n = 0;
     std::vector<ops::DeviceInfo> devices;
-    if (r.Get(&n) && n <= 64) {
-      devices.resize(n);
-      for (auto& d : devices) r.Get(&d);
-    }
-    if (!r.ok()) {
+    if (!ReadDeviceList(r, &devices)) {
       MarkLostLocked("resume", "malformed reply of flyt-server at " + where);
       return;
     }

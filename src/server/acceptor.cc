@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "common/log.h"
+#include "server/reply_frame.h"
 #include "server/tenant_board.h"
 
 namespace flyt::server {
@@ -66,15 +67,7 @@ void Acceptor::Run(transport::Listener* listener, const transport::TlsServerCont
 
 bool Acceptor::Reply(transport::Connection* conn, const wire::FrameHeader& req, CUresult rc,
                      const wire::Writer& out) {
-  wire::FrameHeader h{};
-  h.magic = wire::kMagic;
-  h.op = req.op;
-  h.flags = wire::kFlagReply;
-  h.call_id = req.call_id;
-  h.payload_len = static_cast<uint32_t>(out.size());
-  h.status = static_cast<uint32_t>(rc);
-  iovec iov[2] = {{&h, sizeof(h)}, {const_cast<uint8_t*>(out.data()), out.size()}};
-  return conn->Send(iov, out.size() > 0 ? 2 : 1).ok();
+  return SendReply(conn, req, rc, out.data(), out.size());
 }
 
 void Acceptor::Handle(std::unique_ptr<transport::Connection> conn) {

@@ -47,8 +47,8 @@ class Acceptor {
   std::string Refusal(const wire::HelloRequest& req, const uint8_t* token) const;
   // The device inventory and the shm offer, as a welcome ends.
   void PutWelcome(wire::Writer& out) const;
-  bool Reply(transport::Connection* conn, const wire::FrameHeader& req, CUresult rc,
-             const wire::Writer& out);
+  static bool Reply(transport::Connection* conn, const wire::FrameHeader& req, CUresult rc,
+                    const wire::Writer& out);
 
   ServerState* state_;
   WorkerPool* pool_;

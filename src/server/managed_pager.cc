@@ -15,6 +15,7 @@
 #include "protocol/codec.h"
 #include "protocol/ops.h"
 #include "protocol/wire.h"
+#include "server/reply_frame.h"
 
 namespace flyt::server {
 
@@ -63,19 +64,6 @@ bool GuardedCopy(void* dst, const void* src, size_t n) {
   std::memcpy(dst, src, n);
   t_copy_guard = nullptr;
   return true;
-}
-
-bool SendReply(transport::Connection* conn, const wire::FrameHeader& req, CUresult rc,
-               const void* data, size_t n) {
-  wire::FrameHeader h{};
-  h.magic = wire::kMagic;
-  h.op = req.op;
-  h.flags = wire::kFlagReply;
-  h.call_id = req.call_id;
-  h.payload_len = static_cast<uint32_t>(n);
-  h.status = static_cast<uint32_t>(rc);
-  iovec iov[2] = {{&h, sizeof(h)}, {const_cast<void*>(data), n}};
-  return conn->Send(iov, n > 0 ? 2 : 1).ok();
 }
 
 }  // namespace

@@ -780,7 +780,7 @@ void Session::ReleaseAll() {
     if (!IsSessionMapped(h)) a.cuMemFree_v2(static_cast<CUdeviceptr>(h));
   });
   ReleaseMappedMemory();  // unmapped and released here (session_migrate.cc)
-  ReleaseVmm();             // unmaps, releases, frees; refunds its own charges
+  ReleaseVmm();           // unmaps, releases, frees; refunds its own charges
   // The session's memory no longer counts against the tenant's quota.
   uint64_t charged = 0;
   for (auto& [h, bytes] : memory_bytes_) charged += bytes;

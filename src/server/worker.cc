@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "common/log.h"
+#include "server/reply_frame.h"
 #include "server/session.h"
 #include "server/session_snapshot.h"
 #include "server/tenant_board.h"
@@ -93,16 +94,11 @@ bool RestoreSession(Session* session, const channel::Ticket& ticket, const Worke
     st = session->Restore(in, key);
     wire::Writer out;
     out.PutString(st.ok() ? "" : st.message());
-    wire::FrameHeader h{wire::kMagic,
-                        ops::kOpRestoreSession,
-                        wire::kFlagReply,
-                        0,
-                        static_cast<uint32_t>(out.size()),
-                        st.ok() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE,
-                        0,
-                        0};
-    iovec iov[2] = {{&h, sizeof(h)}, {const_cast<uint8_t*>(out.data()), out.size()}};
-    if (!from->Send(iov, 2).ok() && st.ok())
+    wire::FrameHeader req{};
+    req.op = ops::kOpRestoreSession;
+    if (!SendReply(from.get(), req, st.ok() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE, out.data(),
+                   out.size()) &&
+        st.ok())
       st = Status::Error("the moving server left before the restore was confirmed");
   }
   channel::Report report;
