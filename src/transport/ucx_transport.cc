@@ -298,6 +298,13 @@ class UcxConnection final : public Connection {
     ep.err_handler.cb = &UcxConnection::OnPeerError;
     ep.err_handler.arg = this;
     ucs_status_t s = api_->ep_create(worker_, &ep, &ep_);
+    if (s == UCS_ERR_UNREACHABLE) {
+      // UCX 1.13's shared-memory transports cannot report a failed peer; without
+      // that guarantee they are usable, and the socket tells us of the peer's death.
+      ep.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
+      peer_errors_ = false;
+      s = api_->ep_create(worker_, &ep, &ep_);
+    }
     if (s != UCS_OK) {
       ep_ = nullptr;
       return Status::Error("ucx: cannot reach " + peer_ + " over UCX: " + api_->Why(s) +
@@ -311,8 +318,10 @@ class UcxConnection final : public Connection {
     std::lock_guard<std::mutex> lock(mu_);
     if (ep_ != nullptr) {
       ucp_request_param_t p{};
-      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      if (peer_errors_) {  // forced close needs peer-failure handling on the endpoint
+        p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      }
       void* req = api_->ep_close_nbx(ep_, &p);
       if (req != nullptr && !UCS_PTR_IS_ERR(req)) {
         const auto until = Clock::now() + std::chrono::milliseconds(200);
@@ -617,6 +626,7 @@ class UcxConnection final : public Connection {
       }
       reqs[nreq++] = req;
     };
+    // A run of small iovecs: one message (UCX gathers them; eager sends copy at once).
     auto flush = [&] {
       const int in_group = used - group_start;
       if (in_group == 0) return;
@@ -709,6 +719,7 @@ class UcxConnection final : public Connection {
   std::vector<uint8_t> peer_address_;
   std::vector<uint8_t> switch_msg_;  // our UcxSwitch, alive until switch_req_ completes
   void* switch_req_ = nullptr;
+  bool peer_errors_ = true;  // the endpoint has UCX's peer-failure handling
 
   bool tx_ucx_ = false;
   Rx rx_ = Rx::kRaw;
