@@ -93,6 +93,10 @@ bool Sym(void* lib, const char* name, F* out, std::string* missing) {
 }
 
 Status LoadLibraries(Loaded* l) {
+  // UCX logs to stdout unless told otherwise, and the client library must never write
+  // there: send its messages to stderr, unless the user chose a place (read by libucs
+  // when it loads, hence before the dlopen).
+  if (std::getenv("UCX_LOG_FILE") == nullptr) ::setenv("UCX_LOG_FILE", "stderr", 0);
   std::string tried;
   for (const std::string& dir : CandidateDirs()) {
     if (!IsFile(dir + "/libucp.so.0")) continue;

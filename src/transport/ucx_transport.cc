@@ -46,6 +46,27 @@ int SpinUs() {
   return spin;
 }
 
+// UCX's peer-failure handling (error mode PEER) is asked for unless UCX_TLS names only
+// shared-memory transports, which in UCX 1.13 cannot report a failed peer (asking would
+// rule them all out). Without it the socket alone tells of the peer's death.
+bool WantPeerErrors() {
+  const char* tls = std::getenv("UCX_TLS");
+  if (tls == nullptr || *tls == '\0' || *tls == '^') return true;
+  static const char* const kShared[] = {"sm",  "shm",  "posix", "sysv",
+                                        "cma", "knem", "xpmem", "self"};
+  std::string list(tls);
+  size_t at = 0;
+  while (at <= list.size()) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    const std::string name = list.substr(at, comma - at);
+    bool shared = name.empty();
+    for (const char* k : kShared) shared = shared || name == k;
+    if (!shared) return true;
+    at = comma + 1;
+  }
+  return false;
+}
+
 uint64_t RandomTag() {
   std::random_device rd;
   uint64_t t = (static_cast<uint64_t>(rd()) << 32) ^ rd();
@@ -297,6 +318,10 @@ class UcxConnection final : public Connection {
     ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     ep.err_handler.cb = &UcxConnection::OnPeerError;
     ep.err_handler.arg = this;
+    if (!WantPeerErrors()) {
+      ep.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
+      peer_errors_ = false;
+    }
     ucs_status_t s = api_->ep_create(worker_, &ep, &ep_);
     if (s == UCS_ERR_UNREACHABLE) {
       // UCX 1.13's shared-memory transports cannot report a failed peer; without
