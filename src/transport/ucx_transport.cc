@@ -508,6 +508,9 @@ class UcxConnection final : public Connection {
     if (!st.ok()) return Gone(Status::Error(peer_ + ": bad switch to UCX: " + st.message()));
     peer_raw_total_ = sw.raw_bytes;
     rx_ = Rx::kRawUntil;
+    FLYT_DEBUG("ucx: %s switched to UCX after %llu bytes on the socket%s", peer_.c_str(),
+               static_cast<unsigned long long>(sw.raw_bytes),
+               peer_errors_ ? "" : " (no UCX peer-failure handling: the socket watches)");
     if (!from_server) return Status::Ok();
     // Client: reach the server's worker, then switch our own direction.
     peer_tag_ = sw.tag;
