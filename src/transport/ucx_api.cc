@@ -65,9 +65,11 @@ Loaded& State() {
 }
 
 // Opens the UCX libraries from `dir`: dependencies first, by path, so that libucp's own
-// DT_NEEDED entries (matched by soname) find them already loaded.
+// DT_NEEDED entries (matched by soname) find them already loaded. libucm cannot go first
+// (it calls into libucs, which needs it): libucs finds it through the DT_RPATH that
+// flyt-server and libcuda.so.1 carry for lib/ucx/ (CMakeLists.txt), or the system's.
 bool OpenFrom(const std::string& dir, Loaded* l, std::string* why) {
-  for (const char* lib : {"libnuma.so.1", "libucm.so.0", "libucs.so.0", "libuct.so.0"}) {
+  for (const char* lib : {"libnuma.so.1", "libucs.so.0", "libuct.so.0"}) {
     const std::string path = dir + "/" + lib;
     if (IsFile(path) && ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL) == nullptr) {
       *why = ::dlerror();
