@@ -9,7 +9,8 @@
 # OUTDIR/bench.md with bench/report.awk (native/tcp/unix table), followed by the same
 # table with the shm column in the tcp column's place, and the same for tls:// (TCP with
 # TLS 1.3; the script makes a throw-away CA and server certificate with openssl) when
-# FLYT_BENCH_MODES has tls.
+# FLYT_BENCH_MODES has tls, and for ucx:// (UCX; UCX_TLS as set in the environment,
+# e.g. UCX_TLS=tcp or sm,self; unset: UCX's choice) when it has ucx.
 # Every step has a timeout; a missing binary or a failed step yields 'n/a' cells. The
 # server is stopped on exit, whatever happens.
 #
@@ -17,7 +18,7 @@
 # BUILD_DIR/bin, BUILD_DIR; if absent they are built into OUTDIR/bin with bench/build.sh.
 #
 # Environment (all optional):
-#   FLYT_BENCH_MODES      modes to run            (default "native tcp unix shm")
+#   FLYT_BENCH_MODES      modes to run            (default "native tcp unix shm"; also tls, ucx)
 #   FLYT_BENCH_GROUPS     cuda_bench groups       (default "init launch memcpy bw malloc query")
 #   FLYT_BENCH_ARGS       extra cuda_bench args   (e.g. "--quick 0.5")
 #   FLYT_BENCH_TIMEOUT    seconds per invocation  (default 120)
@@ -263,11 +264,17 @@ start_server() {
   UNIX_URL=unix://$SOCKDIR/server.sock
   SHM_URL=shm://$SOCKDIR/server.shm.sock
   local tls=()
+  if [[ " $MODES " == *" ucx "* ]]; then
+    UCX_URL=ucx://127.0.0.1:$(free_port)
+    tls+=(--listen "$UCX_URL")
+  fi
   if [[ " $MODES " == *" tls "* ]]; then
     local args
     if args=$(tls_files "$SOCKDIR"); then
       TLS_URL=tls://127.0.0.1:$(free_port)
-      read -r -a tls <<<"--listen $TLS_URL $args"
+      local more
+      read -r -a more <<<"--listen $TLS_URL $args"
+      tls+=("${more[@]}")
       export FLYT_TLS_CA=$SOCKDIR/ca.pem
     else
       note "openssl could not make the TLS test certificates: tls is n/a"
@@ -367,7 +374,7 @@ fi
 
 # 3. through flyt
 if [[ " $MODES " == *" tcp "* || " $MODES " == *" unix "* || " $MODES " == *" shm "* ||
-  " $MODES " == *" tls "* ]]; then
+  " $MODES " == *" tls "* || " $MODES " == *" ucx "* ]]; then
   if start_server; then
     kb=$(rss_kb "$SERVER_PID") && [[ -n $kb ]] && result server start rss_start_kb "$kb" kB
     # Discarded warm-up session: the server's first session creates its CUDA context.
@@ -378,12 +385,13 @@ if [[ " $MODES " == *" tcp "* || " $MODES " == *" unix "* || " $MODES " == *" sh
     else
       run_case warmup-shm init "$SHM_URL"
     fi
-    for mode in tcp unix shm tls; do
+    for mode in tcp unix shm tls ucx; do
       [[ " $MODES " == *" $mode "* ]] || continue
       url=$TCP_URL
       [[ $mode == unix ]] && url=$UNIX_URL
       [[ $mode == shm ]] && url=$SHM_URL
       [[ $mode == tls ]] && url=$TLS_URL
+      [[ $mode == ucx ]] && url=$UCX_URL
       [[ -n $url ]] || continue
       for g in $BENCH_GROUPS; do
         server_alive || {
@@ -417,7 +425,7 @@ if awk -F'\t' -f "$here/report.awk" "$META" "$RESULTS" "$RUNS" "$NOTES" >"$OUT/b
   mv "$OUT/bench.md.tmp" "$OUT/bench.md"
   # The shm and tls columns: report.awk's results table rendered again with that mode's
   # rows in the tcp column's place (and the header says so), each its own section.
-  for extra in shm tls; do
+  for extra in shm tls ucx; do
     [[ " $MODES " == *" $extra "* ]] || continue
     mkdir -p "$OUT/$extra-table"
     awk -F'\t' -v OFS='\t' -v m="$extra" '$1 == "tcp" { next } $1 == m { $1 = "tcp" } { print }' \
@@ -426,6 +434,8 @@ if awk -F'\t' -f "$here/report.awk" "$META" "$RESULTS" "$RUNS" "$NOTES" >"$OUT/b
       echo ""
       if [[ $extra == shm ]]; then
         echo "## Shared memory (shm://, same server)"
+      elif [[ $extra == ucx ]]; then
+        echo "## UCX (ucx://, same server; UCX_TLS=${UCX_TLS:-UCX's choice})"
       else
         echo "## TLS 1.3 over TCP (tls://, same server)"
       fi

@@ -208,12 +208,14 @@ CUresult Client::SayHello(Hello* out) {
 
 void Client::MoveToSharedMemory(Hello* hello) {
   // FLYT_SHM=off keeps the transport the app was given; an emulated network
-  // is never replaced by shared memory.
+  // is never replaced by shared memory, nor is ucx:// (an explicit choice of UCX,
+  // which finds shared memory on this host by itself).
   const char* mode = std::getenv("FLYT_SHM");
   const char* emulate = std::getenv("FLYT_EMULATE");
   const char* emulate_file = std::getenv("FLYT_EMULATE_FILE");
   if ((mode != nullptr && std::strcmp(mode, "off") == 0) ||
-      address_.kind == transport::Address::Kind::kShm || hello->shm_offer.empty() ||
+      address_.kind == transport::Address::Kind::kShm ||
+      address_.kind == transport::Address::Kind::kUcx || hello->shm_offer.empty() ||
       (emulate != nullptr && *emulate != '\0') ||
       (emulate_file != nullptr && *emulate_file != '\0'))
     return;

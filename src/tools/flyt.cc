@@ -76,6 +76,11 @@ int main(int argc, char** argv) {
   }
   const char* old = std::getenv("LD_LIBRARY_PATH");
   std::string path = lib + (old != nullptr && old[0] != '\0' ? ":" + std::string(old) : "");
+  // A UCX carried beside Flyt's libraries (tests/gpu/stage_build.sh: lib/ucx/) for ucx://:
+  // libucs finds its libucm by soname only, so the folder goes last on the search path
+  // (the application's own settings come first).
+  if (std::string ucx = lib + "/../ucx"; access((ucx + "/libucm.so.0").c_str(), R_OK) == 0)
+    path += ":" + ucx;
   setenv("LD_LIBRARY_PATH", path.c_str(), 1);
   // Flyt's CUPTI is preloaded: frameworks find NVIDIA's libcupti.so.13 through
   // their RPATH, ahead of LD_LIBRARY_PATH, and NVIDIA's cannot work without a

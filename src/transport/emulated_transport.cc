@@ -58,9 +58,27 @@ bool SplitNumber(const std::string& text, double* value, std::string* unit) {
 Status ParseEntry(const std::string& key, const std::string& value, EmulationSettings* out) {
   double v = 0;
   std::string unit;
-  if (!SplitNumber(value, &v, &unit)) {
+  if (key != "link" && !SplitNumber(value, &v, &unit)) {
     return Status::Error("emulation setting '" + key + "=" + value +
                          "': expected a non-negative number");
+  }
+  if (key == "link") {
+    if (value == "rdma") {
+      out->link = EmulationSettings::Link::kRdma;
+    } else if (value == "serial" || value == "xpuremoting") {
+      out->link = EmulationSettings::Link::kSerial;
+    } else {
+      return Status::Error("emulation setting 'link=" + value + "': expected serial or rdma");
+    }
+    return Status::Ok();
+  }
+  if (key == "per_message_us") {
+    if (!unit.empty()) {
+      return Status::Error("emulation setting 'per_message_us=" + value +
+                           "': takes a plain number of microseconds");
+    }
+    out->per_message_us = v;
+    return Status::Ok();
   }
   if (key == "rtt_us" || key == "bandwidth_gbit") {
     if (!unit.empty()) {
@@ -98,7 +116,8 @@ Status ParseEntry(const std::string& key, const std::string& value, EmulationSet
                          "': needs a unit: kbit, mbit or gbit (e.g. bandwidth=1gbit)");
   }
   return Status::Error("unknown emulation setting '" + key +
-                       "': expected rtt_us, bandwidth_gbit, rtt or bandwidth");
+                       "': expected rtt_us, bandwidth_gbit, rtt, bandwidth, link or "
+                       "per_message_us");
 }
 
 class EmulatedConnection final : public Connection {
@@ -166,12 +185,20 @@ class EmulatedConnection final : public Connection {
       if (core_->stop) return Status::Error("connection to " + inner_->Peer() + " was shut down");
       if (!core_->error.ok()) return core_->error;
       core_->queued_bytes += bytes;  // reserved; the copy below runs without the lock
-      base = std::max(now, core_->last_due);
-      core_->last_due = base + Ns(settings_.TransitNs(bytes));
+      if (settings_.link == EmulationSettings::Link::kRdma) {
+        // The wire is free again once this message's bytes are out; its latency
+        // overlaps the next message's transfer.
+        base = std::max(now, core_->wire_free);
+        core_->wire_free = base + Ns(settings_.WireNs(bytes));
+        core_->last_due = std::max(core_->last_due, base + Ns(settings_.TransitNs(bytes)));
+      } else {
+        base = std::max(now, core_->last_due);
+        core_->last_due = base + Ns(settings_.TransitNs(bytes));
+      }
     }
     // Queue the message piece by piece, each due when its last byte arrives under
     // the model, so that delivery starts before a large message is fully copied.
-    Clock::duration half_rtt = Ns(settings_.rtt_us * 500.0);
+    Clock::duration half_rtt = Ns(settings_.rtt_us * 500.0 + settings_.per_message_us * 1000.0);
     int vec = 0;
     size_t vec_off = 0, done = 0;
     while (done < bytes) {
@@ -286,6 +313,7 @@ class EmulatedConnection final : public Connection {
     std::deque<Piece> queue;
     size_t queued_bytes = 0;  // queued or being delivered
     Clock::time_point last_due{};
+    Clock::time_point wire_free{};  // rdma model: when the sender's wire is free again
     Status error;
     std::atomic<bool> stop{false};
     bool closing = false;
@@ -303,14 +331,18 @@ class EmulatedConnection final : public Connection {
 
 }  // namespace
 
-double EmulationSettings::TransitNs(size_t bytes) const {
-  double ns = rtt_us * 500.0;
+double EmulationSettings::WireNs(size_t bytes) const {
+  double ns = per_message_us * 1000.0;
   if (bandwidth_gbit > 0) ns += static_cast<double>(bytes) * 8.0 / bandwidth_gbit;
   return ns;
 }
 
+double EmulationSettings::TransitNs(size_t bytes) const { return rtt_us * 500.0 + WireNs(bytes); }
+
 std::string EmulationSettings::ToString() const {
   std::ostringstream s;
+  if (link == Link::kRdma) s << "rdma link, ";
+  if (per_message_us > 0) s << per_message_us << " us per message, ";
   s << "rtt " << rtt_us << " us, ";
   if (bandwidth_gbit > 0) {
     s << "bandwidth " << bandwidth_gbit << " Gbit/s";

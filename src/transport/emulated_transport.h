@@ -1,9 +1,14 @@
 // Network emulator: a Connection wrapper that delays every message as a link
-// with a configured round-trip time and bandwidth would (XPURemoting's model):
-// a message handed to Send at `now` is delivered at
-//   max(now, last) + rtt/2 + bytes*8/bandwidth
-// where `last` is the previous message's delivery time on this connection in
-// this direction. See docs/emulator.md.
+// with a configured round-trip time and bandwidth would. Two link models:
+//  - serial (XPURemoting's, the default): a message handed to Send at `now` is
+//    delivered at  max(now, last) + per_message + rtt/2 + bytes*8/bandwidth
+//    where `last` is the previous message's delivery time on this connection in
+//    this direction (latency does not overlap);
+//  - rdma: the wire is busy for per_message + bytes*8/bandwidth from
+//    max(now, wire_free), and each message arrives rtt/2 after its last byte left,
+//    so messages in flight overlap their latency (a NIC's queue pair; per_message
+//    defaults to 0: no kernel cost per message).
+// See docs/emulator.md.
 //
 // Owns: the emulation settings and their parsing (FLYT_EMULATE,
 // FLYT_EMULATE_FILE, flyt-server --emulate), and, per wrapped connection, a
@@ -25,20 +30,27 @@
 namespace flyt::transport {
 
 struct EmulationSettings {
+  enum class Link { kSerial, kRdma };
   double rtt_us = 0;
   double bandwidth_gbit = 0;  // 0 = unlimited
-  bool enabled() const { return rtt_us > 0 || bandwidth_gbit > 0; }
+  double per_message_us = 0;  // host (kernel) cost of each message on the wire
+  Link link = Link::kSerial;
+  bool enabled() const { return rtt_us > 0 || bandwidth_gbit > 0 || per_message_us > 0; }
   // Modelled one-way time of a message of `bytes` bytes on an idle link, in
-  // nanoseconds: rtt/2 + bytes*8/bandwidth.
+  // nanoseconds: per_message + rtt/2 + bytes*8/bandwidth.
   double TransitNs(size_t bytes) const;
-  // "rtt 100 us, bandwidth 1 Gbit/s" (for logs).
+  // Time the message occupies the sending side (the next message's earliest start
+  // under the rdma model): per_message + bytes*8/bandwidth.
+  double WireNs(size_t bytes) const;
+  // "rtt 100 us, bandwidth 1 Gbit/s" (for logs; "rdma link, ..." under that model).
   std::string ToString() const;
 };
 
 // Parses "rtt_us=100,bandwidth_gbit=1" or, with units, "rtt=100us,bandwidth=1gbit"
-// (rtt units ns|us|ms|s; bandwidth units kbit|mbit|gbit, "/s" optional). Entries
-// are separated by ',' ';' or newlines; '#' starts a comment to the end of the
-// line. An empty spec, "off" or "none" disables emulation.
+// (rtt units ns|us|ms|s; bandwidth units kbit|mbit|gbit, "/s" optional), plus
+// "link=serial|rdma" and "per_message_us=N". Entries are separated by ',' ';' or
+// newlines; '#' starts a comment to the end of the line. An empty spec, "off" or
+// "none" disables emulation.
 Status ParseEmulation(const std::string& spec, EmulationSettings* out);
 
 // Reads FLYT_EMULATE (a spec) or FLYT_EMULATE_FILE (a file holding the same

@@ -18,6 +18,7 @@
 
 #include "transport/shm_transport.h"
 #include "transport/transport.h"
+#include "transport/ucx_transport.h"
 
 namespace flyt::transport {
 namespace {
@@ -236,7 +237,8 @@ bool ConnectWithin(int fd, const sockaddr* sa, socklen_t len, int timeout_ms) {
 std::string Address::ToString() const {
   if (kind == Kind::kUnix) return "unix://" + path;
   if (kind == Kind::kShm) return "shm://" + path;
-  return (kind == Kind::kTls ? "tls://" : "tcp://") + host + ":" + std::to_string(port);
+  const char* scheme = kind == Kind::kTls ? "tls://" : kind == Kind::kUcx ? "ucx://" : "tcp://";
+  return scheme + host + ":" + std::to_string(port);
 }
 
 Status ParseAddress(const std::string& text, Address* out) {
@@ -256,11 +258,12 @@ Status ParseAddress(const std::string& text, Address* out) {
     return Status::Ok();
   }
   const bool tls = rest.rfind("tls://", 0) == 0;
-  if (rest.rfind("tcp://", 0) == 0 || tls) rest = rest.substr(6);
+  const bool ucx = rest.rfind("ucx://", 0) == 0;
+  if (rest.rfind("tcp://", 0) == 0 || tls || ucx) rest = rest.substr(6);
   size_t colon = rest.rfind(':');
   if (colon == std::string::npos || colon + 1 >= rest.size())
     return Status::Error("bad address '" + text + "': expected tcp://HOST:PORT or unix:///PATH");
-  out->kind = tls ? Address::Kind::kTls : Address::Kind::kTcp;
+  out->kind = tls ? Address::Kind::kTls : ucx ? Address::Kind::kUcx : Address::Kind::kTcp;
   out->host = rest.substr(0, colon);
   if (out->host.size() > 2 && out->host.front() == '[' && out->host.back() == ']')
     out->host = out->host.substr(1, out->host.size() - 2);
@@ -280,6 +283,7 @@ Status DialOnce(const Address& a, const Liveness& l, std::unique_ptr<Connection>
                 bool* retryable) {
   *retryable = false;
   if (a.kind == Address::Kind::kShm) return DialShm(a, l, out, retryable);
+  if (a.kind == Address::Kind::kUcx) return DialUcx(a, l, out, retryable);
   if (a.kind == Address::Kind::kUnix) {
     int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return Status::Error(Errno("socket"));
@@ -334,6 +338,7 @@ void CloseDetached(DetachedConnection* d) {
 
 Status Reattach(DetachedConnection&& d, std::unique_ptr<Connection>* out) {
   if (d.kind == DetachedConnection::Kind::kShm) return ReattachShm(std::move(d), out);
+  if (d.kind == DetachedConnection::Kind::kUcx) return ReattachUcx(std::move(d), out);
   if (d.kind != DetachedConnection::Kind::kSocket || d.fds.size() != 1 || d.fds[0] < 0 ||
       d.state.size() > (size_t{64} << 20)) {
     CloseDetached(&d);
@@ -360,6 +365,7 @@ Status Dial(const Address& a, const Liveness& l, std::unique_ptr<Connection>* ou
 
 Status Listen(const Address& a, std::unique_ptr<Listener>* out) {
   if (a.kind == Address::Kind::kShm) return ListenShm(a, out);
+  if (a.kind == Address::Kind::kUcx) return ListenUcx(a, out);
   if (a.kind == Address::Kind::kUnix) {
     int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return Status::Error(Errno("socket"));

@@ -1,9 +1,9 @@
 // Transports: byte streams between a client library and flyt-server.
 //
 // Owns: the Connection/Listener interface every transport implements (TCP,
-// Unix sockets and shared memory (shm_transport.h); the network emulator and
-// RDMA plug in here too), address parsing ("tcp://host:port", "tls://host:port",
-// "unix:///path", "shm:///path", "host:port"), and liveness settings (connect timeout,
+// Unix sockets, shared memory (shm_transport.h) and UCX (ucx_transport.h); the network
+// emulator plugs in here too), address parsing ("tcp://host:port", "tls://host:port",
+// "ucx://host:port", "unix:///path", "shm:///path", "host:port"), and liveness settings (connect timeout,
 // dead-peer timeout). TLS itself lives outside: transport/tls_server.h (flyt-server) and
 // client/tls_client.h (the client library); here tls:// listens like tcp://.
 // Must not know about frames or CUDA: it moves bytes.
@@ -24,14 +24,16 @@ namespace flyt::transport {
 struct Address {
   // kShm: shared-memory rings; `path` is the Unix socket of the handshake.
   // kTls: TCP carrying TLS 1.3 (Listen listens as for kTcp; Dial refuses it).
-  enum class Kind { kTcp, kUnix, kShm, kTls } kind = Kind::kTcp;
-  std::string host;  // tcp, tls
-  int port = 0;      // tcp, tls
+  // kUcx: a TCP socket for the handshake and liveness, UCX for the bytes.
+  enum class Kind { kTcp, kUnix, kShm, kTls, kUcx } kind = Kind::kTcp;
+  std::string host;  // tcp, tls, ucx
+  int port = 0;      // tcp, tls, ucx
   std::string path;  // unix, shm
   std::string ToString() const;
 };
 
-// Parses "tcp://host:port", "host:port", "tls://host:port", "unix:///path", "unix:path",
+// Parses "tcp://host:port", "host:port", "tls://host:port", "ucx://host:port",
+// "unix:///path", "unix:path",
 // "shm:///path" or "shm:path".
 Status ParseAddress(const std::string& text, Address* out);
 
@@ -41,7 +43,8 @@ Status ParseAddress(const std::string& text, Address* out);
 // owns the descriptors until Reattach takes them.
 struct DetachedConnection {
   // kTls: a socket with TLS 1.3 record state (transport/tls_server.h continues it).
-  enum class Kind : uint32_t { kNone = 0, kSocket = 1, kShm = 2, kTls = 3 };
+  // kUcx: the socket of a ucx:// connection before its switch to UCX (ucx_transport.h).
+  enum class Kind : uint32_t { kNone = 0, kSocket = 1, kShm = 2, kTls = 3, kUcx = 4 };
   Kind kind = Kind::kNone;
   std::vector<int> fds;        // socket: {socket}; shm: {socket, segment, shared...}
   std::vector<uint8_t> state;  // kind-specific: bytes already buffered, ring layout

@@ -15,7 +15,9 @@ Usage (CMake registers one ctest test per unittest method, see CMakeLists.txt):
 
   --server-bin / --flyt-bin override the binaries found in --bin-dir;
   --variants static,shared and --transports tcp,unix,shm narrow the matrix (shm: the
-  shared-memory transport, shm://<tmp>/<name>.shm.sock);
+  shared-memory transport, shm://<tmp>/<name>.shm.sock); --transports ucx runs over
+  ucx://127.0.0.1:<port> (servers then listen there too), with UCX limited to
+  --ucx-tls (UCX_TLS for servers and clients, e.g. tcp or sm,self);
   --keep keeps the temporary directories (their paths are printed).
 
 Programs are looked up as <programs-dir>/<name> (static cudart) and
@@ -54,6 +56,7 @@ class Config:
     programs_dir = None
     variants = ("static", "shared")
     transports = ("tcp", "unix", "shm")
+    ucx_tls = None  # UCX_TLS for servers and clients when "ucx" is among the transports
     keep = False
 
 
@@ -248,6 +251,7 @@ class Server:
         self.out_path = os.path.join(tmp, name + ".stdout")
         self.err_path = os.path.join(tmp, name + ".stderr")
         self.port = None
+        self.ucx_port = None
         self.proc = None
         self.cmd = None
         self.killed_on_purpose = False
@@ -269,12 +273,16 @@ class Server:
                 "--backend", "sim",
                 "--sim-record", self.record_path,
             ]
+            if "ucx" in CFG.transports:
+                self.ucx_port = free_tcp_port()
+                self.cmd += ["--listen", "ucx://127.0.0.1:%d" % self.ucx_port]
             if self.token is not None:
                 self.cmd += ["--token", self.token]
             if self.control_path:
                 self.cmd += ["--control", "unix://" + self.control_path]
             self.cmd += self.extra_args
-            env = clean_env({"FLYT_LOG": self.log_level, "FLYT_LOG_FILE": self.log_path})
+            env = clean_env({"FLYT_LOG": self.log_level, "FLYT_LOG_FILE": self.log_path,
+                             "UCX_TLS": CFG.ucx_tls})
             with open(self.out_path, "ab") as out, open(self.err_path, "ab") as err:
                 self.proc = subprocess.Popen(
                     self.cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
@@ -292,6 +300,7 @@ class Server:
     def _wait_ready(self):
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S
         tcp_ok = unix_ok = False
+        ucx_ok = not self.ucx_port
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError("server exited during start-up: %s"
@@ -303,7 +312,9 @@ class Server:
             # The shm socket is not probed by connecting (that would start a
             # session): it listens once it exists.
             shm_ok = os.path.exists(self.shm_path)
-            if tcp_ok and unix_ok and shm_ok and (not self.control_path
+            if self.ucx_port and not ucx_ok:
+                ucx_ok = self._probe(socket.AF_INET, ("127.0.0.1", self.ucx_port))
+            if tcp_ok and unix_ok and shm_ok and ucx_ok and (not self.control_path
                                                   or os.path.exists(self.control_path)):
                 return
             time.sleep(0.05)
@@ -372,13 +383,22 @@ class Server:
             return "unix://" + self.sock_path
         if transport == "shm":
             return "shm://" + self.shm_path
+        if transport == "ucx":
+            return "ucx://127.0.0.1:%d" % self.ucx_port
         raise ValueError(transport)
+
+    def listen_urls(self):
+        """The addresses the server listens on, in the order it reports them."""
+        return [self.url(t) for t in ("tcp", "unix", "shm")] + (
+            [self.url("ucx")] if self.ucx_port else [])
 
     def address(self, transport):
         """Where raw socket bytes go; shm has no byte stream on a socket (its frames
         travel in rings), so raw frames for it go to the Unix socket."""
         if transport == "tcp":
             return socket.AF_INET, ("127.0.0.1", self.port)
+        if transport == "ucx":  # its handshake socket: raw bytes meet the preface check
+            return socket.AF_INET, ("127.0.0.1", self.ucx_port)
         return socket.AF_UNIX, self.sock_path
 
     def log_text(self):
@@ -529,6 +549,8 @@ def client_env(tmp, server, transport, log_level="info", timeout_ms=NORMAL_CLIEN
         e["FLYT_SHM"] = "off"
     if log_path:
         e["FLYT_LOG_FILE"] = log_path
+    if CFG.ucx_tls:
+        e["UCX_TLS"] = CFG.ucx_tls
     if not use_flags:
         e["FLYT_SERVER"] = server.url(transport)
         if token is not None:
@@ -2054,8 +2076,7 @@ class E2E(unittest.TestCase):
                 mechanism = "green_context" if green else "none"
                 self.assert_stats(srv, sessions=0, memory_used=0, memory_quota=quota, sm=sm,
                                   sm_total=SIM_SMS, sm_mechanism=mechanism, calls=0,
-                                  listen=[srv.url("tcp"), srv.url("unix"),
-                                          srv.url("shm")])
+                                  listen=srv.listen_urls())
                 res = self.run_ok(srv, transport, "share_quota", variant,
                                   args=("quota", str(quota), str(sm)))
                 kv = self.kv(res)
@@ -2679,6 +2700,7 @@ def main():
                     "(default: <bin-dir>/../tests/e2e/programs)")
     ap.add_argument("--variants", default="static,shared")
     ap.add_argument("--transports", default="tcp,unix,shm")
+    ap.add_argument("--ucx-tls", help="UCX_TLS for servers and clients (ucx transport)")
     ap.add_argument("--keep", action="store_true", help="keep temporary directories")
     args, rest = ap.parse_known_args()
 
@@ -2703,8 +2725,9 @@ def main():
         if v not in ("static", "shared"):
             ap.error("unknown variant %r" % v)
     for t in CFG.transports:
-        if t not in ("tcp", "unix", "shm"):
+        if t not in ("tcp", "unix", "shm", "ucx"):
             ap.error("unknown transport %r" % t)
+    CFG.ucx_tls = args.ucx_tls
     CFG.keep = args.keep
     unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
 

@@ -177,6 +177,40 @@ TEST(EmulatedTransport, DeliveryTimesFollowTheModel) {
       << "mean lateness " << mean_late << " ns, mean modelled delay " << mean_model << " ns";
 }
 
+// The rdma link: latency overlaps (a burst of small messages costs one rtt/2 plus
+// the wire time of each), and each message still arrives no earlier than
+// start + rtt/2 + wire time, behind the message before it.
+TEST(EmulatedTransport, RdmaLinkOverlapsLatency) {
+  EmulationSettings s;
+  ASSERT_TRUE(ParseEmulation("link=rdma,rtt=20ms,bandwidth_gbit=1", &s).ok());
+  EXPECT_EQ(s.link, EmulationSettings::Link::kRdma);
+  EXPECT_NE(s.ToString().find("rdma link"), std::string::npos) << s.ToString();
+  Rig rig(s);
+  const Clock::time_point t0 = Clock::now();
+  std::vector<Clock::time_point> sent_at;
+  constexpr int kMessages = 20;
+  for (int i = 0; i < kMessages; ++i) {
+    sent_at.push_back(Clock::now());
+    ASSERT_TRUE(SendBytes(rig.conn.get(), Pattern(1000, 1)).ok());  // 1 us each on the wire
+  }
+  ASSERT_TRUE(rig.WaitFor(kMessages));
+  std::lock_guard<std::mutex> lock(rig.state->mu);
+  Clock::time_point wire_free{};
+  for (int i = 0; i < kMessages; ++i) {
+    const Clock::time_point start = std::max(sent_at[i], wire_free);
+    wire_free = start + std::chrono::nanoseconds(static_cast<int64_t>(s.WireNs(1000)));
+    const Clock::time_point model =
+        start + std::chrono::nanoseconds(static_cast<int64_t>(s.TransitNs(1000)));
+    EXPECT_GE(Ns(rig.state->arrivals[i].at - model), -1000.0) << "message " << i;
+  }
+  // Serially (XPURemoting's model) these 20 would take 20 x 10 ms; pipelined, ~10 ms.
+  EXPECT_LT(rig.state->arrivals.back().at - t0, std::chrono::milliseconds(100));
+  EXPECT_FALSE(ParseEmulation("link=infiniband", &s).ok());
+  ASSERT_TRUE(ParseEmulation("per_message_us=3,rtt_us=10", &s).ok());
+  EXPECT_EQ(s.link, EmulationSettings::Link::kSerial);
+  EXPECT_DOUBLE_EQ(s.TransitNs(0), 8000.0);
+}
+
 TEST(EmulatedTransport, SendDoesNotBlockForTheLatency) {
   Rig rig({2000000, 0});  // 2 s RTT: 1 s one way; a blocking Send would take that long
   Clock::time_point t0 = Clock::now();

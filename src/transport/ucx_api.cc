@@ -1,0 +1,196 @@
+// Implementation of transport/ucx_api.h: dlopen of UCX and the process's UCP context.
+#include "transport/ucx_api.h"
+
+#include <dlfcn.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <vector>
+
+#include "common/log.h"
+
+namespace flyt::transport::ucx {
+namespace {
+
+bool IsFile(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string DirName(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+// Folders that may hold a carried copy of UCX (tests/gpu/stage_build.sh puts it in
+// lib/ucx/): beside flyt-server (bin/../lib/ucx) or beside the client library
+// (lib/flyt/../ucx), wherever the object that holds this code lives.
+std::vector<std::string> CandidateDirs() {
+  std::vector<std::string> dirs;
+  if (const char* d = std::getenv("FLYT_UCX_LIB_DIR"); d != nullptr && *d != '\0') {
+    dirs.emplace_back(d);
+  }
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&CandidateDirs), &info) != 0 && info.dli_fname != nullptr &&
+      info.dli_fname[0] == '/') {
+    const std::string here = DirName(info.dli_fname);
+    dirs.push_back(here + "/../lib/ucx");
+    dirs.push_back(here + "/../ucx");
+  }
+  char exe[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n > 0) {
+    exe[n] = '\0';
+    dirs.push_back(DirName(exe) + "/../lib/ucx");
+  }
+  return dirs;
+}
+
+struct Loaded {
+  std::once_flag libs_once;
+  Status libs_status;
+  void* ucp = nullptr;
+  void* ucs = nullptr;
+  std::string dir;
+  std::once_flag context_once;
+  Status context_status;
+  Api api{};
+};
+
+Loaded& State() {
+  static Loaded* loaded = new Loaded();  // never destroyed: UCX outlives atexit handlers
+  return *loaded;
+}
+
+// Opens the UCX libraries from `dir`: dependencies first, by path, so that libucp's own
+// DT_NEEDED entries (matched by soname) find them already loaded. libucm cannot go first
+// (it calls into libucs, which needs it): libucs finds it through the DT_RPATH that
+// flyt-server and libcuda.so.1 carry for lib/ucx/ (CMakeLists.txt), or the system's.
+bool OpenFrom(const std::string& dir, Loaded* l, std::string* why) {
+  for (const char* lib : {"libnuma.so.1", "libucs.so.0", "libuct.so.0"}) {
+    const std::string path = dir + "/" + lib;
+    if (IsFile(path) && ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL) == nullptr) {
+      *why = ::dlerror();
+      return false;
+    }
+  }
+  const std::string ucp = dir + "/libucp.so.0";
+  const std::string ucs = dir + "/libucs.so.0";
+  l->ucp = ::dlopen(ucp.c_str(), RTLD_NOW | RTLD_LOCAL);
+  l->ucs = l->ucp != nullptr ? ::dlopen(ucs.c_str(), RTLD_NOW | RTLD_LOCAL) : nullptr;
+  if (l->ucp == nullptr || l->ucs == nullptr) {
+    *why = ::dlerror();
+    return false;
+  }
+  return true;
+}
+
+template <typename F>
+bool Sym(void* lib, const char* name, F* out, std::string* missing) {
+  *out = reinterpret_cast<F>(::dlsym(lib, name));
+  if (*out == nullptr) *missing += std::string(missing->empty() ? "" : ", ") + name;
+  return *out != nullptr;
+}
+
+Status LoadLibraries(Loaded* l) {
+  // UCX logs to stdout unless told otherwise, and the client library must never write
+  // there: send its messages to stderr, unless the user chose a place (read by libucs
+  // when it loads, hence before the dlopen).
+  if (std::getenv("UCX_LOG_FILE") == nullptr) ::setenv("UCX_LOG_FILE", "stderr", 0);
+  std::string tried;
+  for (const std::string& dir : CandidateDirs()) {
+    if (!IsFile(dir + "/libucp.so.0")) continue;
+    std::string why;
+    if (OpenFrom(dir, l, &why)) {
+      l->dir = dir;
+      break;
+    }
+    tried += "; " + dir + ": " + why;
+  }
+  if (l->ucp == nullptr) {
+    l->ucp = ::dlopen("libucp.so.0", RTLD_NOW | RTLD_LOCAL);
+    if (l->ucp != nullptr) l->ucs = ::dlopen("libucs.so.0", RTLD_NOW | RTLD_LOCAL);
+  }
+  if (l->ucp == nullptr || l->ucs == nullptr) {
+    const char* err = ::dlerror();
+    return Status::Error(
+        std::string("ucx:// is not available: libucp.so.0 not found (install libucx0, or carry "
+                    "lib/ucx/ beside bin/ as tests/gpu/stage_build.sh does, or set "
+                    "FLYT_UCX_LIB_DIR)") +
+        (err != nullptr ? std::string(": ") + err : "") + tried);
+  }
+  Api& a = l->api;
+  std::string missing;
+  Sym(l->ucp, "ucp_get_version", &a.get_version, &missing);
+  Sym(l->ucp, "ucp_config_read", &a.config_read, &missing);
+  Sym(l->ucp, "ucp_config_release", &a.config_release, &missing);
+  Sym(l->ucp, "ucp_init_version", &a.init_version, &missing);
+  Sym(l->ucp, "ucp_context_query", &a.context_query, &missing);
+  Sym(l->ucp, "ucp_worker_create", &a.worker_create, &missing);
+  Sym(l->ucp, "ucp_worker_destroy", &a.worker_destroy, &missing);
+  Sym(l->ucp, "ucp_worker_get_address", &a.worker_get_address, &missing);
+  Sym(l->ucp, "ucp_worker_release_address", &a.worker_release_address, &missing);
+  Sym(l->ucp, "ucp_worker_progress", &a.worker_progress, &missing);
+  Sym(l->ucp, "ucp_worker_get_efd", &a.worker_get_efd, &missing);
+  Sym(l->ucp, "ucp_worker_arm", &a.worker_arm, &missing);
+  Sym(l->ucp, "ucp_ep_create", &a.ep_create, &missing);
+  Sym(l->ucp, "ucp_ep_close_nbx", &a.ep_close_nbx, &missing);
+  Sym(l->ucp, "ucp_tag_send_nbx", &a.tag_send_nbx, &missing);
+  Sym(l->ucp, "ucp_tag_probe_nb", &a.tag_probe_nb, &missing);
+  Sym(l->ucp, "ucp_tag_msg_recv_nbx", &a.tag_msg_recv_nbx, &missing);
+  Sym(l->ucp, "ucp_request_check_status", &a.request_check_status, &missing);
+  Sym(l->ucp, "ucp_request_cancel", &a.request_cancel, &missing);
+  Sym(l->ucp, "ucp_request_free", &a.request_free, &missing);
+  Sym(l->ucs, "ucs_status_string", &a.status_string, &missing);
+  if (!missing.empty()) {
+    return Status::Error("ucx:// is not available: the UCX found (" +
+                         (l->dir.empty() ? std::string("the system's") : l->dir) + ") lacks " +
+                         missing + "; Flyt needs UCX 1.10 or newer");
+  }
+  unsigned major = 0, minor = 0, release = 0;
+  a.get_version(&major, &minor, &release);
+  a.version = std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release);
+  a.library_dir = l->dir;
+  return Status::Ok();
+}
+
+Status CreateContext(Api* a) {
+  ucp_config_t* config = nullptr;
+  ucs_status_t s = a->config_read(nullptr, nullptr, &config);  // UCX_* from the environment
+  if (s != UCS_OK) return Status::Error("ucx: reading UCX_* settings: " + a->Why(s));
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+  params.mt_workers_shared = 1;  // each connection has its own worker, on its own thread
+  s = a->init_version(UCP_API_MAJOR, UCP_API_MINOR, &params, config, &a->context);
+  a->config_release(config);
+  if (s != UCS_OK) {
+    return Status::Error("ucx: cannot create a UCP context (UCX " + a->version + "): " + a->Why(s) +
+                         " (check UCX_TLS / UCX_NET_DEVICES)");
+  }
+  FLYT_DEBUG("ucx: UCX %s from %s", a->version.c_str(),
+             a->library_dir.empty() ? "the system" : a->library_dir.c_str());
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status CheckAvailable() {
+  Loaded& l = State();
+  std::call_once(l.libs_once, [&] { l.libs_status = LoadLibraries(&l); });
+  return l.libs_status;
+}
+
+Status Get(const Api** out) {
+  Status st = CheckAvailable();
+  if (!st.ok()) return st;
+  Loaded& l = State();
+  std::call_once(l.context_once, [&] { l.context_status = CreateContext(&l.api); });
+  if (!l.context_status.ok()) return l.context_status;
+  *out = &l.api;
+  return Status::Ok();
+}
+
+}  // namespace flyt::transport::ucx

@@ -1,0 +1,61 @@
+// UCX loaded at run time: the ucp_* entry points the ucx:// transport uses, found with
+// dlopen/dlsym at the first ucx:// use, so that flyt-server and the client library start
+// (and serve tcp/unix/shm/tls) on hosts without UCX.
+//
+// Owns: finding the UCX libraries (FLYT_UCX_LIB_DIR; a lib/ucx folder carried next to
+// the binaries by tests/gpu/stage_build.sh, found relative to the executable or library
+// that holds this code; then the system's libucp.so.0), the table of entry points, and
+// the process's single UCP context (created once, never destroyed: UCX is not ours to
+// tear down at exit). Must not touch: connections, frames, CUDA. Built only when UCX's
+// headers were found at configure time (FLYT_HAVE_UCX); the headers give the types and
+// constants, the libraries themselves are never linked.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <string>
+
+#include "common/status.h"
+
+namespace flyt::transport::ucx {
+
+struct Api {
+  decltype(&::ucp_get_version) get_version;
+  decltype(&::ucp_config_read) config_read;
+  decltype(&::ucp_config_release) config_release;
+  decltype(&::ucp_init_version) init_version;
+  decltype(&::ucp_context_query) context_query;
+  decltype(&::ucp_worker_create) worker_create;
+  decltype(&::ucp_worker_destroy) worker_destroy;
+  decltype(&::ucp_worker_get_address) worker_get_address;
+  decltype(&::ucp_worker_release_address) worker_release_address;
+  decltype(&::ucp_worker_progress) worker_progress;
+  decltype(&::ucp_worker_get_efd) worker_get_efd;
+  decltype(&::ucp_worker_arm) worker_arm;
+  decltype(&::ucp_ep_create) ep_create;
+  decltype(&::ucp_ep_close_nbx) ep_close_nbx;
+  decltype(&::ucp_tag_send_nbx) tag_send_nbx;
+  decltype(&::ucp_tag_probe_nb) tag_probe_nb;
+  decltype(&::ucp_tag_msg_recv_nbx) tag_msg_recv_nbx;
+  decltype(&::ucp_request_check_status) request_check_status;
+  decltype(&::ucp_request_cancel) request_cancel;
+  decltype(&::ucp_request_free) request_free;
+  decltype(&::ucs_status_string) status_string;
+
+  ucp_context_h context = nullptr;  // features TAG | WAKEUP, shared by all workers
+  std::string library_dir;          // where libucp.so.0 came from ("" = the system's)
+  std::string version;              // "1.13.1"
+
+  std::string Why(ucs_status_t s) const { return status_string(s); }
+};
+
+// Loads only the libraries (no UCP context): flyt-server's main process checks at
+// start-up that a ucx:// listener will work in its workers. The error says what is
+// missing and how to get it ("ucx:// is not available: libucp.so.0 not found ...").
+Status CheckAvailable();
+
+// Loads UCX and creates the process's UCP context at the first call; later calls return
+// the same table (or the same error). Thread-safe.
+Status Get(const Api** out);
+
+}  // namespace flyt::transport::ucx
