@@ -435,7 +435,7 @@ if awk -F'\t' -f "$here/report.awk" "$META" "$RESULTS" "$RUNS" "$NOTES" >"$OUT/b
       if [[ $extra == shm ]]; then
         echo "## Shared memory (shm://, same server)"
       elif [[ $extra == ucx ]]; then
-        echo "## UCX (ucx://, same server; UCX_TLS=${UCX_TLS:-UCX's choice})"
+        echo "## UCX (ucx://, same server; UCX_TLS=${UCX_TLS:-unset, UCX chooses})"
       else
         echo "## TLS 1.3 over TCP (tls://, same server)"
       fi
