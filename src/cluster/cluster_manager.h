@@ -12,12 +12,19 @@
 // token), placed together by Placement::PlaceGroup: it gets all of them or none, is
 // resized, freed and restarted-or-freed as a whole, and its client is told the
 // servers' endpoints as one comma-separated list in ordinal order.
+// Moving a VM (migration.cc: migrate, checkpoint, restore, migrate-auto, drain-node's
+// moves): new servers are started on the target GPUs with the VM's share and token, the
+// source node managers tell the old servers to move their sessions there, and only when
+// every session of every moved server arrived is the VM's placement switched and the old
+// servers stopped; otherwise the sessions that did move are sent back, the targets are
+// stopped and the VM runs where it was. A VM moves whole or not at all.
 // Verbs and fields: docs/control_plane.md.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -38,6 +45,8 @@ struct ClusterOptions {
   int64_t idle_grace_ms = 300000;          // auto-deallocation; 0 = off
   int64_t max_server_restarts = 3;         // per allocation, then its share is freed
   int64_t node_call_timeout_ms = 30000;    // start-server waits for readiness
+  int64_t migrate_wait_ms = 30000;         // a move waits this long for sessions to park
+  int64_t rebalance_interval_ms = 0;       // migrate-auto this often; 0 = only when asked
   PlacementOptions placement;
 };
 
@@ -74,7 +83,15 @@ class ClusterManager {
     store::Allocation row;
     control::Json report;  // the server's last ServerReport (sessions, memory_used, ...)
     int restarts = 0;
-    bool busy = false;  // a start/stop/resize is in flight: others wait
+    bool busy = false;          // a start/stop/resize is in flight: others wait
+    bool checkpointed = false;  // its sessions wait in a checkpoint: never idle-freed
+  };
+  // The last checkpoint of a VM (since start): where restore finds it by default.
+  struct CheckpointRecord {
+    std::string dir;
+    bool leave_running = false;
+    int64_t time_ms = 0;
+    std::vector<std::string> alloc_ids, node_ids, endpoints;  // by ordinal
   };
 
   // Verbs.
@@ -94,6 +111,31 @@ class ClusterManager {
   control::Json VmAdd(const control::Json& req);
   control::Json VmRemove(const control::Json& req);
   control::Json VmImport(const control::Json& req);
+  // Session moves (migration.cc).
+  control::Json Migrate(const control::Json& req);
+  control::Json Checkpoint(const control::Json& req);
+  control::Json Restore(const control::Json& req);
+  control::Json MigrateAuto(const control::Json& req);
+  // Moves the VM's servers for which `moves` is true to GPUs that `filter` allows (the
+  // VM's own GPUs are always avoided), all or none: Ok({vm_ip, moved:[...], ...}) or an
+  // Error that says why; the VM then runs where it was. `why` goes into the events.
+  control::Json MoveVm(const std::string& vm_ip, PlacementFilter filter,
+                       const std::function<bool(const store::Allocation&)>& moves,
+                       const std::string& why, int64_t wait_ms);
+  // One call on a connection of its own (a move may take wait_ms): other calls to the
+  // node do not wait behind it.
+  control::Json CallNodeAlone(const std::string& node_id, const std::string& verb,
+                              const control::Json& args, int64_t timeout_ms, Status* status);
+  // Waits until none of the VM's allocations is busy; false after kBusyWait.
+  bool WaitNotBusyLocked(std::unique_lock<std::mutex>* lock, const std::string& vm_ip);
+  // What is promised on each node that is up (migrate-auto's measure).
+  struct NodeLoad {
+    int64_t sm_used = 0, sm_total = 0, memory_used = 0, memory_total = 0;
+    // The larger of promised SMs and promised memory over capacity, 0..1 (more when
+    // oversubscribed).
+    double Load() const;
+  };
+  std::map<std::string, NodeLoad> NodeLoadsLocked() const;
 
   // Helpers; names ending in Locked need mu_ held.
   control::Json CallNode(const std::string& node_id, const std::string& verb,
@@ -130,6 +172,9 @@ class ClusterManager {
   std::map<std::string, AllocState> allocs_;                   // by alloc_id
   std::map<std::string, std::vector<std::string>> vm_allocs_;  // vm_ip -> alloc_ids, by ordinal
   Placement placement_;
+  std::map<std::string, CheckpointRecord> checkpoints_;  // by vm_ip
+  Clock::time_point last_rebalance_ = Clock::now();
+  std::atomic<bool> rebalancing_{false};  // an automatic migrate-auto is running
   // Since start, for /metrics: events by kind, requests by (verb, outcome), and
   // how long allocation requests took to answer.
   std::map<std::string, uint64_t> event_counts_;

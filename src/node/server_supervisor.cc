@@ -430,6 +430,37 @@ Status ServerSupervisor::Stop(const std::string& id, std::string* code) {
   return Status::Ok();
 }
 
+Status ServerSupervisor::Forward(const std::string& id, const Json& request, int timeout_ms,
+                                 Json* answer, std::string* code) {
+  const std::string verb = request.value("verb", std::string());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = servers_.find(id);
+    if (it == servers_.end()) {
+      *code = "unknown_allocation";
+      return Status::Error("no server for allocation " + id + " on this node");
+    }
+    if (it->second->state != State::kRunning) {
+      *code = "server_failed";
+      return Status::Error(
+          "server " + id + " is " +
+          (it->second->state == State::kStarting ? "still starting" : "not running") + ": retry " +
+          verb + " once it runs");
+    }
+  }
+  *answer = Json::object();
+  Status st = ServerControlCall(SocketPath(id), request, timeout_ms, answer);
+  if (!st.ok()) {
+    bool refused = answer->is_object() && answer->contains("ok");
+    auto c = answer->is_object() ? answer->find("code") : answer->end();
+    *code = (c != answer->end() && c->is_string()) ? c->get<std::string>()
+            : refused                              ? "bad_request"
+                                                   : "server_failed";
+    return Status::Error("server " + id + " did not do " + verb + ": " + st.message());
+  }
+  return Status::Ok();
+}
+
 Status ServerSupervisor::SetShare(const std::string& id, int64_t sm, int64_t memory_bytes,
                                   Json* answer, std::string* code) {
   {

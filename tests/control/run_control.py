@@ -742,6 +742,27 @@ class Control(unittest.TestCase):
             def kill(self):
                 kill_group(proc)
 
+            def alive(self):
+                return proc.poll() is None
+
+            def stdout(self):
+                return read_text(out_path)
+
+            def wait_line(self, pattern, timeout=RUN_TIMEOUT_S):
+                """Waits until a line of its stdout matches `pattern` (a regex); fails the
+                test with its output when it does not within timeout or the program ends."""
+                rx = re.compile(pattern, re.M)
+                deadline = time.monotonic() + timeout
+                while True:
+                    if rx.search(read_text(out_path)):
+                        return
+                    if proc.poll() is not None or time.monotonic() >= deadline:
+                        if rx.search(read_text(out_path)):
+                            return
+                        test.fail_with("the program never printed a line matching %r"
+                                       % pattern, self.finish())
+                    time.sleep(0.05)
+
         handle = Handle()
         test.addCleanup(handle.kill)
         return handle
@@ -1335,6 +1356,140 @@ class Control(unittest.TestCase):
         self.assertEqual(self.servers_of("10.1.0.73"), [])
         for s in servers:
             self.assertFalse(tcp_open(int(s["endpoint"].rsplit(":", 1)[1])), s["endpoint"])
+
+    # =====================================================================================
+    # Moving a running VM (issue 16): flytctl migrate, drain-node, checkpoint, restore.
+
+    MIGRATE_STEPS = 400
+    MIGRATE_PAUSE_MS = 60
+
+    def migrate_loop(self):
+        return os.path.join(CFG.e2e_programs_dir, "migrate_loop")
+
+    def undisturbed_steps(self, cmgr):
+        """migrate_loop's step lines from a run nobody touched (its checksums)."""
+        res = self.run_ok(cmgr, self.migrate_loop(), [self.MIGRATE_STEPS, 0])
+        steps = [l for l in res.stdout.splitlines() if l.startswith("step ")]
+        self.assertEqual(len(steps), self.MIGRATE_STEPS, res.describe())
+        return steps
+
+    def finish_and_compare(self, prog, expected, moves):
+        """The moved program passes, prints what the undisturbed run printed, and its client
+        log says its GPU state moved `moves` times."""
+        res = prog.finish()
+        lines = res.stdout.splitlines()
+        if res.rc != 0 or not lines or lines[-1] != "migrate_loop: PASS":
+            self.fail_with("migrate_loop failed while its VM moved", res)
+        self.assertEqual([l for l in lines if l.startswith("step ")], expected, res.describe())
+        self.assertEqual(res.log.count("now lives at flyt-server"), moves, tail(res.log))
+        return res
+
+    def test_migrate_running_vm(self):
+        """A running program's VM moves n1 -> n2 with flytctl migrate, a migration to a node
+        that died fails and leaves it where it is, drain-node moves it back to n1; the
+        program never notices (same output as an undisturbed run), new processes are told
+        the new server, old servers are gone, every decision is an event."""
+        self.start_cluster_manager(policy="spread")
+        self.start_node("n1", "10.0.0.1")
+        self.start_node("n2", "10.0.0.2")
+        self.start_node("n3", "10.0.0.3")
+        vm = "10.1.0.90"
+        self.add_vm(vm, "10.0.0.1", 8, 1)
+        cmgr = self.start_client_manager(vm)
+        expected = self.undisturbed_steps(cmgr)
+        first = self.wait_server_running(vm)
+        self.assertEqual(first["node_id"], "n1")
+        before = self.last_event_id()
+        prog = self.start_client(cmgr, self.migrate_loop(),
+                                 [self.MIGRATE_STEPS, self.MIGRATE_PAUSE_MS])
+        prog.wait_line(r"^step 5 ")
+        # 1. flytctl migrate: the VM and its running process go to n2.
+        res = self.ctl("migrate", "--vm", vm, "--to", "n2")
+        self.assertEqual(res.json.get("sessions"), 1, res.describe())
+        moved = self.wait_server_running(vm)
+        self.assertEqual(moved["node_id"], "n2", json.dumps(moved))
+        self.assertNotEqual(moved["alloc_id"], first["alloc_id"])
+        self.assertEqual(moved["sm"], 8)
+        self.assertEqual(moved["memory_bytes"], 1 * GiB)
+        self.assertEqual(self.server_pids("n1"), [], "the old server is stopped\n" + self.logs())
+        answer = self.ask_client_manager(cmgr).split()
+        self.assertEqual(answer[:2], ["OK", moved["endpoint"]], answer)
+        self.assertTrue(prog.alive(), prog.stdout())
+        self.wait_event("the migration", before, "migrate-done")
+        # n1's share is free again, n2's taken.
+        used = {n: sum(g.get("sm_used", 0) for g in v["gpus"]) for n, v in
+                self.node_list().items()}
+        self.assertEqual((used["n1"], used["n2"]), (0, 8), used)
+        # 2. A target that died: the move fails with the reason and the VM stays on n2.
+        self.nodes["n3"].kill9()
+        bad = self.ctl_fails("migrate", "--vm", vm, "--to", "n3", json_out=False)
+        self.assertRegex(bad.stderr, r"n3", bad.describe())
+        self.assertEqual(self.server_of(vm)["alloc_id"], moved["alloc_id"])
+        self.wait_event("the failed migration", before, "migrate-failed", "is down")
+        prog.wait_line(r"^step %d " % 60)
+        # 3. drain-node n2 moves it away (to n1, the only node up that takes tenants).
+        res = self.ctl("drain-node", "n2")
+        self.assertEqual([m["vm_ip"] for m in res.json.get("moved", [])], [vm], res.describe())
+        self.assertEqual(res.json.get("failed"), [], res.describe())
+        drained = self.wait_server_running(vm)
+        self.assertEqual(drained["node_id"], "n1", json.dumps(drained))
+        self.assertEqual(self.server_pids("n2"), [], self.logs())
+        self.wait_event("the drain", before, "drain-node-done")
+        self.finish_and_compare(prog, expected, 2)
+        kinds = [e["kind"] for e in self.events_after(before)]
+        for k in ("migrate-asked", "migrate-done", "migrate-failed", "drain-node",
+                  "drain-node-done"):
+            self.assertIn(k, kinds, kinds)
+        # A drain that keeps its tenants: nothing moves.
+        res = self.ctl("drain-node", "n1", "--no-migrate")
+        self.assertEqual(self.server_of(vm)["node_id"], "n1")
+        table = self.ctl("list-events", json_out=False).stdout
+        self.assertIn("migrate-done", table)
+
+    def test_checkpoint_restore_vm(self):
+        """flytctl checkpoint parks and writes the VM's running process (it waits), restore
+        brings it back at the same server; its output equals an undisturbed run's. A restore
+        on another node is refused with the reason, a second checkpoint to the same folder
+        too."""
+        self.start_cluster_manager(policy="spread")
+        self.start_node("n1", "10.0.0.1")
+        self.start_node("n2", "10.0.0.2")
+        vm = "10.1.0.91"
+        self.add_vm(vm, "10.0.0.1", 8, 1)
+        cmgr = self.start_client_manager(vm)
+        expected = self.undisturbed_steps(cmgr)
+        server = self.wait_server_running(vm)
+        ckpt = os.path.join(self.tmp, "ckpt-vm")
+        before = self.last_event_id()
+        prog = self.start_client(cmgr, self.migrate_loop(),
+                                 [self.MIGRATE_STEPS, self.MIGRATE_PAUSE_MS])
+        prog.wait_line(r"^step 5 ")
+        res = self.ctl("checkpoint", "--vm", vm, "--to", ckpt)
+        self.assertEqual(res.json.get("sessions"), 1, res.describe())
+        files = os.listdir(os.path.join(ckpt, "gpu0"))
+        self.assertEqual(len(files), 1, files)
+        self.assertTrue(files[0].endswith(".flyt"), files)
+        # Parked: no step is printed while it waits.
+        steps_then = prog.stdout().count("\nstep ")
+        time.sleep(1.0)
+        self.assertEqual(prog.stdout().count("\nstep "), steps_then, prog.stdout()[-500:])
+        self.assertTrue(prog.alive())
+        self.wait_event("the checkpoint", before, "checkpoint")
+        # Another node cannot take it (the process reconnects to its server's address only).
+        other = self.ctl_fails("restore", "--vm", vm, "--node", "n2", json_out=False)
+        self.assertIn("reconnects only", other.stderr, other.describe())
+        res = self.ctl("restore", "--vm", vm)
+        self.assertEqual(res.json.get("restored"), 1, res.describe())
+        self.assertEqual(self.server_of(vm)["alloc_id"], server["alloc_id"])
+        self.wait_event("the restore", before, "restore")
+        # The spent file is set aside; the folder takes no second checkpoint.
+        self.assertEqual(sorted(os.listdir(os.path.join(ckpt, "gpu0"))), [files[0] + ".restored"])
+        prog.wait_line(r"^step %d " % 40)
+        # With --leave-running the process goes on while it is written.
+        ckpt2 = os.path.join(self.tmp, "ckpt-running")
+        res = self.ctl("checkpoint", "--vm", vm, "--to", ckpt2, "--leave-running")
+        self.assertEqual(res.json.get("sessions"), 1, res.describe())
+        self.finish_and_compare(prog, expected, 1)
 
     def test_multi_gpu_refused(self):
         self.start_cluster_manager(policy="spread")
