@@ -28,6 +28,11 @@ constexpr auto kBusyWait = std::chrono::seconds(60);
 // Beyond wait_ms: how long a node manager and its server may take to answer a move.
 constexpr int64_t kAnswerMarginMs = 20000;
 constexpr int64_t kMaxWaitMs = 10 * 60 * 1000;
+// After a move, before the old server stops: polls of its session count (every
+// kSettlePollMs), and rounds of moving sessions that arrived late.
+constexpr int kSettlePolls = 50;
+constexpr int kSettlePollMs = 100;
+constexpr int kSettleRounds = 2;
 
 std::string Str(const Json& j, const char* name) {
   auto it = j.find(name);
@@ -440,6 +445,33 @@ Json ClusterManager::MoveVm(const std::string& vm_ip, PlacementFilter filter,
   changed_.notify_all();
   lock.unlock();
   RunEach(k, [&](size_t j) {
+    // A moved session's worker answers its client (go to the target) just after it
+    // reported: stop the old server once it has no session left. A process that connected
+    // to it after the move began (it asked for the endpoint before) is moved too.
+    for (int round = 0; round < kSettleRounds; ++round) {
+      int64_t left = -1;
+      for (int poll = 0; poll < kSettlePolls; ++poll) {
+        Status ls;
+        Json servers = CallNode(mv[j].from_node, "list-servers", Json::object(), &ls);
+        left = 0;
+        for (const Json& r : servers.value("servers", Json::array())) {
+          if (Str(r, "alloc_id") == mv[j].from_id) left = Int(r, "sessions");
+        }
+        if (!ls.ok() || left == 0) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(kSettlePollMs));
+      }
+      if (left <= 0) break;
+      Status again;
+      Json a = CallNodeAlone(mv[j].from_node, "migrate",
+                             Json{{"alloc_id", mv[j].from_id},
+                                  {"to", mv[j].to_endpoint},
+                                  {"token", token},
+                                  {"wait_ms", wait_ms}},
+                             wait_ms + kAnswerMarginMs, &again);
+      FLYT_INFO("VM %s: %lld late session(s) on %s moved again: %s", vm_ip.c_str(),
+                static_cast<long long>(left), mv[j].from_id.c_str(),
+                again.ok() ? MoveProblem(a, "moved").c_str() : again.message().c_str());
+    }
     Status st;
     CallNode(mv[j].from_node, "stop-server", Json{{"alloc_id", mv[j].from_id}}, &st);
     if (!st.ok()) {
