@@ -1491,6 +1491,45 @@ class Control(unittest.TestCase):
         self.assertEqual(res.json.get("sessions"), 1, res.describe())
         self.finish_and_compare(prog, expected, 1)
 
+    def test_migrate_multi_gpu_vm(self):
+        """A VM with two GPUs on n1 moves to n2 with one flytctl migrate: both servers, in
+        their ordinals, with the VM's share and token; the client manager answers the new
+        list; the old servers are gone; migrate-auto then has nothing better to do."""
+        self.start_cluster_manager(policy="spread")
+        self.start_node("n1", "10.0.0.1")
+        self.start_node("n2", "10.0.0.2")
+        vm = "10.1.0.92"
+        self.add_vm_gpus(vm, "10.0.0.1", 16, 2, 2)
+        cmgr = self.start_client_manager(vm)
+        answer = self.ask_client_manager(cmgr).split()
+        self.assertEqual(answer[0], "OK", answer)
+        token = answer[2]
+        before = self.servers_of(vm)
+        self.assertEqual([s["node_id"] for s in before], ["n1", "n1"], json.dumps(before))
+        # One GPU of a VM with two: refused with the reason, nothing moves.
+        bad = self.ctl_fails("migrate", "--vm", vm, "--to", "n2/0", json_out=False)
+        self.assertIn("give a node, not one GPU", bad.stderr, bad.describe())
+        res = self.ctl("migrate", "--vm", vm, "--to", "n2")
+        self.assertEqual(len(res.json.get("moved", [])), 2, res.describe())
+        after = self.servers_of(vm)
+        self.assertEqual([s["node_id"] for s in after], ["n2", "n2"], json.dumps(after))
+        self.assertEqual([s["ordinal"] for s in after], [0, 1])
+        self.assertEqual([s["sm"] for s in after], [16, 16])
+        self.assertEqual(len({s["gpu_uuid"] for s in after}), 2)
+        self.assertEqual(self.server_pids("n1"), [], self.logs())
+        self.assertEqual(len(self.server_pids("n2")), 2, self.logs())
+        again = self.ask_client_manager(cmgr).split()
+        self.assertEqual(again, ["OK", ",".join(s["endpoint"] for s in after), token])
+        for s in after:
+            r = self.run_direct(s["endpoint"], token)
+            if r.rc != 0 or "memory_roundtrip: PASS" not in r.stdout:
+                self.fail_with("memory_roundtrip failed against the moved server", r)
+        done = [e for e in self.events() if e["kind"] == "migrate-done"]
+        self.assertEqual(len(done), 1, json.dumps(done))
+        self.assertIn("2 GPUs on node n2", done[0]["detail"])
+        res = self.ctl("migrate-auto", "--dry-run")
+        self.assertIn("moved", res.json, res.describe())
+
     def test_multi_gpu_refused(self):
         self.start_cluster_manager(policy="spread")
         self.start_node("n1", "10.0.0.1")  # two GPUs
