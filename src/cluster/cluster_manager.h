@@ -91,7 +91,10 @@ class ClusterManager {
     std::string dir;
     bool leave_running = false;
     int64_t time_ms = 0;
-    std::vector<std::string> alloc_ids, node_ids, endpoints;  // by ordinal
+    std::vector<std::string> alloc_ids, node_ids, gpu_uuids, endpoints;  // by ordinal
+    std::string token;  // to start the servers again at the same addresses
+    int sm = 0;
+    int64_t memory_bytes = 0;
   };
 
   // Verbs.
@@ -126,6 +129,11 @@ class ClusterManager {
   // node do not wait behind it.
   control::Json CallNodeAlone(const std::string& node_id, const std::string& verb,
                               const control::Json& args, int64_t timeout_ms, Status* status);
+  // Restore of a VM that lost its servers: starts them again on the checkpoint's nodes and
+  // GPUs, at its endpoints (same port) and with its token, as the VM's allocations. Null on
+  // success, else the Error.
+  control::Json StartAtCheckpointLocked(std::unique_lock<std::mutex>* lock,
+                                        const std::string& vm_ip, const CheckpointRecord& rec);
   // Waits until none of the VM's allocations is busy; false after kBusyWait.
   bool WaitNotBusyLocked(std::unique_lock<std::mutex>* lock, const std::string& vm_ip);
   // What is promised on each node that is up (migrate-auto's measure).

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <set>
 #include <thread>
 
@@ -650,6 +651,14 @@ Json ClusterManager::Checkpoint(const Json& req) {
     record.alloc_ids.push_back(c.alloc_id);
     record.node_ids.push_back(c.node_id);
     record.endpoints.push_back(c.endpoint);
+    if (auto it = allocs_.find(c.alloc_id); it != allocs_.end()) {
+      record.gpu_uuids.push_back(it->second.row.gpu_uuid);
+      record.token = it->second.row.token;
+      record.sm = it->second.row.sm;
+      record.memory_bytes = it->second.row.memory_bytes;
+    } else {
+      record.gpu_uuids.emplace_back();
+    }
     where +=
         (where.empty() ? "" : ", ") + c.dir + " on node " + c.node_id + " (" + c.endpoint + ")";
     if (auto it = allocs_.find(c.alloc_id); it != allocs_.end()) {
@@ -678,6 +687,107 @@ Json ClusterManager::Checkpoint(const Json& req) {
              {"servers", servers}});
 }
 
+Json ClusterManager::StartAtCheckpointLocked(std::unique_lock<std::mutex>* lock,
+                                             const std::string& vm_ip,
+                                             const CheckpointRecord& rec) {
+  const size_t n = rec.endpoints.size();
+  std::vector<int> ports(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const std::string& node = rec.node_ids[i];
+    auto it = nodes_.find(node);
+    if (it == nodes_.end() || it->second.row.state == "down") {
+      return Error("node_unreachable", "cannot restore VM " + vm_ip + ": node " + node +
+                                           ", where its checkpoint was taken, is not up");
+    }
+    Status fit = placement_.CanResize(rec.gpu_uuids[i], rec.sm, rec.memory_bytes);
+    if (!fit.ok()) {
+      return Error("no_capacity", "cannot restore VM " + vm_ip + " on GPU " + rec.gpu_uuids[i] +
+                                      " of node " + node + ": " + fit.message());
+    }
+    const size_t colon = rec.endpoints[i].rfind(':');
+    ports[i] = colon == std::string::npos ? 0 : std::atoi(rec.endpoints[i].c_str() + colon + 1);
+  }
+  std::vector<std::string> ids;
+  std::vector<Json> starts;
+  const int64_t now = NowMs();
+  for (size_t i = 0; i < n; ++i) {
+    AllocState a;
+    a.busy = true;
+    // The old allocation's id: a client on the node's host waits at the server's shm://
+    // address, which the node manager names after it.
+    a.row.alloc_id = allocs_.count(rec.alloc_ids[i]) ? "a-" + control::RandomHex(6)
+                                                     : rec.alloc_ids[i];
+    a.row.vm_ip = vm_ip;
+    a.row.node_id = rec.node_ids[i];
+    a.row.gpu_uuid = rec.gpu_uuids[i];
+    a.row.ordinal = static_cast<int>(i);
+    a.row.token = rec.token;
+    a.row.state = "starting";
+    a.row.sm = rec.sm;
+    a.row.memory_bytes = rec.memory_bytes;
+    a.row.created_ms = a.row.updated_ms = now;
+    placement_.Reserve(a.row.gpu_uuid, a.row.sm, a.row.memory_bytes);
+    starts.push_back(Json{{"alloc_id", a.row.alloc_id},
+                          {"gpu_uuid", a.row.gpu_uuid},
+                          {"sm", a.row.sm},
+                          {"memory_bytes", a.row.memory_bytes},
+                          {"token", rec.token},
+                          {"port", ports[i]}});
+    ids.push_back(a.row.alloc_id);
+    vm_allocs_[vm_ip].push_back(a.row.alloc_id);
+    PersistAllocLocked(a);
+    allocs_[a.row.alloc_id] = std::move(a);
+  }
+  EventLocked("restore-servers", vm_ip,
+              "VM " + vm_ip + " has no server: starting " + std::to_string(n) +
+                  " again where its checkpoint was taken (" + JoinEndpoints(rec.endpoints) +
+                  ") for its waiting processes");
+  lock->unlock();
+  std::vector<Status> started(n);
+  std::vector<Json> answers(n);
+  RunEach(n, [&](size_t i) {
+    answers[i] = CallNode(rec.node_ids[i], "start-server", starts[i], &started[i]);
+  });
+  std::string failure;
+  for (size_t i = 0; i < n && failure.empty(); ++i) {
+    if (!started[i].ok()) {
+      failure = "node " + rec.node_ids[i] + " could not start a server at " + rec.endpoints[i] +
+                ": " + started[i].message();
+    } else if (Str(answers[i], "endpoint") != rec.endpoints[i]) {
+      failure = "node " + rec.node_ids[i] + " started the server at " +
+                Str(answers[i], "endpoint") + ", not at " + rec.endpoints[i];
+    }
+  }
+  if (!failure.empty()) {
+    RunEach(n, [&](size_t i) {
+      if (!started[i].ok()) return;
+      Status st;
+      CallNode(rec.node_ids[i], "stop-server", Json{{"alloc_id", ids[i]}}, &st);
+    });
+  }
+  lock->lock();
+  for (size_t i = 0; i < n; ++i) {
+    auto it = allocs_.find(ids[i]);
+    if (it == allocs_.end()) continue;
+    it->second.busy = false;
+    if (failure.empty()) {
+      it->second.row.state = "running";
+      it->second.row.endpoint = Str(answers[i], "endpoint");
+      it->second.row.updated_ms = NowMs();
+      PersistAllocLocked(it->second);
+    }
+  }
+  if (!failure.empty()) {
+    for (const std::string& id : ids) FreeAllocLocked(id);
+    changed_.notify_all();
+    const std::string message = "restore of VM " + vm_ip + " failed: " + failure;
+    EventLocked("restore-failed", vm_ip, message);
+    return Error("server_failed", message);
+  }
+  changed_.notify_all();
+  return Json();
+}
+
 Json ClusterManager::Restore(const Json& req) {
   const std::string vm_ip = Str(req, "vm_ip");
   std::string dir = Str(req, "dir");
@@ -701,12 +811,39 @@ Json ClusterManager::Restore(const Json& req) {
   }
   if (dir[0] != '/') return Error("bad_request", "restore needs an absolute path (dir)");
   std::vector<AllocState*> members = MembersLocked(vm_ip);
+  auto rec = checkpoints_.find(vm_ip);
+  const bool recorded = rec != checkpoints_.end() && rec->second.dir == dir;
   if (members.empty()) {
-    return Error("unknown_allocation",
-                 "VM " + vm_ip +
-                     " has no server to restore into; a checkpointed process reconnects only to "
-                     "its server's old address, so its sessions are restored there (into the "
-                     "server that wrote them, or one started again at that address)");
+    if (!recorded) {
+      return Error("unknown_allocation",
+                   "VM " + vm_ip + " has no server to restore into, and no checkpoint in " + dir +
+                       " is recorded since the cluster manager started (it would know where to "
+                       "start the servers again: a checkpointed process reconnects only to its "
+                       "server's old address)");
+    }
+    if (!node.empty() && std::find(rec->second.node_ids.begin(), rec->second.node_ids.end(),
+                                   node) == rec->second.node_ids.end()) {
+      return Error("bad_request", "VM " + vm_ip + "'s checkpoint was taken on node " +
+                                      rec->second.node_ids[0] +
+                                      ": its processes reconnect only to their servers' "
+                                      "addresses there; restore there, then `flytctl migrate`");
+    }
+    const CheckpointRecord copy = rec->second;
+    Json refused = StartAtCheckpointLocked(&lock, vm_ip, copy);
+    if (!refused.is_null()) return refused;
+    members = MembersLocked(vm_ip);
+  } else if (recorded) {
+    for (const AllocState* a : members) {
+      const size_t i = static_cast<size_t>(a->row.ordinal);
+      if (i < rec->second.endpoints.size() && rec->second.endpoints[i] != a->row.endpoint) {
+        return Error("bad_request",
+                     "VM " + vm_ip + "'s server " + std::to_string(i) + " is now at " +
+                         a->row.endpoint + ", but the processes of the checkpoint in " + dir +
+                         " wait at " + rec->second.endpoints[i] +
+                         " (they reconnect only there); deallocate the VM, then restore: its "
+                         "servers are started again at their old addresses");
+      }
+    }
   }
   struct Call {
     std::string alloc_id, node_id, endpoint, dir;

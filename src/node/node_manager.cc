@@ -318,6 +318,14 @@ Json NodeManager::StartServer(const Json& req) {
   if (st.ok()) st = GetCount(req, "sm", &p.sm);
   if (st.ok()) st = GetCount(req, "memory_bytes", &p.memory_bytes);
   if (st.ok()) st = GetString(req, "token", &p.token);
+  if (st.ok() && req.contains("port")) {
+    // The data-plane port a restored checkpoint's clients wait at (0: any).
+    int64_t port = 0;
+    st = GetCount(req, "port", &port);
+    if (st.ok() && port > 65535)
+      st = Status::Error("port " + std::to_string(port) + " is not a port");
+    p.port = static_cast<int>(port);
+  }
   if (!st.ok()) return control::Error("bad_request", "start-server: " + st.message());
   const GpuInfo* gpu = FindGpu(p.gpu_uuid);
   if (gpu == nullptr) {

@@ -166,6 +166,7 @@ void ServerSupervisor::WriteStateFile(const std::string& id, const Entry& e) {
              {"sm", e.params.sm},
              {"memory_bytes", e.params.memory_bytes},
              {"token", e.params.token},
+             {"port", e.params.port},
              {"pid", e.pid},
              {"memory_at_start", e.memory_at_start}};
   const std::string path = StatePath(id), tmp = path + ".tmp";
@@ -201,7 +202,7 @@ Status ServerSupervisor::SpawnLocked(const EntryPtr& e) {
                 "--backend",
                 options_.backend,
                 "--listen",
-                Scheme() + HostForUrl(options_.listen_host) + ":0",
+                Scheme() + HostForUrl(options_.listen_host) + ":" + std::to_string(p.port),
                 "--control",
                 "unix://" + ctl};
   if (!options_.tls_cert.empty()) {
@@ -727,6 +728,7 @@ void ServerSupervisor::Adopt() {
       e->params.sm = s.at("sm").get<int64_t>();
       e->params.memory_bytes = s.at("memory_bytes").get<int64_t>();
       e->params.token = s.at("token").get<std::string>();
+      e->params.port = s.value("port", 0);
       e->memory_at_start = s.value("memory_at_start", e->params.memory_bytes);
       pid = s.at("pid").get<pid_t>();
     } catch (const std::exception& ex) {

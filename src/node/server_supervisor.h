@@ -41,6 +41,7 @@ struct ServerParams {
   int64_t sm = 0;            // SMs; 0: no --sm-count (the whole GPU)
   int64_t memory_bytes = 0;  // quota; 0: no --memory-quota
   std::string token;         // clients' credential, passed in FLYT_TOKEN
+  int port = 0;              // the data-plane TCP port; 0: the kernel picks one
 };
 
 // `ServerReport` of docs/control_plane.md.

@@ -1448,9 +1448,10 @@ class Control(unittest.TestCase):
 
     def test_checkpoint_restore_vm(self):
         """flytctl checkpoint parks and writes the VM's running process (it waits), restore
-        brings it back at the same server; its output equals an undisturbed run's. A restore
-        on another node is refused with the reason, a second checkpoint to the same folder
-        too."""
+        brings it back at the same server; a restore on another node is refused with the
+        reason; --leave-running writes it while it runs; after a checkpoint and a deallocate
+        (the server gone), restore starts a server at the same address and the process goes
+        on there. Its output equals an undisturbed run's."""
         self.start_cluster_manager(policy="spread")
         self.start_node("n1", "10.0.0.1")
         self.start_node("n2", "10.0.0.2")
@@ -1489,7 +1490,23 @@ class Control(unittest.TestCase):
         ckpt2 = os.path.join(self.tmp, "ckpt-running")
         res = self.ctl("checkpoint", "--vm", vm, "--to", ckpt2, "--leave-running")
         self.assertEqual(res.json.get("sessions"), 1, res.describe())
-        self.finish_and_compare(prog, expected, 1)
+        prog.wait_line(r"^step %d " % 60)
+        # Checkpoint, then the server goes away (its GPU freed); restore starts a server
+        # again at the same address with the VM's token, and the process goes on there.
+        ckpt3 = os.path.join(self.tmp, "ckpt-gone")
+        res = self.ctl("checkpoint", "--vm", vm, "--to", ckpt3)
+        self.assertEqual(res.json.get("sessions"), 1, res.describe())
+        self.ctl("deallocate", "--vm", vm)
+        self.wait_for("the VM's server gone", lambda: not self.server_pids())
+        self.assertIsNone(self.server_of(vm))
+        res = self.ctl("restore", "--vm", vm)
+        self.assertEqual(res.json.get("restored"), 1, res.describe())
+        again = self.wait_server_running(vm)
+        self.assertEqual(again["endpoint"], server["endpoint"], json.dumps(again))
+        # The same allocation id: a client on the node's host waits at its shm:// address.
+        self.assertEqual(again["alloc_id"], server["alloc_id"])
+        self.wait_event("the servers started again", before, "restore-servers")
+        self.finish_and_compare(prog, expected, 2)
 
     def test_migrate_multi_gpu_vm(self):
         """A VM with two GPUs on n1 moves to n2 with one flytctl migrate: both servers, in

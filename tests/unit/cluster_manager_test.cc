@@ -101,8 +101,9 @@ class FakeNode {
       starts_.push_back(req);
       if (fail_start) return control::Error("server_failed", "simulated start failure");
       running_.insert(alloc);
+      const int port = req.value("port", 0) > 0 ? req.value("port", 0) : next_port_++;
       return control::Ok(
-          {{"endpoint", "tcp://" + id_ + ".test:" + std::to_string(next_port_++)}, {"pid", 4242}});
+          {{"endpoint", "tcp://" + id_ + ".test:" + std::to_string(port)}, {"pid", 4242}});
     }
     if (verb == "stop-server") {
       calls_.push_back("stop " + alloc);
@@ -704,6 +705,43 @@ TEST_F(ClusterManagerTest, CheckpointAndRestoreEveryServerOfTheVm) {
   // Not parked: the VM moves again.
   Json m = Admin({{"verb", "migrate"}, {"vm_ip", "10.1.0.29"}, {"node_id", "n2"}});
   EXPECT_TRUE(m.value("ok", false)) << m.dump();
+}
+
+TEST_F(ClusterManagerTest, RestoreStartsLostServersAgainAtTheirAddresses) {
+  FakeNode& n1 = AddNode("n1", "10.0.0.1", 1);
+  AddVm("10.1.0.31", "10.0.0.1", 16, 2, 1);
+  Json a = Allocate("10.1.0.31");
+  ASSERT_TRUE(a.value("ok", false)) << a.dump();
+  ASSERT_TRUE(
+      Admin({{"verb", "checkpoint"}, {"vm_ip", "10.1.0.31"}, {"dir", "/c"}}).value("ok", false));
+  // The server goes (the node restarted, or the operator freed the GPU meanwhile).
+  ASSERT_TRUE(Admin({{"verb", "deallocate"}, {"vm_ip", "10.1.0.31"}}).value("ok", false));
+  ASSERT_TRUE(n1.running().empty());
+  Json r = Admin({{"verb", "restore"}, {"vm_ip", "10.1.0.31"}});
+  ASSERT_TRUE(r.value("ok", false)) << r.dump();
+  std::vector<Json> starts = n1.starts();
+  ASSERT_EQ(starts.size(), 2u);
+  EXPECT_EQ(starts[1]["port"], 40000) << "the port the waiting processes dial";
+  EXPECT_EQ(starts[1]["token"], a["token"]);
+  EXPECT_EQ(starts[1]["gpu_uuid"], n1.Uuid(0));
+  EXPECT_EQ(starts[1]["alloc_id"], a["alloc_id"]) << "its shm:// address is named after it";
+  std::vector<Json> restores = n1.requests("restore");
+  ASSERT_EQ(restores.size(), 1u);
+  EXPECT_EQ(restores[0]["alloc_id"], starts[1]["alloc_id"]);
+  EXPECT_EQ(restores[0]["dir"], "/c/gpu0");
+  Json again = Allocate("10.1.0.31");
+  EXPECT_EQ(again["endpoint"], a["endpoint"]);
+  EXPECT_EQ(again["token"], a["token"]);
+  EXPECT_EQ(Events("restore-servers").size(), 1u);
+  // A new server elsewhere (another address, another token) cannot take a checkpoint.
+  ASSERT_TRUE(
+      Admin({{"verb", "checkpoint"}, {"vm_ip", "10.1.0.31"}, {"dir", "/d"}}).value("ok", false));
+  ASSERT_TRUE(Admin({{"verb", "deallocate"}, {"vm_ip", "10.1.0.31"}}).value("ok", false));
+  Json fresh = Allocate("10.1.0.31");
+  ASSERT_TRUE(fresh.value("ok", false)) << fresh.dump();
+  Json refused = Admin({{"verb", "restore"}, {"vm_ip", "10.1.0.31"}});
+  EXPECT_EQ(refused["code"], "bad_request") << refused.dump();
+  EXPECT_NE(refused.dump().find("is now at"), std::string::npos) << refused.dump();
 }
 
 }  // namespace
