@@ -125,6 +125,12 @@ class ClusterManager {
   control::Json MoveVm(const std::string& vm_ip, PlacementFilter filter,
                        const std::function<bool(const store::Allocation&)>& moves,
                        const std::string& why, int64_t wait_ms);
+  // Before a server that gave its sessions away stops: waits (a few seconds at most) until
+  // it has none left, and moves those that came late (a pending order, a process that
+  // connected meanwhile) to `to` as well.
+  void SettleServer(const std::string& vm_ip, const std::string& node_id,
+                    const std::string& alloc_id, const std::string& to, const std::string& token,
+                    int64_t wait_ms);
   // One call on a connection of its own (a move may take wait_ms): other calls to the
   // node do not wait behind it.
   control::Json CallNodeAlone(const std::string& node_id, const std::string& verb,

@@ -183,6 +183,33 @@ Json ClusterManager::CallNodeAlone(const std::string& node_id, const std::string
 
 // ---------------------------------------------------------------- moving a VM
 
+void ClusterManager::SettleServer(const std::string& vm_ip, const std::string& node_id,
+                                  const std::string& alloc_id, const std::string& to,
+                                  const std::string& token, int64_t wait_ms) {
+  for (int round = 0; round < kSettleRounds; ++round) {
+    int64_t left = -1;
+    for (int poll = 0; poll < kSettlePolls; ++poll) {
+      Status ls;
+      Json servers = CallNode(node_id, "list-servers", Json::object(), &ls);
+      left = 0;
+      for (const Json& r : servers.value("servers", Json::array())) {
+        if (Str(r, "alloc_id") == alloc_id) left = Int(r, "sessions");
+      }
+      if (!ls.ok() || left == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(kSettlePollMs));
+    }
+    if (left <= 0) return;
+    Status again;
+    Json a = CallNodeAlone(
+        node_id, "migrate",
+        Json{{"alloc_id", alloc_id}, {"to", to}, {"token", token}, {"wait_ms", wait_ms}},
+        wait_ms + kAnswerMarginMs, &again);
+    FLYT_INFO("VM %s: %lld session(s) still on %s moved to %s: %s", vm_ip.c_str(),
+              static_cast<long long>(left), alloc_id.c_str(), to.c_str(),
+              again.ok() ? MoveProblem(a, "moved").c_str() : again.message().c_str());
+  }
+}
+
 Json ClusterManager::MoveVm(const std::string& vm_ip, PlacementFilter filter,
                             const std::function<bool(const store::Allocation&)>& moves,
                             const std::string& why, int64_t wait_ms) {
@@ -350,6 +377,9 @@ Json ClusterManager::MoveVm(const std::string& vm_ip, PlacementFilter filter,
         }
       }
       if (m.start.ok()) {
+        // A session whose order was still pending when the move was given up may arrive
+        // at the target late: it goes back too before the target stops.
+        SettleServer(vm_ip, m.to_node, m.to_id, m.from_endpoint, token, wait_ms);
         Status st;
         CallNode(m.to_node, "stop-server", Json{{"alloc_id", m.to_id}}, &st);
         if (!st.ok()) {
@@ -449,30 +479,7 @@ Json ClusterManager::MoveVm(const std::string& vm_ip, PlacementFilter filter,
     // A moved session's worker answers its client (go to the target) just after it
     // reported: stop the old server once it has no session left. A process that connected
     // to it after the move began (it asked for the endpoint before) is moved too.
-    for (int round = 0; round < kSettleRounds; ++round) {
-      int64_t left = -1;
-      for (int poll = 0; poll < kSettlePolls; ++poll) {
-        Status ls;
-        Json servers = CallNode(mv[j].from_node, "list-servers", Json::object(), &ls);
-        left = 0;
-        for (const Json& r : servers.value("servers", Json::array())) {
-          if (Str(r, "alloc_id") == mv[j].from_id) left = Int(r, "sessions");
-        }
-        if (!ls.ok() || left == 0) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(kSettlePollMs));
-      }
-      if (left <= 0) break;
-      Status again;
-      Json a = CallNodeAlone(mv[j].from_node, "migrate",
-                             Json{{"alloc_id", mv[j].from_id},
-                                  {"to", mv[j].to_endpoint},
-                                  {"token", token},
-                                  {"wait_ms", wait_ms}},
-                             wait_ms + kAnswerMarginMs, &again);
-      FLYT_INFO("VM %s: %lld late session(s) on %s moved again: %s", vm_ip.c_str(),
-                static_cast<long long>(left), mv[j].from_id.c_str(),
-                again.ok() ? MoveProblem(a, "moved").c_str() : again.message().c_str());
-    }
+    SettleServer(vm_ip, mv[j].from_node, mv[j].from_id, mv[j].to_endpoint, token, wait_ms);
     Status st;
     CallNode(mv[j].from_node, "stop-server", Json{{"alloc_id", mv[j].from_id}}, &st);
     if (!st.ok()) {
@@ -715,8 +722,8 @@ Json ClusterManager::StartAtCheckpointLocked(std::unique_lock<std::mutex>* lock,
     a.busy = true;
     // The old allocation's id: a client on the node's host waits at the server's shm://
     // address, which the node manager names after it.
-    a.row.alloc_id = allocs_.count(rec.alloc_ids[i]) ? "a-" + control::RandomHex(6)
-                                                     : rec.alloc_ids[i];
+    a.row.alloc_id =
+        allocs_.count(rec.alloc_ids[i]) ? "a-" + control::RandomHex(6) : rec.alloc_ids[i];
     a.row.vm_ip = vm_ip;
     a.row.node_id = rec.node_ids[i];
     a.row.gpu_uuid = rec.gpu_uuids[i];
