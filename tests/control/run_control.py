@@ -1546,6 +1546,42 @@ class Control(unittest.TestCase):
         self.assertIn("2 GPUs on node n2", done[0]["detail"])
         res = self.ctl("migrate-auto", "--dry-run")
         self.assertIn("moved", res.json, res.describe())
+        # The text form: where each GPU went and what new processes are told.
+        res = self.ctl("migrate", "--vm", vm, "--to", "n1", json_out=False)
+        self.assertIn("VM %s moved" % vm, res.stdout, res.describe())
+        back = self.servers_of(vm)
+        self.assertEqual([s["node_id"] for s in back], ["n1", "n1"], json.dumps(back))
+        for s in back:
+            self.assertIn("-> node n1, GPU %s at %s" % (s["gpu_uuid"], s["endpoint"]), res.stdout)
+        self.assertIn(",".join(s["endpoint"] for s in back), res.stdout)
+        res = self.ctl("migrate", "--help", json_out=False)
+        self.assertIn("--to NODE[/GPU]", res.stdout)
+        self.assertEqual(self.ctl("migrate", "--vm", vm, check=False).rc, 2, "no --to: usage")
+
+    def test_migrate_auto_rebalance(self):
+        """With rebalance_interval_ms the cluster manager moves a VM off the most loaded node
+        by itself when that lowers the peak, and records the decision; flytctl migrate-auto
+        then finds nothing better and says why."""
+        self.start_cluster_manager(policy="spread", extra=["--rebalance-interval-ms", "300"])
+        self.start_node("n1", "10.0.0.1")
+        self.start_node("n2", "10.0.0.2")
+        before = self.last_event_id()
+        self.add_vm("10.1.0.93", "10.0.0.1", 64, 1)
+        self.add_vm("10.1.0.94", "10.0.0.1", 32, 1)
+        self.ctl("allocate", "--vm", "10.1.0.93")
+        self.ctl("allocate", "--vm", "10.1.0.94")
+        # Both went to their host n1 (96 of its 264 SMs); moving the 64-SM VM leaves a
+        # peak of 64, moving the other one 64 too but on n1: the first found is taken.
+        self.wait_event("the automatic move", before, "[rebalance]")
+        moved = self.wait_server_running("10.1.0.93", node_id="n2")
+        self.assertEqual(self.server_of("10.1.0.94")["node_id"], "n1")
+        decisions = [e for e in self.events_after(before) if e["kind"] == "rebalance"]
+        self.assertTrue(decisions, json.dumps(self.events_after(before)))
+        self.assertIn("from node n1", decisions[0]["detail"], json.dumps(decisions))
+        self.assertEqual(len(self.server_pids("n2")), 1, self.logs())
+        res = self.ctl("migrate-auto", json_out=False)
+        self.assertIn("nothing to move", res.stdout, res.describe())
+        self.assertEqual(self.server_of("10.1.0.93")["alloc_id"], moved["alloc_id"])
 
     def test_multi_gpu_refused(self):
         self.start_cluster_manager(policy="spread")
