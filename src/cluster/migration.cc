@@ -670,7 +670,10 @@ Json ClusterManager::Checkpoint(const Json& req) {
         (where.empty() ? "" : ", ") + c.dir + " on node " + c.node_id + " (" + c.endpoint + ")";
     if (auto it = allocs_.find(c.alloc_id); it != allocs_.end()) {
       it->second.busy = false;
-      if (failure.empty() && !leave_running) it->second.checkpointed = true;
+      // Processes wait in it (a server without any has nothing to restore).
+      if (failure.empty() && !leave_running && Int(c.answer, "checkpointed") > 0) {
+        it->second.checkpointed = true;
+      }
     }
   }
   changed_.notify_all();
