@@ -483,6 +483,9 @@ std::string ClusterManager::MetricsText() {
   m.Family("flyt_allocation_request_seconds", "histogram",
            "time to answer an allocation request (placement and server start included)");
   allocation_seconds_.Write(&m, "flyt_allocation_request_seconds", {});
+  m.Family("flyt_migration_seconds", "histogram",
+           "time a VM's move took, from the plan to its old servers stopped (moves done)");
+  migration_seconds_.Write(&m, "flyt_migration_seconds", {});
   return m.text();
 }
 

@@ -194,6 +194,8 @@ class ClusterManager {
   std::map<std::string, uint64_t> event_counts_;
   std::map<std::pair<std::string, std::string>, uint64_t> request_counts_;
   Histogram allocation_seconds_{{0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30}};
+  // How long a VM's move took (from the plan to the old servers stopped), moves done only.
+  Histogram migration_seconds_{{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
 
   std::atomic<bool> stopping_{false};
   std::thread monitor_;

@@ -213,6 +213,7 @@ void ClusterManager::SettleServer(const std::string& vm_ip, const std::string& n
 Json ClusterManager::MoveVm(const std::string& vm_ip, PlacementFilter filter,
                             const std::function<bool(const store::Allocation&)>& moves,
                             const std::string& why, int64_t wait_ms) {
+  const auto t0 = Clock::now();
   std::unique_lock<std::mutex> lock(mu_);
   auto fail = [&](const std::string& code, const std::string& message) {  // mu_ held
     EventLocked("migrate-failed", vm_ip, message + " [" + why + "]");
@@ -493,6 +494,9 @@ Json ClusterManager::MoveVm(const std::string& vm_ip, PlacementFilter filter,
     FreeAllocLocked(m.from_id);
   }
   changed_.notify_all();
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  migration_seconds_.Observe(seconds);
+  result["seconds"] = seconds;
   return Ok(result);
 }
 

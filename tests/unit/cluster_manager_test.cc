@@ -513,6 +513,9 @@ TEST_F(ClusterManagerTest, MigrateMovesTheVmAndHandsOutTheNewEndpoint) {
   EXPECT_EQ(again["node_id"], "n2");
   EXPECT_EQ(Servers().size(), 1u);
   EXPECT_EQ(Events("migrate-asked").size(), 1u);
+  const std::string metrics = cm_->MetricsText();
+  EXPECT_NE(metrics.find("flyt_migration_seconds_count 1"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("flyt_events_total{kind=\"migrate-done\"} 1"), std::string::npos);
   auto done = Events("migrate-done");
   ASSERT_EQ(done.size(), 1u);
   EXPECT_NE(done[0]["detail"].get<std::string>().find("node n1 -> node n2"), std::string::npos)
