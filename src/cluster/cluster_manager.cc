@@ -125,6 +125,8 @@ Status ClusterManager::Start() {
   if (s.ok()) s = store_->ListNodes(&nodes);
   if (s.ok()) s = store_->ListGpus(&gpus);
   if (s.ok()) s = store_->ListAllocations(&allocs);
+  std::vector<store::Checkpoint> checkpoints;
+  if (s.ok()) s = store_->ListCheckpoints(&checkpoints);
   if (!s.ok()) return Status::Error("cannot load the cluster state: " + s.message());
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& v : vms) vms_[v.vm_ip] = v;
@@ -153,6 +155,7 @@ Status ClusterManager::Start() {
       return allocs_[x].row.ordinal < allocs_[y].row.ordinal;
     });
   }
+  LoadCheckpointsLocked(checkpoints);
   EventLocked("cluster-manager-start", "cluster",
               std::to_string(vms_.size()) + " VMs, " + std::to_string(nodes_.size()) + " nodes, " +
                   std::to_string(allocs_.size()) + " allocations loaded from " + store_->dialect());
@@ -1302,6 +1305,7 @@ Json ClusterManager::VmRemove(const Json& req) {
   Status s = store_->RemoveVm(vm_ip, nullptr);
   if (!s.ok()) return Error("internal", "cannot remove VM " + vm_ip + ": " + s.message());
   vms_.erase(vm_ip);
+  DropCheckpointLocked(vm_ip);
   EventLocked("vm-remove", vm_ip, had_alloc ? "its allocation was stopped" : "");
   return Ok({{"vm_ip", vm_ip}});
 }

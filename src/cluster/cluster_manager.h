@@ -86,7 +86,7 @@ class ClusterManager {
     bool busy = false;          // a start/stop/resize is in flight: others wait
     bool checkpointed = false;  // its sessions wait in a checkpoint: never idle-freed
   };
-  // The last checkpoint of a VM (since start): where restore finds it by default.
+  // The last checkpoint of a VM, until restored: where restore finds it by default.
   struct CheckpointRecord {
     std::string dir;
     bool leave_running = false;
@@ -135,6 +135,11 @@ class ClusterManager {
   // node do not wait behind it.
   control::Json CallNodeAlone(const std::string& node_id, const std::string& verb,
                               const control::Json& args, int64_t timeout_ms, Status* status);
+  // Checkpoint records in the store (table checkpoints: they outlive a restart of the
+  // cluster manager, and are dropped once restored).
+  void LoadCheckpointsLocked(const std::vector<store::Checkpoint>& rows);
+  void PersistCheckpointLocked(const std::string& vm_ip, const CheckpointRecord& record);
+  void DropCheckpointLocked(const std::string& vm_ip);
   // Restore of a VM that lost its servers: starts them again on the checkpoint's nodes and
   // GPUs, at its endpoints (same port) and with its token, as the VM's allocations. Null on
   // success, else the Error.
@@ -186,7 +191,7 @@ class ClusterManager {
   std::map<std::string, AllocState> allocs_;                   // by alloc_id
   std::map<std::string, std::vector<std::string>> vm_allocs_;  // vm_ip -> alloc_ids, by ordinal
   Placement placement_;
-  std::map<std::string, CheckpointRecord> checkpoints_;  // by vm_ip
+  std::map<std::string, CheckpointRecord> checkpoints_;  // by vm_ip, until restored
   Clock::time_point last_rebalance_ = Clock::now();
   std::atomic<bool> rebalancing_{false};  // an automatic migrate-auto is running
   // Since start, for /metrics: events by kind, requests by (verb, outcome), and

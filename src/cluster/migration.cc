@@ -181,6 +181,67 @@ Json ClusterManager::CallNodeAlone(const std::string& node_id, const std::string
   return answer;
 }
 
+// ---------------------------------------------------------------- checkpoint records
+
+void ClusterManager::LoadCheckpointsLocked(const std::vector<store::Checkpoint>& rows) {
+  for (const store::Checkpoint& row : rows) {
+    Json j = Json::parse(row.record, nullptr, /*allow_exceptions=*/false);
+    CheckpointRecord r;
+    r.dir = row.dir;
+    r.time_ms = row.time_ms;
+    if (j.is_object()) {
+      r.leave_running = Bool(j, "leave_running", false);
+      r.token = Str(j, "token");
+      r.sm = static_cast<int>(Int(j, "sm"));
+      r.memory_bytes = Int(j, "memory_bytes");
+      for (const Json& srv : j.value("servers", Json::array())) {
+        r.alloc_ids.push_back(Str(srv, "alloc_id"));
+        r.node_ids.push_back(Str(srv, "node_id"));
+        r.gpu_uuids.push_back(Str(srv, "gpu_uuid"));
+        r.endpoints.push_back(Str(srv, "endpoint"));
+      }
+    }
+    if (r.endpoints.empty()) {
+      FLYT_WARN("ignoring the stored checkpoint of VM %s: unreadable record", row.vm_ip.c_str());
+      continue;
+    }
+    // Its processes still wait (unless they went on running): the servers are not idle.
+    for (const std::string& id : r.alloc_ids) {
+      if (auto it = allocs_.find(id); it != allocs_.end() && !r.leave_running) {
+        it->second.checkpointed = true;
+      }
+    }
+    checkpoints_[row.vm_ip] = std::move(r);
+  }
+}
+
+void ClusterManager::PersistCheckpointLocked(const std::string& vm_ip, const CheckpointRecord& r) {
+  Json servers = Json::array();
+  for (size_t i = 0; i < r.endpoints.size(); ++i) {
+    servers.push_back(Json{{"alloc_id", r.alloc_ids[i]},
+                           {"node_id", r.node_ids[i]},
+                           {"gpu_uuid", r.gpu_uuids[i]},
+                           {"endpoint", r.endpoints[i]}});
+  }
+  Json record{{"leave_running", r.leave_running},
+              {"token", r.token},
+              {"sm", r.sm},
+              {"memory_bytes", r.memory_bytes},
+              {"servers", servers}};
+  Status s = store_->PutCheckpoint({vm_ip, r.dir, record.dump(), r.time_ms});
+  if (!s.ok()) {
+    FLYT_ERROR("cannot store the checkpoint of VM %s: %s", vm_ip.c_str(), s.message().c_str());
+  }
+}
+
+void ClusterManager::DropCheckpointLocked(const std::string& vm_ip) {
+  if (checkpoints_.erase(vm_ip) == 0) return;
+  Status s = store_->DeleteCheckpoint(vm_ip);
+  if (!s.ok()) {
+    FLYT_ERROR("cannot delete the checkpoint of VM %s: %s", vm_ip.c_str(), s.message().c_str());
+  }
+}
+
 // ---------------------------------------------------------------- moving a VM
 
 void ClusterManager::SettleServer(const std::string& vm_ip, const std::string& node_id,
@@ -688,6 +749,7 @@ Json ClusterManager::Checkpoint(const Json& req) {
     return Error("server_failed", message);
   }
   checkpoints_[vm_ip] = record;
+  PersistCheckpointLocked(vm_ip, record);
   EventLocked("checkpoint", vm_ip,
               "VM " + vm_ip + ": " + Sessions(sessions) + " written to " + where +
                   (leave_running ? "; its processes go on running"
@@ -818,8 +880,8 @@ Json ClusterManager::Restore(const Json& req) {
     auto rec = checkpoints_.find(vm_ip);
     if (rec == checkpoints_.end()) {
       return Error("bad_request", "no checkpoint of VM " + vm_ip +
-                                      " is recorded since the cluster manager started: give "
-                                      "the path (dir, flytctl --from PATH)");
+                                      " waits for a restore (none was taken, or it was "
+                                      "restored): give the path (dir, flytctl --from PATH)");
     }
     dir = rec->second.dir;
   }
@@ -831,9 +893,8 @@ Json ClusterManager::Restore(const Json& req) {
     if (!recorded) {
       return Error("unknown_allocation",
                    "VM " + vm_ip + " has no server to restore into, and no checkpoint in " + dir +
-                       " is recorded since the cluster manager started (it would know where to "
-                       "start the servers again: a checkpointed process reconnects only to its "
-                       "server's old address)");
+                       " waits for a restore (its record says where to start the servers again: "
+                       "a checkpointed process reconnects only to its server's old address)");
     }
     if (!node.empty() && std::find(rec->second.node_ids.begin(), rec->second.node_ids.end(),
                                    node) == rec->second.node_ids.end()) {
@@ -931,6 +992,10 @@ Json ClusterManager::Restore(const Json& req) {
                                 " (" + Sessions(restored) + " restored)";
     EventLocked("restore-failed", vm_ip, message);
     return Error("server_failed", message);
+  }
+  // Its files are spent (the node manager set them aside): the record goes too.
+  if (auto r = checkpoints_.find(vm_ip); r != checkpoints_.end() && r->second.dir == dir) {
+    DropCheckpointLocked(vm_ip);
   }
   EventLocked("restore", vm_ip,
               "VM " + vm_ip + ": " + Sessions(restored) + " restored from " + where +

@@ -720,6 +720,9 @@ TEST_F(ClusterManagerTest, RestoreStartsLostServersAgainAtTheirAddresses) {
   // The server goes (the node restarted, or the operator freed the GPU meanwhile).
   ASSERT_TRUE(Admin({{"verb", "deallocate"}, {"vm_ip", "10.1.0.31"}}).value("ok", false));
   ASSERT_TRUE(n1.running().empty());
+  // The record outlives a restart of the cluster manager (table checkpoints).
+  StartManager();
+  ASSERT_TRUE(cm_->Handle({"node", "n1", ""}, n1.Registration()).value("ok", false));
   Json r = Admin({{"verb", "restore"}, {"vm_ip", "10.1.0.31"}});
   ASSERT_TRUE(r.value("ok", false)) << r.dump();
   std::vector<Json> starts = n1.starts();
@@ -736,6 +739,8 @@ TEST_F(ClusterManagerTest, RestoreStartsLostServersAgainAtTheirAddresses) {
   EXPECT_EQ(again["endpoint"], a["endpoint"]);
   EXPECT_EQ(again["token"], a["token"]);
   EXPECT_EQ(Events("restore-servers").size(), 1u);
+  // Restored: the record is spent.
+  EXPECT_EQ(Admin({{"verb", "restore"}, {"vm_ip", "10.1.0.31"}})["code"], "bad_request");
   // A new server elsewhere (another address, another token) cannot take a checkpoint.
   ASSERT_TRUE(
       Admin({{"verb", "checkpoint"}, {"vm_ip", "10.1.0.31"}, {"dir", "/d"}}).value("ok", false));
