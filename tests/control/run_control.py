@@ -1449,9 +1449,10 @@ class Control(unittest.TestCase):
     def test_checkpoint_restore_vm(self):
         """flytctl checkpoint parks and writes the VM's running process (it waits), restore
         brings it back at the same server; a restore on another node is refused with the
-        reason; --leave-running writes it while it runs; after a checkpoint and a deallocate
-        (the server gone), restore starts a server at the same address and the process goes
-        on there. Its output equals an undisturbed run's."""
+        reason; --leave-running writes it while it runs; after a checkpoint, a deallocate (the
+        server gone) and a kill -9 and restart of the cluster manager, restore starts a server
+        at the same address and the process goes on there. Its output equals an undisturbed
+        run's."""
         self.start_cluster_manager(policy="spread")
         self.start_node("n1", "10.0.0.1")
         self.start_node("n2", "10.0.0.2")
@@ -1499,6 +1500,10 @@ class Control(unittest.TestCase):
         self.ctl("deallocate", "--vm", vm)
         self.wait_for("the VM's server gone", lambda: not self.server_pids())
         self.assertIsNone(self.server_of(vm))
+        # The cluster manager restarts meanwhile: the checkpoint's record is in the store.
+        self.cm.kill9()
+        self.start_cluster_manager()
+        self.wait_node_state("n1", NODE_UP)
         res = self.ctl("restore", "--vm", vm)
         self.assertEqual(res.json.get("restored"), 1, res.describe())
         again = self.wait_server_running(vm)
