@@ -1135,6 +1135,8 @@ Json ClusterManager::ListVms() {
   for (const auto& [ip, v] : vms_) {
     Json j = VmJson(v);
     if (vm_allocs_.count(ip)) j["allocation"] = VmAllocJsonLocked(ip);
+    if (auto c = checkpoints_.find(ip); c != checkpoints_.end())
+      j["checkpoint"] = CheckpointJson(c->second);
     vms.push_back(j);
   }
   return Ok({{"vms", vms}});
@@ -1183,6 +1185,8 @@ Json ClusterManager::Show(const Json& req) {
   if (auto v = vms_.find(key); v != vms_.end()) {
     Json j = VmJson(v->second);
     if (vm_allocs_.count(key)) j["allocation"] = VmAllocJsonLocked(key);
+    if (auto c = checkpoints_.find(key); c != checkpoints_.end())
+      j["checkpoint"] = CheckpointJson(c->second);
     return Ok({{"kind", "vm"}, {"vm", j}});
   }
   if (auto n = nodes_.find(key); n != nodes_.end()) {

@@ -140,6 +140,8 @@ class ClusterManager {
   void LoadCheckpointsLocked(const std::vector<store::Checkpoint>& rows);
   void PersistCheckpointLocked(const std::string& vm_ip, const CheckpointRecord& record);
   void DropCheckpointLocked(const std::string& vm_ip);
+  // What list-vms and show say of a VM's checkpoint waiting for a restore (no token).
+  static control::Json CheckpointJson(const CheckpointRecord& record);
   // Restore of a VM that lost its servers: starts them again on the checkpoint's nodes and
   // GPUs, at its endpoints (same port) and with its token, as the VM's allocations. Null on
   // success, else the Error.

@@ -234,6 +234,14 @@ void ClusterManager::PersistCheckpointLocked(const std::string& vm_ip, const Che
   }
 }
 
+Json ClusterManager::CheckpointJson(const CheckpointRecord& r) {
+  return Json{{"dir", r.dir},
+              {"time_ms", r.time_ms},
+              {"leave_running", r.leave_running},
+              {"node_id", JoinEndpoints(DistinctNodes(r.node_ids))},
+              {"endpoint", JoinEndpoints(r.endpoints)}};
+}
+
 void ClusterManager::DropCheckpointLocked(const std::string& vm_ip) {
   if (checkpoints_.erase(vm_ip) == 0) return;
   Status s = store_->DeleteCheckpoint(vm_ip);

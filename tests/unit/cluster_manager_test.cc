@@ -682,6 +682,11 @@ TEST_F(ClusterManagerTest, CheckpointAndRestoreEveryServerOfTheVm) {
   }
   EXPECT_EQ(dirs, (std::set<std::string>{"/ckpt/x/gpu0", "/ckpt/x/gpu1"}));
   EXPECT_EQ(Events("checkpoint").size(), 1u);
+  Json shown = Admin({{"verb", "show"}, {"id", "10.1.0.29"}})["vm"];
+  EXPECT_EQ(shown["checkpoint"]["dir"], "/ckpt/x") << shown.dump();
+  EXPECT_EQ(shown["checkpoint"]["node_id"], "n1");
+  EXPECT_EQ(shown.dump().find(Allocate("10.1.0.29")["token"].get<std::string>()), std::string::npos)
+      << "no token in show";
   // Parked processes: a second checkpoint and a move wait for the restore.
   EXPECT_EQ(Admin({{"verb", "checkpoint"}, {"vm_ip", "10.1.0.29"}, {"dir", "/ckpt/y"}})["code"],
             "bad_request");
@@ -698,6 +703,7 @@ TEST_F(ClusterManagerTest, CheckpointAndRestoreEveryServerOfTheVm) {
   EXPECT_EQ(r["dir"], "/ckpt/x");
   EXPECT_EQ(n1.requests("restore").size(), 2u);
   EXPECT_EQ(Events("restore").size(), 1u);
+  EXPECT_FALSE(Admin({{"verb", "show"}, {"id", "10.1.0.29"}})["vm"].contains("checkpoint"));
   // A checkpoint that leaves a session behind resumes the written ones at once.
   n1.FailMoves(1);
   Json f = Admin({{"verb", "checkpoint"}, {"vm_ip", "10.1.0.29"}, {"dir", "/ckpt/z"}});
