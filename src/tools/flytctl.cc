@@ -149,9 +149,10 @@ void PrintVerbUsage(FILE* out, const std::string& verb) {
                      "  --leave-running every process of the VM is parked and written, and\n"
                      "  waits (up to 10 min) until restore; if one server fails, the processes\n"
                      "  already written resume at once. restore takes the last checkpoint\n"
-                     "  (or --from PATH) into the VM's servers where it was taken: a waiting\n"
-                     "  process reconnects only to its server's address, so --node must be\n"
-                     "  that node; move the VM afterwards with migrate.\n");
+                     "  (or --from PATH) into the VM's servers where it was taken, started\n"
+                     "  again at the same addresses if they are gone: a waiting process\n"
+                     "  reconnects only to its server's address, so --node must be that\n"
+                     "  node; move the VM afterwards with migrate.\n");
       } else if (verb == "drain-node") {
         std::fprintf(out,
                      "\n"
