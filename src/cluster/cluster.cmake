@@ -1,7 +1,7 @@
 # The cluster manager: placement index, state and decisions, and its daemon.
 include(src/cluster/placement.cmake)
-add_library(flyt_cluster STATIC src/cluster/cluster_manager.cc src/cluster/gpu_group.cc
-                               src/cluster/metrics_text.cc)
+add_library(flyt_cluster STATIC src/cluster/cluster_manager.cc src/cluster/migration.cc
+                               src/cluster/gpu_group.cc src/cluster/metrics_text.cc)
 target_link_libraries(flyt_cluster PUBLIC flyt_control flyt_store flyt_placement)
 if(FLYT_BUILD_TESTS)
   add_executable(metrics_text_test tests/unit/metrics_text_test.cc)

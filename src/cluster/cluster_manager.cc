@@ -125,6 +125,8 @@ Status ClusterManager::Start() {
   if (s.ok()) s = store_->ListNodes(&nodes);
   if (s.ok()) s = store_->ListGpus(&gpus);
   if (s.ok()) s = store_->ListAllocations(&allocs);
+  std::vector<store::Checkpoint> checkpoints;
+  if (s.ok()) s = store_->ListCheckpoints(&checkpoints);
   if (!s.ok()) return Status::Error("cannot load the cluster state: " + s.message());
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& v : vms) vms_[v.vm_ip] = v;
@@ -153,6 +155,7 @@ Status ClusterManager::Start() {
       return allocs_[x].row.ordinal < allocs_[y].row.ordinal;
     });
   }
+  LoadCheckpointsLocked(checkpoints);
   EventLocked("cluster-manager-start", "cluster",
               std::to_string(vms_.size()) + " VMs, " + std::to_string(nodes_.size()) + " nodes, " +
                   std::to_string(allocs_.size()) + " allocations loaded from " + store_->dialect());
@@ -383,6 +386,10 @@ Json ClusterManager::HandleVerb(const control::Peer& peer, const Json& req) {
   if (verb == "vm-add") return VmAdd(req);
   if (verb == "vm-remove") return VmRemove(req);
   if (verb == "vm-import") return VmImport(req);
+  if (verb == "migrate") return Migrate(req);
+  if (verb == "checkpoint") return Checkpoint(req);
+  if (verb == "restore") return Restore(req);
+  if (verb == "migrate-auto") return MigrateAuto(req);
   return Error("bad_request", "unknown verb '" + verb + "'");
 }
 
@@ -479,6 +486,9 @@ std::string ClusterManager::MetricsText() {
   m.Family("flyt_allocation_request_seconds", "histogram",
            "time to answer an allocation request (placement and server start included)");
   allocation_seconds_.Write(&m, "flyt_allocation_request_seconds", {});
+  m.Family("flyt_migration_seconds", "histogram",
+           "time a VM's move took, from the plan to its old servers stopped (moves done)");
+  migration_seconds_.Write(&m, "flyt_migration_seconds", {});
   return m.text();
 }
 
@@ -1125,6 +1135,8 @@ Json ClusterManager::ListVms() {
   for (const auto& [ip, v] : vms_) {
     Json j = VmJson(v);
     if (vm_allocs_.count(ip)) j["allocation"] = VmAllocJsonLocked(ip);
+    if (auto c = checkpoints_.find(ip); c != checkpoints_.end())
+      j["checkpoint"] = CheckpointJson(c->second);
     vms.push_back(j);
   }
   return Ok({{"vms", vms}});
@@ -1173,6 +1185,8 @@ Json ClusterManager::Show(const Json& req) {
   if (auto v = vms_.find(key); v != vms_.end()) {
     Json j = VmJson(v->second);
     if (vm_allocs_.count(key)) j["allocation"] = VmAllocJsonLocked(key);
+    if (auto c = checkpoints_.find(key); c != checkpoints_.end())
+      j["checkpoint"] = CheckpointJson(c->second);
     return Ok({{"kind", "vm"}, {"vm", j}});
   }
   if (auto n = nodes_.find(key); n != nodes_.end()) {
@@ -1192,21 +1206,74 @@ Json ClusterManager::Show(const Json& req) {
 
 Json ClusterManager::DrainNode(const Json& req, bool drain) {
   std::string node_id = Str(req, "node_id");
+  // drain-node moves the node's VMs to other nodes unless told not to (migrate: false).
+  const bool migrate =
+      drain && !(req.contains("migrate") && req["migrate"].is_boolean() && !req["migrate"]);
+  std::vector<std::string> vms;  // VMs with a server on the node
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = nodes_.find(node_id);
+    if (it == nodes_.end()) return Error("unknown_node", "unknown node " + node_id);
+    NodeState& n = it->second;
+    if (n.row.state != "down") n.row.state = drain ? "draining" : "up";
+    placement_.SetNodeSchedulable(node_id, !drain && n.row.state == "up");
+    Status s = store_->UpsertNode(n.row);
+    if (!s.ok()) return Error("internal", "cannot store node " + node_id + ": " + s.message());
+    int running = 0;
+    for (const auto& [id, a] : allocs_) {
+      if (a.row.node_id != node_id || a.row.state == "migrating") continue;
+      ++running;
+      if (std::find(vms.begin(), vms.end(), a.row.vm_ip) == vms.end()) vms.push_back(a.row.vm_ip);
+    }
+    if (!migrate || vms.empty() || n.row.state == "down") {
+      EventLocked(
+          drain ? "drain-node" : "undrain-node", node_id,
+          drain ? "no new allocations; " + std::to_string(running) +
+                      " running allocation(s) stay until they end" +
+                      (migrate && n.row.state == "down" ? " (the node is down: nothing moves)" : "")
+                : "takes new allocations again");
+      return Ok({{"node_id", node_id},
+                 {"state", n.row.state},
+                 {"allocations", running},
+                 {"migrate", false}});
+    }
+    EventLocked(
+        "drain-node", node_id,
+        "no new allocations; moving its " + std::to_string(vms.size()) + " VM(s) to other nodes");
+  }
+  Json moved = Json::array(), failed = Json::array();
+  for (const std::string& vm : vms) {
+    PlacementFilter filter;
+    filter.avoid_nodes = {node_id};
+    Json r = MoveVm(
+        vm, filter, [&](const store::Allocation& a) { return a.node_id == node_id; },
+        "drain-node " + node_id, options_.migrate_wait_ms);
+    if (r.value("ok", false)) {
+      moved.push_back(Json{{"vm_ip", vm}, {"endpoint", r["allocation"].value("endpoint", "")}});
+    } else if (r.value("code", "") != "bad_request" ||
+               r.value("error", "").find("nothing to move") == std::string::npos) {
+      failed.push_back(Json{{"vm_ip", vm}, {"error", r.value("error", "")}});
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = nodes_.find(node_id);
-  if (it == nodes_.end()) return Error("unknown_node", "unknown node " + node_id);
-  NodeState& n = it->second;
-  if (n.row.state != "down") n.row.state = drain ? "draining" : "up";
-  placement_.SetNodeSchedulable(node_id, !drain && n.row.state == "up");
-  Status s = store_->UpsertNode(n.row);
-  if (!s.ok()) return Error("internal", "cannot store node " + node_id + ": " + s.message());
   int running = 0;
   for (const auto& [id, a] : allocs_) running += a.row.node_id == node_id;
-  EventLocked(drain ? "drain-node" : "undrain-node", node_id,
-              drain ? "no new allocations; " + std::to_string(running) +
-                          " running allocation(s) stay until they end"
-                    : "takes new allocations again");
-  return Ok({{"node_id", node_id}, {"state", n.row.state}, {"allocations", running}});
+  std::string failures;
+  for (const Json& f : failed)
+    failures += (failures.empty() ? "" : ", ") + f["vm_ip"].get<std::string>();
+  EventLocked(
+      "drain-node-done", node_id,
+      std::to_string(moved.size()) + " VM(s) moved to other nodes" +
+          (failed.empty() ? std::string()
+                          : ", " + std::to_string(failed.size()) + " could not move and stay (" +
+                                failures + "; see their migrate-failed events)") +
+          "; " + std::to_string(running) + " allocation(s) left on the node");
+  return Ok({{"node_id", node_id},
+             {"state", nodes_[node_id].row.state},
+             {"allocations", running},
+             {"migrate", true},
+             {"moved", moved},
+             {"failed", failed}});
 }
 
 Json ClusterManager::VmAdd(const Json& req) {
@@ -1242,6 +1309,7 @@ Json ClusterManager::VmRemove(const Json& req) {
   Status s = store_->RemoveVm(vm_ip, nullptr);
   if (!s.ok()) return Error("internal", "cannot remove VM " + vm_ip + ": " + s.message());
   vms_.erase(vm_ip);
+  DropCheckpointLocked(vm_ip);
   EventLocked("vm-remove", vm_ip, had_alloc ? "its allocation was stopped" : "");
   return Ok({{"vm_ip", vm_ip}});
 }
@@ -1308,7 +1376,7 @@ void ClusterManager::MonitorLoop() {
           std::vector<AllocState*> members = MembersLocked(vm_ip);
           bool all_idle = !members.empty();
           for (const AllocState* a : members) {
-            all_idle = all_idle && !a->busy && a->row.state == "running" &&
+            all_idle = all_idle && !a->busy && !a->checkpointed && a->row.state == "running" &&
                        a->report.contains("idle_ms") && Int(a->report, "sessions") == 0 &&
                        Int(a->report, "idle_ms") >= options_.idle_grace_ms;
           }
@@ -1323,6 +1391,22 @@ void ClusterManager::MonitorLoop() {
       std::lock_guard<std::mutex> lock(bg_mu_);
       if (stopping_.load()) break;
       background_.emplace_back([this, vm] { Deallocate(vm, "idle"); });
+    }
+    // Rebalance now and then (rebalance_interval_ms), one run at a time.
+    if (options_.rebalance_interval_ms > 0 &&
+        Clock::now() - last_rebalance_ >=
+            std::chrono::milliseconds(options_.rebalance_interval_ms) &&
+        !rebalancing_.exchange(true)) {
+      last_rebalance_ = Clock::now();
+      std::lock_guard<std::mutex> lock(bg_mu_);
+      if (!stopping_.load()) {
+        background_.emplace_back([this] {
+          MigrateAuto(Json{{"automatic", true}});
+          rebalancing_ = false;
+        });
+      } else {
+        rebalancing_ = false;
+      }
     }
     // Reap finished background threads now and then.
     std::lock_guard<std::mutex> lock(bg_mu_);

@@ -12,12 +12,19 @@
 // token), placed together by Placement::PlaceGroup: it gets all of them or none, is
 // resized, freed and restarted-or-freed as a whole, and its client is told the
 // servers' endpoints as one comma-separated list in ordinal order.
+// Moving a VM (migration.cc: migrate, checkpoint, restore, migrate-auto, drain-node's
+// moves): new servers are started on the target GPUs with the VM's share and token, the
+// source node managers tell the old servers to move their sessions there, and only when
+// every session of every moved server arrived is the VM's placement switched and the old
+// servers stopped; otherwise the sessions that did move are sent back, the targets are
+// stopped and the VM runs where it was. A VM moves whole or not at all.
 // Verbs and fields: docs/control_plane.md.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -38,6 +45,8 @@ struct ClusterOptions {
   int64_t idle_grace_ms = 300000;          // auto-deallocation; 0 = off
   int64_t max_server_restarts = 3;         // per allocation, then its share is freed
   int64_t node_call_timeout_ms = 30000;    // start-server waits for readiness
+  int64_t migrate_wait_ms = 30000;         // a move waits this long for sessions to park
+  int64_t rebalance_interval_ms = 0;       // migrate-auto this often; 0 = only when asked
   PlacementOptions placement;
 };
 
@@ -74,7 +83,18 @@ class ClusterManager {
     store::Allocation row;
     control::Json report;  // the server's last ServerReport (sessions, memory_used, ...)
     int restarts = 0;
-    bool busy = false;  // a start/stop/resize is in flight: others wait
+    bool busy = false;          // a start/stop/resize is in flight: others wait
+    bool checkpointed = false;  // its sessions wait in a checkpoint: never idle-freed
+  };
+  // The last checkpoint of a VM, until restored: where restore finds it by default.
+  struct CheckpointRecord {
+    std::string dir;
+    bool leave_running = false;
+    int64_t time_ms = 0;
+    std::vector<std::string> alloc_ids, node_ids, gpu_uuids, endpoints;  // by ordinal
+    std::string token;  // to start the servers again at the same addresses
+    int sm = 0;
+    int64_t memory_bytes = 0;
   };
 
   // Verbs.
@@ -94,6 +114,49 @@ class ClusterManager {
   control::Json VmAdd(const control::Json& req);
   control::Json VmRemove(const control::Json& req);
   control::Json VmImport(const control::Json& req);
+  // Session moves (migration.cc).
+  control::Json Migrate(const control::Json& req);
+  control::Json Checkpoint(const control::Json& req);
+  control::Json Restore(const control::Json& req);
+  control::Json MigrateAuto(const control::Json& req);
+  // Moves the VM's servers for which `moves` is true to GPUs that `filter` allows (the
+  // VM's own GPUs are always avoided), all or none: Ok({vm_ip, moved:[...], ...}) or an
+  // Error that says why; the VM then runs where it was. `why` goes into the events.
+  control::Json MoveVm(const std::string& vm_ip, PlacementFilter filter,
+                       const std::function<bool(const store::Allocation&)>& moves,
+                       const std::string& why, int64_t wait_ms);
+  // Before a server that gave its sessions away stops: waits (a few seconds at most) until
+  // it has none left, and moves those that came late (a pending order, a process that
+  // connected meanwhile) to `to` as well.
+  void SettleServer(const std::string& vm_ip, const std::string& node_id,
+                    const std::string& alloc_id, const std::string& to, const std::string& token,
+                    int64_t wait_ms);
+  // One call on a connection of its own (a move may take wait_ms): other calls to the
+  // node do not wait behind it.
+  control::Json CallNodeAlone(const std::string& node_id, const std::string& verb,
+                              const control::Json& args, int64_t timeout_ms, Status* status);
+  // Checkpoint records in the store (table checkpoints: they outlive a restart of the
+  // cluster manager, and are dropped once restored).
+  void LoadCheckpointsLocked(const std::vector<store::Checkpoint>& rows);
+  void PersistCheckpointLocked(const std::string& vm_ip, const CheckpointRecord& record);
+  void DropCheckpointLocked(const std::string& vm_ip);
+  // What list-vms and show say of a VM's checkpoint waiting for a restore (no token).
+  static control::Json CheckpointJson(const CheckpointRecord& record);
+  // Restore of a VM that lost its servers: starts them again on the checkpoint's nodes and
+  // GPUs, at its endpoints (same port) and with its token, as the VM's allocations. Null on
+  // success, else the Error.
+  control::Json StartAtCheckpointLocked(std::unique_lock<std::mutex>* lock,
+                                        const std::string& vm_ip, const CheckpointRecord& rec);
+  // Waits until none of the VM's allocations is busy; false after kBusyWait.
+  bool WaitNotBusyLocked(std::unique_lock<std::mutex>* lock, const std::string& vm_ip);
+  // What is promised on each node that is up (migrate-auto's measure).
+  struct NodeLoad {
+    int64_t sm_used = 0, sm_total = 0, memory_used = 0, memory_total = 0;
+    // The larger of promised SMs and promised memory over capacity, 0..1 (more when
+    // oversubscribed).
+    double Load() const;
+  };
+  std::map<std::string, NodeLoad> NodeLoadsLocked() const;
 
   // Helpers; names ending in Locked need mu_ held.
   control::Json CallNode(const std::string& node_id, const std::string& verb,
@@ -130,11 +193,16 @@ class ClusterManager {
   std::map<std::string, AllocState> allocs_;                   // by alloc_id
   std::map<std::string, std::vector<std::string>> vm_allocs_;  // vm_ip -> alloc_ids, by ordinal
   Placement placement_;
+  std::map<std::string, CheckpointRecord> checkpoints_;  // by vm_ip, until restored
+  Clock::time_point last_rebalance_ = Clock::now();
+  std::atomic<bool> rebalancing_{false};  // an automatic migrate-auto is running
   // Since start, for /metrics: events by kind, requests by (verb, outcome), and
   // how long allocation requests took to answer.
   std::map<std::string, uint64_t> event_counts_;
   std::map<std::pair<std::string, std::string>, uint64_t> request_counts_;
   Histogram allocation_seconds_{{0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30}};
+  // How long a VM's move took (from the plan to the old servers stopped), moves done only.
+  Histogram migration_seconds_{{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
 
   std::atomic<bool> stopping_{false};
   std::thread monitor_;

@@ -49,6 +49,10 @@ int main(int argc, char** argv) {
                "times a dead server is restarted before its share is freed");
   settings.Add("node_call_timeout_ms", &opt.node_call_timeout_ms,
                "how long a node manager may take to start a server");
+  settings.Add("migrate_wait_ms", &opt.migrate_wait_ms,
+               "how long a migration, checkpoint or restore waits for a server's sessions");
+  settings.Add("rebalance_interval_ms", &opt.rebalance_interval_ms,
+               "run migrate-auto this often (move a VM off the most loaded node); 0 = never");
   settings.Add("placement_policy", &policy, "spread (most free GPU) or pack (fullest that fits)");
   settings.Add("oversubscribe_sm", &over_sm, "allow more SMs to be promised than a GPU has");
   settings.Add("oversubscribe_memory", &over_mem,

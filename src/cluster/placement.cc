@@ -248,7 +248,8 @@ Status Placement::Place(const PlacementRequest& request, std::string* gpu_uuid) 
 }
 
 Status Placement::PlaceGroup(const PlacementRequest& request, int count,
-                             std::vector<std::string>* uuids, bool* one_node) const {
+                             std::vector<std::string>* uuids, bool* one_node,
+                             const PlacementFilter* filter) const {
   if (uuids == nullptr || one_node == nullptr)
     return Status::Error("placement: no output for the GPU uuids");
   if (count < 1) return Status::Error("bad placement request: " + std::to_string(count) + " GPUs");
@@ -257,7 +258,7 @@ Status Placement::PlaceGroup(const PlacementRequest& request, int count,
                          Share(request.sm, request.memory_bytes) + " (negative)");
   }
   uuids->clear();
-  if (count == 1) {  // exactly Place's pick
+  if (count == 1 && filter == nullptr) {  // exactly Place's pick
     uuids->emplace_back();
     Status st = Place(request, &uuids->back());
     if (!st.ok()) uuids->clear();
@@ -273,11 +274,19 @@ Status Placement::PlaceGroup(const PlacementRequest& request, int count,
   };
   std::vector<Candidate> nodes;
   size_t fitting = 0;
+  size_t allowed = 0;  // GPUs the filter lets through, fitting or not
   for (const auto& [node_id, node] : nodes_) {
     if (!node.schedulable) continue;
+    if (filter != nullptr && ((!filter->nodes.empty() && !filter->nodes.count(node_id)) ||
+                              filter->avoid_nodes.count(node_id)))
+      continue;
     Candidate c;
     c.node = &node_id;
     for (const Entry* e : node.gpus) {
+      if (filter != nullptr && (filter->avoid_gpus.count(e->uuid()) ||
+                                (!filter->gpu.empty() && filter->gpu != e->uuid())))
+        continue;
+      allowed += e->usage.schedulable;
       if (!e->usage.schedulable || !Fits(*e, request.sm, request.memory_bytes)) continue;
       c.gpus.push_back(e);
       c.vm_host =
@@ -290,6 +299,12 @@ Status Placement::PlaceGroup(const PlacementRequest& request, int count,
       c.free_sm += c.gpus[i]->free_sm();
     fitting += c.gpus.size();
     nodes.push_back(std::move(c));
+  }
+  if (fitting < static_cast<size_t>(count) && filter != nullptr) {
+    return Status::Error("only " + std::to_string(fitting) + " of the " + std::to_string(allowed) +
+                         " GPU(s) that may take it " + (allowed == 1 ? "has " : "have ") +
+                         Share(request.sm, request.memory_bytes) + " free, " +
+                         std::to_string(count) + " needed");
   }
   if (fitting < static_cast<size_t>(count)) {
     return Status::Error(

@@ -50,6 +50,14 @@ struct GpuUsage {
   int allocations = 0;      // Reserve calls minus Release calls
 };
 
+// Restricts PlaceGroup to some GPUs (a tenant that moves): only GPUs of `nodes` (empty:
+// any node), and never a GPU of `avoid_nodes` or in `avoid_gpus` (the tenant's own);
+// `gpu` set: that GPU only.
+struct PlacementFilter {
+  std::set<std::string> nodes, avoid_nodes, avoid_gpus;
+  std::string gpu;
+};
+
 struct PlacementRequest {
   std::string vm_ip, host_ip;  // host_ip: the VM's host; its GPUs are tried first
   int sm = 0;
@@ -96,8 +104,9 @@ class Placement {
   // otherwise across as few nodes as it can, the nodes with most fitting GPUs first.
   // *one_node says which it was. The picks come in an order that keeps a node's GPUs
   // together. Does NOT reserve. Failure says how many GPUs could take the share.
+  // `filter` (optional) narrows the GPUs that may be picked (a move, see PlacementFilter).
   Status PlaceGroup(const PlacementRequest& request, int count, std::vector<std::string>* uuids,
-                    bool* one_node) const;
+                    bool* one_node, const PlacementFilter* filter = nullptr) const;
   // Whether uuid can grow by (sm_delta, memory_delta); deltas may be negative, and a
   // shrink always fits. The node's schedulable flag does not matter here.
   Status CanResize(const std::string& uuid, int sm_delta, int64_t memory_delta) const;

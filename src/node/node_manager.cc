@@ -12,6 +12,8 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <set>
 
 #include "common/log.h"
 #include "transport/transport.h"
@@ -26,6 +28,10 @@ constexpr int kDialTimeoutMs = 5000;
 constexpr int kCallTimeoutMs = 10000;
 constexpr int kBackoffFirstMs = 500;
 constexpr int kBackoffMaxMs = 10000;
+// migrate/checkpoint/restore: the longest wait_ms passed on, and how much longer than
+// wait_ms the server may take to answer.
+constexpr int64_t kMaxMoveWaitMs = 10 * 60 * 1000;
+constexpr int kMoveAnswerMarginMs = 10000;
 
 // Required string field.
 Status GetString(const Json& req, const char* key, std::string* out) {
@@ -55,6 +61,18 @@ std::string ExecutableDir() {
   std::string path(buf, static_cast<size_t>(n));
   size_t slash = path.rfind('/');
   return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+// The session files (*.flyt) of a checkpoint folder, as full paths.
+std::vector<std::string> CheckpointFiles(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() > 5 && name.compare(name.size() - 5, 5, ".flyt") == 0)
+      out.push_back(dir + "/" + name);
+  }
+  return out;
 }
 
 // A refusal is an answer with ok:false; anything else is a dead channel.
@@ -282,9 +300,12 @@ Json NodeManager::Handle(const control::Peer& peer, const Json& request) {
     if (verb == "stop-server") return StopServer(request);
     if (verb == "set-share") return SetShare(request);
     if (verb == "list-servers") return ListServers();
+    if (verb == "migrate" || verb == "checkpoint" || verb == "restore")
+      return MoveSessions(verb, request);
     return control::Error("bad_request", "unknown verb '" + verb +
                                              "': the node manager answers start-server, "
-                                             "stop-server, set-share, list-servers");
+                                             "stop-server, set-share, list-servers, migrate, "
+                                             "checkpoint, restore");
   } catch (const Json::exception& e) {
     return control::Error("bad_request", std::string("malformed request: ") + e.what());
   }
@@ -297,6 +318,14 @@ Json NodeManager::StartServer(const Json& req) {
   if (st.ok()) st = GetCount(req, "sm", &p.sm);
   if (st.ok()) st = GetCount(req, "memory_bytes", &p.memory_bytes);
   if (st.ok()) st = GetString(req, "token", &p.token);
+  if (st.ok() && req.contains("port")) {
+    // The data-plane port a restored checkpoint's clients wait at (0: any).
+    int64_t port = 0;
+    st = GetCount(req, "port", &port);
+    if (st.ok() && port > 65535)
+      st = Status::Error("port " + std::to_string(port) + " is not a port");
+    p.port = static_cast<int>(port);
+  }
   if (!st.ok()) return control::Error("bad_request", "start-server: " + st.message());
   const GpuInfo* gpu = FindGpu(p.gpu_uuid);
   if (gpu == nullptr) {
@@ -360,6 +389,72 @@ Json NodeManager::SetShare(const Json& req) {
   for (auto it = answer.begin(); it != answer.end(); ++it)
     if (it.key() != "ok" && it.key() != "id") fields[it.key()] = it.value();
   if (!fields.contains("pause_us")) fields["pause_us"] = 0;
+  return control::Ok(fields);
+}
+
+Json NodeManager::MoveSessions(const std::string& verb, const Json& req) {
+  std::string id, code;
+  Status st = GetString(req, "alloc_id", &id);
+  if (!st.ok()) return control::Error("bad_request", verb + ": " + st.message());
+  int64_t wait_ms = 30000;
+  if (req.contains("wait_ms")) {
+    st = GetCount(req, "wait_ms", &wait_ms);
+    if (!st.ok()) return control::Error("bad_request", verb + ": " + st.message());
+    wait_ms = std::min<int64_t>(wait_ms, kMaxMoveWaitMs);
+  }
+  Json forward{{"verb", verb}, {"wait_ms", wait_ms}};
+  if (verb == "migrate") {
+    std::string to, token;
+    st = GetString(req, "to", &to);
+    if (st.ok()) st = GetString(req, "token", &token);
+    if (!st.ok()) return control::Error("bad_request", "migrate: " + st.message());
+    forward["to"] = to;
+    forward["token"] = token;
+  } else {
+    std::string dir;
+    st = GetString(req, "dir", &dir);
+    if (!st.ok() || dir.empty() || dir[0] != '/')
+      return control::Error("bad_request",
+                            verb + ": \"dir\" must be an absolute path on node " + config_.node_id);
+    forward["dir"] = dir;
+    if (verb == "checkpoint") {
+      // The node's side of the path: made here (0700), the server only writes into it.
+      std::error_code ec;
+      std::filesystem::create_directories(dir, ec);
+      if (ec)
+        return control::Error("bad_request", "checkpoint: cannot make " + dir + " on node " +
+                                                 config_.node_id + ": " + ec.message());
+      std::filesystem::permissions(dir, std::filesystem::perms::owner_all,
+                                   std::filesystem::perm_options::replace, ec);
+      // A restore takes every file of the folder: never mix two checkpoints.
+      if (!CheckpointFiles(dir).empty())
+        return control::Error("bad_request", "checkpoint: " + dir + " on node " + config_.node_id +
+                                                 " already holds a checkpoint; give another path");
+      auto lr = req.find("leave_running");
+      forward["leave_running"] = lr != req.end() && lr->is_boolean() && lr->get<bool>();
+    }
+  }
+  Json answer;
+  // The server answers once its sessions did (or wait_ms passed).
+  st = supervisor_->Forward(id, forward, static_cast<int>(wait_ms) + kMoveAnswerMarginMs, &answer,
+                            &code);
+  if (!st.ok()) return control::Error(code, st.message());
+  if (verb == "restore" && answer.value("restored", -1) == answer.value("files", -2)) {
+    // A file restored once is spent (its one-time key is used): renamed so that a second
+    // restore of the folder does not take it again.
+    std::set<std::string> failed;
+    for (const auto& f : answer.value("failed", Json::array()))
+      if (f.is_object()) failed.insert(f.value("file", ""));
+    for (const std::string& file : CheckpointFiles(forward["dir"].get<std::string>())) {
+      if (failed.count(file)) continue;
+      std::error_code ec;
+      std::filesystem::rename(file, file + ".restored", ec);
+    }
+  }
+  Json fields = Json::object();
+  for (auto it = answer.begin(); it != answer.end(); ++it)
+    if (it.key() != "ok" && it.key() != "id") fields[it.key()] = it.value();
+  FLYT_INFO("%s of server %s: %s", verb.c_str(), id.c_str(), fields.dump().c_str());
   return control::Ok(fields);
 }
 

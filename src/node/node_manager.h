@@ -2,7 +2,8 @@
 //
 // Owns: the node manager's settings and their derived defaults, the verbs it
 // answers for the cluster manager (start-server, stop-server, set-share,
-// list-servers; peers of any other role are refused), and its side of the
+// list-servers, and migrate/checkpoint/restore forwarded to one server's control
+// socket; peers of any other role are refused), and its side of the
 // conversation with the cluster manager: register-node (GPUs and the servers
 // running now, so that a restarted cluster manager adopts them), a heartbeat
 // with ServerReports every heartbeat_ms, server-exited for each server that
@@ -94,6 +95,8 @@ class NodeManager {
   control::Json StartServer(const control::Json& request);
   control::Json StopServer(const control::Json& request);
   control::Json SetShare(const control::Json& request);
+  // migrate, checkpoint, restore: forwarded to the allocation's server.
+  control::Json MoveSessions(const std::string& verb, const control::Json& request);
   control::Json ListServers();
   const GpuInfo* FindGpu(const std::string& uuid) const;
   EnvList ServerEnv(const ServerParams& params) const;

@@ -166,6 +166,7 @@ void ServerSupervisor::WriteStateFile(const std::string& id, const Entry& e) {
              {"sm", e.params.sm},
              {"memory_bytes", e.params.memory_bytes},
              {"token", e.params.token},
+             {"port", e.params.port},
              {"pid", e.pid},
              {"memory_at_start", e.memory_at_start}};
   const std::string path = StatePath(id), tmp = path + ".tmp";
@@ -201,7 +202,7 @@ Status ServerSupervisor::SpawnLocked(const EntryPtr& e) {
                 "--backend",
                 options_.backend,
                 "--listen",
-                Scheme() + HostForUrl(options_.listen_host) + ":0",
+                Scheme() + HostForUrl(options_.listen_host) + ":" + std::to_string(p.port),
                 "--control",
                 "unix://" + ctl};
   if (!options_.tls_cert.empty()) {
@@ -427,6 +428,37 @@ Status ServerSupervisor::Stop(const std::string& id, std::string* code) {
   RemoveFiles(id);
   cv_.notify_all();
   FLYT_INFO("server %s: stopped (pid %d)", id.c_str(), static_cast<int>(pid));
+  return Status::Ok();
+}
+
+Status ServerSupervisor::Forward(const std::string& id, const Json& request, int timeout_ms,
+                                 Json* answer, std::string* code) {
+  const std::string verb = request.value("verb", std::string());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = servers_.find(id);
+    if (it == servers_.end()) {
+      *code = "unknown_allocation";
+      return Status::Error("no server for allocation " + id + " on this node");
+    }
+    if (it->second->state != State::kRunning) {
+      *code = "server_failed";
+      return Status::Error(
+          "server " + id + " is " +
+          (it->second->state == State::kStarting ? "still starting" : "not running") + ": retry " +
+          verb + " once it runs");
+    }
+  }
+  *answer = Json::object();
+  Status st = ServerControlCall(SocketPath(id), request, timeout_ms, answer);
+  if (!st.ok()) {
+    bool refused = answer->is_object() && answer->contains("ok");
+    auto c = answer->is_object() ? answer->find("code") : answer->end();
+    *code = (c != answer->end() && c->is_string()) ? c->get<std::string>()
+            : refused                              ? "bad_request"
+                                                   : "server_failed";
+    return Status::Error("server " + id + " did not do " + verb + ": " + st.message());
+  }
   return Status::Ok();
 }
 
@@ -696,6 +728,7 @@ void ServerSupervisor::Adopt() {
       e->params.sm = s.at("sm").get<int64_t>();
       e->params.memory_bytes = s.at("memory_bytes").get<int64_t>();
       e->params.token = s.at("token").get<std::string>();
+      e->params.port = s.value("port", 0);
       e->memory_at_start = s.value("memory_at_start", e->params.memory_bytes);
       pid = s.at("pid").get<pid_t>();
     } catch (const std::exception& ex) {

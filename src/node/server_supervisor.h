@@ -5,7 +5,8 @@
 // <run_dir>/<alloc_id>.log, control socket <run_dir>/<alloc_id>.ctl, state file
 // <run_dir>/<alloc_id>.json), waiting until its control socket answers `stats`,
 // noticing exits (waitpid) without losing them, stopping (SIGTERM to its
-// process group, SIGKILL after stop_timeout_ms), forwarding set-share, reading
+// process group, SIGKILL after stop_timeout_ms), forwarding set-share and the
+// session moves (migrate, checkpoint, restore), reading
 // each server's stats for reports, and adopting servers left running by a
 // node manager that died. Must not talk to the cluster manager nor decide what
 // happens after an exit: the node manager asks, then calls Restart or Forget.
@@ -40,6 +41,7 @@ struct ServerParams {
   int64_t sm = 0;            // SMs; 0: no --sm-count (the whole GPU)
   int64_t memory_bytes = 0;  // quota; 0: no --memory-quota
   std::string token;         // clients' credential, passed in FLYT_TOKEN
+  int port = 0;              // the data-plane TCP port; 0: the kernel picks one
 };
 
 // `ServerReport` of docs/control_plane.md.
@@ -118,6 +120,11 @@ class ServerSupervisor {
   // Forwards set-share to the server; remembers the new share for restarts.
   Status SetShare(const std::string& alloc_id, int64_t sm, int64_t memory_bytes,
                   nlohmann::json* answer, std::string* code);
+  // Forwards one request (migrate, checkpoint, restore: they answer after their sessions
+  // did, so timeout_ms is the caller's) to a running server's control socket. *answer is
+  // the server's answer; on failure *code is its code, or server_failed when none came.
+  Status Forward(const std::string& alloc_id, const nlohmann::json& request, int timeout_ms,
+                 nlohmann::json* answer, std::string* code);
   // Parameters of a known server, and the quota it was started with.
   bool Lookup(const std::string& alloc_id, ServerParams* params, int64_t* memory_at_start);
   // One report per server, with fresh stats from every running one.

@@ -89,6 +89,15 @@ const std::vector<Migration>& Migrations() {
            // Which of its VM's GPUs an allocation (one server) is: 0 .. gpus-1.
            "ALTER TABLE allocations ADD COLUMN gpu_ordinal INTEGER NOT NULL DEFAULT 0",
        }},
+      {3,
+       "checkpoints of VMs (flytctl checkpoint), kept until restored",
+       {
+           "CREATE TABLE checkpoints ("
+           " vm_ip TEXT PRIMARY KEY,"
+           " dir TEXT NOT NULL,"
+           " time_ms BIGINT NOT NULL,"
+           " record TEXT NOT NULL)",
+       }},
   };
   return kMigrations;
 }
@@ -209,6 +218,8 @@ constexpr char kGpuColumns[] =
 constexpr char kAllocationColumns[] =
     "alloc_id, vm_ip, node_id, gpu_uuid, token, endpoint, state, sm, memory_bytes, created_ms, "
     "updated_ms, last_client_ms, gpu_ordinal";
+
+constexpr char kCheckpointColumns[] = "vm_ip, dir, time_ms, record";
 
 // "col = excluded.col" for each column after the first (the key).
 std::string UpdateFromExcluded(const std::string& columns) {
@@ -539,6 +550,39 @@ Status Store::PutAllocation(const Allocation& a) {
 Status Store::DeleteAllocation(const std::string& alloc_id) {
   std::lock_guard<std::mutex> lock(mu_);
   return db_->Exec("DELETE FROM allocations WHERE alloc_id = ?", {alloc_id});
+}
+
+Status Store::PutCheckpoint(const Checkpoint& c) {
+  if (c.vm_ip.empty()) return Status::Error("store: checkpoint with an empty vm_ip");
+  std::lock_guard<std::mutex> lock(mu_);
+  return db_->Exec(Upsert("checkpoints", kCheckpointColumns, "vm_ip"),
+                   {c.vm_ip, c.dir, c.time_ms, c.record});
+}
+
+Status Store::DeleteCheckpoint(const std::string& vm_ip) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return db_->Exec("DELETE FROM checkpoints WHERE vm_ip = ?", {vm_ip});
+}
+
+Status Store::ListCheckpoints(std::vector<Checkpoint>* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<SqlRow> rows;
+  Status s = db_->Query(
+      std::string("SELECT ") + kCheckpointColumns + " FROM checkpoints ORDER BY vm_ip", {}, &rows);
+  if (!s.ok()) return s;
+  std::vector<Checkpoint> list;
+  for (const SqlRow& row : rows) {
+    RowReader r(row, "checkpoints");
+    Checkpoint c;
+    c.vm_ip = r.Text();
+    c.dir = r.Text();
+    c.time_ms = r.Int();
+    c.record = r.Text();
+    if (!r.status().ok()) return r.status();
+    list.push_back(std::move(c));
+  }
+  *out = std::move(list);
+  return Status::Ok();
 }
 
 Status Store::ListAllocations(std::vector<Allocation>* out) {

@@ -49,6 +49,14 @@ struct Allocation {
   int64_t memory_bytes = 0, created_ms = 0, updated_ms = 0, last_client_ms = 0;
 };
 
+// The last checkpoint of a VM (flytctl checkpoint), until it is restored. `record` is the
+// cluster manager's own description (JSON: the servers' allocation ids, nodes, GPUs,
+// endpoints, the token and share), stored as it is.
+struct Checkpoint {
+  std::string vm_ip, dir, record;
+  int64_t time_ms = 0;
+};
+
 struct Event {
   int64_t id = 0, time_ms = 0;
   std::string kind, subject, detail;
@@ -88,6 +96,12 @@ class Store {
   Status PutAllocation(const Allocation& alloc);
   Status DeleteAllocation(const std::string& alloc_id);
   Status ListAllocations(std::vector<Allocation>* out);  // sorted by alloc_id
+
+  // Checkpoints, one per VM: PutCheckpoint inserts or replaces by vm_ip; deleting an
+  // unknown one is not an error.
+  Status PutCheckpoint(const Checkpoint& checkpoint);
+  Status DeleteCheckpoint(const std::string& vm_ip);
+  Status ListCheckpoints(std::vector<Checkpoint>* out);  // sorted by vm_ip
 
   // Event log. AddEvent stamps the current time; ListEvents returns events with
   // id > after_id in ascending id order, at most `limit` (limit <= 0: all).

@@ -60,12 +60,21 @@ const VerbHelp kVerbs[] = {
      "set a VM's SM count and/or memory (GiB); applied live to a running server"},
     {"inc-resources", "--vm IP [--sm N] [--memory GB]", "add SMs and/or memory (GiB) to a VM"},
     {"dec-resources", "--vm IP [--sm N] [--memory GB]", "take SMs and/or memory (GiB) from a VM"},
-    {"drain-node", "NODE_ID", "place nothing new on a node (running servers stay)"},
+    {"drain-node", "NODE_ID [--no-migrate]",
+     "place nothing new on a node and move its VMs to other nodes (--no-migrate: they stay)"},
     {"undrain-node", "NODE_ID", "let a drained node take new allocations again"},
     {"vm", "add --vm IP --host IP --sm N --memory GB [--gpus N] | remove IP | import FILE",
      "add, remove or bulk-import VM requirements (FILE: MongoDB export JSON or CSV)"},
     {"allocate", "--vm IP", "start a VM's flyt-server now (as its first client would)"},
     {"deallocate", "--vm IP", "stop a VM's flyt-server and free its share"},
+    {"migrate", "--vm IP --to NODE[/GPU] [--wait-ms N]",
+     "move a running VM's servers and their processes to another node (all or nothing)"},
+    {"checkpoint", "--vm IP --to PATH [--leave-running] [--wait-ms N]",
+     "write the GPU state of every process of a VM to PATH on its node(s)"},
+    {"restore", "--vm IP [--from PATH] [--node NODE] [--wait-ms N]",
+     "restore a VM's checkpoint where it was taken; its processes go on"},
+    {"migrate-auto", "[--dry-run]",
+     "move one VM off the most loaded node to where it lowers the peak load"},
 };
 
 // Original Flyt's verb names.
@@ -122,6 +131,34 @@ void PrintVerbUsage(FILE* out, const std::string& verb) {
                      "      import many VMs: a MongoDB export of vm_required_resources\n"
                      "      (JSON array or one document per line) or CSV with a header\n"
                      "      vm_ip,host_ip,compute_units,memory (and optionally gpus)\n");
+      } else if (verb == "migrate") {
+        std::fprintf(out,
+                     "\n"
+                     "  New servers with the VM's share and token are started on NODE (or on\n"
+                     "  its GPU, by index or uuid), every process of the VM moves there while\n"
+                     "  it runs, new processes are told the new address, the old servers stop.\n"
+                     "  If anything fails the VM keeps running where it was. A VM with several\n"
+                     "  GPUs moves all of its servers that are not on NODE yet, or none.\n"
+                     "  --wait-ms: how long each server waits for its processes to park\n"
+                     "  (default: the cluster manager's migrate_wait_ms, 30 s).\n");
+      } else if (verb == "checkpoint" || verb == "restore") {
+        std::fprintf(out,
+                     "\n"
+                     "  checkpoint writes PATH/gpuN/session-ID.flyt on the node of the VM's\n"
+                     "  server N (the folder must not hold a checkpoint yet). Without\n"
+                     "  --leave-running every process of the VM is parked and written, and\n"
+                     "  waits (up to 10 min) until restore; if one server fails, the processes\n"
+                     "  already written resume at once. restore takes the last checkpoint\n"
+                     "  (or --from PATH) into the VM's servers where it was taken, started\n"
+                     "  again at the same addresses if they are gone: a waiting process\n"
+                     "  reconnects only to its server's address, so --node must be that\n"
+                     "  node; move the VM afterwards with migrate.\n");
+      } else if (verb == "drain-node") {
+        std::fprintf(out,
+                     "\n"
+                     "  Each VM with a server on the node is migrated to other nodes (as\n"
+                     "  flytctl migrate does); one that cannot move stays and is listed.\n"
+                     "  --no-migrate (or --stop-placements-only) only stops new placements.\n");
       } else if (verb == "show") {
         std::fprintf(out,
                      "\n  An IPv4 address is a VM; anything else is tried as a node id, then\n"
@@ -146,6 +183,7 @@ struct Options {
   std::string secret_file;
   bool secret_file_set = false;
   int timeout_ms = 60000;
+  bool timeout_set = false;  // --timeout-ms given: moves otherwise wait longer
   bool json = false;
   bool help = false;
 };
@@ -211,6 +249,7 @@ bool SplitArgs(int argc, char** argv, Options* opts, std::vector<std::string>* r
         return false;
       }
       opts->timeout_ms = static_cast<int>(n);
+      opts->timeout_set = true;
     } else if (a == "--json") {
       opts->json = true;
     } else if (a == "-h" || a == "--help") {
@@ -247,6 +286,23 @@ bool ParseVerbArgs(const std::vector<std::string>& args, size_t first,
     return false;
   }
   return true;
+}
+
+// Takes the flags (options without a value) named in `flags` out of args; true if any of
+// them was there.
+bool TakeFlag(std::vector<std::string>* args, std::initializer_list<const char*> flags) {
+  bool found = false;
+  for (auto it = args->begin(); it != args->end();) {
+    bool match = false;
+    for (const char* f : flags) match = match || *it == f;
+    if (match) {
+      found = true;
+      it = args->erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return found;
 }
 
 bool ParseInt(const std::string& text, int64_t* out) {
@@ -690,6 +746,7 @@ class Session {
     if (!Connect()) return false;
     *answer = Json();
     Status st = channel_->Call(verb, args, answer, opts_.timeout_ms);
+    last_answer_ = *answer;
     if (!st.ok()) {
       if (answer->is_object() && answer->contains("ok")) {
         if (quiet) return false;
@@ -702,6 +759,9 @@ class Session {
     }
     return true;
   }
+
+  // The answer of the last request (null before any).
+  const Json& last_answer() const { return last_answer_; }
 
   // The code of a failed answer ("unknown_vm", ...), empty when none.
   static std::string Code(const Json& answer) { return Str(answer, "code", ""); }
@@ -776,6 +836,7 @@ class Session {
   std::string secret_file_;
   control::Credentials creds_;
   std::unique_ptr<control::Channel> channel_;
+  Json last_answer_;
 };
 
 void PrintJson(const Json& answer) { std::printf("%s\n", answer.dump(2).c_str()); }
@@ -925,21 +986,155 @@ int RunDrain(Context& ctx) {
   VerbArgs va;
   std::string error;
   const std::string verb = ctx.args[0];
+  const bool no_migrate =
+      verb == "drain-node" && TakeFlag(&ctx.args, {"--no-migrate", "--stop-placements-only"});
   if (!ParseVerbArgs(ctx.args, 1, {"--node"}, 1, &va, &error)) return Usage(verb, error);
   std::string node =
       va.Has("--node") ? va.Get("--node") : (va.positional.empty() ? "" : va.positional[0]);
   if (node.empty()) return Usage(verb, "NODE_ID is required");
-  return Simple(ctx, verb, {{"node_id", node}}, [&](const Json& a) {
+  Json request = {{"node_id", node}};
+  if (verb == "drain-node") request["migrate"] = !no_migrate;
+  bool some_failed = false;
+  int rc = Simple(ctx, verb, request, [&](const Json& a) {
     if (verb == "drain-node") {
-      std::printf("node %s: %s (nothing new is placed there; running servers stay)\n", node.c_str(),
-                  Str(a, "state", "draining").c_str());
+      const bool moving = a.value("migrate", false);
+      std::printf("node %s: %s (nothing new is placed there; %s)\n", node.c_str(),
+                  Str(a, "state", "draining").c_str(),
+                  moving ? "its VMs were moved to other nodes" : "running servers stay");
+      for (const Json& m : Array(a, "moved")) {
+        std::printf("  moved VM %s, now at %s\n", Str(m, "vm_ip").c_str(),
+                    Str(m, "endpoint").c_str());
+      }
+      for (const Json& f : Array(a, "failed")) {
+        std::printf("  VM %s stays: %s\n", Str(f, "vm_ip").c_str(), Str(f, "error").c_str());
+      }
     } else {
       std::printf("node %s: %s (takes new allocations)\n", node.c_str(),
                   Str(a, "state", "up").c_str());
     }
     Json rest = a;
-    for (const char* k : {"id", "ok", "node_id", "state"}) rest.erase(k);
+    for (const char* k : {"id", "ok", "node_id", "state", "moved", "failed", "migrate"}) {
+      rest.erase(k);
+    }
     if (!rest.empty()) PrintTree(rest, 2);
+  });
+  // With --json, `failed` is in the answer; either way a VM that could not move is a failure.
+  if (rc == kExitOk && ctx.session.last_answer().is_object()) {
+    some_failed = !Array(ctx.session.last_answer(), "failed").empty();
+  }
+  return rc == kExitOk && some_failed ? kExitFailed : rc;
+}
+
+// --wait-ms N into request["wait_ms"]; false (after a usage message) when malformed.
+bool WaitMs(const std::string& verb, const VerbArgs& va, Json* request, int* rc) {
+  if (!va.Has("--wait-ms")) return true;
+  int64_t ms = 0;
+  if (!ParseInt(va.Get("--wait-ms"), &ms) || ms <= 0) {
+    *rc = Usage(verb, "--wait-ms needs a positive number of milliseconds, got '" +
+                          va.Get("--wait-ms") + "'");
+    return false;
+  }
+  (*request)["wait_ms"] = ms;
+  return true;
+}
+
+void PrintMoved(const Json& a) {
+  const Json& alloc = a.contains("allocation") ? a.at("allocation") : Json::object();
+  std::printf("VM %s moved (%s process session(s)); new processes get %s\n",
+              Str(a, "vm_ip").c_str(), Int(a, "sessions").c_str(), Str(alloc, "endpoint").c_str());
+  for (const Json& m : Array(a, "moved")) {
+    std::printf("  GPU %s: node %s (%s) -> node %s, GPU %s at %s\n", Int(m, "ordinal").c_str(),
+                Str(m, "from_node").c_str(), Str(m, "from_endpoint").c_str(),
+                Str(m, "node_id").c_str(), Str(m, "gpu_uuid").c_str(), Str(m, "endpoint").c_str());
+  }
+}
+
+int RunMigrate(Context& ctx) {
+  VerbArgs va;
+  std::string error;
+  if (!ParseVerbArgs(ctx.args, 1, {"--vm", "--to", "--wait-ms"}, 0, &va, &error)) {
+    return Usage("migrate", error);
+  }
+  if (!va.Has("--vm")) return Usage("migrate", "--vm IP is required");
+  if (!va.Has("--to") || va.Get("--to").empty()) return Usage("migrate", "--to NODE is required");
+  const std::string to = va.Get("--to");
+  Json request = {{"vm_ip", va.Get("--vm")}};
+  const size_t slash = to.find('/');
+  request["node_id"] = to.substr(0, slash);
+  if (slash != std::string::npos) {
+    if (slash + 1 >= to.size()) return Usage("migrate", "--to NODE/GPU needs a GPU after '/'");
+    request["gpu"] = to.substr(slash + 1);
+  }
+  int rc = kExitOk;
+  if (!WaitMs("migrate", va, &request, &rc)) return rc;
+  return Simple(ctx, "migrate", request, PrintMoved);
+}
+
+int RunCheckpoint(Context& ctx) {
+  VerbArgs va;
+  std::string error;
+  const bool leave_running = TakeFlag(&ctx.args, {"--leave-running"});
+  if (!ParseVerbArgs(ctx.args, 1, {"--vm", "--to", "--wait-ms"}, 0, &va, &error)) {
+    return Usage("checkpoint", error);
+  }
+  if (!va.Has("--vm")) return Usage("checkpoint", "--vm IP is required");
+  if (!va.Has("--to") || va.Get("--to").empty() || va.Get("--to")[0] != '/') {
+    return Usage("checkpoint", "--to PATH is required: an absolute folder on the VM's node(s)");
+  }
+  Json request = {
+      {"vm_ip", va.Get("--vm")}, {"dir", va.Get("--to")}, {"leave_running", leave_running}};
+  int rc = kExitOk;
+  if (!WaitMs("checkpoint", va, &request, &rc)) return rc;
+  return Simple(ctx, "checkpoint", request, [&](const Json& a) {
+    std::printf("VM %s: %s process session(s) written to %s%s\n", Str(a, "vm_ip").c_str(),
+                Int(a, "sessions").c_str(), Str(a, "dir").c_str(),
+                leave_running ? " (they go on running)"
+                              : "; they wait until `flytctl restore --vm` brings them back");
+    for (const Json& s : Array(a, "servers")) {
+      std::printf("  GPU %s: %s on node %s (%s), %s session(s)\n", Int(s, "ordinal").c_str(),
+                  Str(s, "dir").c_str(), Str(s, "node_id").c_str(), Str(s, "endpoint").c_str(),
+                  Int(s, "sessions").c_str());
+    }
+  });
+}
+
+int RunRestore(Context& ctx) {
+  VerbArgs va;
+  std::string error;
+  if (!ParseVerbArgs(ctx.args, 1, {"--vm", "--from", "--node", "--wait-ms"}, 0, &va, &error)) {
+    return Usage("restore", error);
+  }
+  if (!va.Has("--vm")) return Usage("restore", "--vm IP is required");
+  Json request = {{"vm_ip", va.Get("--vm")}};
+  if (va.Has("--from")) request["dir"] = va.Get("--from");
+  if (va.Has("--node")) request["node_id"] = va.Get("--node");
+  int rc = kExitOk;
+  if (!WaitMs("restore", va, &request, &rc)) return rc;
+  return Simple(ctx, "restore", request, [&](const Json& a) {
+    std::printf("VM %s: %s process session(s) restored from %s; they go on\n",
+                Str(a, "vm_ip").c_str(), Int(a, "restored").c_str(), Str(a, "dir").c_str());
+    for (const Json& s : Array(a, "servers")) {
+      std::printf("  GPU %s: node %s at %s, %s restored\n", Int(s, "ordinal").c_str(),
+                  Str(s, "node_id").c_str(), Str(s, "endpoint").c_str(),
+                  Int(s, "restored").c_str());
+    }
+  });
+}
+
+int RunMigrateAuto(Context& ctx) {
+  VerbArgs va;
+  std::string error;
+  const bool dry_run = TakeFlag(&ctx.args, {"--dry-run"});
+  if (!ParseVerbArgs(ctx.args, 1, {}, 0, &va, &error)) return Usage("migrate-auto", error);
+  return Simple(ctx, "migrate-auto", {{"dry_run", dry_run}}, [&](const Json& a) {
+    if (a.value("moved", false)) {
+      std::printf("rebalanced: %s\n", Str(a, "decision").c_str());
+      PrintMoved(a);
+    } else if (a.value("dry_run", false)) {
+      std::printf("would move %s\n", Str(a, "decision").c_str());
+    } else {
+      std::printf("nothing to move: %s\n", Str(a, "reason").c_str());
+    }
   });
 }
 
@@ -1089,6 +1284,12 @@ int Main(int argc, char** argv) {
     PrintVerbUsage(stdout, verb);
     return kExitOk;
   }
+  // Moves take as long as their processes need to park (up to wait_ms per step), a drain
+  // one move per VM: unless told otherwise, wait up to 15 minutes for the answer.
+  if (!opts.timeout_set && (verb == "migrate" || verb == "checkpoint" || verb == "restore" ||
+                            verb == "migrate-auto" || verb == "drain-node")) {
+    opts.timeout_ms = 15 * 60 * 1000;
+  }
   Session session(opts);
   Context ctx{opts, session, rest};
   if (verb == "list-vms" || verb == "list-nodes" || verb == "list-servers" ||
@@ -1102,6 +1303,10 @@ int Main(int argc, char** argv) {
   if (verb == "drain-node" || verb == "undrain-node") return RunDrain(ctx);
   if (verb == "allocate" || verb == "deallocate") return RunAllocate(ctx, verb);
   if (verb == "vm") return RunVm(ctx);
+  if (verb == "migrate") return RunMigrate(ctx);
+  if (verb == "checkpoint") return RunCheckpoint(ctx);
+  if (verb == "restore") return RunRestore(ctx);
+  if (verb == "migrate-auto") return RunMigrateAuto(ctx);
   return Usage(verb, "not implemented");
 }
 

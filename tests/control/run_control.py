@@ -742,6 +742,27 @@ class Control(unittest.TestCase):
             def kill(self):
                 kill_group(proc)
 
+            def alive(self):
+                return proc.poll() is None
+
+            def stdout(self):
+                return read_text(out_path)
+
+            def wait_line(self, pattern, timeout=RUN_TIMEOUT_S):
+                """Waits until a line of its stdout matches `pattern` (a regex); fails the
+                test with its output when it does not within timeout or the program ends."""
+                rx = re.compile(pattern, re.M)
+                deadline = time.monotonic() + timeout
+                while True:
+                    if rx.search(read_text(out_path)):
+                        return
+                    if proc.poll() is not None or time.monotonic() >= deadline:
+                        if rx.search(read_text(out_path)):
+                            return
+                        test.fail_with("the program never printed a line matching %r"
+                                       % pattern, self.finish())
+                    time.sleep(0.05)
+
         handle = Handle()
         test.addCleanup(handle.kill)
         return handle
@@ -1335,6 +1356,237 @@ class Control(unittest.TestCase):
         self.assertEqual(self.servers_of("10.1.0.73"), [])
         for s in servers:
             self.assertFalse(tcp_open(int(s["endpoint"].rsplit(":", 1)[1])), s["endpoint"])
+
+    # =====================================================================================
+    # Moving a running VM (issue 16): flytctl migrate, drain-node, checkpoint, restore.
+
+    MIGRATE_STEPS = 400
+    MIGRATE_PAUSE_MS = 60
+
+    def migrate_loop(self):
+        return os.path.join(CFG.e2e_programs_dir, "migrate_loop")
+
+    def undisturbed_steps(self, cmgr):
+        """migrate_loop's step lines from a run nobody touched (its checksums)."""
+        res = self.run_ok(cmgr, self.migrate_loop(), [self.MIGRATE_STEPS, 0])
+        steps = [l for l in res.stdout.splitlines() if l.startswith("step ")]
+        self.assertEqual(len(steps), self.MIGRATE_STEPS, res.describe())
+        return steps
+
+    def finish_and_compare(self, prog, expected, moves):
+        """The moved program passes, prints what the undisturbed run printed, and its client
+        log says its GPU state moved `moves` times."""
+        res = prog.finish()
+        lines = res.stdout.splitlines()
+        if res.rc != 0 or not lines or lines[-1] != "migrate_loop: PASS":
+            self.fail_with("migrate_loop failed while its VM moved", res)
+        self.assertEqual([l for l in lines if l.startswith("step ")], expected, res.describe())
+        self.assertEqual(res.log.count("now lives at flyt-server"), moves, tail(res.log))
+        return res
+
+    def test_migrate_running_vm(self):
+        """A running program's VM moves n1 -> n2 with flytctl migrate, a migration to a node
+        that died fails and leaves it where it is, drain-node moves it back to n1; the
+        program never notices (same output as an undisturbed run), new processes are told
+        the new server, old servers are gone, every decision is an event."""
+        self.start_cluster_manager(policy="spread")
+        self.start_node("n1", "10.0.0.1")
+        self.start_node("n2", "10.0.0.2")
+        self.start_node("n3", "10.0.0.3")
+        vm = "10.1.0.90"
+        self.add_vm(vm, "10.0.0.1", 8, 1)
+        cmgr = self.start_client_manager(vm)
+        expected = self.undisturbed_steps(cmgr)
+        first = self.wait_server_running(vm)
+        self.assertEqual(first["node_id"], "n1")
+        before = self.last_event_id()
+        prog = self.start_client(cmgr, self.migrate_loop(),
+                                 [self.MIGRATE_STEPS, self.MIGRATE_PAUSE_MS])
+        prog.wait_line(r"^step 5 ")
+        # 1. flytctl migrate: the VM and its running process go to n2.
+        res = self.ctl("migrate", "--vm", vm, "--to", "n2")
+        self.assertEqual(res.json.get("sessions"), 1, res.describe())
+        moved = self.wait_server_running(vm)
+        self.assertEqual(moved["node_id"], "n2", json.dumps(moved))
+        self.assertNotEqual(moved["alloc_id"], first["alloc_id"])
+        self.assertEqual(moved["sm"], 8)
+        self.assertEqual(moved["memory_bytes"], 1 * GiB)
+        self.assertEqual(self.server_pids("n1"), [], "the old server is stopped\n" + self.logs())
+        answer = self.ask_client_manager(cmgr).split()
+        self.assertEqual(answer[:2], ["OK", moved["endpoint"]], answer)
+        self.assertTrue(prog.alive(), prog.stdout())
+        self.wait_event("the migration", before, "migrate-done")
+        # n1's share is free again, n2's taken.
+        used = {n: sum(g.get("sm_used", 0) for g in v["gpus"]) for n, v in
+                self.node_list().items()}
+        self.assertEqual((used["n1"], used["n2"]), (0, 8), used)
+        # 2. A target that died: the move fails with the reason and the VM stays on n2.
+        self.nodes["n3"].kill9()
+        bad = self.ctl_fails("migrate", "--vm", vm, "--to", "n3", json_out=False)
+        self.assertRegex(bad.stderr, r"n3", bad.describe())
+        self.assertEqual(self.server_of(vm)["alloc_id"], moved["alloc_id"])
+        self.wait_event("the failed migration", before, "migrate-failed", "is down")
+        prog.wait_line(r"^step %d " % 60)
+        # 3. drain-node n2 moves it away (to n1, the only node up that takes tenants).
+        res = self.ctl("drain-node", "n2")
+        self.assertEqual([m["vm_ip"] for m in res.json.get("moved", [])], [vm], res.describe())
+        self.assertEqual(res.json.get("failed"), [], res.describe())
+        drained = self.wait_server_running(vm)
+        self.assertEqual(drained["node_id"], "n1", json.dumps(drained))
+        self.assertEqual(self.server_pids("n2"), [], self.logs())
+        self.wait_event("the drain", before, "drain-node-done")
+        self.finish_and_compare(prog, expected, 2)
+        kinds = [e["kind"] for e in self.events_after(before)]
+        for k in ("migrate-asked", "migrate-done", "migrate-failed", "drain-node",
+                  "drain-node-done"):
+            self.assertIn(k, kinds, kinds)
+        # A drain that keeps its tenants: nothing moves.
+        res = self.ctl("drain-node", "n1", "--no-migrate")
+        self.assertEqual(self.server_of(vm)["node_id"], "n1")
+        table = self.ctl("list-events", json_out=False).stdout
+        self.assertIn("migrate-done", table)
+
+    def test_checkpoint_restore_vm(self):
+        """flytctl checkpoint parks and writes the VM's running process (it waits), restore
+        brings it back at the same server; a restore on another node is refused with the
+        reason; --leave-running writes it while it runs; after a checkpoint, a deallocate (the
+        server gone) and a kill -9 and restart of the cluster manager, restore starts a server
+        at the same address and the process goes on there. Its output equals an undisturbed
+        run's."""
+        self.start_cluster_manager(policy="spread")
+        self.start_node("n1", "10.0.0.1")
+        self.start_node("n2", "10.0.0.2")
+        vm = "10.1.0.91"
+        self.add_vm(vm, "10.0.0.1", 8, 1)
+        cmgr = self.start_client_manager(vm)
+        expected = self.undisturbed_steps(cmgr)
+        server = self.wait_server_running(vm)
+        ckpt = os.path.join(self.tmp, "ckpt-vm")
+        before = self.last_event_id()
+        prog = self.start_client(cmgr, self.migrate_loop(),
+                                 [self.MIGRATE_STEPS, self.MIGRATE_PAUSE_MS])
+        prog.wait_line(r"^step 5 ")
+        res = self.ctl("checkpoint", "--vm", vm, "--to", ckpt)
+        self.assertEqual(res.json.get("sessions"), 1, res.describe())
+        files = os.listdir(os.path.join(ckpt, "gpu0"))
+        self.assertEqual(len(files), 1, files)
+        self.assertTrue(files[0].endswith(".flyt"), files)
+        # Parked: no step is printed while it waits.
+        steps_then = prog.stdout().count("\nstep ")
+        time.sleep(1.0)
+        self.assertEqual(prog.stdout().count("\nstep "), steps_then, prog.stdout()[-500:])
+        self.assertTrue(prog.alive())
+        self.wait_event("the checkpoint", before, "checkpoint")
+        # Another node cannot take it (the process reconnects to its server's address only).
+        other = self.ctl_fails("restore", "--vm", vm, "--node", "n2", json_out=False)
+        self.assertIn("reconnects only", other.stderr, other.describe())
+        res = self.ctl("restore", "--vm", vm)
+        self.assertEqual(res.json.get("restored"), 1, res.describe())
+        self.assertEqual(self.server_of(vm)["alloc_id"], server["alloc_id"])
+        self.wait_event("the restore", before, "restore")
+        # The spent file is set aside; the folder takes no second checkpoint.
+        self.assertEqual(sorted(os.listdir(os.path.join(ckpt, "gpu0"))), [files[0] + ".restored"])
+        prog.wait_line(r"^step %d " % 40)
+        # With --leave-running the process goes on while it is written.
+        ckpt2 = os.path.join(self.tmp, "ckpt-running")
+        res = self.ctl("checkpoint", "--vm", vm, "--to", ckpt2, "--leave-running")
+        self.assertEqual(res.json.get("sessions"), 1, res.describe())
+        prog.wait_line(r"^step %d " % 60)
+        # Checkpoint, then the server goes away (its GPU freed); restore starts a server
+        # again at the same address with the VM's token, and the process goes on there.
+        ckpt3 = os.path.join(self.tmp, "ckpt-gone")
+        res = self.ctl("checkpoint", "--vm", vm, "--to", ckpt3)
+        self.assertEqual(res.json.get("sessions"), 1, res.describe())
+        self.ctl("deallocate", "--vm", vm)
+        self.wait_for("the VM's server gone", lambda: not self.server_pids())
+        self.assertIsNone(self.server_of(vm))
+        # The cluster manager restarts meanwhile: the checkpoint's record is in the store.
+        self.cm.kill9()
+        self.start_cluster_manager()
+        self.wait_node_state("n1", NODE_UP)
+        res = self.ctl("restore", "--vm", vm)
+        self.assertEqual(res.json.get("restored"), 1, res.describe())
+        again = self.wait_server_running(vm)
+        self.assertEqual(again["endpoint"], server["endpoint"], json.dumps(again))
+        # The same allocation id: a client on the node's host waits at its shm:// address.
+        self.assertEqual(again["alloc_id"], server["alloc_id"])
+        self.wait_event("the servers started again", before, "restore-servers")
+        self.finish_and_compare(prog, expected, 2)
+
+    def test_migrate_multi_gpu_vm(self):
+        """A VM with two GPUs on n1 moves to n2 with one flytctl migrate: both servers, in
+        their ordinals, with the VM's share and token; the client manager answers the new
+        list; the old servers are gone; migrate-auto then has nothing better to do."""
+        self.start_cluster_manager(policy="spread")
+        self.start_node("n1", "10.0.0.1")
+        self.start_node("n2", "10.0.0.2")
+        vm = "10.1.0.92"
+        self.add_vm_gpus(vm, "10.0.0.1", 16, 2, 2)
+        cmgr = self.start_client_manager(vm)
+        answer = self.ask_client_manager(cmgr).split()
+        self.assertEqual(answer[0], "OK", answer)
+        token = answer[2]
+        before = self.servers_of(vm)
+        self.assertEqual([s["node_id"] for s in before], ["n1", "n1"], json.dumps(before))
+        # One GPU of a VM with two: refused with the reason, nothing moves.
+        bad = self.ctl_fails("migrate", "--vm", vm, "--to", "n2/0", json_out=False)
+        self.assertIn("give a node, not one GPU", bad.stderr, bad.describe())
+        res = self.ctl("migrate", "--vm", vm, "--to", "n2")
+        self.assertEqual(len(res.json.get("moved", [])), 2, res.describe())
+        after = self.servers_of(vm)
+        self.assertEqual([s["node_id"] for s in after], ["n2", "n2"], json.dumps(after))
+        self.assertEqual([s["ordinal"] for s in after], [0, 1])
+        self.assertEqual([s["sm"] for s in after], [16, 16])
+        self.assertEqual(len({s["gpu_uuid"] for s in after}), 2)
+        self.assertEqual(self.server_pids("n1"), [], self.logs())
+        self.assertEqual(len(self.server_pids("n2")), 2, self.logs())
+        again = self.ask_client_manager(cmgr).split()
+        self.assertEqual(again, ["OK", ",".join(s["endpoint"] for s in after), token])
+        for s in after:
+            r = self.run_direct(s["endpoint"], token)
+            if r.rc != 0 or "memory_roundtrip: PASS" not in r.stdout:
+                self.fail_with("memory_roundtrip failed against the moved server", r)
+        done = [e for e in self.events() if e["kind"] == "migrate-done"]
+        self.assertEqual(len(done), 1, json.dumps(done))
+        self.assertIn("2 GPUs on node n2", done[0]["detail"])
+        res = self.ctl("migrate-auto", "--dry-run")
+        self.assertIn("moved", res.json, res.describe())
+        # The text form: where each GPU went and what new processes are told.
+        res = self.ctl("migrate", "--vm", vm, "--to", "n1", json_out=False)
+        self.assertIn("VM %s moved" % vm, res.stdout, res.describe())
+        back = self.servers_of(vm)
+        self.assertEqual([s["node_id"] for s in back], ["n1", "n1"], json.dumps(back))
+        for s in back:
+            self.assertIn("-> node n1, GPU %s at %s" % (s["gpu_uuid"], s["endpoint"]), res.stdout)
+        self.assertIn(",".join(s["endpoint"] for s in back), res.stdout)
+        res = self.ctl("migrate", "--help", json_out=False)
+        self.assertIn("--to NODE[/GPU]", res.stdout)
+        self.assertEqual(self.ctl("migrate", "--vm", vm, check=False).rc, 2, "no --to: usage")
+
+    def test_migrate_auto_rebalance(self):
+        """With rebalance_interval_ms the cluster manager moves a VM off the most loaded node
+        by itself when that lowers the peak, and records the decision; flytctl migrate-auto
+        then finds nothing better and says why."""
+        self.start_cluster_manager(policy="spread", extra=["--rebalance-interval-ms", "300"])
+        self.start_node("n1", "10.0.0.1")
+        self.start_node("n2", "10.0.0.2")
+        before = self.last_event_id()
+        self.add_vm("10.1.0.93", "10.0.0.1", 64, 1)
+        self.add_vm("10.1.0.94", "10.0.0.1", 32, 1)
+        self.ctl("allocate", "--vm", "10.1.0.93")
+        self.ctl("allocate", "--vm", "10.1.0.94")
+        # Both went to their host n1 (96 of its 264 SMs); moving the 64-SM VM leaves a
+        # peak of 64, moving the other one 64 too but on n1: the first found is taken.
+        self.wait_event("the automatic move", before, "[rebalance]")
+        moved = self.wait_server_running("10.1.0.93", node_id="n2")
+        self.assertEqual(self.server_of("10.1.0.94")["node_id"], "n1")
+        decisions = [e for e in self.events_after(before) if e["kind"] == "rebalance"]
+        self.assertTrue(decisions, json.dumps(self.events_after(before)))
+        self.assertIn("from node n1", decisions[0]["detail"], json.dumps(decisions))
+        self.assertEqual(len(self.server_pids("n2")), 1, self.logs())
+        res = self.ctl("migrate-auto", json_out=False)
+        self.assertIn("nothing to move", res.stdout, res.describe())
+        self.assertEqual(self.server_of("10.1.0.93")["alloc_id"], moved["alloc_id"])
 
     def test_multi_gpu_refused(self):
         self.start_cluster_manager(policy="spread")

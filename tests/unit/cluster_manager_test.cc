@@ -71,6 +71,18 @@ class FakeNode {
     return starts_;
   }
   std::atomic<bool> fail_start{false};
+  int move_failures = 0;  // the next this many migrate/checkpoint calls leave a session
+  void FailMoves(int n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    move_failures = n;
+  }
+  std::vector<Json> requests(const std::string& verb) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<Json> out;
+    for (const Json& r : requests_)
+      if (r.value("verb", "") == verb) out.push_back(r);
+    return out;
+  }
   int set_share_failures = 0;  // the next this many set-share calls fail (under mu_)
   void FailSetShares(int n) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -83,13 +95,15 @@ class FakeNode {
     const std::string verb = req.value("verb", "");
     const std::string alloc = req.value("alloc_id", "");
     std::lock_guard<std::mutex> lock(mu_);
+    requests_.push_back(req);
     if (verb == "start-server") {
       calls_.push_back("start " + alloc + " " + req.value("gpu_uuid", ""));
       starts_.push_back(req);
       if (fail_start) return control::Error("server_failed", "simulated start failure");
       running_.insert(alloc);
+      const int port = req.value("port", 0) > 0 ? req.value("port", 0) : next_port_++;
       return control::Ok(
-          {{"endpoint", "tcp://" + id_ + ".test:" + std::to_string(next_port_++)}, {"pid", 4242}});
+          {{"endpoint", "tcp://" + id_ + ".test:" + std::to_string(port)}, {"pid", 4242}});
     }
     if (verb == "stop-server") {
       calls_.push_back("stop " + alloc);
@@ -104,6 +118,28 @@ class FakeNode {
       }
       return control::Ok({{"sm", req.value("sm", 0)}, {"pause_us", 7}});
     }
+    if (verb == "migrate" || verb == "checkpoint") {
+      calls_.push_back(verb + " " + alloc + " " + req.value(verb == "migrate" ? "to" : "dir", ""));
+      if (!running_.count(alloc)) return control::Error("unknown_allocation", "no server " + alloc);
+      const bool fail = move_failures > 0;
+      if (fail) --move_failures;
+      const char* done = verb == "migrate" ? "moved" : "checkpointed";
+      // Two sessions: one moves; the second moves too unless a failure is asked for.
+      return control::Ok({{"asked", 2},
+                          {done, fail ? 1 : 2},
+                          {"stayed", fail ? 1 : 0},
+                          {"pending", 0},
+                          {"sessions",
+                           {{{"session", 1}, {"ok", true}, {"message", "done"}},
+                            {{"session", 2},
+                             {"ok", !fail},
+                             {"message", fail ? "simulated: cannot move: a graph" : "done"}}}}});
+    }
+    if (verb == "restore") {
+      calls_.push_back("restore " + alloc + " " + req.value("dir", ""));
+      return control::Ok(
+          {{"files", 2}, {"restored", 2}, {"failed", Json::array()}, {"pending", 0}});
+    }
     return control::Error("bad_request", "fake node: unknown verb " + verb);
   }
 
@@ -114,6 +150,7 @@ class FakeNode {
   std::vector<std::string> calls_;
   std::set<std::string> running_;
   std::vector<Json> starts_;
+  std::vector<Json> requests_;
   int next_port_ = 40000;
 };
 
@@ -440,6 +477,285 @@ TEST_F(ClusterManagerTest, GpuCountIsValidated) {
                     {"memory_gb", 1}});
   ASSERT_TRUE(old.value("ok", false)) << old.dump();
   EXPECT_EQ(old["vm"]["gpus"], 1) << "no gpus field: one GPU";
+}
+
+// ---------------------------------------------------------------- moves (issue 16)
+
+TEST_F(ClusterManagerTest, MigrateMovesTheVmAndHandsOutTheNewEndpoint) {
+  FakeNode& n1 = AddNode("n1", "10.0.0.1", 1);
+  FakeNode& n2 = AddNode("n2", "10.0.0.2", 1);
+  AddVm("10.1.0.20", "10.0.0.1", 16, 2, 1);
+  Json a = Allocate("10.1.0.20");
+  ASSERT_TRUE(a.value("ok", false)) << a.dump();
+  const std::string old_alloc = a["alloc_id"];
+  Json m = Admin({{"verb", "migrate"}, {"vm_ip", "10.1.0.20"}, {"node_id", "n2"}});
+  ASSERT_TRUE(m.value("ok", false)) << m.dump();
+  EXPECT_EQ(m["sessions"], 2);
+  // The target got the VM's share and token; the source was told to move there.
+  std::vector<Json> starts = n2.starts();
+  ASSERT_EQ(starts.size(), 1u);
+  EXPECT_EQ(starts[0]["token"], a["token"]);
+  EXPECT_EQ(starts[0]["sm"], 16);
+  EXPECT_EQ(starts[0]["memory_bytes"], 2 * kGiB);
+  std::vector<Json> moves = n1.requests("migrate");
+  ASSERT_EQ(moves.size(), 1u);
+  EXPECT_EQ(moves[0]["alloc_id"], old_alloc);
+  EXPECT_EQ(moves[0]["to"], "tcp://n2.test:40000");
+  EXPECT_EQ(moves[0]["token"], a["token"]);
+  // The old server is stopped, its share freed; new processes get the new endpoint.
+  EXPECT_TRUE(n1.running().empty());
+  EXPECT_EQ(n2.running().size(), 1u);
+  EXPECT_EQ(SmUsed()[n1.Uuid(0)], 0);
+  EXPECT_EQ(SmUsed()[n2.Uuid(0)], 16);
+  Json again = Allocate("10.1.0.20");
+  EXPECT_EQ(again["endpoint"], "tcp://n2.test:40000") << again.dump();
+  EXPECT_EQ(again["token"], a["token"]);
+  EXPECT_EQ(again["node_id"], "n2");
+  EXPECT_EQ(Servers().size(), 1u);
+  EXPECT_EQ(Events("migrate-asked").size(), 1u);
+  const std::string metrics = cm_->MetricsText();
+  EXPECT_NE(metrics.find("flyt_migration_seconds_count 1"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("flyt_events_total{kind=\"migrate-done\"} 1"), std::string::npos);
+  auto done = Events("migrate-done");
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_NE(done[0]["detail"].get<std::string>().find("node n1 -> node n2"), std::string::npos)
+      << done[0].dump();
+  // The store has the new placement: a restarted manager knows it.
+  StartManager();
+  Json vm = Admin({{"verb", "show"}, {"id", "10.1.0.20"}});
+  EXPECT_EQ(vm["vm"]["allocation"]["node_id"], "n2") << vm.dump();
+}
+
+TEST_F(ClusterManagerTest, AMigrationWhoseTargetCannotStartLeavesTheVm) {
+  FakeNode& n1 = AddNode("n1", "10.0.0.1", 1);
+  FakeNode& n2 = AddNode("n2", "10.0.0.2", 1);
+  n2.fail_start = true;
+  AddVm("10.1.0.21", "10.0.0.1", 16, 2, 1);
+  Json a = Allocate("10.1.0.21");
+  ASSERT_TRUE(a.value("ok", false)) << a.dump();
+  Json m = Admin({{"verb", "migrate"}, {"vm_ip", "10.1.0.21"}, {"node_id", "n2"}});
+  EXPECT_EQ(m["code"], "server_failed") << m.dump();
+  EXPECT_NE(m.dump().find("did not start"), std::string::npos) << m.dump();
+  EXPECT_NE(m.dump().find("runs where it was"), std::string::npos) << m.dump();
+  EXPECT_TRUE(n1.requests("migrate").empty()) << "no session is asked to move";
+  EXPECT_EQ(n1.running().size(), 1u);
+  EXPECT_EQ(SmUsed()[n2.Uuid(0)], 0);
+  EXPECT_EQ(Allocate("10.1.0.21")["endpoint"], a["endpoint"]);
+  EXPECT_EQ(Events("migrate-failed").size(), 1u);
+  // Unknown node, a node without room, a VM already there.
+  EXPECT_EQ(Admin({{"verb", "migrate"}, {"vm_ip", "10.1.0.21"}, {"node_id", "n9"}})["code"],
+            "unknown_node");
+  Json here = Admin({{"verb", "migrate"}, {"vm_ip", "10.1.0.21"}, {"node_id", "n1"}});
+  EXPECT_EQ(here["code"], "bad_request") << here.dump();
+  AddVm("10.1.0.22", "10.0.0.2", kSms, 1, 1);
+  n2.fail_start = false;
+  ASSERT_TRUE(Allocate("10.1.0.22").value("ok", false));
+  Json full = Admin({{"verb", "migrate"}, {"vm_ip", "10.1.0.21"}, {"node_id", "n2"}});
+  EXPECT_EQ(full["code"], "no_capacity") << full.dump();
+  EXPECT_EQ(n2.starts().size(), 2u) << "nothing started for a move that cannot fit";
+}
+
+TEST_F(ClusterManagerTest, ASessionThatStaysUndoesTheMove) {
+  FakeNode& n1 = AddNode("n1", "10.0.0.1", 1);
+  FakeNode& n2 = AddNode("n2", "10.0.0.2", 1);
+  AddVm("10.1.0.23", "10.0.0.1", 16, 2, 1);
+  Json a = Allocate("10.1.0.23");
+  ASSERT_TRUE(a.value("ok", false)) << a.dump();
+  n1.FailMoves(1);
+  Json m = Admin({{"verb", "migrate"}, {"vm_ip", "10.1.0.23"}, {"node_id", "n2"}});
+  EXPECT_EQ(m["code"], "server_failed") << m.dump();
+  EXPECT_NE(m.dump().find("cannot move: a graph"), std::string::npos) << m.dump();
+  EXPECT_NE(m.dump().find("went back"), std::string::npos) << m.dump();
+  // The session that had moved was sent back to the source, then the target stopped.
+  std::vector<Json> back = n2.requests("migrate");
+  ASSERT_EQ(back.size(), 1u);
+  EXPECT_EQ(back[0]["to"], a["endpoint"]);
+  EXPECT_TRUE(n2.running().empty());
+  EXPECT_EQ(n1.running().size(), 1u);
+  EXPECT_EQ(SmUsed()[n2.Uuid(0)], 0);
+  EXPECT_EQ(Servers().size(), 1u);
+  EXPECT_EQ(Allocate("10.1.0.23")["endpoint"], a["endpoint"]);
+}
+
+TEST_F(ClusterManagerTest, AVmWithSeveralGpusMovesWholeOrNotAtAll) {
+  FakeNode& n1 = AddNode("n1", "10.0.0.1", 2);
+  FakeNode& n2 = AddNode("n2", "10.0.0.2", 2);
+  AddVm("10.1.0.24", "10.0.0.1", 16, 2, 2);
+  Json a = Allocate("10.1.0.24");
+  ASSERT_TRUE(a.value("ok", false)) << a.dump();
+  ASSERT_EQ(a["node_id"], "n1");
+  // One of the two servers leaves a session behind: neither moves.
+  n1.FailMoves(1);
+  Json m = Admin({{"verb", "migrate"}, {"vm_ip", "10.1.0.24"}, {"node_id", "n2"}});
+  EXPECT_EQ(m["code"], "server_failed") << m.dump();
+  EXPECT_EQ(n2.starts().size(), 2u);
+  EXPECT_EQ(n2.requests("migrate").size(), 2u) << "both targets send their sessions back";
+  EXPECT_TRUE(n2.running().empty());
+  EXPECT_EQ(Allocate("10.1.0.24")["endpoint"], a["endpoint"]);
+  // Then the whole VM moves: both servers, ordinals kept.
+  Json ok = Admin({{"verb", "migrate"}, {"vm_ip", "10.1.0.24"}, {"node_id", "n2"}});
+  ASSERT_TRUE(ok.value("ok", false)) << ok.dump();
+  EXPECT_EQ(ok["moved"].size(), 2u);
+  Json b = Allocate("10.1.0.24");
+  EXPECT_EQ(b["node_id"], "n2") << b.dump();
+  EXPECT_EQ(b["placement"], "2 GPUs on node n2");
+  ASSERT_EQ(b["servers"].size(), 2u);
+  EXPECT_EQ(b["servers"][0]["ordinal"], 0);
+  EXPECT_EQ(b["servers"][1]["ordinal"], 1);
+  EXPECT_TRUE(n1.running().empty());
+  for (const auto& [uuid, sm] : SmUsed())
+    EXPECT_EQ(sm, uuid.find("-n2-") != std::string::npos ? 16 : 0) << uuid;
+  // One GPU of a VM with several: refused.
+  Json one = Admin({{"verb", "migrate"}, {"vm_ip", "10.1.0.24"}, {"node_id", "n1"}, {"gpu", "0"}});
+  EXPECT_EQ(one["code"], "bad_request") << one.dump();
+}
+
+TEST_F(ClusterManagerTest, DrainNodeMovesItsVmsUnlessToldNot) {
+  FakeNode& n1 = AddNode("n1", "10.0.0.1", 2);
+  FakeNode& n2 = AddNode("n2", "10.0.0.2", 2);
+  AddVm("10.1.0.25", "10.0.0.1", 16, 2, 1);
+  AddVm("10.1.0.26", "10.0.0.1", 16, 2, 1);
+  ASSERT_TRUE(Allocate("10.1.0.25").value("ok", false));
+  ASSERT_TRUE(Allocate("10.1.0.26").value("ok", false));
+  ASSERT_EQ(n1.running().size(), 2u);
+  Json keep = Admin({{"verb", "drain-node"}, {"node_id", "n1"}, {"migrate", false}});
+  ASSERT_TRUE(keep.value("ok", false)) << keep.dump();
+  EXPECT_EQ(n1.running().size(), 2u);
+  EXPECT_TRUE(n2.starts().empty());
+  Json d = Admin({{"verb", "drain-node"}, {"node_id", "n1"}});
+  ASSERT_TRUE(d.value("ok", false)) << d.dump();
+  EXPECT_EQ(d["moved"].size(), 2u) << d.dump();
+  EXPECT_TRUE(d["failed"].empty()) << d.dump();
+  EXPECT_EQ(d["allocations"], 0);
+  EXPECT_TRUE(n1.running().empty());
+  EXPECT_EQ(n2.running().size(), 2u);
+  EXPECT_EQ(Events("migrate-done").size(), 2u);
+  EXPECT_EQ(Events("drain-node-done").size(), 1u);
+}
+
+TEST_F(ClusterManagerTest, MigrateAutoMovesAVmOffTheMostLoadedNode) {
+  AddNode("n1", "10.0.0.1", 1);
+  FakeNode& n2 = AddNode("n2", "10.0.0.2", 1);
+  // Three VMs on n1 (their host): 64 + 32 + 8 of its 132 SMs; n2 is empty.
+  AddVm("10.1.0.27", "10.0.0.1", 64, 2, 1);
+  AddVm("10.1.0.28", "10.0.0.1", 32, 2, 1);
+  AddVm("10.1.0.30", "10.0.0.1", 8, 2, 1);
+  for (const char* vm : {"10.1.0.27", "10.1.0.28", "10.1.0.30"}) {
+    ASSERT_TRUE(Allocate(vm).value("ok", false));
+  }
+  ASSERT_TRUE(n2.running().empty());
+  Json dry = Admin({{"verb", "migrate-auto"}, {"dry_run", true}});
+  ASSERT_TRUE(dry.value("ok", false)) << dry.dump();
+  EXPECT_EQ(dry["from"], "n1");
+  EXPECT_FALSE(dry["moved"].get<bool>());
+  EXPECT_TRUE(n2.running().empty());
+  Json r = Admin({{"verb", "migrate-auto"}});
+  ASSERT_TRUE(r.value("ok", false)) << r.dump();
+  EXPECT_TRUE(r["moved"].get<bool>()) << r.dump();
+  // Moving the 64-SM VM leaves a peak of 64 SMs (n2); the others would leave 72 or 96 on n1.
+  EXPECT_EQ(r["vm_ip"], "10.1.0.27") << r.dump();
+  EXPECT_EQ(n2.running().size(), 1u);
+  // Nothing more lowers the peak.
+  Json again = Admin({{"verb", "migrate-auto"}});
+  ASSERT_TRUE(again.value("ok", false)) << again.dump();
+  EXPECT_FALSE(again["moved"].get<bool>()) << again.dump();
+  EXPECT_EQ(Events("rebalance").size(), 3u);
+}
+
+TEST_F(ClusterManagerTest, CheckpointAndRestoreEveryServerOfTheVm) {
+  FakeNode& n1 = AddNode("n1", "10.0.0.1", 2);
+  AddVm("10.1.0.29", "10.0.0.1", 16, 2, 2);
+  ASSERT_TRUE(Allocate("10.1.0.29").value("ok", false));
+  Json bad = Admin({{"verb", "checkpoint"}, {"vm_ip", "10.1.0.29"}, {"dir", "relative"}});
+  EXPECT_EQ(bad["code"], "bad_request") << bad.dump();
+  Json none = Admin({{"verb", "restore"}, {"vm_ip", "10.1.0.29"}});
+  EXPECT_EQ(none["code"], "bad_request") << "no checkpoint recorded yet: " << none.dump();
+  Json c = Admin({{"verb", "checkpoint"}, {"vm_ip", "10.1.0.29"}, {"dir", "/ckpt/x/"}});
+  ASSERT_TRUE(c.value("ok", false)) << c.dump();
+  EXPECT_EQ(c["sessions"], 4);
+  std::vector<Json> asked = n1.requests("checkpoint");
+  ASSERT_EQ(asked.size(), 2u);
+  std::set<std::string> dirs;
+  for (const Json& r : asked) {
+    dirs.insert(r["dir"]);
+    EXPECT_FALSE(r["leave_running"].get<bool>());
+  }
+  EXPECT_EQ(dirs, (std::set<std::string>{"/ckpt/x/gpu0", "/ckpt/x/gpu1"}));
+  EXPECT_EQ(Events("checkpoint").size(), 1u);
+  Json shown = Admin({{"verb", "show"}, {"id", "10.1.0.29"}})["vm"];
+  EXPECT_EQ(shown["checkpoint"]["dir"], "/ckpt/x") << shown.dump();
+  EXPECT_EQ(shown["checkpoint"]["node_id"], "n1");
+  EXPECT_EQ(shown.dump().find(Allocate("10.1.0.29")["token"].get<std::string>()), std::string::npos)
+      << "no token in show";
+  // Parked processes: a second checkpoint and a move wait for the restore.
+  EXPECT_EQ(Admin({{"verb", "checkpoint"}, {"vm_ip", "10.1.0.29"}, {"dir", "/ckpt/y"}})["code"],
+            "bad_request");
+  AddNode("n2", "10.0.0.2", 2);
+  EXPECT_EQ(Admin({{"verb", "migrate"}, {"vm_ip", "10.1.0.29"}, {"node_id", "n2"}})["code"],
+            "bad_request");
+  // Restore on another node is refused with the reason; where it was taken it works.
+  Json elsewhere = Admin({{"verb", "restore"}, {"vm_ip", "10.1.0.29"}, {"node_id", "n2"}});
+  EXPECT_EQ(elsewhere["code"], "bad_request");
+  EXPECT_NE(elsewhere.dump().find("reconnects only"), std::string::npos) << elsewhere.dump();
+  Json r = Admin({{"verb", "restore"}, {"vm_ip", "10.1.0.29"}});
+  ASSERT_TRUE(r.value("ok", false)) << r.dump();
+  EXPECT_EQ(r["restored"], 4);
+  EXPECT_EQ(r["dir"], "/ckpt/x");
+  EXPECT_EQ(n1.requests("restore").size(), 2u);
+  EXPECT_EQ(Events("restore").size(), 1u);
+  EXPECT_FALSE(Admin({{"verb", "show"}, {"id", "10.1.0.29"}})["vm"].contains("checkpoint"));
+  // A checkpoint that leaves a session behind resumes the written ones at once.
+  n1.FailMoves(1);
+  Json f = Admin({{"verb", "checkpoint"}, {"vm_ip", "10.1.0.29"}, {"dir", "/ckpt/z"}});
+  EXPECT_EQ(f["code"], "server_failed") << f.dump();
+  EXPECT_NE(f.dump().find("resumed in place"), std::string::npos) << f.dump();
+  EXPECT_EQ(n1.requests("restore").size(), 4u);
+  EXPECT_EQ(Events("checkpoint-failed").size(), 1u);
+  // Not parked: the VM moves again.
+  Json m = Admin({{"verb", "migrate"}, {"vm_ip", "10.1.0.29"}, {"node_id", "n2"}});
+  EXPECT_TRUE(m.value("ok", false)) << m.dump();
+}
+
+TEST_F(ClusterManagerTest, RestoreStartsLostServersAgainAtTheirAddresses) {
+  FakeNode& n1 = AddNode("n1", "10.0.0.1", 1);
+  AddVm("10.1.0.31", "10.0.0.1", 16, 2, 1);
+  Json a = Allocate("10.1.0.31");
+  ASSERT_TRUE(a.value("ok", false)) << a.dump();
+  ASSERT_TRUE(
+      Admin({{"verb", "checkpoint"}, {"vm_ip", "10.1.0.31"}, {"dir", "/c"}}).value("ok", false));
+  // The server goes (the node restarted, or the operator freed the GPU meanwhile).
+  ASSERT_TRUE(Admin({{"verb", "deallocate"}, {"vm_ip", "10.1.0.31"}}).value("ok", false));
+  ASSERT_TRUE(n1.running().empty());
+  // The record outlives a restart of the cluster manager (table checkpoints).
+  StartManager();
+  ASSERT_TRUE(cm_->Handle({"node", "n1", ""}, n1.Registration()).value("ok", false));
+  Json r = Admin({{"verb", "restore"}, {"vm_ip", "10.1.0.31"}});
+  ASSERT_TRUE(r.value("ok", false)) << r.dump();
+  std::vector<Json> starts = n1.starts();
+  ASSERT_EQ(starts.size(), 2u);
+  EXPECT_EQ(starts[1]["port"], 40000) << "the port the waiting processes dial";
+  EXPECT_EQ(starts[1]["token"], a["token"]);
+  EXPECT_EQ(starts[1]["gpu_uuid"], n1.Uuid(0));
+  EXPECT_EQ(starts[1]["alloc_id"], a["alloc_id"]) << "its shm:// address is named after it";
+  std::vector<Json> restores = n1.requests("restore");
+  ASSERT_EQ(restores.size(), 1u);
+  EXPECT_EQ(restores[0]["alloc_id"], starts[1]["alloc_id"]);
+  EXPECT_EQ(restores[0]["dir"], "/c/gpu0");
+  Json again = Allocate("10.1.0.31");
+  EXPECT_EQ(again["endpoint"], a["endpoint"]);
+  EXPECT_EQ(again["token"], a["token"]);
+  EXPECT_EQ(Events("restore-servers").size(), 1u);
+  // Restored: the record is spent.
+  EXPECT_EQ(Admin({{"verb", "restore"}, {"vm_ip", "10.1.0.31"}})["code"], "bad_request");
+  // A new server elsewhere (another address, another token) cannot take a checkpoint.
+  ASSERT_TRUE(
+      Admin({{"verb", "checkpoint"}, {"vm_ip", "10.1.0.31"}, {"dir", "/d"}}).value("ok", false));
+  ASSERT_TRUE(Admin({{"verb", "deallocate"}, {"vm_ip", "10.1.0.31"}}).value("ok", false));
+  Json fresh = Allocate("10.1.0.31");
+  ASSERT_TRUE(fresh.value("ok", false)) << fresh.dump();
+  Json refused = Admin({{"verb", "restore"}, {"vm_ip", "10.1.0.31"}});
+  EXPECT_EQ(refused["code"], "bad_request") << refused.dump();
+  EXPECT_NE(refused.dump().find("is now at"), std::string::npos) << refused.dump();
 }
 
 }  // namespace

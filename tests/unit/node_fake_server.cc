@@ -1,6 +1,7 @@
 // A stand-in for flyt-server in the node manager's tests: takes the same flags,
-// listens on TCP (accepting nothing) and answers `stats` and `set-share` on its
-// control socket. FAKE_MODE chooses a misbehaviour:
+// listens on TCP (accepting nothing) and answers `stats`, `set-share`, `migrate`
+// (echoing what it was asked), `checkpoint` (writes DIR/session-1.flyt) and `restore`
+// (counts DIR/*.flyt) on its control socket. FAKE_MODE chooses a misbehaviour:
 //   ok (default) | crash (exit 3 at once) | hang (never opens its control socket)
 //   | ignore_term (SIGTERM ignored) | die_after_ms:N (exit 5 N ms after start)
 //   | no_port (stats name no TCP address).
@@ -13,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -112,6 +114,35 @@ int main(int argc, char** argv) {
       sm = new_sm;
       memory = req.value("memory_bytes", memory);
       return flyt::control::Ok({{"pause_us", 7}});
+    }
+    if (verb == "migrate") {
+      return flyt::control::Ok({{"asked", 1},
+                                {"moved", 1},
+                                {"stayed", 0},
+                                {"pending", 0},
+                                {"sessions", Json::array()},
+                                {"to", req.value("to", "")},
+                                {"token", req.value("token", "")},
+                                {"wait_ms", req.value("wait_ms", int64_t{-1})}});
+    }
+    if (verb == "checkpoint") {
+      const std::string dir = req.value("dir", "");
+      FILE* f = std::fopen((dir + "/session-1.flyt").c_str(), "w");
+      if (f == nullptr) return flyt::control::Error("bad_request", "cannot write " + dir);
+      std::fclose(f);
+      return flyt::control::Ok({{"asked", 1},
+                                {"checkpointed", 1},
+                                {"stayed", 0},
+                                {"pending", 0},
+                                {"leave_running", req.value("leave_running", false)}});
+    }
+    if (verb == "restore") {
+      int files = 0;
+      std::error_code ec;
+      for (const auto& e : std::filesystem::directory_iterator(req.value("dir", ""), ec))
+        files += e.path().extension() == ".flyt";
+      return flyt::control::Ok(
+          {{"files", files}, {"restored", files}, {"failed", Json::array()}, {"pending", 0}});
     }
     return flyt::control::Error("bad_request", "unknown verb");
   };

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <thread>
@@ -192,6 +193,36 @@ TEST_F(NodeManagerTest, RegistersHeartbeatsAndServesTheClusterManager) {
                 &answer, 5000);
   ASSERT_TRUE(st.ok()) << st.message();
   EXPECT_EQ(answer["pause_us"], 7);
+
+  // Session moves go to the server's control socket with their fields.
+  st = ch->Call(
+      "migrate",
+      Json{{"alloc_id", "a1"}, {"to", "tcp://10.9.9.9:1"}, {"token", "t0k"}, {"wait_ms", 1234}},
+      &answer, 5000);
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ(answer["moved"], 1);
+  EXPECT_EQ(answer["to"], "tcp://10.9.9.9:1");
+  EXPECT_EQ(answer["token"], "t0k");
+  EXPECT_EQ(answer["wait_ms"], 1234);
+  st = ch->Call("migrate", Json{{"alloc_id", "a1"}, {"to", "tcp://10.9.9.9:1"}}, &answer, 5000);
+  EXPECT_EQ(answer["code"], "bad_request") << "no token";
+  const std::string ckpt = dir_ + "/ckpt/gpu0";
+  st = ch->Call("checkpoint", Json{{"alloc_id", "a1"}, {"dir", ckpt}}, &answer, 5000);
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ(answer["checkpointed"], 1);
+  EXPECT_TRUE(std::filesystem::exists(ckpt + "/session-1.flyt"));
+  st = ch->Call("checkpoint", Json{{"alloc_id", "a1"}, {"dir", ckpt}}, &answer, 5000);
+  EXPECT_EQ(answer["code"], "bad_request") << "a folder that holds a checkpoint";
+  EXPECT_NE(st.message().find("already holds a checkpoint"), std::string::npos) << st.message();
+  st = ch->Call("checkpoint", Json{{"alloc_id", "a1"}, {"dir", "relative"}}, &answer, 5000);
+  EXPECT_EQ(answer["code"], "bad_request");
+  st = ch->Call("restore", Json{{"alloc_id", "a1"}, {"dir", ckpt}}, &answer, 5000);
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ(answer["restored"], 1);
+  EXPECT_TRUE(std::filesystem::exists(ckpt + "/session-1.flyt.restored")) << "spent files aside";
+  EXPECT_FALSE(std::filesystem::exists(ckpt + "/session-1.flyt"));
+  st = ch->Call("restore", Json{{"alloc_id", "zz"}, {"dir", ckpt}}, &answer, 5000);
+  EXPECT_EQ(answer["code"], "unknown_allocation");
 
   // Refusals carry codes.
   st = ch->Call("set-share", Json{{"alloc_id", "a1"}, {"sm", 200}, {"memory_bytes", 1}}, &answer,

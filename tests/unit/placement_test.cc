@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <random>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -542,6 +543,43 @@ TEST(PlacementTest, MatchesBruteForceUnderRandomOperations) {
       EXPECT_EQ(u.allocations, n);
     }
   }
+}
+
+// --- a tenant that moves (PlaceGroup with a PlacementFilter)
+
+TEST(PlacementTest, AFilterNarrowsThePick) {
+  Placement p;
+  AddTwoNodes(&p);
+  p.Reserve("GPU-c", 100, kGiB);  // n2's GPU-d is the most free of n2
+  std::vector<std::string> uuids;
+  bool one_node = false;
+  PlacementFilter only_n2;
+  only_n2.nodes = {"n2"};
+  // The VM's host (n1) would win without the filter.
+  ASSERT_TRUE(p.PlaceGroup(Req(16, kGiB, "10.0.0.1"), 1, &uuids, &one_node, &only_n2).ok());
+  EXPECT_EQ(uuids, std::vector<std::string>{"GPU-d"});
+  // Its own GPU is never picked; one GPU by name; other nodes avoided.
+  only_n2.avoid_gpus = {"GPU-d"};
+  ASSERT_TRUE(p.PlaceGroup(Req(16, kGiB), 1, &uuids, &one_node, &only_n2).ok());
+  EXPECT_EQ(uuids, std::vector<std::string>{"GPU-c"});
+  PlacementFilter gpu_b;
+  gpu_b.gpu = "GPU-b";
+  ASSERT_TRUE(p.PlaceGroup(Req(16, kGiB), 1, &uuids, &one_node, &gpu_b).ok());
+  EXPECT_EQ(uuids, std::vector<std::string>{"GPU-b"});
+  PlacementFilter not_n1;
+  not_n1.avoid_nodes = {"n1"};
+  ASSERT_TRUE(p.PlaceGroup(Req(16, kGiB), 2, &uuids, &one_node, &not_n1).ok());
+  EXPECT_EQ(std::set<std::string>(uuids.begin(), uuids.end()),
+            (std::set<std::string>{"GPU-c", "GPU-d"}));
+  EXPECT_TRUE(one_node);
+  // Too little room where it may go: the refusal counts what the filter let through.
+  Status s = p.PlaceGroup(Req(64, kGiB), 2, &uuids, &one_node, &not_n1);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("only 1 of the 2 GPU(s) that may take it"), std::string::npos)
+      << s.message();
+  // A drained node is not a target either.
+  p.SetNodeSchedulable("n2", false);
+  EXPECT_FALSE(p.PlaceGroup(Req(16, kGiB), 1, &uuids, &one_node, &only_n2).ok());
 }
 
 }  // namespace

@@ -60,7 +60,7 @@ struct PostgresBackend {
     ASSERT_TRUE(s.ok()) << s.message();
     s = db->Exec(
         "DROP TABLE IF EXISTS vm_required_resources, nodes, gpus, allocations, events, "
-        "schema_migrations CASCADE");
+        "checkpoints, schema_migrations CASCADE");
     ASSERT_TRUE(s.ok()) << s.message();
   }
 };
@@ -184,8 +184,8 @@ TYPED_TEST(StoreTest, Migration2AddsGpuCountToAnOldDatabase) {
   this->store_.reset();
   auto db = this->Raw();
   const bool pg = std::string(TypeParam::kDialect) == "postgresql";
-  for (const char* t :
-       {"vm_required_resources", "nodes", "gpus", "allocations", "events", "schema_migrations"})
+  for (const char* t : {"vm_required_resources", "nodes", "gpus", "allocations", "events",
+                        "checkpoints", "schema_migrations"})
     ASSERT_OK(db->Exec(std::string("DROP TABLE IF EXISTS ") + t + (pg ? " CASCADE" : "")));
   // Migration 1's tables, as version 1 wrote them (the events table is not needed here).
   ASSERT_OK(
@@ -209,7 +209,7 @@ TYPED_TEST(StoreTest, Migration2AddsGpuCountToAnOldDatabase) {
   std::unique_ptr<Store> store;
   Status s = Store::Open(this->url_, &store);
   ASSERT_TRUE(s.ok()) << s.message();
-  EXPECT_EQ(store->schema_version(), 2);
+  EXPECT_EQ(store->schema_version(), 3);  // migration 2, then 3 (checkpoints)
   std::vector<VmRequirement> vms;
   ASSERT_OK(store->ListVms(&vms));
   ASSERT_EQ(vms.size(), 1u);
@@ -534,6 +534,27 @@ TYPED_TEST(StoreTest, Allocations) {
 
 // ---- events ------------------------------------------------------------------------
 
+TYPED_TEST(StoreTest, Checkpoints) {
+  Store& store = *this->store_;
+  std::vector<Checkpoint> list;
+  ASSERT_OK(store.ListCheckpoints(&list));
+  EXPECT_TRUE(list.empty());
+  ASSERT_OK(store.PutCheckpoint({"10.1.0.2", "/ckpt/b", "{\"token\":\"t\"}", 7}));
+  ASSERT_OK(store.PutCheckpoint({"10.1.0.1", "/ckpt/a", "{}", 5}));
+  ASSERT_OK(store.PutCheckpoint({"10.1.0.2", "/ckpt/c", "{\"token\":\"u\"}", 9}));  // replaces
+  ASSERT_OK(store.ListCheckpoints(&list));
+  ASSERT_EQ(list.size(), 2u);
+  EXPECT_EQ(list[0].vm_ip, "10.1.0.1");
+  EXPECT_EQ(list[1].dir, "/ckpt/c");
+  EXPECT_EQ(list[1].record, "{\"token\":\"u\"}");
+  EXPECT_EQ(list[1].time_ms, 9);
+  ASSERT_OK(store.DeleteCheckpoint("10.1.0.1"));
+  ASSERT_OK(store.DeleteCheckpoint("10.1.0.9"));  // unknown: fine
+  ASSERT_OK(store.ListCheckpoints(&list));
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_FALSE(store.PutCheckpoint({"", "/x", "{}", 1}).ok());
+}
+
 TYPED_TEST(StoreTest, EventsAscendWithAfterAndLimit) {
   Store& store = *this->store_;
   int64_t before = NowMs();
@@ -777,7 +798,7 @@ TEST_F(PostgresDatabaseTest, StoreSurvivesServerSideDisconnect) {
   ASSERT_NE(admin, nullptr);
   ASSERT_OK(
       admin->Exec("DROP TABLE IF EXISTS vm_required_resources, nodes, gpus, allocations, events, "
-                  "schema_migrations CASCADE"));
+                  "checkpoints, schema_migrations CASCADE"));
   std::unique_ptr<Store> store;
   ASSERT_OK(Store::Open(url_, &store));
   ASSERT_OK(store->UpsertVm(Vm("10.0.0.1", 1, 1)));

@@ -1,0 +1,1110 @@
+// The cluster manager's session moves: migrate, checkpoint, restore, migrate-auto and the
+// moves of drain-node (see cluster_manager.h and docs/control_plane.md).
+//
+// A move never leaves a VM half moved: the target servers are started first (same share,
+// same token), then each source server is told to move its sessions to its target and the
+// answers are read; only when every session of every moved server arrived is the VM's
+// placement switched (store and client manager answers) and the old servers stopped.
+// Otherwise the sessions that did move are sent back to where they came from, the targets
+// are stopped and their shares freed, and the error says why.
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <set>
+#include <thread>
+
+#include "cluster/cluster_manager.h"
+#include "cluster/gpu_group.h"
+#include "common/log.h"
+
+namespace flyt::cluster {
+namespace {
+
+using control::Error;
+using control::Json;
+using control::Ok;
+
+constexpr auto kBusyWait = std::chrono::seconds(60);
+// Beyond wait_ms: how long a node manager and its server may take to answer a move.
+constexpr int64_t kAnswerMarginMs = 20000;
+constexpr int64_t kMaxWaitMs = 10 * 60 * 1000;
+// After a move, before the old server stops: polls of its session count (every
+// kSettlePollMs), and rounds of moving sessions that arrived late.
+constexpr int kSettlePolls = 50;
+constexpr int kSettlePollMs = 100;
+constexpr int kSettleRounds = 2;
+
+std::string Str(const Json& j, const char* name) {
+  auto it = j.find(name);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+int64_t Int(const Json& j, const char* name, int64_t fallback = 0) {
+  if (!j.is_object()) return fallback;
+  auto it = j.find(name);
+  return it != j.end() && it->is_number() ? it->get<int64_t>() : fallback;
+}
+
+bool Bool(const Json& j, const char* name, bool fallback) {
+  auto it = j.find(name);
+  return it != j.end() && it->is_boolean() ? it->get<bool>() : fallback;
+}
+
+// Runs fn(0) .. fn(n-1) at once, one thread each, and waits for all.
+void RunEach(size_t n, const std::function<void(size_t)>& fn) {
+  if (n == 1) {
+    fn(0);
+    return;
+  }
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (size_t i = 0; i < n; ++i) threads.emplace_back(fn, i);
+  for (auto& t : threads) t.join();
+}
+
+std::string Percent(double load) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.0f%%", load * 100.0);
+  return buf;
+}
+
+std::string Sessions(int64_t n) { return std::to_string(n) + (n == 1 ? " session" : " sessions"); }
+
+// The folder of a checkpoint that holds the sessions of the VM's server of this ordinal.
+std::string GpuDir(const std::string& dir, int ordinal) {
+  return dir + "/gpu" + std::to_string(ordinal);
+}
+
+int64_t WaitMsOf(const Json& req, int64_t fallback) {
+  auto it = req.find("wait_ms");
+  if (it == req.end() || !it->is_number_integer() || it->get<int64_t>() <= 0) return fallback;
+  return std::min(it->get<int64_t>(), kMaxWaitMs);
+}
+
+// What went wrong in a server's answer to migrate (done_key "moved") or checkpoint
+// ("checkpointed"): empty when every session asked was done.
+std::string MoveProblem(const Json& answer, const char* done_key) {
+  const int64_t asked = Int(answer, "asked"), done = Int(answer, done_key),
+                stayed = Int(answer, "stayed"), pending = Int(answer, "pending");
+  if (done == asked && stayed == 0 && pending == 0) return "";
+  std::string why;
+  for (const Json& s : answer.value("sessions", Json::array())) {
+    if (s.value("ok", false)) continue;
+    why += (why.empty() ? "" : "; ") + std::string("session ") +
+           std::to_string(s.value("session", uint64_t{0})) + ": " + s.value("message", "");
+  }
+  if (pending > 0) {
+    why += (why.empty() ? "" : "; ") + Sessions(pending) +
+           " did not park in time (the process made no call within wait_ms)";
+  }
+  return std::to_string(asked) + " asked, " + std::to_string(done) + " " + done_key + ", " +
+         std::to_string(stayed) + " stayed" + (why.empty() ? "" : " (" + why + ")");
+}
+
+// What went wrong in a server's answer to restore: empty when every file was restored.
+std::string RestoreProblem(const Json& answer) {
+  const int64_t files = Int(answer, "files"), restored = Int(answer, "restored");
+  std::string why;
+  for (const Json& f : answer.value("failed", Json::array()))
+    why += (why.empty() ? "" : "; ") + f.value("file", "") + ": " + f.value("message", "");
+  for (const Json& s : answer.value("sessions", Json::array())) {
+    if (!s.value("ok", false)) why += (why.empty() ? "" : "; ") + s.value("message", "");
+  }
+  if (restored == files && why.empty() && Int(answer, "pending") == 0) return "";
+  return std::to_string(files) + " file(s), " + std::to_string(restored) + " restored" +
+         (why.empty() ? "" : " (" + why + ")");
+}
+
+}  // namespace
+
+double ClusterManager::NodeLoad::Load() const {
+  const double sm = sm_total > 0 ? static_cast<double>(sm_used) / sm_total : 0.0;
+  const double mem = memory_total > 0 ? static_cast<double>(memory_used) / memory_total : 0.0;
+  return std::max(sm, mem);
+}
+
+std::map<std::string, ClusterManager::NodeLoad> ClusterManager::NodeLoadsLocked() const {
+  std::map<std::string, NodeLoad> out;
+  for (const auto& [id, n] : nodes_) {
+    if (n.row.state != "up" || n.gpus.empty()) continue;
+    NodeLoad& l = out[id];
+    for (const auto& g : n.gpus) {
+      l.sm_total += g.sm_count;
+      l.memory_total += g.memory_bytes;
+      if (const GpuUsage* u = placement_.Find(g.uuid)) {
+        l.sm_used += u->sm_used;
+        l.memory_used += u->memory_used;
+      }
+    }
+  }
+  return out;
+}
+
+bool ClusterManager::WaitNotBusyLocked(std::unique_lock<std::mutex>* lock,
+                                       const std::string& vm_ip) {
+  auto deadline = Clock::now() + kBusyWait;
+  while (AnyBusyLocked(vm_ip)) {
+    if (changed_.wait_until(*lock, deadline) == std::cv_status::timeout) return false;
+  }
+  return true;
+}
+
+Json ClusterManager::CallNodeAlone(const std::string& node_id, const std::string& verb,
+                                   const Json& args, int64_t timeout_ms, Status* status) {
+  std::string address;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = nodes_.find(node_id);
+    if (it == nodes_.end()) {
+      *status = Status::Error("unknown node " + node_id);
+      return Json();
+    }
+    if (it->second.row.state == "down") {
+      *status = Status::Error("node " + node_id + " is down");
+      return Json();
+    }
+    address = it->second.row.address;
+  }
+  std::unique_ptr<control::Channel> channel;
+  Status s = control::Channel::Dial(address, creds_, "cluster", "cluster-manager", 5000, &channel);
+  if (!s.ok()) {
+    *status = Status::Error("node " + node_id + " unreachable: " + s.message());
+    return Json();
+  }
+  Json answer;
+  s = channel->Call(verb, args, &answer, static_cast<int>(timeout_ms));
+  channel->Close();
+  *status = s.ok() || (answer.is_object() && answer.contains("ok"))
+                ? s
+                : Status::Error("node " + node_id + ": " + s.message());
+  return answer;
+}
+
+// ---------------------------------------------------------------- checkpoint records
+
+void ClusterManager::LoadCheckpointsLocked(const std::vector<store::Checkpoint>& rows) {
+  for (const store::Checkpoint& row : rows) {
+    Json j = Json::parse(row.record, nullptr, /*allow_exceptions=*/false);
+    CheckpointRecord r;
+    r.dir = row.dir;
+    r.time_ms = row.time_ms;
+    if (j.is_object()) {
+      r.leave_running = Bool(j, "leave_running", false);
+      r.token = Str(j, "token");
+      r.sm = static_cast<int>(Int(j, "sm"));
+      r.memory_bytes = Int(j, "memory_bytes");
+      for (const Json& srv : j.value("servers", Json::array())) {
+        r.alloc_ids.push_back(Str(srv, "alloc_id"));
+        r.node_ids.push_back(Str(srv, "node_id"));
+        r.gpu_uuids.push_back(Str(srv, "gpu_uuid"));
+        r.endpoints.push_back(Str(srv, "endpoint"));
+      }
+    }
+    if (r.endpoints.empty()) {
+      FLYT_WARN("ignoring the stored checkpoint of VM %s: unreadable record", row.vm_ip.c_str());
+      continue;
+    }
+    // Its processes still wait (unless they went on running): the servers are not idle.
+    for (const std::string& id : r.alloc_ids) {
+      if (auto it = allocs_.find(id); it != allocs_.end() && !r.leave_running) {
+        it->second.checkpointed = true;
+      }
+    }
+    checkpoints_[row.vm_ip] = std::move(r);
+  }
+}
+
+void ClusterManager::PersistCheckpointLocked(const std::string& vm_ip, const CheckpointRecord& r) {
+  Json servers = Json::array();
+  for (size_t i = 0; i < r.endpoints.size(); ++i) {
+    servers.push_back(Json{{"alloc_id", r.alloc_ids[i]},
+                           {"node_id", r.node_ids[i]},
+                           {"gpu_uuid", r.gpu_uuids[i]},
+                           {"endpoint", r.endpoints[i]}});
+  }
+  Json record{{"leave_running", r.leave_running},
+              {"token", r.token},
+              {"sm", r.sm},
+              {"memory_bytes", r.memory_bytes},
+              {"servers", servers}};
+  Status s = store_->PutCheckpoint({vm_ip, r.dir, record.dump(), r.time_ms});
+  if (!s.ok()) {
+    FLYT_ERROR("cannot store the checkpoint of VM %s: %s", vm_ip.c_str(), s.message().c_str());
+  }
+}
+
+Json ClusterManager::CheckpointJson(const CheckpointRecord& r) {
+  return Json{{"dir", r.dir},
+              {"time_ms", r.time_ms},
+              {"leave_running", r.leave_running},
+              {"node_id", JoinEndpoints(DistinctNodes(r.node_ids))},
+              {"endpoint", JoinEndpoints(r.endpoints)}};
+}
+
+void ClusterManager::DropCheckpointLocked(const std::string& vm_ip) {
+  if (checkpoints_.erase(vm_ip) == 0) return;
+  Status s = store_->DeleteCheckpoint(vm_ip);
+  if (!s.ok()) {
+    FLYT_ERROR("cannot delete the checkpoint of VM %s: %s", vm_ip.c_str(), s.message().c_str());
+  }
+}
+
+// ---------------------------------------------------------------- moving a VM
+
+void ClusterManager::SettleServer(const std::string& vm_ip, const std::string& node_id,
+                                  const std::string& alloc_id, const std::string& to,
+                                  const std::string& token, int64_t wait_ms) {
+  for (int round = 0; round < kSettleRounds; ++round) {
+    int64_t left = -1;
+    for (int poll = 0; poll < kSettlePolls; ++poll) {
+      Status ls;
+      Json servers = CallNode(node_id, "list-servers", Json::object(), &ls);
+      left = 0;
+      for (const Json& r : servers.value("servers", Json::array())) {
+        if (Str(r, "alloc_id") == alloc_id) left = Int(r, "sessions");
+      }
+      if (!ls.ok() || left == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(kSettlePollMs));
+    }
+    if (left <= 0) return;
+    Status again;
+    Json a = CallNodeAlone(
+        node_id, "migrate",
+        Json{{"alloc_id", alloc_id}, {"to", to}, {"token", token}, {"wait_ms", wait_ms}},
+        wait_ms + kAnswerMarginMs, &again);
+    FLYT_INFO("VM %s: %lld session(s) still on %s moved to %s: %s", vm_ip.c_str(),
+              static_cast<long long>(left), alloc_id.c_str(), to.c_str(),
+              again.ok() ? MoveProblem(a, "moved").c_str() : again.message().c_str());
+  }
+}
+
+Json ClusterManager::MoveVm(const std::string& vm_ip, PlacementFilter filter,
+                            const std::function<bool(const store::Allocation&)>& moves,
+                            const std::string& why, int64_t wait_ms) {
+  const auto t0 = Clock::now();
+  std::unique_lock<std::mutex> lock(mu_);
+  auto fail = [&](const std::string& code, const std::string& message) {  // mu_ held
+    EventLocked("migrate-failed", vm_ip, message + " [" + why + "]");
+    return Error(code, message);
+  };
+  if (!vms_.count(vm_ip)) return Error("unknown_vm", "unknown VM " + vm_ip);
+  if (!WaitNotBusyLocked(&lock, vm_ip)) {
+    return fail("internal", "VM " + vm_ip + " stays busy (another change is in flight); try again");
+  }
+  std::vector<AllocState*> members = MembersLocked(vm_ip);
+  if (members.empty()) {
+    return Error("unknown_allocation", "VM " + vm_ip +
+                                           " has no server to move (it is placed when its next "
+                                           "client asks)");
+  }
+  for (const AllocState* a : members) {
+    if (a->row.state != "running") {
+      return fail("server_failed", "cannot move VM " + vm_ip + ": its server " + a->row.alloc_id +
+                                       " on node " + a->row.node_id + " is " + a->row.state);
+    }
+    if (a->checkpointed) {
+      return fail("bad_request", "cannot move VM " + vm_ip +
+                                     ": its processes wait in a checkpoint; `flytctl restore "
+                                     "--vm " +
+                                     vm_ip + "` first");
+    }
+  }
+  struct Move {
+    int ordinal = 0;
+    std::string from_id, from_node, from_gpu, from_endpoint;
+    std::string to_id, to_node, to_gpu, to_endpoint;
+    Status start, migrate, back;
+    Json answer, back_answer;
+  };
+  std::vector<Move> mv;
+  std::vector<std::string> member_ids;
+  for (const AllocState* a : members) {
+    member_ids.push_back(a->row.alloc_id);
+    filter.avoid_gpus.insert(a->row.gpu_uuid);  // never onto one of its own GPUs
+    if (!moves(a->row)) continue;
+    Move m;
+    m.ordinal = a->row.ordinal;
+    m.from_id = a->row.alloc_id;
+    m.from_node = a->row.node_id;
+    m.from_gpu = a->row.gpu_uuid;
+    m.from_endpoint = a->row.endpoint;
+    mv.push_back(std::move(m));
+  }
+  std::vector<std::string> where;
+  for (const AllocState* a : members) where.push_back(a->row.node_id);
+  if (mv.empty()) {
+    return Error("bad_request", "VM " + vm_ip + " has nothing to move: it is on " +
+                                    DescribeGpuNodes(where) + " already");
+  }
+  const size_t n = members.size(), k = mv.size();
+  const std::string gpu_of = n > 1 ? " of " + std::to_string(n) : "";
+  const store::VmRequirement& vm = vms_[vm_ip];
+  PlacementRequest pr{vm_ip, vm.host_ip, members[0]->row.sm, members[0]->row.memory_bytes};
+  std::vector<std::string> gpus;
+  bool one_node = false;
+  Status s = placement_.PlaceGroup(pr, static_cast<int>(k), &gpus, &one_node, &filter);
+  if (!s.ok()) {
+    return fail("no_capacity", "cannot move VM " + vm_ip + ": " + s.message() +
+                                   "; nothing was started, the VM stays where it is");
+  }
+  for (const Move& m : mv) {
+    if (m.from_endpoint.rfind("tcp://", 0) != 0) {
+      return fail("bad_request", "cannot move VM " + vm_ip + ": its server at " + m.from_endpoint +
+                                     " is not a tcp:// server (sessions move over tcp:// only)");
+    }
+  }
+  // The target allocations: the VM's share and token, the moved server's ordinal. They join
+  // the VM (and the store) only when the move is done.
+  const std::string token = members[0]->row.token;
+  const int64_t now = NowMs();
+  std::vector<Json> starts(k);
+  std::string plan;
+  for (size_t j = 0; j < k; ++j) {
+    Move& m = mv[j];
+    const AllocState& src = allocs_[m.from_id];
+    AllocState t;
+    t.busy = true;
+    t.row = src.row;
+    t.row.alloc_id = "a-" + control::RandomHex(6);
+    t.row.node_id = placement_.Find(gpus[j])->capacity.node_id;
+    t.row.gpu_uuid = gpus[j];
+    t.row.state = "migrating";
+    t.row.endpoint.clear();
+    t.row.created_ms = t.row.updated_ms = now;
+    placement_.Reserve(gpus[j], t.row.sm, t.row.memory_bytes);
+    m.to_id = t.row.alloc_id;
+    m.to_node = t.row.node_id;
+    m.to_gpu = gpus[j];
+    starts[j] = Json{{"alloc_id", m.to_id},
+                     {"gpu_uuid", m.to_gpu},
+                     {"sm", t.row.sm},
+                     {"memory_bytes", t.row.memory_bytes},
+                     {"token", token}};
+    allocs_[t.row.alloc_id] = std::move(t);
+    plan += (plan.empty() ? "" : "; ") +
+            (n > 1 ? "GPU " + std::to_string(m.ordinal) + gpu_of + ": " : std::string()) + "node " +
+            m.from_node + " (" + m.from_gpu + ") -> node " + m.to_node + " (" + m.to_gpu + ", " +
+            m.to_id + ")";
+  }
+  for (AllocState* a : members) a->busy = true;
+  EventLocked("migrate-asked", vm_ip, "moving VM " + vm_ip + ": " + plan + " [" + why + "]");
+  lock.unlock();
+
+  // 1. The targets start (all of them, or the move stops here).
+  RunEach(k, [&](size_t j) {
+    Json a = CallNode(mv[j].to_node, "start-server", starts[j], &mv[j].start);
+    mv[j].to_endpoint = Str(a, "endpoint");
+  });
+  std::string failure;
+  for (const Move& m : mv) {
+    if (!failure.empty()) break;
+    if (!m.start.ok()) {
+      failure = "the target server on node " + m.to_node + " did not start: " + m.start.message();
+    } else if (m.to_endpoint.rfind("tcp://", 0) != 0) {
+      failure = "the target server's endpoint " + m.to_endpoint +
+                " is not tcp:// (sessions move over tcp:// only; nodes with server_tls cannot "
+                "take a migration yet)";
+    }
+  }
+  // 2. Each source server moves its sessions to its target.
+  if (failure.empty()) {
+    RunEach(k, [&](size_t j) {
+      Move& m = mv[j];
+      m.answer = CallNodeAlone(m.from_node, "migrate",
+                               Json{{"alloc_id", m.from_id},
+                                    {"to", m.to_endpoint},
+                                    {"token", token},
+                                    {"wait_ms", wait_ms}},
+                               wait_ms + kAnswerMarginMs, &m.migrate);
+      if (m.migrate.ok()) {
+        std::string p = MoveProblem(m.answer, "moved");
+        if (!p.empty()) m.migrate = Status::Error(p);
+      }
+    });
+    for (const Move& m : mv) {
+      if (m.migrate.ok()) continue;
+      failure = "the server on node " + m.from_node +
+                (n > 1 ? " (GPU " + std::to_string(m.ordinal) + gpu_of + ")" : std::string()) +
+                " did not move all its sessions: " + m.migrate.message();
+      break;
+    }
+  }
+  if (!failure.empty()) {
+    // 3a. Undo: the sessions that did move go back, then the targets are stopped.
+    RunEach(k, [&](size_t j) {
+      Move& m = mv[j];
+      if (Int(m.answer, "moved") > 0) {
+        m.back_answer = CallNodeAlone(m.to_node, "migrate",
+                                      Json{{"alloc_id", m.to_id},
+                                           {"to", m.from_endpoint},
+                                           {"token", token},
+                                           {"wait_ms", wait_ms}},
+                                      wait_ms + kAnswerMarginMs, &m.back);
+        if (m.back.ok()) {
+          std::string p = MoveProblem(m.back_answer, "moved");
+          if (!p.empty()) m.back = Status::Error(p);
+        }
+      }
+      if (m.start.ok()) {
+        // A session whose order was still pending when the move was given up may arrive
+        // at the target late: it goes back too before the target stops.
+        SettleServer(vm_ip, m.to_node, m.to_id, m.from_endpoint, token, wait_ms);
+        Status st;
+        CallNode(m.to_node, "stop-server", Json{{"alloc_id", m.to_id}}, &st);
+        if (!st.ok()) {
+          FLYT_WARN("stop-server %s on %s: %s", m.to_id.c_str(), m.to_node.c_str(),
+                    st.message().c_str());
+        }
+      }
+    });
+    std::string undo;
+    for (const Move& m : mv) {
+      const int64_t moved = Int(m.answer, "moved");
+      if (moved == 0) continue;
+      undo += "; " + Sessions(moved) + " that had moved to node " + m.to_node +
+              (m.back.ok() ? " went back" : " could not go back (" + m.back.message() + ")");
+    }
+    lock.lock();
+    for (const Move& m : mv) {
+      auto it = allocs_.find(m.to_id);
+      if (it == allocs_.end()) continue;
+      placement_.Release(it->second.row.gpu_uuid, it->second.row.sm, it->second.row.memory_bytes);
+      allocs_.erase(it);
+    }
+    for (const std::string& id : member_ids) {
+      if (auto it = allocs_.find(id); it != allocs_.end()) it->second.busy = false;
+    }
+    changed_.notify_all();
+    return fail("server_failed", "moving VM " + vm_ip + " failed: " + failure + undo +
+                                     "; the VM runs where it was and the target allocation" +
+                                     (k > 1 ? "s were" : " was") + " released");
+  }
+  // 3b. Done: the targets take the moved servers' places (ordinal, store, client answers);
+  // the old servers are stopped.
+  lock.lock();
+  bool intact = true;
+  for (const std::string& id : member_ids) intact = intact && allocs_.count(id);
+  for (const Move& m : mv) intact = intact && allocs_.count(m.to_id);
+  if (!intact) {
+    // The VM was freed meanwhile (a server died for good): the new servers go too.
+    for (const Move& m : mv) {
+      if (auto it = allocs_.find(m.to_id); it != allocs_.end()) {
+        placement_.Release(it->second.row.gpu_uuid, it->second.row.sm, it->second.row.memory_bytes);
+        allocs_.erase(it);
+      }
+      StopServerAsync(m.to_node, m.to_id);
+    }
+    for (const std::string& id : member_ids) {
+      if (auto it = allocs_.find(id); it != allocs_.end()) it->second.busy = false;
+    }
+    changed_.notify_all();
+    return fail("server_failed", "VM " + vm_ip + " lost a server while it moved; nothing kept");
+  }
+  std::vector<std::string>& ids = vm_allocs_[vm_ip];
+  Json moved = Json::array();
+  int64_t sessions = 0;
+  std::string done;
+  for (const Move& m : mv) {
+    AllocState& t = allocs_[m.to_id];
+    t.row.endpoint = m.to_endpoint;
+    t.row.state = "running";
+    t.row.updated_ms = NowMs();
+    t.busy = false;
+    std::replace(ids.begin(), ids.end(), m.from_id, m.to_id);
+    PersistAllocLocked(t);
+    allocs_[m.from_id].row.state = "stopping";  // stays busy until stopped and freed
+    sessions += Int(m.answer, "moved");
+    moved.push_back(Json{{"ordinal", m.ordinal},
+                         {"from_alloc_id", m.from_id},
+                         {"from_node", m.from_node},
+                         {"from_gpu", m.from_gpu},
+                         {"from_endpoint", m.from_endpoint},
+                         {"alloc_id", m.to_id},
+                         {"node_id", m.to_node},
+                         {"gpu_uuid", m.to_gpu},
+                         {"endpoint", m.to_endpoint},
+                         {"sessions", Int(m.answer, "moved")}});
+    done += (done.empty() ? "" : "; ") +
+            (n > 1 ? "GPU " + std::to_string(m.ordinal) + ": " : std::string()) + "node " +
+            m.from_node + " -> node " + m.to_node + " at " + m.to_endpoint;
+  }
+  for (const std::string& id : member_ids) {
+    AllocState& a = allocs_[id];
+    if (a.row.state != "stopping") a.busy = false;
+  }
+  std::vector<std::string> now_nodes;
+  for (const AllocState* a : MembersLocked(vm_ip)) now_nodes.push_back(a->row.node_id);
+  EventLocked("migrate-done", vm_ip,
+              "VM " + vm_ip + " moved (" + Sessions(sessions) + "): " + done + "; now " +
+                  DescribeGpuNodes(now_nodes) + ", new processes get " +
+                  VmAllocJsonLocked(vm_ip).value("endpoint", "") + " [" + why + "]");
+  Json result{{"vm_ip", vm_ip},
+              {"moved", moved},
+              {"sessions", sessions},
+              {"allocation", VmAllocJsonLocked(vm_ip)}};
+  changed_.notify_all();
+  lock.unlock();
+  RunEach(k, [&](size_t j) {
+    // A moved session's worker answers its client (go to the target) just after it
+    // reported: stop the old server once it has no session left. A process that connected
+    // to it after the move began (it asked for the endpoint before) is moved too.
+    SettleServer(vm_ip, mv[j].from_node, mv[j].from_id, mv[j].to_endpoint, token, wait_ms);
+    Status st;
+    CallNode(mv[j].from_node, "stop-server", Json{{"alloc_id", mv[j].from_id}}, &st);
+    if (!st.ok()) {
+      FLYT_WARN("stop-server %s on %s after its move: %s", mv[j].from_id.c_str(),
+                mv[j].from_node.c_str(), st.message().c_str());
+    }
+  });
+  lock.lock();
+  for (const Move& m : mv) {
+    if (auto it = allocs_.find(m.from_id); it != allocs_.end()) it->second.busy = false;
+    FreeAllocLocked(m.from_id);
+  }
+  changed_.notify_all();
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  migration_seconds_.Observe(seconds);
+  result["seconds"] = seconds;
+  return Ok(result);
+}
+
+// ---------------------------------------------------------------- verbs
+
+Json ClusterManager::Migrate(const Json& req) {
+  const std::string vm_ip = Str(req, "vm_ip");
+  const std::string node = Str(req, "node_id");
+  std::string gpu = Str(req, "gpu");
+  if (vm_ip.empty()) return Error("bad_request", "migrate needs vm_ip");
+  if (node.empty()) return Error("bad_request", "migrate needs the target node (node_id)");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto refuse = [&](const std::string& code, const std::string& message) {
+      EventLocked("migrate-failed", vm_ip, message + " [operator: migrate to node " + node + "]");
+      return Error(code, message);
+    };
+    auto it = nodes_.find(node);
+    if (it == nodes_.end()) return refuse("unknown_node", "unknown node " + node);
+    if (it->second.row.state != "up") {
+      return refuse("bad_request", "cannot move VM " + vm_ip + ": node " + node + " is " +
+                                       it->second.row.state + " and takes no new tenants");
+    }
+    if (!gpu.empty()) {
+      std::string uuid, known;
+      for (const auto& g : it->second.gpus) {
+        if (g.uuid == gpu || std::to_string(g.index) == gpu) uuid = g.uuid;
+        known += (known.empty() ? "" : ", ") + std::to_string(g.index) + " " + g.uuid;
+      }
+      if (uuid.empty()) {
+        return refuse("bad_request", "node " + node + " has no GPU '" + gpu +
+                                         "' (it has: " + (known.empty() ? "none" : known) + ")");
+      }
+      gpu = uuid;
+      if (MembersLocked(vm_ip).size() > 1) {
+        return refuse("bad_request", "VM " + vm_ip + " has " +
+                                         std::to_string(MembersLocked(vm_ip).size()) +
+                                         " GPUs: give a node, not one GPU");
+      }
+    }
+  }
+  PlacementFilter filter;
+  filter.nodes = {node};
+  filter.gpu = gpu;
+  return MoveVm(
+      vm_ip, filter,
+      [&](const store::Allocation& a) {
+        return a.node_id != node || (!gpu.empty() && a.gpu_uuid != gpu);
+      },
+      "operator: migrate to node " + node + (gpu.empty() ? "" : " GPU " + gpu),
+      WaitMsOf(req, options_.migrate_wait_ms));
+}
+
+Json ClusterManager::Checkpoint(const Json& req) {
+  const std::string vm_ip = Str(req, "vm_ip");
+  std::string dir = Str(req, "dir");
+  const bool leave_running = Bool(req, "leave_running", false);
+  const int64_t wait_ms = WaitMsOf(req, options_.migrate_wait_ms);
+  if (vm_ip.empty()) return Error("bad_request", "checkpoint needs vm_ip");
+  if (dir.empty() || dir[0] != '/') {
+    return Error("bad_request",
+                 "checkpoint needs an absolute path (dir) on the node(s) of the VM's servers");
+  }
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!vms_.count(vm_ip)) return Error("unknown_vm", "unknown VM " + vm_ip);
+  if (!WaitNotBusyLocked(&lock, vm_ip)) {
+    return Error("internal", "VM " + vm_ip + " stays busy (another change is in flight)");
+  }
+  std::vector<AllocState*> members = MembersLocked(vm_ip);
+  if (members.empty()) {
+    return Error("unknown_allocation", "VM " + vm_ip + " has no server: nothing to checkpoint");
+  }
+  struct Call {
+    std::string alloc_id, node_id, endpoint, dir;
+    int ordinal = 0;
+    Status status, undo;
+    Json answer, undo_answer;
+  };
+  std::vector<Call> calls;
+  for (AllocState* a : members) {
+    if (a->row.state != "running") {
+      return Error("server_failed", "cannot checkpoint VM " + vm_ip + ": its server " +
+                                        a->row.alloc_id + " on node " + a->row.node_id + " is " +
+                                        a->row.state);
+    }
+    if (a->checkpointed) {
+      return Error("bad_request", "VM " + vm_ip + "'s processes already wait in a checkpoint (" +
+                                      checkpoints_[vm_ip].dir + "); restore it first");
+    }
+    Call c;
+    c.alloc_id = a->row.alloc_id;
+    c.node_id = a->row.node_id;
+    c.endpoint = a->row.endpoint;
+    c.ordinal = a->row.ordinal;
+    c.dir = GpuDir(dir, c.ordinal);
+    calls.push_back(std::move(c));
+  }
+  for (AllocState* a : members) a->busy = true;
+  lock.unlock();
+  const size_t n = calls.size();
+  // Every server at once: with leave_running false, each of its processes is parked and
+  // written, and none resumes before restore (so the VM's state is one consistent cut).
+  RunEach(n, [&](size_t i) {
+    Call& c = calls[i];
+    c.answer = CallNodeAlone(c.node_id, "checkpoint",
+                             Json{{"alloc_id", c.alloc_id},
+                                  {"dir", c.dir},
+                                  {"leave_running", leave_running},
+                                  {"wait_ms", wait_ms}},
+                             wait_ms + kAnswerMarginMs, &c.status);
+    if (c.status.ok()) {
+      std::string p = MoveProblem(c.answer, "checkpointed");
+      if (!p.empty()) c.status = Status::Error(p);
+    }
+  });
+  std::string failure;
+  for (const Call& c : calls) {
+    if (c.status.ok()) continue;
+    failure = "the server on node " + c.node_id +
+              (n > 1 ? " (GPU " + std::to_string(c.ordinal) + ")" : std::string()) + ": " +
+              c.status.message();
+    break;
+  }
+  std::string undo;
+  if (!failure.empty() && !leave_running) {
+    // All or nothing: the processes that were written resume from their files at once.
+    RunEach(n, [&](size_t i) {
+      Call& c = calls[i];
+      if (Int(c.answer, "checkpointed") == 0) return;
+      c.undo_answer =
+          CallNodeAlone(c.node_id, "restore",
+                        Json{{"alloc_id", c.alloc_id}, {"dir", c.dir}, {"wait_ms", wait_ms}},
+                        wait_ms + kAnswerMarginMs, &c.undo);
+      if (c.undo.ok()) {
+        std::string p = RestoreProblem(c.undo_answer);
+        if (!p.empty()) c.undo = Status::Error(p);
+      }
+    });
+    for (const Call& c : calls) {
+      const int64_t written = Int(c.answer, "checkpointed");
+      if (written == 0) continue;
+      undo += "; " + Sessions(written) + " written on node " + c.node_id +
+              (c.undo.ok() ? " resumed in place" : " could not resume (" + c.undo.message() + ")");
+    }
+  }
+  lock.lock();
+  int64_t sessions = 0;
+  Json servers = Json::array();
+  CheckpointRecord record;
+  record.dir = dir;
+  record.leave_running = leave_running;
+  record.time_ms = NowMs();
+  std::string where;
+  for (const Call& c : calls) {
+    sessions += Int(c.answer, "checkpointed");
+    servers.push_back(Json{{"ordinal", c.ordinal},
+                           {"alloc_id", c.alloc_id},
+                           {"node_id", c.node_id},
+                           {"endpoint", c.endpoint},
+                           {"dir", c.dir},
+                           {"sessions", Int(c.answer, "checkpointed")}});
+    record.alloc_ids.push_back(c.alloc_id);
+    record.node_ids.push_back(c.node_id);
+    record.endpoints.push_back(c.endpoint);
+    if (auto it = allocs_.find(c.alloc_id); it != allocs_.end()) {
+      record.gpu_uuids.push_back(it->second.row.gpu_uuid);
+      record.token = it->second.row.token;
+      record.sm = it->second.row.sm;
+      record.memory_bytes = it->second.row.memory_bytes;
+    } else {
+      record.gpu_uuids.emplace_back();
+    }
+    where +=
+        (where.empty() ? "" : ", ") + c.dir + " on node " + c.node_id + " (" + c.endpoint + ")";
+    if (auto it = allocs_.find(c.alloc_id); it != allocs_.end()) {
+      it->second.busy = false;
+      // Processes wait in it (a server without any has nothing to restore).
+      if (failure.empty() && !leave_running && Int(c.answer, "checkpointed") > 0) {
+        it->second.checkpointed = true;
+      }
+    }
+  }
+  changed_.notify_all();
+  if (!failure.empty()) {
+    const std::string message = "checkpoint of VM " + vm_ip + " to " + dir + " failed: " + failure +
+                                undo + (leave_running ? "; its processes went on running" : "");
+    EventLocked("checkpoint-failed", vm_ip, message);
+    return Error("server_failed", message);
+  }
+  checkpoints_[vm_ip] = record;
+  PersistCheckpointLocked(vm_ip, record);
+  EventLocked("checkpoint", vm_ip,
+              "VM " + vm_ip + ": " + Sessions(sessions) + " written to " + where +
+                  (leave_running ? "; its processes go on running"
+                                 : "; its processes wait at their server's address until "
+                                   "`flytctl restore --vm " +
+                                       vm_ip + "`"));
+  return Ok({{"vm_ip", vm_ip},
+             {"dir", dir},
+             {"leave_running", leave_running},
+             {"sessions", sessions},
+             {"servers", servers}});
+}
+
+Json ClusterManager::StartAtCheckpointLocked(std::unique_lock<std::mutex>* lock,
+                                             const std::string& vm_ip,
+                                             const CheckpointRecord& rec) {
+  const size_t n = rec.endpoints.size();
+  std::vector<int> ports(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const std::string& node = rec.node_ids[i];
+    auto it = nodes_.find(node);
+    if (it == nodes_.end() || it->second.row.state == "down") {
+      return Error("node_unreachable", "cannot restore VM " + vm_ip + ": node " + node +
+                                           ", where its checkpoint was taken, is not up");
+    }
+    Status fit = placement_.CanResize(rec.gpu_uuids[i], rec.sm, rec.memory_bytes);
+    if (!fit.ok()) {
+      return Error("no_capacity", "cannot restore VM " + vm_ip + " on GPU " + rec.gpu_uuids[i] +
+                                      " of node " + node + ": " + fit.message());
+    }
+    const size_t colon = rec.endpoints[i].rfind(':');
+    ports[i] = colon == std::string::npos ? 0 : std::atoi(rec.endpoints[i].c_str() + colon + 1);
+  }
+  std::vector<std::string> ids;
+  std::vector<Json> starts;
+  const int64_t now = NowMs();
+  for (size_t i = 0; i < n; ++i) {
+    AllocState a;
+    a.busy = true;
+    // The old allocation's id: a client on the node's host waits at the server's shm://
+    // address, which the node manager names after it.
+    a.row.alloc_id =
+        allocs_.count(rec.alloc_ids[i]) ? "a-" + control::RandomHex(6) : rec.alloc_ids[i];
+    a.row.vm_ip = vm_ip;
+    a.row.node_id = rec.node_ids[i];
+    a.row.gpu_uuid = rec.gpu_uuids[i];
+    a.row.ordinal = static_cast<int>(i);
+    a.row.token = rec.token;
+    a.row.state = "starting";
+    a.row.sm = rec.sm;
+    a.row.memory_bytes = rec.memory_bytes;
+    a.row.created_ms = a.row.updated_ms = now;
+    placement_.Reserve(a.row.gpu_uuid, a.row.sm, a.row.memory_bytes);
+    starts.push_back(Json{{"alloc_id", a.row.alloc_id},
+                          {"gpu_uuid", a.row.gpu_uuid},
+                          {"sm", a.row.sm},
+                          {"memory_bytes", a.row.memory_bytes},
+                          {"token", rec.token},
+                          {"port", ports[i]}});
+    ids.push_back(a.row.alloc_id);
+    vm_allocs_[vm_ip].push_back(a.row.alloc_id);
+    PersistAllocLocked(a);
+    allocs_[a.row.alloc_id] = std::move(a);
+  }
+  EventLocked("restore-servers", vm_ip,
+              "VM " + vm_ip + " has no server: starting " + std::to_string(n) +
+                  " again where its checkpoint was taken (" + JoinEndpoints(rec.endpoints) +
+                  ") for its waiting processes");
+  lock->unlock();
+  std::vector<Status> started(n);
+  std::vector<Json> answers(n);
+  RunEach(n, [&](size_t i) {
+    answers[i] = CallNode(rec.node_ids[i], "start-server", starts[i], &started[i]);
+  });
+  std::string failure;
+  for (size_t i = 0; i < n && failure.empty(); ++i) {
+    if (!started[i].ok()) {
+      failure = "node " + rec.node_ids[i] + " could not start a server at " + rec.endpoints[i] +
+                ": " + started[i].message();
+    } else if (Str(answers[i], "endpoint") != rec.endpoints[i]) {
+      failure = "node " + rec.node_ids[i] + " started the server at " +
+                Str(answers[i], "endpoint") + ", not at " + rec.endpoints[i];
+    }
+  }
+  if (!failure.empty()) {
+    RunEach(n, [&](size_t i) {
+      if (!started[i].ok()) return;
+      Status st;
+      CallNode(rec.node_ids[i], "stop-server", Json{{"alloc_id", ids[i]}}, &st);
+    });
+  }
+  lock->lock();
+  for (size_t i = 0; i < n; ++i) {
+    auto it = allocs_.find(ids[i]);
+    if (it == allocs_.end()) continue;
+    it->second.busy = false;
+    if (failure.empty()) {
+      it->second.row.state = "running";
+      it->second.row.endpoint = Str(answers[i], "endpoint");
+      it->second.row.updated_ms = NowMs();
+      PersistAllocLocked(it->second);
+    }
+  }
+  if (!failure.empty()) {
+    for (const std::string& id : ids) FreeAllocLocked(id);
+    changed_.notify_all();
+    const std::string message = "restore of VM " + vm_ip + " failed: " + failure;
+    EventLocked("restore-failed", vm_ip, message);
+    return Error("server_failed", message);
+  }
+  changed_.notify_all();
+  return Json();
+}
+
+Json ClusterManager::Restore(const Json& req) {
+  const std::string vm_ip = Str(req, "vm_ip");
+  std::string dir = Str(req, "dir");
+  const std::string node = Str(req, "node_id");
+  const int64_t wait_ms = WaitMsOf(req, options_.migrate_wait_ms);
+  if (vm_ip.empty()) return Error("bad_request", "restore needs vm_ip");
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!vms_.count(vm_ip)) return Error("unknown_vm", "unknown VM " + vm_ip);
+  if (!WaitNotBusyLocked(&lock, vm_ip)) {
+    return Error("internal", "VM " + vm_ip + " stays busy (another change is in flight)");
+  }
+  if (dir.empty()) {
+    auto rec = checkpoints_.find(vm_ip);
+    if (rec == checkpoints_.end()) {
+      return Error("bad_request", "no checkpoint of VM " + vm_ip +
+                                      " waits for a restore (none was taken, or it was "
+                                      "restored): give the path (dir, flytctl --from PATH)");
+    }
+    dir = rec->second.dir;
+  }
+  if (dir[0] != '/') return Error("bad_request", "restore needs an absolute path (dir)");
+  std::vector<AllocState*> members = MembersLocked(vm_ip);
+  auto rec = checkpoints_.find(vm_ip);
+  const bool recorded = rec != checkpoints_.end() && rec->second.dir == dir;
+  if (members.empty()) {
+    if (!recorded) {
+      return Error("unknown_allocation",
+                   "VM " + vm_ip + " has no server to restore into, and no checkpoint in " + dir +
+                       " waits for a restore (its record says where to start the servers again: "
+                       "a checkpointed process reconnects only to its server's old address)");
+    }
+    if (!node.empty() && std::find(rec->second.node_ids.begin(), rec->second.node_ids.end(),
+                                   node) == rec->second.node_ids.end()) {
+      return Error("bad_request", "VM " + vm_ip + "'s checkpoint was taken on node " +
+                                      rec->second.node_ids[0] +
+                                      ": its processes reconnect only to their servers' "
+                                      "addresses there; restore there, then `flytctl migrate`");
+    }
+    const CheckpointRecord copy = rec->second;
+    Json refused = StartAtCheckpointLocked(&lock, vm_ip, copy);
+    if (!refused.is_null()) return refused;
+    members = MembersLocked(vm_ip);
+  } else if (recorded) {
+    for (const AllocState* a : members) {
+      const size_t i = static_cast<size_t>(a->row.ordinal);
+      if (i < rec->second.endpoints.size() && rec->second.endpoints[i] != a->row.endpoint) {
+        return Error("bad_request",
+                     "VM " + vm_ip + "'s server " + std::to_string(i) + " is now at " +
+                         a->row.endpoint + ", but the processes of the checkpoint in " + dir +
+                         " wait at " + rec->second.endpoints[i] +
+                         " (they reconnect only there); deallocate the VM, then restore: its "
+                         "servers are started again at their old addresses");
+      }
+    }
+  }
+  struct Call {
+    std::string alloc_id, node_id, endpoint, dir;
+    int ordinal = 0;
+    Status status;
+    Json answer;
+  };
+  std::vector<Call> calls;
+  for (AllocState* a : members) {
+    if (!node.empty() && a->row.node_id != node) {
+      return Error("bad_request",
+                   "VM " + vm_ip + "'s server" + (members.size() > 1 ? "s are" : " is") +
+                       " on node " + a->row.node_id +
+                       ": a checkpoint is restored where it was taken, because a checkpointed "
+                       "process reconnects only to its server's address; restore there, then "
+                       "`flytctl migrate --vm " +
+                       vm_ip + " --to " + node + "`");
+    }
+    if (a->row.state != "running") {
+      return Error("server_failed", "cannot restore VM " + vm_ip + ": its server " +
+                                        a->row.alloc_id + " on node " + a->row.node_id + " is " +
+                                        a->row.state);
+    }
+    Call c;
+    c.alloc_id = a->row.alloc_id;
+    c.node_id = a->row.node_id;
+    c.endpoint = a->row.endpoint;
+    c.ordinal = a->row.ordinal;
+    c.dir = GpuDir(dir, c.ordinal);
+    calls.push_back(std::move(c));
+  }
+  for (AllocState* a : members) a->busy = true;
+  lock.unlock();
+  const size_t n = calls.size();
+  RunEach(n, [&](size_t i) {
+    Call& c = calls[i];
+    c.answer = CallNodeAlone(c.node_id, "restore",
+                             Json{{"alloc_id", c.alloc_id}, {"dir", c.dir}, {"wait_ms", wait_ms}},
+                             wait_ms + kAnswerMarginMs, &c.status);
+    if (c.status.ok()) {
+      std::string p = RestoreProblem(c.answer);
+      if (!p.empty()) c.status = Status::Error(p);
+    }
+  });
+  lock.lock();
+  std::string failure, where;
+  int64_t restored = 0;
+  Json servers = Json::array();
+  for (const Call& c : calls) {
+    restored += Int(c.answer, "restored");
+    servers.push_back(Json{{"ordinal", c.ordinal},
+                           {"alloc_id", c.alloc_id},
+                           {"node_id", c.node_id},
+                           {"endpoint", c.endpoint},
+                           {"dir", c.dir},
+                           {"restored", Int(c.answer, "restored")}});
+    where += (where.empty() ? "" : ", ") + c.dir + " on node " + c.node_id + " at " + c.endpoint;
+    if (!c.status.ok() && failure.empty()) {
+      failure = "the server on node " + c.node_id +
+                (n > 1 ? " (GPU " + std::to_string(c.ordinal) + ")" : std::string()) + ": " +
+                c.status.message();
+    }
+    if (auto it = allocs_.find(c.alloc_id); it != allocs_.end()) {
+      it->second.busy = false;
+      if (c.status.ok()) it->second.checkpointed = false;
+    }
+  }
+  changed_.notify_all();
+  if (!failure.empty()) {
+    const std::string message = "restore of VM " + vm_ip + " from " + dir + " failed: " + failure +
+                                " (" + Sessions(restored) + " restored)";
+    EventLocked("restore-failed", vm_ip, message);
+    return Error("server_failed", message);
+  }
+  // Its files are spent (the node manager set them aside): the record goes too.
+  if (auto r = checkpoints_.find(vm_ip); r != checkpoints_.end() && r->second.dir == dir) {
+    DropCheckpointLocked(vm_ip);
+  }
+  EventLocked("restore", vm_ip,
+              "VM " + vm_ip + ": " + Sessions(restored) + " restored from " + where +
+                  "; its processes reconnect there");
+  return Ok({{"vm_ip", vm_ip}, {"dir", dir}, {"restored", restored}, {"servers", servers}});
+}
+
+Json ClusterManager::MigrateAuto(const Json& req) {
+  const bool dry_run = Bool(req, "dry_run", false);
+  const bool automatic = Bool(req, "automatic", false);  // the monitor's: quiet when idle
+  std::string vm_pick, source, decision;
+  PlacementFilter pick_filter;
+  double peak_before = 0, peak_after = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto nothing = [&](const std::string& why) {
+      if (!automatic) EventLocked("rebalance", "cluster", "nothing to move: " + why);
+      return Ok({{"moved", false}, {"reason", why}});
+    };
+    const std::map<std::string, NodeLoad> loads = NodeLoadsLocked();
+    if (loads.size() < 2) return nothing("fewer than two nodes are up");
+    for (const auto& [id, l] : loads) {
+      if (source.empty() || l.Load() > peak_before) {
+        source = id;
+        peak_before = l.Load();
+      }
+    }
+    if (peak_before <= 0) return nothing("no node holds a tenant");
+    peak_after = peak_before;
+    for (const auto& entry : vm_allocs_) {
+      const std::string& vm_ip = entry.first;
+      std::vector<AllocState*> members = MembersLocked(vm_ip);
+      bool movable = !members.empty();
+      size_t movers = 0;
+      PlacementFilter f;
+      f.avoid_nodes = {source};
+      for (const AllocState* a : members) {
+        movable = movable && !a->busy && !a->checkpointed && a->row.state == "running" &&
+                  a->row.endpoint.rfind("tcp://", 0) == 0;
+        movers += a->row.node_id == source;
+        f.avoid_gpus.insert(a->row.gpu_uuid);
+      }
+      if (!movable || movers == 0) continue;
+      struct {
+        int sm;
+        int64_t memory_bytes;
+      } share{members[0]->row.sm, members[0]->row.memory_bytes};
+      PlacementRequest pr{vm_ip, vms_.count(vm_ip) ? vms_[vm_ip].host_ip : "", share.sm,
+                          share.memory_bytes};
+      std::vector<std::string> gpus;
+      bool one_node = false;
+      if (!placement_.PlaceGroup(pr, static_cast<int>(movers), &gpus, &one_node, &f).ok()) continue;
+      std::map<std::string, NodeLoad> after = loads;
+      after[source].sm_used -= share.sm * static_cast<int64_t>(movers);
+      after[source].memory_used -= share.memory_bytes * static_cast<int64_t>(movers);
+      std::set<std::string> targets;
+      for (const std::string& g : gpus) {
+        const std::string& node = placement_.Find(g)->capacity.node_id;
+        targets.insert(node);
+        after[node].sm_used += share.sm;
+        after[node].memory_used += share.memory_bytes;
+      }
+      double peak = 0;
+      for (const auto& [id, l] : after) peak = std::max(peak, l.Load());
+      if (peak < peak_after - 1e-9) {
+        peak_after = peak;
+        vm_pick = vm_ip;
+        pick_filter = f;
+        pick_filter.nodes = targets;
+        decision.clear();
+        for (const auto& t : targets) decision += (decision.empty() ? "" : ", ") + t;
+      }
+    }
+    if (vm_pick.empty()) {
+      return nothing("node " + source + " is the most loaded (" + Percent(peak_before) +
+                     ") and moving none of its VMs elsewhere would lower the peak");
+    }
+    decision = "VM " + vm_pick + " from node " + source + " (" + Percent(peak_before) +
+               ") to node " + decision + ": the most loaded node goes from " +
+               Percent(peak_before) + " to a peak of " + Percent(peak_after);
+    EventLocked("rebalance", vm_pick, (dry_run ? "would move " : "moving ") + decision);
+  }
+  Json plan{{"vm_ip", vm_pick},
+            {"from", source},
+            {"to", std::vector<std::string>(pick_filter.nodes.begin(), pick_filter.nodes.end())},
+            {"peak_before", peak_before},
+            {"peak_after", peak_after},
+            {"decision", decision}};
+  if (dry_run) {
+    plan["moved"] = false;
+    plan["dry_run"] = true;
+    return Ok(plan);
+  }
+  const std::string src = source;
+  Json r = MoveVm(
+      vm_pick, pick_filter, [&](const store::Allocation& a) { return a.node_id == src; },
+      "rebalance", options_.migrate_wait_ms);
+  if (!r.value("ok", false)) return r;
+  for (auto it = plan.begin(); it != plan.end(); ++it) r[it.key()] = it.value();
+  r["moved"] = true;
+  return r;
+}
+
+}  // namespace flyt::cluster
