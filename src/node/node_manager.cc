@@ -114,6 +114,9 @@ void RegisterSettings(control::Settings* s, NodeConfig* c) {
          "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, needs mps=true)");
   s->Add("server_shared_memory", &c->server_shared_memory,
          "servers also listen on a shm:// socket in run_dir; clients on this host move to it");
+  s->Add("server_movable_memory", &c->server_movable_memory,
+         "servers run with --movable-memory, so that migrate, drain-node and checkpoint move "
+         "tenants on GPUs reliably; legacy CUDA IPC of cuMemAlloc memory is then refused");
   s->Add("server_tls", &c->server_tls,
          "servers listen on tls:// (TLS 1.3 with tls_cert and tls_key) instead of tcp://; "
          "clients then need FLYT_TLS_CA");
@@ -216,6 +219,7 @@ Status NodeManager::Start() {
   so.stop_timeout_ms = static_cast<int>(config_.stop_timeout_ms);
   so.pin_gpu = !IsSimulatedInventory(config_.inventory);
   so.shared_memory = config_.server_shared_memory;
+  so.movable_memory = config_.server_movable_memory;
   if (config_.server_tls) {
     so.tls_cert = config_.tls.cert;
     so.tls_key = config_.tls.key;

@@ -49,6 +49,7 @@ struct NodeConfig {
   std::string server_listen_host = "0.0.0.0";
   std::string server_sm_mechanism = "green";  // "green" or "mps" (see mps_daemon.h)
   bool server_shared_memory = true;           // servers also listen on shm:// (same-host clients)
+  bool server_movable_memory = false;         // servers with --movable-memory (moves on GPUs)
   bool server_tls = false;         // servers listen on tls:// with tls_cert/tls_key (not tcp://)
   std::string inventory = "nvml";  // "nvml", "sim:N", "sim:FILE.json"
   bool mps = false;

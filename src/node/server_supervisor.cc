@@ -215,6 +215,7 @@ Status ServerSupervisor::SpawnLocked(const EntryPtr& e) {
     spawn.argv.push_back("--listen");
     spawn.argv.push_back("shm://" + ShmPath(p.alloc_id));
   }
+  if (options_.movable_memory) spawn.argv.push_back("--movable-memory");
   if (p.memory_bytes > 0) {
     spawn.argv.push_back("--memory-quota");
     spawn.argv.push_back(std::to_string(p.memory_bytes));

@@ -72,6 +72,7 @@ struct SupervisorOptions {
   int control_timeout_ms = 2000;             // one request on a control socket
   bool pin_gpu = true;                       // CUDA_VISIBLE_DEVICES=<gpu_uuid>
   bool shared_memory = true;                 // also --listen shm://<run_dir>/<id>.shm
+  bool movable_memory = false;               // --movable-memory (server/session_movable.cc)
   std::string tls_cert, tls_key;             // set: tls://HOST:0 instead of tcp://HOST:0
   // Extra environment of one server (MPS variables), asked at every (re)start.
   std::function<EnvList(const ServerParams&)> extra_env;

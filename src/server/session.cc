@@ -284,6 +284,8 @@ bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CU
         s.ClientHandle(HandleKind::kEvent, reinterpret_cast<uintptr_t>(std::get<0>(slots).v)),
         std::get<1>(slots).v);
   if constexpr (Op == 240 || Op == 241) s.NoteAsyncAllocation(std::get<0>(slots).v);
+  if constexpr (Op == 132 || Op == 133)  // cuEventRecord(WithFlags): the order moves with it
+    s.NoteEventRecorded(std::get<0>(slots).Raw());
   std::apply([&](auto&... sl) { (sl.Finish(out, s), ...); }, slots);
   if constexpr (sizeof...(Args) > 0) {
     if (releases != HandleKind::kNone) s.Forget(releases, std::get<0>(slots).Raw());
@@ -454,7 +456,10 @@ void Session::Forget(HandleKind kind, uint64_t value) {
       fwd.erase(it);
     }
   }
-  if (kind == HandleKind::kEvent) event_flags_.erase(value);
+  if (kind == HandleKind::kEvent) {
+    event_flags_.erase(value);
+    event_recorded_.erase(value);
+  }
   if (kind == HandleKind::kMemory) async_allocs_.erase(value);
   if (kind == HandleKind::kModule || kind == HandleKind::kLibrary) images_.erase(value);
   if (kind == HandleKind::kFunction || kind == HandleKind::kKernel) code_names_.erase(value);
@@ -804,6 +809,7 @@ void Session::ReleaseAll() {
   images_.clear();
   code_names_.clear();
   event_flags_.clear();
+  event_recorded_.clear();
   async_allocs_.clear();
   globals_.clear();
   // Pools: the device's default pool is shared and stays; pools this session

@@ -527,6 +527,7 @@ class Session {
   // Hooks of the generic handlers: what a snapshot needs that the driver does
   // not tell afterwards.
   void NoteEventFlags(uint64_t event, unsigned flags) { event_flags_[event] = flags; }
+  void NoteEventRecorded(uint64_t event) { event_recorded_[event] = ++record_seq_; }
   void NoteAsyncAllocation(uint64_t ptr) { async_allocs_.insert(ptr); }
   void NoteGlobalName(uint64_t ptr, uint64_t size, uint64_t image, const char* name);
   // --- memory the session maps itself (session_movable.cc): restored at the
@@ -581,6 +582,10 @@ class Session {
   };
   std::unordered_map<uint64_t, CodeName> code_names_;  // by the client's handle
   std::unordered_map<uint64_t, unsigned> event_flags_;
+  // When each event was last recorded (record_seq_ order): a restore records
+  // them again in that order, so elapsed times between them keep their sign.
+  std::unordered_map<uint64_t, uint64_t> event_recorded_;
+  uint64_t record_seq_ = 0;
   std::unordered_set<uint64_t> async_allocs_;
   struct GlobalRecord {
     uint64_t size = 0;

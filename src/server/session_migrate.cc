@@ -280,8 +280,16 @@ Status Session::WriteSnapshot(SnapshotWriter& out, const uint64_t key[2]) {
     out.Put<uint32_t>(flags);
     out.Put<int32_t>(priority);
   }
-  out.Put<uint64_t>(handles_[K(HandleKind::kEvent)].size());
+  // Events in the order they were last recorded (never recorded first): the
+  // target records them again in this order.
+  std::vector<std::pair<uint64_t, uint64_t>> events;  // seq, handle
   for (uint64_t h : handles_[K(HandleKind::kEvent)]) {
+    auto r = event_recorded_.find(h);
+    events.emplace_back(r != event_recorded_.end() ? r->second : 0, h);
+  }
+  std::sort(events.begin(), events.end());
+  out.Put<uint64_t>(events.size());
+  for (auto& [seq, h] : events) {
     auto f = event_flags_.find(h);
     out.Put(h);
     out.Put<uint32_t>(f != event_flags_.end() ? f->second : 0);
@@ -719,6 +727,7 @@ Status Session::Restore(SnapshotReader& in, uint64_t key[2]) {
     rev_[K(HandleKind::kEvent)][reinterpret_cast<uintptr_t>(e)] = client;
     Adopt(HandleKind::kEvent, client);
     event_flags_[client] = flags;
+    NoteEventRecorded(client);  // in the source's order: the next move keeps it
   }
   st = RestoreMemoryContents(in, allocs);
   if (!st.ok()) return st;

@@ -518,7 +518,8 @@ class Control(unittest.TestCase):
             self.assertIn("text/plain", r.headers.get("Content-Type", ""))
             return r.read().decode()
 
-    def start_node(self, node_id, host_ip, inventory="sim:2", secret=SECRET, wait=True):
+    def start_node(self, node_id, host_ip, inventory="sim:2", secret=SECRET, wait=True,
+                   movable=False):
         """Starts flyt-node-manager `node_id` and (wait=True) waits until list-nodes shows
         it up with its GPUs."""
         run_dir = os.path.join(self.tmp, node_id)
@@ -538,7 +539,7 @@ class Control(unittest.TestCase):
                 "--server-backend", "sim",
                 "--server-binary", binary("flyt-server"),
                 "--run-dir", run_dir,
-            ]
+            ] + (["--server-movable-memory", "true"] if movable else [])
         d = Daemon(self.tmp, "node-" + node_id, command(free_tcp_port()), self.daemon_env())
         d.run_dir = run_dir
         d.node_id = node_id
@@ -1390,9 +1391,10 @@ class Control(unittest.TestCase):
         program never notices (same output as an undisturbed run), new processes are told
         the new server, old servers are gone, every decision is an event."""
         self.start_cluster_manager(policy="spread")
-        self.start_node("n1", "10.0.0.1")
-        self.start_node("n2", "10.0.0.2")
-        self.start_node("n3", "10.0.0.3")
+        # Servers with movable memory (server_movable_memory), as GPU nodes need for moves.
+        self.start_node("n1", "10.0.0.1", movable=True)
+        self.start_node("n2", "10.0.0.2", movable=True)
+        self.start_node("n3", "10.0.0.3", movable=True)
         vm = "10.1.0.90"
         self.add_vm(vm, "10.0.0.1", 8, 1)
         cmgr = self.start_client_manager(vm)
