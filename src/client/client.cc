@@ -172,6 +172,10 @@ CUresult Client::Init() {
     FLYT_INFO("connected to flyt-server at %s: session %llu, %zu GPU(s), driver %d",
               server_.c_str(), static_cast<unsigned long long>(hello.rep.session_id),
               devices_.size(), hello.rep.driver_version);
+    // A server whose sessions move may ask an idle process to park: that
+    // request comes on the callback channel (kOpParkNudge), opened after the
+    // first call (the server hands the session to its worker only then).
+    if ((hello.features & ops::kServerFeatureMovable) != 0) callback_wanted_.store(true);
   });
   return init_rc_;
 }
@@ -202,6 +206,8 @@ CUresult Client::SayHello(Hello* out) {
   if (!r.GetString(&out->shm_offer) || !r.GetString(&out->boot_id)) {
     out->shm_offer.clear();
     out->boot_id.clear();
+  } else if (r.remaining() >= sizeof(uint32_t)) {
+    r.Get(&out->features);
   }
   return r.ok() ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN;
 }
@@ -431,6 +437,20 @@ bool WaitsOnly(uint16_t op) {
 
 CUresult Client::Call(const char* name, uint16_t op, const wire::Writer& req, ReplySink sink,
                       uint16_t flags) {
+  CUresult rc = CallManaged(name, op, req, sink, flags);
+  // After the first call was answered (the session has its worker then):
+  // the callback channel of a movable server's client (see Init).
+  if (callback_wanted_.load(std::memory_order_relaxed) &&
+      callback_wanted_.exchange(false, std::memory_order_acq_rel)) {
+    CUresult cb = EnsureCallbackChannel();
+    if (cb != CUDA_SUCCESS)
+      FLYT_WARN("no callback channel (error %d): this process moves only when it calls CUDA", cb);
+  }
+  return rc;
+}
+
+CUresult Client::CallManaged(const char* name, uint16_t op, const wire::Writer& req, ReplySink sink,
+                             uint16_t flags) {
   if (!managed::Any()) return CallUnhooked(name, op, req, sink, flags);
   // Managed memory: the host's writes reach the GPU before device work, and
   // once work is known done, pages it may have changed are fetched again.
@@ -619,6 +639,13 @@ void Client::ServeCallbacks(std::shared_ptr<transport::Connection> conn, uint64_
       uint64_t dst = 0;
       std::memcpy(&dst, payload.data(), 8);
       std::memcpy(reinterpret_cast<void*>(dst), payload.data() + 8, h.payload_len - 8);
+    } else if (h.op == ops::kOpParkNudge && h.payload_len == 0) {
+      // A move waits: ask on a thread of its own, so that this channel stays
+      // free for the host functions the park's drain may run.
+      std::thread([this] {
+        wire::Writer w;
+        Call("move-poll", ops::kOpMovePoll, w, ReplySink{});
+      }).detach();
     } else if (h.op == ops::kOpFetchBytes && h.payload_len == 16) {
       // A graph's copy from the host: send what the buffer holds now.
       uint64_t src = 0, len = 0;

@@ -226,6 +226,7 @@ class Client {
     std::vector<ops::DeviceInfo> devices;
     std::string shm_offer;  // the server's shm:// address, if it has one
     std::string boot_id;    // the server's kernel (transport::KernelBootId)
+    uint32_t features = 0;  // ops::kServerFeature* (0 from older servers)
   };
   CUresult SayHello(Hello* out);
   // The device list of a welcome (hello or resume reply): u32 count, then
@@ -245,6 +246,9 @@ class Client {
   // fails with CUDA_ERROR_DEVICE_UNAVAILABLE; says so in the log once, with what to do.
   CUresult MarkLostLocked(const char* during, const std::string& why);
   CUresult SyncContextLocked();
+  // Call without the callback-channel check: managed memory's hooks around it.
+  CUresult CallManaged(const char* name, uint16_t op, const wire::Writer& req, ReplySink sink,
+                       uint16_t flags);
   CUresult CallUnhooked(const char* name, uint16_t op, const wire::Writer& req, ReplySink sink,
                         uint16_t flags);
   // Calls and posts so far (under mu_): changes with every one of them.
@@ -307,6 +311,7 @@ class Client {
 
   std::mutex callback_mu_;  // the callback channel and the queued host functions
   bool callback_channel_ = false;
+  std::atomic<bool> callback_wanted_{false};              // open it after the next answered call
   std::shared_ptr<transport::Connection> callback_conn_;  // the live one
   uint64_t callback_generation_ = 0;  // a moved session's old channel ends quietly
   uint64_t next_host_func_ = 1;

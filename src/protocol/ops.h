@@ -10,6 +10,13 @@
 
 namespace flyt::ops {
 
+// The welcome's trailing u32 of server features (after the boot id).
+enum : uint32_t {
+  // Sessions may be asked to move while their process is idle: the client
+  // opens its callback channel at once, on which kOpParkNudge comes.
+  kServerFeatureMovable = 1,
+};
+
 // What a client does after kOpPark.
 enum class ParkAction : uint8_t {
   kContinue = 0,    // go on with this connection (the move did not happen or was not wanted)
@@ -42,6 +49,9 @@ enum : uint16_t {
   // (server/session_snapshot.h); the reply (status, string message) comes
   // once the session is restored.
   kOpRestoreSession = 7,
+  // Asks nothing: its reply carries wire::kReplyMoveWanted when a move waits.
+  // A client sends it when told kOpParkNudge, so that an idle process parks.
+  kOpMovePoll = 8,
   kOpPrimaryCtxRetain = 10,
   kOpSetCurrentContext = 11,
   // u32 CUstreamCaptureMode: the calling client thread's capture mode
@@ -74,6 +84,9 @@ enum : uint16_t {
   // Server -> client on the callback channel, when a graph runs a captured copy:
   kOpDeliverBytes = 55,  // u64 client address, then bytes to store there
   kOpFetchBytes = 56,    // u64 client address, u64 length: reply (HostFuncDone) carries them
+  // Server -> client on the callback channel: a move waits for the session;
+  // the client acks (HostFuncDone) at once and sends kOpMovePoll.
+  kOpParkNudge = 57,
   // Graphs built by hand and node lists.
   kOpGraphGetNodes = 80,    // u64 graph -> u64 n, n x u64 node (Flyt's own nodes left out)
   kOpGraphKernelNode = 81,  // see Session::GraphKernelNode

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <chrono>
 #include <random>
 #include <thread>
 
@@ -16,6 +17,8 @@ namespace {
 
 // A client that sends nothing for this long after connecting is dropped.
 constexpr int kHandshakeTimeoutMs = 30000;
+// How long a side channel (callback, paging) waits for its session to reach a worker.
+constexpr int kSideChannelWaitMs = 2000;
 
 // After the hello, a socket client either calls (it stays: a worker takes
 // it) or says goodbye or closes (it moved to shared memory: no worker).
@@ -174,6 +177,7 @@ void Acceptor::PutWelcome(wire::Writer& out) const {
   for (const auto& d : devices) out.Put(d);
   out.PutString(state_->shm_offer);
   out.PutString(state_->boot_id);
+  out.Put<uint32_t>(state_->movable_memory ? ops::kServerFeatureMovable : 0u);
 }
 
 void Acceptor::Moved(std::unique_ptr<transport::Connection> conn, const wire::FrameHeader& h,
@@ -251,8 +255,16 @@ void Acceptor::Callback(std::unique_ptr<transport::Connection> conn, const wire:
   wire::Reader in(payload.data(), payload.size());
   uint32_t version = 0;
   uint64_t session = 0, secret = 0;
-  if (!in.Get(&version) || !in.Get(&session) || !in.Get(&secret) || in.remaining() != 0 ||
-      version != wire::kProtocolVersion || !pool_->KnowsSession(session, secret)) {
+  bool parsed = in.Get(&version) && in.Get(&session) && in.Get(&secret) && in.remaining() == 0 &&
+                version == wire::kProtocolVersion;
+  // A client may dial right after its welcome (movable servers' clients do),
+  // while its connection is still on its way to a worker: wait for that.
+  bool known = parsed && pool_->KnowsSession(session, secret);
+  for (int i = 0; parsed && !known && i < kSideChannelWaitMs / 10; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    known = pool_->KnowsSession(session, secret);
+  }
+  if (!known) {
     FLYT_WARN("%s channel from %s refused: unknown session or wrong secret", what,
               conn->Peer().c_str());
     return;

@@ -203,6 +203,7 @@ int main(int argc, char** argv) {
   log::SetProcessTag("flyt-server");
   auto state = std::make_unique<server::ServerState>();
   state->token = token;
+  state->movable_memory = options.movable_memory;
   const transport::EmulationSettings& emulate = options.emulate;
   if (listens.empty()) listens.push_back("tcp://0.0.0.0:14833");
   std::string shm_file_dir;

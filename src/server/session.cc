@@ -583,8 +583,9 @@ void Session::AttachCallbackChannel(std::unique_ptr<transport::Connection> conn)
 }
 
 bool Session::CallbackExchange(wire::FrameHeader h, const void* a, size_t na, const void* b,
-                               size_t nb, void* reply, size_t reply_len) {
+                               size_t nb, void* reply, size_t reply_len, bool wait_for_channel) {
   std::unique_lock<std::mutex> lock(callback_mu_);
+  if (!wait_for_channel && callback_conn_ == nullptr) return false;
   callback_cv_.wait_for(lock, std::chrono::seconds(10), [&] { return callback_conn_ != nullptr; });
   if (callback_conn_ == nullptr) {
     FLYT_WARN(
@@ -991,6 +992,9 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       return Launch(in, per_thread, rc);
     case ops::kOpPark:  // the client is ready to move (session_migrate.cc)
       return Park(in, out, rc);
+    case ops::kOpMovePoll:  // the reply header says whether a move waits
+      *rc = in.remaining() == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+      return in.remaining() == 0;
     case ops::kOpMaxActiveClusters:
       return MaxActiveClusters(in, out, rc);
     case ops::kOpStreamCaptureInfo: {

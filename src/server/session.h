@@ -312,7 +312,7 @@ class Session {
   // them (0: not known); never destroyed on their own.
   std::unordered_map<uint64_t, uint64_t> subgraphs_;
   bool CallbackExchange(wire::FrameHeader h, const void* a, size_t na, const void* b, size_t nb,
-                        void* reply, size_t reply_len);
+                        void* reply, size_t reply_len, bool wait_for_channel = true);
   bool CopyToDevice(wire::Reader& in, bool per_thread, CUresult* rc);
   bool CopyFromDevice(wire::Reader& in, bool per_thread, wire::Writer& out, CUresult* rc);
   bool Copy3D(wire::Reader& in, bool per_thread, wire::Writer& out, CUresult* rc);

@@ -95,9 +95,16 @@ std::string HostMappingsOver(uint64_t lo, uint64_t hi) {
 }  // namespace
 
 void Session::RequestMove(const channel::MoveOrder& order) {
-  std::lock_guard<std::mutex> lock(move_mu_);
-  move_order_ = order;
-  move_wanted_.store(true, std::memory_order_release);
+  {
+    std::lock_guard<std::mutex> lock(move_mu_);
+    move_order_ = order;
+    move_wanted_.store(true, std::memory_order_release);
+  }
+  // A client that makes no call would never see the request in a reply: its
+  // callback channel, where it has one, tells it to ask (kOpMovePoll).
+  wire::FrameHeader h{};
+  h.op = ops::kOpParkNudge;
+  CallbackExchange(h, nullptr, 0, nullptr, 0, nullptr, 0, /*wait_for_channel=*/false);
 }
 
 uint64_t Session::ClientHandle(HandleKind kind, uint64_t real) {

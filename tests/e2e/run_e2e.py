@@ -1358,6 +1358,39 @@ class E2E(unittest.TestCase):
                     self.assert_stats(srv, sessions=0, memory_used=0)
                 self.stop_server(b)
                 self.stop_server(restarted)
+    def test_migrate_idle(self):
+        """A process that makes no CUDA call while it is moved (it sleeps between steps) is
+        told through its callback channel to park (servers with --movable-memory offer it),
+        so the move completes at once rather than at its next call; its output equals an
+        undisturbed run's."""
+        variant = CFG.variants[0]
+        a = self.start_server(control=True, extra_args=["--movable-memory"])
+        b = self.start_server(control=True, extra_args=["--movable-memory"])
+        steps, pause = "3", "5000"
+        base = self.run_ok(a, "tcp", "migrate_loop", variant, args=(steps, "0"))
+        expected = [l for l in base.lines() if l.startswith("step ")]
+        prog = RunningProgram(self.tmp, a, "tcp", program_path("migrate_loop", variant),
+                              (steps, pause))
+        try:
+            if prog.wait_line(r"^step 1 ") is None:
+                self.fail("migrate_loop never printed step 1\n%s" % prog.finish(5).describe())
+            t0 = time.monotonic()
+            answer = a.control({"verb": "migrate", "to": b.url("tcp"), "token": TOKEN,
+                                "wait_ms": 4000}, timeout=30)
+            took = time.monotonic() - t0
+            self.assertEqual(answer.get("moved"), 1, "%s\n%s\n%s" % (answer, a.logs(), b.logs()))
+            # Well before the program's next call (it sleeps 5 s after each step).
+            self.assertLess(took, 4.0, answer)
+            self.assert_stats(b, sessions=1)
+        finally:
+            res = prog.finish()
+        self.assert_passed(res, "migrate_loop", b)
+        self.assertEqual([l for l in res.lines() if l.startswith("step ")], expected,
+                         res.describe())
+        self.assert_stats(a, sessions=0, memory_used=0)
+        self.stop_server(a)
+        self.stop_server(b)
+
     DRIVER_QUERIES_EXPECTED = (
         ("under_flyt", "1"), ("kernel.library_same", "1"),
         ("kernel.library_null_out", "CUDA_ERROR_INVALID_VALUE"),
