@@ -50,19 +50,6 @@ std::string Join(const std::vector<std::string>& parts) { return JoinEndpoints(p
 
 std::string GpuCount(size_t n) { return std::to_string(n) + (n == 1 ? " GPU" : " GPUs"); }
 
-// Runs fn(0) .. fn(n-1) at once, one thread each (n is one VM's GPU count), and waits for
-// all: a VM's servers start, stop and resize in parallel.
-void RunEach(size_t n, const std::function<void(size_t)>& fn) {
-  if (n == 1) {
-    fn(0);
-    return;
-  }
-  std::vector<std::thread> threads;
-  threads.reserve(n);
-  for (size_t i = 0; i < n; ++i) threads.emplace_back(fn, i);
-  for (auto& t : threads) t.join();
-}
-
 Json GpuCapacityJson(const store::Gpu& g) {
   return Json{{"uuid", g.uuid},
               {"index", g.index},

@@ -1,6 +1,7 @@
 #include "cluster/gpu_group.h"
 
 #include <algorithm>
+#include <thread>
 
 namespace flyt::cluster {
 
@@ -28,6 +29,17 @@ std::string DescribeGpuNodes(const std::vector<std::string>& node_ids) {
   out += " across nodes ";
   for (size_t i = 0; i < nodes.size(); ++i) out += (i ? ", " : "") + nodes[i];
   return out;
+}
+
+void RunEach(size_t n, const std::function<void(size_t)>& fn) {
+  if (n == 1) {
+    fn(0);
+    return;
+  }
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (size_t i = 0; i < n; ++i) threads.emplace_back(fn, i);
+  for (auto& t : threads) t.join();
 }
 
 }  // namespace flyt::cluster

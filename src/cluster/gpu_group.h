@@ -5,9 +5,11 @@
 // as FLYT_SERVER ("tcp://a:1,tcp://b:2"; one GPU keeps the single address) and the sentence
 // that records where the GPUs went ("2 GPUs on node n1" / "3 GPUs across nodes n1, n2").
 // It holds no state and makes no decision: Placement::PlaceGroup picks the GPUs and the
-// cluster manager owns the allocations.
+// cluster manager owns the allocations. RunEach runs one step per GPU of a group at once.
 #pragma once
 
+#include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,5 +24,9 @@ std::vector<std::string> DistinctNodes(const std::vector<std::string>& node_ids)
 // "1 GPU on node n1", "2 GPUs on node n1", "3 GPUs across nodes n1, n2": where a VM's GPUs
 // are, from their nodes in ordinal order.
 std::string DescribeGpuNodes(const std::vector<std::string>& node_ids);
+
+// Runs fn(0) .. fn(n-1) at once, one thread each (n is one VM's GPU count), and waits for
+// all: a VM's servers start, stop, resize and move in parallel.
+void RunEach(size_t n, const std::function<void(size_t)>& fn);
 
 }  // namespace flyt::cluster

@@ -51,18 +51,6 @@ bool Bool(const Json& j, const char* name, bool fallback) {
   return it != j.end() && it->is_boolean() ? it->get<bool>() : fallback;
 }
 
-// Runs fn(0) .. fn(n-1) at once, one thread each, and waits for all.
-void RunEach(size_t n, const std::function<void(size_t)>& fn) {
-  if (n == 1) {
-    fn(0);
-    return;
-  }
-  std::vector<std::thread> threads;
-  threads.reserve(n);
-  for (size_t i = 0; i < n; ++i) threads.emplace_back(fn, i);
-  for (auto& t : threads) t.join();
-}
-
 std::string Percent(double load) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.0f%%", load * 100.0);

@@ -122,19 +122,32 @@ class UcxConnection final : public Connection {
     if (st.ok()) st = CreateWorker();
     if (!st.ok()) return st;
     my_tag_ = RandomTag();
+    UcxPreface p;
+    p.tag = my_tag_;
+    std::vector<uint8_t> bytes;
+    st = WithOwnAddress(p, &bytes);
+    if (!st.ok()) return st;
+    return WriteAll(sock_, bytes.data(), bytes.size());
+  }
+
+  // `head` (a preface or a switch message: its address_len is set here)
+  // followed by this worker's UCX address.
+  template <typename Head>
+  Status WithOwnAddress(Head head, std::vector<uint8_t>* out) {
     ucp_address_t* addr = nullptr;
     size_t len = 0;
     ucs_status_t s = api_->worker_get_address(worker_, &addr, &len);
     if (s != UCS_OK) return Status::Error("ucx: worker address: " + api_->Why(s));
-    UcxPreface p;
-    p.tag = my_tag_;
-    p.address_len = static_cast<uint32_t>(len);
-    std::vector<uint8_t> bytes(sizeof(p) + len);
-    std::memcpy(bytes.data(), &p, sizeof(p));
-    std::memcpy(bytes.data() + sizeof(p), addr, len);
+    if (len > kUcxMaxAddress) {
+      api_->worker_release_address(worker_, addr);
+      return Status::Error("ucx: this worker's address is too large");
+    }
+    head.address_len = static_cast<uint32_t>(len);
+    out->resize(sizeof(head) + len);
+    std::memcpy(out->data(), &head, sizeof(head));
+    std::memcpy(out->data() + sizeof(head), addr, len);
     api_->worker_release_address(worker_, addr);
-    if (len > kUcxMaxAddress) return Status::Error("ucx: this worker's address is too large");
-    return WriteAll(sock_, bytes.data(), bytes.size());
+    return Status::Ok();
   }
 
   // Worker process: the state the main process handed over, then step 3.
@@ -164,18 +177,12 @@ class UcxConnection final : public Connection {
     if (st.ok()) st = ConnectPeerLocked();
     if (!st.ok()) return st;
     my_tag_ = RandomTag();
-    ucp_address_t* addr = nullptr;
-    size_t len = 0;
-    ucs_status_t s = api_->worker_get_address(worker_, &addr, &len);
-    if (s != UCS_OK) return Status::Error("ucx: worker address: " + api_->Why(s));
     UcxSwitch sw;
     sw.raw_bytes = raw_sent_;
     sw.tag = my_tag_;
-    sw.address_len = static_cast<uint32_t>(len);
-    std::vector<uint8_t> msg(sizeof(sw) + len);
-    std::memcpy(msg.data(), &sw, sizeof(sw));
-    std::memcpy(msg.data() + sizeof(sw), addr, len);
-    api_->worker_release_address(worker_, addr);
+    std::vector<uint8_t> msg;
+    st = WithOwnAddress(sw, &msg);
+    if (!st.ok()) return st;
     tx_ucx_ = true;
     switch_msg_ = std::move(msg);
     return PostSwitchLocked();
