@@ -465,33 +465,9 @@ Status ServerSupervisor::Forward(const std::string& id, const Json& request, int
 
 Status ServerSupervisor::SetShare(const std::string& id, int64_t sm, int64_t memory_bytes,
                                   Json* answer, std::string* code) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = servers_.find(id);
-    if (it == servers_.end()) {
-      *code = "unknown_allocation";
-      return Status::Error("no server for allocation " + id + " on this node");
-    }
-    if (it->second->state != State::kRunning) {
-      *code = "server_failed";
-      return Status::Error(
-          "server " + id + " is " +
-          (it->second->state == State::kStarting ? "still starting" : "not running") +
-          ": retry set-share once it runs");
-    }
-  }
   Json request{{"verb", "set-share"}, {"sm", sm}, {"memory_bytes", memory_bytes}};
-  *answer = Json::object();
-  Status st = ServerControlCall(SocketPath(id), request, options_.control_timeout_ms, answer);
-  if (!st.ok()) {
-    // An answer with ok:false is the server refusing; no answer is a failed server.
-    bool refused = answer->is_object() && answer->contains("ok");
-    auto c = answer->is_object() ? answer->find("code") : answer->end();
-    *code = (c != answer->end() && c->is_string()) ? c->get<std::string>()
-            : refused                              ? "bad_request"
-                                                   : "server_failed";
-    return Status::Error("server " + id + " did not apply set-share: " + st.message());
-  }
+  Status st = Forward(id, request, options_.control_timeout_ms, answer, code);
+  if (!st.ok()) return st;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = servers_.find(id);
   if (it != servers_.end()) {

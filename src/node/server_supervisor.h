@@ -121,9 +121,10 @@ class ServerSupervisor {
   // Forwards set-share to the server; remembers the new share for restarts.
   Status SetShare(const std::string& alloc_id, int64_t sm, int64_t memory_bytes,
                   nlohmann::json* answer, std::string* code);
-  // Forwards one request (migrate, checkpoint, restore: they answer after their sessions
-  // did, so timeout_ms is the caller's) to a running server's control socket. *answer is
-  // the server's answer; on failure *code is its code, or server_failed when none came.
+  // Forwards one request (set-share; migrate, checkpoint, restore, which answer after their
+  // sessions did, so timeout_ms is the caller's) to a running server's control socket.
+  // *answer is the server's answer; on failure *code is its code, or server_failed when
+  // none came.
   Status Forward(const std::string& alloc_id, const nlohmann::json& request, int timeout_ms,
                  nlohmann::json* answer, std::string* code);
   // Parameters of a known server, and the quota it was started with.
