@@ -116,7 +116,8 @@ int Parent(const char* self) {
     std::string line;
     while (std::getline(maps, line)) {
       uint64_t lo = 0, hi = 0;
-      if (std::sscanf(line.c_str(), "%" SCNx64 "-%" SCNx64, &lo, &hi) == 2 && hi - lo >= (1ull << 30))
+      if (std::sscanf(line.c_str(), "%" SCNx64 "-%" SCNx64, &lo, &hi) == 2 &&
+          hi - lo >= (1ull << 30))
         std::printf("  %s [%" PRIu64 " GiB]\n", line.c_str(), (hi - lo) >> 30);
     }
   }
