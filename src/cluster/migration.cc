@@ -64,6 +64,32 @@ std::string GpuDir(const std::string& dir, int ordinal) {
   return dir + "/gpu" + std::to_string(ordinal);
 }
 
+// One server's part of a VM-wide checkpoint or restore: the server, its folder DIR/gpuN,
+// and what its node manager answered (undo: a checkpoint's restore after a failure).
+struct ServerCall {
+  std::string alloc_id, node_id, endpoint, dir;
+  int ordinal = 0;
+  Status status, undo;
+  Json answer, undo_answer;
+};
+
+ServerCall CallFor(const store::Allocation& row, const std::string& dir) {
+  ServerCall c;
+  c.alloc_id = row.alloc_id;
+  c.node_id = row.node_id;
+  c.endpoint = row.endpoint;
+  c.ordinal = row.ordinal;
+  c.dir = GpuDir(dir, c.ordinal);
+  return c;
+}
+
+// Why `verb` cannot run for a VM whose server is not running.
+std::string NotRunning(const std::string& verb, const std::string& vm_ip,
+                       const store::Allocation& row) {
+  return "cannot " + verb + " VM " + vm_ip + ": its server " + row.alloc_id + " on node " +
+         row.node_id + " is " + row.state;
+}
+
 int64_t WaitMsOf(const Json& req, int64_t fallback) {
   auto it = req.find("wait_ms");
   if (it == req.end() || !it->is_number_integer() || it->get<int64_t>() <= 0) return fallback;
@@ -627,30 +653,16 @@ Json ClusterManager::Checkpoint(const Json& req) {
   if (members.empty()) {
     return Error("unknown_allocation", "VM " + vm_ip + " has no server: nothing to checkpoint");
   }
-  struct Call {
-    std::string alloc_id, node_id, endpoint, dir;
-    int ordinal = 0;
-    Status status, undo;
-    Json answer, undo_answer;
-  };
-  std::vector<Call> calls;
+  std::vector<ServerCall> calls;
   for (AllocState* a : members) {
     if (a->row.state != "running") {
-      return Error("server_failed", "cannot checkpoint VM " + vm_ip + ": its server " +
-                                        a->row.alloc_id + " on node " + a->row.node_id + " is " +
-                                        a->row.state);
+      return Error("server_failed", NotRunning("checkpoint", vm_ip, a->row));
     }
     if (a->checkpointed) {
       return Error("bad_request", "VM " + vm_ip + "'s processes already wait in a checkpoint (" +
                                       checkpoints_[vm_ip].dir + "); restore it first");
     }
-    Call c;
-    c.alloc_id = a->row.alloc_id;
-    c.node_id = a->row.node_id;
-    c.endpoint = a->row.endpoint;
-    c.ordinal = a->row.ordinal;
-    c.dir = GpuDir(dir, c.ordinal);
-    calls.push_back(std::move(c));
+    calls.push_back(CallFor(a->row, dir));
   }
   for (AllocState* a : members) a->busy = true;
   lock.unlock();
@@ -658,7 +670,7 @@ Json ClusterManager::Checkpoint(const Json& req) {
   // Every server at once: with leave_running false, each of its processes is parked and
   // written, and none resumes before restore (so the VM's state is one consistent cut).
   RunEach(n, [&](size_t i) {
-    Call& c = calls[i];
+    ServerCall& c = calls[i];
     c.answer = CallNodeAlone(c.node_id, "checkpoint",
                              Json{{"alloc_id", c.alloc_id},
                                   {"dir", c.dir},
@@ -671,7 +683,7 @@ Json ClusterManager::Checkpoint(const Json& req) {
     }
   });
   std::string failure;
-  for (const Call& c : calls) {
+  for (const ServerCall& c : calls) {
     if (c.status.ok()) continue;
     failure = "the server on node " + c.node_id +
               (n > 1 ? " (GPU " + std::to_string(c.ordinal) + ")" : std::string()) + ": " +
@@ -682,7 +694,7 @@ Json ClusterManager::Checkpoint(const Json& req) {
   if (!failure.empty() && !leave_running) {
     // All or nothing: the processes that were written resume from their files at once.
     RunEach(n, [&](size_t i) {
-      Call& c = calls[i];
+      ServerCall& c = calls[i];
       if (Int(c.answer, "checkpointed") == 0) return;
       c.undo_answer =
           CallNodeAlone(c.node_id, "restore",
@@ -693,7 +705,7 @@ Json ClusterManager::Checkpoint(const Json& req) {
         if (!p.empty()) c.undo = Status::Error(p);
       }
     });
-    for (const Call& c : calls) {
+    for (const ServerCall& c : calls) {
       const int64_t written = Int(c.answer, "checkpointed");
       if (written == 0) continue;
       undo += "; " + Sessions(written) + " written on node " + c.node_id +
@@ -708,7 +720,7 @@ Json ClusterManager::Checkpoint(const Json& req) {
   record.leave_running = leave_running;
   record.time_ms = NowMs();
   std::string where;
-  for (const Call& c : calls) {
+  for (const ServerCall& c : calls) {
     sessions += Int(c.answer, "checkpointed");
     servers.push_back(Json{{"ordinal", c.ordinal},
                            {"alloc_id", c.alloc_id},
@@ -916,13 +928,7 @@ Json ClusterManager::Restore(const Json& req) {
       }
     }
   }
-  struct Call {
-    std::string alloc_id, node_id, endpoint, dir;
-    int ordinal = 0;
-    Status status;
-    Json answer;
-  };
-  std::vector<Call> calls;
+  std::vector<ServerCall> calls;
   for (AllocState* a : members) {
     if (!node.empty() && a->row.node_id != node) {
       return Error("bad_request",
@@ -934,23 +940,15 @@ Json ClusterManager::Restore(const Json& req) {
                        vm_ip + " --to " + node + "`");
     }
     if (a->row.state != "running") {
-      return Error("server_failed", "cannot restore VM " + vm_ip + ": its server " +
-                                        a->row.alloc_id + " on node " + a->row.node_id + " is " +
-                                        a->row.state);
+      return Error("server_failed", NotRunning("restore", vm_ip, a->row));
     }
-    Call c;
-    c.alloc_id = a->row.alloc_id;
-    c.node_id = a->row.node_id;
-    c.endpoint = a->row.endpoint;
-    c.ordinal = a->row.ordinal;
-    c.dir = GpuDir(dir, c.ordinal);
-    calls.push_back(std::move(c));
+    calls.push_back(CallFor(a->row, dir));
   }
   for (AllocState* a : members) a->busy = true;
   lock.unlock();
   const size_t n = calls.size();
   RunEach(n, [&](size_t i) {
-    Call& c = calls[i];
+    ServerCall& c = calls[i];
     c.answer = CallNodeAlone(c.node_id, "restore",
                              Json{{"alloc_id", c.alloc_id}, {"dir", c.dir}, {"wait_ms", wait_ms}},
                              wait_ms + kAnswerMarginMs, &c.status);
@@ -963,7 +961,7 @@ Json ClusterManager::Restore(const Json& req) {
   std::string failure, where;
   int64_t restored = 0;
   Json servers = Json::array();
-  for (const Call& c : calls) {
+  for (const ServerCall& c : calls) {
     restored += Int(c.answer, "restored");
     servers.push_back(Json{{"ordinal", c.ordinal},
                            {"alloc_id", c.alloc_id},
