@@ -20,7 +20,6 @@ import re
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,8 @@ import time
 
 TOKEN = "migrate-check"
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "e2e"))
+from run_e2e import control_call  # noqa: E402  (the control-socket client, docs/control_plane.md)
 
 
 def free_port():
@@ -40,24 +41,8 @@ def free_port():
 
 
 def control(path, request, timeout=700):
-    s = socket.socket(socket.AF_UNIX)
-    s.settimeout(timeout)
-    s.connect(path)
-    body = json.dumps(request).encode()
-    s.sendall(struct.pack("<I", len(body)) + body)
-
-    def rx(n):
-        d = b""
-        while len(d) < n:
-            c = s.recv(n - len(d))
-            if not c:
-                raise EOFError("control socket closed")
-            d += c
-        return d
-    (n,) = struct.unpack("<I", rx(4))
-    answer = json.loads(rx(n))
-    s.close()
-    return answer
+    """One request on a flyt-server control socket (the e2e runner's client)."""
+    return control_call(path, request, timeout)
 
 
 class Server:
@@ -278,7 +263,7 @@ def main():
             m = move(a, "migrate", to=b.url())
             report = m.get("sessions", [{}])[0].get("message", "") if m.get("sessions") else ""
             ck_ms = ck_size = rs_ms = "-"
-            if gib <= 4:
+            if gib <= 16:
                 prog.wait_line(r"^step 3 ")
                 d = os.path.join(work, "ckpt-%d" % gib)
                 os.makedirs(d)
