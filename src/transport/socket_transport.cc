@@ -55,31 +55,7 @@ class SocketConnection final : public Connection {
   }
 
   Status Send(const iovec* iov, int count) override {
-    iovec local[16];
-    if (count > 16) return Status::Error("too many iovecs");
-    std::memcpy(local, iov, sizeof(iovec) * count);
-    iovec* cur = local;
-    while (count > 0) {
-      msghdr msg{};
-      msg.msg_iov = cur;
-      msg.msg_iovlen = count;
-      ssize_t n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return Status::Error("send to " + peer_ + ": " + std::strerror(errno));
-      }
-      size_t left = static_cast<size_t>(n);
-      while (count > 0 && left >= cur->iov_len) {
-        left -= cur->iov_len;
-        ++cur;
-        --count;
-      }
-      if (count > 0) {
-        cur->iov_base = static_cast<char*>(cur->iov_base) + left;
-        cur->iov_len -= left;
-      }
-    }
-    return Status::Ok();
+    return SendAllOnSocket(fd_, peer_, iov, count);
   }
 
   Status Receive(void* dst, size_t n) override {
@@ -239,6 +215,36 @@ std::string Address::ToString() const {
   if (kind == Kind::kShm) return "shm://" + path;
   const char* scheme = kind == Kind::kTls ? "tls://" : kind == Kind::kUcx ? "ucx://" : "tcp://";
   return scheme + host + ":" + std::to_string(port);
+}
+
+Status SendAllOnSocket(int fd, const std::string& peer, const iovec* iov, int count,
+                       uint64_t* sent) {
+  iovec local[16];
+  if (count < 0 || count > 16) return Status::Error("too many iovecs");
+  std::memcpy(local, iov, sizeof(iovec) * static_cast<size_t>(count));
+  iovec* cur = local;
+  while (count > 0) {
+    msghdr msg{};
+    msg.msg_iov = cur;
+    msg.msg_iovlen = static_cast<size_t>(count);
+    const ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::Error("send to " + peer + ": " + std::strerror(errno));
+    }
+    if (sent != nullptr) *sent += static_cast<uint64_t>(n);
+    size_t left = static_cast<size_t>(n);
+    while (count > 0 && left >= cur->iov_len) {
+      left -= cur->iov_len;
+      ++cur;
+      --count;
+    }
+    if (count > 0) {
+      cur->iov_base = static_cast<char*>(cur->iov_base) + left;
+      cur->iov_len -= left;
+    }
+  }
+  return Status::Ok();
 }
 
 Status ParseAddress(const std::string& text, Address* out) {

@@ -118,6 +118,11 @@ Status Reattach(DetachedConnection&& d, std::unique_ptr<Connection>* out);
 void CloseDetached(DetachedConnection* d);
 
 Status Dial(const Address& address, const Liveness& liveness, std::unique_ptr<Connection>* out);
+// Writes every byte of `iov` (at most 16 pieces) to a blocking stream socket, going on
+// after short writes and EINTR; *sent (when given) grows by the bytes written, also when
+// it fails. The socket transports' Send (tcp, unix, and ucx:// before its switch).
+Status SendAllOnSocket(int fd, const std::string& peer, const iovec* iov, int count,
+                       uint64_t* sent = nullptr);
 Status Listen(const Address& address, std::unique_ptr<Listener>* out);
 
 }  // namespace flyt::transport

@@ -385,31 +385,7 @@ class UcxConnection final : public Connection {
 
   Status SendRawLocked(const iovec* iov, int count) {
     if (!failed_.empty() || shutdown_.load()) return GoneMessage();
-    iovec local[kMaxIov];
-    std::memcpy(local, iov, sizeof(iovec) * static_cast<size_t>(count));
-    iovec* cur = local;
-    while (count > 0) {
-      msghdr msg{};
-      msg.msg_iov = cur;
-      msg.msg_iovlen = static_cast<size_t>(count);
-      const ssize_t n = ::sendmsg(sock_, &msg, MSG_NOSIGNAL);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return Status::Error("send to " + peer_ + ": " + std::strerror(errno));
-      }
-      raw_sent_ += static_cast<uint64_t>(n);
-      size_t left = static_cast<size_t>(n);
-      while (count > 0 && left >= cur->iov_len) {
-        left -= cur->iov_len;
-        ++cur;
-        --count;
-      }
-      if (count > 0) {
-        cur->iov_base = static_cast<char*>(cur->iov_base) + left;
-        cur->iov_len -= left;
-      }
-    }
-    return Status::Ok();
+    return SendAllOnSocket(sock_, peer_, iov, count, &raw_sent_);
   }
 
   // Reads what the socket has (never blocks). In the raw phase that is the peer's
