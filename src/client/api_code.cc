@@ -458,25 +458,35 @@ FLYT_API CUresult cuStreamAddCallback_ptsz(CUstream s, CUstreamCallback cb, void
       s, [s, cb, data] { cb(s, CUDA_SUCCESS, data); }, true);
 }
 
-FLYT_API CUresult cuOccupancyMaxActiveClusters(int* n, CUfunction f, const CUlaunchConfig* cfg) {
-  Client& c = Client::Get();
-  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
-  if (n == nullptr || cfg == nullptr || cfg->numAttrs > 64) return CUDA_ERROR_INVALID_VALUE;
+namespace {
+// A cluster question about a launch of `f` with `cfg` that the server's driver answers
+// (one i32): its launch head, after the sub-operation byte when `misc` is set.
+CUresult AskClusterQuery(const char* name, uint16_t op, const uint8_t* misc, CUfunction f,
+                         const CUlaunchConfig* cfg, int* out) {
   auto info = FuncLayout(reinterpret_cast<uintptr_t>(f));
   if (info == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   unsigned grid[3] = {cfg->gridDimX, cfg->gridDimY, cfg->gridDimZ};
   unsigned block[3] = {cfg->blockDimX, cfg->blockDimY, cfg->blockDimZ};
   wire::Writer w;
+  if (misc != nullptr) w.Put<uint8_t>(*misc);
   EncodeLaunchHead(w, f, info->is_kernel ? uint32_t{ops::kLaunchIsKernel} : 0u, grid, block,
                    cfg->sharedMemBytes, cfg->hStream, cfg->attrs, cfg->numAttrs);
   std::vector<uint8_t> reply;
-  CUresult rc =
-      c.Call("cuOccupancyMaxActiveClusters", ops::kOpMaxActiveClusters, w, ReplySink{&reply});
+  CUresult rc = Client::Get().Call(name, op, w, ReplySink{&reply});
   wire::Reader r(reply.data(), reply.size());
   int32_t v = 0;
   if (rc == CUDA_SUCCESS && !r.Get(&v)) rc = CUDA_ERROR_UNKNOWN;
-  if (rc == CUDA_SUCCESS) *n = v;
+  if (rc == CUDA_SUCCESS) *out = v;
   return rc;
+}
+}  // namespace
+
+FLYT_API CUresult cuOccupancyMaxActiveClusters(int* n, CUfunction f, const CUlaunchConfig* cfg) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (n == nullptr || cfg == nullptr || cfg->numAttrs > 64) return CUDA_ERROR_INVALID_VALUE;
+  return AskClusterQuery("cuOccupancyMaxActiveClusters", ops::kOpMaxActiveClusters, nullptr, f, cfg,
+                         n);
 }
 
 // The largest cluster a launch of `f` with `cfg` could have (the server's driver answers).
@@ -487,22 +497,9 @@ FLYT_API CUresult cuOccupancyMaxPotentialClusterSize(int* size, CUfunction f,
   if (size == nullptr || cfg == nullptr || cfg->numAttrs > 64 ||
       (cfg->numAttrs > 0 && cfg->attrs == nullptr))
     return CUDA_ERROR_INVALID_VALUE;
-  auto info = FuncLayout(reinterpret_cast<uintptr_t>(f));
-  if (info == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  unsigned grid[3] = {cfg->gridDimX, cfg->gridDimY, cfg->gridDimZ};
-  unsigned block[3] = {cfg->blockDimX, cfg->blockDimY, cfg->blockDimZ};
-  wire::Writer w;
-  w.Put<uint8_t>(ops::kDriverMiscMaxPotentialClusterSize);
-  EncodeLaunchHead(w, f, info->is_kernel ? uint32_t{ops::kLaunchIsKernel} : 0u, grid, block,
-                   cfg->sharedMemBytes, cfg->hStream, cfg->attrs, cfg->numAttrs);
-  std::vector<uint8_t> reply;
-  CUresult rc =
-      c.Call("cuOccupancyMaxPotentialClusterSize", ops::kOpDriverMisc, w, ReplySink{&reply});
-  wire::Reader r(reply.data(), reply.size());
-  int32_t v = 0;
-  if (rc == CUDA_SUCCESS && !r.Get(&v)) rc = CUDA_ERROR_UNKNOWN;
-  if (rc == CUDA_SUCCESS) *size = v;
-  return rc;
+  const uint8_t sub = ops::kDriverMiscMaxPotentialClusterSize;
+  return AskClusterQuery("cuOccupancyMaxPotentialClusterSize", ops::kOpDriverMisc, &sub, f, cfg,
+                         size);
 }
 
 // Function attributes: the dynamic shared memory opt-in is remembered so that
