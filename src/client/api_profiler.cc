@@ -85,7 +85,8 @@ void SetCallHook(profiler::CallHook hook) { Client::Get().SetCallHook(hook); }
 }  // namespace
 
 const void* ProfilerTable() {
-  static const profiler::Table table{sizeof(profiler::Table), Start, Stop, Drain, SetCallHook};
+  static const profiler::Table table{sizeof(profiler::Table), Start, Stop, Drain, SetCallHook,
+                                     SetRuntimeApiHooks};
   return &table;
 }
 

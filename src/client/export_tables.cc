@@ -138,6 +138,8 @@ constexpr size_t kCudartGetModuleFromCubinEx2 = 8;
 constexpr size_t kCudartLoadCompilers = 12;
 constexpr size_t kHooksBuffer1 = 2;
 constexpr size_t kHooksBuffer2 = 6;
+constexpr size_t kHooksReportRuntimeCall = 1;
+constexpr size_t kHooksContextUid = 4;
 constexpr size_t kToolsTlsCurrentContext = 2;
 constexpr size_t kStoragePut = 0;
 constexpr size_t kStorageDelete = 1;
@@ -275,6 +277,27 @@ void HooksGetBuffer1(void** buffer, size_t* entries) {
 void HooksGetBuffer2(void** buffer, size_t* entries) {
   if (buffer != nullptr) *buffer = hooks_buffer2;
   if (entries != nullptr) *entries = kHooksBuffer2Entries;
+}
+
+// With a tool attached, cudart reports each runtime call: slot 4 first, which writes the
+// context's number into the record, then slot 1 with the call's id and record (enter and
+// exit). NVIDIA's CUPTI switches that on by setting 32-bit words 1..1202 of the first
+// array to 1, all but 130 (cudaStreamDestroy_v3020) and 1024: Flyt's libcupti does the
+// same through SetRuntimeApiHooks.
+std::atomic<profiler::RuntimeApiHook> g_runtime_hook{nullptr};
+std::atomic<profiler::ContextUidHook> g_context_uid_hook{nullptr};
+constexpr size_t kRuntimeSwitchWords = 1203;
+static_assert(kRuntimeSwitchWords <= sizeof(hooks_buffer1) / (sizeof(uint32_t)));
+
+CUresult HooksReportRuntimeCall(uint32_t cbid, const void* record) {
+  if (auto hook = g_runtime_hook.load(std::memory_order_acquire)) hook(cbid, record);
+  return CUDA_SUCCESS;
+}
+
+CUresult HooksContextUid(CUcontext ctx, uint32_t* uid) {
+  auto hook = g_context_uid_hook.load(std::memory_order_acquire);
+  if (uid != nullptr) *uid = hook != nullptr ? hook(ctx) : 0;
+  return CUDA_SUCCESS;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -693,6 +716,8 @@ Tables* BuildTables() {
   t->hooks[0] = SizeSlot(kHooksLayout.claimed);
   t->hooks[kHooksBuffer1] = SlotOf(&HooksGetBuffer1);
   t->hooks[kHooksBuffer2] = SlotOf(&HooksGetBuffer2);
+  t->hooks[kHooksReportRuntimeCall] = SlotOf(&HooksReportRuntimeCall);
+  t->hooks[kHooksContextUid] = SlotOf(&HooksContextUid);
 
   FillStubs<kToolsTls>(t->tools_tls);
   t->tools_tls[0] = SizeSlot(kToolsTlsLayout.claimed);
@@ -871,6 +896,15 @@ CUresult GetExportTable(const void** table, const CUuuid* id) {
 void DestroyContextLocalStorage(CUcontext ctx) {
   if (ctx == nullptr) return;
   for (auto& [key, entry] : Storage().Take(ctx)) entry.destructor(ctx, key, entry.value);
+}
+
+void SetRuntimeApiHooks(profiler::RuntimeApiHook each_call, profiler::ContextUidHook uid) {
+  bool on = each_call != nullptr && uid != nullptr;
+  g_context_uid_hook.store(on ? uid : nullptr, std::memory_order_release);
+  g_runtime_hook.store(on ? each_call : nullptr, std::memory_order_release);
+  auto* words = reinterpret_cast<std::atomic<uint32_t>*>(hooks_buffer1);
+  for (size_t i = 1; i < kRuntimeSwitchWords; ++i)
+    if (i != 130 && i != 1024) words[i].store(on ? 1 : 0, std::memory_order_relaxed);
 }
 
 }  // namespace flyt::client

@@ -12,6 +12,8 @@
 
 #include <cuda.h>
 
+#include "common/profiler_abi.h"
+
 namespace flyt::client {
 
 // Answers cuGetExportTable: sets *table to Flyt's own table for `id` and returns CUDA_SUCCESS,
@@ -19,6 +21,10 @@ namespace flyt::client {
 CUresult GetExportTable(const void** table, const CUuuid* id);
 // Flyt's profiler table for its libcupti (client/api_profiler.cc).
 const void* ProfilerTable();
+
+// Turns cudart's reports of runtime calls (tools-callback table a094798c) on, delivered to
+// `each_call`, or off when either hook is null (Flyt's libcupti, through its profiler table).
+void SetRuntimeApiHooks(profiler::RuntimeApiHook each_call, profiler::ContextUidHook uid);
 
 // Runs, then forgets, the destructor callbacks that cudart stored for `ctx` through the
 // context-local-storage table (entries without one are forgotten too). The context code

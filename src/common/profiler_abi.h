@@ -26,6 +26,33 @@ using RecordFn = void (*)(void* opaque, const ops::GpuActivity* record, const ch
 // the client library's lock: it must not call into libcuda.
 using CallHook = void (*)(uint64_t call_id);
 
+// cudart reports each runtime API call, at its enter and at its exit, through
+// slot 1 of the tools-callback table (a094798c; docs/export_tables.md): `record`
+// is cudart's record of the call (RuntimeCallRecord below). Runs on the app's
+// thread, outside the client library's lock.
+using RuntimeApiHook = void (*)(uint32_t cbid, const void* record);
+// The number a tool gives a context (CUpti_CallbackData::contextUid).
+using ContextUidHook = uint32_t (*)(CUcontext ctx);
+
+// cudart's record of a runtime call as slot 1 hands it (measured against NVIDIA's
+// CUPTI with cudart 13.0, H200: tests/gpu/probe). 120 bytes; the fields a tool reads.
+struct RuntimeCallRecord {
+  uint64_t size;         // 120
+  uint32_t context_uid;  // written by slot 4 before slot 1 is called
+  uint32_t reserved0;
+  uint64_t reserved1[2];
+  uint64_t* correlation_data;  // CUpti_CallbackData::correlationData
+  void* return_value;          // a cudaError_t
+  const char* function_name;
+  const void* params;  // cudart's <name>_params struct
+  CUcontext context;
+  uint64_t reserved2;
+  uint32_t cbid;            // CUPTI_RUNTIME_TRACE_CBID_*
+  uint32_t site;            // 0 enter, 1 exit (CUpti_ApiCallbackSite)
+  const char* symbol_name;  // the kernel's, for launches
+};
+static_assert(offsetof(RuntimeCallRecord, cbid) == 80, "cudart's record layout");
+
 struct Table {
   size_t size;  // sizeof(Table)
   // Enables GPU activity kinds (1 << ops::GpuActivityKind) on the server.
@@ -38,6 +65,8 @@ struct Table {
   // Takes what the server recorded so far (forced: also work still running).
   CUresult (*drain)(int forced, RecordFn each, void* opaque, uint32_t* dropped);
   void (*set_call_hook)(CallHook hook);
+  // Turns cudart's reporting of runtime calls on (both hooks set) or off (nullptr).
+  void (*set_runtime_hooks)(RuntimeApiHook each_call, ContextUidHook context_uid);
 };
 
 }  // namespace flyt::profiler

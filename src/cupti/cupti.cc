@@ -6,12 +6,20 @@
 // libcuda's profiler table (common/profiler_abi.h); their correlation id is the
 // id of the Flyt call that issued the work, and each such call, made while the
 // app had pushed external ids, yields CUPTI's external correlation records.
+// The callback API's runtime domain and RUNTIME records come from cudart's own
+// reports of each runtime call (libcuda's tools-callback table): while they are
+// on, each runtime call gets a correlation id that the driver calls it makes, and
+// the GPU work they issue, share, as natively.
 // Timestamps are moved onto this host's clock (or the app's timestamp callback).
 // Must not call into libcuda while holding its lock (libcuda calls the call
 // hook under its own), nor write to stdout.
 #include <cupti.h>
 #include <dlfcn.h>
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdarg>
 #include <cstdio>
@@ -20,6 +28,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common/cupti_records.h"
@@ -36,6 +45,18 @@ using profiler::Table;
 void Log(const char* fmt, ...) {
   const char* level = std::getenv("FLYT_LOG");
   if (level == nullptr || std::strcmp(level, "off") == 0) return;
+  char line[512];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  std::fprintf(stderr, "flyt-cupti: %s\n", line);
+}
+
+// Debug lines (FLYT_LOG=debug): what a flush handed over, on which clock.
+void Debug(const char* fmt, ...) {
+  const char* level = std::getenv("FLYT_LOG");
+  if (level == nullptr || std::strcmp(level, "debug") != 0) return;
   char line[512];
   va_list ap;
   va_start(ap, fmt);
@@ -86,6 +107,19 @@ struct State {
   std::set<std::string> names;  // kernel names: valid for the process's life
   uint64_t dropped = 0;
   CUptiResult last_error = CUPTI_SUCCESS;
+  // The callback API: one subscriber, as CUPTI allows, and the runtime calls it
+  // asked for. Driver-domain callbacks are accepted and not delivered yet.
+  CUpti_CallbackFunc subscriber = nullptr;
+  void* subscriber_data = nullptr;
+  std::vector<bool> runtime_callbacks = std::vector<bool>(CUPTI_RUNTIME_TRACE_CBID_SIZE);
+  std::vector<bool> driver_callbacks = std::vector<bool>(CUPTI_DRIVER_TRACE_CBID_SIZE);
+  // Runtime calls left out of RUNTIME records (cuptiActivityEnableRuntimeApi).
+  std::vector<bool> runtime_records_off = std::vector<bool>(CUPTI_RUNTIME_TRACE_CBID_SIZE);
+  bool runtime_reporting = false;  // cudart reports its calls to RuntimeCall
+  // Flyt call id -> correlation id, while runtime calls are reported.
+  std::unordered_map<uint64_t, uint32_t> call_correlation;
+  std::map<CUcontext, uint32_t> context_uids;
+  CUpti_ActivityThreadIdType thread_id_type = CUPTI_ACTIVITY_THREAD_ID_TYPE_DEFAULT;
 };
 State& S() {
   static State* s = new State;  // never destroyed: the app may flush at exit
@@ -101,6 +135,16 @@ struct ExternalStacks {
   uint32_t depth[kExternalKinds];
 };
 thread_local ExternalStacks t_external;
+// The runtime calls of a thread under way (a runtime call may call another).
+constexpr uint32_t kMaxRuntimeDepth = 16;
+struct RuntimeFrames {
+  uint32_t correlation[kMaxRuntimeDepth];
+  uint64_t start[kMaxRuntimeDepth];
+  uint32_t depth;
+  bool in_callback;  // the subscriber's own calls are not reported
+};
+thread_local RuntimeFrames t_runtime;
+std::atomic<uint32_t> g_next_correlation{0};
 
 const Table* Driver() {
   static const Table* table = [] {
@@ -154,10 +198,9 @@ void CalibrateLocked() {
         static_cast<double>(ticks - s.anchor_ticks) / static_cast<double>(rt - s.anchor_realtime);
 }
 
-// libcuda's hook: an app call is about to go to the server.
-void OnCall(uint64_t call_id) {
-  if (!g_correlate.load(std::memory_order_relaxed)) return;
-  std::lock_guard<std::mutex> lock(S().mu);
+// The external correlation records of one correlation id: the id on top of
+// each stack the app pushed.
+void EmitExternalLocked(uint32_t correlation) {
   for (int kind = 0; kind < kExternalKinds; ++kind) {
     uint32_t depth = t_external.depth[kind];
     if (depth == 0) continue;
@@ -165,9 +208,37 @@ void OnCall(uint64_t call_id) {
     e.kind = CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION;
     e.externalKind = static_cast<CUpti_ExternalCorrelationKind>(kind);
     e.externalId = t_external.ids[kind][depth - 1];
-    e.correlationId = static_cast<uint32_t>(call_id);
+    e.correlationId = correlation;
     PushLocked(e);
   }
+}
+
+// libcuda's hook: an app call is about to go to the server. While runtime calls
+// are reported, the call takes the correlation id of the runtime call it is part
+// of (whose external records went out at its enter), or one of its own.
+void OnCall(uint64_t call_id) {
+  State& s = S();
+  bool correlate = g_correlate.load(std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!s.runtime_reporting) {
+    if (correlate) EmitExternalLocked(static_cast<uint32_t>(call_id));
+    return;
+  }
+  uint32_t correlation;
+  if (t_runtime.depth > 0) {
+    correlation = t_runtime.correlation[std::min(t_runtime.depth, kMaxRuntimeDepth) - 1];
+  } else {
+    correlation = ++g_next_correlation;
+    if (correlate) EmitExternalLocked(correlation);
+  }
+  if (s.call_correlation.size() >= (1u << 20)) s.call_correlation.clear();  // bounded
+  s.call_correlation[call_id] = correlation;
+}
+
+// The correlation id of the GPU work a Flyt call issued.
+uint32_t CorrelationLocked(uint64_t call_id) {
+  auto it = S().call_correlation.find(call_id);
+  return it != S().call_correlation.end() ? it->second : static_cast<uint32_t>(call_id);
 }
 
 // The fields every GPU record of CUPTI has, from a server record.
@@ -178,7 +249,7 @@ void FillCommonLocked(Record* r, const ops::GpuActivity* g) {
   r->deviceId = g->device;
   r->contextId = g->context;
   r->streamId = g->stream;
-  r->correlationId = static_cast<uint32_t>(g->call_id);
+  r->correlationId = CorrelationLocked(g->call_id);
   r->graphId = g->graph_id;
 }
 
@@ -201,6 +272,9 @@ void OnRecord(void*, const ops::GpuActivity* g, const char* name) {
     k.registersPerThread = static_cast<uint16_t>(g->registers);
     k.name = s.names.insert(name).first->c_str();
     PushLocked(k);
+    Debug("kernel record %s: server start %llu, app clock %llu..%llu", name,
+          static_cast<unsigned long long>(g->start_ns), static_cast<unsigned long long>(k.start),
+          static_cast<unsigned long long>(k.end));
   } else if (g->kind == ops::kActivityMemcpy) {
     CUpti_ActivityMemcpy6 m{};
     m.kind = CUPTI_ACTIVITY_KIND_MEMCPY;
@@ -282,7 +356,10 @@ CUptiResult Deliver() {
   CUptiResult rc = CUPTI_SUCCESS;
   if (!records.empty() || held.data != nullptr) {
     if (req == nullptr || done == nullptr) return Fail(CUPTI_ERROR_INVALID_OPERATION);
+    bool had_buffer = held.data != nullptr;
     size_t delivered = cupti_records::Deliver(records, held, req, done);
+    Debug("delivered %zu of %zu records to the app (%s)", delivered, records.size(),
+          had_buffer ? "into the buffer it gave before" : "into buffers asked for now");
     if (delivered < records.size()) {
       std::lock_guard<std::mutex> lock(s.mu);
       s.dropped += records.size() - delivered;
@@ -291,6 +368,121 @@ CUptiResult Deliver() {
   }
   HoldBufferDelivering();
   return rc;
+}
+
+// --- runtime calls, as cudart reports them -------------------------------------
+
+// Now on the clock the app's records use.
+uint64_t AppNowLocked() {
+  State& s = S();
+  return s.timestamp != nullptr ? s.timestamp() : RealtimeNs();
+}
+
+uint32_t ThreadIdLocked() {
+  if (S().thread_id_type == CUPTI_ACTIVITY_THREAD_ID_TYPE_SYSTEM)
+    return static_cast<uint32_t>(syscall(SYS_gettid));
+  return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(pthread_self()));
+}
+
+uint32_t ContextUid(CUcontext ctx) {
+  State& s = S();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto [it, added] = s.context_uids.emplace(ctx, 0);
+  if (added) it->second = static_cast<uint32_t>(s.context_uids.size());
+  return it->second;
+}
+
+// One report of cudart's: a runtime call's enter or exit. Hands the subscriber
+// its callback and, at the exit, keeps the call's RUNTIME record.
+void RuntimeCall(uint32_t cbid, const void* raw) {
+  using flyt::profiler::RuntimeCallRecord;
+  const auto* rec = static_cast<const RuntimeCallRecord*>(raw);
+  if (rec == nullptr || rec->size < sizeof(RuntimeCallRecord) || t_runtime.in_callback) return;
+  State& s = S();
+  const bool enter = rec->site == CUPTI_API_ENTER;
+  CUpti_CallbackFunc subscriber = nullptr;
+  void* data = nullptr;
+  CUpti_CallbackData info{};
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    RuntimeFrames& f = t_runtime;
+    uint32_t correlation = 0;
+    if (enter) {
+      correlation = ++g_next_correlation;
+      if (f.depth < kMaxRuntimeDepth) {
+        f.correlation[f.depth] = correlation;
+        f.start[f.depth] = AppNowLocked();
+      }
+      ++f.depth;
+      if (g_correlate.load(std::memory_order_relaxed)) EmitExternalLocked(correlation);
+    } else {
+      if (f.depth == 0) return;  // reporting was switched on during the call
+      uint32_t top = std::min(f.depth, kMaxRuntimeDepth) - 1;
+      correlation = f.correlation[top];
+      if (s.enabled.count(CUPTI_ACTIVITY_KIND_RUNTIME) != 0 &&
+          (cbid >= s.runtime_records_off.size() || !s.runtime_records_off[cbid])) {
+        CUpti_ActivityAPI a{};
+        a.kind = CUPTI_ACTIVITY_KIND_RUNTIME;
+        a.cbid = cbid;
+        a.start = f.start[top];
+        a.end = AppNowLocked();
+        a.processId = static_cast<uint32_t>(getpid());
+        a.threadId = ThreadIdLocked();
+        a.correlationId = correlation;
+        a.returnValue =
+            rec->return_value != nullptr ? *static_cast<const int*>(rec->return_value) : 0;
+        PushLocked(a);
+      }
+      --f.depth;
+    }
+    if (s.subscriber != nullptr && cbid < s.runtime_callbacks.size() && s.runtime_callbacks[cbid]) {
+      subscriber = s.subscriber;
+      data = s.subscriber_data;
+      info.callbackSite = enter ? CUPTI_API_ENTER : CUPTI_API_EXIT;
+      info.functionName = rec->function_name;
+      info.functionParams = rec->params;
+      info.functionReturnValue = rec->return_value;
+      info.symbolName = rec->symbol_name;
+      info.context = rec->context;
+      info.contextUid = rec->context_uid;
+      info.correlationData = rec->correlation_data;
+      info.correlationId = correlation;
+    }
+  }
+  if (subscriber == nullptr) return;
+  t_runtime.in_callback = true;
+  subscriber(data, CUPTI_CB_DOMAIN_RUNTIME_API, cbid, &info);
+  t_runtime.in_callback = false;
+}
+
+// Switches cudart's reports on while a subscriber wants runtime callbacks or the
+// app records RUNTIME activity, and off otherwise.
+CUptiResult UpdateRuntimeReporting() {
+  State& s = S();
+  bool on;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    on = s.enabled.count(CUPTI_ACTIVITY_KIND_RUNTIME) != 0 ||
+         (s.subscriber != nullptr &&
+          std::find(s.runtime_callbacks.begin(), s.runtime_callbacks.end(), true) !=
+              s.runtime_callbacks.end());
+    if (on == s.runtime_reporting) return CUPTI_SUCCESS;
+  }
+  const Table* t = Driver();
+  if (t == nullptr || t->size < sizeof(Table)) {
+    LogOnce("runtime reports",
+            "this libcuda.so.1 cannot report runtime calls (Flyt's libcuda and "
+            "libcupti of different versions); no runtime callbacks or records");
+    return CUPTI_SUCCESS;
+  }
+  if (on) t->set_call_hook(OnCall);
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.runtime_reporting = on;
+    if (!on) s.call_correlation.clear();
+  }
+  t->set_runtime_hooks(on ? RuntimeCall : nullptr, on ? ContextUid : nullptr);
+  return CUPTI_SUCCESS;
 }
 
 }  // namespace flyt::cupti
@@ -367,9 +559,10 @@ FLYT_CUPTI_EXPORT CUptiResult cuptiActivityEnable(CUpti_ActivityKind kind) {
       break;
     }
     // Accepted and produce no records through Flyt (docs/compatibility.md): the
-    // API records need cudart's tools callbacks, the overhead records are
-    // CUPTI's own bookkeeping, which Flyt does not have.
+    // driver API records need a report of every driver call, the overhead
+    // records are CUPTI's own bookkeeping, which Flyt does not have.
     case CUPTI_ACTIVITY_KIND_RUNTIME:
+      break;  // cudart's reports: UpdateRuntimeReporting below
     case CUPTI_ACTIVITY_KIND_DRIVER:
     case CUPTI_ACTIVITY_KIND_OVERHEAD:
       LogOnce("kind" + std::to_string(kind),
@@ -385,7 +578,7 @@ FLYT_CUPTI_EXPORT CUptiResult cuptiActivityEnable(CUpti_ActivityKind kind) {
     s.enabled.insert(kind);
   }
   HoldBuffer();
-  return CUPTI_SUCCESS;
+  return kind == CUPTI_ACTIVITY_KIND_RUNTIME ? UpdateRuntimeReporting() : CUPTI_SUCCESS;
 }
 
 FLYT_CUPTI_EXPORT CUptiResult cuptiActivityEnableContext(CUcontext, CUpti_ActivityKind kind) {
@@ -411,7 +604,7 @@ FLYT_CUPTI_EXPORT CUptiResult cuptiActivityDisable(CUpti_ActivityKind kind) {
   if (stop_server) {
     if (const Table* t = Driver()) t->stop(1u << gpu);
   }
-  return CUPTI_SUCCESS;
+  return kind == CUPTI_ACTIVITY_KIND_RUNTIME ? UpdateRuntimeReporting() : CUPTI_SUCCESS;
 }
 
 FLYT_CUPTI_EXPORT CUptiResult cuptiActivityDisableContext(CUcontext, CUpti_ActivityKind kind) {
@@ -431,6 +624,14 @@ FLYT_CUPTI_EXPORT CUptiResult cuptiActivityFlushAll(uint32_t flag) {
     if (rc != CUDA_SUCCESS) Log("cuptiActivityFlushAll: the GPU server's records were lost");
     std::lock_guard<std::mutex> lock(S().mu);
     S().dropped += dropped;
+    State& s = S();
+    Debug(
+        "cuptiActivityFlushAll(%u): %zu records pending, %u dropped; now %llu on the app's clock "
+        "(realtime %llu, %.4f ticks/ns, server offset %lld ns)",
+        flag, s.pending.size(), dropped,
+        static_cast<unsigned long long>(s.timestamp != nullptr ? s.timestamp() : RealtimeNs()),
+        static_cast<unsigned long long>(RealtimeNs()), s.ticks_per_ns,
+        static_cast<long long>(s.server_offset));
   }
   return Deliver();
 }
@@ -499,36 +700,120 @@ FLYT_CUPTI_EXPORT CUptiResult cuptiActivityEnableCudaEventDeviceTimestamps(uint8
 FLYT_CUPTI_EXPORT CUptiResult cuptiActivityEnableDriverApi(CUpti_CallbackId, uint8_t) {
   return CUPTI_SUCCESS;
 }
-FLYT_CUPTI_EXPORT CUptiResult cuptiActivityEnableRuntimeApi(CUpti_CallbackId, uint8_t) {
+FLYT_CUPTI_EXPORT CUptiResult cuptiActivityEnableRuntimeApi(CUpti_CallbackId cbid, uint8_t enable) {
+  if (cbid >= CUPTI_RUNTIME_TRACE_CBID_SIZE) return Fail(CUPTI_ERROR_INVALID_PARAMETER);
+  std::lock_guard<std::mutex> lock(S().mu);
+  S().runtime_records_off[cbid] = enable == 0;
   return CUPTI_SUCCESS;
 }
 
-// The callback API: subscribing works, and callbacks are not delivered through
-// Flyt yet (logged once; docs/compatibility.md).
-FLYT_CUPTI_EXPORT CUptiResult cuptiSubscribe(CUpti_SubscriberHandle* subscriber, CUpti_CallbackFunc,
-                                             void*) {
+// The callback API: one subscriber; runtime-domain callbacks are delivered from
+// cudart's reports; other domains are accepted and not delivered yet (logged once;
+// docs/compatibility.md).
+FLYT_CUPTI_EXPORT CUptiResult cuptiSubscribe(CUpti_SubscriberHandle* subscriber,
+                                             CUpti_CallbackFunc callback, void* userdata) {
   static int token;
   if (subscriber == nullptr) return Fail(CUPTI_ERROR_INVALID_PARAMETER);
+  State& s = S();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.subscriber != nullptr) return Fail(CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED);
+  s.subscriber = callback;
+  s.subscriber_data = userdata;
   *subscriber = reinterpret_cast<CUpti_SubscriberHandle>(&token);
   return CUPTI_SUCCESS;
 }
-FLYT_CUPTI_EXPORT CUptiResult cuptiUnsubscribe(CUpti_SubscriberHandle) { return CUPTI_SUCCESS; }
-FLYT_CUPTI_EXPORT CUptiResult cuptiEnableCallback(uint32_t enable, CUpti_SubscriberHandle,
+
+FLYT_CUPTI_EXPORT CUptiResult cuptiUnsubscribe(CUpti_SubscriberHandle subscriber) {
+  if (subscriber == nullptr) return Fail(CUPTI_ERROR_INVALID_PARAMETER);
+  State& s = S();
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.subscriber = nullptr;
+    s.subscriber_data = nullptr;
+    std::fill(s.runtime_callbacks.begin(), s.runtime_callbacks.end(), false);
+    std::fill(s.driver_callbacks.begin(), s.driver_callbacks.end(), false);
+  }
+  return UpdateRuntimeReporting();
+}
+
+namespace {
+
+// Sets one callback (cbid) or a whole domain (cbid < 0) of the subscriber's.
+CUptiResult SetCallbacks(bool enable, CUpti_SubscriberHandle subscriber,
+                         CUpti_CallbackDomain domain, int64_t cbid) {
+  if (subscriber == nullptr) return Fail(CUPTI_ERROR_INVALID_PARAMETER);
+  State& s = S();
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.subscriber == nullptr) return Fail(CUPTI_ERROR_INVALID_PARAMETER);
+    std::vector<bool>* bits = domain == CUPTI_CB_DOMAIN_RUNTIME_API  ? &s.runtime_callbacks
+                              : domain == CUPTI_CB_DOMAIN_DRIVER_API ? &s.driver_callbacks
+                                                                     : nullptr;
+    if (bits != nullptr) {
+      if (cbid >= static_cast<int64_t>(bits->size())) return Fail(CUPTI_ERROR_INVALID_PARAMETER);
+      if (cbid < 0)
+        std::fill(bits->begin(), bits->end(), enable);
+      else
+        (*bits)[static_cast<size_t>(cbid)] = enable;
+    } else if (domain <= CUPTI_CB_DOMAIN_INVALID || domain >= CUPTI_CB_DOMAIN_SIZE) {
+      return Fail(CUPTI_ERROR_INVALID_PARAMETER);
+    }
+  }
+  if (enable && domain != CUPTI_CB_DOMAIN_RUNTIME_API)
+    LogOnce("callbacks" + std::to_string(domain),
+            "cuptiEnableCallback(domain %d): callbacks of this domain are not delivered through "
+            "Flyt yet (the runtime API domain is)",
+            domain);
+  return UpdateRuntimeReporting();
+}
+
+}  // namespace
+
+FLYT_CUPTI_EXPORT CUptiResult cuptiEnableCallback(uint32_t enable,
+                                                  CUpti_SubscriberHandle subscriber,
                                                   CUpti_CallbackDomain domain,
                                                   CUpti_CallbackId cbid) {
-  if (enable)
-    LogOnce("callbacks",
-            "cuptiEnableCallback(domain %d, cbid %u): CUPTI callbacks are not "
-            "delivered through Flyt yet",
-            domain, cbid);
+  return SetCallbacks(enable != 0, subscriber, domain, cbid);
+}
+FLYT_CUPTI_EXPORT CUptiResult cuptiEnableDomain(uint32_t enable, CUpti_SubscriberHandle subscriber,
+                                                CUpti_CallbackDomain domain) {
+  return SetCallbacks(enable != 0, subscriber, domain, -1);
+}
+FLYT_CUPTI_EXPORT CUptiResult cuptiEnableAllDomains(uint32_t enable,
+                                                    CUpti_SubscriberHandle subscriber) {
+  for (int d = CUPTI_CB_DOMAIN_INVALID + 1; d < CUPTI_CB_DOMAIN_SIZE; ++d) {
+    CUptiResult r = SetCallbacks(enable != 0, subscriber, static_cast<CUpti_CallbackDomain>(d), -1);
+    if (r != CUPTI_SUCCESS) return r;
+  }
   return CUPTI_SUCCESS;
 }
-FLYT_CUPTI_EXPORT CUptiResult cuptiEnableDomain(uint32_t enable, CUpti_SubscriberHandle sub,
-                                                CUpti_CallbackDomain domain) {
-  return cuptiEnableCallback(enable, sub, domain, 0);
+FLYT_CUPTI_EXPORT CUptiResult cuptiGetCallbackState(uint32_t* enable,
+                                                    CUpti_SubscriberHandle subscriber,
+                                                    CUpti_CallbackDomain domain,
+                                                    CUpti_CallbackId cbid) {
+  if (enable == nullptr || subscriber == nullptr) return Fail(CUPTI_ERROR_INVALID_PARAMETER);
+  State& s = S();
+  std::lock_guard<std::mutex> lock(s.mu);
+  const std::vector<bool>* bits = domain == CUPTI_CB_DOMAIN_RUNTIME_API  ? &s.runtime_callbacks
+                                  : domain == CUPTI_CB_DOMAIN_DRIVER_API ? &s.driver_callbacks
+                                                                         : nullptr;
+  if (bits == nullptr || cbid >= bits->size()) return Fail(CUPTI_ERROR_INVALID_PARAMETER);
+  *enable = (*bits)[cbid] ? 1 : 0;
+  return CUPTI_SUCCESS;
 }
-FLYT_CUPTI_EXPORT CUptiResult cuptiEnableAllDomains(uint32_t enable, CUpti_SubscriberHandle sub) {
-  return cuptiEnableCallback(enable, sub, CUPTI_CB_DOMAIN_INVALID, 0);
+
+FLYT_CUPTI_EXPORT CUptiResult cuptiSetThreadIdType(CUpti_ActivityThreadIdType type) {
+  if (type != CUPTI_ACTIVITY_THREAD_ID_TYPE_DEFAULT && type != CUPTI_ACTIVITY_THREAD_ID_TYPE_SYSTEM)
+    return Fail(CUPTI_ERROR_NOT_SUPPORTED);
+  std::lock_guard<std::mutex> lock(S().mu);
+  S().thread_id_type = type;
+  return CUPTI_SUCCESS;
+}
+FLYT_CUPTI_EXPORT CUptiResult cuptiGetThreadIdType(CUpti_ActivityThreadIdType* type) {
+  if (type == nullptr) return Fail(CUPTI_ERROR_INVALID_PARAMETER);
+  std::lock_guard<std::mutex> lock(S().mu);
+  *type = S().thread_id_type;
+  return CUPTI_SUCCESS;
 }
 
 FLYT_CUPTI_EXPORT CUptiResult cuptiFinalize() {
@@ -540,10 +825,15 @@ FLYT_CUPTI_EXPORT CUptiResult cuptiFinalize() {
     s.gpu_kinds = 0;
     s.enabled.clear();
     s.pending.clear();
+    s.subscriber = nullptr;
+    s.subscriber_data = nullptr;
+    std::fill(s.runtime_callbacks.begin(), s.runtime_callbacks.end(), false);
+    std::fill(s.driver_callbacks.begin(), s.driver_callbacks.end(), false);
     g_correlate = false;
   }
-  if (const Table* t = kinds != 0 ? Driver() : nullptr) {
-    t->stop(kinds);
+  UpdateRuntimeReporting();  // off
+  if (const Table* t = Driver()) {
+    if (kinds != 0) t->stop(kinds);
     t->set_call_hook(nullptr);
   }
   return Deliver();  // nothing pending: the held buffer goes back empty

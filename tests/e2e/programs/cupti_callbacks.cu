@@ -1,0 +1,317 @@
+// cupti_callbacks: CUPTI's callback API and API activity records as tools use them
+// (NVIDIA's callback_timestamp and activity_trace_async samples, Kineto's runtime
+// rows): a subscriber on the runtime and driver API domains, enter and exit of
+// each call with its name, parameters, return value and correlation data, and
+// RUNTIME/DRIVER activity records whose correlation ids match the GPU work's.
+// Natively with NVIDIA's libcupti (E2E_CUPTI=path); through Flyt, `flyt run`
+// preloads Flyt's. Prints key=value lines the e2e test and the GPU comparison check.
+// `cupti_callbacks driver` adds the driver API domain (callbacks of two driver calls,
+// made by cudart and by the program) and its keys. CUPTI_CB_VERBOSE=1 also logs every
+// callback's fields to stderr.
+#include <cupti.h>
+#include <dlfcn.h>
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "e2e_common.h"
+#include "e2e_driver.h"
+
+namespace {
+
+struct Api {
+  decltype(&cuptiSubscribe) subscribe;
+  decltype(&cuptiUnsubscribe) unsubscribe;
+  decltype(&cuptiEnableDomain) enable_domain;
+  decltype(&cuptiEnableCallback) enable_callback;
+  decltype(&cuptiActivityRegisterCallbacks) register_callbacks;
+  decltype(&cuptiActivityEnable) enable;
+  decltype(&cuptiActivityFlushAll) flush_all;
+  decltype(&cuptiActivityGetNextRecord) next_record;
+  decltype(&cuptiGetResultString) result_string;
+} g;
+
+// One callback as the app saw it.
+struct Call {
+  std::string name;
+  int domain = 0;
+  uint32_t cbid = 0, correlation = 0;
+  int site = 0;
+  bool data_kept = true;  // exit saw what enter wrote into correlationData
+};
+std::vector<Call> g_calls;
+bool g_recording = false;
+bool g_verbose = false;
+size_t g_memcpy_count = 0;     // cudaMemcpy's count, read from its params at enter
+int g_memcpy_kind = -1;        // and its kind
+size_t g_htod_bytes = 0;       // cuMemcpyHtoD_v2's ByteCount, read at enter
+int g_malloc_result_ok = 0;    // cudaMalloc's return value at exit, and the pointer written
+CUdeviceptr g_launch_arg = 0;  // cuLaunchKernel's f and grid, read at enter
+unsigned g_launch_grid = 0;
+
+struct Record {
+  CUpti_ActivityKind kind = CUPTI_ACTIVITY_KIND_INVALID;
+  uint32_t cbid = 0, correlation = 0;
+  uint64_t start = 0, end = 0;
+  std::string name;
+};
+std::vector<Record> g_records;
+
+void CUPTIAPI OnCallback(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
+                         const void* data) {
+  if (!g_recording) return;
+  if (domain != CUPTI_CB_DOMAIN_RUNTIME_API && domain != CUPTI_CB_DOMAIN_DRIVER_API) return;
+  const auto* info = static_cast<const CUpti_CallbackData*>(data);
+  Call c;
+  c.name = info->functionName != nullptr ? info->functionName : "";
+  c.domain = domain;
+  c.cbid = cbid;
+  c.site = info->callbackSite;
+  c.correlation = info->correlationId;
+  if (g_verbose)
+    fprintf(stderr,
+            "cb domain=%d cbid=%u site=%d name=%s info=%p params=%p ret=%p symbol=%p ctx=%p "
+            "uid=%u cdata=%p corr=%u\n",
+            domain, cbid, c.site, c.name.c_str(), data, info->functionParams,
+            info->functionReturnValue, static_cast<const void*>(info->symbolName),
+            static_cast<void*>(info->context), info->contextUid,
+            static_cast<void*>(info->correlationData), info->correlationId);
+  if (info->callbackSite == CUPTI_API_ENTER) {
+    *info->correlationData = 0xC0DE0000ull + cbid;
+  } else {
+    c.data_kept = *info->correlationData == 0xC0DE0000ull + cbid;
+  }
+  if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
+    if (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_v3020 && c.site == CUPTI_API_ENTER) {
+      auto* p = static_cast<const cudaMemcpy_v3020_params*>(info->functionParams);
+      g_memcpy_count = p->count;
+      g_memcpy_kind = p->kind;
+    }
+    if (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaMalloc_v3020 && c.site == CUPTI_API_EXIT) {
+      auto* p = static_cast<const cudaMalloc_v3020_params*>(info->functionParams);
+      auto* ret = static_cast<const cudaError_t*>(info->functionReturnValue);
+      g_malloc_result_ok = *ret == cudaSuccess && *p->devPtr != nullptr;
+    }
+  } else {
+    if (cbid == CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoD_v2 && c.site == CUPTI_API_ENTER)
+      g_htod_bytes = static_cast<const cuMemcpyHtoD_v2_params*>(info->functionParams)->ByteCount;
+    if (cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel && c.site == CUPTI_API_ENTER) {
+      auto* p = static_cast<const cuLaunchKernel_params*>(info->functionParams);
+      g_launch_grid = p->gridDimX * p->gridDimY * p->gridDimZ;
+      g_launch_arg = p->f != nullptr;
+    }
+  }
+  g_calls.push_back(c);
+}
+
+void CUPTIAPI Requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  *size = 1 << 20;
+  *buffer = static_cast<uint8_t*>(aligned_alloc(8, *size));
+  *max_records = 0;
+}
+
+void CUPTIAPI Completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+  CUpti_Activity* r = nullptr;
+  while (g.next_record(buffer, valid, &r) == CUPTI_SUCCESS) {
+    Record rec;
+    rec.kind = r->kind;
+    if (r->kind == CUPTI_ACTIVITY_KIND_RUNTIME || r->kind == CUPTI_ACTIVITY_KIND_DRIVER) {
+      auto* a = reinterpret_cast<CUpti_ActivityAPI*>(r);
+      rec.cbid = a->cbid, rec.correlation = a->correlationId, rec.start = a->start;
+      rec.end = a->end;
+    } else if (r->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
+      auto* k = reinterpret_cast<CUpti_ActivityKernel10*>(r);
+      rec.correlation = k->correlationId, rec.start = k->start, rec.end = k->end;
+      rec.name = k->name != nullptr ? k->name : "";
+    } else if (r->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+      auto* m = reinterpret_cast<CUpti_ActivityMemcpy6*>(r);
+      rec.correlation = m->correlationId, rec.start = m->start, rec.end = m->end;
+    } else {
+      continue;
+    }
+    g_records.push_back(rec);
+  }
+  free(buffer);
+}
+
+#define CUPTI(call)                                                            \
+  do {                                                                         \
+    CUptiResult _r = (call);                                                   \
+    if (_r != CUPTI_SUCCESS) {                                                 \
+      const char* _s = "?";                                                    \
+      g.result_string(_r, &_s);                                                \
+      e2e::Fail(__FILE__, __LINE__, "%s failed: %d (%s)", #call, (int)_r, _s); \
+    }                                                                          \
+  } while (0)
+
+template <typename T>
+void Resolve(void* lib, const char* name, T* out) {
+  *out = reinterpret_cast<T>(dlsym(lib, name));
+  EXPECT(*out != nullptr, "libcupti lacks %s", name);
+}
+
+__global__ void cupti_cb_kernel(int* out) { out[blockIdx.x * blockDim.x + threadIdx.x] = 2; }
+
+// The calls of one domain with one name, in order.
+std::vector<const Call*> Named(int domain, const std::string& name) {
+  std::vector<const Call*> out;
+  for (const Call& c : g_calls)
+    if (c.domain == domain && c.name == name) out.push_back(&c);
+  return out;
+}
+
+// enter/exit pairs of a call: sites alternate, each pair shares its correlation id and
+// kept its correlation data.
+void PrintPairs(const char* key, int domain, const std::string& name) {
+  auto calls = Named(domain, name);
+  bool paired = calls.size() % 2 == 0 && !calls.empty();
+  for (size_t i = 0; paired && i + 1 < calls.size(); i += 2)
+    paired = calls[i]->site == CUPTI_API_ENTER && calls[i + 1]->site == CUPTI_API_EXIT &&
+             calls[i]->correlation == calls[i + 1]->correlation && calls[i]->correlation != 0 &&
+             calls[i + 1]->data_kept;
+  printf("%s.calls=%zu\n%s.paired=%d\n", key, calls.size() / 2, key, paired ? 1 : 0);
+}
+
+uint32_t FirstCorrelation(int domain, const std::string& name) {
+  auto calls = Named(domain, name);
+  return calls.empty() ? 0 : calls.front()->correlation;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool driver = argc > 1 && std::string(argv[1]) == "driver";
+  e2e::Init("cupti_callbacks");
+  g_verbose = getenv("CUPTI_CB_VERBOSE") != nullptr;
+  CK(cudaFree(nullptr));
+  printf("under_flyt=%d\n", e2e::UnderFlyt() ? 1 : 0);
+  decltype(&::cuMemcpyHtoD_v2) memcpy_htod = nullptr;
+  decltype(&::cuLaunchKernel) launch = nullptr;
+  decltype(&::cuCtxSynchronize) ctx_sync = nullptr;
+  e2e::ResolveDriver("cuMemcpyHtoD", &memcpy_htod);
+  e2e::ResolveDriver("cuLaunchKernel", &launch);
+  e2e::ResolveDriver("cuCtxSynchronize", &ctx_sync, 12000);  // 13000: the _v2 with a context
+  e2e::ResolveDriver("cuGetErrorName", &e2e::g_error_name);
+  e2e::Step("dlopen libcupti");
+  void* lib = dlopen("libcupti.so.13", RTLD_NOW);
+  if (lib == nullptr && getenv("E2E_CUPTI") != nullptr) lib = dlopen(getenv("E2E_CUPTI"), RTLD_NOW);
+  EXPECT(lib != nullptr, "cannot load libcupti.so.13: %s", dlerror());
+  Resolve(lib, "cuptiSubscribe", &g.subscribe);
+  Resolve(lib, "cuptiUnsubscribe", &g.unsubscribe);
+  Resolve(lib, "cuptiEnableDomain", &g.enable_domain);
+  Resolve(lib, "cuptiEnableCallback", &g.enable_callback);
+  Resolve(lib, "cuptiActivityRegisterCallbacks", &g.register_callbacks);
+  Resolve(lib, "cuptiActivityEnable", &g.enable);
+  Resolve(lib, "cuptiActivityFlushAll", &g.flush_all);
+  Resolve(lib, "cuptiActivityGetNextRecord", &g.next_record);
+  Resolve(lib, "cuptiGetResultString", &g.result_string);
+
+  e2e::Step("subscribe");
+  CUpti_SubscriberHandle sub = nullptr;
+  CUPTI(g.subscribe(&sub, OnCallback, nullptr));
+  if (getenv("CUPTI_CB_ONLY_MEMCPY") != nullptr)  // probing which switches a tool sets
+    CUPTI(g.enable_callback(1, sub, CUPTI_CB_DOMAIN_RUNTIME_API,
+                            CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_v3020));
+  else
+    CUPTI(g.enable_domain(1, sub, CUPTI_CB_DOMAIN_RUNTIME_API));
+  if (driver) {
+    CUPTI(g.enable_callback(1, sub, CUPTI_CB_DOMAIN_DRIVER_API,
+                            CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoD_v2));
+    CUPTI(g.enable_callback(1, sub, CUPTI_CB_DOMAIN_DRIVER_API,
+                            CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel));
+  }
+  CUPTI(g.register_callbacks(Requested, Completed));
+  for (CUpti_ActivityKind k : {CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
+                               CUPTI_ACTIVITY_KIND_MEMCPY})
+    CUPTI(g.enable(k));
+
+  e2e::Step("work");
+  const size_t kBytes = 256 << 10;
+  std::vector<char> host(kBytes, 3);
+  g_recording = true;
+  int* dev = nullptr;
+  CK(cudaMalloc(&dev, kBytes));
+  CK(cudaMemcpy(dev, host.data(), kBytes, cudaMemcpyHostToDevice));
+  cupti_cb_kernel<<<4, 32>>>(dev);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  // The driver API directly, as a driver-API program calls it.
+  CUdeviceptr raw = reinterpret_cast<CUdeviceptr>(dev);
+  CU(memcpy_htod(raw, host.data(), 4096));
+  CUfunction f = nullptr;
+  CK(cudaGetFuncBySymbol(&f, reinterpret_cast<const void*>(cupti_cb_kernel)));
+  void* args[] = {&dev};
+  CU(launch(f, 2, 1, 1, 32, 1, 1, 0, nullptr, args, nullptr));
+  CU(ctx_sync());
+  CK(cudaFree(dev));
+  g_recording = false;
+  e2e::Step("flush");
+  CUPTI(g.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED));
+  CUPTI(g.enable_domain(0, sub, CUPTI_CB_DOMAIN_RUNTIME_API));
+  CUPTI(g.unsubscribe(sub));
+
+  constexpr int kRt = CUPTI_CB_DOMAIN_RUNTIME_API, kDrv = CUPTI_CB_DOMAIN_DRIVER_API;
+  PrintPairs("cudaMalloc", kRt, "cudaMalloc");
+  PrintPairs("cudaMemcpy", kRt, "cudaMemcpy");
+  PrintPairs("cudaLaunchKernel", kRt, "cudaLaunchKernel");
+  PrintPairs("cudaDeviceSynchronize", kRt, "cudaDeviceSynchronize");
+  PrintPairs("cudaFree", kRt, "cudaFree");
+  printf("cudaMemcpy.params_count=%zu\ncudaMemcpy.params_kind=%d\n", g_memcpy_count, g_memcpy_kind);
+  printf("cudaMalloc.exit_result_ok=%d\n", g_malloc_result_ok);
+  if (driver) {
+    // The two driver calls enabled, each made by cudart inside a runtime call (sharing
+    // its correlation id) and by the program itself; not the other driver calls cudart made.
+    PrintPairs("cuMemcpyHtoD_v2", kDrv, "cuMemcpyHtoD_v2");
+    PrintPairs("cuLaunchKernel", kDrv, "cuLaunchKernel");
+    printf("cuMemcpyHtoD.params_bytes=%zu\n", g_htod_bytes);
+    printf("cuLaunchKernel.params_grid=%u\ncuLaunchKernel.params_f=%d\n", g_launch_grid,
+           static_cast<int>(g_launch_arg));
+    std::set<std::string> drv;
+    for (const Call& c : g_calls)
+      if (c.domain == kDrv) drv.insert(c.name);
+    printf("driver.names=%zu\n", drv.size());
+    auto nested = Named(kDrv, "cuLaunchKernel");
+    printf("driver.nested_launch_shares_runtime_id=%d\n",
+           !nested.empty() &&
+               nested.front()->correlation == FirstCorrelation(kRt, "cudaLaunchKernel"));
+    uint32_t direct = nested.size() >= 4 ? nested[2]->correlation : 0;
+    int kernel_direct = 0;
+    for (const Record& r : g_records)
+      kernel_direct += r.kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL &&
+                       r.name.find("cupti_cb_kernel") != std::string::npos &&
+                       r.correlation == direct && direct != 0;
+    printf("record.kernel_of_driver_launch=%d\n", kernel_direct);
+  }
+
+  // Activity records: the runtime record of cudaLaunchKernel and the kernel it launched
+  // share a correlation id; so do cudaMemcpy's and its copy. The callback's id is the
+  // record's.
+  uint32_t launch_rt = FirstCorrelation(kRt, "cudaLaunchKernel");
+  uint32_t memcpy_rt = FirstCorrelation(kRt, "cudaMemcpy");
+  int rt_launch_record = 0, rt_memcpy_record = 0, kernel_rt = 0, copy_rt = 0, times_ok = 1;
+  for (const Record& r : g_records) {
+    times_ok &= r.start != 0 && r.start <= r.end;
+    if (r.kind == CUPTI_ACTIVITY_KIND_RUNTIME) {
+      rt_launch_record +=
+          r.cbid == CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000 && r.correlation == launch_rt;
+      rt_memcpy_record +=
+          r.cbid == CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_v3020 && r.correlation == memcpy_rt;
+    } else if (r.kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL &&
+               r.name.find("cupti_cb_kernel") != std::string::npos) {
+      kernel_rt += r.correlation == launch_rt;
+    } else if (r.kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+      copy_rt += r.correlation == memcpy_rt;
+    }
+  }
+  printf("record.runtime_launch=%d\nrecord.runtime_memcpy=%d\n", rt_launch_record,
+         rt_memcpy_record);
+  printf("record.kernel_of_runtime_launch=%d\n", kernel_rt);
+  printf("record.copy_of_runtime_memcpy=%d\nrecord.times_ok=%d\n", copy_rt, times_ok);
+  EXPECT(g_memcpy_count == kBytes, "cudaMemcpy's params at enter: count %zu", g_memcpy_count);
+  EXPECT(rt_launch_record == 1 && kernel_rt == 1,
+         "cudaLaunchKernel's runtime record and its kernel share a correlation id");
+  e2e::Pass();
+  return 0;
+}
