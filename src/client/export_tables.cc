@@ -140,6 +140,7 @@ constexpr size_t kHooksBuffer1 = 2;
 constexpr size_t kHooksBuffer2 = 6;
 constexpr size_t kHooksReportRuntimeCall = 1;
 constexpr size_t kHooksContextUid = 4;
+constexpr size_t kHooksSlot3 = 3;
 constexpr size_t kToolsTlsCurrentContext = 2;
 constexpr size_t kStoragePut = 0;
 constexpr size_t kStorageDelete = 1;
@@ -293,6 +294,10 @@ CUresult HooksReportRuntimeCall(uint32_t cbid, const void* record) {
   if (auto hook = g_runtime_hook.load(std::memory_order_acquire)) hook(cbid, record);
   return CUDA_SUCCESS;
 }
+
+// Slot 3: cudart calls it once when a tool is attached (seen under torch.profiler, with the
+// context and an object of cudart's); what it reports is not known. Success, as the driver.
+CUresult HooksSlot3() { return CUDA_SUCCESS; }
 
 CUresult HooksContextUid(CUcontext ctx, uint32_t* uid) {
   auto hook = g_context_uid_hook.load(std::memory_order_acquire);
@@ -718,6 +723,7 @@ Tables* BuildTables() {
   t->hooks[kHooksBuffer2] = SlotOf(&HooksGetBuffer2);
   t->hooks[kHooksReportRuntimeCall] = SlotOf(&HooksReportRuntimeCall);
   t->hooks[kHooksContextUid] = SlotOf(&HooksContextUid);
+  t->hooks[kHooksSlot3] = SlotOf(&HooksSlot3);
 
   FillStubs<kToolsTls>(t->tools_tls);
   t->tools_tls[0] = SizeSlot(kToolsTlsLayout.claimed);
