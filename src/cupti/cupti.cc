@@ -41,28 +41,29 @@ namespace {
 
 using profiler::Table;
 
-// Messages go to stderr only when FLYT_LOG asks for them (as libcuda's do).
-void Log(const char* fmt, ...) {
+// A line to stderr when FLYT_LOG asks for it: any level but "off", or only
+// "debug" for debug lines (what a flush handed over, on which clock).
+void VLog(bool debug, const char* fmt, va_list ap) {
   const char* level = std::getenv("FLYT_LOG");
   if (level == nullptr || std::strcmp(level, "off") == 0) return;
+  if (debug && std::strcmp(level, "debug") != 0) return;
   char line[512];
-  va_list ap;
-  va_start(ap, fmt);
   std::vsnprintf(line, sizeof line, fmt, ap);
-  va_end(ap);
   std::fprintf(stderr, "flyt-cupti: %s\n", line);
 }
 
-// Debug lines (FLYT_LOG=debug): what a flush handed over, on which clock.
-void Debug(const char* fmt, ...) {
-  const char* level = std::getenv("FLYT_LOG");
-  if (level == nullptr || std::strcmp(level, "debug") != 0) return;
-  char line[512];
+void Log(const char* fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  std::vsnprintf(line, sizeof line, fmt, ap);
+  VLog(false, fmt, ap);
   va_end(ap);
-  std::fprintf(stderr, "flyt-cupti: %s\n", line);
+}
+
+void Debug(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  VLog(true, fmt, ap);
+  va_end(ap);
 }
 
 void LogOnce(const std::string& key, const char* fmt, ...) {

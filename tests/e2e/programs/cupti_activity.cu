@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "e2e_common.h"
+#include "e2e_cupti.h"
 #include "e2e_driver.h"
 
 namespace {
@@ -24,7 +25,6 @@ struct Api {
   decltype(&cuptiActivityPushExternalCorrelationId) push;
   decltype(&cuptiActivityPopExternalCorrelationId) pop;
   decltype(&cuptiGetTimestamp) timestamp;
-  decltype(&cuptiGetResultString) result_string;
 } g;
 
 struct Seen {
@@ -86,22 +86,6 @@ void CUPTIAPI Completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t val
   --g_outstanding;
 }
 
-#define CUPTI(call)                                                            \
-  do {                                                                         \
-    CUptiResult _r = (call);                                                   \
-    if (_r != CUPTI_SUCCESS) {                                                 \
-      const char* _s = "?";                                                    \
-      g.result_string(_r, &_s);                                                \
-      e2e::Fail(__FILE__, __LINE__, "%s failed: %d (%s)", #call, (int)_r, _s); \
-    }                                                                          \
-  } while (0)
-
-template <typename T>
-void Resolve(void* lib, const char* name, T* out) {
-  *out = reinterpret_cast<T>(dlsym(lib, name));
-  EXPECT(*out != nullptr, "libcupti lacks %s", name);
-}
-
 __global__ void cupti_probe_kernel(int* out) { out[blockIdx.x * blockDim.x + threadIdx.x] = 1; }
 
 // `cupti_activity clock`: timestamps come from the app's callback, a clock of
@@ -125,24 +109,21 @@ int main(int argc, char** argv) {
   CK(cudaFree(nullptr));
   printf("under_flyt=%d\n", e2e::UnderFlyt() ? 1 : 0);
   e2e::Step("dlopen libcupti");
-  void* lib = dlopen("libcupti.so.13", RTLD_NOW);
-  if (lib == nullptr && getenv("E2E_CUPTI") != nullptr) lib = dlopen(getenv("E2E_CUPTI"), RTLD_NOW);
-  EXPECT(lib != nullptr, "cannot load libcupti.so.13: %s", dlerror());
-  Resolve(lib, "cuptiActivityRegisterCallbacks", &g.register_callbacks);
-  Resolve(lib, "cuptiActivityEnable", &g.enable);
-  Resolve(lib, "cuptiActivityDisable", &g.disable);
-  Resolve(lib, "cuptiActivityFlushAll", &g.flush_all);
-  Resolve(lib, "cuptiActivityGetNextRecord", &g.next_record);
-  Resolve(lib, "cuptiActivityPushExternalCorrelationId", &g.push);
-  Resolve(lib, "cuptiActivityPopExternalCorrelationId", &g.pop);
-  Resolve(lib, "cuptiGetTimestamp", &g.timestamp);
-  Resolve(lib, "cuptiGetResultString", &g.result_string);
+  void* lib = e2e::OpenCupti();
+  e2e::ResolveCupti(lib, "cuptiActivityRegisterCallbacks", &g.register_callbacks);
+  e2e::ResolveCupti(lib, "cuptiActivityEnable", &g.enable);
+  e2e::ResolveCupti(lib, "cuptiActivityDisable", &g.disable);
+  e2e::ResolveCupti(lib, "cuptiActivityFlushAll", &g.flush_all);
+  e2e::ResolveCupti(lib, "cuptiActivityGetNextRecord", &g.next_record);
+  e2e::ResolveCupti(lib, "cuptiActivityPushExternalCorrelationId", &g.push);
+  e2e::ResolveCupti(lib, "cuptiActivityPopExternalCorrelationId", &g.pop);
+  e2e::ResolveCupti(lib, "cuptiGetTimestamp", &g.timestamp);
 
   e2e::Step("enable");
   CUPTI(g.register_callbacks(Requested, Completed));
   if (own_clock) {
     decltype(&cuptiActivityRegisterTimestampCallback) register_clock;
-    Resolve(lib, "cuptiActivityRegisterTimestampCallback", &register_clock);
+    e2e::ResolveCupti(lib, "cuptiActivityRegisterTimestampCallback", &register_clock);
     CUPTI(register_clock(TwoTicksPerNs));
   }
   for (CUpti_ActivityKind k : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,

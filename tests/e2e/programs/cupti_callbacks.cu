@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "e2e_common.h"
+#include "e2e_cupti.h"
 #include "e2e_driver.h"
 
 namespace {
@@ -30,7 +31,6 @@ struct Api {
   decltype(&cuptiActivityEnable) enable;
   decltype(&cuptiActivityFlushAll) flush_all;
   decltype(&cuptiActivityGetNextRecord) next_record;
-  decltype(&cuptiGetResultString) result_string;
 } g;
 
 // One callback as the app saw it.
@@ -136,22 +136,6 @@ void CUPTIAPI Completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t val
   free(buffer);
 }
 
-#define CUPTI(call)                                                            \
-  do {                                                                         \
-    CUptiResult _r = (call);                                                   \
-    if (_r != CUPTI_SUCCESS) {                                                 \
-      const char* _s = "?";                                                    \
-      g.result_string(_r, &_s);                                                \
-      e2e::Fail(__FILE__, __LINE__, "%s failed: %d (%s)", #call, (int)_r, _s); \
-    }                                                                          \
-  } while (0)
-
-template <typename T>
-void Resolve(void* lib, const char* name, T* out) {
-  *out = reinterpret_cast<T>(dlsym(lib, name));
-  EXPECT(*out != nullptr, "libcupti lacks %s", name);
-}
-
 __global__ void cupti_cb_kernel(int* out) { out[blockIdx.x * blockDim.x + threadIdx.x] = 2; }
 
 // The calls of one domain with one name, in order.
@@ -195,18 +179,15 @@ int main(int argc, char** argv) {
   e2e::ResolveDriver("cuCtxSynchronize", &ctx_sync, 12000);  // 13000: the _v2 with a context
   e2e::ResolveDriver("cuGetErrorName", &e2e::g_error_name);
   e2e::Step("dlopen libcupti");
-  void* lib = dlopen("libcupti.so.13", RTLD_NOW);
-  if (lib == nullptr && getenv("E2E_CUPTI") != nullptr) lib = dlopen(getenv("E2E_CUPTI"), RTLD_NOW);
-  EXPECT(lib != nullptr, "cannot load libcupti.so.13: %s", dlerror());
-  Resolve(lib, "cuptiSubscribe", &g.subscribe);
-  Resolve(lib, "cuptiUnsubscribe", &g.unsubscribe);
-  Resolve(lib, "cuptiEnableDomain", &g.enable_domain);
-  Resolve(lib, "cuptiEnableCallback", &g.enable_callback);
-  Resolve(lib, "cuptiActivityRegisterCallbacks", &g.register_callbacks);
-  Resolve(lib, "cuptiActivityEnable", &g.enable);
-  Resolve(lib, "cuptiActivityFlushAll", &g.flush_all);
-  Resolve(lib, "cuptiActivityGetNextRecord", &g.next_record);
-  Resolve(lib, "cuptiGetResultString", &g.result_string);
+  void* lib = e2e::OpenCupti();
+  e2e::ResolveCupti(lib, "cuptiSubscribe", &g.subscribe);
+  e2e::ResolveCupti(lib, "cuptiUnsubscribe", &g.unsubscribe);
+  e2e::ResolveCupti(lib, "cuptiEnableDomain", &g.enable_domain);
+  e2e::ResolveCupti(lib, "cuptiEnableCallback", &g.enable_callback);
+  e2e::ResolveCupti(lib, "cuptiActivityRegisterCallbacks", &g.register_callbacks);
+  e2e::ResolveCupti(lib, "cuptiActivityEnable", &g.enable);
+  e2e::ResolveCupti(lib, "cuptiActivityFlushAll", &g.flush_all);
+  e2e::ResolveCupti(lib, "cuptiActivityGetNextRecord", &g.next_record);
 
   e2e::Step("subscribe");
   CUpti_SubscriberHandle sub = nullptr;
