@@ -43,6 +43,10 @@ namespace {
 constexpr size_t kCopyChunk = 8u << 20;  // pinned bounce buffer of memory copies
 constexpr int kConnectTimeoutMs = 10000;
 constexpr int kRestoreTimeoutMs = 10 * 60 * 1000;  // the target restores at most this long
+// The lists a snapshot holds after its limits (all empty when the client had
+// not touched the GPU): memory, VMM (3), images, code, globals, streams,
+// events, graphs (3).
+constexpr int kListsAfterLimits = 12;
 
 int K(HandleKind k) { return static_cast<int>(k); }
 
@@ -137,25 +141,22 @@ std::string Session::Unmovable() {
   auto any = [&](HandleKind k) { return !handles_[K(k)].empty(); };
   if (sticky_logged_) return "the process hit a sticky error";
   if (captures_.load() > 0) return "a stream capture is in progress";
-  if (any(HandleKind::kGraph) || any(HandleKind::kGraphExec) || any(HandleKind::kGraphNode))
-    return "it holds CUDA graphs (not movable yet)";
   if (any(HandleKind::kArray)) return "it holds CUDA arrays (not movable yet)";
   if (any(HandleKind::kMemPool)) return "it uses memory pools (not movable yet)";
   if (!async_allocs_.empty()) return "it holds stream-ordered allocations (not movable yet)";
   if (pager_.Any()) return "it holds managed memory (not movable yet)";
-  if (!VmmEmpty()) return "it holds virtual memory mappings (not movable yet)";
+  if (std::string why = VmmUnmovable(); !why.empty()) return why;
   if (!ipc_opened_.empty() || !ipc_exported_mem_.empty() || !ipc_exported_events_.empty())
     return "it shares memory or events with other processes over CUDA IPC";
   if (!user_contexts_.empty()) return "it created contexts of its own (not movable yet)";
   if (!links_.empty()) return "a JIT link is in progress";
   if (!shared_host_.empty()) return "it shares pinned host memory over shm (not movable yet)";
-  if (!captured_.empty()) return "it holds host work captured into graphs";
   if (profiling_) return "a profiler is recording it";
   if (primary_ == nullptr) return "";  // nothing on the GPU yet
   for (uint64_t f : handles_[K(HandleKind::kFunction)])
     if (code_names_.count(f) == 0 && handles_[K(HandleKind::kKernel)].count(f) == 0)
       return "it holds a function of unknown origin";
-  return "";
+  return GraphsUnmovable();  // session_graph_move.cc
 }
 
 // --- the snapshot ----------------------------------------------------------------
@@ -216,6 +217,7 @@ Status Session::WriteSnapshot(SnapshotWriter& out, const uint64_t key[2]) {
     out.Put(size);
     out.Put<uint64_t>(charged != memory_bytes_.end() ? charged->second : 0);
   }
+  if (Status st = WriteVmmLayout(out); !st.ok()) return st;  // session_vmm_move.cc
   // Code, in load order.
   std::vector<std::pair<uint64_t, const ImageRecord*>> images;
   for (auto& [h, rec] : images_) images.emplace_back(h, &rec);
@@ -230,10 +232,11 @@ Status Session::WriteSnapshot(SnapshotWriter& out, const uint64_t key[2]) {
     out.Put<uint64_t>(rec->bytes->size());
     out.Bytes(rec->bytes->data(), rec->bytes->size());
   }
-  std::vector<uint64_t> code;
+  std::vector<uint64_t> code;  // each once (a kernel may be known as a function too)
+  std::unordered_set<uint64_t> listed;
   for (HandleKind k : {HandleKind::kKernel, HandleKind::kFunction})
     for (uint64_t h : handles_[K(k)])
-      if (code_names_.count(h) != 0) code.push_back(h);
+      if (code_names_.count(h) != 0 && listed.insert(h).second) code.push_back(h);
   out.Put<uint64_t>(code.size());
   for (uint64_t h : code) {
     const CodeName& c = code_names_.at(h);
@@ -301,8 +304,10 @@ Status Session::WriteSnapshot(SnapshotWriter& out, const uint64_t key[2]) {
     out.Put(h);
     out.Put<uint32_t>(f != event_flags_.end() ? f->second : 0);
   }
+  if (Status st = WriteGraphs(&out); !st.ok()) return st;  // session_graph_move.cc
   for (auto& [base, size] : memory)
     if (Status st = put_bytes(base, size); !st.ok()) return st;
+  if (Status st = WriteVmmContents(out, bounce.p); !st.ok()) return st;
   out.Put(kSnapshotMagic);
   return out.Flush();
 }
@@ -654,8 +659,9 @@ Status Session::Restore(SnapshotReader& in, uint64_t key[2]) {
   if (!in.Get(&magic) || !in.Get(&version)) return in.status();
   if (magic != kSnapshotMagic) return Status::Error("not a Flyt session snapshot");
   if (version != kSnapshotVersion)
-    return Status::Error("snapshot format " + std::to_string(version) + ", this server reads " +
-                         std::to_string(kSnapshotVersion));
+    return Status::Error("the snapshot is of format " + std::to_string(version) +
+                         " and this server reads only format " + std::to_string(kSnapshotVersion) +
+                         " (another Flyt version wrote it: restore it with that version)");
   if (!in.Get(&key[0]) || !in.Get(&key[1]) || !in.Get(&pid) || !in.Get(&device) ||
       !in.Get(&primary) || !in.Get(&deferred))
     return in.status();
@@ -669,7 +675,7 @@ Status Session::Restore(SnapshotReader& in, uint64_t key[2]) {
     if (!in.Get(&l) || !in.Get(&v)) return in.status();
   if (device < 0) {  // the client had not touched the GPU yet
     uint64_t rest = 0;
-    for (int i = 0; i < 6; ++i)
+    for (int i = 0; i < kListsAfterLimits; ++i)
       if (!in.Count(&rest) || rest != 0)
         return in.status().ok() ? Status::Error("a snapshot with state but no context")
                                 : in.status();
@@ -696,6 +702,8 @@ Status Session::Restore(SnapshotReader& in, uint64_t key[2]) {
   // context's local memory, code takes device memory). Its contents come last.
   std::vector<RestoredAlloc> allocs;
   Status st = RestoreMemoryLayout(in, &allocs);
+  if (!st.ok()) return st;
+  st = RestoreVmmLayout(in);  // the app's own VMM (session_vmm_move.cc)
   if (!st.ok()) return st;
   for (auto& [l, v] : limits) {
     size_t now = 0;
@@ -736,8 +744,16 @@ Status Session::Restore(SnapshotReader& in, uint64_t key[2]) {
     event_flags_[client] = flags;
     NoteEventRecorded(client);  // in the source's order: the next move keeps it
   }
+  st = RestoreGraphs(in);  // after the code and events its nodes name
+  if (!st.ok()) return st;
   st = RestoreMemoryContents(in, allocs);
   if (!st.ok()) return st;
+  {
+    Bounce bounce(a);
+    if (bounce.p == nullptr) return Status::Error("no pinned memory for the copy");
+    st = RestoreVmmContents(in, bounce.p);
+    if (!st.ok()) return st;
+  }
   if (!in.Get(&magic) || magic != kSnapshotMagic)
     return in.status().ok() ? Status::Error("a damaged snapshot (no trailer)") : in.status();
   r = a.cuCtxSynchronize();

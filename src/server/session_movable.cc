@@ -4,10 +4,12 @@
 //
 // Owns: the session's reservation of device addresses for movable memory,
 // the regions mapped in it or restored (physical handle, allocations inside),
-// small allocations packed into shared chunks, and freeing all of it.
+// small allocations packed into shared chunks, the address ranges it carves
+// out of that reservation for the app's own cuMemAddressReserve (VmmCarve),
+// and freeing all of it.
 // Must not touch: memory the driver allocated itself (cuMemAlloc without
-// --movable-memory, pools, managed memory, the app's own VMM calls in
-// session_vmm.cc), other sessions.
+// --movable-memory, pools, managed memory), the app's mappings and handles
+// (session_vmm.cc), other sessions.
 //
 // Why: the driver places cuMemAlloc memory inside address pools of its own
 // whose place depends on everything the process mapped before, and it will
@@ -40,6 +42,13 @@ constexpr int kTries = 16;
 constexpr uint64_t kSmallAlign = 512;
 
 uint64_t RoundUp(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
+
+// The base of the slot whose reservation holds `addr`, or 0.
+uint64_t SlotBase(uint64_t addr) {
+  if (addr < kFirstSlot || addr >= kFirstSlot + kSlots * kSlotBytes) return 0;
+  uint64_t base = kFirstSlot + (addr - kFirstSlot) / kSlotBytes * kSlotBytes;
+  return addr - base < kReservationBytes ? base : 0;
+}
 
 }  // namespace
 
@@ -85,24 +94,36 @@ CUresult Session::ReserveSlot(uint64_t base, uint64_t gran) {
   return CUDA_SUCCESS;
 }
 
-Status Session::RestoreMovableRegion(uint64_t lo, uint64_t size, uint64_t gran, bool* handled) {
-  *handled = false;
-  if (lo < kFirstSlot || lo >= kFirstSlot + kSlots * kSlotBytes) return Status::Ok();
-  *handled = true;
-  uint64_t base = kFirstSlot + (lo - kFirstSlot) / kSlotBytes * kSlotBytes;
+Status Session::EnsureMovableSlot(uint64_t addr, uint64_t gran) {
+  char where[48];
+  std::snprintf(where, sizeof(where), "0x%llx", static_cast<unsigned long long>(addr));
+  if (addr < kFirstSlot || addr >= kFirstSlot + kSlots * kSlotBytes)
+    return Status::Error(std::string("a damaged snapshot (movable memory at ") + where +
+                         " outside the movable ranges)");
+  uint64_t base = kFirstSlot + (addr - kFirstSlot) / kSlotBytes * kSlotBytes;
   if (movable_.size() == 0) {
     // The whole reservation the client's memory came from, as one: the driver
     // grants an address asked for only to a reservation that large.
     CUresult rc = ReserveSlot(base, gran);
     if (rc != CUDA_SUCCESS) {
-      char where[48];
       std::snprintf(where, sizeof(where), "0x%llx", static_cast<unsigned long long>(base));
       return Status::Error(
           std::string("the device addresses from ") + where + " are taken here" +
           (rc == CUDA_ERROR_ALREADY_MAPPED ? "" : " (error " + std::to_string(rc) + ")"));
     }
   }
-  if (gran != granularity_ || !movable_.TakeAt(lo, size))
+  if (movable_.base() != base || gran != granularity_)
+    return Status::Error(std::string("a damaged snapshot (memory at ") + where +
+                         " outside its movable range)");
+  return Status::Ok();
+}
+
+Status Session::RestoreMovableRegion(uint64_t lo, uint64_t size, uint64_t gran, bool* handled) {
+  *handled = false;
+  if (lo < kFirstSlot || lo >= kFirstSlot + kSlots * kSlotBytes) return Status::Ok();
+  *handled = true;
+  if (Status st = EnsureMovableSlot(lo, gran); !st.ok()) return st;
+  if (!movable_.TakeAt(lo, size))
     return Status::Error("a damaged snapshot (memory outside its reservation)");
   CUresult rc = MapNewRegion(lo, size, primary_device_, /*own_reservation=*/false);
   if (rc != CUDA_SUCCESS) {
@@ -112,7 +133,7 @@ Status Session::RestoreMovableRegion(uint64_t lo, uint64_t size, uint64_t gran, 
   return Status::Ok();
 }
 
-CUresult Session::ReserveMovable(int device) {
+CUresult Session::ReserveMovable(int device, uint64_t prefer) {
   if (movable_.size() != 0) return CUDA_SUCCESS;
   if (movable_failed_) return CUDA_ERROR_OUT_OF_MEMORY;
   DriverApi& a = state_->api;
@@ -133,6 +154,10 @@ CUresult Session::ReserveMovable(int device) {
   std::vector<int> slots(kSlots);
   for (int i = 0; i < kSlots; ++i) slots[i] = i;
   std::shuffle(slots.begin(), slots.end(), std::mt19937_64(std::random_device{}()));
+  if (SlotBase(prefer) != 0) {  // the app asked for an address in this slot: it first
+    int want = static_cast<int>((SlotBase(prefer) - kFirstSlot) / kSlotBytes);
+    std::iter_swap(slots.begin(), std::find(slots.begin(), slots.end(), want));
+  }
   int tries = 0;
   for (int slot : slots) {
     uint64_t base = kFirstSlot + static_cast<uint64_t>(slot) * kSlotBytes;
@@ -200,6 +225,68 @@ CUresult Session::MovableAlloc(uint64_t bytes, uint64_t* out) {
   mapped_regions_[at].live = 1;
   mapped_allocs_[at] = MappedPlace{at, bytes};
   *out = at;
+  return CUDA_SUCCESS;
+}
+
+CUresult Session::VmmCarve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                           unsigned long long flags, bool* handled) {
+  *handled = false;
+  // What the driver would refuse gets the driver's answer (it reserves then).
+  if (flags != 0 || size == 0 || (alignment & (alignment - 1)) != 0) return CUDA_SUCCESS;
+  CUdevice device = 0;
+  if (api().cuCtxGetDevice(&device) != CUDA_SUCCESS) return CUDA_SUCCESS;
+  if (ReserveMovable(device, addr) != CUDA_SUCCESS || size % granularity_ != 0) return CUDA_SUCCESS;
+  const uint64_t align = std::max<uint64_t>(alignment, granularity_);
+  DriverApi& a = api();
+  CUdeviceptr driver_placed = 0;
+  if (addr != 0 && SlotBase(addr) != movable_.base()) {
+    // An address outside the session's range: the driver may grant it there,
+    // and then it is the app's fixed address (which another server cannot
+    // reserve: a move refuses it). Where the driver puts it elsewhere, the
+    // app takes any address, and one in the session's range can move.
+    CUresult rc = a.cuMemAddressReserve(&driver_placed, size, alignment, addr, flags);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (driver_placed == addr) {
+      vmm_reserved_[driver_placed] = size;
+      *ptr = driver_placed;
+      *handled = true;  // (by the driver: reserved all the same)
+      return CUDA_SUCCESS;
+    }
+  }
+  uint64_t at = 0;
+  if (addr != 0 && addr % align == 0 && movable_.TakeAt(addr, size)) {
+    at = addr;
+  } else {
+    at = movable_.Take(size, align);
+  }
+  if (at == 0) {
+    FLYT_WARN(
+        "session %llu: the movable range has no room for a reservation of %zu bytes; the "
+        "driver places it, and the session cannot move while it holds it",
+        static_cast<unsigned long long>(id_), size);
+    if (driver_placed != 0) {  // the driver's, where it put it
+      vmm_reserved_[driver_placed] = size;
+      *ptr = driver_placed;
+      *handled = true;
+    }
+    return CUDA_SUCCESS;
+  }
+  if (driver_placed != 0) {
+    CUresult rc = a.cuMemAddressFree(driver_placed, size);
+    if (rc != CUDA_SUCCESS) {
+      movable_.Give(at, size);
+      FLYT_WARN("session %llu: cuMemAddressFree of a reservation just made failed with error %d",
+                static_cast<unsigned long long>(id_), rc);
+      vmm_reserved_[driver_placed] = size;
+      *ptr = driver_placed;
+      *handled = true;
+      return CUDA_SUCCESS;
+    }
+  }
+  vmm_reserved_[at] = size;
+  vmm_carved_.insert(at);
+  *ptr = at;
+  *handled = true;
   return CUDA_SUCCESS;
 }
 
