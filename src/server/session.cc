@@ -215,8 +215,13 @@ bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CU
     // Memory a restore mapped at the client's old address is not the driver's
     // cuMemAlloc memory: the session frees it (session_migrate.cc).
     if (releases == HandleKind::kMemory && s.IsSessionMapped(std::get<0>(slots).Raw())) {
-      *rc = s.FreeMapped(std::get<0>(slots).Raw());
-      s.Forget(HandleKind::kMemory, std::get<0>(slots).Raw());
+      bool kept = false;
+      if constexpr (Op == 242) {  // cuMemFreeAsync: once the stream got there
+        *rc = s.FreeMappedAsync(std::get<0>(slots).Raw(), std::get<1>(slots).Get(), &kept);
+      } else {
+        *rc = s.FreeMapped(std::get<0>(slots).Raw());
+      }
+      if (!kept) s.Forget(HandleKind::kMemory, std::get<0>(slots).Raw());
       return true;
     }
     // Managed memory: the pager stops touching it before the driver frees it.
@@ -245,6 +250,13 @@ bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CU
   if constexpr (ThroughSession<Op>::kYes) {  // the session's own checks (server/session_vmm.h)
     *rc = std::apply([&](auto&... sl) { return (s.*ThroughSession<Op>::kMethod)(sl.Get()...); },
                      slots);
+  } else if constexpr (Op == 240) {  // cuMemAllocAsync: in movable memory where it can
+    if (std::get<0>(slots).Get() != nullptr && std::get<1>(slots).v > 0 &&
+        s.ServesAsyncAlloc(std::get<2>(slots).Get())) {
+      *rc = s.MemAllocAsync(std::get<0>(slots).Get(), std::get<1>(slots).v);
+    } else {
+      *rc = std::apply([&](auto&... sl) { return fn(sl.Get()...); }, slots);
+    }
   } else {
     *rc = std::apply([&](auto&... sl) { return fn(sl.Get()...); }, slots);
   }
@@ -283,7 +295,9 @@ bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CU
     s.NoteEventFlags(
         s.ClientHandle(HandleKind::kEvent, reinterpret_cast<uintptr_t>(std::get<0>(slots).v)),
         std::get<1>(slots).v);
-  if constexpr (Op == 240 || Op == 241) s.NoteAsyncAllocation(std::get<0>(slots).v);
+  if constexpr (Op == 240 || Op == 241) {  // the driver's pools (not movable memory)
+    if (!s.IsSessionMapped(std::get<0>(slots).v)) s.NoteAsyncAllocation(std::get<0>(slots).v);
+  }
   // Executable graphs keep a template of what they run (session_graph_move.cc).
   if constexpr (Op == 220)  // cuGraphInstantiateWithFlags
     s.NoteInstantiated(
@@ -758,7 +772,8 @@ void Session::ReleaseAll() {
   size_t total = 0;
   for (auto& set : handles_) total += set.size();
   if (total == 0 && host_funcs_in_flight_.load() == 0 && captured_.empty() &&
-      retired_streams_.empty() && pt_stream_ == nullptr && VmmEmpty() && ipc_opened_.empty())
+      retired_streams_.empty() && pt_stream_ == nullptr && VmmEmpty() && ipc_opened_.empty() &&
+      pending_frees_.empty())
     return;
   if (exec_ != nullptr || primary_ != nullptr) a.cuCtxSetCurrent(exec_ ? exec_ : primary_);
   // Only this session's work: a context-wide synchronize would invalidate

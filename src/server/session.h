@@ -603,6 +603,14 @@ class Session {
   // Whether p lies in memory the session mapped (not the driver's cuMemAlloc memory).
   bool InMappedRegion(uint64_t p) const;
   CUresult FreeMapped(uint64_t ptr);
+  // Stream-ordered allocations in movable memory: served so when the app
+  // names no memory pool and the stream does not capture; freed once the
+  // stream's earlier work is done (*kept: still allocated, on an error).
+  bool ServesAsyncAlloc(CUstream stream);
+  CUresult MemAllocAsync(CUdeviceptr* dptr, size_t bytes);
+  CUresult FreeMappedAsync(uint64_t ptr, CUstream stream, bool* kept);
+  // Frees what stream-ordered frees left whose streams got there (wait: all).
+  void ReapFrees(bool wait);
 
  private:
   bool Park(wire::Reader& in, wire::Writer& out, CUresult* rc);
@@ -688,8 +696,16 @@ class Session {
     uint64_t size = 0;
   };
   std::map<uint64_t, MappedPlace> mapped_allocs_;  // by allocation base
-  AddressSpan movable_;                            // free addresses of the reservation
-  std::map<uint64_t, AddressSpan> small_chunks_;   // by region base: room for small allocations
+  // An allocation's place given back once its stream's work is done.
+  CUresult ReleasePlace(uint64_t ptr, const MappedPlace& place);
+  struct PendingFree {
+    CUevent done = nullptr;  // recorded on the freeing stream
+    uint64_t ptr = 0;
+    MappedPlace place;
+  };
+  std::vector<PendingFree> pending_frees_;
+  AddressSpan movable_;                           // free addresses of the reservation
+  std::map<uint64_t, AddressSpan> small_chunks_;  // by region base: room for small allocations
   uint64_t granularity_ = 0;
   bool movable_failed_ = false;  // no reservation could be made: the driver's cuMemAlloc
   // --- end of moving the session ------------------------------------------------

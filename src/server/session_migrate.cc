@@ -142,8 +142,15 @@ std::string Session::Unmovable() {
   if (sticky_logged_) return "the process hit a sticky error";
   if (captures_.load() > 0) return "a stream capture is in progress";
   if (any(HandleKind::kArray)) return "it holds CUDA arrays (not movable yet)";
-  if (any(HandleKind::kMemPool)) return "it uses memory pools (not movable yet)";
-  if (!async_allocs_.empty()) return "it holds stream-ordered allocations (not movable yet)";
+  if (any(HandleKind::kMemPool))
+    return "it uses memory pools by handle (cuMemPoolCreate, cuDeviceGetDefaultMemPool; not "
+           "movable yet)";
+  if (!async_allocs_.empty())
+    return std::string("it holds stream-ordered allocations of the driver's pools") +
+           (state_->movable_memory
+                ? " (made while it held a memory pool handle, or captured into a graph)"
+                : " (a flyt-server with --movable-memory serves cudaMallocAsync from memory "
+                  "that moves)");
   if (pager_.Any()) return "it holds managed memory (not movable yet)";
   if (std::string why = VmmUnmovable(); !why.empty()) return why;
   if (!ipc_opened_.empty() || !ipc_exported_mem_.empty() || !ipc_exported_events_.empty())
@@ -347,6 +354,7 @@ bool Session::Park(Reader& in, Writer& out, CUresult* rc) {
       return go_on("its work failed while draining (" + Describe(r) + ")");
     }
   }
+  ReapFrees(true);  // stream-ordered frees the drain completed
   std::string why = Unmovable();
   if (!why.empty()) return go_on("cannot move: " + why);
   uint64_t key[2] = {RandomWord(), RandomWord()};

@@ -361,20 +361,107 @@ CUresult Session::FreeMapped(uint64_t ptr) {
   mapped_allocs_.erase(it);
   // As cuMemFree: after the work that may still use the memory.
   CUresult rc = SynchronizeSession();
-  auto reg = mapped_regions_.find(place.region);
-  if (reg == mapped_regions_.end()) return rc;
-  auto chunk = small_chunks_.find(place.region);
-  if (--reg->second.live > 0) {
-    if (chunk != small_chunks_.end()) chunk->second.Give(ptr, RoundUp(place.size, kSmallAlign));
-    return rc;
-  }
-  if (chunk != small_chunks_.end()) small_chunks_.erase(chunk);
-  CUresult r = ReleaseRegion(reg->first, reg->second);
-  mapped_regions_.erase(reg);
+  CUresult r = ReleasePlace(ptr, place);
   return rc == CUDA_SUCCESS ? r : rc;
 }
 
+CUresult Session::ReleasePlace(uint64_t ptr, const MappedPlace& place) {
+  auto reg = mapped_regions_.find(place.region);
+  if (reg == mapped_regions_.end()) return CUDA_SUCCESS;
+  auto chunk = small_chunks_.find(place.region);
+  if (--reg->second.live > 0) {
+    if (chunk != small_chunks_.end()) chunk->second.Give(ptr, RoundUp(place.size, kSmallAlign));
+    return CUDA_SUCCESS;
+  }
+  if (chunk != small_chunks_.end()) small_chunks_.erase(chunk);
+  CUresult rc = ReleaseRegion(reg->first, reg->second);
+  mapped_regions_.erase(reg);
+  return rc;
+}
+
+// --- stream-ordered allocations (cuMemAllocAsync / cuMemFreeAsync) in movable memory
+
+bool Session::ServesAsyncAlloc(CUstream stream) {
+  if (!state_->movable_memory || movable_failed_) return false;
+  // Pools the app names may have properties of their own: the driver serves them.
+  if (!handles_[static_cast<int>(marshal::HandleKind::kMemPool)].empty()) return false;
+  // Captured, an allocation is a graph's allocation node: the driver's.
+  return !Capturing(stream == nullptr && pt_call_ ? CU_STREAM_PER_THREAD : stream);
+}
+
+CUresult Session::MemAllocAsync(CUdeviceptr* dptr, size_t bytes) {
+  ReapFrees(false);
+  uint64_t at = 0;
+  CUresult rc = MovableAlloc(bytes, &at);  // usable at once: before the stream needs it
+  if (rc == CUDA_SUCCESS) *dptr = at;
+  return rc;
+}
+
+CUresult Session::FreeMappedAsync(uint64_t ptr, CUstream stream, bool* kept) {
+  DriverApi& a = state_->api;
+  *kept = false;
+  auto it = mapped_allocs_.find(ptr);
+  if (it == mapped_allocs_.end()) return CUDA_ERROR_INVALID_VALUE;
+  CUstream s = stream == nullptr && pt_call_ ? CU_STREAM_PER_THREAD : stream;
+  if (Capturing(s)) {
+    // A graph's free node of memory the graph did not allocate: the driver's
+    // memory only.
+    FLYT_WARN(
+        "session %llu: cuMemFreeAsync of movable memory inside a stream capture is not "
+        "supported (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED); free it outside the capture",
+        static_cast<unsigned long long>(id_));
+    *kept = true;
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  const MappedPlace place = it->second;
+  mapped_allocs_.erase(it);
+  // Freed once the stream's work before it is done: its addresses are not
+  // handed out again until then.
+  CUevent done = nullptr;
+  CUresult rc = a.cuEventCreate(&done, CU_EVENT_DISABLE_TIMING);
+  if (rc == CUDA_SUCCESS) {
+    rc = a.cuEventRecord(done, s);
+    if (rc == CUDA_SUCCESS) {
+      pending_frees_.push_back(PendingFree{done, ptr, place});
+      return CUDA_SUCCESS;
+    }
+    CUresult d = a.cuEventDestroy_v2(done);
+    if (d != CUDA_SUCCESS) FLYT_WARN("cuEventDestroy failed with error %d", d);
+  }
+  // No event: the stream's work first, then the free (the same order, later).
+  CUresult sync = a.cuStreamSynchronize(s);
+  CUresult r = ReleasePlace(ptr, place);
+  return sync != CUDA_SUCCESS ? sync : r;
+}
+
+void Session::ReapFrees(bool wait) {
+  DriverApi& a = state_->api;
+  for (auto it = pending_frees_.begin(); it != pending_frees_.end();) {
+    CUresult rc = wait ? a.cuEventSynchronize(it->done) : a.cuEventQuery(it->done);
+    if (rc != CUDA_SUCCESS) {
+      // Not done yet, or the context failed: the memory stays (freed with the session).
+      if (rc != CUDA_ERROR_NOT_READY)
+        FLYT_DEBUG("session %llu: a stream-ordered free waits (event error %d)",
+                   static_cast<unsigned long long>(id_), rc);
+      ++it;
+      continue;
+    }
+    CUresult r = ReleasePlace(it->ptr, it->place);
+    if (r != CUDA_SUCCESS)
+      FLYT_WARN("session %llu: releasing memory of a stream-ordered free failed with error %d",
+                static_cast<unsigned long long>(id_), r);
+    r = a.cuEventDestroy_v2(it->done);
+    if (r != CUDA_SUCCESS) FLYT_WARN("cuEventDestroy failed with error %d", r);
+    it = pending_frees_.erase(it);
+  }
+}
+
 void Session::ReleaseMappedMemory() {
+  for (PendingFree& p : pending_frees_) {
+    CUresult rc = state_->api.cuEventDestroy_v2(p.done);
+    if (rc != CUDA_SUCCESS) FLYT_WARN("cuEventDestroy failed with error %d", rc);
+  }
+  pending_frees_.clear();
   for (auto& [base, reg] : mapped_regions_) ReleaseRegion(base, reg);
   mapped_regions_.clear();
   mapped_allocs_.clear();

@@ -1406,12 +1406,13 @@ class E2E(unittest.TestCase):
         allocation mapped twice and released while mapped) and CUDA graphs (captured and
         built by hand, executable graphs changed in place: a memset value, a node disabled
         and enabled again, a kernel's arguments, cudaGraphExecUpdate) busy while it is
-        migrated A to B and back and checkpointed, its server restarted and restored; its
+        migrated A to B and back and checkpointed, its server restarted and restored, while
+        it also allocates and frees stream-ordered memory (cudaMallocAsync/cudaFreeAsync); its
         step lines equal an undisturbed run's (counters a kernel counts down in VMM memory
         and in graphs, host copies and host functions of graphs), the handles it holds
         still answer queries, and every server ends with nothing held. With
-        --movable-memory (the app's reservations move only from there), and once more for
-        graphs alone without it."""
+        --movable-memory (the app's reservations and stream-ordered allocations move only
+        from there), and once more for graphs alone without it."""
         steps, pause = "12", "50"
         runs = [(variant, ["--movable-memory"], ()) for variant in CFG.variants]
         runs.append((CFG.variants[0], [], ("graphs",)))
@@ -1468,14 +1469,15 @@ class E2E(unittest.TestCase):
         """What cannot move is refused at the park, saying why, and the program goes on
         where it is: a graph with a memory allocation node, a graph with a conditional
         node, a VMM reservation at a fixed address outside the session's movable range
-        (--movable-memory), any VMM reservation on a server without --movable-memory. Once
-        that state is gone the same program moves, and ends well on the target."""
+        (--movable-memory); any VMM reservation and a
+        cudaMallocAsync allocation on a server without --movable-memory. Once that state
+        is gone the same program moves, and ends well on the target."""
         variant = CFG.variants[0]
         cases = (
             (["--movable-memory"], (("graph-alloc", "memory allocation or free node"),
                                     ("graph-cond", "conditional node"),
                                     ("vmm-fixed", "outside its movable range"))),
-            ([], (("vmm", "--movable-memory"),)),
+            ([], (("vmm", "--movable-memory"), ("async", "--movable-memory"))),
         )
         for movable, phases in cases:
             with self.subTest(movable=bool(movable)):

@@ -16,8 +16,10 @@
 //            go (a memset value, a node disabled and enabled again, a kernel's arguments,
 //            cudaGraphExecUpdate), its graph is queried through the node handles the app
 //            holds, and a second executable graph is made from it late in the run.
+//   async    stream-ordered allocations (cudaMallocAsync / cudaFreeAsync on a stream of
+//            its own), a few kept alive across steps, the oldest freed each step.
 //
-//   migrate_state STEPS PAUSE_MS [vmm] [graphs]
+//   migrate_state STEPS PAUSE_MS [vmm] [graphs] [async]   (none named: all three)
 //       prints "step N ..." per step (checksums and counters, no addresses), then PASS.
 //   migrate_state refuse DIR PHASE...
 //       per phase, sets up state that refuses a move, prints "phase P ready" and waits
@@ -25,7 +27,7 @@
 //       waits for DIR/end and passes. Phases: graph-alloc (a graph with a memory
 //       allocation node), graph-cond (a conditional node), vmm-fixed (a reservation at a
 //       fixed address outside the movable range), vmm (any reservation: on a server
-//       without --movable-memory).
+//       without --movable-memory), async (a cudaMallocAsync allocation: likewise).
 //
 // What kernels compute is only checked through flyt_sim_countdown, which the sim models.
 #include <cuda.h>
@@ -501,6 +503,49 @@ struct Graphs {
   }
 };
 
+// --- stream-ordered allocations
+
+struct Async {
+  cudaStream_t s = nullptr;
+  std::vector<std::pair<unsigned char*, std::vector<unsigned char>>> live;
+
+  void Setup() { CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+
+  void Step(int i, std::string* line) {
+    e2e::Step("async step");
+    // Large ones (their own granules) and small ones (sharing chunks), in turn.
+    const size_t n = (i % 2 == 0) ? (3u << 20) + 4096 * i + 5 : 1000 + 77 * i;
+    unsigned char* p = nullptr;
+    CK(cudaMallocAsync(reinterpret_cast<void**>(&p), n, s));
+    std::vector<unsigned char> host(n);
+    e2e::Fill(host.data(), n, 3000 + i);
+    CK(cudaMemcpyAsync(p, host.data(), n, cudaMemcpyHostToDevice, s));
+    live.emplace_back(p, std::move(host));
+    if (live.size() > 3) {  // the oldest goes, in stream order
+      CK(cudaFreeAsync(live.front().first, s));
+      live.erase(live.begin());
+    }
+    CK(cudaStreamSynchronize(s));
+    uint64_t sum = Sum(nullptr, 0);
+    for (const auto& [dev, want] : live) {
+      std::vector<unsigned char> got(want.size());
+      CK(cudaMemcpy(got.data(), dev, got.size(), cudaMemcpyDeviceToHost));
+      EXPECT_SAME(got.data(), want.data(), got.size(), "a stream-ordered allocation");
+      sum = Sum(got.data(), got.size(), sum);
+    }
+    char buf[64];
+    snprintf(buf, sizeof(buf), " async=%llu", static_cast<unsigned long long>(sum));
+    *line += buf;
+  }
+
+  void Teardown() {
+    e2e::Step("async teardown");
+    for (const auto& [dev, want] : live) CK(cudaFreeAsync(dev, s));
+    CK(cudaStreamSynchronize(s));
+    CK(cudaStreamDestroy(s));
+  }
+};
+
 // --- refusals
 
 bool Exists(const std::string& path) {
@@ -554,6 +599,13 @@ int Refuse(const std::string& dir, int argc, char** argv) {
       Hold(dir, argv[k]);
       CK(cudaGraphExecDestroy(exec));
       CK(cudaGraphDestroy(g));
+    } else if (phase == "async") {
+      void* p = nullptr;
+      CK(cudaMallocAsync(&p, 1 << 20, 0));
+      CK(cudaStreamSynchronize(0));
+      Hold(dir, argv[k]);
+      CK(cudaFreeAsync(p, 0));
+      CK(cudaStreamSynchronize(0));
     } else if (phase == "vmm-fixed" || phase == "vmm") {
       ResolveVmm();
       const CUmemAllocationProp prop = DeviceProp();
@@ -585,26 +637,31 @@ int main(int argc, char** argv) {
   }
   const int steps = argc > 1 ? atoi(argv[1]) : 12;
   const int pause_ms = argc > 2 ? atoi(argv[2]) : 0;
-  bool vmm_on = false, graphs_on = false;
+  bool vmm_on = false, graphs_on = false, async_on = false;
   for (int k = 3; k < argc; ++k) {
     vmm_on = vmm_on || std::string(argv[k]) == "vmm";
     graphs_on = graphs_on || std::string(argv[k]) == "graphs";
+    async_on = async_on || std::string(argv[k]) == "async";
   }
-  if (!vmm_on && !graphs_on) vmm_on = graphs_on = true;
+  if (!vmm_on && !graphs_on && !async_on) vmm_on = graphs_on = async_on = true;
   cudaStream_t s;
   CK(cudaStreamCreate(&s));
   Vmm vmm;
   Graphs graphs;
+  Async async;
   if (vmm_on) vmm.Setup();
   if (graphs_on) graphs.Setup();
+  if (async_on) async.Setup();
   for (int i = 0; i < steps; ++i) {
     std::string line = "step " + std::to_string(i);
     if (vmm_on) vmm.Step(i, s, &line);
     if (graphs_on) graphs.Step(i, &line);
+    if (async_on) async.Step(i, &line);
     printf("%s\n", line.c_str());
     fflush(stdout);
     if (pause_ms > 0) usleep(pause_ms * 1000);
   }
+  if (async_on) async.Teardown();
   if (graphs_on) graphs.Teardown();
   if (vmm_on) vmm.Teardown();
   CK(cudaStreamDestroy(s));
