@@ -9,12 +9,14 @@
 // Must not touch: other sessions, the client's connection outside the park's
 // reply, the framing of the snapshot (server/session_snapshot.h).
 //
-// What moves: device memory from cuMemAlloc/cuMemAllocPitch (contents and
-// addresses), modules and libraries with their functions and kernels (and the
-// attributes the app set on them), the globals the app looked up (contents;
-// the address must come out the same), streams (flags, priority), events
-// (flags), context limits, the deferred error. What refuses a move, before
-// anything is paused: see Unmovable().
+// What moves: device memory from cuMemAlloc/cuMemAllocPitch and, with
+// --movable-memory, cuMemAllocAsync (contents and addresses), the app's own
+// VMM (session_vmm_move.cc), modules and libraries with their functions and
+// kernels (and the attributes the app set on them), the globals the app looked
+// up (contents; the address must come out the same), streams (flags,
+// priority), events (flags), graphs and executable graphs with the host work
+// captured into them (session_graph_move.cc), context limits, the deferred
+// error. What refuses a move, before anything is paused: see Unmovable().
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>

@@ -1,12 +1,14 @@
 // Device memory the session maps itself with the driver's VMM calls: memory
 // a restore put back at the client's old addresses (session_migrate.cc), and,
-// with `flyt-server --movable-memory`, every cuMemAlloc/cuMemAllocPitch.
+// with `flyt-server --movable-memory`, every cuMemAlloc/cuMemAllocPitch and
+// the stream-ordered cuMemAllocAsync (its cuMemFreeAsync gives the addresses
+// back once the stream's earlier work is done: an event per free).
 //
 // Owns: the session's reservation of device addresses for movable memory,
 // the regions mapped in it or restored (physical handle, allocations inside),
 // small allocations packed into shared chunks, the address ranges it carves
 // out of that reservation for the app's own cuMemAddressReserve (VmmCarve),
-// and freeing all of it.
+// stream-ordered frees waiting for their streams, and freeing all of it.
 // Must not touch: memory the driver allocated itself (cuMemAlloc without
 // --movable-memory, pools, managed memory), the app's mappings and handles
 // (session_vmm.cc), other sessions.

@@ -8,7 +8,7 @@
 //            first (then released while mapped), a counter in VMM memory that a kernel
 //            counts down; every step reads all of it back, and asks the driver whether the
 //            handles it holds are still what they were (retain, properties, access).
-//   graphs   a captured graph (a copy from pageable host memory, a kernel, a memset, a
+//   graphs   a captured graph (a copy from pinned host memory, a kernel, a memset, a
 //            device copy, a copy back to host memory, a host function, an event record)
 //            and a graph built by hand (memset, a host copy, two kernels, a child graph,
 //            an empty node, event record and wait nodes, copies back, a host node), both
@@ -237,7 +237,7 @@ struct Graphs {
   // captured
   cudaGraph_t cap_graph = nullptr;
   cudaGraphExec_t cap_exec = nullptr;
-  std::vector<unsigned char> cap_in, cap_out;
+  unsigned char *cap_in = nullptr, *cap_out = nullptr;  // pinned: captured copies
   unsigned char *d_a = nullptr, *d_b = nullptr;
   int* cap_counter = nullptr;
   int cap_calls = 0;
@@ -275,20 +275,20 @@ struct Graphs {
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     CK(cudaEventCreateWithFlags(&cap_event, cudaEventDisableTiming));
     CK(cudaEventCreate(&ev));
-    cap_in.resize(kCap);
-    cap_out.resize(kCap);
+    CK(cudaMallocHost(&cap_in, kCap));
+    CK(cudaMallocHost(&cap_out, kCap));
     CK(cudaMalloc(&d_a, kCap));
     CK(cudaMalloc(&d_b, kCap));
     CK(cudaMalloc(&cap_counter, 2 * sizeof(int)));
     CK(cudaMemcpy(cap_counter, cap_count, sizeof(cap_count), cudaMemcpyHostToDevice));
     // Captured: every copy to and from this process's memory re-reads / re-writes it.
     CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    CK(cudaMemcpyAsync(d_a, cap_in.data(), kCap, cudaMemcpyHostToDevice, s));
+    CK(cudaMemcpyAsync(d_a, cap_in, kCap, cudaMemcpyHostToDevice, s));
     flyt_sim_countdown<<<1, 32, 0, s>>>(0, cap_counter);
     CK(cudaGetLastError());
     CK(cudaMemsetAsync(d_b, 0x5a, kCap / 2, s));
     CK(cudaMemcpyAsync(d_b + kCap / 2, d_a, kCap / 2, cudaMemcpyDeviceToDevice, s));
-    CK(cudaMemcpyAsync(cap_out.data(), d_b, kCap, cudaMemcpyDeviceToHost, s));
+    CK(cudaMemcpyAsync(cap_out, d_b, kCap, cudaMemcpyDeviceToHost, s));
     CK(cudaLaunchHostFunc(s, CountCall, &cap_calls));
     CK(cudaEventRecord(cap_event, s));
     CK(cudaStreamEndCapture(s, &cap_graph));
@@ -394,7 +394,7 @@ struct Graphs {
   void Step(int i, std::string* line) {
     Change(i);
     e2e::Step("graphs: launch");
-    e2e::Fill(cap_in.data(), kCap, 1000 + i);
+    e2e::Fill(cap_in, kCap, 1000 + i);
     e2e::Fill(h_x.data(), kHand, 2000 + i);
     CK(cudaGraphLaunch(cap_exec, s));
     CK(cudaGraphLaunch(e, s));
@@ -404,8 +404,8 @@ struct Graphs {
     // The captured graph: memset half, then the first half of what was copied in.
     cap_count[0] -= 1;
     cap_count[1] += 1;
-    EXPECT(e2e::FirstNot(cap_out.data(), 0x5a, kCap / 2) < 0, "captured memset");
-    EXPECT_SAME(cap_out.data() + kCap / 2, cap_in.data(), kCap / 2, "captured copies");
+    EXPECT(e2e::FirstNot(cap_out, 0x5a, kCap / 2) < 0, "captured memset");
+    EXPECT_SAME(cap_out + kCap / 2, cap_in, kCap / 2, "captured copies");
     EXPECT(cap_calls == i + 1, "captured host function ran %d times after %d steps", cap_calls,
            i + 1);
     // The hand-built graph (and its second executable graph, the same by now).
@@ -477,7 +477,7 @@ struct Graphs {
            flags);
     char buf[160];
     snprintf(buf, sizeof(buf), " cap=%llu hand=%llu a=%d b=%d calls=%d,%d",
-             static_cast<unsigned long long>(Sum(cap_out.data(), kCap)),
+             static_cast<unsigned long long>(Sum(cap_out, kCap)),
              static_cast<unsigned long long>(
                  Sum(h_y.data(), kHand, Sum(h_xb.data(), kHand, Sum(h_m.data(), kHand)))),
              a[1], b[1], cap_calls, hand_calls);
@@ -497,6 +497,8 @@ struct Graphs {
           static_cast<void*>(d_m), static_cast<void*>(d_x), static_cast<void*>(d_y),
           static_cast<void*>(cA), static_cast<void*>(cB)})
       CK(cudaFree(p));
+    CK(cudaFreeHost(cap_in));
+    CK(cudaFreeHost(cap_out));
     CK(cudaEventDestroy(ev));
     CK(cudaEventDestroy(cap_event));
     CK(cudaStreamDestroy(s));
