@@ -458,6 +458,12 @@ bool Session::Park(Reader& in, Writer& out, CUresult* rc) {
   moved_ = true;  // Run ends after this reply; the session's state here goes
   FLYT_INFO("session %llu (client pid %u) %s", static_cast<unsigned long long>(id_), client_pid_,
             done.c_str());
+  // The client hears where it goes on before the control socket hears of the
+  // move: an operator may stop this server as soon as it has the answer.
+  if (!Reply(req_, *rc, out))
+    FLYT_WARN("session %llu: the client did not get the park's answer",
+              static_cast<unsigned long long>(id_));
+  replied_ = true;
   ReportOutcome(channel::Report::Kind::kMove, true, done);
   return true;
 }
