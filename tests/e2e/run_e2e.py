@@ -1465,6 +1465,24 @@ class E2E(unittest.TestCase):
                 self.stop_server(b)
                 self.stop_server(restarted)
 
+    def test_restore_old_format(self):
+        """A checkpoint written in another snapshot format (format 1, before graphs and VMM
+        moved) is refused at restore with a message that names both formats; the server
+        goes on and holds nothing of it."""
+        srv = self.start_server(control=True)
+        ckpt = tempfile.mkdtemp(dir=self.tmp)
+        with open(os.path.join(ckpt, "session-7.flyt"), "wb") as f:
+            # magic "FLYTSNAP", format 1, then what a format 1 header held
+            f.write(struct.pack("<QI", 0x50414e5354594c46, 1) + bytes(64))
+        answer = srv.control({"verb": "restore", "dir": ckpt, "wait_ms": 20000}, timeout=30)
+        self.assertTrue(answer.get("ok"), answer)
+        self.assertEqual(answer.get("restored"), 0, answer)
+        messages = json.dumps(answer) + srv.log_text()
+        self.assertIn("format 1", messages, answer)
+        self.assertIn("reads only format 2", messages, answer)
+        self.assert_stats(srv, sessions=0, memory_used=0)
+        self.stop_server(srv)
+
     def test_migrate_refusals(self):
         """What cannot move is refused at the park, saying why, and the program goes on
         where it is: a graph with a memory allocation node, a graph with a conditional
