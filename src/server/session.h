@@ -266,7 +266,8 @@ class Session {
   // Moving the session (session_vmm_move.cc): why its VMM state cannot move
   // (empty: it can), and that state in a snapshot and back.
   std::string VmmUnmovable() const;
-  // `bounce`: a pinned buffer of 8 MiB for the contents.
+  // The layout goes first (its addresses are claimed before anything else),
+  // the contents last; `bounce` is a pinned buffer of 8 MiB.
   Status WriteVmmLayout(SnapshotWriter& out);
   Status WriteVmmContents(SnapshotWriter& out, void* bounce);
   Status RestoreVmmLayout(SnapshotReader& in);
