@@ -160,10 +160,11 @@ bool Session::ModuleOf(uint8_t sub, Reader& in, Writer& out, CUresult* rc) {
     return true;
   }
   CUmodule m = nullptr;
-  *rc = of_function ? fn(&m, reinterpret_cast<CUfunction>(h))
-                    : a.cuLibraryGetModule(&m, reinterpret_cast<CUlibrary>(h));
+  *rc = of_function ? fn(&m, reinterpret_cast<CUfunction>(RealHandle(HandleKind::kFunction, h)))
+                    : a.cuLibraryGetModule(
+                          &m, reinterpret_cast<CUlibrary>(RealHandle(HandleKind::kLibrary, h)));
   if (*rc != CUDA_SUCCESS) return true;
-  const uint64_t mod = Raw(m);
+  const uint64_t mod = m != nullptr ? ClientHandle(HandleKind::kModule, Raw(m)) : 0;
   if (mod == 0) {
     *rc = CUDA_ERROR_NOT_FOUND;
     return true;
@@ -186,7 +187,7 @@ bool Session::ModuleOf(uint8_t sub, Reader& in, Writer& out, CUresult* rc) {
   out.Put(mod);
   out.Put<uint8_t>(owned ? 1 : 0);
   out.Put(library);
-  if (owned) DescribeImage(mod, mod, false, out);
+  if (owned) DescribeImage(Raw(m), mod, false, out);
   return true;
 }
 

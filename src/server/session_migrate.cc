@@ -165,6 +165,10 @@ std::string Session::Unmovable() {
   for (uint64_t f : handles_[K(HandleKind::kFunction)])
     if (code_names_.count(f) == 0 && handles_[K(HandleKind::kKernel)].count(f) == 0)
       return "it holds a function of unknown origin";
+  for (const auto& [h, c] : code_names_)
+    if (images_.count(c.image) == 0 && library_modules_.count(c.image) != 0)
+      return "it holds functions of a library's module (cuLibraryGetModule, cuFuncGetModule; "
+             "not movable yet)";
   return GraphsUnmovable();  // session_graph_move.cc
 }
 
