@@ -153,6 +153,11 @@ def native_first_step_s(cmd, timeout=600):
     return took
 
 
+def all_moved(notes):
+    """Every move, checkpoint and restore of `notes` took its one session."""
+    return all(n.get("moved", n.get("checkpointed", n.get("restored"))) == 1 for n in notes)
+
+
 def steps_of(lines):
     return [l for l in lines if l.startswith("step ")]
 
@@ -226,7 +231,7 @@ def main():
         notes.append(move(a, "restore", dir=ckpt))
         frc, flines = prog.finish()
         same = rc == 0 and frc == 0 and steps_of(nat) == steps_of(flines) and len(steps_of(nat)) == 30
-        fails += not same
+        fails += not same or (args.movable and not all_moved(notes))
         out += ["### migrate_loop (allocate, copy, launch, free; 30 steps)", "",
                 "native rc %s, Flyt rc %s; step lines equal to native: **%s**" % (
                     rc, frc, "yes" if same else "NO"), ""]
@@ -255,11 +260,12 @@ def main():
         notes.append(move(a, "restore", dir=ckpt))
         frc, flines = prog.finish()
         same = rc == 0 and frc == 0 and steps_of(nat) == steps_of(flines) and len(steps_of(nat)) == 16
-        fails += not same
+        fails += not same or (args.movable and not all_moved(notes))
         out += ["### migrate_state (%s; 16 steps)" % (
                     "VMM, graphs, cudaMallocAsync" if args.movable else "graphs"), "",
-                "native rc %s, Flyt rc %s; step lines equal to native: **%s**" % (
-                    rc, frc, "yes" if same else "NO"), ""]
+                "native rc %s, Flyt rc %s; step lines equal to native: **%s**; every move "
+                "took it: **%s**" % (rc, frc, "yes" if same else "NO",
+                                     "yes" if all_moved(notes) else "NO"), ""]
         for n in notes:
             out.append("- `%s`" % json.dumps({k: v for k, v in n.items() if k != "_wall_ms"}))
         if not same:
@@ -282,10 +288,16 @@ def main():
             notes.append(move(b, "migrate", to=a.url()))
             frc, flines = prog.finish()
             same = rc == 0 and frc == 0 and steps_of(nat) == steps_of(flines)
-            fails += not same
+            # PyTorch's cudaMallocAsync backend holds the default pool's handle, which
+            # does not move yet: both moves are refused (it goes on where it is).
+            # Without --movable-memory a move may find the addresses taken: only reported.
+            want_moves = mode != "mallocasync"
+            fails += not same or (args.movable and all_moved(notes) != want_moves)
             out += ["### PyTorch training loop (MLP, SGD, deterministic; 40 steps; %s)" % mode, "",
-                    "native rc %s, Flyt rc %s; losses equal to native, step by step: **%s**" % (
-                        rc, frc, "yes" if same else "NO"), ""]
+                    "native rc %s, Flyt rc %s; losses equal to native, step by step: **%s**; "
+                    "moved: **%s** (expected: %s)" % (
+                        rc, frc, "yes" if same else "NO", "yes" if all_moved(notes) else "no",
+                        "yes" if want_moves else "no, refused"), ""]
             out.append("start to first step: native %.2f s, Flyt %.2f s%s" % (
                 native_first or -1, flyt_first,
                 " (movable memory: eager module loading)" if args.movable else ""))
