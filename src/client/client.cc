@@ -661,7 +661,10 @@ void Client::ServeCallbacks(std::shared_ptr<transport::Connection> conn, uint64_
     if (!conn->Send(iov, done.payload_len > 0 ? 2 : 1).ok()) break;
   }
   // The server is gone: queued host functions will never be asked for. (A
-  // session that moved has a channel of a later generation already.)
+  // session that moved has a channel of a later generation already. A move
+  // under way holds the connection lock until the new channel is up: the old
+  // server closes this one as soon as the session has left it.)
+  std::lock_guard<std::mutex> conn_lock(mu_);
   std::lock_guard<std::mutex> lock(callback_mu_);
   if (generation != callback_generation_) return;
   callback_conn_.reset();

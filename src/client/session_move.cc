@@ -180,13 +180,23 @@ void Client::ResumeLocked(const std::string& where, const uint64_t key[2], int d
                 devices_.size());
     }
     QueryCache::Get().Clear();  // the new GPU answers for itself
+    bool had_channel = false;
     {
-      // Host functions come over a new callback channel, opened on demand.
+      // Host functions come over a new callback channel.
       std::lock_guard<std::mutex> lock(callback_mu_);
+      had_channel = callback_channel_;
       if (callback_conn_ != nullptr) callback_conn_->Shutdown();
       callback_conn_.reset();
       callback_channel_ = false;
       ++callback_generation_;
+    }
+    // Opened at once where there was one: graphs that moved with the session
+    // run their host nodes (and copies to and from this process's memory)
+    // over it, perhaps before this process makes another synchronous call.
+    if (had_channel) {
+      CUresult cb = EnsureCallbackChannel();
+      if (cb != CUDA_SUCCESS)
+        FLYT_WARN("no callback channel to the new server (error %d): host functions fail", cb);
     }
     FLYT_INFO(
         "this process's GPU state now lives at flyt-server %s (session %llu); resumed after "

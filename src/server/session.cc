@@ -215,8 +215,13 @@ bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CU
     // Memory a restore mapped at the client's old address is not the driver's
     // cuMemAlloc memory: the session frees it (session_migrate.cc).
     if (releases == HandleKind::kMemory && s.IsSessionMapped(std::get<0>(slots).Raw())) {
-      *rc = s.FreeMapped(std::get<0>(slots).Raw());
-      s.Forget(HandleKind::kMemory, std::get<0>(slots).Raw());
+      bool kept = false;
+      if constexpr (Op == 242) {  // cuMemFreeAsync: once the stream got there
+        *rc = s.FreeMappedAsync(std::get<0>(slots).Raw(), std::get<1>(slots).Get(), &kept);
+      } else {
+        *rc = s.FreeMapped(std::get<0>(slots).Raw());
+      }
+      if (!kept) s.Forget(HandleKind::kMemory, std::get<0>(slots).Raw());
       return true;
     }
     // Managed memory: the pager stops touching it before the driver frees it.
@@ -245,6 +250,13 @@ bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CU
   if constexpr (ThroughSession<Op>::kYes) {  // the session's own checks (server/session_vmm.h)
     *rc = std::apply([&](auto&... sl) { return (s.*ThroughSession<Op>::kMethod)(sl.Get()...); },
                      slots);
+  } else if constexpr (Op == 240) {  // cuMemAllocAsync: in movable memory where it can
+    if (std::get<0>(slots).Get() != nullptr && std::get<1>(slots).v > 0 &&
+        s.ServesAsyncAlloc(std::get<2>(slots).Get())) {
+      *rc = s.MemAllocAsync(std::get<0>(slots).Get(), std::get<1>(slots).v);
+    } else {
+      *rc = std::apply([&](auto&... sl) { return fn(sl.Get()...); }, slots);
+    }
   } else {
     *rc = std::apply([&](auto&... sl) { return fn(sl.Get()...); }, slots);
   }
@@ -283,7 +295,16 @@ bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CU
     s.NoteEventFlags(
         s.ClientHandle(HandleKind::kEvent, reinterpret_cast<uintptr_t>(std::get<0>(slots).v)),
         std::get<1>(slots).v);
-  if constexpr (Op == 240 || Op == 241) s.NoteAsyncAllocation(std::get<0>(slots).v);
+  if constexpr (Op == 240 || Op == 241) {  // the driver's pools (not movable memory)
+    if (!s.IsSessionMapped(std::get<0>(slots).v)) s.NoteAsyncAllocation(std::get<0>(slots).v);
+  }
+  // Executable graphs keep a template of what they run (session_graph_move.cc).
+  if constexpr (Op == 220)  // cuGraphInstantiateWithFlags
+    s.NoteInstantiated(
+        s.ClientHandle(HandleKind::kGraphExec, reinterpret_cast<uintptr_t>(std::get<0>(slots).v)),
+        std::get<1>(slots).Raw(), std::get<2>(slots).v);
+  if constexpr (Op == 243)  // cuGraphExecUpdate_v2
+    s.NoteExecUpdated(std::get<0>(slots).Raw(), std::get<1>(slots).Raw());
   if constexpr (Op == 132 || Op == 133)  // cuEventRecord(WithFlags): the order moves with it
     s.NoteEventRecorded(std::get<0>(slots).Raw());
   std::apply([&](auto&... sl) { (sl.Finish(out, s), ...); }, slots);
@@ -434,6 +455,7 @@ void Session::Forget(HandleKind kind, uint64_t value) {
   // Memory of a graph's allocation node: freed outside the graph, it is
   // allocated again at the graph's next launch (session_graph_nodes.cc).
   if (kind == HandleKind::kMemory && graph_allocs_.count(value) != 0) return;
+  if (kind == HandleKind::kGraphExec) ExecForgotten(value);
   handles_[static_cast<int>(kind)].erase(value);
   if (!user_owned_.empty()) DropContextHandle(kind, value);
   auto refund = [&](std::unordered_map<uint64_t, uint64_t>& sizes) {
@@ -750,7 +772,8 @@ void Session::ReleaseAll() {
   size_t total = 0;
   for (auto& set : handles_) total += set.size();
   if (total == 0 && host_funcs_in_flight_.load() == 0 && captured_.empty() &&
-      retired_streams_.empty() && pt_stream_ == nullptr && VmmEmpty() && ipc_opened_.empty())
+      retired_streams_.empty() && pt_stream_ == nullptr && VmmEmpty() && ipc_opened_.empty() &&
+      pending_frees_.empty())
     return;
   if (exec_ != nullptr || primary_ != nullptr) a.cuCtxSetCurrent(exec_ ? exec_ : primary_);
   // Only this session's work: a context-wide synchronize would invalidate
@@ -763,10 +786,14 @@ void Session::ReleaseAll() {
     for (uint64_t h : handles_[static_cast<int>(k)]) fn(h);
     handles_[static_cast<int>(k)].clear();
   };
-  each(HandleKind::kGraphExec,
-       [&](uint64_t h) { a.cuGraphExecDestroy(reinterpret_cast<CUgraphExec>(h)); });
+  each(HandleKind::kGraphExec, [&](uint64_t h) {
+    a.cuGraphExecDestroy(reinterpret_cast<CUgraphExec>(RealHandle(HandleKind::kGraphExec, h)));
+  });
+  ReleaseExecRecords();  // the templates of executable graphs (session_graph_move.cc)
   ReleaseGraphNodes();
-  each(HandleKind::kGraph, [&](uint64_t h) { a.cuGraphDestroy(reinterpret_cast<CUgraph>(h)); });
+  each(HandleKind::kGraph, [&](uint64_t h) {
+    a.cuGraphDestroy(reinterpret_cast<CUgraph>(RealHandle(HandleKind::kGraph, h)));
+  });
   ReleaseCaptured();
   auto real = [&](HandleKind k, uint64_t h) { return RealHandle(k, h); };
   each(HandleKind::kEvent, [&](uint64_t h) {
@@ -785,8 +812,8 @@ void Session::ReleaseAll() {
   each(HandleKind::kMemory, [&](uint64_t h) {
     if (!IsSessionMapped(h)) a.cuMemFree_v2(static_cast<CUdeviceptr>(h));
   });
-  ReleaseMappedMemory();  // unmapped and released here (session_migrate.cc)
   ReleaseVmm();           // unmaps, releases, frees; refunds its own charges
+  ReleaseMappedMemory();  // unmapped and released here, then the movable range
   // The session's memory no longer counts against the tenant's quota.
   uint64_t charged = 0;
   for (auto& [h, bytes] : memory_bytes_) charged += bytes;
@@ -1017,7 +1044,9 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       }
       out.Put<uint32_t>(status);
       out.Put<uint64_t>(id);
-      out.Put<uint64_t>(reinterpret_cast<uintptr_t>(graph));
+      out.Put<uint64_t>(graph != nullptr
+                            ? ClientHandle(HandleKind::kGraph, reinterpret_cast<uintptr_t>(graph))
+                            : 0);
       out.Put<uint64_t>(count);
       return true;
     }
@@ -1084,6 +1113,9 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       return GraphMisc(in, out, rc);
     case ops::kOpGraphTopology:
       return GraphTopology(in, out, rc);
+    case 280:  // cuGraphExecEventRecordNodeSetEvent / cuGraphExecEventWaitNodeSetEvent:
+    case 281:  // the node as the executable graph knows it (session_graph_move.cc)
+      return ExecEventNodeSetEvent(h.op == 280, in, rc);
     case ops::kOpStreamBatchMemOp:
       return StreamBatchMemOp(in, per_thread, rc);
     case ops::kOpDriverMisc:

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -83,15 +84,26 @@ int64_t SteadyNowNs();
 // forwarded to its client.
 Status CaptureDeviceOutput(ServerState* state);
 
-// A session's virtual memory (cuMemCreate / cuMemMap, session_vmm.cc).
+// A session's virtual memory (cuMemCreate / cuMemMap, session_vmm.cc). Handle
+// values are the client's (a restored session's driver gives others: VmmReal).
+struct VmmAccess {  // one cuMemSetAccess over part of a mapping, replayed by a restore
+  uint64_t offset = 0, size = 0;
+  std::vector<CUmemAccessDesc> descs;
+};
 struct VmmMapping {
   uint64_t size = 0;
   uint64_t handle = 0;
+  uint64_t offset = 0;            // into the allocation
+  std::vector<VmmAccess> access;  // in the order the app set it
 };
 struct VmmHandle {
-  uint64_t charged = 0;   // bytes charged to the quota at cuMemCreate
-  uint32_t refs = 0;      // references the client holds (create, retain - release)
-  uint32_t mappings = 0;  // this session's mappings of it
+  uint64_t charged = 0;      // bytes charged to the quota at cuMemCreate
+  uint32_t refs = 0;         // references the client holds (create, retain - release)
+  uint32_t driver_refs = 0;  // references held on the driver's handle (a restore holds one)
+  uint32_t mappings = 0;     // this session's mappings of it
+  uint64_t size = 0;         // cuMemCreate's size (0: imported, not known)
+  CUmemAllocationProp prop{};
+  bool shared = false;  // exported to or imported from another process
 };
 
 class Session {
@@ -235,6 +247,35 @@ class Session {
   }
   // Unmaps, releases and frees all the session's VMM state (ReleaseAll).
   void ReleaseVmm();
+  // With --movable-memory (session_movable.cc): a reservation the app asked
+  // for, carved out of the session's movable range so that another server can
+  // reserve it again, or granted by the driver at the fixed address the app
+  // asked for outside it; *handled false when it is left to the driver (bad
+  // arguments, no movable range).
+  CUresult VmmCarve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                    unsigned long long flags, bool* handled);
+  // Allocation handles of a restored session: the driver's value behind the
+  // client's, and the client's value for one the driver returned.
+  uint64_t VmmReal(uint64_t client) const {
+    if (vmm_real_.empty()) return client;
+    auto it = vmm_real_.find(client);
+    return it == vmm_real_.end() ? client : it->second;
+  }
+  uint64_t VmmClient(uint64_t real);
+  void VmmForgetHandleValue(uint64_t client);
+  // Moving the session (session_vmm_move.cc): why its VMM state cannot move
+  // (empty: it can), and that state in a snapshot and back.
+  std::string VmmUnmovable() const;
+  // The layout goes first (its addresses are claimed before anything else),
+  // the contents last; `bounce` is a pinned buffer of 8 MiB.
+  Status WriteVmmLayout(SnapshotWriter& out);
+  Status WriteVmmContents(SnapshotWriter& out, void* bounce);
+  Status RestoreVmmLayout(SnapshotReader& in);
+  Status RestoreVmmContents(SnapshotReader& in, void* bounce);
+  // Copies one allocation's bytes through a mapping of it at `window` (reserved,
+  // at least its size), to the snapshot (write) or from it.
+  Status CopyVmmHandle(uint64_t real, uint64_t size, int device, uint64_t window, bool write,
+                       SnapshotWriter* out, SnapshotReader* in, void* bounce);
   // --- graphs (session_graphs.cc)
   bool Capturing(CUstream stream);
   CUresult HostFunc(CUstream stream, uint64_t id, bool per_thread, bool* captured);
@@ -276,8 +317,15 @@ class Session {
   bool DriverMisc(wire::Reader& in, bool per_thread, wire::Writer& out, CUresult* rc);
   bool ModuleOf(uint8_t sub, wire::Reader& in, wire::Writer& out, CUresult* rc);
   bool StreamMemOpV1(wire::Reader& in, bool per_thread, CUresult* rc);
+  // A kernel node's parameters and its argument bytes laid out as the
+  // function's parameters (from kernelParams or an `extra` buffer).
+  CUresult KernelNodeArgs(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS* p,
+                          std::vector<ops::ParamSlot>* slots, std::vector<uint8_t>* blob);
   // kOpGraphNodeQuery of a kernel node: its parameters with the argument bytes.
   CUresult DescribeKernelNode(CUgraphNode node, wire::Writer& out);
+  // The client's handle of a function the driver names (a kernel node's): one
+  // it knows, or the function of one of its kernels, which it learns as such.
+  uint64_t ClientFunctionOf(uint64_t real);
   // The client's handle of a context the driver names (0: none of the client's).
   uint64_t ClientContext(CUcontext real) const;
   // The session's end or a library's unload: the modules its libraries own.
@@ -299,6 +347,9 @@ class Session {
   // True when `node` is a child graph node made by BuildCopyGraph; its parts.
   bool CopyWrapperParts(CUgraphNode node, CUgraphNode* copy, CUgraphNode* host,
                         CapturedWork** work);
+  // Gives the wrapper node `wrapper` the copy and host parameters of `inner`
+  // (a graph BuildCopyGraph made).
+  CUresult SetCopyWrapper(CUgraphNode wrapper, CUgraph inner);
   // Forget(kGraph): refunds the graph's allocation nodes.
   void GraphForgotten(uint64_t graph);
   // ReleaseAll: graphs owned by nodes are left to their parents; charges refunded.
@@ -382,6 +433,9 @@ class Session {
   std::map<uint64_t, uint64_t> vmm_reserved_;
   std::map<uint64_t, VmmMapping> vmm_mapped_;
   std::unordered_map<uint64_t, VmmHandle> vmm_handles_;
+  std::unordered_set<uint64_t> vmm_carved_;  // reservations inside movable_ (by base)
+  std::unordered_map<uint64_t, uint64_t> vmm_real_, vmm_client_;  // a restore's handle values
+  std::vector<uint64_t> vmm_order_;  // restored handles in snapshot order (their contents)
   std::atomic<int> captures_{0};
   uint32_t client_pid_ = 0;
   bool sticky_logged_ = false;
@@ -516,12 +570,18 @@ class Session {
   // Handles of a restored session: the driver's object behind the client's
   // value, and the client's value for an object the driver returned (the
   // client's old value when it had one; a value no live handle has else).
-  // Identity until the session is restored.
+  // Identity until the session is restored. A CUkernel stands for a function
+  // wherever one is expected (as the driver takes it), so a function's value
+  // may be a kernel's.
   uint64_t RealHandle(marshal::HandleKind kind, uint64_t client) const {
     const auto& m = xlate_[static_cast<int>(kind)];
-    if (m.empty()) return client;
-    auto it = m.find(client);
-    return it == m.end() ? client : it->second;
+    if (!m.empty()) {
+      auto it = m.find(client);
+      if (it != m.end()) return it->second;
+    }
+    if (kind == marshal::HandleKind::kFunction)
+      return RealHandle(marshal::HandleKind::kKernel, client);
+    return client;
   }
   uint64_t ClientHandle(marshal::HandleKind kind, uint64_t real);
   // Hooks of the generic handlers: what a snapshot needs that the driver does
@@ -544,6 +604,14 @@ class Session {
   // Whether p lies in memory the session mapped (not the driver's cuMemAlloc memory).
   bool InMappedRegion(uint64_t p) const;
   CUresult FreeMapped(uint64_t ptr);
+  // Stream-ordered allocations in movable memory: served so when the app
+  // names no memory pool and the stream does not capture; freed once the
+  // stream's earlier work is done (*kept: still allocated, on an error).
+  bool ServesAsyncAlloc(CUstream stream);
+  CUresult MemAllocAsync(CUdeviceptr* dptr, size_t bytes);
+  CUresult FreeMappedAsync(uint64_t ptr, CUstream stream, bool* kept);
+  // Frees what stream-ordered frees left whose streams got there (wait: all).
+  void ReapFrees(bool wait);
 
  private:
   bool Park(wire::Reader& in, wire::Writer& out, CUresult* rc);
@@ -610,11 +678,15 @@ class Session {
   CUresult MapNewRegion(uint64_t at, uint64_t size, int device, bool own_reservation);
   // Unmaps and releases one region and frees or returns its addresses; the first error.
   CUresult ReleaseRegion(uint64_t base, const MappedRegion& reg);
-  // The session's reservation for movable memory, made at its first use.
-  CUresult ReserveMovable(int device);
+  // The session's reservation for movable memory, made at its first use (in
+  // the slot that holds `prefer` when it can).
+  CUresult ReserveMovable(int device, uint64_t prefer = 0);
   // Reserves the reservation slot at `base` as movable_; ALREADY_MAPPED when
   // the driver put it elsewhere.
   CUresult ReserveSlot(uint64_t base, uint64_t gran);
+  // A restore: the reservation slot that holds `addr` made movable_ here (or
+  // it is already); an error when addr is in no slot or another one.
+  Status EnsureMovableSlot(uint64_t addr, uint64_t gran);
   // A restore: maps [lo, lo+size) in the reservation slot it came from, made
   // movable_ here; *handled false when lo is not movable memory.
   Status RestoreMovableRegion(uint64_t lo, uint64_t size, uint64_t gran, bool* handled);
@@ -625,11 +697,70 @@ class Session {
     uint64_t size = 0;
   };
   std::map<uint64_t, MappedPlace> mapped_allocs_;  // by allocation base
-  AddressSpan movable_;                            // free addresses of the reservation
-  std::map<uint64_t, AddressSpan> small_chunks_;   // by region base: room for small allocations
+  // An allocation's place given back once its stream's work is done.
+  CUresult ReleasePlace(uint64_t ptr, const MappedPlace& place);
+  struct PendingFree {
+    CUevent done = nullptr;  // recorded on the freeing stream
+    uint64_t ptr = 0;
+    MappedPlace place;
+  };
+  std::vector<PendingFree> pending_frees_;
+  AddressSpan movable_;                           // free addresses of the reservation
+  std::map<uint64_t, AddressSpan> small_chunks_;  // by region base: room for small allocations
   uint64_t granularity_ = 0;
   bool movable_failed_ = false;  // no reservation could be made: the driver's cuMemAlloc
   // --- end of moving the session ------------------------------------------------
+
+  // --- graphs of a moved session (server/session_graph_move.cc) ----------------
+ public:
+  // After an instantiation (cuGraphInstantiateWithFlags / WithParams) and an
+  // update (cuGraphExecUpdate): the executable graph's template, a copy of its
+  // graph as it runs, from which a restore instantiates it again.
+  void NoteInstantiated(uint64_t exec, uint64_t graph, unsigned long long flags);
+  void NoteExecUpdated(uint64_t exec, uint64_t graph);
+  // The driver's node to name with executable graph `exec` for the client's
+  // `node` (a restored executable graph was instantiated from its template).
+  CUgraphNode ExecNode(uint64_t exec, uint64_t node) const;
+  // After a change to `node` of executable graph `exec` that the driver took:
+  // `apply` makes the same change to the template's node; if it cannot, the
+  // executable graph stops being movable, saying `what` changed.
+  void MirrorExecChange(uint64_t exec, uint64_t node, const char* what,
+                        const std::function<CUresult(CUgraphNode)>& apply);
+  void NoteNodeEnabled(uint64_t exec, uint64_t node, bool enabled);
+
+ private:
+  struct ExecRecord {
+    unsigned long long flags = 0;
+    CUgraph tmpl = nullptr;                                // null: not movable (why says why)
+    std::unordered_map<uint64_t, CUgraphNode> tmpl_nodes;  // client node -> template's
+    // A restored executable graph: the graph it was instantiated from here and
+    // its nodes (which exec-level calls name), kept while it lives.
+    CUgraph source = nullptr;
+    std::unordered_map<uint64_t, CUgraphNode> source_nodes;
+    std::unordered_set<uint64_t> disabled;  // client nodes disabled in it
+    std::string why;
+  };
+  // A template of `graph` (driver's handle) for `rec`; rec.why on failure.
+  void MakeTemplate(ExecRecord* rec, CUgraph graph);
+  void DropTemplate(ExecRecord* rec);
+  void ExecForgotten(uint64_t exec);
+  void ReleaseExecRecords();
+  bool ExecEventNodeSetEvent(bool record, wire::Reader& in, CUresult* rc);
+  // Why the session's graphs cannot move (empty: they can): a dry run of WriteGraphs.
+  std::string GraphsUnmovable();
+  // The captured host work, the client's graphs and the executable graphs in a
+  // snapshot (out null: only the checks), and back.
+  Status WriteGraphs(SnapshotWriter* out);
+  Status RestoreGraphs(SnapshotReader& in);
+  struct GraphWriter;
+  struct GraphReader;
+  Status WriteGraph(GraphWriter& w, CUgraph g, uint64_t client, bool owned, int depth);
+  // Reads one graph into `g` (empty); `visible`: the client's handles name its
+  // objects; `nested`: a child graph; `top` gets its nodes (client handle, node).
+  Status ReadGraph(GraphReader& r, CUgraph g, bool visible, bool nested, int depth,
+                   std::vector<std::pair<uint64_t, CUgraphNode>>* top);
+  std::unordered_map<uint64_t, ExecRecord> execs_;  // by the client's handle
+  // --- end of graphs of a moved session ------------------------------------------
 };
 
 }  // namespace flyt::server

@@ -50,30 +50,33 @@ void Session::ForgetLibraryModules(uint64_t library) {
 
 CUresult Session::KernelNodeSetAttribute(CUgraphNode node, CUkernelNodeAttrID attr,
                                          const CUkernelNodeAttrValue* value) {
+  CUkernelNodeAttrValue v{};
   if (value != nullptr) {
-    CUevent ev = nullptr;
-    if (attr == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT) ev = value->programmaticEvent.event;
-    if (attr == CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT)
-      ev = value->launchCompletionEvent.event;
-    if (ev != nullptr && !Owns(HandleKind::kEvent, Raw(ev))) return CUDA_ERROR_INVALID_HANDLE;
+    v = *value;
+    CUevent* ev = nullptr;
+    if (attr == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT) ev = &v.programmaticEvent.event;
+    if (attr == CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT) ev = &v.launchCompletionEvent.event;
+    if (ev != nullptr && *ev != nullptr) {
+      if (!Owns(HandleKind::kEvent, Raw(*ev))) return CUDA_ERROR_INVALID_HANDLE;
+      *ev = reinterpret_cast<CUevent>(RealHandle(HandleKind::kEvent, Raw(*ev)));
+    }
   }
   if (state_->api.cuGraphKernelNodeSetAttribute == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
-  return state_->api.cuGraphKernelNodeSetAttribute(node, attr, value);
+  return state_->api.cuGraphKernelNodeSetAttribute(node, attr, value != nullptr ? &v : nullptr);
 }
 
-// Writes the KERNEL part of a kOpGraphNodeQuery reply (protocol/ops.h).
-CUresult Session::DescribeKernelNode(CUgraphNode node, Writer& out) {
+CUresult Session::KernelNodeArgs(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS* out_p,
+                                 std::vector<ops::ParamSlot>* out_slots,
+                                 std::vector<uint8_t>* out_blob) {
   DriverApi& a = state_->api;
   if (a.cuGraphKernelNodeGetParams_v2 == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
-  CUDA_KERNEL_NODE_PARAMS p{};
+  CUDA_KERNEL_NODE_PARAMS& p = *out_p;
+  p = CUDA_KERNEL_NODE_PARAMS{};
   CUresult rc = a.cuGraphKernelNodeGetParams_v2(node, &p);
   if (rc != CUDA_SUCCESS) return rc;
   const uint64_t func = Raw(p.func), kern = Raw(p.kern);
-  // Handles the driver names are the client's from now on (a kernel node made
-  // from a CUkernel may answer with that kernel's function in its context).
-  if (func != 0) Adopt(HandleKind::kFunction, func);
-  if (kern != 0) Adopt(HandleKind::kKernel, kern);
-  std::vector<ops::ParamSlot> slots;
+  std::vector<ops::ParamSlot>& slots = *out_slots;
+  slots.clear();
   uint32_t bytes = 0;
   for (size_t i = 0; i < ops::kMaxParams && (func != 0 || kern != 0); ++i) {
     size_t off = 0, size = 0;
@@ -84,7 +87,8 @@ CUresult Session::DescribeKernelNode(CUgraphNode node, Writer& out) {
     slots.push_back({static_cast<uint32_t>(off), static_cast<uint32_t>(size)});
     bytes = std::max(bytes, static_cast<uint32_t>(off + size));
   }
-  std::vector<uint8_t> blob;
+  std::vector<uint8_t>& blob = *out_blob;
+  blob.clear();
   if (p.kernelParams != nullptr) {
     blob.assign(bytes, 0);
     for (size_t i = 0; i < slots.size(); ++i)
@@ -103,6 +107,28 @@ CUresult Session::DescribeKernelNode(CUgraphNode node, Writer& out) {
     if (buf != nullptr && size <= ops::kMaxParamBytes) {
       blob.assign(static_cast<const uint8_t*>(buf), static_cast<const uint8_t*>(buf) + size);
     }
+  }
+  return CUDA_SUCCESS;
+}
+
+// Writes the KERNEL part of a kOpGraphNodeQuery reply (protocol/ops.h).
+CUresult Session::DescribeKernelNode(CUgraphNode node, Writer& out) {
+  CUDA_KERNEL_NODE_PARAMS p{};
+  std::vector<ops::ParamSlot> slots;
+  std::vector<uint8_t> blob;
+  CUresult rc = KernelNodeArgs(node, &p, &slots, &blob);
+  if (rc != CUDA_SUCCESS) return rc;
+  // Handles the driver names are the client's from now on (a kernel node made
+  // from a CUkernel may answer with that kernel's function in its context,
+  // which is then known as made from that kernel: session_graph_move.cc).
+  uint64_t func = 0, kern = 0;
+  if (p.func != nullptr) {
+    func = ClientFunctionOf(Raw(p.func));
+    Adopt(HandleKind::kFunction, func);
+  }
+  if (p.kern != nullptr) {
+    kern = ClientHandle(HandleKind::kKernel, Raw(p.kern));
+    Adopt(HandleKind::kKernel, kern);
   }
   out.Put(func);
   out.Put(kern);
@@ -134,10 +160,11 @@ bool Session::ModuleOf(uint8_t sub, Reader& in, Writer& out, CUresult* rc) {
     return true;
   }
   CUmodule m = nullptr;
-  *rc = of_function ? fn(&m, reinterpret_cast<CUfunction>(h))
-                    : a.cuLibraryGetModule(&m, reinterpret_cast<CUlibrary>(h));
+  *rc = of_function ? fn(&m, reinterpret_cast<CUfunction>(RealHandle(HandleKind::kFunction, h)))
+                    : a.cuLibraryGetModule(
+                          &m, reinterpret_cast<CUlibrary>(RealHandle(HandleKind::kLibrary, h)));
   if (*rc != CUDA_SUCCESS) return true;
-  const uint64_t mod = Raw(m);
+  const uint64_t mod = m != nullptr ? ClientHandle(HandleKind::kModule, Raw(m)) : 0;
   if (mod == 0) {
     *rc = CUDA_ERROR_NOT_FOUND;
     return true;
@@ -160,7 +187,7 @@ bool Session::ModuleOf(uint8_t sub, Reader& in, Writer& out, CUresult* rc) {
   out.Put(mod);
   out.Put<uint8_t>(owned ? 1 : 0);
   out.Put(library);
-  if (owned) DescribeImage(mod, mod, false, out);
+  if (owned) DescribeImage(Raw(m), mod, false, out);
   return true;
 }
 
@@ -282,11 +309,17 @@ bool Session::DriverMisc(Reader& in, bool per_thread, Writer& out, CUresult* rc)
       p.flags = flags;
       p.hUploadStream = RealStream(stream);
       CUgraphExec exec = nullptr;
-      *rc = fn(&exec, reinterpret_cast<CUgraph>(graph), &p);
-      if (*rc == CUDA_SUCCESS) Adopt(HandleKind::kGraphExec, Raw(exec));
-      const uint64_t err_node =
-          Owns(HandleKind::kGraphNode, Raw(p.hErrNode_out)) ? Raw(p.hErrNode_out) : 0;
-      out.Put<uint64_t>(Raw(exec));
+      *rc = fn(&exec, reinterpret_cast<CUgraph>(RealHandle(HandleKind::kGraph, graph)), &p);
+      uint64_t client = 0;
+      if (*rc == CUDA_SUCCESS) {
+        client = ClientHandle(HandleKind::kGraphExec, Raw(exec));
+        Adopt(HandleKind::kGraphExec, client);
+        NoteInstantiated(client, graph, flags);  // its template (session_graph_move.cc)
+      }
+      const uint64_t err_client =
+          p.hErrNode_out != nullptr ? ClientHandle(HandleKind::kGraphNode, Raw(p.hErrNode_out)) : 0;
+      const uint64_t err_node = Owns(HandleKind::kGraphNode, err_client) ? err_client : 0;
+      out.Put<uint64_t>(client);
       out.Put<uint32_t>(static_cast<uint32_t>(p.result_out));
       out.Put<uint64_t>(err_node);
       return true;

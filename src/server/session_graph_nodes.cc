@@ -201,6 +201,7 @@ bool Session::ReadNodeDesc(Reader& in, NodeDesc* d, CUresult* rc) {
       if (!in.Get(&d->value)) return false;
       if (d->type == CU_GRAPH_NODE_TYPE_GRAPH && !Owns(HandleKind::kGraph, d->value))
         *rc = CUDA_ERROR_INVALID_VALUE;
+      if (d->type == CU_GRAPH_NODE_TYPE_GRAPH) d->value = RealHandle(HandleKind::kGraph, d->value);
       if ((d->type == CU_GRAPH_NODE_TYPE_EVENT_RECORD ||
            d->type == CU_GRAPH_NODE_TYPE_WAIT_EVENT) &&
           !Owns(HandleKind::kEvent, d->value))
@@ -258,9 +259,12 @@ bool Session::GraphNode(Reader& in, Writer& out, CUresult* rc) {
       (which == ops::kGraphNodeExecSet && !Owns(HandleKind::kGraphNode, node_raw)))
     *rc = CUDA_ERROR_INVALID_HANDLE;
   if (*rc != CUDA_SUCCESS) return true;
-  CUgraph graph = reinterpret_cast<CUgraph>(target);
-  CUgraphNode node = reinterpret_cast<CUgraphNode>(which == ops::kGraphNodeSet ? target : node_raw);
-  CUgraphExec exec = reinterpret_cast<CUgraphExec>(target);
+  CUgraph graph = reinterpret_cast<CUgraph>(RealHandle(HandleKind::kGraph, target));
+  CUgraphNode node = which == ops::kGraphNodeSet
+                         ? reinterpret_cast<CUgraphNode>(RealHandle(HandleKind::kGraphNode, target))
+                         : ExecNode(target, node_raw);
+  CUgraphExec exec = reinterpret_cast<CUgraphExec>(RealHandle(HandleKind::kGraphExec, target));
+  const bool exec_set = which == ops::kGraphNodeExecSet;
   CUcontext ctx = RealContext(d.ctx);
   CUgraphNode created = nullptr;
   const bool add = which == ops::kGraphNodeAdd;
@@ -301,6 +305,9 @@ bool Session::GraphNode(Reader& in, Writer& out, CUresult* rc) {
         *rc = which == ops::kGraphNodeSet
                   ? a.cuGraphMemcpyNodeSetParams(node, &d.copy)
                   : a.cuGraphExecMemcpyNodeSetParams(exec, node, &d.copy, ctx);
+        if (*rc == CUDA_SUCCESS && exec_set)
+          MirrorExecChange(target, node_raw, "copy parameters",
+                           [&](CUgraphNode t) { return a.cuGraphMemcpyNodeSetParams(t, &d.copy); });
         break;
       }
       CUgraph inner = nullptr;
@@ -308,23 +315,11 @@ bool Session::GraphNode(Reader& in, Writer& out, CUresult* rc) {
       if (*rc != CUDA_SUCCESS) break;
       if (which == ops::kGraphNodeExecSet) {
         *rc = a.cuGraphExecChildGraphNodeSetParams(exec, node, inner);
+        if (*rc == CUDA_SUCCESS)
+          MirrorExecChange(target, node_raw, "copy parameters",
+                           [&](CUgraphNode t) { return SetCopyWrapper(t, inner); });
       } else {
-        // The node's own graph takes the new copy and host parameters.
-        CUgraphNode new_copy = nullptr, new_host = nullptr;
-        CUgraphNode parts[2];
-        size_t n = 2;
-        *rc = a.cuGraphGetNodes(inner, parts, &n);
-        for (size_t i = 0; *rc == CUDA_SUCCESS && i < n; ++i) {
-          CUgraphNodeType t{};
-          *rc = a.cuGraphNodeGetType(parts[i], &t);
-          (t == CU_GRAPH_NODE_TYPE_MEMCPY ? new_copy : new_host) = parts[i];
-        }
-        CUDA_MEMCPY3D mp{};
-        CUDA_HOST_NODE_PARAMS hp{};
-        if (*rc == CUDA_SUCCESS) *rc = a.cuGraphMemcpyNodeGetParams(new_copy, &mp);
-        if (*rc == CUDA_SUCCESS) *rc = a.cuGraphHostNodeGetParams(new_host, &hp);
-        if (*rc == CUDA_SUCCESS) *rc = a.cuGraphMemcpyNodeSetParams(copy, &mp);
-        if (*rc == CUDA_SUCCESS) *rc = a.cuGraphHostNodeSetParams(host, &hp);
+        *rc = SetCopyWrapper(node, inner);  // the node's own graph takes the new parameters
       }
       a.cuGraphDestroy(inner);
       break;
@@ -336,6 +331,10 @@ bool Session::GraphNode(Reader& in, Writer& out, CUresult* rc) {
         *rc = a.cuGraphMemsetNodeSetParams(node, &d.memset);
       } else {
         *rc = a.cuGraphExecMemsetNodeSetParams(exec, node, &d.memset, ctx);
+        if (*rc == CUDA_SUCCESS)
+          MirrorExecChange(target, node_raw, "memset parameters", [&](CUgraphNode t) {
+            return a.cuGraphMemsetNodeSetParams(t, &d.memset);
+          });
       }
       break;
     case CU_GRAPH_NODE_TYPE_HOST: {
@@ -353,6 +352,9 @@ bool Session::GraphNode(Reader& in, Writer& out, CUresult* rc) {
             : which == ops::kGraphNodeSet ? a.cuGraphHostNodeSetParams(node, &p)
                                           : a.cuGraphExecHostNodeSetParams(exec, node, &p);
       if (*rc == CUDA_SUCCESS) captured_.push_back(std::move(w));
+      if (*rc == CUDA_SUCCESS && exec_set)
+        MirrorExecChange(target, node_raw, "host function",
+                         [&](CUgraphNode t) { return a.cuGraphHostNodeSetParams(t, &p); });
       break;
     }
     case CU_GRAPH_NODE_TYPE_GRAPH:
@@ -361,6 +363,10 @@ bool Session::GraphNode(Reader& in, Writer& out, CUresult* rc) {
                                          reinterpret_cast<CUgraph>(d.value));
       } else if (which == ops::kGraphNodeExecSet) {
         *rc = a.cuGraphExecChildGraphNodeSetParams(exec, node, reinterpret_cast<CUgraph>(d.value));
+        // The template's child graph node cannot take another graph's parameters.
+        if (*rc == CUDA_SUCCESS)
+          MirrorExecChange(target, node_raw, "child graph",
+                           [](CUgraphNode) { return CUDA_ERROR_NOT_SUPPORTED; });
       } else {
         *rc = CUDA_ERROR_INVALID_VALUE;  // as natively: a child graph node's graph is fixed
       }
@@ -410,9 +416,11 @@ bool Session::GraphNode(Reader& in, Writer& out, CUresult* rc) {
       // As natively, memory a graph allocated may also be freed outside any
       // graph (cuMemFree, cuMemFreeAsync) once the graph has run.
       Adopt(HandleKind::kMemory, p.dptr);
-      out.Put<uint64_t>(reinterpret_cast<uintptr_t>(created));
+      const uint64_t client =
+          ClientHandle(HandleKind::kGraphNode, reinterpret_cast<uintptr_t>(created));
+      out.Put<uint64_t>(client);
       out.Put<uint64_t>(p.dptr);
-      Adopt(HandleKind::kGraphNode, reinterpret_cast<uintptr_t>(created));
+      Adopt(HandleKind::kGraphNode, client);
       return true;
     }
     case CU_GRAPH_NODE_TYPE_MEM_FREE:
@@ -453,11 +461,13 @@ bool Session::GraphNode(Reader& in, Writer& out, CUresult* rc) {
       }
       std::vector<CUgraph> bodies(p.conditional.phGraph_out,
                                   p.conditional.phGraph_out + d.cond_size);
-      Adopt(HandleKind::kGraphNode, reinterpret_cast<uintptr_t>(created));
-      out.Put<uint64_t>(reinterpret_cast<uintptr_t>(created));
+      const uint64_t client =
+          ClientHandle(HandleKind::kGraphNode, reinterpret_cast<uintptr_t>(created));
+      Adopt(HandleKind::kGraphNode, client);
+      out.Put<uint64_t>(client);
       out.Put<uint32_t>(d.cond_size);
       for (CUgraph b : bodies) {
-        uint64_t raw = reinterpret_cast<uintptr_t>(b);
+        uint64_t raw = ClientHandle(HandleKind::kGraph, reinterpret_cast<uintptr_t>(b));
         Adopt(HandleKind::kGraph, raw);
         subgraphs_[raw] = target;
         out.Put(raw);
@@ -469,10 +479,37 @@ bool Session::GraphNode(Reader& in, Writer& out, CUresult* rc) {
       break;
   }
   if (add) {
-    if (*rc == CUDA_SUCCESS) Adopt(HandleKind::kGraphNode, reinterpret_cast<uintptr_t>(created));
-    out.Put<uint64_t>(reinterpret_cast<uintptr_t>(created));
+    uint64_t client = 0;
+    if (*rc == CUDA_SUCCESS) {
+      client = ClientHandle(HandleKind::kGraphNode, reinterpret_cast<uintptr_t>(created));
+      Adopt(HandleKind::kGraphNode, client);
+    }
+    out.Put<uint64_t>(client);
   }
   return true;
+}
+
+CUresult Session::SetCopyWrapper(CUgraphNode wrapper, CUgraph inner) {
+  DriverApi& a = state_->api;
+  CUgraphNode copy = nullptr, host = nullptr;
+  if (!CopyWrapperParts(wrapper, &copy, &host, nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  CUgraphNode new_copy = nullptr, new_host = nullptr;
+  CUgraphNode parts[2];
+  size_t n = 2;
+  CUresult rc = a.cuGraphGetNodes(inner, parts, &n);
+  for (size_t i = 0; rc == CUDA_SUCCESS && i < n; ++i) {
+    CUgraphNodeType t{};
+    rc = a.cuGraphNodeGetType(parts[i], &t);
+    (t == CU_GRAPH_NODE_TYPE_MEMCPY ? new_copy : new_host) = parts[i];
+  }
+  if (rc == CUDA_SUCCESS && (new_copy == nullptr || new_host == nullptr)) rc = CUDA_ERROR_UNKNOWN;
+  CUDA_MEMCPY3D mp{};
+  CUDA_HOST_NODE_PARAMS hp{};
+  if (rc == CUDA_SUCCESS) rc = a.cuGraphMemcpyNodeGetParams(new_copy, &mp);
+  if (rc == CUDA_SUCCESS) rc = a.cuGraphHostNodeGetParams(new_host, &hp);
+  if (rc == CUDA_SUCCESS) rc = a.cuGraphMemcpyNodeSetParams(copy, &mp);
+  if (rc == CUDA_SUCCESS) rc = a.cuGraphHostNodeSetParams(host, &hp);
+  return rc;
 }
 
 // Request: u64 node. Reply: see ops::kOpGraphNodeQuery.
@@ -485,7 +522,7 @@ bool Session::GraphNodeQuery(Reader& in, Writer& out, CUresult* rc) {
     *rc = CUDA_ERROR_INVALID_VALUE;
     return true;
   }
-  CUgraphNode node = reinterpret_cast<CUgraphNode>(raw);
+  CUgraphNode node = reinterpret_cast<CUgraphNode>(RealHandle(HandleKind::kGraphNode, raw));
   CUgraphNodeType type{};
   *rc = a.cuGraphNodeGetType(node, &type);
   if (*rc != CUDA_SUCCESS) return true;
@@ -531,7 +568,8 @@ bool Session::GraphNodeQuery(Reader& in, Writer& out, CUresult* rc) {
     case CU_GRAPH_NODE_TYPE_GRAPH: {
       CUgraph g = nullptr;
       *rc = a.cuGraphChildGraphNodeGetGraph(node, &g);
-      uint64_t graw = reinterpret_cast<uintptr_t>(g);
+      uint64_t graw =
+          g != nullptr ? ClientHandle(HandleKind::kGraph, reinterpret_cast<uintptr_t>(g)) : 0;
       if (*rc == CUDA_SUCCESS && !Owns(HandleKind::kGraph, graw)) {
         Adopt(HandleKind::kGraph, graw);
         subgraphs_[graw] = 0;  // its parent is not known here
@@ -544,7 +582,8 @@ bool Session::GraphNodeQuery(Reader& in, Writer& out, CUresult* rc) {
       CUevent e = nullptr;
       *rc = type == CU_GRAPH_NODE_TYPE_EVENT_RECORD ? a.cuGraphEventRecordNodeGetEvent(node, &e)
                                                     : a.cuGraphEventWaitNodeGetEvent(node, &e);
-      out.Put<uint64_t>(reinterpret_cast<uintptr_t>(e));
+      out.Put<uint64_t>(
+          e != nullptr ? ClientHandle(HandleKind::kEvent, reinterpret_cast<uintptr_t>(e)) : 0);
       break;
     }
     case CU_GRAPH_NODE_TYPE_MEM_ALLOC: {
@@ -585,12 +624,14 @@ bool Session::GraphMisc(Reader& in, Writer& out, CUresult* rc) {
         return true;
       }
       CUgraph clone = nullptr;
-      *rc = a.cuGraphClone(&clone, reinterpret_cast<CUgraph>(g));
+      *rc = a.cuGraphClone(&clone, reinterpret_cast<CUgraph>(RealHandle(HandleKind::kGraph, g)));
+      uint64_t client = 0;
       if (*rc == CUDA_SUCCESS) {
-        Adopt(HandleKind::kGraph, reinterpret_cast<uintptr_t>(clone));
-        NewTopLevelGraph(reinterpret_cast<uintptr_t>(clone));
+        client = ClientHandle(HandleKind::kGraph, reinterpret_cast<uintptr_t>(clone));
+        Adopt(HandleKind::kGraph, client);
+        NewTopLevelGraph(client);
       }
-      out.Put<uint64_t>(reinterpret_cast<uintptr_t>(clone));
+      out.Put<uint64_t>(client);
       return true;
     }
     case ops::kGraphMiscFindInClone: {
@@ -601,10 +642,15 @@ bool Session::GraphMisc(Reader& in, Writer& out, CUresult* rc) {
         return true;
       }
       CUgraphNode found = nullptr;
-      *rc = a.cuGraphNodeFindInClone(&found, reinterpret_cast<CUgraphNode>(node),
-                                     reinterpret_cast<CUgraph>(clone));
-      if (*rc == CUDA_SUCCESS) Adopt(HandleKind::kGraphNode, reinterpret_cast<uintptr_t>(found));
-      out.Put<uint64_t>(reinterpret_cast<uintptr_t>(found));
+      *rc = a.cuGraphNodeFindInClone(
+          &found, reinterpret_cast<CUgraphNode>(RealHandle(HandleKind::kGraphNode, node)),
+          reinterpret_cast<CUgraph>(RealHandle(HandleKind::kGraph, clone)));
+      uint64_t client = 0;
+      if (*rc == CUDA_SUCCESS) {
+        client = ClientHandle(HandleKind::kGraphNode, reinterpret_cast<uintptr_t>(found));
+        Adopt(HandleKind::kGraphNode, client);
+      }
+      out.Put<uint64_t>(client);
       return true;
     }
     case ops::kGraphMiscCondHandle: {
@@ -622,8 +668,9 @@ bool Session::GraphMisc(Reader& in, Writer& out, CUresult* rc) {
         return true;
       }
       CUgraphConditionalHandle h = 0;
-      *rc = a.cuGraphConditionalHandleCreate(&h, reinterpret_cast<CUgraph>(g), RealContext(ctx),
-                                             def, flags);
+      *rc = a.cuGraphConditionalHandleCreate(
+          &h, reinterpret_cast<CUgraph>(RealHandle(HandleKind::kGraph, g)), RealContext(ctx), def,
+          flags);
       if (*rc == CUDA_SUCCESS) cond_handles_.insert(h);
       out.Put<uint64_t>(h);
       return true;
@@ -663,13 +710,23 @@ void Session::GraphForgotten(uint64_t graph) {
   for (auto& [sub, parent] : subgraphs_)
     if (parent == graph) bodies.push_back(sub);
   for (uint64_t b : bodies) Forget(HandleKind::kGraph, b);
+  std::vector<uint64_t> gone;
   for (auto it = graph_allocs_.begin(); it != graph_allocs_.end();) {
     if (it->second.graph == graph) {
       RefundMemory(it->second.bytes);
+      gone.push_back(it->first);
       it = graph_allocs_.erase(it);
     } else {
       ++it;
     }
+  }
+  // Memory the graph never allocated (never launched) or freed itself is no
+  // longer the client's; memory a launch left allocated stays until freed.
+  for (uint64_t p : gone) {
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    if (state_->api.cuMemGetAddressRange_v2(&base, &size, p) != CUDA_SUCCESS)
+      Forget(HandleKind::kMemory, p);
   }
 }
 

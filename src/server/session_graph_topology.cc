@@ -5,7 +5,8 @@
 // Owns: the handlers of kOpGraphTopology and the contraction of Flyt's helper nodes
 // (host nodes that move client memory in a captured graph): they are never shown, and
 // the nodes on either side of one are shown joined by a default edge. Must not touch
-// node contents (session_graph_nodes.cc) or captures (session_graphs.cc).
+// node contents (session_graph_nodes.cc) or captures (session_graphs.cc). Handles
+// cross as the client's values (RealHandle / ClientHandle / ExecNode).
 #include <algorithm>
 #include <cstring>
 #include <set>
@@ -72,7 +73,7 @@ bool Session::GraphTopology(Reader& in, Writer& out, CUresult* rc) {
         return true;
       }
       std::vector<CUgraphNode> nodes;
-      *rc = VisibleNodes(reinterpret_cast<CUgraph>(graph), &nodes);
+      *rc = VisibleNodes(reinterpret_cast<CUgraph>(RealHandle(HandleKind::kGraph, graph)), &nodes);
       if (*rc != CUDA_SUCCESS) return true;
       Writer list;
       uint32_t count = 0;
@@ -82,15 +83,16 @@ bool Session::GraphTopology(Reader& in, Writer& out, CUresult* rc) {
         if (*rc != CUDA_SUCCESS) return true;
         if (which == ops::kGraphTopoRoots) {
           if (deps.empty()) {
-            list.Put<uint64_t>(Raw(node));
+            list.Put<uint64_t>(ClientHandle(HandleKind::kGraphNode, Raw(node)));
             ++count;
           }
           continue;
         }
         for (const auto& [from, data] : deps) {
-          Adopt(HandleKind::kGraphNode, Raw(from));
-          list.Put<uint64_t>(Raw(from));
-          list.Put<uint64_t>(Raw(node));
+          const uint64_t client = ClientHandle(HandleKind::kGraphNode, Raw(from));
+          Adopt(HandleKind::kGraphNode, client);
+          list.Put<uint64_t>(client);
+          list.Put<uint64_t>(ClientHandle(HandleKind::kGraphNode, Raw(node)));
           list.Put(data);
           ++count;
         }
@@ -108,12 +110,14 @@ bool Session::GraphTopology(Reader& in, Writer& out, CUresult* rc) {
         return true;
       }
       Neighbours list;
-      *rc = VisibleNeighbours(AsNode(node), dependents != 0, &list);
+      *rc = VisibleNeighbours(AsNode(RealHandle(HandleKind::kGraphNode, node)), dependents != 0,
+                              &list);
       if (*rc != CUDA_SUCCESS) return true;
       out.Put<uint32_t>(static_cast<uint32_t>(list.size()));
       for (const auto& [n, data] : list) {
-        Adopt(HandleKind::kGraphNode, Raw(n));
-        out.Put<uint64_t>(Raw(n));
+        const uint64_t client = ClientHandle(HandleKind::kGraphNode, Raw(n));
+        Adopt(HandleKind::kGraphNode, client);
+        out.Put<uint64_t>(client);
         out.Put(data);
       }
       return true;
@@ -130,15 +134,15 @@ bool Session::GraphTopology(Reader& in, Writer& out, CUresult* rc) {
         uint64_t f = 0, t = 0;
         if (!in.Get(&f) || !in.Get(&t) || !in.Get(&data[i])) return false;
         owned = owned && Owns(HandleKind::kGraphNode, f) && Owns(HandleKind::kGraphNode, t);
-        from[i] = AsNode(f);
-        to[i] = AsNode(t);
+        from[i] = AsNode(RealHandle(HandleKind::kGraphNode, f));
+        to[i] = AsNode(RealHandle(HandleKind::kGraphNode, t));
       }
       if (in.remaining() != 0) return false;
       if (!owned) {
         *rc = CUDA_ERROR_INVALID_VALUE;
         return true;
       }
-      CUgraph g = reinterpret_cast<CUgraph>(graph);
+      CUgraph g = reinterpret_cast<CUgraph>(RealHandle(HandleKind::kGraph, graph));
       auto call = which == ops::kGraphTopoAddEdges ? a.cuGraphAddDependencies_v2
                                                    : a.cuGraphRemoveDependencies_v2;
       *rc = call == nullptr ? CUDA_ERROR_NOT_SUPPORTED
@@ -152,7 +156,7 @@ bool Session::GraphTopology(Reader& in, Writer& out, CUresult* rc) {
         *rc = CUDA_ERROR_INVALID_VALUE;
         return true;
       }
-      *rc = a.cuGraphDestroyNode(AsNode(node));
+      *rc = a.cuGraphDestroyNode(AsNode(RealHandle(HandleKind::kGraphNode, node)));
       if (*rc == CUDA_SUCCESS) Forget(HandleKind::kGraphNode, node);
       return true;
     }
@@ -167,11 +171,12 @@ bool Session::GraphTopology(Reader& in, Writer& out, CUresult* rc) {
         *rc = CUDA_ERROR_INVALID_VALUE;
         return true;
       }
-      CUgraphExec e = reinterpret_cast<CUgraphExec>(exec);
+      CUgraphExec e = reinterpret_cast<CUgraphExec>(RealHandle(HandleKind::kGraphExec, exec));
       if (which == ops::kGraphTopoSetEnabled) {
-        *rc = a.cuGraphNodeSetEnabled(e, AsNode(node), enabled);
+        *rc = a.cuGraphNodeSetEnabled(e, ExecNode(exec, node), enabled);
+        if (*rc == CUDA_SUCCESS) NoteNodeEnabled(exec, node, enabled != 0);
       } else {
-        *rc = a.cuGraphNodeGetEnabled(e, AsNode(node), &enabled);
+        *rc = a.cuGraphNodeGetEnabled(e, ExecNode(exec, node), &enabled);
         out.Put<uint32_t>(enabled);
       }
       return true;

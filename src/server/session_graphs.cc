@@ -7,6 +7,10 @@
 // callback channel: fetch-then-copy for uploads, copy-then-deliver for
 // downloads. These helper nodes are left out of node lists, so the app sees the
 // graph it built. Must not touch other sessions' graphs.
+//
+// Handles: the client's values arrive and leave; the driver's objects behind
+// them differ in a restored session (RealHandle / ClientHandle, and ExecNode
+// for a node named to an executable graph, session_graph_move.cc).
 #include <cstring>
 
 #include "common/log.h"
@@ -104,6 +108,7 @@ void* Session::NewMirror(size_t n) {
   if (rc != CUDA_SUCCESS) return nullptr;
   auto owner = std::make_unique<CapturedWork>(CapturedWork{CapturedWork::Kind::kFetch, this});
   owner->mirror = p;
+  owner->len = n;  // the mirror's size (a snapshot allocates it again)
   owner->owns_mirror = true;
   captured_.push_back(std::move(owner));
   return p;
@@ -145,7 +150,7 @@ bool Session::ReadNodeList(Reader& in, std::vector<CUgraphNode>* deps, CUresult*
     uint64_t raw = 0;
     if (!in.Get(&raw)) return false;
     if (!Owns(HandleKind::kGraphNode, raw)) *rc = CUDA_ERROR_INVALID_HANDLE;
-    (*deps)[i] = reinterpret_cast<CUgraphNode>(raw);
+    (*deps)[i] = reinterpret_cast<CUgraphNode>(RealHandle(HandleKind::kGraphNode, raw));
   }
   return true;
 }
@@ -159,10 +164,11 @@ bool Session::GraphGetNodes(Reader& in, Writer& out, CUresult* rc) {
     return true;
   }
   std::vector<CUgraphNode> visible;
-  *rc = VisibleNodes(reinterpret_cast<CUgraph>(graph), &visible);
+  *rc = VisibleNodes(reinterpret_cast<CUgraph>(RealHandle(HandleKind::kGraph, graph)), &visible);
   if (*rc != CUDA_SUCCESS) return true;
   out.Put<uint64_t>(visible.size());
-  for (CUgraphNode v : visible) out.Put<uint64_t>(reinterpret_cast<uintptr_t>(v));
+  for (CUgraphNode v : visible)
+    out.Put<uint64_t>(ClientHandle(HandleKind::kGraphNode, reinterpret_cast<uintptr_t>(v)));
   return true;
 }
 
@@ -175,7 +181,8 @@ CUresult Session::VisibleNodes(CUgraph g, std::vector<CUgraphNode>* out) {
   if (rc != CUDA_SUCCESS) return rc;
   for (size_t i = 0; i < n && i < nodes.size(); ++i) {
     if (IsFlytHelperNode(nodes[i])) continue;
-    Adopt(HandleKind::kGraphNode, reinterpret_cast<uintptr_t>(nodes[i]));
+    Adopt(HandleKind::kGraphNode,
+          ClientHandle(HandleKind::kGraphNode, reinterpret_cast<uintptr_t>(nodes[i])));
     out->push_back(nodes[i]);
   }
   return CUDA_SUCCESS;
@@ -208,6 +215,13 @@ bool Session::GraphKernelNode(Reader& in, Writer& out, CUresult* rc) {
     *rc = CUDA_ERROR_INVALID_HANDLE;
   if (*rc != CUDA_SUCCESS) return true;
   fn = RealHandle(is_kernel ? HandleKind::kKernel : HandleKind::kFunction, fn);
+  const uint64_t client_target = target, client_node = node;
+  if (which == 0) target = RealHandle(HandleKind::kGraph, target);
+  if (which == 1) target = RealHandle(HandleKind::kGraphNode, target);
+  if (which == 2) {
+    node = reinterpret_cast<uintptr_t>(ExecNode(target, node));
+    target = RealHandle(HandleKind::kGraphExec, target);
+  }
   // Parameter pointers into the blob, laid out as the driver reports.
   std::vector<uint8_t> params(blob, blob + blob_len);
   std::vector<void*> pointers;
@@ -240,13 +254,21 @@ bool Session::GraphKernelNode(Reader& in, Writer& out, CUresult* rc) {
     CUgraphNode created = nullptr;
     *rc = a.cuGraphAddKernelNode_v2(&created, reinterpret_cast<CUgraph>(target), deps.data(),
                                     deps.size(), &p);
-    if (*rc == CUDA_SUCCESS) Adopt(HandleKind::kGraphNode, reinterpret_cast<uintptr_t>(created));
-    out.Put<uint64_t>(reinterpret_cast<uintptr_t>(created));
+    uint64_t client = 0;
+    if (*rc == CUDA_SUCCESS) {
+      client = ClientHandle(HandleKind::kGraphNode, reinterpret_cast<uintptr_t>(created));
+      Adopt(HandleKind::kGraphNode, client);
+    }
+    out.Put<uint64_t>(client);
   } else if (which == 1) {
     *rc = a.cuGraphKernelNodeSetParams_v2(reinterpret_cast<CUgraphNode>(target), &p);
   } else {
     *rc = a.cuGraphExecKernelNodeSetParams_v2(reinterpret_cast<CUgraphExec>(target),
                                               reinterpret_cast<CUgraphNode>(node), &p);
+    // The executable graph's template follows (session_graph_move.cc).
+    if (*rc == CUDA_SUCCESS)
+      MirrorExecChange(client_target, client_node, "kernel parameters",
+                       [&](CUgraphNode t) { return a.cuGraphKernelNodeSetParams_v2(t, &p); });
   }
   return true;
 }
@@ -264,10 +286,15 @@ bool Session::GraphMemsetNode(Reader& in, Writer& out, CUresult* rc) {
     *rc = CUDA_ERROR_INVALID_HANDLE;
   if (*rc != CUDA_SUCCESS) return true;
   CUgraphNode created = nullptr;
-  *rc = a.cuGraphAddMemsetNode(&created, reinterpret_cast<CUgraph>(graph), deps.data(), deps.size(),
-                               &p, RealContext(ctx));
-  if (*rc == CUDA_SUCCESS) Adopt(HandleKind::kGraphNode, reinterpret_cast<uintptr_t>(created));
-  out.Put<uint64_t>(reinterpret_cast<uintptr_t>(created));
+  *rc = a.cuGraphAddMemsetNode(&created,
+                               reinterpret_cast<CUgraph>(RealHandle(HandleKind::kGraph, graph)),
+                               deps.data(), deps.size(), &p, RealContext(ctx));
+  uint64_t client = 0;
+  if (*rc == CUDA_SUCCESS) {
+    client = ClientHandle(HandleKind::kGraphNode, reinterpret_cast<uintptr_t>(created));
+    Adopt(HandleKind::kGraphNode, client);
+  }
+  out.Put<uint64_t>(client);
   return true;
 }
 
@@ -290,13 +317,16 @@ bool Session::GraphHostNode(Reader& in, Writer& out, CUresult* rc) {
   p.fn = RunCapturedHostFunc;
   p.userData = w.get();
   CUgraphNode created = nullptr;
-  *rc = a.cuGraphAddHostNode(&created, reinterpret_cast<CUgraph>(graph), deps.data(), deps.size(),
-                             &p);
+  *rc = a.cuGraphAddHostNode(&created,
+                             reinterpret_cast<CUgraph>(RealHandle(HandleKind::kGraph, graph)),
+                             deps.data(), deps.size(), &p);
+  uint64_t client = 0;
   if (*rc == CUDA_SUCCESS) {
     captured_.push_back(std::move(w));
-    Adopt(HandleKind::kGraphNode, reinterpret_cast<uintptr_t>(created));
+    client = ClientHandle(HandleKind::kGraphNode, reinterpret_cast<uintptr_t>(created));
+    Adopt(HandleKind::kGraphNode, client);
   }
-  out.Put<uint64_t>(reinterpret_cast<uintptr_t>(created));
+  out.Put<uint64_t>(client);
   return true;
 }
 

@@ -9,12 +9,14 @@
 // Must not touch: other sessions, the client's connection outside the park's
 // reply, the framing of the snapshot (server/session_snapshot.h).
 //
-// What moves: device memory from cuMemAlloc/cuMemAllocPitch (contents and
-// addresses), modules and libraries with their functions and kernels (and the
-// attributes the app set on them), the globals the app looked up (contents;
-// the address must come out the same), streams (flags, priority), events
-// (flags), context limits, the deferred error. What refuses a move, before
-// anything is paused: see Unmovable().
+// What moves: device memory from cuMemAlloc/cuMemAllocPitch and, with
+// --movable-memory, cuMemAllocAsync (contents and addresses), the app's own
+// VMM (session_vmm_move.cc), modules and libraries with their functions and
+// kernels (and the attributes the app set on them), the globals the app looked
+// up (contents; the address must come out the same), streams (flags,
+// priority), events (flags), graphs and executable graphs with the host work
+// captured into them (session_graph_move.cc), context limits, the deferred
+// error. What refuses a move, before anything is paused: see Unmovable().
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -43,6 +45,10 @@ namespace {
 constexpr size_t kCopyChunk = 8u << 20;  // pinned bounce buffer of memory copies
 constexpr int kConnectTimeoutMs = 10000;
 constexpr int kRestoreTimeoutMs = 10 * 60 * 1000;  // the target restores at most this long
+// The lists a snapshot holds after its limits (all empty when the client had
+// not touched the GPU): memory, VMM (3), images, code, globals, streams,
+// events, graphs (3).
+constexpr int kListsAfterLimits = 12;
 
 int K(HandleKind k) { return static_cast<int>(k); }
 
@@ -137,25 +143,33 @@ std::string Session::Unmovable() {
   auto any = [&](HandleKind k) { return !handles_[K(k)].empty(); };
   if (sticky_logged_) return "the process hit a sticky error";
   if (captures_.load() > 0) return "a stream capture is in progress";
-  if (any(HandleKind::kGraph) || any(HandleKind::kGraphExec) || any(HandleKind::kGraphNode))
-    return "it holds CUDA graphs (not movable yet)";
   if (any(HandleKind::kArray)) return "it holds CUDA arrays (not movable yet)";
-  if (any(HandleKind::kMemPool)) return "it uses memory pools (not movable yet)";
-  if (!async_allocs_.empty()) return "it holds stream-ordered allocations (not movable yet)";
+  if (any(HandleKind::kMemPool))
+    return "it uses memory pools by handle (cuMemPoolCreate, cuDeviceGetDefaultMemPool; not "
+           "movable yet)";
+  if (!async_allocs_.empty())
+    return std::string("it holds stream-ordered allocations of the driver's pools") +
+           (state_->movable_memory
+                ? " (made while it held a memory pool handle, or captured into a graph)"
+                : " (a flyt-server with --movable-memory serves cudaMallocAsync from memory "
+                  "that moves)");
   if (pager_.Any()) return "it holds managed memory (not movable yet)";
-  if (!VmmEmpty()) return "it holds virtual memory mappings (not movable yet)";
+  if (std::string why = VmmUnmovable(); !why.empty()) return why;
   if (!ipc_opened_.empty() || !ipc_exported_mem_.empty() || !ipc_exported_events_.empty())
     return "it shares memory or events with other processes over CUDA IPC";
   if (!user_contexts_.empty()) return "it created contexts of its own (not movable yet)";
   if (!links_.empty()) return "a JIT link is in progress";
   if (!shared_host_.empty()) return "it shares pinned host memory over shm (not movable yet)";
-  if (!captured_.empty()) return "it holds host work captured into graphs";
   if (profiling_) return "a profiler is recording it";
   if (primary_ == nullptr) return "";  // nothing on the GPU yet
   for (uint64_t f : handles_[K(HandleKind::kFunction)])
     if (code_names_.count(f) == 0 && handles_[K(HandleKind::kKernel)].count(f) == 0)
       return "it holds a function of unknown origin";
-  return "";
+  for (const auto& [h, c] : code_names_)
+    if (images_.count(c.image) == 0 && library_modules_.count(c.image) != 0)
+      return "it holds functions of a library's module (cuLibraryGetModule, cuFuncGetModule; "
+             "not movable yet)";
+  return GraphsUnmovable();  // session_graph_move.cc
 }
 
 // --- the snapshot ----------------------------------------------------------------
@@ -216,6 +230,7 @@ Status Session::WriteSnapshot(SnapshotWriter& out, const uint64_t key[2]) {
     out.Put(size);
     out.Put<uint64_t>(charged != memory_bytes_.end() ? charged->second : 0);
   }
+  if (Status st = WriteVmmLayout(out); !st.ok()) return st;  // session_vmm_move.cc
   // Code, in load order.
   std::vector<std::pair<uint64_t, const ImageRecord*>> images;
   for (auto& [h, rec] : images_) images.emplace_back(h, &rec);
@@ -230,10 +245,11 @@ Status Session::WriteSnapshot(SnapshotWriter& out, const uint64_t key[2]) {
     out.Put<uint64_t>(rec->bytes->size());
     out.Bytes(rec->bytes->data(), rec->bytes->size());
   }
-  std::vector<uint64_t> code;
+  std::vector<uint64_t> code;  // each once (a kernel may be known as a function too)
+  std::unordered_set<uint64_t> listed;
   for (HandleKind k : {HandleKind::kKernel, HandleKind::kFunction})
     for (uint64_t h : handles_[K(k)])
-      if (code_names_.count(h) != 0) code.push_back(h);
+      if (code_names_.count(h) != 0 && listed.insert(h).second) code.push_back(h);
   out.Put<uint64_t>(code.size());
   for (uint64_t h : code) {
     const CodeName& c = code_names_.at(h);
@@ -301,8 +317,10 @@ Status Session::WriteSnapshot(SnapshotWriter& out, const uint64_t key[2]) {
     out.Put(h);
     out.Put<uint32_t>(f != event_flags_.end() ? f->second : 0);
   }
+  if (Status st = WriteGraphs(&out); !st.ok()) return st;  // session_graph_move.cc
   for (auto& [base, size] : memory)
     if (Status st = put_bytes(base, size); !st.ok()) return st;
+  if (Status st = WriteVmmContents(out, bounce.p); !st.ok()) return st;
   out.Put(kSnapshotMagic);
   return out.Flush();
 }
@@ -342,6 +360,7 @@ bool Session::Park(Reader& in, Writer& out, CUresult* rc) {
       return go_on("its work failed while draining (" + Describe(r) + ")");
     }
   }
+  ReapFrees(true);  // stream-ordered frees the drain completed
   std::string why = Unmovable();
   if (!why.empty()) return go_on("cannot move: " + why);
   uint64_t key[2] = {RandomWord(), RandomWord()};
@@ -443,6 +462,12 @@ bool Session::Park(Reader& in, Writer& out, CUresult* rc) {
   moved_ = true;  // Run ends after this reply; the session's state here goes
   FLYT_INFO("session %llu (client pid %u) %s", static_cast<unsigned long long>(id_), client_pid_,
             done.c_str());
+  // The client hears where it goes on before the control socket hears of the
+  // move: an operator may stop this server as soon as it has the answer.
+  if (!Reply(req_, *rc, out))
+    FLYT_WARN("session %llu: the client did not get the park's answer",
+              static_cast<unsigned long long>(id_));
+  replied_ = true;
   ReportOutcome(channel::Report::Kind::kMove, true, done);
   return true;
 }
@@ -654,8 +679,9 @@ Status Session::Restore(SnapshotReader& in, uint64_t key[2]) {
   if (!in.Get(&magic) || !in.Get(&version)) return in.status();
   if (magic != kSnapshotMagic) return Status::Error("not a Flyt session snapshot");
   if (version != kSnapshotVersion)
-    return Status::Error("snapshot format " + std::to_string(version) + ", this server reads " +
-                         std::to_string(kSnapshotVersion));
+    return Status::Error("the snapshot is of format " + std::to_string(version) +
+                         " and this server reads only format " + std::to_string(kSnapshotVersion) +
+                         " (another Flyt version wrote it: restore it with that version)");
   if (!in.Get(&key[0]) || !in.Get(&key[1]) || !in.Get(&pid) || !in.Get(&device) ||
       !in.Get(&primary) || !in.Get(&deferred))
     return in.status();
@@ -669,7 +695,7 @@ Status Session::Restore(SnapshotReader& in, uint64_t key[2]) {
     if (!in.Get(&l) || !in.Get(&v)) return in.status();
   if (device < 0) {  // the client had not touched the GPU yet
     uint64_t rest = 0;
-    for (int i = 0; i < 6; ++i)
+    for (int i = 0; i < kListsAfterLimits; ++i)
       if (!in.Count(&rest) || rest != 0)
         return in.status().ok() ? Status::Error("a snapshot with state but no context")
                                 : in.status();
@@ -696,6 +722,8 @@ Status Session::Restore(SnapshotReader& in, uint64_t key[2]) {
   // context's local memory, code takes device memory). Its contents come last.
   std::vector<RestoredAlloc> allocs;
   Status st = RestoreMemoryLayout(in, &allocs);
+  if (!st.ok()) return st;
+  st = RestoreVmmLayout(in);  // the app's own VMM (session_vmm_move.cc)
   if (!st.ok()) return st;
   for (auto& [l, v] : limits) {
     size_t now = 0;
@@ -736,8 +764,16 @@ Status Session::Restore(SnapshotReader& in, uint64_t key[2]) {
     event_flags_[client] = flags;
     NoteEventRecorded(client);  // in the source's order: the next move keeps it
   }
+  st = RestoreGraphs(in);  // after the code and events its nodes name
+  if (!st.ok()) return st;
   st = RestoreMemoryContents(in, allocs);
   if (!st.ok()) return st;
+  {
+    Bounce bounce(a);
+    if (bounce.p == nullptr) return Status::Error("no pinned memory for the copy");
+    st = RestoreVmmContents(in, bounce.p);
+    if (!st.ok()) return st;
+  }
   if (!in.Get(&magic) || magic != kSnapshotMagic)
     return in.status().ok() ? Status::Error("a damaged snapshot (no trailer)") : in.status();
   r = a.cuCtxSynchronize();

@@ -1,13 +1,17 @@
 // Device memory the session maps itself with the driver's VMM calls: memory
 // a restore put back at the client's old addresses (session_migrate.cc), and,
-// with `flyt-server --movable-memory`, every cuMemAlloc/cuMemAllocPitch.
+// with `flyt-server --movable-memory`, every cuMemAlloc/cuMemAllocPitch and
+// the stream-ordered cuMemAllocAsync (its cuMemFreeAsync gives the addresses
+// back once the stream's earlier work is done: an event per free).
 //
 // Owns: the session's reservation of device addresses for movable memory,
 // the regions mapped in it or restored (physical handle, allocations inside),
-// small allocations packed into shared chunks, and freeing all of it.
+// small allocations packed into shared chunks, the address ranges it carves
+// out of that reservation for the app's own cuMemAddressReserve (VmmCarve),
+// stream-ordered frees waiting for their streams, and freeing all of it.
 // Must not touch: memory the driver allocated itself (cuMemAlloc without
-// --movable-memory, pools, managed memory, the app's own VMM calls in
-// session_vmm.cc), other sessions.
+// --movable-memory, pools, managed memory), the app's mappings and handles
+// (session_vmm.cc), other sessions.
 //
 // Why: the driver places cuMemAlloc memory inside address pools of its own
 // whose place depends on everything the process mapped before, and it will
@@ -40,6 +44,13 @@ constexpr int kTries = 16;
 constexpr uint64_t kSmallAlign = 512;
 
 uint64_t RoundUp(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
+
+// The base of the slot whose reservation holds `addr`, or 0.
+uint64_t SlotBase(uint64_t addr) {
+  if (addr < kFirstSlot || addr >= kFirstSlot + kSlots * kSlotBytes) return 0;
+  uint64_t base = kFirstSlot + (addr - kFirstSlot) / kSlotBytes * kSlotBytes;
+  return addr - base < kReservationBytes ? base : 0;
+}
 
 }  // namespace
 
@@ -85,24 +96,36 @@ CUresult Session::ReserveSlot(uint64_t base, uint64_t gran) {
   return CUDA_SUCCESS;
 }
 
-Status Session::RestoreMovableRegion(uint64_t lo, uint64_t size, uint64_t gran, bool* handled) {
-  *handled = false;
-  if (lo < kFirstSlot || lo >= kFirstSlot + kSlots * kSlotBytes) return Status::Ok();
-  *handled = true;
-  uint64_t base = kFirstSlot + (lo - kFirstSlot) / kSlotBytes * kSlotBytes;
+Status Session::EnsureMovableSlot(uint64_t addr, uint64_t gran) {
+  char where[48];
+  std::snprintf(where, sizeof(where), "0x%llx", static_cast<unsigned long long>(addr));
+  if (addr < kFirstSlot || addr >= kFirstSlot + kSlots * kSlotBytes)
+    return Status::Error(std::string("a damaged snapshot (movable memory at ") + where +
+                         " outside the movable ranges)");
+  uint64_t base = kFirstSlot + (addr - kFirstSlot) / kSlotBytes * kSlotBytes;
   if (movable_.size() == 0) {
     // The whole reservation the client's memory came from, as one: the driver
     // grants an address asked for only to a reservation that large.
     CUresult rc = ReserveSlot(base, gran);
     if (rc != CUDA_SUCCESS) {
-      char where[48];
       std::snprintf(where, sizeof(where), "0x%llx", static_cast<unsigned long long>(base));
       return Status::Error(
           std::string("the device addresses from ") + where + " are taken here" +
           (rc == CUDA_ERROR_ALREADY_MAPPED ? "" : " (error " + std::to_string(rc) + ")"));
     }
   }
-  if (gran != granularity_ || !movable_.TakeAt(lo, size))
+  if (movable_.base() != base || gran != granularity_)
+    return Status::Error(std::string("a damaged snapshot (memory at ") + where +
+                         " outside its movable range)");
+  return Status::Ok();
+}
+
+Status Session::RestoreMovableRegion(uint64_t lo, uint64_t size, uint64_t gran, bool* handled) {
+  *handled = false;
+  if (lo < kFirstSlot || lo >= kFirstSlot + kSlots * kSlotBytes) return Status::Ok();
+  *handled = true;
+  if (Status st = EnsureMovableSlot(lo, gran); !st.ok()) return st;
+  if (!movable_.TakeAt(lo, size))
     return Status::Error("a damaged snapshot (memory outside its reservation)");
   CUresult rc = MapNewRegion(lo, size, primary_device_, /*own_reservation=*/false);
   if (rc != CUDA_SUCCESS) {
@@ -112,7 +135,7 @@ Status Session::RestoreMovableRegion(uint64_t lo, uint64_t size, uint64_t gran, 
   return Status::Ok();
 }
 
-CUresult Session::ReserveMovable(int device) {
+CUresult Session::ReserveMovable(int device, uint64_t prefer) {
   if (movable_.size() != 0) return CUDA_SUCCESS;
   if (movable_failed_) return CUDA_ERROR_OUT_OF_MEMORY;
   DriverApi& a = state_->api;
@@ -133,6 +156,10 @@ CUresult Session::ReserveMovable(int device) {
   std::vector<int> slots(kSlots);
   for (int i = 0; i < kSlots; ++i) slots[i] = i;
   std::shuffle(slots.begin(), slots.end(), std::mt19937_64(std::random_device{}()));
+  if (SlotBase(prefer) != 0) {  // the app asked for an address in this slot: it first
+    int want = static_cast<int>((SlotBase(prefer) - kFirstSlot) / kSlotBytes);
+    std::iter_swap(slots.begin(), std::find(slots.begin(), slots.end(), want));
+  }
   int tries = 0;
   for (int slot : slots) {
     uint64_t base = kFirstSlot + static_cast<uint64_t>(slot) * kSlotBytes;
@@ -200,6 +227,68 @@ CUresult Session::MovableAlloc(uint64_t bytes, uint64_t* out) {
   mapped_regions_[at].live = 1;
   mapped_allocs_[at] = MappedPlace{at, bytes};
   *out = at;
+  return CUDA_SUCCESS;
+}
+
+CUresult Session::VmmCarve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                           unsigned long long flags, bool* handled) {
+  *handled = false;
+  // What the driver would refuse gets the driver's answer (it reserves then).
+  if (flags != 0 || size == 0 || (alignment & (alignment - 1)) != 0) return CUDA_SUCCESS;
+  CUdevice device = 0;
+  if (api().cuCtxGetDevice(&device) != CUDA_SUCCESS) return CUDA_SUCCESS;
+  if (ReserveMovable(device, addr) != CUDA_SUCCESS || size % granularity_ != 0) return CUDA_SUCCESS;
+  const uint64_t align = std::max<uint64_t>(alignment, granularity_);
+  DriverApi& a = api();
+  CUdeviceptr driver_placed = 0;
+  if (addr != 0 && SlotBase(addr) != movable_.base()) {
+    // An address outside the session's range: the driver may grant it there,
+    // and then it is the app's fixed address (which another server cannot
+    // reserve: a move refuses it). Where the driver puts it elsewhere, the
+    // app takes any address, and one in the session's range can move.
+    CUresult rc = a.cuMemAddressReserve(&driver_placed, size, alignment, addr, flags);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (driver_placed == addr) {
+      vmm_reserved_[driver_placed] = size;
+      *ptr = driver_placed;
+      *handled = true;  // (by the driver: reserved all the same)
+      return CUDA_SUCCESS;
+    }
+  }
+  uint64_t at = 0;
+  if (addr != 0 && addr % align == 0 && movable_.TakeAt(addr, size)) {
+    at = addr;
+  } else {
+    at = movable_.Take(size, align);
+  }
+  if (at == 0) {
+    FLYT_WARN(
+        "session %llu: the movable range has no room for a reservation of %zu bytes; the "
+        "driver places it, and the session cannot move while it holds it",
+        static_cast<unsigned long long>(id_), size);
+    if (driver_placed != 0) {  // the driver's, where it put it
+      vmm_reserved_[driver_placed] = size;
+      *ptr = driver_placed;
+      *handled = true;
+    }
+    return CUDA_SUCCESS;
+  }
+  if (driver_placed != 0) {
+    CUresult rc = a.cuMemAddressFree(driver_placed, size);
+    if (rc != CUDA_SUCCESS) {
+      movable_.Give(at, size);
+      FLYT_WARN("session %llu: cuMemAddressFree of a reservation just made failed with error %d",
+                static_cast<unsigned long long>(id_), rc);
+      vmm_reserved_[driver_placed] = size;
+      *ptr = driver_placed;
+      *handled = true;
+      return CUDA_SUCCESS;
+    }
+  }
+  vmm_reserved_[at] = size;
+  vmm_carved_.insert(at);
+  *ptr = at;
+  *handled = true;
   return CUDA_SUCCESS;
 }
 
@@ -274,20 +363,107 @@ CUresult Session::FreeMapped(uint64_t ptr) {
   mapped_allocs_.erase(it);
   // As cuMemFree: after the work that may still use the memory.
   CUresult rc = SynchronizeSession();
-  auto reg = mapped_regions_.find(place.region);
-  if (reg == mapped_regions_.end()) return rc;
-  auto chunk = small_chunks_.find(place.region);
-  if (--reg->second.live > 0) {
-    if (chunk != small_chunks_.end()) chunk->second.Give(ptr, RoundUp(place.size, kSmallAlign));
-    return rc;
-  }
-  if (chunk != small_chunks_.end()) small_chunks_.erase(chunk);
-  CUresult r = ReleaseRegion(reg->first, reg->second);
-  mapped_regions_.erase(reg);
+  CUresult r = ReleasePlace(ptr, place);
   return rc == CUDA_SUCCESS ? r : rc;
 }
 
+CUresult Session::ReleasePlace(uint64_t ptr, const MappedPlace& place) {
+  auto reg = mapped_regions_.find(place.region);
+  if (reg == mapped_regions_.end()) return CUDA_SUCCESS;
+  auto chunk = small_chunks_.find(place.region);
+  if (--reg->second.live > 0) {
+    if (chunk != small_chunks_.end()) chunk->second.Give(ptr, RoundUp(place.size, kSmallAlign));
+    return CUDA_SUCCESS;
+  }
+  if (chunk != small_chunks_.end()) small_chunks_.erase(chunk);
+  CUresult rc = ReleaseRegion(reg->first, reg->second);
+  mapped_regions_.erase(reg);
+  return rc;
+}
+
+// --- stream-ordered allocations (cuMemAllocAsync / cuMemFreeAsync) in movable memory
+
+bool Session::ServesAsyncAlloc(CUstream stream) {
+  if (!state_->movable_memory || movable_failed_) return false;
+  // Pools the app names may have properties of their own: the driver serves them.
+  if (!handles_[static_cast<int>(marshal::HandleKind::kMemPool)].empty()) return false;
+  // Captured, an allocation is a graph's allocation node: the driver's.
+  return !Capturing(stream == nullptr && pt_call_ ? CU_STREAM_PER_THREAD : stream);
+}
+
+CUresult Session::MemAllocAsync(CUdeviceptr* dptr, size_t bytes) {
+  ReapFrees(false);
+  uint64_t at = 0;
+  CUresult rc = MovableAlloc(bytes, &at);  // usable at once: before the stream needs it
+  if (rc == CUDA_SUCCESS) *dptr = at;
+  return rc;
+}
+
+CUresult Session::FreeMappedAsync(uint64_t ptr, CUstream stream, bool* kept) {
+  DriverApi& a = state_->api;
+  *kept = false;
+  auto it = mapped_allocs_.find(ptr);
+  if (it == mapped_allocs_.end()) return CUDA_ERROR_INVALID_VALUE;
+  CUstream s = stream == nullptr && pt_call_ ? CU_STREAM_PER_THREAD : stream;
+  if (Capturing(s)) {
+    // A graph's free node of memory the graph did not allocate: the driver's
+    // memory only.
+    FLYT_WARN(
+        "session %llu: cuMemFreeAsync of movable memory inside a stream capture is not "
+        "supported (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED); free it outside the capture",
+        static_cast<unsigned long long>(id_));
+    *kept = true;
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  const MappedPlace place = it->second;
+  mapped_allocs_.erase(it);
+  // Freed once the stream's work before it is done: its addresses are not
+  // handed out again until then.
+  CUevent done = nullptr;
+  CUresult rc = a.cuEventCreate(&done, CU_EVENT_DISABLE_TIMING);
+  if (rc == CUDA_SUCCESS) {
+    rc = a.cuEventRecord(done, s);
+    if (rc == CUDA_SUCCESS) {
+      pending_frees_.push_back(PendingFree{done, ptr, place});
+      return CUDA_SUCCESS;
+    }
+    CUresult d = a.cuEventDestroy_v2(done);
+    if (d != CUDA_SUCCESS) FLYT_WARN("cuEventDestroy failed with error %d", d);
+  }
+  // No event: the stream's work first, then the free (the same order, later).
+  CUresult sync = a.cuStreamSynchronize(s);
+  CUresult r = ReleasePlace(ptr, place);
+  return sync != CUDA_SUCCESS ? sync : r;
+}
+
+void Session::ReapFrees(bool wait) {
+  DriverApi& a = state_->api;
+  for (auto it = pending_frees_.begin(); it != pending_frees_.end();) {
+    CUresult rc = wait ? a.cuEventSynchronize(it->done) : a.cuEventQuery(it->done);
+    if (rc != CUDA_SUCCESS) {
+      // Not done yet, or the context failed: the memory stays (freed with the session).
+      if (rc != CUDA_ERROR_NOT_READY)
+        FLYT_DEBUG("session %llu: a stream-ordered free waits (event error %d)",
+                   static_cast<unsigned long long>(id_), rc);
+      ++it;
+      continue;
+    }
+    CUresult r = ReleasePlace(it->ptr, it->place);
+    if (r != CUDA_SUCCESS)
+      FLYT_WARN("session %llu: releasing memory of a stream-ordered free failed with error %d",
+                static_cast<unsigned long long>(id_), r);
+    r = a.cuEventDestroy_v2(it->done);
+    if (r != CUDA_SUCCESS) FLYT_WARN("cuEventDestroy failed with error %d", r);
+    it = pending_frees_.erase(it);
+  }
+}
+
 void Session::ReleaseMappedMemory() {
+  for (PendingFree& p : pending_frees_) {
+    CUresult rc = state_->api.cuEventDestroy_v2(p.done);
+    if (rc != CUDA_SUCCESS) FLYT_WARN("cuEventDestroy failed with error %d", rc);
+  }
+  pending_frees_.clear();
   for (auto& [base, reg] : mapped_regions_) ReleaseRegion(base, reg);
   mapped_regions_.clear();
   mapped_allocs_.clear();

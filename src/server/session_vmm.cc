@@ -14,8 +14,17 @@
 // refund comes then: at the cuMemRelease that drops the client's last
 // reference when nothing maps it any more, or at the cuMemUnmap of its last
 // mapping after that. Reservations are address space only and charge nothing.
+//
+// Moving: with --movable-memory a reservation the app asks for is carved out
+// of the session's movable range (session_movable.cc) instead of the driver's
+// address space, so a restore can reserve it again at the same address; the
+// session keeps what a snapshot needs and the driver does not tell (sizes and
+// properties of allocations, mapping offsets, access set). Allocation handles
+// are the client's values: a restored session's driver made others (VmmReal).
+// The snapshot side is session_vmm_move.cc.
 #include <unistd.h>
 
+#include <algorithm>
 #include <iterator>
 #include <vector>
 
@@ -64,10 +73,35 @@ void Session::VmmDropHandleIfUnused(uint64_t handle) {
   if (it == vmm_handles_.end() || it->second.refs > 0 || it->second.mappings > 0) return;
   RefundMemory(it->second.charged);  // the driver has freed the physical memory
   vmm_handles_.erase(it);
+  VmmForgetHandleValue(handle);
+}
+
+uint64_t Session::VmmClient(uint64_t real) {
+  if (vmm_real_.empty()) return real;
+  auto known = vmm_client_.find(real);
+  if (known != vmm_client_.end()) return known->second;
+  // The driver's new value may be one the client still uses for another
+  // allocation: the client gets a value no live handle has.
+  uint64_t client = vmm_real_.count(real) != 0 ? next_synthetic_++ : real;
+  vmm_real_[client] = real;
+  vmm_client_[real] = client;
+  return client;
+}
+
+void Session::VmmForgetHandleValue(uint64_t client) {
+  auto it = vmm_real_.find(client);
+  if (it == vmm_real_.end()) return;
+  vmm_client_.erase(it->second);
+  vmm_real_.erase(it);
 }
 
 CUresult Session::VmmAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment,
                                     CUdeviceptr addr, unsigned long long flags) {
+  if (state_->movable_memory && ptr != nullptr) {
+    bool handled = false;
+    CUresult rc = VmmCarve(ptr, size, alignment, addr, flags, &handled);
+    if (handled || rc != CUDA_SUCCESS) return rc;
+  }
   CUresult rc = api().cuMemAddressReserve(ptr, size, alignment, addr, flags);
   if (rc == CUDA_SUCCESS && ptr != nullptr) vmm_reserved_[*ptr] = size;
   return rc;
@@ -81,6 +115,16 @@ CUresult Session::VmmAddressFree(CUdeviceptr ptr, size_t size) {
         "reserved with that size",
         Id(id_), Id(ptr), size);
     return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (vmm_carved_.count(ptr) != 0) {
+    // Part of the session's own reservation: the driver's answer for a range
+    // that still maps memory (measured on an H100), else back to the range.
+    auto inside = vmm_mapped_.lower_bound(ptr);
+    if (inside != vmm_mapped_.end() && inside->first - ptr < size) return CUDA_ERROR_INVALID_VALUE;
+    movable_.Give(ptr, size);
+    vmm_carved_.erase(ptr);
+    vmm_reserved_.erase(it);
+    return CUDA_SUCCESS;
   }
   CUresult rc = api().cuMemAddressFree(ptr, size);
   if (rc != CUDA_SUCCESS) return rc;
@@ -102,9 +146,13 @@ CUresult Session::VmmCreate(CUmemGenericAllocationHandle* handle, size_t size,
     RefundMemory(size);
     return rc;
   }
+  *handle = VmmClient(*handle);
   VmmHandle& h = vmm_handles_[*handle];
   h.charged += size;  // (+=: were the driver to hand out a value still in the table)
   h.refs++;
+  h.driver_refs++;
+  h.size = size;
+  if (prop != nullptr) h.prop = *prop;
   return CUDA_SUCCESS;
 }
 
@@ -117,9 +165,14 @@ CUresult Session::VmmRelease(CUmemGenericAllocationHandle handle) {
         Id(id_), Id(handle));
     return CUDA_ERROR_INVALID_VALUE;
   }
-  CUresult rc = api().cuMemRelease(handle);
-  if (rc != CUDA_SUCCESS) return rc;
-  it->second.refs--;
+  // A restored handle's driver references: one for all the client holds.
+  VmmHandle& h = it->second;
+  if (h.driver_refs >= h.refs) {
+    CUresult rc = api().cuMemRelease(VmmReal(handle));
+    if (rc != CUDA_SUCCESS) return rc;
+    h.driver_refs--;
+  }
+  h.refs--;
   VmmDropHandleIfUnused(handle);
   return CUDA_SUCCESS;
 }
@@ -149,9 +202,9 @@ CUresult Session::VmmMap(CUdeviceptr ptr, size_t size, size_t offset,
                         : "the range overlaps a mapping");
     return CUDA_ERROR_INVALID_VALUE;
   }
-  CUresult rc = api().cuMemMap(ptr, size, offset, handle, flags);
+  CUresult rc = api().cuMemMap(ptr, size, offset, VmmReal(handle), flags);
   if (rc != CUDA_SUCCESS) return rc;
-  vmm_mapped_[ptr] = VmmMapping{size, handle};
+  vmm_mapped_[ptr] = VmmMapping{size, handle, offset, {}};
   h->second.mappings++;
   return CUDA_SUCCESS;
 }
@@ -194,7 +247,7 @@ CUresult Session::VmmGetAccess(unsigned long long* flags, const CUmemLocation* l
 CUresult Session::VmmGetProperties(CUmemAllocationProp* prop, CUmemGenericAllocationHandle handle) {
   // A released handle still mapped is still known to the driver, which answers.
   if (vmm_handles_.count(handle) == 0) return CUDA_ERROR_INVALID_VALUE;
-  return api().cuMemGetAllocationPropertiesFromHandle(prop, handle);
+  return api().cuMemGetAllocationPropertiesFromHandle(prop, VmmReal(handle));
 }
 
 // Request: u64 ptr, u64 size, u32 count, count x CUmemAccessDesc.
@@ -229,6 +282,28 @@ bool Session::VmmSetAccess(wire::Reader& in, CUresult* rc) {
     return true;
   }
   *rc = api().cuMemSetAccess(ptr, size, count > 0 ? descs : nullptr, count);
+  if (*rc != CUDA_SUCCESS) return true;
+  // What a restore sets again, per mapping (the part of it this call covered).
+  for (auto it = at; it != vmm_mapped_.end() && it->first < ptr + size; ++it) {
+    VmmMapping& m = it->second;
+    const uint64_t lo = std::max(ptr, it->first);
+    const uint64_t hi = std::min(ptr + size, it->first + m.size);
+    VmmAccess set{lo - it->first, hi - lo, std::vector<CUmemAccessDesc>(descs, descs + count)};
+    if (set.offset == 0 && set.size == m.size) {
+      // Over the whole mapping: earlier settings for the same devices are moot.
+      auto covered = [&](const VmmAccess& old) {
+        for (const CUmemAccessDesc& d : old.descs) {
+          bool found = false;
+          for (const CUmemAccessDesc& n : set.descs)
+            found = found || (n.location.type == d.location.type && n.location.id == d.location.id);
+          if (!found) return false;
+        }
+        return true;
+      };
+      m.access.erase(std::remove_if(m.access.begin(), m.access.end(), covered), m.access.end());
+    }
+    m.access.push_back(std::move(set));
+  }
   return true;
 }
 
@@ -251,7 +326,10 @@ bool Session::VmmRetainHandle(wire::Reader& in, wire::Writer& out, CUresult* rc)
                                           reinterpret_cast<void*>(static_cast<uintptr_t>(addr)));
   if (*rc != CUDA_SUCCESS) return true;
   // The handle of the mapping: the driver gave it a reference more.
-  vmm_handles_[handle].refs++;
+  handle = VmmClient(handle);
+  VmmHandle& h = vmm_handles_[handle];
+  h.refs++;
+  h.driver_refs++;
   out.Put<uint64_t>(handle);
   return true;
 }
@@ -260,7 +338,8 @@ bool Session::VmmExportShareable(wire::Reader& in, wire::Writer& out, CUresult* 
   uint64_t handle = 0, flags = 0;
   uint32_t type = 0;
   if (!in.Get(&handle) || !in.Get(&type) || !in.Get(&flags) || in.remaining() != 0) return false;
-  if (vmm_handles_.count(handle) == 0) {
+  auto known = vmm_handles_.find(handle);
+  if (known == vmm_handles_.end()) {
     *rc = CUDA_ERROR_INVALID_VALUE;  // not a handle of this session: the driver would crash
     return true;
   }
@@ -270,9 +349,10 @@ bool Session::VmmExportShareable(wire::Reader& in, wire::Writer& out, CUresult* 
     return true;
   }
   int fd = -1;
-  *rc = api().cuMemExportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                                           flags);
+  *rc = api().cuMemExportToShareableHandle(&fd, VmmReal(handle),
+                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, flags);
   if (*rc != CUDA_SUCCESS) return true;
+  known->second.shared = true;  // another process may map it now: it does not move
   uint64_t key = 0, secret = 0;
   Status st = state_->link->PutShareable(fd, &key, &secret);
   close(fd);
@@ -308,7 +388,11 @@ bool Session::VmmImportShareable(wire::Reader& in, wire::Writer& out, CUresult* 
                                              CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
   close(fd);
   if (*rc != CUDA_SUCCESS) return true;
-  vmm_handles_[handle].refs++;  // the exporter's memory: charged to the quota there
+  handle = VmmClient(handle);
+  VmmHandle& h = vmm_handles_[handle];  // the exporter's memory: charged to the quota there
+  h.refs++;
+  h.driver_refs++;
+  h.shared = true;
   out.Put<uint64_t>(handle);
   return true;
 }
@@ -327,8 +411,8 @@ void Session::ReleaseVmm() {
   vmm_mapped_.clear();
   uint64_t charged = 0;
   for (auto& [handle, h] : vmm_handles_) {
-    for (uint32_t i = 0; i < h.refs; ++i) {
-      CUresult rc = a.cuMemRelease(handle);
+    for (uint32_t i = 0; i < h.driver_refs; ++i) {
+      CUresult rc = a.cuMemRelease(VmmReal(handle));
       if (rc != CUDA_SUCCESS) {
         FLYT_WARN("session %llu: cuMemRelease(0x%llx) at the session's end failed with error %d",
                   Id(id_), Id(handle), rc);
@@ -338,14 +422,21 @@ void Session::ReleaseVmm() {
     charged += h.charged;
   }
   vmm_handles_.clear();
+  vmm_real_.clear();
+  vmm_client_.clear();
   RefundMemory(charged);
   for (auto& [base, size] : vmm_reserved_) {
+    if (vmm_carved_.count(base) != 0) {  // the session's own range: freed with it
+      movable_.Give(base, size);
+      continue;
+    }
     CUresult rc = a.cuMemAddressFree(base, size);
     if (rc != CUDA_SUCCESS)
       FLYT_WARN("session %llu: cuMemAddressFree(0x%llx) at the session's end failed with error %d",
                 Id(id_), Id(base), rc);
   }
   vmm_reserved_.clear();
+  vmm_carved_.clear();
   FLYT_INFO("session %llu: released %zu mappings, %zu allocation handles, %zu reservations",
             Id(id_), mappings, handles, reservations);
 }

@@ -40,6 +40,13 @@
 // makes those streams, and the context's streams made later, wait for it.
 // Texture and surface objects are numbers counting up from 1; each keeps the
 // descriptors it was made with, which the Get*Desc calls return.
+//
+// Stream capture (cuStreamBeginCapture on a stream the app made): what the
+// stream is given while it captures (launches, copies, memsets, host
+// functions, event records and waits) becomes nodes of the capture's graph,
+// each after the one before, and runs only when the graph is launched. One
+// stream at a time: a capture that another stream joins through an event is
+// not modelled.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -101,13 +108,57 @@ struct StreamWork {
   std::shared_future<void> last;
   std::atomic<int> pending{0};
 };
+struct SimGraph;
 struct SimStream {
   int priority = 0;
   unsigned flags = 0;
   std::map<int, CUstreamAttrValue> attributes{};  // cuStreamSetAttribute
   std::shared_ptr<StreamWork> work = std::make_shared<StreamWork>();
-  CUcontext ctx = nullptr;  // current at creation (checked with fake green contexts)
+  CUcontext ctx = nullptr;             // current at creation (checked with fake green contexts)
+  SimGraph* capture = nullptr;         // the graph it captures into, if it captures
+  CUgraphNode capture_tail = nullptr;  // the last node captured: the next one's dependency
+  uint64_t capture_id = 0;
 };
+// Stream capture: `st` when stream s captures, else null.
+SimStream* CapturingStream(CUstream s);
+// The work a capturing stream is given, as a node of its capture's graph.
+CUresult CaptureCopy(SimStream* st, const CUDA_MEMCPY3D& c);
+CUresult CaptureMemset(SimStream* st, const CUDA_MEMSET_NODE_PARAMS& m);
+CUresult CaptureKernel(SimStream* st, const CUlaunchConfig* cfg, CUfunction f, const uint8_t* blob,
+                       size_t size);
+CUresult CaptureHost(SimStream* st, CUhostFn fn, void* data);
+CUresult CaptureEvent(SimStream* st, CUevent e, bool record);
+CUDA_MEMCPY3D Copy1D(CUmemorytype dst_type, uint64_t dst, CUmemorytype src_type, uint64_t src,
+                     size_t n) {
+  CUDA_MEMCPY3D c{};
+  c.srcMemoryType = src_type;
+  c.dstMemoryType = dst_type;
+  if (src_type == CU_MEMORYTYPE_HOST) {
+    c.srcHost = reinterpret_cast<const void*>(src);
+  } else {
+    c.srcDevice = src;
+  }
+  if (dst_type == CU_MEMORYTYPE_HOST) {
+    c.dstHost = reinterpret_cast<void*>(dst);
+  } else {
+    c.dstDevice = dst;
+  }
+  c.WidthInBytes = n;
+  c.Height = 1;
+  c.Depth = 1;
+  return c;
+}
+template <typename T>
+CUDA_MEMSET_NODE_PARAMS Memset2D(CUdeviceptr d, size_t pitch, T v, size_t w, size_t h) {
+  CUDA_MEMSET_NODE_PARAMS m{};
+  m.dst = d;
+  m.pitch = pitch;
+  m.value = v;
+  m.elementSize = sizeof(T);
+  m.width = w;
+  m.height = h;
+  return m;
+}
 // Completion state of an interprocess event, in a page that the processes
 // which opened the event map too: a record takes the next sequence number,
 // and `done` reaches it once the stream's work before the record has run.
@@ -827,6 +878,8 @@ CUresult simLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction f, void** param
     if (i > 0) line += ":";
     line += Hex(blob + p.offset, p.size);
   }
+  if (SimStream* st = CapturingStream(cfg->hStream))
+    return CaptureKernel(st, cfg, f, blob, blob_size);  // runs with the graph
   if (g_sim->record != nullptr) {
     std::lock_guard<std::mutex> lock(g_sim->record_mu);
     std::fprintf(g_sim->record, "%s\n", line.c_str());
@@ -906,6 +959,9 @@ CUresult HtoDOn(CUdeviceptr d, const void* h, size_t n, CUstream s) {
 CUresult simHtoD(CUdeviceptr d, const void* h, size_t n) { return HtoDOn(d, h, n, nullptr); }
 CUresult simHtoDAsync(CUdeviceptr d, const void* h, size_t n, CUstream s) {
   if (CUresult rc = CheckStreamContext(s); rc != CUDA_SUCCESS) return rc;
+  if (SimStream* st = CapturingStream(s))
+    return CaptureCopy(
+        st, Copy1D(CU_MEMORYTYPE_DEVICE, d, CU_MEMORYTYPE_HOST, reinterpret_cast<uint64_t>(h), n));
   return HtoDOn(d, h, n, s);
 }
 CUresult DtoHOn(void* h, CUdeviceptr d, size_t n, CUstream s) {
@@ -918,6 +974,9 @@ CUresult DtoHOn(void* h, CUdeviceptr d, size_t n, CUstream s) {
 CUresult simDtoH(void* h, CUdeviceptr d, size_t n) { return DtoHOn(h, d, n, nullptr); }
 CUresult simDtoHAsync(void* h, CUdeviceptr d, size_t n, CUstream s) {
   if (CUresult rc = CheckStreamContext(s); rc != CUDA_SUCCESS) return rc;
+  if (SimStream* st = CapturingStream(s))
+    return CaptureCopy(
+        st, Copy1D(CU_MEMORYTYPE_HOST, reinterpret_cast<uint64_t>(h), CU_MEMORYTYPE_DEVICE, d, n));
   return DtoHOn(h, d, n, s);
 }
 CUresult DtoDOn(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {
@@ -929,6 +988,8 @@ CUresult DtoDOn(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {
 }
 CUresult simDtoD(CUdeviceptr d, CUdeviceptr s, size_t n) { return DtoDOn(d, s, n, nullptr); }
 CUresult simDtoDAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {
+  if (SimStream* cap = CapturingStream(st))
+    return CaptureCopy(cap, Copy1D(CU_MEMORYTYPE_DEVICE, d, CU_MEMORYTYPE_DEVICE, s, n));
   return DtoDOn(d, s, n, st);
 }
 template <typename T>
@@ -955,12 +1016,18 @@ CUresult simMemsetD32(CUdeviceptr d, unsigned int v, size_t n) {
   return Fill2D<uint32_t>(d, n * 4, v, n, 1);
 }
 CUresult simMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s) {
+  if (SimStream* st = CapturingStream(s))
+    return CaptureMemset(st, Memset2D<uint8_t>(d, n, v, n, 1));
   return Fill2D<uint8_t>(d, n, v, n, 1, s);
 }
 CUresult simMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream s) {
+  if (SimStream* st = CapturingStream(s))
+    return CaptureMemset(st, Memset2D<uint16_t>(d, n * 2, v, n, 1));
   return Fill2D<uint16_t>(d, n * 2, v, n, 1, s);
 }
 CUresult simMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream s) {
+  if (SimStream* st = CapturingStream(s))
+    return CaptureMemset(st, Memset2D<uint32_t>(d, n * 4, v, n, 1));
   return Fill2D<uint32_t>(d, n * 4, v, n, 1, s);
 }
 CUresult simMemsetD2D8(CUdeviceptr d, size_t p, unsigned char v, size_t w, size_t h) {
@@ -973,15 +1040,21 @@ CUresult simMemsetD2D32(CUdeviceptr d, size_t p, unsigned int v, size_t w, size_
   return Fill2D<uint32_t>(d, p, v, w, h);
 }
 CUresult simMemsetD2D8Async(CUdeviceptr d, size_t p, unsigned char v, size_t w, size_t h,
-                            CUstream) {
+                            CUstream s) {
+  if (SimStream* st = CapturingStream(s))
+    return CaptureMemset(st, Memset2D<uint8_t>(d, p, v, w, h));
   return Fill2D<uint8_t>(d, p, v, w, h);
 }
 CUresult simMemsetD2D16Async(CUdeviceptr d, size_t p, unsigned short v, size_t w, size_t h,
-                             CUstream) {
+                             CUstream s) {
+  if (SimStream* st = CapturingStream(s))
+    return CaptureMemset(st, Memset2D<uint16_t>(d, p, v, w, h));
   return Fill2D<uint16_t>(d, p, v, w, h);
 }
 CUresult simMemsetD2D32Async(CUdeviceptr d, size_t p, unsigned int v, size_t w, size_t h,
-                             CUstream) {
+                             CUstream s) {
+  if (SimStream* st = CapturingStream(s))
+    return CaptureMemset(st, Memset2D<uint32_t>(d, p, v, w, h));
   return Fill2D<uint32_t>(d, p, v, w, h);
 }
 
@@ -1016,7 +1089,13 @@ CUresult simMemcpy3D(const CUDA_MEMCPY3D* c) {
     }
   return CUDA_SUCCESS;
 }
-CUresult simMemcpy3DAsync(const CUDA_MEMCPY3D* c, CUstream) { return simMemcpy3D(c); }
+CUresult simMemcpy3DAsync(const CUDA_MEMCPY3D* c, CUstream s) {
+  if (SimStream* st = CapturingStream(s)) {
+    if (c == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    return CaptureCopy(st, *c);
+  }
+  return simMemcpy3D(c);
+}
 
 // --- arrays: memory only (copies to and from arrays are not simulated)
 struct SimArray {
@@ -1718,6 +1797,7 @@ void EnqueueOnStream(CUstream s, std::function<void()> body) {
 CUresult simLaunchHostFunc(CUstream s, CUhostFn fn, void* data) {
   if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (SimStream* st = CapturingStream(s)) return CaptureHost(st, fn, data);
   EnqueueOnStream(s, [fn, data] { fn(data); });
   return CUDA_SUCCESS;
 }
@@ -1733,6 +1813,7 @@ void WaitPage(const SimEventPage* page, uint64_t target) {
 CUresult simStreamWaitEvent(CUstream s, CUevent e, unsigned) {
   if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (SimStream* st = CapturingStream(s)) return CaptureEvent(st, e, false);
   auto* ev = reinterpret_cast<SimEvent*>(e);
   if (ev->shared != nullptr) {
     uint64_t target = ev->shared->page->recorded.load(std::memory_order_acquire);
@@ -1914,22 +1995,25 @@ CUresult simThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
   std::swap(*mode, t_capture_mode);
   return CUDA_SUCCESS;
 }
-CUresult simStreamIsCapturing(CUstream, CUstreamCaptureStatus* st) {
+CUresult simStreamIsCapturing(CUstream s, CUstreamCaptureStatus* st) {
   if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (st == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *st = CU_STREAM_CAPTURE_STATUS_NONE;
+  *st = CapturingStream(s) != nullptr ? CU_STREAM_CAPTURE_STATUS_ACTIVE
+                                      : CU_STREAM_CAPTURE_STATUS_NONE;
   return CUDA_SUCCESS;
 }
-CUresult simStreamGetCaptureInfo(CUstream, CUstreamCaptureStatus* st, cuuint64_t* id, CUgraph* g,
+CUresult simStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus* st, cuuint64_t* id, CUgraph* g,
                                  const CUgraphNode** deps, const CUgraphEdgeData** edges,
                                  size_t* n) {
   if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
-  if (st) *st = CU_STREAM_CAPTURE_STATUS_NONE;
-  if (id) *id = 0;
-  if (g) *g = nullptr;
-  if (deps) *deps = nullptr;
+  SimStream* cap = CapturingStream(s);
+  if (st) *st = cap != nullptr ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+  if (id) *id = cap != nullptr ? cap->capture_id : 0;
+  if (g) *g = cap != nullptr ? reinterpret_cast<CUgraph>(cap->capture) : nullptr;
+  const bool tail = cap != nullptr && cap->capture_tail != nullptr;
+  if (deps) *deps = tail ? &cap->capture_tail : nullptr;
   if (edges) *edges = nullptr;
-  if (n) *n = 0;
+  if (n) *n = tail ? 1 : 0;
   return CUDA_SUCCESS;
 }
 CUresult simStreamGetId(CUstream s, unsigned long long* id) {
@@ -1992,6 +2076,7 @@ void MarkPageDone(const SimEventShared& shared, uint64_t seq) {
 }
 CUresult simEventRecord(CUevent e, CUstream s) {
   if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (SimStream* st = CapturingStream(s)) return CaptureEvent(st, e, true);
   auto* ev = reinterpret_cast<SimEvent*>(e);
   ev->at = std::chrono::steady_clock::now();
   ev->recorded = true;
@@ -2992,6 +3077,93 @@ CUresult simGraphEventWaitNodeGetEvent(CUgraphNode node, CUevent* out) {
   return EventOf(node, CU_GRAPH_NODE_TYPE_WAIT_EVENT, out);
 }
 
+// --- stream capture (see the top of this file)
+std::atomic<uint64_t> g_capture_ids{0};
+SimStream* CapturingStream(CUstream s) {
+  SimStream* st = AsStream(s);
+  return st != nullptr && st->capture != nullptr ? st : nullptr;
+}
+// Adds a node after the capture's last one.
+template <typename Fill>
+CUresult CaptureNode(SimStream* st, CUgraphNodeType type, Fill&& fill) {
+  CUgraphNode node = nullptr;
+  CUgraphNode dep = st->capture_tail;
+  CUresult rc =
+      AddNode(&node, reinterpret_cast<CUgraph>(st->capture), dep != nullptr ? &dep : nullptr,
+              dep != nullptr ? 1 : 0, type, std::forward<Fill>(fill));
+  if (rc == CUDA_SUCCESS) st->capture_tail = node;
+  return rc;
+}
+CUresult CaptureCopy(SimStream* st, const CUDA_MEMCPY3D& c) {
+  return CaptureNode(st, CU_GRAPH_NODE_TYPE_MEMCPY, [&](SimNode* n) {
+    CUresult rc = CheckCopy(&c);
+    if (rc == CUDA_SUCCESS) n->copy = c;
+    return rc;
+  });
+}
+CUresult CaptureMemset(SimStream* st, const CUDA_MEMSET_NODE_PARAMS& m) {
+  return CaptureNode(st, CU_GRAPH_NODE_TYPE_MEMSET, [&](SimNode* n) {
+    CUresult rc = CheckMemset(&m);
+    if (rc == CUDA_SUCCESS) n->memset = m;
+    return rc;
+  });
+}
+bool KernelNodeAttribute(CUkernelNodeAttrID attr);
+CUresult CaptureKernel(SimStream* st, const CUlaunchConfig* cfg, CUfunction f, const uint8_t* blob,
+                       size_t size) {
+  return CaptureNode(st, CU_GRAPH_NODE_TYPE_KERNEL, [&](SimNode* n) {
+    n->func = f;
+    unsigned dims[6] = {cfg->gridDimX,  cfg->gridDimY,  cfg->gridDimZ,
+                        cfg->blockDimX, cfg->blockDimY, cfg->blockDimZ};
+    std::memcpy(n->dims, dims, sizeof(dims));
+    n->shmem = cfg->sharedMemBytes;
+    n->params.assign(blob, blob + size);
+    for (unsigned i = 0; i < cfg->numAttrs; ++i)  // the launch's attributes a node keeps
+      if (KernelNodeAttribute(static_cast<CUkernelNodeAttrID>(cfg->attrs[i].id)))
+        n->attrs[cfg->attrs[i].id] = cfg->attrs[i].value;
+    return CUDA_SUCCESS;
+  });
+}
+CUresult CaptureHost(SimStream* st, CUhostFn fn, void* data) {
+  return CaptureNode(st, CU_GRAPH_NODE_TYPE_HOST, [&](SimNode* n) {
+    n->host.fn = fn;
+    n->host.userData = data;
+    return CUDA_SUCCESS;
+  });
+}
+CUresult CaptureEvent(SimStream* st, CUevent e, bool record) {
+  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  return CaptureNode(st, record ? CU_GRAPH_NODE_TYPE_EVENT_RECORD : CU_GRAPH_NODE_TYPE_WAIT_EVENT,
+                     [&](SimNode* n) {
+                       n->event = e;
+                       return CUDA_SUCCESS;
+                     });
+}
+CUresult simStreamBeginCapture(CUstream s, CUstreamCaptureMode mode) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  SimStream* st = AsStream(s);
+  if (mode > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
+  if (st == nullptr) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;  // the legacy stream
+  if (st->capture != nullptr) return CUDA_ERROR_ILLEGAL_STATE;
+  auto* g = new SimGraph;
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  g_graphs.insert(g);
+  st->capture = g;
+  st->capture_tail = nullptr;
+  st->capture_id = ++g_capture_ids;
+  return CUDA_SUCCESS;
+}
+CUresult simStreamEndCapture(CUstream s, CUgraph* out) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  SimStream* st = CapturingStream(s);
+  if (st == nullptr) return CUDA_ERROR_ILLEGAL_STATE;
+  *out = reinterpret_cast<CUgraph>(st->capture);
+  st->capture = nullptr;
+  st->capture_tail = nullptr;
+  return CUDA_SUCCESS;
+}
+
 CUresult simGraphAddMemAllocNode(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, size_t nd,
                                  CUDA_MEM_ALLOC_NODE_PARAMS* p) {
   return AddNode(out, g, deps, nd, CU_GRAPH_NODE_TYPE_MEM_ALLOC, [&](SimNode* n) {
@@ -3803,6 +3975,8 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuStreamBatchMemOp_v2 = simStreamBatchMemOp;
   a->cuStreamGetFlags = simStreamGetFlags;
   a->cuStreamIsCapturing = simStreamIsCapturing;
+  a->cuStreamBeginCapture_v2 = simStreamBeginCapture;
+  a->cuStreamEndCapture = simStreamEndCapture;
   a->cuThreadExchangeStreamCaptureMode = simThreadExchangeStreamCaptureMode;
   a->cuStreamGetCaptureInfo_v3 = simStreamGetCaptureInfo;
   a->cuStreamGetId = simStreamGetId;

@@ -1419,6 +1419,143 @@ class E2E(unittest.TestCase):
         self.stop_server(a)
         self.stop_server(b)
 
+    def _migrate_answer(self, srv, verb, key, **extra):
+        """Sends a move verb to srv's control socket; (answer[key], answer)."""
+        request = {"verb": verb, "wait_ms": 20000}
+        request.update(extra)
+        answer = srv.control(request, timeout=30)
+        self.assertTrue(answer.get("ok"), "%s\n%s" % (answer, srv.logs()))
+        self.assertEqual(answer.get("asked"), 1, "%s\n%s" % (answer, srv.logs()))
+        return answer.get(key), answer
+
+    def test_migrate_state(self):
+        """migrate_state keeps VMM memory (a growing reservation, a read-only chunk, an
+        allocation mapped twice and released while mapped) and CUDA graphs (captured and
+        built by hand, executable graphs changed in place: a memset value, a node disabled
+        and enabled again, a kernel's arguments, cudaGraphExecUpdate) busy while it is
+        migrated A to B and back and checkpointed, its server restarted and restored, while
+        it also allocates and frees stream-ordered memory (cudaMallocAsync/cudaFreeAsync); its
+        step lines equal an undisturbed run's (counters a kernel counts down in VMM memory
+        and in graphs, host copies and host functions of graphs), the handles it holds
+        still answer queries, and every server ends with nothing held. With
+        --movable-memory (the app's reservations and stream-ordered allocations move only
+        from there), and once more for graphs alone without it."""
+        steps, pause = "12", "50"
+        runs = [(variant, ["--movable-memory"], ()) for variant in CFG.variants]
+        runs.append((CFG.variants[0], [], ("graphs",)))
+        for variant, movable, parts in runs:
+            with self.subTest(variant=variant, movable=bool(movable), parts=parts):
+                a = self.start_server(control=True, extra_args=movable)
+                b = self.start_server(control=True, extra_args=movable)
+                base = self.run_ok(a, "tcp", "migrate_state", variant, args=(steps, "0") + parts)
+                expected = [l for l in base.lines() if l.startswith("step ")]
+                self.assertEqual(len(expected), int(steps), base.describe())
+                prog = RunningProgram(self.tmp, a, "tcp", program_path("migrate_state", variant),
+                                      (steps, pause) + parts)
+                ckpt = os.path.join(self.tmp, "ckpt-state-%s-%d" % (variant, len(movable)))
+                os.makedirs(ckpt)
+                restarted = None
+                try:
+                    def reach(pattern):
+                        if prog.wait_line(pattern) is None:
+                            self.fail("migrate_state never printed %s\n%s" % (
+                                pattern, prog.finish(5).describe()))
+                    reach(r"^step 2 ")
+                    n, answer = self._migrate_answer(a, "migrate", "moved", to=b.url("tcp"),
+                                                     token=TOKEN)
+                    self.assertEqual(n, 1, "%s\n%s\n%s" % (answer, a.logs(), b.logs()))
+                    reach(r"^step 5 ")
+                    n, answer = self._migrate_answer(b, "migrate", "moved", to=a.url("tcp"),
+                                                     token=TOKEN)
+                    self.assertEqual(n, 1, "%s\n%s\n%s" % (answer, a.logs(), b.logs()))
+                    reach(r"^step 8 ")
+                    n, answer = self._migrate_answer(a, "checkpoint", "checkpointed", dir=ckpt)
+                    self.assertEqual(n, 1, "%s\n%s" % (answer, a.logs()))
+                    port = a.port
+                    self.stop_server(a)
+                    restarted = self.start_server(control=True, port=port,
+                                                  name="restarted-state-" + variant,
+                                                  extra_args=movable)
+                    answer = restarted.control({"verb": "restore", "dir": ckpt,
+                                                "wait_ms": 20000}, timeout=30)
+                    self.assertEqual(answer.get("restored"), 1,
+                                     "%s\n%s" % (answer, restarted.logs()))
+                finally:
+                    res = prog.finish()
+                self.assert_passed(res, "migrate_state", restarted or a)
+                got = [l for l in res.lines() if l.startswith("step ")]
+                self.assertEqual(got, expected, res.describe())
+                self.assertEqual(res.client_log.count("now lives at flyt-server"), 3,
+                                 res.client_log)
+                for srv in (b, restarted):
+                    self.assert_stats(srv, sessions=0, memory_used=0)
+                self.stop_server(b)
+                self.stop_server(restarted)
+
+    def test_restore_old_format(self):
+        """A checkpoint written in another snapshot format (format 1, before graphs and VMM
+        moved) is refused at restore with a message that names both formats; the server
+        goes on and holds nothing of it."""
+        srv = self.start_server(control=True)
+        ckpt = tempfile.mkdtemp(dir=self.tmp)
+        with open(os.path.join(ckpt, "session-7.flyt"), "wb") as f:
+            # magic "FLYTSNAP", format 1, then what a format 1 header held
+            f.write(struct.pack("<QI", 0x50414e5354594c46, 1) + bytes(64))
+        answer = srv.control({"verb": "restore", "dir": ckpt, "wait_ms": 20000}, timeout=30)
+        self.assertTrue(answer.get("ok"), answer)
+        self.assertEqual(answer.get("restored"), 0, answer)
+        messages = json.dumps(answer) + srv.log_text()
+        self.assertIn("format 1", messages, answer)
+        self.assertIn("reads only format 2", messages, answer)
+        self.assert_stats(srv, sessions=0, memory_used=0)
+        self.stop_server(srv)
+
+    def test_migrate_refusals(self):
+        """What cannot move is refused at the park, saying why, and the program goes on
+        where it is: a graph with a memory allocation node, a graph with a conditional
+        node, a VMM reservation at a fixed address outside the session's movable range
+        (--movable-memory); any VMM reservation and a
+        cudaMallocAsync allocation on a server without --movable-memory. Once that state
+        is gone the same program moves, and ends well on the target."""
+        variant = CFG.variants[0]
+        cases = (
+            (["--movable-memory"], (("graph-alloc", "memory allocation or free node"),
+                                    ("graph-cond", "conditional node"),
+                                    ("vmm-fixed", "outside its movable range"))),
+            ([], (("vmm", "--movable-memory"), ("async", "--movable-memory"))),
+        )
+        for movable, phases in cases:
+            with self.subTest(movable=bool(movable)):
+                a = self.start_server(control=True, extra_args=movable)
+                b = self.start_server(control=True, extra_args=movable)
+                gate = tempfile.mkdtemp(dir=self.tmp)
+                prog = RunningProgram(self.tmp, a, "tcp", program_path("migrate_state", variant),
+                                      ("refuse", gate) + tuple(p for p, _ in phases))
+                try:
+                    for phase, why in phases:
+                        if prog.wait_line(r"^phase %s ready" % phase) is None:
+                            self.fail("no phase %s\n%s" % (phase, prog.finish(5).describe()))
+                        n, answer = self._migrate_answer(a, "migrate", "moved",
+                                                         to=b.url("tcp"), token=TOKEN)
+                        self.assertEqual((n, answer.get("stayed")), (0, 1), answer)
+                        message = answer["sessions"][0]["message"]
+                        self.assertIn("cannot move", message, answer)
+                        self.assertIn(why, message, answer)
+                        open(os.path.join(gate, phase), "w").close()
+                    if prog.wait_line(r"^phase end ready") is None:
+                        self.fail("no end phase\n%s" % prog.finish(5).describe())
+                    n, answer = self._migrate_answer(a, "migrate", "moved", to=b.url("tcp"),
+                                                     token=TOKEN)
+                    self.assertEqual(n, 1, "%s\n%s\n%s" % (answer, a.logs(), b.logs()))
+                    open(os.path.join(gate, "end"), "w").close()
+                finally:
+                    res = prog.finish()
+                self.assert_passed(res, "migrate_state", b)
+                for srv in (a, b):
+                    self.assert_stats(srv, sessions=0, memory_used=0)
+                self.stop_server(a)
+                self.stop_server(b)
+
     DRIVER_QUERIES_EXPECTED = (
         ("under_flyt", "1"), ("kernel.library_same", "1"),
         ("kernel.library_null_out", "CUDA_ERROR_INVALID_VALUE"),

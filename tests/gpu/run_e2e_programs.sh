@@ -24,7 +24,10 @@
 # memory_roundtrip (copies of every shape, texture and surface descriptors read back),
 # driver_queries (module/library/kernel handle queries, graph kernel node parameters and
 # attributes, instantiate with parameters, context flags and affinity, host atomics,
-# pointer SYNC_MEMOPS, cluster size, the pre-11.7 stream memory operations).
+# pointer SYNC_MEMOPS, cluster size, the pre-11.7 stream memory operations),
+# migrate_state (the state a move carries, not moved here: the app's VMM, captured and
+# hand-built graphs changed in place, cudaMallocAsync; tests/gpu/migrate/run_migrate.py
+# moves it).
 # Environment: CASES, RUN_TIMEOUT=60, MODES="tcp unix shm", SERVER_BACKEND=cuda (sim: plumbing
 # only, on a machine without a GPU, where the native runs fail).
 set -uo pipefail
@@ -37,7 +40,7 @@ export CUDA_CACHE_DISABLE=1
 BUILD=$(cd "$1" && pwd) || exit 2
 PROGS=$(cd "$2" && pwd) || exit 2
 OUTFILE=$3
-CASES=${CASES:-"ipc vmm_share contexts isolation_fault stream_event_order jit_link module_functions graph_nodes cupti_activity cupti_activity_clock cupti_callbacks cupti_callbacks_driver tensor_map stream_memops managed_memory memory_roundtrip driver_queries"}
+CASES=${CASES:-"ipc vmm_share contexts isolation_fault stream_event_order jit_link module_functions graph_nodes cupti_activity cupti_activity_clock cupti_callbacks cupti_callbacks_driver tensor_map stream_memops managed_memory memory_roundtrip driver_queries migrate_state"}
 MODES=${MODES:-"tcp unix shm"}
 RUN_TIMEOUT=${RUN_TIMEOUT:-60}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/flyt-e2e-gpu.XXXXXX")
@@ -63,6 +66,7 @@ cmd_of() {  # case -> program and arguments
     managed_memory) echo "$PROGS/managed_memory" ;;
     memory_roundtrip) echo "$PROGS/memory_roundtrip" ;;
     driver_queries) echo "$PROGS/driver_queries" ;;
+    migrate_state) echo "$PROGS/migrate_state 12 0" ;;
   esac
 }
 

@@ -1,0 +1,672 @@
+// migrate_state: GPU state a move must carry beyond cuMemAlloc memory, kept busy while
+// flyt-server migrates, checkpoints and restores the process under it:
+//
+//   vmm      the app's own virtual memory as PyTorch's expandable segments use it: a
+//            reservation that grows by one mapped chunk per step (cuMemCreate, cuMemMap,
+//            cuMemSetAccess), a chunk made read-only, an allocation of two chunks mapped
+//            whole in a second reservation and its second half again at an offset in the
+//            first (then released while mapped), a counter in VMM memory that a kernel
+//            counts down; every step reads all of it back, and asks the driver whether the
+//            handles it holds are still what they were (retain, properties, access).
+//   graphs   a captured graph (a copy from pinned host memory, a kernel, a memset, a
+//            device copy, a copy back to host memory, a host function, an event record)
+//            and a graph built by hand (memset, a host copy, two kernels, a child graph,
+//            an empty node, event record and wait nodes, copies back, a host node), both
+//            launched every step; the executable graph is changed in place as the steps
+//            go (a memset value, a node disabled and enabled again, a kernel's arguments,
+//            cudaGraphExecUpdate), its graph is queried through the node handles the app
+//            holds, and a second executable graph is made from it late in the run.
+//   async    stream-ordered allocations (cudaMallocAsync / cudaFreeAsync on a stream of
+//            its own), a few kept alive across steps, the oldest freed each step.
+//
+//   migrate_state STEPS PAUSE_MS [vmm] [graphs] [async]   (none named: all three)
+//       prints "step N ..." per step (checksums and counters, no addresses), then PASS.
+//   migrate_state refuse DIR PHASE...
+//       per phase, sets up state that refuses a move, prints "phase P ready" and waits
+//       (calling CUDA) until the file DIR/P exists, then frees it; then "phase end ready",
+//       waits for DIR/end and passes. Phases: graph-alloc (a graph with a memory
+//       allocation node), graph-cond (a conditional node), vmm-fixed (a reservation at a
+//       fixed address outside the movable range), vmm (any reservation: on a server
+//       without --movable-memory), async (a cudaMallocAsync allocation: likewise).
+//
+// What kernels compute is only checked through flyt_sim_countdown, which the sim models.
+#include <cuda.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "e2e_driver.h"
+
+// On a GPU: counter[0] -= 1, counter[1] += 1 (server/sim_backend.cc does the same).
+__global__ void flyt_sim_countdown(unsigned long long /*unused handle*/, int* counter) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) {
+    counter[0] -= 1;
+    counter[1] += 1;
+  }
+}
+
+namespace {
+
+uint64_t Sum(const void* p, size_t n, uint64_t s = 1469598103934665603ull) {
+  const unsigned char* b = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < n; ++i) s = (s ^ b[i]) * 1099511628211ull;
+  return s;
+}
+
+// --- the app's own virtual memory
+
+struct Driver {
+  decltype(&::cuMemGetAllocationGranularity) granularity;
+  decltype(&::cuMemAddressReserve) reserve;
+  decltype(&::cuMemAddressFree) address_free;
+  decltype(&::cuMemCreate) create;
+  decltype(&::cuMemRelease) release;
+  decltype(&::cuMemMap) map;
+  decltype(&::cuMemUnmap) unmap;
+  decltype(&::cuMemSetAccess) set_access;
+  decltype(&::cuMemGetAccess) get_access;
+  decltype(&::cuMemGetAllocationPropertiesFromHandle) properties;
+  decltype(&::cuMemRetainAllocationHandle) retain;
+};
+Driver g_cu;
+
+void ResolveVmm() {
+  e2e::ResolveDriver("cuGetErrorName", &e2e::g_error_name);
+  e2e::ResolveDriver("cuMemGetAllocationGranularity", &g_cu.granularity);
+  e2e::ResolveDriver("cuMemAddressReserve", &g_cu.reserve);
+  e2e::ResolveDriver("cuMemAddressFree", &g_cu.address_free);
+  e2e::ResolveDriver("cuMemCreate", &g_cu.create);
+  e2e::ResolveDriver("cuMemRelease", &g_cu.release);
+  e2e::ResolveDriver("cuMemMap", &g_cu.map);
+  e2e::ResolveDriver("cuMemUnmap", &g_cu.unmap);
+  e2e::ResolveDriver("cuMemSetAccess", &g_cu.set_access);
+  e2e::ResolveDriver("cuMemGetAccess", &g_cu.get_access);
+  e2e::ResolveDriver("cuMemGetAllocationPropertiesFromHandle", &g_cu.properties);
+  e2e::ResolveDriver("cuMemRetainAllocationHandle", &g_cu.retain);
+}
+
+CUmemAllocationProp DeviceProp() {
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof(prop));
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  return prop;
+}
+
+void SetAccess(CUdeviceptr p, size_t n, CUmemAccess_flags flags) {
+  CUmemAccessDesc desc;
+  memset(&desc, 0, sizeof(desc));
+  desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  desc.location.id = 0;
+  desc.flags = flags;
+  CU(g_cu.set_access(p, n, &desc, 1));
+}
+
+unsigned long long GetAccess(CUdeviceptr p) {
+  CUmemLocation loc;
+  memset(&loc, 0, sizeof(loc));
+  loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  loc.id = 0;
+  unsigned long long flags = 0;
+  CU(g_cu.get_access(&flags, &loc, p));
+  return flags;
+}
+
+void* Ptr(CUdeviceptr p) { return reinterpret_cast<void*>(static_cast<uintptr_t>(p)); }
+
+constexpr int kChunks = 6;     // grown one per step
+constexpr int kReadOnly = 3;   // this chunk becomes read-only once written
+constexpr int kAliasSlot = 7;  // seg + 7 granules: the second half of `big`
+
+struct Vmm {
+  size_t gran = 0;
+  CUdeviceptr seg = 0, alias = 0;
+  size_t seg_size = 0;
+  std::vector<CUmemGenericAllocationHandle> chunks;
+  std::vector<std::vector<unsigned char>> host;  // what each chunk holds
+  CUmemGenericAllocationHandle big = 0;          // two granules, released while mapped
+  std::vector<unsigned char> big_host;
+  int counter[2] = {1000, 0};
+
+  void Setup() {
+    e2e::Step("vmm setup");
+    ResolveVmm();
+    const CUmemAllocationProp prop = DeviceProp();
+    CU(g_cu.granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    seg_size = 8 * gran;
+    CU(g_cu.reserve(&seg, seg_size, 0, 0, 0));
+    CU(g_cu.reserve(&alias, 2 * gran, 0, 0, 0));
+    CU(g_cu.create(&big, 2 * gran, &prop, 0));
+    CU(g_cu.map(alias, 2 * gran, 0, big, 0));
+    SetAccess(alias, 2 * gran, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CU(g_cu.map(seg + kAliasSlot * gran, gran, gran, big, 0));  // big's second half again
+    SetAccess(seg + kAliasSlot * gran, gran, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CU(g_cu.release(big));  // still mapped twice: the memory stays
+    big_host.resize(2 * gran);
+    e2e::Fill(big_host.data(), big_host.size(), 77);
+    CK(cudaMemcpy(Ptr(alias), big_host.data(), big_host.size(), cudaMemcpyHostToDevice));
+  }
+
+  void Step(int i, cudaStream_t s, std::string* line) {
+    e2e::Step("vmm step");
+    const CUmemAllocationProp prop = DeviceProp();
+    if (i < kChunks) {  // the segment grows
+      CUmemGenericAllocationHandle h = 0;
+      CU(g_cu.create(&h, gran, &prop, 0));
+      CUdeviceptr at = seg + i * gran;
+      CU(g_cu.map(at, gran, 0, h, 0));
+      SetAccess(at, gran, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+      chunks.push_back(h);
+      host.emplace_back(gran);
+      e2e::Fill(host.back().data(), gran, 100 + i);
+      if (i == 0) memcpy(host[0].data(), counter, sizeof(counter));
+      CK(cudaMemcpy(Ptr(at), host.back().data(), gran, cudaMemcpyHostToDevice));
+      if (i == kReadOnly) SetAccess(at, gran, CU_MEM_ACCESS_FLAGS_PROT_READ);
+    }
+    // A kernel counts down in VMM memory (chunk 0 holds the counter).
+    flyt_sim_countdown<<<1, 32, 0, s>>>(0, static_cast<int*>(Ptr(seg)));
+    CK(cudaGetLastError());
+    counter[0] -= 1;
+    counter[1] += 1;
+    memcpy(host[0].data(), counter, sizeof(counter));
+    // A write through the mapping at an offset shows through the other one.
+    const size_t off = (static_cast<size_t>(i) * 65537) % (gran - 4096);
+    std::vector<unsigned char> patch(4096);
+    e2e::Fill(patch.data(), patch.size(), 500 + i);
+    CK(cudaMemcpyAsync(Ptr(seg + kAliasSlot * gran + off), patch.data(), patch.size(),
+                       cudaMemcpyHostToDevice, s));
+    memcpy(big_host.data() + gran + off, patch.data(), patch.size());
+    CK(cudaStreamSynchronize(s));
+    // Everything read back.
+    uint64_t sum = Sum(nullptr, 0);
+    std::vector<unsigned char> got(gran);
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      CK(cudaMemcpy(got.data(), Ptr(seg + c * gran), gran, cudaMemcpyDeviceToHost));
+      EXPECT_SAME(got.data(), host[c].data(), gran, "a VMM chunk");
+      sum = Sum(got.data(), gran, sum);
+    }
+    std::vector<unsigned char> whole(2 * gran);
+    CK(cudaMemcpy(whole.data(), Ptr(alias), whole.size(), cudaMemcpyDeviceToHost));
+    EXPECT_SAME(whole.data(), big_host.data(), whole.size(), "the allocation mapped twice");
+    sum = Sum(whole.data(), whole.size(), sum);
+    // The handles the app holds are still the driver's names for its memory.
+    CUmemGenericAllocationHandle again = 0;
+    CU(g_cu.retain(&again, Ptr(seg + gran / 2)));
+    EXPECT(again == chunks[0], "cuMemRetainAllocationHandle gave %llu, the app holds %llu",
+           static_cast<unsigned long long>(again), static_cast<unsigned long long>(chunks[0]));
+    CU(g_cu.release(again));
+    CUmemAllocationProp got_prop;
+    memset(&got_prop, 0, sizeof(got_prop));
+    CU(g_cu.properties(&got_prop, chunks.back()));
+    EXPECT(got_prop.type == CU_MEM_ALLOCATION_TYPE_PINNED &&
+               got_prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE && got_prop.location.id == 0,
+           "properties of a chunk");
+    EXPECT(GetAccess(seg) == CU_MEM_ACCESS_FLAGS_PROT_READWRITE, "access of chunk 0");
+    if (chunks.size() > kReadOnly)
+      EXPECT(GetAccess(seg + kReadOnly * gran) == CU_MEM_ACCESS_FLAGS_PROT_READ,
+             "access of the read-only chunk");
+    char buf[128];
+    snprintf(buf, sizeof(buf), " vmm=%llu chunks=%zu vcounter=%d",
+             static_cast<unsigned long long>(sum), chunks.size(), counter[1]);
+    *line += buf;
+  }
+
+  void Teardown() {
+    e2e::Step("vmm teardown");
+    CU(g_cu.unmap(seg, chunks.size() * gran));
+    CU(g_cu.unmap(seg + kAliasSlot * gran, gran));
+    for (CUmemGenericAllocationHandle h : chunks) CU(g_cu.release(h));
+    CU(g_cu.unmap(alias, 2 * gran));  // big goes with its last mapping
+    CU(g_cu.address_free(seg, seg_size));
+    CU(g_cu.address_free(alias, 2 * gran));
+  }
+};
+
+// --- graphs
+
+constexpr size_t kCap = 48 << 10;   // the captured graph's buffers
+constexpr size_t kHand = 24 << 10;  // the hand-built graph's buffers
+
+void CountCall(void* p) { ++*static_cast<int*>(p); }
+
+struct Graphs {
+  cudaStream_t s = nullptr;
+  // captured
+  cudaGraph_t cap_graph = nullptr;
+  cudaGraphExec_t cap_exec = nullptr;
+  unsigned char *cap_in = nullptr, *cap_out = nullptr;  // pinned: captured copies
+  unsigned char *d_a = nullptr, *d_b = nullptr;
+  int* cap_counter = nullptr;
+  int cap_calls = 0;
+  cudaEvent_t cap_event = nullptr;
+  // built by hand
+  cudaGraph_t g = nullptr, child = nullptr;
+  cudaGraphExec_t e = nullptr, e2 = nullptr;
+  cudaGraphNode_t mset, h2d, k1, k2, child_node, empty, rec, wait, back_m, back_x, back_y, host;
+  unsigned char *d_m = nullptr, *d_x = nullptr, *d_y = nullptr;
+  std::vector<unsigned char> h_x, h_m, h_xb, h_y;
+  int *cA = nullptr, *cB = nullptr;
+  int a[2] = {500, 0}, b[2] = {700, 0};
+  int hand_calls = 0;
+  cudaEvent_t ev = nullptr;
+  decltype(&::cuGraphKernelNodeGetParams_v2) kernel_params = nullptr;
+  CUfunction k1_func = nullptr;
+  CUkernel k1_kern = nullptr;
+  int cap_count[2] = {900, 0};
+
+  // flyt_sim_countdown(0, *counter); `args` and `unused` outlive the call that takes it.
+  static cudaKernelNodeParams Kernel(int** counter, void** args, unsigned long long* unused) {
+    *unused = 0;
+    args[0] = unused;
+    args[1] = counter;
+    cudaKernelNodeParams kp{};
+    kp.func = reinterpret_cast<void*>(flyt_sim_countdown);
+    kp.gridDim = dim3(1);
+    kp.blockDim = dim3(32);
+    kp.kernelParams = args;
+    return kp;
+  }
+
+  void Setup() {
+    e2e::Step("graphs setup");
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CK(cudaEventCreateWithFlags(&cap_event, cudaEventDisableTiming));
+    CK(cudaEventCreate(&ev));
+    CK(cudaMallocHost(&cap_in, kCap));
+    CK(cudaMallocHost(&cap_out, kCap));
+    CK(cudaMalloc(&d_a, kCap));
+    CK(cudaMalloc(&d_b, kCap));
+    CK(cudaMalloc(&cap_counter, 2 * sizeof(int)));
+    CK(cudaMemcpy(cap_counter, cap_count, sizeof(cap_count), cudaMemcpyHostToDevice));
+    // Captured: every copy to and from this process's memory re-reads / re-writes it.
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CK(cudaMemcpyAsync(d_a, cap_in, kCap, cudaMemcpyHostToDevice, s));
+    flyt_sim_countdown<<<1, 32, 0, s>>>(0, cap_counter);
+    CK(cudaGetLastError());
+    CK(cudaMemsetAsync(d_b, 0x5a, kCap / 2, s));
+    CK(cudaMemcpyAsync(d_b + kCap / 2, d_a, kCap / 2, cudaMemcpyDeviceToDevice, s));
+    CK(cudaMemcpyAsync(cap_out, d_b, kCap, cudaMemcpyDeviceToHost, s));
+    CK(cudaLaunchHostFunc(s, CountCall, &cap_calls));
+    CK(cudaEventRecord(cap_event, s));
+    CK(cudaStreamEndCapture(s, &cap_graph));
+    CK(cudaGraphInstantiateWithFlags(&cap_exec, cap_graph,
+                                     cudaGraphInstantiateFlagUseNodePriority));
+
+    // Built by hand.
+    h_x.resize(kHand);
+    h_m.resize(kHand);
+    h_xb.resize(kHand);
+    h_y.resize(kHand);
+    CK(cudaMalloc(&d_m, kHand));
+    CK(cudaMalloc(&d_x, kHand));
+    CK(cudaMalloc(&d_y, kHand));
+    CK(cudaMalloc(&cA, 2 * sizeof(int)));
+    CK(cudaMalloc(&cB, 2 * sizeof(int)));
+    CK(cudaMemcpy(cA, a, sizeof(a), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(cB, b, sizeof(b), cudaMemcpyHostToDevice));
+    CK(cudaGraphCreate(&g, 0));
+    cudaMemsetParams ms{};
+    ms.dst = d_m;
+    ms.value = 0x11;
+    ms.elementSize = 1;
+    ms.width = kHand;
+    ms.height = 1;
+    CK(cudaGraphAddMemsetNode(&mset, g, nullptr, 0, &ms));
+    CK(cudaGraphAddMemcpyNode1D(&h2d, g, nullptr, 0, d_x, h_x.data(), kHand,
+                                cudaMemcpyHostToDevice));
+    void* args1[2];
+    void* args2[2];
+    unsigned long long u1, u2;
+    cudaKernelNodeParams kp1 = Kernel(&cA, args1, &u1);
+    CK(cudaGraphAddKernelNode(&k1, g, &mset, 1, &kp1));
+    cudaKernelNodeParams kp2 = Kernel(&cB, args2, &u2);
+    CK(cudaGraphAddKernelNode(&k2, g, &k1, 1, &kp2));
+    CK(cudaGraphCreate(&child, 0));
+    cudaGraphNode_t inner;
+    cudaMemsetParams ys = ms;
+    ys.dst = d_y;
+    ys.value = 0x77;
+    CK(cudaGraphAddMemsetNode(&inner, child, nullptr, 0, &ys));
+    CK(cudaGraphAddChildGraphNode(&child_node, g, &k2, 1, child));
+    cudaGraphNode_t before_empty[2] = {child_node, h2d};
+    CK(cudaGraphAddEmptyNode(&empty, g, before_empty, 2));
+    CK(cudaGraphAddEventRecordNode(&rec, g, &empty, 1, ev));
+    CK(cudaGraphAddEventWaitNode(&wait, g, &rec, 1, ev));
+    CK(cudaGraphAddMemcpyNode1D(&back_m, g, &wait, 1, h_m.data(), d_m, kHand,
+                                cudaMemcpyDeviceToHost));
+    CK(cudaGraphAddMemcpyNode1D(&back_x, g, &wait, 1, h_xb.data(), d_x, kHand,
+                                cudaMemcpyDeviceToHost));
+    CK(cudaGraphAddMemcpyNode1D(&back_y, g, &wait, 1, h_y.data(), d_y, kHand,
+                                cudaMemcpyDeviceToHost));
+    cudaHostNodeParams hp{};
+    hp.fn = CountCall;
+    hp.userData = &hand_calls;
+    cudaGraphNode_t host_deps[3] = {back_m, back_x, back_y};
+    CK(cudaGraphAddHostNode(&host, g, host_deps, 3, &hp));
+    CK(cudaGraphInstantiate(&e, g, 0));
+    // The driver's names of k1's code, which a move must keep.
+    e2e::ResolveDriver("cuGetErrorName", &e2e::g_error_name);
+    e2e::ResolveDriver("cuGraphKernelNodeGetParams", &kernel_params);
+    CUDA_KERNEL_NODE_PARAMS kp{};
+    CU(kernel_params(reinterpret_cast<CUgraphNode>(k1), &kp));
+    k1_func = kp.func;
+    k1_kern = kp.kern;
+  }
+
+  // What the hand-built executable graph's memset writes at step i.
+  static unsigned char MemsetValue(int i) { return i < 1 ? 0x11 : i < 7 ? 0x22 : 0x33; }
+
+  void Change(int i) {
+    e2e::Step("graphs: change");
+    if (i == 1) {  // in place, in the executable graph only
+      cudaMemsetParams ms{};
+      ms.dst = d_m;
+      ms.value = 0x22;
+      ms.elementSize = 1;
+      ms.width = kHand;
+      ms.height = 1;
+      CK(cudaGraphExecMemsetNodeSetParams(e, mset, &ms));
+      CK(cudaGraphNodeSetEnabled(e, k2, 0));
+    }
+    if (i == 4) {  // k1 counts cB down in the executable graph
+      void* args[2];
+      unsigned long long u;
+      cudaKernelNodeParams kp = Kernel(&cB, args, &u);
+      CK(cudaGraphExecKernelNodeSetParams(e, k1, &kp));
+    }
+    if (i == 7) {  // the graph changes, and the executable graph takes it whole
+      CK(cudaGraphNodeSetEnabled(e, k2, 1));
+      cudaMemsetParams ms;
+      CK(cudaGraphMemsetNodeGetParams(mset, &ms));
+      ms.value = 0x33;
+      CK(cudaGraphMemsetNodeSetParams(mset, &ms));
+      cudaGraphExecUpdateResultInfo info{};
+      CK(cudaGraphExecUpdate(e, g, &info));
+      EXPECT(info.result == cudaGraphExecUpdateSuccess, "cudaGraphExecUpdate result %d",
+             static_cast<int>(info.result));
+    }
+    if (i == 9) CK(cudaGraphInstantiate(&e2, g, 0));  // a new one from the moved graph
+  }
+
+  void Step(int i, std::string* line) {
+    Change(i);
+    e2e::Step("graphs: launch");
+    e2e::Fill(cap_in, kCap, 1000 + i);
+    e2e::Fill(h_x.data(), kHand, 2000 + i);
+    CK(cudaGraphLaunch(cap_exec, s));
+    CK(cudaGraphLaunch(e, s));
+    if (e2 != nullptr) CK(cudaGraphLaunch(e2, s));
+    CK(cudaStreamSynchronize(s));
+    CK(cudaEventSynchronize(cap_event));
+    // The captured graph: memset half, then the first half of what was copied in.
+    cap_count[0] -= 1;
+    cap_count[1] += 1;
+    EXPECT(e2e::FirstNot(cap_out, 0x5a, kCap / 2) < 0, "captured memset");
+    EXPECT_SAME(cap_out + kCap / 2, cap_in, kCap / 2, "captured copies");
+    EXPECT(cap_calls == i + 1, "captured host function ran %d times after %d steps", cap_calls,
+           i + 1);
+    // The hand-built graph (and its second executable graph, the same by now).
+    const bool k1_on_b = i >= 4 && i < 7;
+    const bool k2_on = i < 1 || i >= 7;
+    for (int run = 0; run < (e2 != nullptr ? 2 : 1); ++run) {
+      const bool first = run == 0;
+      ((first && k1_on_b) ? b : a)[0] -= 1;
+      ((first && k1_on_b) ? b : a)[1] += 1;
+      if (!first || k2_on) {
+        b[0] -= 1;
+        b[1] += 1;
+      }
+    }
+    EXPECT(e2e::FirstNot(h_m.data(), MemsetValue(i), kHand) < 0, "memset node value at step %d", i);
+    EXPECT_SAME(h_xb.data(), h_x.data(), kHand, "hand-built copies");
+    EXPECT(e2e::FirstNot(h_y.data(), 0x77, kHand) < 0, "the child graph's memset");
+    EXPECT(hand_calls == i + 1 + (e2 != nullptr ? i - 8 : 0), "hand-built host node ran %d times",
+           hand_calls);
+    int got[2];
+    CK(cudaMemcpy(got, cA, sizeof(got), cudaMemcpyDeviceToHost));
+    EXPECT(got[0] == a[0] && got[1] == a[1], "counter A %d,%d, want %d,%d", got[0], got[1], a[0],
+           a[1]);
+    CK(cudaMemcpy(got, cB, sizeof(got), cudaMemcpyDeviceToHost));
+    EXPECT(got[0] == b[0] && got[1] == b[1], "counter B %d,%d, want %d,%d", got[0], got[1], b[0],
+           b[1]);
+    CK(cudaMemcpy(got, cap_counter, sizeof(got), cudaMemcpyDeviceToHost));
+    EXPECT(got[0] == cap_count[0] && got[1] == cap_count[1], "captured counter %d,%d", got[0],
+           got[1]);
+    // The handles the app holds still name its graph's nodes.
+    e2e::Step("graphs: queries");
+    size_t n = 0;
+    CK(cudaGraphGetNodes(g, nullptr, &n));
+    EXPECT(n == 12, "%zu nodes in the hand-built graph", n);
+    std::vector<cudaGraphNode_t> nodes(n);
+    CK(cudaGraphGetNodes(g, nodes.data(), &n));
+    int known = 0;
+    for (cudaGraphNode_t x : nodes) known += x == mset || x == k1 || x == host || x == child_node;
+    EXPECT(known == 4, "%d of the app's node handles in the graph's list", known);
+    cudaGraphNodeType t;
+    CK(cudaGraphNodeGetType(k1, &t));
+    EXPECT(t == cudaGraphNodeTypeKernel, "k1's type %d", static_cast<int>(t));
+    CK(cudaGraphNodeGetType(child_node, &t));
+    EXPECT(t == cudaGraphNodeTypeGraph, "the child node's type %d", static_cast<int>(t));
+    CK(cudaGraphNodeGetType(h2d, &t));
+    EXPECT(t == cudaGraphNodeTypeMemcpy, "h2d's type %d", static_cast<int>(t));
+    cudaMemsetParams ms;
+    CK(cudaGraphMemsetNodeGetParams(mset, &ms));
+    EXPECT(ms.value == (i < 7 ? 0x11u : 0x33u), "the graph's memset value %u", ms.value);
+    CUDA_KERNEL_NODE_PARAMS kp{};
+    CU(kernel_params(reinterpret_cast<CUgraphNode>(k1), &kp));
+    EXPECT(kp.func == k1_func && kp.kern == k1_kern, "k1's function %p/%p, was %p/%p",
+           static_cast<void*>(kp.func), static_cast<void*>(kp.kern), static_cast<void*>(k1_func),
+           static_cast<void*>(k1_kern));
+    EXPECT(kp.kernelParams != nullptr && *static_cast<int**>(kp.kernelParams[1]) == cA,
+           "k1's argument in the graph");
+    cudaGraphNode_t deps[4];
+    size_t nd = 4;
+    CK(cudaGraphNodeGetDependencies(empty, deps, nullptr, &nd));
+    EXPECT(nd == 2 && ((deps[0] == child_node && deps[1] == h2d) ||
+                       (deps[0] == h2d && deps[1] == child_node)),
+           "the empty node's dependencies");
+    unsigned int enabled = 9;
+    CK(cudaGraphNodeGetEnabled(e, k2, &enabled));
+    EXPECT(enabled == (k2_on ? 1u : 0u), "k2 enabled %u at step %d", enabled, i);
+    unsigned long long flags = 9;
+    CK(cudaGraphExecGetFlags(cap_exec, &flags));
+    EXPECT(flags == cudaGraphInstantiateFlagUseNodePriority, "the captured exec's flags %llu",
+           flags);
+    char buf[160];
+    snprintf(buf, sizeof(buf), " cap=%llu hand=%llu a=%d b=%d calls=%d,%d",
+             static_cast<unsigned long long>(Sum(cap_out, kCap)),
+             static_cast<unsigned long long>(
+                 Sum(h_y.data(), kHand, Sum(h_xb.data(), kHand, Sum(h_m.data(), kHand)))),
+             a[1], b[1], cap_calls, hand_calls);
+    *line += buf;
+  }
+
+  void Teardown() {
+    e2e::Step("graphs teardown");
+    if (e2 != nullptr) CK(cudaGraphExecDestroy(e2));
+    CK(cudaGraphExecDestroy(e));
+    CK(cudaGraphExecDestroy(cap_exec));
+    CK(cudaGraphDestroy(g));
+    CK(cudaGraphDestroy(child));
+    CK(cudaGraphDestroy(cap_graph));
+    for (void* p :
+         {static_cast<void*>(d_a), static_cast<void*>(d_b), static_cast<void*>(cap_counter),
+          static_cast<void*>(d_m), static_cast<void*>(d_x), static_cast<void*>(d_y),
+          static_cast<void*>(cA), static_cast<void*>(cB)})
+      CK(cudaFree(p));
+    CK(cudaFreeHost(cap_in));
+    CK(cudaFreeHost(cap_out));
+    CK(cudaEventDestroy(ev));
+    CK(cudaEventDestroy(cap_event));
+    CK(cudaStreamDestroy(s));
+  }
+};
+
+// --- stream-ordered allocations
+
+struct Async {
+  cudaStream_t s = nullptr;
+  std::vector<std::pair<unsigned char*, std::vector<unsigned char>>> live;
+
+  void Setup() { CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+
+  void Step(int i, std::string* line) {
+    e2e::Step("async step");
+    // Large ones (their own granules) and small ones (sharing chunks), in turn.
+    const size_t n = (i % 2 == 0) ? (3u << 20) + 4096 * i + 5 : 1000 + 77 * i;
+    unsigned char* p = nullptr;
+    CK(cudaMallocAsync(reinterpret_cast<void**>(&p), n, s));
+    std::vector<unsigned char> host(n);
+    e2e::Fill(host.data(), n, 3000 + i);
+    CK(cudaMemcpyAsync(p, host.data(), n, cudaMemcpyHostToDevice, s));
+    live.emplace_back(p, std::move(host));
+    if (live.size() > 3) {  // the oldest goes, in stream order
+      CK(cudaFreeAsync(live.front().first, s));
+      live.erase(live.begin());
+    }
+    CK(cudaStreamSynchronize(s));
+    uint64_t sum = Sum(nullptr, 0);
+    for (const auto& [dev, want] : live) {
+      std::vector<unsigned char> got(want.size());
+      CK(cudaMemcpy(got.data(), dev, got.size(), cudaMemcpyDeviceToHost));
+      EXPECT_SAME(got.data(), want.data(), got.size(), "a stream-ordered allocation");
+      sum = Sum(got.data(), got.size(), sum);
+    }
+    char buf[64];
+    snprintf(buf, sizeof(buf), " async=%llu", static_cast<unsigned long long>(sum));
+    *line += buf;
+  }
+
+  void Teardown() {
+    e2e::Step("async teardown");
+    for (const auto& [dev, want] : live) CK(cudaFreeAsync(dev, s));
+    CK(cudaStreamSynchronize(s));
+    CK(cudaStreamDestroy(s));
+  }
+};
+
+// --- refusals
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0;
+}
+
+// Prints "phase NAME ready" and keeps calling CUDA until DIR/NAME exists.
+void Hold(const std::string& dir, const char* name) {
+  printf("phase %s ready\n", name);
+  fflush(stdout);
+  for (int i = 0; i < 3000 && !Exists(dir + "/" + name); ++i) {
+    CK(cudaStreamQuery(0));
+    usleep(20000);
+  }
+  EXPECT(Exists(dir + "/" + name), "nobody released phase %s", name);
+  printf("phase %s done\n", name);
+}
+
+int Refuse(const std::string& dir, int argc, char** argv) {
+  for (int k = 0; k < argc; ++k) {
+    const std::string phase = argv[k];
+    e2e::Step(argv[k]);
+    if (phase == "graph-alloc") {
+      cudaGraph_t g;
+      CK(cudaGraphCreate(&g, 0));
+      cudaMemAllocNodeParams p{};
+      p.poolProps.allocType = cudaMemAllocationTypePinned;
+      p.poolProps.location.type = cudaMemLocationTypeDevice;
+      p.poolProps.location.id = 0;
+      p.bytesize = 1 << 20;
+      cudaGraphNode_t alloc, free_node;
+      CK(cudaGraphAddMemAllocNode(&alloc, g, nullptr, 0, &p));
+      CK(cudaGraphAddMemFreeNode(&free_node, g, &alloc, 1, p.dptr));
+      Hold(dir, argv[k]);
+      CK(cudaGraphDestroy(g));
+    } else if (phase == "graph-cond") {
+      cudaGraph_t g;
+      CK(cudaGraphCreate(&g, 0));
+      cudaGraphConditionalHandle h;
+      CK(cudaGraphConditionalHandleCreate(&h, g, 1, cudaGraphCondAssignDefault));
+      cudaGraphNodeParams np{};
+      np.type = cudaGraphNodeTypeConditional;
+      np.conditional.handle = h;
+      np.conditional.type = cudaGraphCondTypeIf;
+      np.conditional.size = 1;
+      cudaGraphNode_t cond;
+      CK(cudaGraphAddNode(&cond, g, nullptr, nullptr, 0, &np));
+      cudaGraphExec_t exec;
+      CK(cudaGraphInstantiate(&exec, g, 0));
+      Hold(dir, argv[k]);
+      CK(cudaGraphExecDestroy(exec));
+      CK(cudaGraphDestroy(g));
+    } else if (phase == "async") {
+      void* p = nullptr;
+      CK(cudaMallocAsync(&p, 1 << 20, 0));
+      CK(cudaStreamSynchronize(0));
+      Hold(dir, argv[k]);
+      CK(cudaFreeAsync(p, 0));
+      CK(cudaStreamSynchronize(0));
+    } else if (phase == "vmm-fixed" || phase == "vmm") {
+      ResolveVmm();
+      const CUmemAllocationProp prop = DeviceProp();
+      size_t gran = 0;
+      CU(g_cu.granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+      // Far from the movable range (and below the sim's cuMemAlloc range).
+      const CUdeviceptr want = phase == "vmm-fixed" ? 0x580000000000ull : 0;
+      CUdeviceptr va = 0;
+      CU(g_cu.reserve(&va, 2 * gran, 0, want, 0));
+      printf("%s.at_hint=%d\n", argv[k], va == want ? 1 : 0);
+      Hold(dir, argv[k]);
+      CU(g_cu.address_free(va, 2 * gran));
+    } else {
+      e2e::Fail(__FILE__, __LINE__, "unknown phase %s", argv[k]);
+    }
+  }
+  Hold(dir, "end");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  e2e::Init("migrate_state", 300);
+  if (argc > 2 && std::string(argv[1]) == "refuse") {
+    Refuse(argv[2], argc - 3, argv + 3);
+    e2e::Pass();
+    return 0;
+  }
+  const int steps = argc > 1 ? atoi(argv[1]) : 12;
+  const int pause_ms = argc > 2 ? atoi(argv[2]) : 0;
+  bool vmm_on = false, graphs_on = false, async_on = false;
+  for (int k = 3; k < argc; ++k) {
+    vmm_on = vmm_on || std::string(argv[k]) == "vmm";
+    graphs_on = graphs_on || std::string(argv[k]) == "graphs";
+    async_on = async_on || std::string(argv[k]) == "async";
+  }
+  if (!vmm_on && !graphs_on && !async_on) vmm_on = graphs_on = async_on = true;
+  cudaStream_t s;
+  CK(cudaStreamCreate(&s));
+  Vmm vmm;
+  Graphs graphs;
+  Async async;
+  if (vmm_on) vmm.Setup();
+  if (graphs_on) graphs.Setup();
+  if (async_on) async.Setup();
+  for (int i = 0; i < steps; ++i) {
+    std::string line = "step " + std::to_string(i);
+    if (vmm_on) vmm.Step(i, s, &line);
+    if (graphs_on) graphs.Step(i, &line);
+    if (async_on) async.Step(i, &line);
+    printf("%s\n", line.c_str());
+    fflush(stdout);
+    if (pause_ms > 0) usleep(pause_ms * 1000);
+  }
+  if (async_on) async.Teardown();
+  if (graphs_on) graphs.Teardown();
+  if (vmm_on) vmm.Teardown();
+  CK(cudaStreamDestroy(s));
+  e2e::Pass();
+  return 0;
+}
