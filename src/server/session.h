@@ -192,6 +192,8 @@ class Session {
   // The context behind a client's context handle (its primary context stands
   // for the session's execution context, possibly a green context).
   CUcontext RealContext(uint64_t raw) const;
+  // The context copy and memset nodes the session builds run in (the driver refuses none).
+  CUcontext NodeContext() const { return exec_ != nullptr ? exec_ : primary_; }
   // Runs a client host function: asks the client over the callback channel and
   // waits for it to finish. Called on the driver's callback thread.
   void RunClientHostFunc(uint64_t id, bool persistent);

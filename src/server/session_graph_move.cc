@@ -730,13 +730,13 @@ Status Session::ReadGraph(GraphReader& r, CUgraph g, bool visible, bool nested, 
             c.dstHost = p;
           }
         }
-        rc = a.cuGraphAddMemcpyNode(&node, g, deps.data(), deps.size(), &c, nullptr);
+        rc = a.cuGraphAddMemcpyNode(&node, g, deps.data(), deps.size(), &c, NodeContext());
         break;
       }
       case CU_GRAPH_NODE_TYPE_MEMSET: {
         CUDA_MEMSET_NODE_PARAMS m{};
         if (!in.Get(&m)) return in.status();
-        rc = a.cuGraphAddMemsetNode(&node, g, deps.data(), deps.size(), &m, nullptr);
+        rc = a.cuGraphAddMemsetNode(&node, g, deps.data(), deps.size(), &m, NodeContext());
         break;
       }
       case CU_GRAPH_NODE_TYPE_HOST: {

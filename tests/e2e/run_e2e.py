@@ -1547,6 +1547,13 @@ class E2E(unittest.TestCase):
                     n, answer = self._migrate_answer(a, "migrate", "moved", to=b.url("tcp"),
                                                      token=TOKEN)
                     self.assertEqual(n, 1, "%s\n%s\n%s" % (answer, a.logs(), b.logs()))
+                    # The idle program is nudged over to b; it must be there before it may
+                    # end (a process that exits first leaves b a restored session that
+                    # waits for it until the restore times out).
+                    deadline = time.monotonic() + 20
+                    while "resumed from" not in b.log_text() and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                    self.assertIn("resumed from", b.log_text(), b.logs())
                     open(os.path.join(gate, "end"), "w").close()
                 finally:
                     res = prog.finish()

@@ -4,8 +4,8 @@
 //   vmm      the app's own virtual memory as PyTorch's expandable segments use it: a
 //            reservation that grows by one mapped chunk per step (cuMemCreate, cuMemMap,
 //            cuMemSetAccess), a chunk made read-only, an allocation of two chunks mapped
-//            whole in a second reservation and its second half again at an offset in the
-//            first (then released while mapped), a counter in VMM memory that a kernel
+//            whole in a second reservation and whole again at the end of the first (the
+//            driver maps only from offset 0), then released while mapped, a counter in VMM memory that a kernel
 //            counts down; every step reads all of it back, and asks the driver whether the
 //            handles it holds are still what they were (retain, properties, access).
 //   graphs   a captured graph (a copy from pinned host memory, a kernel, a memset, a
@@ -119,7 +119,7 @@ void* Ptr(CUdeviceptr p) { return reinterpret_cast<void*>(static_cast<uintptr_t>
 
 constexpr int kChunks = 6;     // grown one per step
 constexpr int kReadOnly = 3;   // this chunk becomes read-only once written
-constexpr int kAliasSlot = 7;  // seg + 7 granules: the second half of `big`
+constexpr int kAliasSlot = 6;  // seg + 6 and 7 granules: `big` again
 
 struct Vmm {
   size_t gran = 0;
@@ -142,8 +142,8 @@ struct Vmm {
     CU(g_cu.create(&big, 2 * gran, &prop, 0));
     CU(g_cu.map(alias, 2 * gran, 0, big, 0));
     SetAccess(alias, 2 * gran, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
-    CU(g_cu.map(seg + kAliasSlot * gran, gran, gran, big, 0));  // big's second half again
-    SetAccess(seg + kAliasSlot * gran, gran, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CU(g_cu.map(seg + kAliasSlot * gran, 2 * gran, 0, big, 0));  // big again
+    SetAccess(seg + kAliasSlot * gran, 2 * gran, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     CU(g_cu.release(big));  // still mapped twice: the memory stays
     big_host.resize(2 * gran);
     e2e::Fill(big_host.data(), big_host.size(), 77);
@@ -176,7 +176,7 @@ struct Vmm {
     const size_t off = (static_cast<size_t>(i) * 65537) % (gran - 4096);
     std::vector<unsigned char> patch(4096);
     e2e::Fill(patch.data(), patch.size(), 500 + i);
-    CK(cudaMemcpyAsync(Ptr(seg + kAliasSlot * gran + off), patch.data(), patch.size(),
+    CK(cudaMemcpyAsync(Ptr(seg + (kAliasSlot + 1) * gran + off), patch.data(), patch.size(),
                        cudaMemcpyHostToDevice, s));
     memcpy(big_host.data() + gran + off, patch.data(), patch.size());
     CK(cudaStreamSynchronize(s));
@@ -217,7 +217,7 @@ struct Vmm {
   void Teardown() {
     e2e::Step("vmm teardown");
     CU(g_cu.unmap(seg, chunks.size() * gran));
-    CU(g_cu.unmap(seg + kAliasSlot * gran, gran));
+    CU(g_cu.unmap(seg + kAliasSlot * gran, 2 * gran));
     for (CUmemGenericAllocationHandle h : chunks) CU(g_cu.release(h));
     CU(g_cu.unmap(alias, 2 * gran));  // big goes with its last mapping
     CU(g_cu.address_free(seg, seg_size));
