@@ -22,8 +22,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// A wait busy-polls UCX this long before it sleeps.
-constexpr int kSpinUs = 50;
+// A transfer busy-polls UCX while it moves and this long after it last moved, then
+// sleeps in slices of 1 ms (some of UCX's transports send no wake-up when room frees up).
+constexpr int kSpinUs = 200;
+// The client's progress thread polls this long after its last work, then sleeps 1 ms at
+// a time for kRecentMs, then until UCX has news (at most 100 ms).
+constexpr int kBusyUs = 200;
+constexpr int kRecentMs = 50;
 // Zero bytes after an imported key: a memory domain's unpacker may read its own fixed
 // size whatever length byte the key gave it.
 constexpr size_t kKeyPad = 256;
@@ -325,15 +330,24 @@ class UcxRemoteMemory final : public RemoteMemory {
 
   // The client's worker is the target of the server's reads and writes: over UCX's TCP
   // transport (and its software emulation of RMA) the target must progress to answer.
+  // While it has had work lately it keeps polling (UCX's emulation of RMA with active
+  // messages may wait for room in the server's queue, which sends no wake-up); idle, it
+  // sleeps until UCX has news.
   void ProgressLoop() {
+    auto last_work = Clock::now();
     for (;;) {
-      while (api_->worker_progress(worker_) != 0) {
-      }
+      bool worked = false;
+      while (api_->worker_progress(worker_) != 0) worked = true;
       if (stop_.load(std::memory_order_acquire)) return;
+      const auto now = Clock::now();
+      if (worked) last_work = now;
+      const auto idle = now - last_work;
+      if (idle < std::chrono::microseconds(kBusyUs)) continue;
       const ucs_status_t s = api_->worker_arm(worker_);
       if (s == UCS_ERR_BUSY) continue;
       pollfd p[2] = {{efd_, POLLIN, 0}, {stop_efd_, POLLIN, 0}};
-      ::poll(p, 2, s == UCS_OK ? 100 : 1);
+      const bool recent = idle < std::chrono::milliseconds(kRecentMs);
+      ::poll(p, 2, s != UCS_OK || recent ? 1 : 100);
     }
   }
 
@@ -372,14 +386,15 @@ class UcxRemoteMemory final : public RemoteMemory {
                         api_->Why(UCS_PTR_STATUS(req)));
     }
     const auto start = Clock::now();
-    const auto spin_until = start + std::chrono::microseconds(kSpinUs);
+    auto spin_until = start + std::chrono::microseconds(kSpinUs);
     auto last_watch = start;
     Clock::time_point gone_at{};
     bool gone = false;
     ucs_status_t s;
     while ((s = api_->request_check_status(req)) == UCS_INPROGRESS) {
-      if (api_->worker_progress(worker_) != 0) continue;
+      const bool moved = api_->worker_progress(worker_) != 0;
       const auto now = Clock::now();
+      if (moved) spin_until = now + std::chrono::microseconds(kSpinUs);
       if (!gone && now - last_watch > std::chrono::nanoseconds(kWatchEveryNs)) {
         last_watch = now;
         std::string why = GoneWhyLocked(now - start);
@@ -402,7 +417,7 @@ class UcxRemoteMemory final : public RemoteMemory {
       pollfd p[3] = {{efd_, POLLIN, 0},
                      {gone ? -1 : watch_.stop_fd, POLLIN, 0},
                      {gone ? -1 : watch_.sock, POLLIN | POLLRDHUP, 0}};
-      ::poll(p, 3, gone ? 1 : 10);
+      ::poll(p, 3, 1);
       if (p[1].revents != 0 || p[2].revents != 0) last_watch = start;  // look at once
     }
     api_->request_free(req);

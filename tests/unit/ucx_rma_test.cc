@@ -124,6 +124,30 @@ TEST(UcxRma, ReadsAndWritesExposedMemoryAtAnyOffset) {
   EXPECT_EQ(got, Pattern(1000, 3));
 }
 
+TEST(UcxRma, DISABLED_Timing) {
+  Pair p;
+  ASSERT_NO_FATAL_FAILURE(MakePair(&p));
+  ASSERT_NO_FATAL_FAILURE(ConnectMemory(&p));
+  const size_t n = size_t{64} << 20;
+  std::vector<uint8_t> client(n, 1), local(size_t{8} << 20);
+  const uint64_t id = ExposeAndImport(&p, client.data(), n);
+  RemoteMemory* s = p.worker->Rma();
+  uint64_t h = 0;
+  if (getenv("REG")) ASSERT_TRUE(s->RegisterLocal(local.data(), local.size(), false, &h).ok());
+  for (int w = 0; w < 2; ++w) {
+    for (int r = 0; r < 3; ++r) {
+      auto t0 = std::chrono::steady_clock::now();
+      for (size_t off = 0; off < n; off += local.size()) {
+        Status st = w == 0 ? s->Read(local.data(), local.size(), Addr(client.data() + off), id, false)
+                           : s->Write(local.data(), local.size(), Addr(client.data() + off), id, false);
+        ASSERT_TRUE(st.ok()) << st.message();
+      }
+      double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("%s %.2f GB/s\n", w == 0 ? "read" : "write", n / sec / 1e9);
+    }
+  }
+}
+
 TEST(UcxRma, ReportsWhetherUcxReachesGpuMemory) {
   Pair p;
   ASSERT_NO_FATAL_FAILURE(MakePair(&p));
