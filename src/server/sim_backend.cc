@@ -788,6 +788,7 @@ std::string Hex(const uint8_t* p, size_t n) {
 }
 
 SimStream* AsStream(CUstream s);
+void WaitIdle(const std::shared_ptr<StreamWork>& w);
 // With fake green contexts, a stream works only while its own context is
 // current, so a stream the server forgot to move after a live SM change shows.
 CUresult CheckStreamContext(CUstream s) {
@@ -883,6 +884,9 @@ CUresult simMemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
 template <typename Copy>
 CUresult RecordedCopy(CUpti_ActivityMemcpyKind kind, size_t n, CUstream stream, Copy&& copy) {
   if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  // A copy on a stream runs after the host functions queued on it before (a host
+  // function may write the source, or read the destination next).
+  if (SimStream* st = AsStream(stream); st != nullptr) WaitIdle(st->work);
   uint64_t start = sim_cupti::Recording() ? sim_cupti::Now() : 0;
   CUresult rc = copy();
   if (rc == CUDA_SUCCESS && start != 0) {

@@ -124,7 +124,9 @@ TEST(UcxRma, ReadsAndWritesExposedMemoryAtAnyOffset) {
   EXPECT_EQ(got, Pattern(1000, 3));
 }
 
-TEST(UcxRma, DISABLED_Timing) {
+// Not run by ctest: the transport's read and write rate of 8 MiB pieces into registered
+// local memory (ucx_rma_test --gtest_also_run_disabled_tests --gtest_filter=*Throughput).
+TEST(UcxRma, DISABLED_Throughput) {
   Pair p;
   ASSERT_NO_FATAL_FAILURE(MakePair(&p));
   ASSERT_NO_FATAL_FAILURE(ConnectMemory(&p));
@@ -133,7 +135,7 @@ TEST(UcxRma, DISABLED_Timing) {
   const uint64_t id = ExposeAndImport(&p, client.data(), n);
   RemoteMemory* s = p.worker->Rma();
   uint64_t h = 0;
-  if (getenv("REG")) ASSERT_TRUE(s->RegisterLocal(local.data(), local.size(), false, &h).ok());
+  ASSERT_TRUE(s->RegisterLocal(local.data(), local.size(), false, &h).ok());
   for (int w = 0; w < 2; ++w) {
     for (int r = 0; r < 3; ++r) {
       auto t0 = std::chrono::steady_clock::now();
@@ -143,7 +145,7 @@ TEST(UcxRma, DISABLED_Timing) {
         ASSERT_TRUE(st.ok()) << st.message();
       }
       double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::printf("%s %.2f GB/s\n", w == 0 ? "read" : "write", n / sec / 1e9);
+      std::printf("RESULT rma_%s_gbps %.3g GB/s\n", w == 0 ? "read" : "write", n / sec / 1e9);
     }
   }
 }
