@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -215,13 +217,31 @@ bool WantPeerErrors() {
   return false;
 }
 
-Status CreateEndpoint(const Api& api, ucp_worker_h worker, const void* address,
+Status CheckWorkerAddress(const void* address, size_t n) {
+  // The largest address worth trying (real ones are a few hundred bytes).
+  constexpr size_t kMax = size_t{64} << 10;
+  if (address == nullptr || n < 2 || n > kMax)
+    return Status::Error("ucx: a worker address of " + std::to_string(n) + " bytes");
+  // UCX 1.10 and later: version in the low 4 bits of the first byte, 0 (v1) or 1 (v2).
+  const unsigned version = *static_cast<const uint8_t*>(address) & 0x0f;
+  if (version > 1)
+    return Status::Error("ucx: a worker address of format version " + std::to_string(version) +
+                         " (not one UCX writes)");
+  return Status::Ok();
+}
+
+Status CreateEndpoint(const Api& api, ucp_worker_h worker, const void* address, size_t n,
                       ucp_err_handler_cb_t cb, void* arg, const std::string& peer, ucp_ep_h* ep,
                       bool* peer_errors) {
+  *ep = nullptr;
+  Status st = CheckWorkerAddress(address, n);
+  if (!st.ok()) return Status::Error(st.message() + " from " + peer);
+  std::vector<uint8_t> padded(n + 4096, 0);
+  std::memcpy(padded.data(), address, n);
   ucp_ep_params_t p{};
   p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  p.address = static_cast<const ucp_address_t*>(address);
+  p.address = reinterpret_cast<const ucp_address_t*>(padded.data());
   p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   p.err_handler.cb = cb;
   p.err_handler.arg = arg;

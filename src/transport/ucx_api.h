@@ -15,6 +15,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include <cstddef>
 #include <string>
 
 #include "common/status.h"
@@ -77,10 +78,17 @@ Status Get(const Api** out);
 // peer (asking would rule them all out). Without it the socket alone tells of a death.
 bool WantPeerErrors();
 
-// An endpoint of `worker` to the worker at `address`, with peer-failure handling (`cb`,
-// `arg`) when WantPeerErrors() and the transports reached can give it; *peer_errors says
-// whether it has it. `peer` and the error name the other side.
-Status CreateEndpoint(const Api& api, ucp_worker_h worker, const void* address,
+// A worker address from a peer, checked as far as UCX's format is known outside UCX:
+// its length, and the version in its first byte (UCX aborts the process on an unknown
+// one). UCX parses the rest itself, without a length: see CreateEndpoint.
+Status CheckWorkerAddress(const void* address, size_t n);
+
+// An endpoint of `worker` to the worker at `address` (n bytes, CheckWorkerAddress; UCX
+// reads it from a copy followed by zeros, so that a short one is never read past its
+// end), with peer-failure handling (`cb`, `arg`) when WantPeerErrors() and the
+// transports reached can give it; *peer_errors says whether it has it. `peer` and the
+// error name the other side.
+Status CreateEndpoint(const Api& api, ucp_worker_h worker, const void* address, size_t n,
                       ucp_err_handler_cb_t cb, void* arg, const std::string& peer, ucp_ep_h* ep,
                       bool* peer_errors);
 

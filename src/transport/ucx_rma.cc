@@ -124,11 +124,10 @@ class UcxRemoteMemory final : public RemoteMemory {
   Status Connect(const void* address, size_t n) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (client_) return Status::Error("ucx rma: the client side does not connect");
-    if (ep_ != nullptr || connected_once_) return Status::Error("ucx rma: connected already");
+    if (ep_ != nullptr) return Status::Error("ucx rma: connected already");
     if (n == 0 || n > kUcxMaxAddress)
       return Status::Error("ucx rma: a worker address of " + std::to_string(n) + " bytes");
     if (!failed_.empty()) return Status::Error(failed_);
-    connected_once_ = true;
     if (worker_ == nullptr) {
       ucp_worker_params_t wp{};
       wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
@@ -143,7 +142,7 @@ class UcxRemoteMemory final : public RemoteMemory {
     }
     peer_address_.assign(static_cast<const uint8_t*>(address),
                          static_cast<const uint8_t*>(address) + n);
-    Status st = ucx::CreateEndpoint(*api_, worker_, peer_address_.data(),
+    Status st = ucx::CreateEndpoint(*api_, worker_, peer_address_.data(), peer_address_.size(),
                                     &UcxRemoteMemory::OnPeerError, this, watch_.peer + " (memory)",
                                     &ep_, &peer_errors_);
     if (st.ok()) lanes_ = RmaLanesLocked();
@@ -507,7 +506,6 @@ class UcxRemoteMemory final : public RemoteMemory {
   // Server side.
   std::vector<uint8_t> peer_address_;
   ucp_ep_h ep_ = nullptr;
-  bool connected_once_ = false;
   bool peer_errors_ = true;
   ucs_status_t ep_error_ = UCS_OK;
   std::map<uint64_t, ucp_rkey_h> keys_;

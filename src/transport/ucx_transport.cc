@@ -310,8 +310,8 @@ class UcxConnection final : public Connection {
   }
 
   Status ConnectPeerLocked() {
-    return ucx::CreateEndpoint(*api_, worker_, peer_address_.data(), &UcxConnection::OnPeerError,
-                               this, peer_, &ep_, &peer_errors_);
+    return ucx::CreateEndpoint(*api_, worker_, peer_address_.data(), peer_address_.size(),
+                               &UcxConnection::OnPeerError, this, peer_, &ep_, &peer_errors_);
   }
 
   void CloseUcx() {
@@ -413,6 +413,8 @@ class UcxConnection final : public Connection {
       st = ValidateUcxPreface(p);
     }
     if (st.ok()) st = need(sizeof(p) + p.address_len);
+    // Refused here already (a pure check of bytes; the main process never loads UCX).
+    if (st.ok()) st = ucx::CheckWorkerAddress(rbuf_.data() + rbeg_ + sizeof(p), p.address_len);
     if (!st.ok()) return Gone(Status::Error(peer_ + ": " + st.message()));
     const uint8_t* a = rbuf_.data() + rbeg_ + sizeof(p);
     peer_address_.assign(a, a + p.address_len);

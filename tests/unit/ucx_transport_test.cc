@@ -197,6 +197,16 @@ TEST(UcxTransport, HostilePrefacesAreRefused) {
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("went away"), std::string::npos) << st.message();
 
+  // An address in a format no UCX writes (UCX would abort the worker on it): refused by
+  // the main process, which never loads UCX.
+  b.assign(sizeof(p) + 100, 0x3f);
+  std::memcpy(b.data(), &p, sizeof(p));
+  st = ServerSees(b, false);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("format version 15"), std::string::npos) << st.message();
+  EXPECT_FALSE(ucx::CheckWorkerAddress(b.data(), 1).ok());
+  EXPECT_FALSE(ucx::CheckWorkerAddress(nullptr, 100).ok());
+
   st = ServerSees({}, false);  // says nothing: the handshake timeout applies
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("timed out"), std::string::npos) << st.message();
