@@ -19,7 +19,7 @@
 #
 # Environment (all optional):
 #   FLYT_BENCH_MODES      modes to run            (default "native tcp unix shm"; also tls, ucx)
-#   FLYT_BENCH_GROUPS     cuda_bench groups       (default "init launch memcpy bw malloc query")
+#   FLYT_BENCH_GROUPS     cuda_bench groups       (default "init launch memcpy bw bwasync malloc query")
 #   FLYT_BENCH_ARGS       extra cuda_bench args   (e.g. "--quick 0.5")
 #   FLYT_BENCH_TIMEOUT    seconds per invocation  (default 120)
 #   FLYT_BENCH_DEADLINE   seconds for everything  (default 420; later steps are skipped)
@@ -41,7 +41,7 @@ MODES=${FLYT_BENCH_MODES:-"native tcp unix shm"}
 # The server also listens on shm://: without this a tcp or unix client on this host
 # would move to it by itself, and those columns would measure shared memory.
 export FLYT_SHM=off
-BENCH_GROUPS=${FLYT_BENCH_GROUPS:-"init launch memcpy bw malloc query"}
+BENCH_GROUPS=${FLYT_BENCH_GROUPS:-"init launch memcpy bw bwasync malloc query"}
 read -r -a BENCH_ARGS <<<"${FLYT_BENCH_ARGS:-}"
 read -r -a SERVER_ARGS <<<"${FLYT_BENCH_SERVER_ARGS:-}"
 T_RUN=${FLYT_BENCH_TIMEOUT:-120}

@@ -341,7 +341,10 @@ class UcxRemoteMemory final : public RemoteMemory {
       const auto now = Clock::now();
       if (worked) last_work = now;
       const auto idle = now - last_work;
-      if (idle < std::chrono::microseconds(kBusyUs)) continue;
+      if (idle < std::chrono::microseconds(kBusyUs)) {
+        if (!worked) std::this_thread::yield();  // the peer's thread may need this core
+        continue;
+      }
       const ucs_status_t s = api_->worker_arm(worker_);
       if (s == UCS_ERR_BUSY) continue;
       pollfd p[2] = {{efd_, POLLIN, 0}, {stop_efd_, POLLIN, 0}};
@@ -411,7 +414,10 @@ class UcxRemoteMemory final : public RemoteMemory {
                    watch_.peer.c_str());
         return Status::Error(failed_);
       }
-      if (now < spin_until) continue;
+      if (now < spin_until) {
+        if (!moved) std::this_thread::yield();  // the client's thread may need this core
+        continue;
+      }
       if (api_->worker_arm(worker_) == UCS_ERR_BUSY) continue;
       pollfd p[3] = {{efd_, POLLIN, 0},
                      {gone ? -1 : watch_.stop_fd, POLLIN, 0},
