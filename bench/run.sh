@@ -281,7 +281,7 @@ start_server() {
     fi
   fi
   meta "server" "$SERVER --listen $TCP_URL --listen $UNIX_URL --listen $SHM_URL ${tls[*]} --backend cuda ${SERVER_ARGS[*]}"
-  timeout -k 5 $((DEADLINE + 120)) "$SERVER" --listen "$TCP_URL" --listen "$UNIX_URL" \
+  FLYT_LOG=info timeout -k 5 $((DEADLINE + 120)) "$SERVER" --listen "$TCP_URL" --listen "$UNIX_URL" \
     --listen "$SHM_URL" "${tls[@]}" --backend cuda "${SERVER_ARGS[@]}" >"$RAW/server.log" 2>&1 </dev/null &
   SERVER_TPID=$!
   local i
@@ -444,6 +444,13 @@ if awk -F'\t' -f "$here/report.awk" "$META" "$RESULTS" "$RUNS" "$NOTES" >"$OUT/b
       echo ""
       awk -F'\t' -f "$here/report.awk" "$META" "$OUT/$extra-table/results.tsv" "$RUNS" "$NOTES" |
         awk -v m="$extra" '/^\| metric \|/ { on = 1; gsub(/tcp/, m) } on && /^$/ { exit } on'
+      if [[ $extra == ucx ]]; then
+        # What carried the one-sided copies of pinned memory, as the server's workers said.
+        paths=$(grep -h 'pinned client memory by' "$RAW/server.log" 2>/dev/null |
+          sed 's/^.* I session [0-9]*: //' | sort -u | head -3)
+        echo ""
+        echo "Pinned copies over ucx://: ${paths:-no one-sided access reported (server log level below info, or FLYT_RMA=off)}"
+      fi
     } >>"$OUT/bench.md"
     rm -rf "$OUT/$extra-table"
   done

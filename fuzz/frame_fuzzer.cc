@@ -94,8 +94,14 @@ class ScriptedConnection final : public flyt::transport::Connection {
 
 // Appends one request frame (wanting a reply) to `out`.
 void Frame(std::vector<uint8_t>* out, uint16_t op, const flyt::wire::Writer& w) {
-  flyt::wire::FrameHeader h{flyt::wire::kMagic, op, flyt::wire::kFlagWantReply, 1,
-                            static_cast<uint32_t>(w.size()), 0, 0, 0};
+  flyt::wire::FrameHeader h{flyt::wire::kMagic,
+                            op,
+                            flyt::wire::kFlagWantReply,
+                            1,
+                            static_cast<uint32_t>(w.size()),
+                            0,
+                            0,
+                            0};
   const auto* hb = reinterpret_cast<const uint8_t*>(&h);
   out->insert(out->end(), hb, hb + sizeof(h));
   out->insert(out->end(), w.data(), w.data() + w.size());

@@ -1,7 +1,8 @@
 // Memory entry points: device allocations (tracked so that unified copies and
 // pointer queries are answered locally), host buffers, and copies of every
 // shape. Bulk data is cut into chunks that the server moves while the next
-// chunk is on the wire.
+// chunk is on the wire; pinned buffers shared over shm:// are the GPU's to reach,
+// and over ucx:// the server's to read and write itself (client/rma.cc).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -415,9 +416,9 @@ FLYT_API CUresult cuLibraryGetGlobal(CUdeviceptr* p, size_t* size, CUlibrary l, 
 // DMA and kernels reach it (zero copy). Over ucx:// it is page-aligned client
 // memory that the server reads and writes itself once registered (client/rma.cc).
 // Otherwise (another network transport, or a server that refuses) it is
-// page-aligned client memory that copies treat like any host buffer. cuMemHostRegister of the app's own memory is bookkeeping only: the
-// server cannot map another process's private pages, so copies from it take
-// the pageable path and the GPU cannot map it.
+// page-aligned client memory that copies treat like any host buffer. cuMemHostRegister of the app's
+// own memory is bookkeeping only: the server cannot map another process's private pages, so copies
+// from it take the pageable path and the GPU cannot map it.
 
 namespace {
 

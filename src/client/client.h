@@ -4,7 +4,8 @@
 // framing, buffering of asynchronous calls until the next synchronous one, the
 // deferred errors the server reports, and the state that lets hot calls be
 // answered without a round trip: device inventory, contexts, device
-// allocations, pinned host buffers, kernel tables with parameter layouts.
+// allocations, pinned host buffers (with their one-sided registrations over
+// ucx://, client/rma.cc), kernel tables with parameter layouts.
 // Lives inside other people's processes: no stdout, no exit(), no global
 // constructors that can fail, no hang when the server is gone.
 #pragma once
@@ -304,9 +305,9 @@ class Client {
   std::atomic<uint64_t> conn_gen_{1};
   // One-sided copies (client/rma.cc): registrations one at a time (before mu_).
   std::mutex rma_mu_;
-  bool rma_enabled_ = false;         // FLYT_RMA is not "off" and the address is ucx://
-  size_t rma_min_bytes_ = 64 << 10;  // FLYT_RMA_MIN_BYTES
-  uint64_t rma_attached_gen_ = 0;    // under mu_: the server has our memory's address
+  bool rma_enabled_ = false;                  // FLYT_RMA is not "off" and the address is ucx://
+  size_t rma_min_bytes_ = 64 << 10;           // FLYT_RMA_MIN_BYTES
+  uint64_t rma_attached_gen_ = 0;             // under mu_: the server has our memory's address
   std::atomic<uint64_t> rma_refused_gen_{0};  // written under mu_: the server or transport said no
   std::vector<uint8_t> queue_;
   uint64_t next_call_ = 1;

@@ -92,8 +92,8 @@ bool Client::RmaKey(const void* p, size_t n, bool first_use_worth_it, uint64_t* 
   w.Put<uint64_t>(b.size);
   w.PutBlob(packed.data(), packed.size());
   std::vector<uint8_t> reply;
-  CUresult rc = CallLocked("one-sided copies (register)", ops::kOpRmaRegister, w,
-                           ReplySink{&reply}, 0, 0);
+  CUresult rc =
+      CallLocked("one-sided copies (register)", ops::kOpRmaRegister, w, ReplySink{&reply}, 0, 0);
   if (conn_gen_.load() != gen) return false;  // moved: that registration went with its connection
   uint64_t id = 0;
   wire::Reader r(reply.data(), reply.size());
@@ -136,8 +136,8 @@ CUresult Client::RmaForget(const HostBuffer& b) {
   if (broken_ != CUDA_SUCCESS) return broken_;
   wire::Writer w;
   w.Put<uint64_t>(b.rma_key);
-  CUresult rc = CallLocked("one-sided copies (unregister)", ops::kOpRmaUnregister, w, ReplySink{},
-                           0, 0);
+  CUresult rc =
+      CallLocked("one-sided copies (unregister)", ops::kOpRmaUnregister, w, ReplySink{}, 0, 0);
   if (b.rma_gen == conn_gen_.load() && conn_ != nullptr) {
     if (transport::RemoteMemory* rma = conn_->Rma(); rma != nullptr) rma->Withdraw(b.rma_handle);
   }

@@ -734,8 +734,8 @@ void Session::ReleaseStaging() {
   DriverApi& a = state_->api;
   FinishUploads();
   ReleaseRmaStaging();
-  transport::RemoteMemory* rma = staging_.local[0] != 0 || staging_.local[1] != 0 ? conn_->Rma()
-                                                                                   : nullptr;
+  transport::RemoteMemory* rma =
+      staging_.local[0] != 0 || staging_.local[1] != 0 ? conn_->Rma() : nullptr;
   for (int i = 0; i < 2; ++i) {
     if (rma != nullptr && staging_.local[i] != 0) rma->UnregisterLocal(staging_.local[i]);
     if (staging_.done[i] != nullptr) a.cuEventDestroy_v2(staging_.done[i]);

@@ -437,8 +437,8 @@ class Session {
   bool RmaUnregister(wire::Reader& in, CUresult* rc);
   bool CopyRma(wire::Reader& in, bool per_thread, CUresult* rc);
   // Synchronous copies straight to and from device memory (ops::kRmaDirect).
-  CUresult CopyRmaDirect(bool to_device, uint64_t device, uint64_t key, uint64_t client,
-                         uint64_t n, CUstream stream, bool per_thread);
+  CUresult CopyRmaDirect(bool to_device, uint64_t device, uint64_t key, uint64_t client, uint64_t n,
+                         CUstream stream, bool per_thread);
   // Whether [device, device+n) lies in one plain device allocation of the session.
   bool RmaDirectRange(uint64_t device, uint64_t n);
   bool EnsureRmaStaging();

@@ -216,7 +216,8 @@ CUresult Session::CopyRmaDirect(bool to_device, uint64_t device, uint64_t key, u
   if (to_device) FinishRmaWrites(client, n);
   void* dev = reinterpret_cast<void*>(device);
   const bool gpu = !a.is_sim;  // the sim's device memory is host memory
-  Status st = to_device ? rma_->Read(dev, n, client, key, gpu) : rma_->Write(dev, n, client, key, gpu);
+  Status st =
+      to_device ? rma_->Read(dev, n, client, key, gpu) : rma_->Write(dev, n, client, key, gpu);
   return st.ok() ? CUDA_SUCCESS : RmaTransportFailed(st);
 }
 
@@ -226,13 +227,13 @@ bool Session::CopyRma(Reader& in, bool per_thread, CUresult* rc) {
   DriverApi& a = state_->api;
   uint8_t to_device = 0, async = 0;
   uint64_t device = 0, key = 0, client = 0, n = 0, stream = 0;
-  if (!in.Get(&to_device) || !in.Get(&device) || !in.Get(&key) || !in.Get(&client) ||
-      !in.Get(&n) || !in.Get(&stream) || !in.Get(&async) || in.remaining() != 0 || to_device > 1 ||
-      async > 1)
+  if (!in.Get(&to_device) || !in.Get(&device) || !in.Get(&key) || !in.Get(&client) || !in.Get(&n) ||
+      !in.Get(&stream) || !in.Get(&async) || in.remaining() != 0 || to_device > 1 || async > 1)
     return false;
   auto it = rma_keys_.find(key);
   if (rma_ == nullptr || it == rma_keys_.end() || client < it->second.base ||
-      client - it->second.base > it->second.size || n > it->second.size - (client - it->second.base)) {
+      client - it->second.base > it->second.size ||
+      n > it->second.size - (client - it->second.base)) {
     *rc = CUDA_ERROR_INVALID_VALUE;  // only memory the client registered
     return true;
   }

@@ -5,7 +5,9 @@
 // (server/sim_kernels.h), and the launch record: with --sim-record FILE each
 // launch appends `launch kernel=NAME grid=X,Y,Z block=X,Y,Z shared=N
 // params=HEX:HEX...` (parameter bytes as the app passed them). Everything runs
-// synchronously and no kernel executes. Virtual memory management: a
+// synchronously and no kernel executes; host functions run on threads of their own
+// in stream order, and an asynchronous copy on a stream waits for those queued on it
+// before. Virtual memory management: a
 // reservation is a PROT_NONE host range, a physical allocation a memfd, and
 // cuMemMap maps the memfd into the range, so copies and memsets reach it and
 // two mappings of one allocation share their bytes. Never a product feature.

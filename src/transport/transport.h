@@ -3,11 +3,11 @@
 // Owns: the Connection/Listener interface every transport implements (TCP,
 // Unix sockets, shared memory (shm_transport.h) and UCX (ucx_transport.h); the network
 // emulator plugs in here too), the RemoteMemory interface of transports that let the
-// server read and write registered client memory one-sided (ucx://: ucx_rma.h), address parsing ("tcp://host:port", "tls://host:port",
-// "ucx://host:port", "unix:///path", "shm:///path", "host:port"), and liveness settings (connect
-// timeout, dead-peer timeout). TLS itself lives outside: transport/tls_server.h (flyt-server) and
-// client/tls_client.h (the client library); here tls:// listens like tcp://.
-// Must not know about frames or CUDA: it moves bytes.
+// server read and write registered client memory one-sided (ucx://: ucx_rma.h), address parsing
+// ("tcp://host:port", "tls://host:port", "ucx://host:port", "unix:///path", "shm:///path",
+// "host:port"), and liveness settings (connect timeout, dead-peer timeout). TLS itself lives
+// outside: transport/tls_server.h (flyt-server) and client/tls_client.h (the client library); here
+// tls:// listens like tcp://. Must not know about frames or CUDA: it moves bytes.
 #pragma once
 
 #include <sys/uio.h>

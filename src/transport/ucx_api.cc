@@ -188,9 +188,8 @@ Status CreateContext(Api* a) {
   // Which memory UCX can reach here: host always; CUDA only in a UCX built with it.
   ucp_context_attr_t attr{};
   attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
-  a->memory_types = a->context_query(a->context, &attr) == UCS_OK
-                        ? attr.memory_types
-                        : UCS_BIT(UCS_MEMORY_TYPE_HOST);
+  a->memory_types = a->context_query(a->context, &attr) == UCS_OK ? attr.memory_types
+                                                                  : UCS_BIT(UCS_MEMORY_TYPE_HOST);
   FLYT_DEBUG("ucx: UCX %s from %s; memory types 0x%llx", a->version.c_str(),
              a->library_dir.empty() ? "the system" : a->library_dir.c_str(),
              static_cast<unsigned long long>(a->memory_types));

@@ -267,8 +267,8 @@ class UcxRemoteMemory final : public RemoteMemory {
     }
     const ucs_status_t s = api_->mem_map(api_->context, &mp, memh);
     if (s != UCS_OK) {
-      return Status::Error("ucx rma: cannot register " + std::to_string(len) + " bytes: " +
-                           api_->Why(s));
+      return Status::Error("ucx rma: cannot register " + std::to_string(len) +
+                           " bytes: " + api_->Why(s));
     }
     return Status::Ok();
   }
@@ -524,7 +524,8 @@ class UcxRemoteMemory final : public RemoteMemory {
 
 Status ValidatePackedRkey(const void* key, size_t n) {
   const auto* p = static_cast<const uint8_t*>(key);
-  if (p == nullptr || n < 9) return Status::Error("ucx rma: a key of " + std::to_string(n) + " bytes");
+  if (p == nullptr || n < 9)
+    return Status::Error("ucx rma: a key of " + std::to_string(n) + " bytes");
   if (n > kMaxPackedRkey)
     return Status::Error("ucx rma: a key of " + std::to_string(n) + " bytes (at most " +
                          std::to_string(kMaxPackedRkey) + ")");
@@ -542,7 +543,8 @@ Status ValidatePackedRkey(const void* key, size_t n) {
     if (len > n - at) return Status::Error("ucx rma: a truncated key");
     at += len;
   }
-  if (at != n) return Status::Error("ucx rma: a key with " + std::to_string(n - at) + " stray bytes");
+  if (at != n)
+    return Status::Error("ucx rma: a key with " + std::to_string(n - at) + " stray bytes");
   return Status::Ok();
 }
 

@@ -234,7 +234,8 @@ TEST(SessionRma, HostileRequestsAreRefused) {
   std::vector<uint8_t> buf(1 << 20), outside(4096, 0x77);
   // Before the attach: nothing.
   uint64_t id = 0;
-  EXPECT_EQ(s.Register(Addr(buf.data()), buf.size(), Pattern(20, 1), &id), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(s.Register(Addr(buf.data()), buf.size(), Pattern(20, 1), &id),
+            CUDA_ERROR_INVALID_VALUE);
   EXPECT_EQ(s.Copy(true, d, 1, buf.data(), 16), CUDA_ERROR_INVALID_VALUE);
   // An empty address: refused by the transport.
   EXPECT_EQ(s.Attach({}), CUDA_ERROR_NOT_SUPPORTED);
@@ -254,7 +255,8 @@ TEST(SessionRma, HostileRequestsAreRefused) {
   uint64_t h = 0;
   ASSERT_TRUE(mine->Expose(buf.data(), buf.size(), &key, &h).ok());
   // Keys: garbage, the wrong memory type, stray bytes, empty.
-  EXPECT_EQ(s.Register(Addr(buf.data()), buf.size(), Pattern(40, 2), &id), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(s.Register(Addr(buf.data()), buf.size(), Pattern(40, 2), &id),
+            CUDA_ERROR_INVALID_VALUE);
   auto k = key;
   k[8] = UCS_MEMORY_TYPE_CUDA;
   EXPECT_EQ(s.Register(Addr(buf.data()), buf.size(), k, &id), CUDA_ERROR_INVALID_VALUE);
@@ -282,8 +284,8 @@ TEST(SessionRma, HostileRequestsAreRefused) {
   EXPECT_NE(s.Copy(false, d + (1 << 20) + 4096, id, in, 16), CUDA_SUCCESS);
   // An asynchronous copy from a bogus device pointer: its error comes with the next reply.
   CUresult rc = CUDA_SUCCESS;
-  ASSERT_TRUE(s.Call(ops::kOpCopyRma,
-                     Served::CopyReq(false, 0x10, id, base, 16, 0, true), &rc, nullptr, false));
+  ASSERT_TRUE(s.Call(ops::kOpCopyRma, Served::CopyReq(false, 0x10, id, base, 16, 0, true), &rc,
+                     nullptr, false));
   EXPECT_NE(s.Sync(), CUDA_SUCCESS);
   EXPECT_EQ(std::count(outside.begin(), outside.end(), 0x77), 4096) << "memory not registered";
   // And the session still copies what it may.

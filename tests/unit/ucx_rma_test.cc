@@ -140,8 +140,9 @@ TEST(UcxRma, DISABLED_Throughput) {
     for (int r = 0; r < 3; ++r) {
       auto t0 = std::chrono::steady_clock::now();
       for (size_t off = 0; off < n; off += local.size()) {
-        Status st = w == 0 ? s->Read(local.data(), local.size(), Addr(client.data() + off), id, false)
-                           : s->Write(local.data(), local.size(), Addr(client.data() + off), id, false);
+        Status st =
+            w == 0 ? s->Read(local.data(), local.size(), Addr(client.data() + off), id, false)
+                   : s->Write(local.data(), local.size(), Addr(client.data() + off), id, false);
         ASSERT_TRUE(st.ok()) << st.message();
       }
       double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
   e2e::Step("pieces at odd offsets");
   // Device bytes [off, off+len) from host bytes [off, off+len) of another pattern.
   e2e::Fill(a, n, 2);
-  const size_t pieces[][2] = {{0, 1}, {1, 4095}, {4097, 65536}, {70001, 1 << 20},
+  const size_t pieces[][2] = {{0, 1},     {1, 4095},        {4097, 65536},       {70001, 1 << 20},
                               {n - 1, 1}, {n - 9000, 9000}, {123, (8 << 20) + 5}};
   for (const auto& p : pieces) {
     CK(cudaMemcpy(d + p[0], a + p[0], p[1], cudaMemcpyHostToDevice));
