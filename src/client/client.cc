@@ -80,6 +80,8 @@ void AfterForkInChild() {
   new (&c.mu_) std::mutex();
   new (&c.state_mu_) std::mutex();
   new (&c.callback_mu_) std::mutex();
+  new (&c.rma_mu_) std::mutex();
+  c.rma_enabled_ = false;  // the registrations were the parent's connection's
   if (c.conn_ != nullptr) c.conn_->AbandonAfterFork();
   (void)c.conn_.release();
   c.queue_.clear();

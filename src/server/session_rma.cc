@@ -303,7 +303,8 @@ bool Session::CopyRma(Reader& in, bool per_thread, CUresult* rc) {
       slot->busy = true;  // waited for before reuse, whatever happened
       if (*rc != CUDA_SUCCESS) {
         // The write may or may not run: wait for the stream before the buffer is reused.
-        a.cuStreamSynchronize(s);
+        const CUresult e = a.cuStreamSynchronize(s);
+        if (e != CUDA_SUCCESS && deferred_ == CUDA_SUCCESS) deferred_ = e;
         slot->busy = false;
         slot->to_client = false;
       }
@@ -356,7 +357,11 @@ void Session::ReleaseRmaStaging() {
   if (rma_slots_.empty()) return;
   DriverApi& a = state_->api;
   for (auto& slot : rma_slots_) {
-    if (slot->busy) a.cuEventSynchronize(slot->done);  // its write to the client ends first
+    // Its write to the client ends first (it fails at once when the client is gone).
+    if (slot->busy && a.cuEventSynchronize(slot->done) != CUDA_SUCCESS) {
+      FLYT_DEBUG("session %llu: a staging buffer's last use ended with an error",
+                 static_cast<unsigned long long>(id_));
+    }
     slot->busy = false;
   }
   size_t kept = 0;
