@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -37,20 +38,26 @@ constexpr int kAbandonMs = 2000;
 // While waiting, the peer's socket is looked at this often.
 constexpr int64_t kWatchEveryNs = 1000000;
 
+class UcxRemoteMemory;
+
+// Client sides whose progress thread runs. When the process exits they are stopped first
+// (an atexit handler runs before the libraries' destructors, UCX's among them): a client
+// library never gets to destroy its connection.
+std::mutex g_live_mu;
+std::set<UcxRemoteMemory*>* g_live = new std::set<UcxRemoteMemory*>();  // never destroyed
+void StopLiveAtExit();
+
 class UcxRemoteMemory final : public RemoteMemory {
  public:
   UcxRemoteMemory(const ucx::Api* api, bool client, RmaPeerWatch watch)
       : api_(api), client_(client), watch_(std::move(watch)) {}
 
   ~UcxRemoteMemory() override {
-    if (thread_.joinable()) {
-      stop_.store(true, std::memory_order_release);
-      const uint64_t one = 1;
-      if (::write(stop_efd_, &one, sizeof(one)) < 0) {
-        // A full counter: the thread wakes anyway.
-      }
-      thread_.join();
+    {
+      std::lock_guard<std::mutex> live(g_live_mu);
+      g_live->erase(this);
     }
+    StopThread();
     std::lock_guard<std::mutex> lock(mu_);
     if (abandoned_) {
       // UCX still holds a transfer it could not end: leave everything it may use.
@@ -71,6 +78,18 @@ class UcxRemoteMemory final : public RemoteMemory {
     if (worker_ != nullptr) api_->worker_destroy(worker_);
     worker_ = nullptr;
     if (stop_efd_ >= 0) ::close(stop_efd_);
+  }
+
+  // Ends the client's progress thread (in the process that started it: a forked child
+  // has none).
+  void StopThread() {
+    if (!thread_.joinable() || owner_pid_ != ::getpid()) return;
+    stop_.store(true, std::memory_order_release);
+    const uint64_t one = 1;
+    if (::write(stop_efd_, &one, sizeof(one)) < 0) {
+      // A full counter: the thread wakes anyway.
+    }
+    thread_.join();
   }
 
   // --- client side
@@ -323,7 +342,12 @@ class UcxRemoteMemory final : public RemoteMemory {
       worker_ = nullptr;
       return Status::Error(failed_);
     }
+    owner_pid_ = ::getpid();
     thread_ = std::thread([this] { ProgressLoop(); });
+    static std::once_flag at_exit;
+    std::call_once(at_exit, [] { std::atexit(StopLiveAtExit); });
+    std::lock_guard<std::mutex> live(g_live_mu);
+    g_live->insert(this);
     return Status::Ok();
   }
 
@@ -507,6 +531,7 @@ class UcxRemoteMemory final : public RemoteMemory {
   std::vector<uint8_t> address_;
   std::map<uint64_t, ucp_mem_h> exposed_;
   std::thread thread_;
+  pid_t owner_pid_ = 0;
   std::atomic<bool> stop_{false};
   int stop_efd_ = -1;
   // Server side.
@@ -519,6 +544,11 @@ class UcxRemoteMemory final : public RemoteMemory {
   std::map<uintptr_t, Local> locals_;
   uint64_t next_local_ = 0;
 };
+
+void StopLiveAtExit() {
+  std::lock_guard<std::mutex> live(g_live_mu);
+  for (UcxRemoteMemory* r : *g_live) r->StopThread();
+}
 
 }  // namespace
 
