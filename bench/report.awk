@@ -52,6 +52,13 @@ BEGIN {
   M[++nm] = "d2h_pageable_gbps|256 MiB D2H pageable, best GB/s|bw"
   M[++nm] = "h2d_pinned_gbps|256 MiB H2D pinned, best GB/s|bw"
   M[++nm] = "d2h_pinned_gbps|256 MiB D2H pinned, best GB/s|bw"
+  # cuda_bench group bwasync: cudaMemcpyAsync of pinned memory.
+  M[++nm] = "h2d_pinned_async_call_us|256 MiB H2D pinned cudaMemcpyAsync, µs until it returns|lat_us"
+  M[++nm] = "d2h_pinned_async_call_us|256 MiB D2H pinned cudaMemcpyAsync, µs until it returns|lat_us"
+  M[++nm] = "h2d_pinned_async_gbps|256 MiB H2D pinned async + stream sync, best GB/s|bw"
+  M[++nm] = "d2h_pinned_async_gbps|256 MiB D2H pinned async + stream sync, best GB/s|bw"
+  M[++nm] = "h2d_pinned_async_hidden_pct|H2D pinned async: % of the copy hidden behind host work|bw"
+  M[++nm] = "d2h_pinned_async_hidden_pct|D2H pinned async: % of the copy hidden behind host work|bw"
   M[++nm] = "malloc_free_1m_us|cudaMalloc+cudaFree 1 MiB, median µs|lat_us"
   M[++nm] = "get_device_properties_us|cudaGetDeviceProperties, µs/call|lat_us"
   M[++nm] = "device_get_attribute_us|cudaDeviceGetAttribute, µs/call|lat_us"

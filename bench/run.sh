@@ -19,7 +19,7 @@
 #
 # Environment (all optional):
 #   FLYT_BENCH_MODES      modes to run            (default "native tcp unix shm"; also tls, ucx)
-#   FLYT_BENCH_GROUPS     cuda_bench groups       (default "init launch memcpy bw malloc query")
+#   FLYT_BENCH_GROUPS     cuda_bench groups       (default "init launch memcpy bw bwasync malloc query")
 #   FLYT_BENCH_ARGS       extra cuda_bench args   (e.g. "--quick 0.5")
 #   FLYT_BENCH_TIMEOUT    seconds per invocation  (default 120)
 #   FLYT_BENCH_DEADLINE   seconds for everything  (default 420; later steps are skipped)
@@ -41,7 +41,7 @@ MODES=${FLYT_BENCH_MODES:-"native tcp unix shm"}
 # The server also listens on shm://: without this a tcp or unix client on this host
 # would move to it by itself, and those columns would measure shared memory.
 export FLYT_SHM=off
-BENCH_GROUPS=${FLYT_BENCH_GROUPS:-"init launch memcpy bw malloc query"}
+BENCH_GROUPS=${FLYT_BENCH_GROUPS:-"init launch memcpy bw bwasync malloc query"}
 read -r -a BENCH_ARGS <<<"${FLYT_BENCH_ARGS:-}"
 read -r -a SERVER_ARGS <<<"${FLYT_BENCH_SERVER_ARGS:-}"
 T_RUN=${FLYT_BENCH_TIMEOUT:-120}
@@ -281,7 +281,7 @@ start_server() {
     fi
   fi
   meta "server" "$SERVER --listen $TCP_URL --listen $UNIX_URL --listen $SHM_URL ${tls[*]} --backend cuda ${SERVER_ARGS[*]}"
-  timeout -k 5 $((DEADLINE + 120)) "$SERVER" --listen "$TCP_URL" --listen "$UNIX_URL" \
+  FLYT_LOG=info timeout -k 5 $((DEADLINE + 120)) "$SERVER" --listen "$TCP_URL" --listen "$UNIX_URL" \
     --listen "$SHM_URL" "${tls[@]}" --backend cuda "${SERVER_ARGS[@]}" >"$RAW/server.log" 2>&1 </dev/null &
   SERVER_TPID=$!
   local i
@@ -444,6 +444,13 @@ if awk -F'\t' -f "$here/report.awk" "$META" "$RESULTS" "$RUNS" "$NOTES" >"$OUT/b
       echo ""
       awk -F'\t' -f "$here/report.awk" "$META" "$OUT/$extra-table/results.tsv" "$RUNS" "$NOTES" |
         awk -v m="$extra" '/^\| metric \|/ { on = 1; gsub(/tcp/, m) } on && /^$/ { exit } on'
+      if [[ $extra == ucx ]]; then
+        # What carried the one-sided copies of pinned memory, as the server's workers said.
+        paths=$(grep -h 'pinned client memory by' "$RAW/server.log" 2>/dev/null |
+          sed 's/^.* I session [0-9]*: //' | sort -u | head -3)
+        echo ""
+        echo "Pinned copies over ucx://: ${paths:-no one-sided access reported (server log level below info, or FLYT_RMA=off)}"
+      fi
     } >>"$OUT/bench.md"
     rm -rf "$OUT/$extra-table"
   done

@@ -1,7 +1,8 @@
 // Memory entry points: device allocations (tracked so that unified copies and
 // pointer queries are answered locally), host buffers, and copies of every
 // shape. Bulk data is cut into chunks that the server moves while the next
-// chunk is on the wire.
+// chunk is on the wire; pinned buffers shared over shm:// are the GPU's to reach,
+// and over ucx:// the server's to read and write itself (client/rma.cc).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -67,6 +68,40 @@ CUresult CopyShared(const char* name, bool to_device, CUdeviceptr device,
   return c.Call(name, ops::kOpCopyShared, w, ReplySink{}, Flags(pt));
 }
 
+// A copy between the device and a pinned buffer the server reads and writes itself
+// (ucx://, client/rma.cc): a small request, and the bytes move by the transport's
+// one-sided reads and writes of this process's memory. Asynchronous copies return at
+// once in both directions (the server writes device-to-host bytes in stream order);
+// synchronous ones wait for the server, as the buffer may be reused at once.
+CUresult CopyRma(const char* name, bool to_device, CUdeviceptr device, uint64_t key,
+                 const void* host, size_t n, CUstream stream, bool async, bool pt) {
+  Client& c = Client::Get();
+  wire::Writer w;
+  w.Put<uint8_t>(to_device ? 1 : 0);
+  w.Put<uint64_t>(device);
+  w.Put<uint64_t>(key);
+  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(host));
+  w.Put<uint64_t>(n);
+  w.Put<uint64_t>(StreamRaw(stream));
+  w.Put<uint8_t>(async ? 1 : 0);
+  if (!async) return c.Call(name, ops::kOpCopyRma, w, ReplySink{}, Flags(pt));
+  // The server reads host-to-device bytes when the request runs: host functions queued
+  // before it on the stream must have written them by then.
+  if (to_device) c.WaitHostFuncs(stream);
+  return c.Post(name, ops::kOpCopyRma, w, Flags(pt));
+}
+
+// The server's key for a pinned buffer that holds [p, p+n), when the copy goes one-sided:
+// always for a buffer registered already (the server then orders all its bytes), else
+// for a copy worth registering it (large, or asynchronous to the host). Never while a
+// capture runs (a graph's copies take the byte path, which knows how to capture).
+bool RmaKeyFor(const void* p, size_t n, bool to_device, bool async, uint64_t* key) {
+  Client& c = Client::Get();
+  if (c.AnyCapture()) return false;
+  const bool worth = n >= c.rma_min_bytes() || (!to_device && async);
+  return c.RmaKey(p, n, worth, key);
+}
+
 // The shared buffer that holds all of [p, p+n), if any.
 bool SharedBuffer(const void* p, size_t n, Client::HostBuffer* b) {
   return Client::Get().FindHostBuffer(p, b) && b->server_addr != 0 && b->Covers(p, n);
@@ -86,6 +121,8 @@ CUresult CopyHtoD(const char* name, CUdeviceptr dst, const void* src, size_t n, 
   }
   if (Client::HostBuffer b; SharedBuffer(src, n, &b))
     return CopyShared(name, true, dst, b, src, n, stream, async, pt);
+  if (uint64_t key = 0; RmaKeyFor(src, n, true, async, &key))
+    return CopyRma(name, true, dst, key, src, n, stream, async, pt);
   // A destination we know is valid: the copy can be fire-and-forget, its
   // bytes are on the wire when we return. Otherwise wait for the verdict.
   bool known = c.FindDeviceRange(dst, n);
@@ -121,6 +158,8 @@ CUresult CopyDtoH(const char* name, void* dst, CUdeviceptr src, size_t n, CUstre
     return ManagedDeviceCopy(name, reinterpret_cast<uintptr_t>(dst), src, n, stream, async, pt);
   if (Client::HostBuffer b; SharedBuffer(dst, n, &b))
     return CopyShared(name, false, src, b, dst, n, stream, async, pt);
+  if (uint64_t key = 0; RmaKeyFor(dst, n, false, async, &key))
+    return CopyRma(name, false, src, key, dst, n, stream, async, pt);
   auto* out = static_cast<uint8_t*>(dst);
   for (size_t off = 0; off < n; off += wire::kMaxPayload) {
     size_t len = std::min<size_t>(wire::kMaxPayload, n - off);
@@ -374,11 +413,12 @@ FLYT_API CUresult cuLibraryGetGlobal(CUdeviceptr* p, size_t* size, CUlibrary l, 
 
 // --- host memory. Over shm:// a pinned buffer is a sealed memfd shared with
 // the server, which registers it with the driver: copies to and from it are
-// DMA and kernels reach it (zero copy). Otherwise (a network, or a server that
-// refuses) it is page-aligned client memory that copies treat like any host
-// buffer. cuMemHostRegister of the app's own memory is bookkeeping only: the
-// server cannot map another process's private pages, so copies from it take
-// the pageable path and the GPU cannot map it.
+// DMA and kernels reach it (zero copy). Over ucx:// it is page-aligned client
+// memory that the server reads and writes itself once registered (client/rma.cc).
+// Otherwise (another network transport, or a server that refuses) it is
+// page-aligned client memory that copies treat like any host buffer. cuMemHostRegister of the app's
+// own memory is bookkeeping only: the server cannot map another process's private pages, so copies
+// from it take the pageable path and the GPU cannot map it.
 
 namespace {
 
@@ -459,7 +499,8 @@ FLYT_API CUresult cuMemFreeHost(void* p) {
     return CUDA_ERROR_INVALID_VALUE;
   c.RemoveHostBuffer(p, &b);
   if (b.device_ptr != 0 && b.device_ptr != b.base) c.RemoveDeviceRange(b.device_ptr);
-  CUresult rc = CUDA_SUCCESS;
+  // Read and written by the server (ucx://): it drains its work on it and drops its key.
+  CUresult rc = c.RmaForget(b);
   if (b.server_addr != 0) {
     // The server drains the GPU's work on it, then unregisters and unmaps.
     wire::Writer w;
@@ -484,7 +525,7 @@ FLYT_API CUresult cuMemHostUnregister(void* p) {
   if (!c.FindHostBuffer(p, &b) || b.base != reinterpret_cast<uintptr_t>(p) || b.owned)
     return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
   c.RemoveHostBuffer(p, &b);
-  return CUDA_SUCCESS;
+  return c.RmaForget(b);  // read and written by the server (ucx://): its key goes first
 }
 
 FLYT_API CUresult cuMemHostGetFlags(unsigned int* flags, void* p) {

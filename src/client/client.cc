@@ -80,6 +80,8 @@ void AfterForkInChild() {
   new (&c.mu_) std::mutex();
   new (&c.state_mu_) std::mutex();
   new (&c.callback_mu_) std::mutex();
+  new (&c.rma_mu_) std::mutex();
+  c.rma_enabled_ = false;  // the registrations were the parent's connection's
   if (c.conn_ != nullptr) c.conn_->AbandonAfterFork();
   (void)c.conn_.release();
   c.queue_.clear();
@@ -107,6 +109,10 @@ CUresult Client::Init() {
     flush_after_ns_ = flush_us != nullptr && std::strcmp(flush_us, "0") == 0
                           ? 0
                           : static_cast<uint64_t>(EnvInt("FLYT_FLUSH_US", 20)) * 1000;
+    // One-sided copies of pinned memory over ucx:// (client/rma.cc).
+    const char* rma = std::getenv("FLYT_RMA");
+    rma_enabled_ = rma == nullptr || std::strcmp(rma, "off") != 0;
+    rma_min_bytes_ = static_cast<size_t>(EnvInt("FLYT_RMA_MIN_BYTES", 64 << 10));
     const char* server = std::getenv("FLYT_SERVER");
     std::string manager_socket, manager_token;
     if (server != nullptr && server[0] != '\0') {
@@ -242,12 +248,14 @@ void Client::MoveToSharedMemory(Hello* hello) {
   }
   std::unique_ptr<transport::Connection> old = std::move(conn_);
   conn_ = std::move(shm_conn);
+  ++conn_gen_;
   Hello upgraded;
   CUresult rc = SayHello(&upgraded);
   if (rc != CUDA_SUCCESS) {
     FLYT_INFO("shared memory at %s refused this client (error %d); staying on %s",
               hello->shm_offer.c_str(), rc, server_.c_str());
     conn_ = std::move(old);
+    ++conn_gen_;
     broken_ = CUDA_SUCCESS;
     return;
   }
@@ -468,6 +476,11 @@ CUresult Client::CallUnhooked(const char* name, uint16_t op, const wire::Writer&
                               ReplySink sink, uint16_t flags) {
   uint64_t t0 = log::TraceCalls() ? NowNs() : 0;
   std::lock_guard<std::mutex> lock(mu_);
+  return CallLocked(name, op, req, sink, flags, t0);
+}
+
+CUresult Client::CallLocked(const char* name, uint16_t op, const wire::Writer& req, ReplySink sink,
+                            uint16_t flags, uint64_t t0) {
   if (broken_ != CUDA_SUCCESS) return broken_;
   if (op != ops::kOpHello) SyncContextLocked();
   sync_calls_.fetch_add(1, std::memory_order_relaxed);

@@ -4,7 +4,8 @@
 // framing, buffering of asynchronous calls until the next synchronous one, the
 // deferred errors the server reports, and the state that lets hot calls be
 // answered without a round trip: device inventory, contexts, device
-// allocations, pinned host buffers, kernel tables with parameter layouts.
+// allocations, pinned host buffers (with their one-sided registrations over
+// ucx://, client/rma.cc), kernel tables with parameter layouts.
 // Lives inside other people's processes: no stdout, no exit(), no global
 // constructors that can fail, no hang when the server is gone.
 #pragma once
@@ -166,6 +167,12 @@ class Client {
     bool owned = false;        // allocated here (cuMemHostAlloc), not an app buffer
     uint64_t server_addr = 0;  // shared with the server (shm://): its mapping there; 0: not shared
     uint64_t device_ptr = 0;   // the GPU's pointer to a shared buffer; 0: not mapped
+    // Read and written by the server itself (ucx://, client/rma.cc): the server's id of
+    // its key and the transport's registration, both of connection generation rma_gen.
+    uint64_t rma_key = 0;
+    uint64_t rma_handle = 0;
+    uint64_t rma_gen = 0;
+    bool rma_refused = false;  // registering it failed on connection generation rma_gen
     bool Covers(const void* p, size_t n) const {
       auto v = reinterpret_cast<uintptr_t>(p);
       return v >= base && v - base <= size && n <= size - (v - base);
@@ -179,6 +186,16 @@ class Client {
   // the emulator). ShareFd passes a sealed memfd; *id names it in a request.
   bool SharesMemory();
   CUresult ShareFd(int fd, uint64_t* id);
+  // --- one-sided copies of pinned memory (client/rma.cc; ucx://). The server's key id
+  // for the pinned or registered buffer that holds [p, p+n); a buffer not registered yet
+  // is registered when `first_use_worth_it`. False: the copy travels as bytes (another
+  // transport, FLYT_RMA=off, a capture, or the server or transport refused).
+  bool RmaKey(const void* p, size_t n, bool first_use_worth_it, uint64_t* key);
+  // Copies of at least this many bytes register a buffer (FLYT_RMA_MIN_BYTES).
+  size_t rma_min_bytes() const { return rma_min_bytes_; }
+  // A buffer that goes (cuMemFreeHost, cuMemHostUnregister): the server drops its key
+  // once its work on the buffer is done, then the registration goes.
+  CUresult RmaForget(const HostBuffer& b);
 
   // --- virtual memory management (client/api_vmm.cc). A reserved range
   // keeps this process's host memory out of it, as allocations do; a mapped
@@ -251,6 +268,9 @@ class Client {
                        uint16_t flags);
   CUresult CallUnhooked(const char* name, uint16_t op, const wire::Writer& req, ReplySink sink,
                         uint16_t flags);
+  // The same with mu_ held (the caller's); t0_ns: when the call began, for FLYT_TRACE.
+  CUresult CallLocked(const char* name, uint16_t op, const wire::Writer& req, ReplySink sink,
+                      uint16_t flags, uint64_t t0_ns);
   // Calls and posts so far (under mu_): changes with every one of them.
   uint64_t CallsLocked() const { return sync_calls_.load() + async_calls_.load(); }
   // Appends a small no-reply frame to the queue.
@@ -280,6 +300,15 @@ class Client {
 
   std::mutex mu_;  // the connection, the queue, call ids
   std::unique_ptr<transport::Connection> conn_;
+  // Counts the connections conn_ has had (under mu_): what one-sided registrations
+  // belong to (a session that moved has a new connection and registers again).
+  std::atomic<uint64_t> conn_gen_{1};
+  // One-sided copies (client/rma.cc): registrations one at a time (before mu_).
+  std::mutex rma_mu_;
+  bool rma_enabled_ = false;                  // FLYT_RMA is not "off" and the address is ucx://
+  size_t rma_min_bytes_ = 64 << 10;           // FLYT_RMA_MIN_BYTES
+  uint64_t rma_attached_gen_ = 0;             // under mu_: the server has our memory's address
+  std::atomic<uint64_t> rma_refused_gen_{0};  // written under mu_: the server or transport said no
   std::vector<uint8_t> queue_;
   uint64_t next_call_ = 1;
   // The id of an app's call, announced to the profiler (common/profiler_abi.h).

@@ -165,6 +165,7 @@ void Client::ResumeLocked(const std::string& where, const uint64_t key[2], int d
     // The session is there: from now on every call goes to it.
     conn_->Shutdown();
     conn_ = std::move(c);
+    ++conn_gen_;  // registrations of one-sided copies were the old connection's
     server_ = where;
     address_ = addr;
     session_id_ = hello.session_id;

@@ -214,6 +214,23 @@ enum : uint16_t {
   //     Wait32/Write32/Wait64/Write64 u64 address, u64 value, u32 flags;
   //     Batch u32 flags, u32 count, count x CUstreamBatchMemOpParams_v1
   kOpDriverMisc = 319,
+  // One-sided copies of the client's pinned memory (ucx://: server/session_rma.cc,
+  // client/rma.cc, transport::RemoteMemory). The client registers a pinned or
+  // registered host buffer once; the server then reads and writes it directly.
+  // kOpRmaAttach: blob the client's memory address (RemoteMemory::LocalAddress, at
+  //   most kMaxRmaAddress bytes) -> u32 kRma* flags.
+  // kOpRmaRegister: u64 base, u64 size, blob packed key (at most kMaxRmaKey bytes)
+  //   -> u64 key id.
+  // kOpRmaUnregister: u64 key id (the session's work drains first, as cuMemFreeHost
+  //   waits for the device).
+  // kOpCopyRma: u8 to_device, u64 device pointer, u64 key id, u64 client address,
+  //   u64 bytes, u64 stream, u8 async. [client address, +bytes) lies in the key's
+  //   buffer. Host-to-device bytes are read when the frame runs; device-to-host bytes
+  //   are written in stream order (asynchronous ones by a host function behind the copy).
+  kOpRmaAttach = 320,
+  kOpRmaRegister = 321,
+  kOpRmaUnregister = 322,
+  kOpCopyRma = 323,
   // CUPTI activity of a profiled client (server/session_profiler.cc, src/cupti/):
   // u8 kProfiler*, then Start: u32 GpuActivity kinds (bit 1 << kind) -> u32 kinds
   // enabled, u64 server timestamp (ns), string why the others are not; Stop: u32
@@ -262,7 +279,16 @@ struct ParamSlot {
   uint32_t size;
 };
 
+// kOpRmaAttach reply flags.
+enum : uint32_t {
+  // Synchronous copies go straight between the client's memory and device memory
+  // (UCX reaches GPU memory here, or the sim backend's device memory is host memory).
+  kRmaDirect = 1,
+};
+
 // Upper bounds that make hostile input harmless.
+inline constexpr uint32_t kMaxRmaAddress = 64 * 1024;  // a UCP worker address
+inline constexpr uint32_t kMaxRmaKey = 4096;           // a packed UCX remote key
 inline constexpr uint32_t kMaxParams = 1024;
 inline constexpr uint32_t kMaxParamBytes = 32764;  // CUDA 12.1+ limit for kernel params
 inline constexpr uint32_t kMaxKernelsPerImage = 1u << 20;

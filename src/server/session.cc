@@ -755,7 +755,11 @@ void Session::ReleaseEverything() {
 void Session::ReleaseStaging() {
   DriverApi& a = state_->api;
   FinishUploads();
+  ReleaseRmaStaging();
+  transport::RemoteMemory* rma =
+      staging_.local[0] != 0 || staging_.local[1] != 0 ? conn_->Rma() : nullptr;
   for (int i = 0; i < 2; ++i) {
+    if (rma != nullptr && staging_.local[i] != 0) rma->UnregisterLocal(staging_.local[i]);
     if (staging_.done[i] != nullptr) a.cuEventDestroy_v2(staging_.done[i]);
     if (staging_.buf[i] != nullptr) a.cuMemFreeHost(staging_.buf[i]);
     staging_.done[i] = nullptr;
@@ -1085,6 +1089,14 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       return UnshareHost(in, rc);
     case ops::kOpCopyShared:
       return CopyShared(in, per_thread, rc);
+    case ops::kOpRmaAttach:
+      return RmaAttach(in, out, rc);
+    case ops::kOpRmaRegister:
+      return RmaRegister(in, out, rc);
+    case ops::kOpRmaUnregister:
+      return RmaUnregister(in, rc);
+    case ops::kOpCopyRma:
+      return CopyRma(in, per_thread, rc);
     case ops::kOpHostFunc: {
       uint64_t stream = 0, id = 0;
       if (!in.Get(&stream) || !in.Get(&id) || in.remaining() != 0) return false;
@@ -1369,6 +1381,14 @@ bool Session::EnsureStaging() {
     if (a.cuMemHostAlloc(&staging_.buf[i], wire::kCopyChunk, 0) != CUDA_SUCCESS ||
         a.cuEventCreate(&staging_.done[i], CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
       return false;
+  }
+  // A transport that registers memory (ucx://) registers these once: the bulk messages
+  // received into them and sent from them need no registration of their own.
+  if (transport::RemoteMemory* rma = conn_->Rma(); rma != nullptr) {
+    for (int i = 0; i < 2; ++i) {
+      if (!rma->RegisterLocal(staging_.buf[i], wire::kCopyChunk, false, &staging_.local[i]).ok())
+        staging_.local[i] = 0;
+    }
   }
   staging_.ok = true;
   return true;

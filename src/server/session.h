@@ -455,6 +455,7 @@ class Session {
   wire::FrameHeader req_{};  // the request being dispatched
   struct Staging {
     void* buf[2] = {nullptr, nullptr};
+    uint64_t local[2] = {0, 0};  // registrations with the transport (RemoteMemory), 0: none
     CUevent done[2] = {nullptr, nullptr};
     bool busy[2] = {false, false};
     int next = 0;
@@ -467,6 +468,54 @@ class Session {
   std::condition_variable callback_cv_;
   std::unique_ptr<transport::Connection> callback_conn_;
   std::atomic<int> host_funcs_in_flight_{0};
+
+  // --- one-sided copies of the client's pinned memory (server/session_rma.cc) ---
+ private:
+  // A client buffer the session may read and write: its key (transport::RemoteMemory).
+  struct RmaRegion {
+    uint64_t base = 0, size = 0;
+  };
+  // A pinned staging buffer of the session's, registered with the transport once.
+  struct RmaSlot {
+    Session* session = nullptr;
+    void* buf = nullptr;
+    uint64_t local = 0;      // its registration (0: none)
+    CUevent done = nullptr;  // recorded behind its last use on a stream
+    bool busy = false;       // `done` not waited for yet
+    // Busy with bytes for the client, written by a host function behind the copy
+    // (RmaWriteToClient): where they go.
+    bool to_client = false;
+    uint64_t client = 0, len = 0, key = 0;
+    bool lost = false;  // a transfer into it failed: never used or freed again
+  };
+  bool RmaAttach(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  bool RmaRegister(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  bool RmaUnregister(wire::Reader& in, CUresult* rc);
+  bool CopyRma(wire::Reader& in, bool per_thread, CUresult* rc);
+  // Synchronous copies straight to and from device memory (ops::kRmaDirect).
+  CUresult CopyRmaDirect(bool to_device, uint64_t device, uint64_t key, uint64_t client, uint64_t n,
+                         CUstream stream, bool per_thread);
+  // Whether [device, device+n) lies in one plain device allocation of the session.
+  bool RmaDirectRange(uint64_t device, uint64_t n);
+  bool EnsureRmaStaging();
+  // The next staging buffer, once its earlier use is done (an error of that use in *rc).
+  RmaSlot* TakeRmaSlot(CUresult* rc);
+  // Waits for pending writes of bytes to [client, client+n) (stream order: a later read
+  // of those bytes must see them).
+  void FinishRmaWrites(uint64_t client, uint64_t n);
+  // A read or write failed: the client is gone or misbehaves; the session ends.
+  CUresult RmaTransportFailed(const Status& why);
+  static void RmaWriteToClient(void* slot);
+  // Frees the staging buffers (their events belong to the current context).
+  void ReleaseRmaStaging();
+  transport::RemoteMemory* rma_ = nullptr;  // conn_'s, once the client attached
+  bool rma_direct_ = false;
+  std::map<uint64_t, RmaRegion> rma_keys_;  // by key id
+  std::vector<std::unique_ptr<RmaSlot>> rma_slots_;
+  size_t rma_next_ = 0;
+  bool rma_tried_ = false;
+  std::atomic<bool> rma_failed_{false};
+  // --- end of one-sided copies -------------------------------------------------
 
   // --- CUDA IPC (server/session_ipc.cc) ----------------------------------------
  public:

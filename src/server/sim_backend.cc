@@ -5,7 +5,9 @@
 // (server/sim_kernels.h), and the launch record: with --sim-record FILE each
 // launch appends `launch kernel=NAME grid=X,Y,Z block=X,Y,Z shared=N
 // params=HEX:HEX...` (parameter bytes as the app passed them). Everything runs
-// synchronously and no kernel executes. Virtual memory management: a
+// synchronously and no kernel executes; host functions run on threads of their own
+// in stream order, and an asynchronous copy on a stream waits for those queued on it
+// before. Virtual memory management: a
 // reservation is a PROT_NONE host range, a physical allocation a memfd, and
 // cuMemMap maps the memfd into the range, so copies and memsets reach it and
 // two mappings of one allocation share their bytes. Never a product feature.
@@ -839,6 +841,7 @@ std::string Hex(const uint8_t* p, size_t n) {
 }
 
 SimStream* AsStream(CUstream s);
+void WaitIdle(const std::shared_ptr<StreamWork>& w);
 // With fake green contexts, a stream works only while its own context is
 // current, so a stream the server forgot to move after a live SM change shows.
 CUresult CheckStreamContext(CUstream s) {
@@ -936,6 +939,9 @@ CUresult simMemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
 template <typename Copy>
 CUresult RecordedCopy(CUpti_ActivityMemcpyKind kind, size_t n, CUstream stream, Copy&& copy) {
   if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  // A copy on a stream runs after the host functions queued on it before (a host
+  // function may write the source, or read the destination next).
+  if (SimStream* st = AsStream(stream); st != nullptr) WaitIdle(st->work);
   uint64_t start = sim_cupti::Recording() ? sim_cupti::Now() : 0;
   CUresult rc = copy();
   if (rc == CUDA_SUCCESS && start != 0) {

@@ -2,11 +2,12 @@
 //
 // Owns: the Connection/Listener interface every transport implements (TCP,
 // Unix sockets, shared memory (shm_transport.h) and UCX (ucx_transport.h); the network
-// emulator plugs in here too), address parsing ("tcp://host:port", "tls://host:port",
-// "ucx://host:port", "unix:///path", "shm:///path", "host:port"), and liveness settings (connect
-// timeout, dead-peer timeout). TLS itself lives outside: transport/tls_server.h (flyt-server) and
-// client/tls_client.h (the client library); here tls:// listens like tcp://.
-// Must not know about frames or CUDA: it moves bytes.
+// emulator plugs in here too), the RemoteMemory interface of transports that let the
+// server read and write registered client memory one-sided (ucx://: ucx_rma.h), address parsing
+// ("tcp://host:port", "tls://host:port", "ucx://host:port", "unix:///path", "shm:///path",
+// "host:port"), and liveness settings (connect timeout, dead-peer timeout). TLS itself lives
+// outside: transport/tls_server.h (flyt-server) and client/tls_client.h (the client library); here
+// tls:// listens like tcp://. Must not know about frames or CUDA: it moves bytes.
 #pragma once
 
 #include <sys/uio.h>
@@ -51,6 +52,49 @@ struct DetachedConnection {
   std::string peer;
 };
 
+// One-sided access to registered memory of the client (ucx://). A connection that has it
+// answers Connection::Rma() with this object, which it owns and which lives as long as
+// the connection. The client side exposes buffers (Expose) and sends the address and the
+// keys it gets in frames of its own; the server side connects to that address, imports
+// the keys, and reads and writes the client's buffers (Read, Write) while the client's
+// threads go on with other work. The server treats every key, address and length from
+// the client as hostile: ImportKey checks the key's layout before the transport library
+// parses it, and Read/Write reach only the client's own process. Moves bytes only.
+class RemoteMemory {
+ public:
+  virtual ~RemoteMemory() = default;
+
+  // --- client side
+  // The bytes the server needs to reach this process's exposed memory (Connect).
+  virtual Status LocalAddress(std::vector<uint8_t>* out) = 0;
+  // Registers [base, base+len) for the server's reads and writes; *key is what the server
+  // imports, *handle names the registration for Withdraw.
+  virtual Status Expose(void* base, size_t len, std::vector<uint8_t>* key, uint64_t* handle) = 0;
+  // Ends a registration (the server must have dropped its key, or be gone).
+  virtual void Withdraw(uint64_t handle) = 0;
+
+  // --- server side
+  // Reaches the client's exposed memory through the address LocalAddress gave there.
+  virtual Status Connect(const void* address, size_t n) = 0;
+  // A key the client's Expose made; *id names it in Read/Write.
+  virtual Status ImportKey(const void* key, size_t n, uint64_t* id) = 0;
+  virtual void DropKey(uint64_t id) = 0;
+  // Registers a local buffer once, so that transfers to and from it need no registration
+  // of their own. `device`: GPU memory (only where DeviceMemory() says it can be reached).
+  virtual Status RegisterLocal(void* base, size_t len, bool device, uint64_t* handle) = 0;
+  virtual void UnregisterLocal(uint64_t handle) = 0;
+  // Copies n bytes between `local` and the client's address `remote`, which must lie in the
+  // memory of key `id`; each waits until the bytes are in place (Write: visible to the
+  // client). A failure means the client is gone or misbehaves: every later call fails.
+  // `device`: `local` is GPU memory. Thread-safe (calls are serialized).
+  virtual Status Read(void* local, size_t n, uint64_t remote, uint64_t id, bool device) = 0;
+  virtual Status Write(const void* local, size_t n, uint64_t remote, uint64_t id, bool device) = 0;
+  // Whether the transport library here can read and write GPU memory itself (UCX built
+  // with CUDA support); what it reports, for the log.
+  virtual bool DeviceMemory() const = 0;
+  virtual std::string Describe() const = 0;
+};
+
 class Connection {
  public:
   virtual ~Connection() = default;
@@ -90,6 +134,10 @@ class Connection {
   virtual Status TakeSharedFd(uint64_t /*id*/, int /*timeout_ms*/, int* /*fd*/) {
     return Status::Error("this transport cannot share memory");
   }
+
+  // --- One-sided access to registered client memory (ucx://), or nullptr. Made at the
+  // first call; the connection owns it.
+  virtual RemoteMemory* Rma() { return nullptr; }
 };
 
 class Listener {

@@ -5,7 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -144,6 +147,17 @@ Status LoadLibraries(Loaded* l) {
   Sym(l->ucp, "ucp_request_cancel", &a.request_cancel, &missing);
   Sym(l->ucp, "ucp_request_free", &a.request_free, &missing);
   Sym(l->ucs, "ucs_status_string", &a.status_string, &missing);
+  Sym(l->ucp, "ucp_mem_map", &a.mem_map, &missing);
+  Sym(l->ucp, "ucp_mem_unmap", &a.mem_unmap, &missing);
+  Sym(l->ucp, "ucp_rkey_pack", &a.rkey_pack, &missing);
+  Sym(l->ucp, "ucp_rkey_buffer_release", &a.rkey_buffer_release, &missing);
+  Sym(l->ucp, "ucp_ep_rkey_unpack", &a.ep_rkey_unpack, &missing);
+  Sym(l->ucp, "ucp_rkey_destroy", &a.rkey_destroy, &missing);
+  Sym(l->ucp, "ucp_get_nbx", &a.get_nbx, &missing);
+  Sym(l->ucp, "ucp_put_nbx", &a.put_nbx, &missing);
+  Sym(l->ucp, "ucp_ep_flush_nbx", &a.ep_flush_nbx, &missing);
+  a.ep_print_info =
+      reinterpret_cast<decltype(a.ep_print_info)>(::dlsym(l->ucp, "ucp_ep_print_info"));
   if (!missing.empty()) {
     return Status::Error("ucx:// is not available: the UCX found (" +
                          (l->dir.empty() ? std::string("the system's") : l->dir) + ") lacks " +
@@ -162,7 +176,8 @@ Status CreateContext(Api* a) {
   if (s != UCS_OK) return Status::Error("ucx: reading UCX_* settings: " + a->Why(s));
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+  // RMA: the server reads and writes registered client memory (transport/ucx_rma.h).
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
   params.mt_workers_shared = 1;  // each connection has its own worker, on its own thread
   s = a->init_version(UCP_API_MAJOR, UCP_API_MINOR, &params, config, &a->context);
   a->config_release(config);
@@ -170,12 +185,85 @@ Status CreateContext(Api* a) {
     return Status::Error("ucx: cannot create a UCP context (UCX " + a->version + "): " + a->Why(s) +
                          " (check UCX_TLS / UCX_NET_DEVICES)");
   }
-  FLYT_DEBUG("ucx: UCX %s from %s", a->version.c_str(),
-             a->library_dir.empty() ? "the system" : a->library_dir.c_str());
+  // Which memory UCX can reach here: host always; CUDA only in a UCX built with it.
+  ucp_context_attr_t attr{};
+  attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  a->memory_types = a->context_query(a->context, &attr) == UCS_OK ? attr.memory_types
+                                                                  : UCS_BIT(UCS_MEMORY_TYPE_HOST);
+  FLYT_DEBUG("ucx: UCX %s from %s; memory types 0x%llx", a->version.c_str(),
+             a->library_dir.empty() ? "the system" : a->library_dir.c_str(),
+             static_cast<unsigned long long>(a->memory_types));
   return Status::Ok();
 }
 
 }  // namespace
+
+bool WantPeerErrors() {
+  const char* tls = std::getenv("UCX_TLS");
+  if (tls == nullptr || *tls == '\0' || *tls == '^') return true;
+  static const char* const kShared[] = {"sm",  "shm",  "posix", "sysv",
+                                        "cma", "knem", "xpmem", "self"};
+  std::string list(tls);
+  size_t at = 0;
+  while (at <= list.size()) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    const std::string name = list.substr(at, comma - at);
+    bool shared = name.empty();
+    for (const char* k : kShared) shared = shared || name == k;
+    if (!shared) return true;
+    at = comma + 1;
+  }
+  return false;
+}
+
+Status CheckWorkerAddress(const void* address, size_t n) {
+  // The largest address worth trying (real ones are a few hundred bytes).
+  constexpr size_t kMax = size_t{64} << 10;
+  if (address == nullptr || n < 2 || n > kMax)
+    return Status::Error("ucx: a worker address of " + std::to_string(n) + " bytes");
+  // UCX 1.10 and later: version in the low 4 bits of the first byte, 0 (v1) or 1 (v2).
+  const unsigned version = *static_cast<const uint8_t*>(address) & 0x0f;
+  if (version > 1)
+    return Status::Error("ucx: a worker address of format version " + std::to_string(version) +
+                         " (not one UCX writes)");
+  return Status::Ok();
+}
+
+Status CreateEndpoint(const Api& api, ucp_worker_h worker, const void* address, size_t n,
+                      ucp_err_handler_cb_t cb, void* arg, const std::string& peer, ucp_ep_h* ep,
+                      bool* peer_errors) {
+  *ep = nullptr;
+  Status st = CheckWorkerAddress(address, n);
+  if (!st.ok()) return Status::Error(st.message() + " from " + peer);
+  std::vector<uint8_t> padded(n + 4096, 0);
+  std::memcpy(padded.data(), address, n);
+  ucp_ep_params_t p{};
+  p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                 UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  p.address = reinterpret_cast<const ucp_address_t*>(padded.data());
+  p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  p.err_handler.cb = cb;
+  p.err_handler.arg = arg;
+  *peer_errors = true;
+  if (!WantPeerErrors()) {
+    p.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
+    *peer_errors = false;
+  }
+  ucs_status_t s = api.ep_create(worker, &p, ep);
+  if (s == UCS_ERR_UNREACHABLE && *peer_errors) {
+    // UCX 1.13's shared-memory transports cannot report a failed peer; without that
+    // guarantee they are usable, and the socket tells of the peer's death.
+    p.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
+    *peer_errors = false;
+    s = api.ep_create(worker, &p, ep);
+  }
+  if (s != UCS_OK) {
+    *ep = nullptr;
+    return Status::Error("ucx: cannot reach " + peer + " over UCX: " + api.Why(s) +
+                         " (do both sides allow a common transport? UCX_TLS)");
+  }
+  return Status::Ok();
+}
 
 Status CheckAvailable() {
   Loaded& l = State();

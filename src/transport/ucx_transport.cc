@@ -19,6 +19,7 @@
 
 #include "common/log.h"
 #include "transport/ucx_api.h"
+#include "transport/ucx_rma.h"
 
 namespace flyt::transport {
 namespace {
@@ -44,27 +45,6 @@ int SpinUs() {
     return (*end == '\0' && v >= 0 && v <= 1000000) ? static_cast<int>(v) : 50;
   }();
   return spin;
-}
-
-// UCX's peer-failure handling (error mode PEER) is asked for unless UCX_TLS names only
-// shared-memory transports, which in UCX 1.13 cannot report a failed peer (asking would
-// rule them all out). Without it the socket alone tells of the peer's death.
-bool WantPeerErrors() {
-  const char* tls = std::getenv("UCX_TLS");
-  if (tls == nullptr || *tls == '\0' || *tls == '^') return true;
-  static const char* const kShared[] = {"sm",  "shm",  "posix", "sysv",
-                                        "cma", "knem", "xpmem", "self"};
-  std::string list(tls);
-  size_t at = 0;
-  while (at <= list.size()) {
-    const size_t comma = std::min(list.find(',', at), list.size());
-    const std::string name = list.substr(at, comma - at);
-    bool shared = name.empty();
-    for (const char* k : kShared) shared = shared || name == k;
-    if (!shared) return true;
-    at = comma + 1;
-  }
-  return false;
 }
 
 uint64_t RandomTag() {
@@ -109,6 +89,7 @@ class UcxConnection final : public Connection {
 
   ~UcxConnection() override {
     if (!detached_) Shutdown();
+    rma_.reset();  // its transfers end first (the socket and stop_fd_ are its watch)
     CloseUcx();
     if (sock_ >= 0) ::close(sock_);
     if (stop_fd_ >= 0) ::close(stop_fd_);
@@ -262,13 +243,24 @@ class UcxConnection final : public Connection {
   }
 
   void AbandonAfterFork() override {
-    // The UCP worker and its descriptors belong to the parent: leak them untouched.
+    // The UCP worker and its descriptors belong to the parent: leak them untouched
+    // (the one-sided side's progress thread exists only there too).
+    (void)rma_.release();
     if (sock_ >= 0) ::close(sock_);
     if (stop_fd_ >= 0) ::close(stop_fd_);
     sock_ = stop_fd_ = -1;
     worker_ = nullptr;
     ep_ = nullptr;
     detached_ = true;
+  }
+
+  RemoteMemory* Rma() override {
+    std::lock_guard<std::mutex> lock(rma_mu_);
+    if (rma_ == nullptr && api_ != nullptr && role_ != Role::kServerMain && !detached_) {
+      rma_ = NewUcxRemoteMemory(api_, role_ == Role::kClient,
+                                RmaPeerWatch{sock_, stop_fd_, &shutdown_, peer_});
+    }
+    return rma_.get();
   }
 
   void SetReceiveTimeout(int timeout_ms) override {
@@ -318,31 +310,8 @@ class UcxConnection final : public Connection {
   }
 
   Status ConnectPeerLocked() {
-    ucp_ep_params_t ep{};
-    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    ep.address = reinterpret_cast<const ucp_address_t*>(peer_address_.data());
-    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    ep.err_handler.cb = &UcxConnection::OnPeerError;
-    ep.err_handler.arg = this;
-    if (!WantPeerErrors()) {
-      ep.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
-      peer_errors_ = false;
-    }
-    ucs_status_t s = api_->ep_create(worker_, &ep, &ep_);
-    if (s == UCS_ERR_UNREACHABLE) {
-      // UCX 1.13's shared-memory transports cannot report a failed peer; without
-      // that guarantee they are usable, and the socket tells us of the peer's death.
-      ep.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
-      peer_errors_ = false;
-      s = api_->ep_create(worker_, &ep, &ep_);
-    }
-    if (s != UCS_OK) {
-      ep_ = nullptr;
-      return Status::Error("ucx: cannot reach " + peer_ + " over UCX: " + api_->Why(s) +
-                           " (do both sides allow a common transport? UCX_TLS)");
-    }
-    return Status::Ok();
+    return ucx::CreateEndpoint(*api_, worker_, peer_address_.data(), peer_address_.size(),
+                               &UcxConnection::OnPeerError, this, peer_, &ep_, &peer_errors_);
   }
 
   void CloseUcx() {
@@ -367,6 +336,17 @@ class UcxConnection final : public Connection {
     switch_req_ = nullptr;
     api_->worker_destroy(worker_);
     worker_ = nullptr;
+  }
+
+  // A large message to or from memory the server registered once (its staging buffers,
+  // RemoteMemory::RegisterLocal) goes with that registration.
+  void WithRegistration(const void* p, size_t n, ucp_request_param_t* param) {
+    if (n < kOwnMessageBytes || role_ != Role::kServerWorker) return;
+    std::lock_guard<std::mutex> lock(rma_mu_);
+    if (ucp_mem_h memh = UcxLocalRegistration(rma_.get(), p, n); memh != nullptr) {
+      param->op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+      param->memh = memh;
+    }
   }
 
   // Why the peer is not there any more (or why we stopped); fails every later call.
@@ -433,6 +413,8 @@ class UcxConnection final : public Connection {
       st = ValidateUcxPreface(p);
     }
     if (st.ok()) st = need(sizeof(p) + p.address_len);
+    // Refused here already (a pure check of bytes; the main process never loads UCX).
+    if (st.ok()) st = ucx::CheckWorkerAddress(rbuf_.data() + rbeg_ + sizeof(p), p.address_len);
     if (!st.ok()) return Gone(Status::Error(peer_ + ": " + st.message()));
     const uint8_t* a = rbuf_.data() + rbeg_ + sizeof(p);
     peer_address_.assign(a, a + p.address_len);
@@ -658,6 +640,7 @@ class UcxConnection final : public Connection {
       if (iov[i].iov_len >= kOwnMessageBytes) {
         flush();
         ucp_request_param_t p{};
+        WithRegistration(iov[i].iov_base, iov[i].iov_len, &p);
         post(api_->tag_send_nbx(ep_, iov[i].iov_base, iov[i].iov_len, peer_tag_, &p));
         continue;
       }
@@ -695,6 +678,7 @@ class UcxConnection final : public Connection {
       target = pending_.data();
     }
     ucp_request_param_t p{};
+    if (direct) WithRegistration(target, info.length, &p);
     st = CompleteLocked(api_->tag_msg_recv_nbx(worker_, target, info.length, msg, &p), lock,
                         "receive");
     if (!st.ok()) {
@@ -741,6 +725,9 @@ class UcxConnection final : public Connection {
   size_t rbeg_ = 0;
   std::vector<uint8_t> pending_;  // the rest of a UCX message larger than a Receive
   size_t pend_off_ = 0;
+
+  std::mutex rma_mu_;  // rma_ (its calls lock themselves)
+  std::unique_ptr<RemoteMemory> rma_;
 };
 
 class UcxListener final : public Listener {

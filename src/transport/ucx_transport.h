@@ -25,8 +25,10 @@
 // transports that can); Receive = exactly n bytes of the message stream, a message that
 // fits landing straight in the caller's buffer.
 //
-// Owns: the bootstrap messages and their checks, UcxConnection, the listener. Must not
-// touch frames or CUDA. UCX itself comes from transport/ucx_api.h (dlopen).
+// Owns: the bootstrap messages and their checks, UcxConnection, the listener, and each
+// connection's one-sided access (Rma(): transport/ucx_rma.h, made at the first call; large
+// messages to and from memory registered there use that registration). Must not touch
+// frames or CUDA. UCX itself comes from transport/ucx_api.h (dlopen).
 #pragma once
 
 #include <cstddef>

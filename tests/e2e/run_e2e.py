@@ -1030,6 +1030,58 @@ class E2E(unittest.TestCase):
                                  "NVRTC's export table is served without a warning\n" + where)
                 self.stop_server(srv)
 
+    def test_rma_copies(self):
+        """Copies of pinned and registered memory, byte-exact at odd sizes and offsets, in
+        stream order with host functions, events and each other; buffers freed while
+        registered. Over ucx:// they travel as one-sided reads and writes of the client's
+        memory: the server says so, and by which of UCX's transports; the sim backend's
+        synchronous copies go straight to device memory. Elsewhere the same checks run
+        on the byte path."""
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                srv = self.start_server()
+                res = self.run_ok(srv, transport, "rma_copies", variant)
+                log = srv.log_text()
+                if transport == "ucx":
+                    self.assertRegex(log, r"pinned client memory by UCX [0-9.]+ one-sided reads "
+                                     r"and writes over \S+", srv.logs())
+                    self.assertIn("synchronous copies go straight to and from device memory",
+                                  log, srv.logs())
+                    self.assertIn("no CUDA support", log, srv.logs())
+                    self.assertNotIn("refused a client key", log, srv.logs())
+                else:
+                    self.assertNotIn("pinned client memory by", log, srv.logs())
+                self.stop_server(srv)
+        if "ucx" in CFG.transports:
+            # FLYT_RMA=off: the byte path over ucx:// too.
+            srv = self.start_server()
+            self.run_ok(srv, "ucx", "rma_copies", CFG.variants[0], extra={"FLYT_RMA": "off"})
+            self.assertNotIn("pinned client memory by", srv.log_text(), srv.logs())
+            self.stop_server(srv)
+
+    def test_rma_client_killed(self):
+        """A client killed while its pinned copies are in flight (both directions, sync and
+        async): its worker notices, releases everything and exits without a crash; the
+        server serves the next client."""
+        srv = self.start_server(control=True)
+        prog = program_path("rma_copies", CFG.variants[0])
+        for transport in CFG.transports:
+            crashed = srv.control({"verb": "stats"})["workers_crashed"]
+            looping = RunningProgram(self.tmp, srv, transport, prog, ["loop"],
+                                     extra={"E2E_WATCHDOG_S": "0"})
+            self.assertIsNotNone(looping.wait_line(r"^looping"), srv.logs())
+            worker = self.worker_of(srv, self.client_pid(looping))
+            time.sleep(0.5)  # copies in flight
+            os.killpg(looping.proc.pid, signal.SIGKILL)
+            looping.finish(timeout=10)
+            stats = self.stats_when(srv, lambda s: s["memory_used"] == 0 and not any(
+                w["pid"] == worker for w in s["workers"]), timeout=30)
+            self.assertEqual(stats["memory_used"], 0, "%s\n%s" % (stats, srv.logs()))
+            self.assertNotIn(worker, [w["pid"] for w in stats["workers"]], srv.logs())
+            self.assertEqual(stats["workers_crashed"], crashed, srv.logs())
+            self.run_ok(srv, transport, "rma_copies", CFG.variants[-1])
+        self.stop_server(srv)
+
     def test_pinned_shared(self):
         """Pinned memory over shm:// is shared with the server (the GPU reaches the client's
         bytes: mapped pointer); over tcp/unix it stays client memory. The server's mappings

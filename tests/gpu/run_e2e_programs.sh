@@ -27,9 +27,12 @@
 # pointer SYNC_MEMOPS, cluster size, the pre-11.7 stream memory operations),
 # migrate_state (the state a move carries, not moved here: the app's VMM, captured and
 # hand-built graphs changed in place, cudaMallocAsync; tests/gpu/migrate/run_migrate.py
-# moves it).
-# Environment: CASES, RUN_TIMEOUT=60, MODES="tcp unix shm", SERVER_BACKEND=cuda (sim: plumbing
-# only, on a machine without a GPU, where the native runs fail).
+# moves it), rma_copies (pinned and registered memory copied both ways at odd sizes and
+# offsets, in stream order with host functions and events; over ucx:// the server reads and
+# writes it one-sided).
+# Environment: CASES, RUN_TIMEOUT=60, MODES="tcp unix shm" (add ucx for ucx://, with UCX_TLS
+# as set, e.g. UCX_TLS=tcp), SERVER_BACKEND=cuda (sim: plumbing only, on a machine without a
+# GPU, where the native runs fail).
 set -uo pipefail
 # The driver's JIT cache makes JIT logs depend on which run compiled first
 # (natively "ptxas info : ...", from the cache "info : ..."): no cache, for
@@ -40,7 +43,7 @@ export CUDA_CACHE_DISABLE=1
 BUILD=$(cd "$1" && pwd) || exit 2
 PROGS=$(cd "$2" && pwd) || exit 2
 OUTFILE=$3
-CASES=${CASES:-"ipc vmm_share contexts isolation_fault stream_event_order jit_link module_functions graph_nodes cupti_activity cupti_activity_clock cupti_callbacks cupti_callbacks_driver tensor_map stream_memops managed_memory memory_roundtrip driver_queries migrate_state"}
+CASES=${CASES:-"ipc vmm_share contexts isolation_fault stream_event_order jit_link module_functions graph_nodes cupti_activity cupti_activity_clock cupti_callbacks cupti_callbacks_driver tensor_map stream_memops managed_memory memory_roundtrip driver_queries migrate_state rma_copies"}
 MODES=${MODES:-"tcp unix shm"}
 RUN_TIMEOUT=${RUN_TIMEOUT:-60}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/flyt-e2e-gpu.XXXXXX")
@@ -67,6 +70,7 @@ cmd_of() {  # case -> program and arguments
     memory_roundtrip) echo "$PROGS/memory_roundtrip" ;;
     driver_queries) echo "$PROGS/driver_queries" ;;
     migrate_state) echo "$PROGS/migrate_state 12 0" ;;
+    rma_copies) echo "$PROGS/rma_copies" ;;
   esac
 }
 
@@ -79,9 +83,15 @@ key_lines() {
     grep -vE '^(under_flyt|freed_by_destroy|free_after_all|destroy_destroyed|misuse|flyt\.[a-z_.]*)=' || true
 }
 
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-"$BUILD/bin/flyt-server" --backend "${SERVER_BACKEND:-cuda}" --listen "tcp://127.0.0.1:$port" \
-  --listen "unix://$WORK/flyt.sock" --listen "shm://$WORK/flyt-shm.sock" \
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+port=$(free_port)
+ucx_listen=()
+if [[ " $MODES " == *" ucx "* ]]; then
+  ucx_port=$(free_port)
+  ucx_listen=(--listen "ucx://127.0.0.1:$ucx_port")
+fi
+FLYT_LOG=${FLYT_LOG:-info} "$BUILD/bin/flyt-server" --backend "${SERVER_BACKEND:-cuda}" --listen "tcp://127.0.0.1:$port" \
+  --listen "unix://$WORK/flyt.sock" --listen "shm://$WORK/flyt-shm.sock" "${ucx_listen[@]}" \
   --control "unix://$WORK/control.sock" >"$WORK/server.log" 2>&1 &
 SERVER_PID=$!
 for _ in $(seq 300); do [[ -S $WORK/control.sock ]] && break; sleep 0.1; done
@@ -91,6 +101,7 @@ url() {
     tcp) echo "tcp://127.0.0.1:$port" ;;
     unix) echo "unix://$WORK/flyt.sock" ;;
     shm) echo "shm://$WORK/flyt-shm.sock" ;;
+    ucx) echo "ucx://127.0.0.1:$ucx_port" ;;
   esac
 }
 
@@ -159,6 +170,13 @@ kill -0 "$SERVER_PID" 2>/dev/null || alive=no
     tail -15 "$out"
     echo '```'
   done
+  if [[ " $MODES " == *" ucx "* ]]; then
+    echo
+    echo "ucx:// (UCX_TLS=${UCX_TLS:-unset}): what carried the pinned copies, from the server's log:"
+    echo '```'
+    grep -h 'pinned client memory by' "$WORK/server.log" | sed 's/^.* I //' | sort -u | head -5
+    echo '```'
+  fi
   echo
   echo '### server log (tail)'
   echo '```'
