@@ -99,6 +99,10 @@ void RoundTrip(HostKind kind, size_t n, bool async, bool use_default, cudaStream
   CK(cudaMalloc(&b, n + 4));
   CK(cudaMemset(a, 0xA5, n + 4));
   CK(cudaMemset(b, 0x5A, n + 4));
+  // The memsets run on the legacy stream, the copies below on a non-blocking one, which
+  // does not wait for it: without this the D2D copy may land before the memset does
+  // (natively too; seen through shm:// on an H200, the copy back read 0x5a).
+  CK(cudaDeviceSynchronize());
   const cudaMemcpyKind h2d = use_default ? cudaMemcpyDefault : cudaMemcpyHostToDevice;
   const cudaMemcpyKind d2d = use_default ? cudaMemcpyDefault : cudaMemcpyDeviceToDevice;
   const cudaMemcpyKind d2h = use_default ? cudaMemcpyDefault : cudaMemcpyDeviceToHost;
