@@ -5,9 +5,9 @@
 //            reservation that grows by one mapped chunk per step (cuMemCreate, cuMemMap,
 //            cuMemSetAccess), a chunk made read-only, an allocation of two chunks mapped
 //            whole in a second reservation and whole again at the end of the first (the
-//            driver maps only from offset 0), then released while mapped, a counter in VMM memory that a kernel
-//            counts down; every step reads all of it back, and asks the driver whether the
-//            handles it holds are still what they were (retain, properties, access).
+//            driver maps only from offset 0), then released while mapped, a counter in VMM memory
+//            that a kernel counts down; every step reads all of it back, and asks the driver
+//            whether the handles it holds are still what they were (retain, properties, access).
 //   graphs   a captured graph (a copy from pinned host memory, a kernel, a memset, a
 //            device copy, a copy back to host memory, a host function, an event record)
 //            and a graph built by hand (memset, a host copy, two kernels, a child graph,
@@ -474,8 +474,10 @@ struct Graphs {
     EXPECT(enabled == (k2_on ? 1u : 0u), "k2 enabled %u at step %d", enabled, i);
     unsigned long long flags = 9;
     CK(cudaGraphExecGetFlags(cap_exec, &flags));
-    EXPECT(flags == cudaGraphInstantiateFlagUseNodePriority, "the captured exec's flags %llu",
-           flags);
+    // Instantiated with UseNodePriority: the H200's driver (580) reports 0 for it, the sim
+    // the flag; never another flag.
+    EXPECT((flags & ~static_cast<unsigned long long>(cudaGraphInstantiateFlagUseNodePriority)) == 0,
+           "the captured exec's flags %llu", flags);
     char buf[160];
     snprintf(buf, sizeof(buf), " cap=%llu hand=%llu a=%d b=%d calls=%d,%d",
              static_cast<unsigned long long>(Sum(cap_out, kCap)),
