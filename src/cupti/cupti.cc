@@ -739,6 +739,14 @@ FLYT_CUPTI_EXPORT CUptiResult cuptiUnsubscribe(CUpti_SubscriberHandle subscriber
 
 namespace {
 
+// The subscriber's switches of a domain whose callbacks are kept per id, or nullptr.
+std::vector<bool>* CallbackBitsLocked(CUpti_CallbackDomain domain) {
+  State& s = S();
+  if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) return &s.runtime_callbacks;
+  if (domain == CUPTI_CB_DOMAIN_DRIVER_API) return &s.driver_callbacks;
+  return nullptr;
+}
+
 // Sets one callback (cbid) or a whole domain (cbid < 0) of the subscriber's.
 CUptiResult SetCallbacks(bool enable, CUpti_SubscriberHandle subscriber,
                          CUpti_CallbackDomain domain, int64_t cbid) {
@@ -747,9 +755,7 @@ CUptiResult SetCallbacks(bool enable, CUpti_SubscriberHandle subscriber,
   {
     std::lock_guard<std::mutex> lock(s.mu);
     if (s.subscriber == nullptr) return Fail(CUPTI_ERROR_INVALID_PARAMETER);
-    std::vector<bool>* bits = domain == CUPTI_CB_DOMAIN_RUNTIME_API  ? &s.runtime_callbacks
-                              : domain == CUPTI_CB_DOMAIN_DRIVER_API ? &s.driver_callbacks
-                                                                     : nullptr;
+    std::vector<bool>* bits = CallbackBitsLocked(domain);
     if (bits != nullptr) {
       if (cbid >= static_cast<int64_t>(bits->size())) return Fail(CUPTI_ERROR_INVALID_PARAMETER);
       if (cbid < 0)
@@ -795,9 +801,7 @@ FLYT_CUPTI_EXPORT CUptiResult cuptiGetCallbackState(uint32_t* enable,
   if (enable == nullptr || subscriber == nullptr) return Fail(CUPTI_ERROR_INVALID_PARAMETER);
   State& s = S();
   std::lock_guard<std::mutex> lock(s.mu);
-  const std::vector<bool>* bits = domain == CUPTI_CB_DOMAIN_RUNTIME_API  ? &s.runtime_callbacks
-                                  : domain == CUPTI_CB_DOMAIN_DRIVER_API ? &s.driver_callbacks
-                                                                         : nullptr;
+  const std::vector<bool>* bits = CallbackBitsLocked(domain);
   if (bits == nullptr || cbid >= bits->size()) return Fail(CUPTI_ERROR_INVALID_PARAMETER);
   *enable = (*bits)[cbid] ? 1 : 0;
   return CUPTI_SUCCESS;
