@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "e2e_driver.h"
+#include "e2e_vmm.h"
 
 // On a GPU: counter[0] -= 1, counter[1] += 1 (server/sim_backend.cc does the same).
 __global__ void flyt_sim_countdown(unsigned long long /*unused handle*/, int* counter) {
@@ -57,53 +58,10 @@ uint64_t Sum(const void* p, size_t n, uint64_t s = 1469598103934665603ull) {
 
 // --- the app's own virtual memory
 
-struct Driver {
-  decltype(&::cuMemGetAllocationGranularity) granularity;
-  decltype(&::cuMemAddressReserve) reserve;
-  decltype(&::cuMemAddressFree) address_free;
-  decltype(&::cuMemCreate) create;
-  decltype(&::cuMemRelease) release;
-  decltype(&::cuMemMap) map;
-  decltype(&::cuMemUnmap) unmap;
-  decltype(&::cuMemSetAccess) set_access;
-  decltype(&::cuMemGetAccess) get_access;
-  decltype(&::cuMemGetAllocationPropertiesFromHandle) properties;
-  decltype(&::cuMemRetainAllocationHandle) retain;
-};
-Driver g_cu;
-
-void ResolveVmm() {
-  e2e::ResolveDriver("cuGetErrorName", &e2e::g_error_name);
-  e2e::ResolveDriver("cuMemGetAllocationGranularity", &g_cu.granularity);
-  e2e::ResolveDriver("cuMemAddressReserve", &g_cu.reserve);
-  e2e::ResolveDriver("cuMemAddressFree", &g_cu.address_free);
-  e2e::ResolveDriver("cuMemCreate", &g_cu.create);
-  e2e::ResolveDriver("cuMemRelease", &g_cu.release);
-  e2e::ResolveDriver("cuMemMap", &g_cu.map);
-  e2e::ResolveDriver("cuMemUnmap", &g_cu.unmap);
-  e2e::ResolveDriver("cuMemSetAccess", &g_cu.set_access);
-  e2e::ResolveDriver("cuMemGetAccess", &g_cu.get_access);
-  e2e::ResolveDriver("cuMemGetAllocationPropertiesFromHandle", &g_cu.properties);
-  e2e::ResolveDriver("cuMemRetainAllocationHandle", &g_cu.retain);
-}
-
-CUmemAllocationProp DeviceProp() {
-  CUmemAllocationProp prop;
-  memset(&prop, 0, sizeof(prop));
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = 0;
-  return prop;
-}
-
-void SetAccess(CUdeviceptr p, size_t n, CUmemAccess_flags flags) {
-  CUmemAccessDesc desc;
-  memset(&desc, 0, sizeof(desc));
-  desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  desc.location.id = 0;
-  desc.flags = flags;
-  CU(g_cu.set_access(p, n, &desc, 1));
-}
+e2e::VmmDriver& g_cu = e2e::g_vmm;
+using e2e::DeviceProp;
+using e2e::ResolveVmm;
+using e2e::SetAccess;
 
 unsigned long long GetAccess(CUdeviceptr p) {
   CUmemLocation loc;

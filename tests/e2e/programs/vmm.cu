@@ -43,44 +43,15 @@
 #include <vector>
 
 #include "e2e_driver.h"
+#include "e2e_vmm.h"
 
 namespace {
 
-struct Driver {
-  decltype(&::cuMemGetAllocationGranularity) granularity;
-  decltype(&::cuMemAddressReserve) reserve;
-  decltype(&::cuMemAddressFree) address_free;
-  decltype(&::cuMemCreate) create;
-  decltype(&::cuMemRelease) release;
-  decltype(&::cuMemMap) map;
-  decltype(&::cuMemUnmap) unmap;
-  decltype(&::cuMemSetAccess) set_access;
-  decltype(&::cuMemGetAccess) get_access;
-  decltype(&::cuMemGetAllocationPropertiesFromHandle) properties;
-  decltype(&::cuMemRetainAllocationHandle) retain;
-  decltype(&::cuMemExportToShareableHandle) export_handle;
-  decltype(&::cuMemImportFromShareableHandle) import_handle;
-  decltype(&::cuDeviceGetAttribute) attribute;
-};
-
-Driver g_cu;
-
-CUmemAllocationProp DeviceProp() {
-  CUmemAllocationProp prop;
-  memset(&prop, 0, sizeof(prop));
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = 0;
-  return prop;
-}
+e2e::VmmDriver& g_cu = e2e::g_vmm;
+using e2e::DeviceProp;
 
 void SetReadWrite(CUdeviceptr p, size_t n) {
-  CUmemAccessDesc desc;
-  memset(&desc, 0, sizeof(desc));
-  desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  desc.location.id = 0;
-  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  CU(g_cu.set_access(p, n, &desc, 1));
+  e2e::SetAccess(p, n, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
 }
 
 size_t FreeMemory() {
@@ -287,21 +258,7 @@ int main(int argc, char** argv) {
 
   e2e::Step("initialise the runtime and resolve the driver's VMM calls");
   CK(cudaFree(nullptr));
-  e2e::ResolveDriver("cuMemGetAllocationGranularity", &g_cu.granularity);
-  e2e::ResolveDriver("cuMemAddressReserve", &g_cu.reserve);
-  e2e::ResolveDriver("cuMemAddressFree", &g_cu.address_free);
-  e2e::ResolveDriver("cuMemCreate", &g_cu.create);
-  e2e::ResolveDriver("cuMemRelease", &g_cu.release);
-  e2e::ResolveDriver("cuMemMap", &g_cu.map);
-  e2e::ResolveDriver("cuMemUnmap", &g_cu.unmap);
-  e2e::ResolveDriver("cuMemSetAccess", &g_cu.set_access);
-  e2e::ResolveDriver("cuMemGetAccess", &g_cu.get_access);
-  e2e::ResolveDriver("cuMemGetAllocationPropertiesFromHandle", &g_cu.properties);
-  e2e::ResolveDriver("cuMemRetainAllocationHandle", &g_cu.retain);
-  e2e::ResolveDriver("cuMemExportToShareableHandle", &g_cu.export_handle);
-  e2e::ResolveDriver("cuMemImportFromShareableHandle", &g_cu.import_handle);
-  e2e::ResolveDriver("cuGetErrorName", &e2e::g_error_name);
-  e2e::ResolveDriver("cuDeviceGetAttribute", &g_cu.attribute);
+  e2e::ResolveVmm();
   int vmm_supported = 0;
   CU(g_cu.attribute(&vmm_supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0));
   EXPECT(vmm_supported == 1, "VirtualMemoryManagementSupported is %d", vmm_supported);
