@@ -98,7 +98,8 @@ enum : uint16_t {
   kOpDeviceOutput = 60,
   // cuMemPoolGetAttribute / SetAttribute: u64 pool, i32 attr, u8 set, u64 value.
   kOpMemPoolAttribute = 70,
-  // cuStreamGetCaptureInfo*: u64 stream -> u32 status, u64 id, u64 graph, u64 deps.
+  // cuStreamGetCaptureInfo*: u64 stream -> u32 status, u64 id, u64 graph, u64 n,
+  // n x (u64 node, 8-byte CUgraphEdgeData): what the next captured node depends on.
   kOpStreamCaptureInfo = 71,
   // Pinned host memory shared with the server (shm:// only; see
   // server/session_shared_host.cc). kOpHostShare: u64 descriptor id (shared
@@ -231,6 +232,10 @@ enum : uint16_t {
   kOpRmaRegister = 321,
   kOpRmaUnregister = 322,
   kOpCopyRma = 323,
+  // A capture's dependency set (server/session_graphs.cc): u8 kCaptureDeps*, u64 stream,
+  // then Update: u32 flags; ToGraph: u64 graph, u32 mode; then u8 with edge data,
+  // u32 n, n x (u64 node, 8-byte CUgraphEdgeData).
+  kOpCaptureDependencies = 324,
   // CUPTI activity of a profiled client (server/session_profiler.cc, src/cupti/):
   // u8 kProfiler*, then Start: u32 GpuActivity kinds (bit 1 << kind) -> u32 kinds
   // enabled, u64 server timestamp (ns), string why the others are not; Stop: u32
@@ -312,6 +317,7 @@ enum GraphTopo : uint8_t {
   kGraphTopoSetEnabled = 6,
   kGraphTopoGetEnabled = 7,
 };
+enum CaptureDeps : uint8_t { kCaptureDepsUpdate = 0, kCaptureDepsToGraph = 1 };
 enum GraphMisc : uint8_t {
   kGraphMiscClone = 0,
   kGraphMiscFindInClone = 1,
