@@ -325,6 +325,7 @@ enum GraphMisc : uint8_t {
   kGraphMiscMemAttrGet = 3,
   kGraphMiscMemAttrSet = 4,
   kGraphMiscMemTrim = 5,
+  kGraphMiscDotPrint = 6,  // u64 graph, u32 flags -> the DOT file's bytes
 };
 
 // kOpDriverMisc sub-operations.

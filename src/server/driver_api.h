@@ -105,6 +105,7 @@ namespace flyt::server {
   X(cuGraphConditionalHandleCreate)       \
   X(cuGraphAddNode_v2)                    \
   X(cuGraphClone)                         \
+  X(cuGraphDebugDotPrint)                 \
   X(cuGraphNodeFindInClone)               \
   X(cuMemFreeHost)                        \
   X(cuMemHostRegister_v2)                 \

@@ -286,6 +286,7 @@ class Session {
   // After cuStreamEndCapture of client stream `stream` answered `rc`: the graph the app
   // learned of while it was captured is the app's now, or the driver freed it.
   void SettleCaptureGraph(uint64_t stream, CUresult rc);
+  CUresult DotPrint(CUgraph graph, unsigned flags, wire::Writer& out);  // kGraphMiscDotPrint
   CUresult HostFunc(CUstream stream, uint64_t id, bool per_thread, bool* captured);
   CUresult CaptureDownload(CUstream stream, uint64_t src, uint64_t client_dst, size_t n);
   // Takes a pinned buffer holding the bytes (from NewMirror).

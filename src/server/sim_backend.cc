@@ -3464,6 +3464,31 @@ CUresult ListOut(const std::vector<std::pair<SimNode*, CUgraphEdgeData>>& list, 
   *count = std::min(*count, list.size());
   return lossy ? CUDA_ERROR_LOSSY_QUERY : CUDA_SUCCESS;
 }
+// A DOT file of the graph: one line per node (its type), one per edge. The real
+// driver's file says more (with flags, the nodes' parameters); tools read it as DOT.
+CUresult simGraphDebugDotPrint(CUgraph graph, const char* path, unsigned /*flags*/) {
+  if (path == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::string dot = "digraph dot {\n";
+  {
+    std::lock_guard<std::mutex> lock(g_graph_mu);
+    SimGraph* g = AsGraph(graph);
+    if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::map<const SimNode*, size_t> index;
+    for (const auto& n : g->nodes) index[n.get()] = index.size();
+    for (const auto& n : g->nodes)
+      dot += "  node" + std::to_string(index[n.get()]) + " [label=\"type " +
+             std::to_string(static_cast<int>(n->type)) + "\"];\n";
+    for (const auto& n : g->nodes)
+      for (const SimNode* d : n->deps)
+        dot += "  node" + std::to_string(index[d]) + " -> node" + std::to_string(index[n.get()]) +
+               ";\n";
+  }
+  dot += "}\n";
+  FILE* f = std::fopen(path, "w");
+  if (f == nullptr) return CUDA_ERROR_OPERATING_SYSTEM;
+  const bool written = std::fwrite(dot.data(), 1, dot.size(), f) == dot.size();
+  return std::fclose(f) == 0 && written ? CUDA_SUCCESS : CUDA_ERROR_OPERATING_SYSTEM;
+}
 CUresult simGraphGetEdges(CUgraph graph, CUgraphNode* from, CUgraphNode* to, CUgraphEdgeData* data,
                           size_t* count) {
   std::lock_guard<std::mutex> lock(g_graph_mu);
@@ -4085,6 +4110,7 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuGraphDestroy = simGraphDestroy;
   a->cuGraphGetNodes = simGraphGetNodes;
   a->cuGraphGetEdges_v2 = simGraphGetEdges;
+  a->cuGraphDebugDotPrint = simGraphDebugDotPrint;
   a->cuGraphGetRootNodes = simGraphGetRootNodes;
   a->cuGraphNodeGetDependencies_v2 = simGraphNodeGetDependencies;
   a->cuGraphNodeGetDependentNodes_v2 = simGraphNodeGetDependentNodes;

@@ -1880,6 +1880,7 @@ class E2E(unittest.TestCase):
         ("captured.body", "kernel"), ("captured.after_add", "2"),
         ("captured.types", "conditional,empty,memcpy,memcpy"), ("captured.edges", "3"),
         ("captured.update_idle", "401"), ("captured.while_iterations", "4,7,1"),
+        ("captured.dot", "1"), ("captured.dot_unwritable", "304"),
         ("memory.types", "mem_alloc,mem_free,memcpy,memset"), ("memory.launches_ok", "4"),
         ("memory.freed_by_stream", "2"),
         ("memory.free_not_graph_memory", "cudaErrorInvalidValue"),

@@ -27,6 +27,7 @@
 // Nothing printed depends on what a kernel computes except through the kernels the sim
 // models (flyt_sim_set_conditional, flyt_sim_countdown), so the sim and a GPU agree.
 #include <cuda_runtime.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -489,6 +490,26 @@ void CapturedWhile() {
   size_t edges = 0;
   CK(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &edges));
   printf("captured.edges=%zu\n", edges);
+  // cudaGraphDebugDotPrint (torch.cuda.CUDAGraph.debug_dump): a DOT file where asked.
+  char dot_path[] = "/tmp/graph_nodes-dot-XXXXXX";
+  int fd = mkstemp(dot_path);
+  EXPECT(fd >= 0, "mkstemp");
+  close(fd);
+  CK(cudaGraphDebugDotPrint(g, dot_path, cudaGraphDebugDotFlagsVerbose));
+  std::string dot;
+  if (FILE* f = fopen(dot_path, "r")) {
+    char buf[4096];
+    size_t got;
+    while ((got = fread(buf, 1, sizeof(buf), f)) > 0) dot.append(buf, got);
+    fclose(f);
+  }
+  unlink(dot_path);
+  size_t arrows = 0;
+  for (size_t at = dot.find("->"); at != std::string::npos; at = dot.find("->", at + 2)) ++arrows;
+  printf("captured.dot=%d\n", dot.rfind("digraph", 0) == 0 && arrows >= edges ? 1 : 0);
+  printf("captured.dot_unwritable=%d\n",
+         static_cast<int>(cudaGraphDebugDotPrint(g, "/nonexistent-dir/graph.dot", 0)));
+  cudaGetLastError();
   // Bad input: no capture, a bogus flag.
   cudaGraphNode_t none = nullptr;
   printf("captured.update_idle=%d\n",
