@@ -70,6 +70,7 @@ DriverTrace::DriverTrace(uint32_t cbid, const char* name, const void* params) no
   record_.site = 0;
   record_.function_name = name;
   record_.params = params;
+  record_.return_value = &result_;  // CUDA_SUCCESS until the exit
   record_.context = Current();
   if (CUfunction f = LaunchedFunction(cbid, params); f != nullptr) {
     const char* symbol = nullptr;
@@ -82,7 +83,6 @@ CUresult DriverTrace::Exit(CUresult result) noexcept {
   if (hook_ == nullptr) return result;
   result_ = result;
   record_.site = 1;
-  record_.return_value = &result_;
   record_.context = Current();
   hook_(&record_);
   return result;

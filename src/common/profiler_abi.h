@@ -69,7 +69,7 @@ struct DriverCallRecord {
   uint32_t reserved;
   const char* function_name;     // the exported symbol's, e.g. "cuMemcpyHtoD_v2"
   const void* params;            // NVIDIA's <symbol>_params (generated_cuda_meta.h), or nullptr
-  const CUresult* return_value;  // at exit
+  const CUresult* return_value;  // the call's result at exit (CUDA_SUCCESS at enter)
   CUcontext context;             // current on the calling thread at this site
   const char* symbol_name;       // the kernel's, for launches; else nullptr
   uint64_t correlation_data;     // CUpti_CallbackData::correlationData points here

@@ -543,7 +543,7 @@ void DriverCall(flyt::profiler::DriverCallRecord* rec) {
       info.callbackSite = enter ? CUPTI_API_ENTER : CUPTI_API_EXIT;
       info.functionName = rec->function_name;
       info.functionParams = rec->params;
-      info.functionReturnValue = enter ? nullptr : const_cast<CUresult*>(rec->return_value);
+      info.functionReturnValue = const_cast<CUresult*>(rec->return_value);
       info.symbolName = rec->symbol_name;
       info.context = rec->context;
       info.contextUid = rec->context != nullptr ? ContextUidLocked(rec->context) : 0;

@@ -290,7 +290,7 @@ TEST(DriverTrace, WrapperReportsEnterAndExitWhileHookIsSet) {
     EXPECT_EQ(r.flags, i < 2 ? 0u : 3u);
     EXPECT_EQ(r.context, reinterpret_cast<CUcontext>(0x1234));
   }
-  EXPECT_EQ(reports[0].result, -1);  // no return value at enter
+  EXPECT_EQ(reports[0].result, CUDA_SUCCESS);  // not the call's yet at enter
   EXPECT_EQ(reports[1].result, CUDA_ERROR_INVALID_DEVICE);
   EXPECT_EQ(reports[3].result, CUDA_SUCCESS);
   EXPECT_EQ(reports[1].correlation_id, 77u);
