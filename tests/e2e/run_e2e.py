@@ -1287,7 +1287,10 @@ class E2E(unittest.TestCase):
         error as the caller got it), the current context and its number, the kernel's
         name at launches; cudart's driver calls share the runtime call's correlation id;
         DRIVER records carry the callbacks' ids, which the kernel and copy records share;
-        cuptiActivityEnableDriverApi leaves cuCtxSynchronize out; cuptiGetCallbackName."""
+        cuptiActivityEnableDriverApi leaves cuCtxSynchronize out; cuptiGetCallbackName.
+        `driver_all` mode enables the whole driver domain: enter and exit nest properly, each
+        reported call has its DRIVER record, and the program's and cudart's calls of
+        cuMemcpyHtoD_v2 and cuLaunchKernel are each reported once (not Flyt's own calls)."""
         driver_expected = [
             ("cuMemcpyHtoD_v2.calls", "2"), ("cuMemcpyHtoD_v2.paired", "1"),
             ("cuLaunchKernel.calls", "2"), ("cuLaunchKernel.paired", "1"),
@@ -1309,7 +1312,7 @@ class E2E(unittest.TestCase):
             ("name.driver_launch", "cuLaunchKernel"),
             ("name.runtime_memcpy", "cudaMemcpy_v3020")]
         for variant, transport in self.matrix():
-            for mode in ((), ("driver",)):
+            for mode in ((), ("driver",), ("driver_all",)):
                 with self.subTest(variant=variant, transport=transport, mode=mode):
                     srv = self.start_server()
                     res = self.run_ok(srv, transport, "cupti_callbacks", variant, args=mode,
@@ -1325,8 +1328,15 @@ class E2E(unittest.TestCase):
                     for name in ("cudaMalloc", "cudaMemcpy", "cudaLaunchKernel",
                                  "cudaDeviceSynchronize", "cudaFree"):
                         expected += [(name + ".calls", "1"), (name + ".paired", "1")]
-                    if mode:
+                    if mode == ("driver",):
                         expected += driver_expected
+                    if mode == ("driver_all",):
+                        expected += [("driver_all.nesting_ok", "1"), ("driver_all.records_ok", "1"),
+                                     ("driver_all.cuMemcpyHtoD_v2", "2"),
+                                     ("driver_all.cuLaunchKernel", "2"),
+                                     ("driver_all.cuDeviceGet", "2"),
+                                     ("driver_all.cuMemAlloc_v2", "1"),
+                                     ("driver_all.cuMemFree_v2", "1")]
                     for key, want in expected:
                         self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
                     self.stop_server(srv)

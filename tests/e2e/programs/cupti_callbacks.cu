@@ -11,8 +11,12 @@
 // and by a callback), their parameters, return values, contexts and kernel names, one
 // enabled and disabled again (cuCtxSynchronize: never delivered), DRIVER records with
 // the correlation ids of the callbacks and of the GPU work, one call left out of them
-// (cuptiActivityEnableDriverApi), and cuptiGetCallbackName. CUPTI_CB_VERBOSE=1 also
-// logs every callback's fields to stderr.
+// (cuptiActivityEnableDriverApi), and cuptiGetCallbackName. `cupti_callbacks
+// driver_all` enables the whole driver domain instead and prints how often each driver
+// call was reported during the work (cudart's and the program's; a native run and a
+// Flyt run must report the same calls), whether enter and exit nest properly, and
+// whether each reported call has its DRIVER record. CUPTI_CB_VERBOSE=1 also logs every
+// callback's fields to stderr.
 #include <cupti.h>
 #include <dlfcn.h>
 
@@ -212,6 +216,7 @@ int CountRecords(CUpti_ActivityKind kind, uint32_t cbid, uint32_t correlation) {
 
 int main(int argc, char** argv) {
   const bool driver = argc > 1 && std::string(argv[1]) == "driver";
+  const bool driver_all = argc > 1 && std::string(argv[1]) == "driver_all";
   e2e::Init("cupti_callbacks");
   g_verbose = getenv("CUPTI_CB_VERBOSE") != nullptr;
   CK(cudaFree(nullptr));
@@ -257,14 +262,13 @@ int main(int argc, char** argv) {
     CUPTI(g.enable_callback(0, sub, CUPTI_CB_DOMAIN_DRIVER_API,
                             CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize));
   }
+  if (driver_all) CUPTI(g.enable_domain(1, sub, CUPTI_CB_DOMAIN_DRIVER_API));
   CUPTI(g.register_callbacks(Requested, Completed));
   for (CUpti_ActivityKind k : {CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
                                CUPTI_ACTIVITY_KIND_MEMCPY})
     CUPTI(g.enable(k));
-  if (driver) {
-    CUPTI(g.enable(CUPTI_ACTIVITY_KIND_DRIVER));
-    CUPTI(g.enable_driver_records(CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize, 0));
-  }
+  if (driver || driver_all) CUPTI(g.enable(CUPTI_ACTIVITY_KIND_DRIVER));
+  if (driver) CUPTI(g.enable_driver_records(CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize, 0));
 
   e2e::Step("work");
   const size_t kBytes = 256 << 10;
@@ -282,7 +286,7 @@ int main(int argc, char** argv) {
   CUfunction f = nullptr;
   CK(cudaGetFuncBySymbol(&f, reinterpret_cast<const void*>(cupti_cb_kernel)));
   void* args[] = {&dev};
-  g_nest = driver;
+  g_nest = driver || driver_all;
   CU(launch(f, 2, 1, 1, 32, 1, 1, 0, nullptr, args, nullptr));
   CU(ctx_sync());
   CUdevice bad = 0;
@@ -390,6 +394,35 @@ int main(int argc, char** argv) {
     EXPECT(launches.size() == 4 && copies.size() == 4,
            "driver callbacks of cuLaunchKernel (%zu) and cuMemcpyHtoD_v2 (%zu)", launches.size(),
            copies.size());
+  }
+
+  if (driver_all) {
+    // Every driver call reported during the work, by name; enter and exit properly
+    // nested (a callback's own calls inside the call it was made in); a DRIVER record
+    // with the id of each.
+    std::map<std::string, int> count;
+    std::vector<const Call*> open;
+    int nesting_ok = 1, records_ok = 1;
+    for (const Call& c : g_calls) {
+      if (c.domain != kDrv) continue;
+      if (c.site == CUPTI_API_ENTER) {
+        ++count[c.name];
+        open.push_back(&c);
+      } else {
+        // A callback's own call is pushed before the call it was made in (its enter
+        // callback records itself last): an exit matches the innermost open enter.
+        nesting_ok &= !open.empty() && open.back()->cbid == c.cbid &&
+                      open.back()->correlation == c.correlation && c.data_kept;
+        if (!open.empty()) open.pop_back();
+        records_ok &= CountRecords(CUPTI_ACTIVITY_KIND_DRIVER, c.cbid, c.correlation) > 0;
+      }
+    }
+    nesting_ok &= open.empty();
+    for (const auto& [name, n] : count) printf("driver_all.%s=%d\n", name.c_str(), n);
+    printf("driver_all.nesting_ok=%d\ndriver_all.records_ok=%d\n", nesting_ok, records_ok);
+    EXPECT(count["cuMemcpyHtoD_v2"] == 2 && count["cuLaunchKernel"] == 2,
+           "driver callbacks of cuMemcpyHtoD_v2 (%d) and cuLaunchKernel (%d)",
+           count["cuMemcpyHtoD_v2"], count["cuLaunchKernel"]);
   }
 
   // Activity records: the runtime record of cudaLaunchKernel and the kernel it launched
