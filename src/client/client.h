@@ -11,6 +11,10 @@
 #pragma once
 
 #include <cuda.h>
+// The client's own definitions and calls of the traced driver entry points use their
+// internal names (gen_driver_trace.py; the exported names are the wrappers that report
+// calls to CUPTI's driver API domain, client/driver_trace.h).
+#include "driver_impl_names.h"
 
 #include <atomic>
 #include <condition_variable>

@@ -1278,25 +1278,68 @@ class E2E(unittest.TestCase):
         count and kind at enter), return value and pointer (cudaMalloc's at exit), one
         correlation id per call and the correlation data kept from enter to exit; the
         RUNTIME records of cudaLaunchKernel and cudaMemcpy carry the ids of the kernel and
-        the copy they issued, over every transport and both cudarts. Driver-domain
-        callbacks are not delivered yet: `driver` mode runs and says so in its keys."""
+        the copy they issued, over every transport and both cudarts.
+        `driver` mode adds the driver API domain (libcuda's wrappers report every driver
+        call): the enabled calls only (cuMemcpyHtoD_v2 and cuLaunchKernel made by cudart
+        and by the program, cuDeviceGet by the program and from inside a callback; not
+        cuCtxSynchronize, enabled and disabled again), in enter/exit pairs with their
+        params (ByteCount, gridDimX, ordinal), return values at exit (the bad ordinal's
+        error as the caller got it), the current context and its number, the kernel's
+        name at launches; cudart's driver calls share the runtime call's correlation id;
+        DRIVER records carry the callbacks' ids, which the kernel and copy records share;
+        cuptiActivityEnableDriverApi leaves cuCtxSynchronize out; cuptiGetCallbackName.
+        `driver_all` mode enables the whole driver domain: enter and exit nest properly, each
+        reported call has its DRIVER record, and the program's and cudart's calls of
+        cuMemcpyHtoD_v2 and cuLaunchKernel are each reported once (not Flyt's own calls)."""
+        driver_expected = [
+            ("cuMemcpyHtoD_v2.calls", "2"), ("cuMemcpyHtoD_v2.paired", "1"),
+            ("cuLaunchKernel.calls", "2"), ("cuLaunchKernel.paired", "1"),
+            ("cuDeviceGet.calls", "2"), ("cuDeviceGet.paired", "1"),
+            ("cuCtxSynchronize.calls", "0"), ("cuMemcpyHtoD.params_bytes", "4096"),
+            ("cuLaunchKernel.params_grid", "2"), ("cuLaunchKernel.params_f", "1"),
+            ("driver.names", "3"), ("driver.exit_results_ok", "1"),
+            ("cuDeviceGet.params_ordinal", "9999"),
+            ("cuDeviceGet.exit_result", "CUDA_ERROR_INVALID_DEVICE"),
+            ("cuDeviceGet.caller_result", "CUDA_ERROR_INVALID_DEVICE"),
+            ("driver.nested_callbacks", "2"), ("driver.nested_result", "CUDA_SUCCESS"),
+            ("driver.context_ok", "1"), ("cuLaunchKernel.symbol_ok", "1"),
+            ("driver.nested_launch_shares_runtime_id", "1"),
+            ("driver.nested_memcpy_shares_runtime_id", "1"),
+            ("record.kernel_of_driver_launch", "1"), ("record.copy_of_driver_memcpy", "1"),
+            ("record.driver_launch", "1"), ("record.driver_memcpy", "1"),
+            ("record.driver_launch_of_runtime_launch", "1"),
+            ("record.driver_failed_device_get", "1"), ("record.driver_ctx_sync", "0"),
+            ("name.driver_launch", "cuLaunchKernel"),
+            ("name.runtime_memcpy", "cudaMemcpy_v3020")]
         for variant, transport in self.matrix():
-            with self.subTest(variant=variant, transport=transport):
-                srv = self.start_server()
-                res = self.run_ok(srv, transport, "cupti_callbacks", variant, log_level="warn")
-                kv = self.kv(res)
-                where = res.describe()
-                expected = [("under_flyt", "1"), ("cudaMemcpy.params_count", "262144"),
-                            ("cudaMemcpy.params_kind", "1"), ("cudaMalloc.exit_result_ok", "1"),
-                            ("record.runtime_launch", "1"), ("record.runtime_memcpy", "1"),
-                            ("record.kernel_of_runtime_launch", "1"),
-                            ("record.copy_of_runtime_memcpy", "1"), ("record.times_ok", "1")]
-                for name in ("cudaMalloc", "cudaMemcpy", "cudaLaunchKernel",
-                             "cudaDeviceSynchronize", "cudaFree"):
-                    expected += [(name + ".calls", "1"), (name + ".paired", "1")]
-                for key, want in expected:
-                    self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
-                self.stop_server(srv)
+            for mode in ((), ("driver",), ("driver_all",)):
+                with self.subTest(variant=variant, transport=transport, mode=mode):
+                    srv = self.start_server()
+                    res = self.run_ok(srv, transport, "cupti_callbacks", variant, args=mode,
+                                      log_level="warn")
+                    kv = self.kv(res)
+                    where = res.describe()
+                    expected = [("under_flyt", "1"), ("cudaMemcpy.params_count", "262144"),
+                                ("cudaMemcpy.params_kind", "1"),
+                                ("cudaMalloc.exit_result_ok", "1"),
+                                ("record.runtime_launch", "1"), ("record.runtime_memcpy", "1"),
+                                ("record.kernel_of_runtime_launch", "1"),
+                                ("record.copy_of_runtime_memcpy", "1"), ("record.times_ok", "1")]
+                    for name in ("cudaMalloc", "cudaMemcpy", "cudaLaunchKernel",
+                                 "cudaDeviceSynchronize", "cudaFree"):
+                        expected += [(name + ".calls", "1"), (name + ".paired", "1")]
+                    if mode == ("driver",):
+                        expected += driver_expected
+                    if mode == ("driver_all",):
+                        expected += [("driver_all.nesting_ok", "1"), ("driver_all.records_ok", "1"),
+                                     ("driver_all.cuMemcpyHtoD_v2", "2"),
+                                     ("driver_all.cuLaunchKernel", "2"),
+                                     ("driver_all.cuDeviceGet", "2"),
+                                     ("driver_all.cuMemAlloc_v2", "1"),
+                                     ("driver_all.cuMemFree_v2", "1")]
+                    for key, want in expected:
+                        self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
+                    self.stop_server(srv)
 
     def test_jit_link(self):
         """The JIT linker (cuLinkCreate/AddData/AddFile/Complete/Destroy, also the 5.5

@@ -43,7 +43,7 @@ export CUDA_CACHE_DISABLE=1
 BUILD=$(cd "$1" && pwd) || exit 2
 PROGS=$(cd "$2" && pwd) || exit 2
 OUTFILE=$3
-CASES=${CASES:-"ipc vmm_share contexts isolation_fault stream_event_order jit_link module_functions graph_nodes cupti_activity cupti_activity_clock cupti_callbacks cupti_callbacks_driver tensor_map stream_memops managed_memory memory_roundtrip driver_queries migrate_state rma_copies"}
+CASES=${CASES:-"ipc vmm_share contexts isolation_fault stream_event_order jit_link module_functions graph_nodes cupti_activity cupti_activity_clock cupti_callbacks cupti_callbacks_driver cupti_callbacks_driver_all tensor_map stream_memops managed_memory memory_roundtrip driver_queries migrate_state rma_copies"}
 MODES=${MODES:-"tcp unix shm"}
 RUN_TIMEOUT=${RUN_TIMEOUT:-60}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/flyt-e2e-gpu.XXXXXX")
@@ -64,6 +64,7 @@ cmd_of() {  # case -> program and arguments
     cupti_activity_clock) echo "$PROGS/cupti_activity clock" ;;
     cupti_callbacks) echo "$PROGS/cupti_callbacks" ;;  # natively: E2E_CUPTI as above
     cupti_callbacks_driver) echo "$PROGS/cupti_callbacks driver" ;;
+    cupti_callbacks_driver_all) echo "$PROGS/cupti_callbacks driver_all" ;;
     tensor_map) echo "$PROGS/tensor_map" ;;
     stream_memops) echo "$PROGS/stream_memops" ;;
     managed_memory) echo "$PROGS/managed_memory" ;;
