@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "client/client.h"
 #include "client/managed_memory.h"
@@ -330,34 +332,76 @@ FLYT_API CUresult cuMemAllocPitch_v2(CUdeviceptr* p, size_t* pitch, size_t w, si
   return rc;
 }
 
+// Stream-ordered allocations: tracked like cuMemAlloc's, and with the pool each came from
+// (null: the device's current pool, asked for when a pointer query needs it), which pointer
+// queries answer (CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE; such memory is neither legacy-IPC
+// nor GPUDirect RDMA capable).
+namespace {
+std::mutex& PoolMutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::map<uint64_t, CUmemoryPool>& PoolOf() {
+  static auto* map = new std::map<uint64_t, CUmemoryPool>;
+  return *map;
+}
+void NotePoolAlloc(uint64_t base, CUmemoryPool pool) {
+  std::lock_guard<std::mutex> lock(PoolMutex());
+  PoolOf()[base] = pool;
+}
+void ForgetPoolAlloc(uint64_t base) {
+  std::lock_guard<std::mutex> lock(PoolMutex());
+  PoolOf().erase(base);
+}
+// True when the allocation at `base` came from a pool; *pool is that pool.
+bool PoolAlloc(uint64_t base, CUmemoryPool* pool) {
+  {
+    std::lock_guard<std::mutex> lock(PoolMutex());
+    auto it = PoolOf().find(base);
+    if (it == PoolOf().end()) return false;
+    *pool = it->second;
+  }
+  if (*pool == nullptr && cuDeviceGetMemPool(pool, 0) != CUDA_SUCCESS) *pool = nullptr;
+  return true;
+}
+}  // namespace
+
 FLYT_API CUresult cuMemFree_v2(CUdeviceptr p) {
   if (p == 0) return CUDA_SUCCESS;
   // Memory opened over IPC: the driver refuses to free it (cuIpcCloseMemHandle does).
   if (flyt::client::IsIpcMapping(p)) return CUDA_ERROR_INVALID_VALUE;
   managed::Unmap(p);  // managed memory: its host view goes first
+  ForgetPoolAlloc(p);
   if (Client::Get().RemoveDeviceRange(p)) return Forward<152, false, false>("cuMemFree_v2", p);
   return Forward<152, true, false>("cuMemFree_v2", p);  // unknown: let the server judge now
 }
 
-// Stream-ordered allocations: tracked like cuMemAlloc's.
-#define FLYT_ASYNC_ALLOC(name, pt)                                                     \
-  FLYT_API CUresult name(CUdeviceptr* p, size_t n, CUstream s) {                       \
-    CUresult rc = Forward<240, true, pt>(#name, p, n, s);                              \
-    if (rc == CUDA_SUCCESS && p != nullptr) Client::Get().AddDeviceRange(*p, n, true); \
-    return rc;                                                                         \
+// Stream-ordered allocations: tracked like cuMemAlloc's, with their pools (above).
+#define FLYT_ASYNC_ALLOC(name, pt)                               \
+  FLYT_API CUresult name(CUdeviceptr* p, size_t n, CUstream s) { \
+    CUresult rc = Forward<240, true, pt>(#name, p, n, s);        \
+    if (rc == CUDA_SUCCESS && p != nullptr) {                    \
+      Client::Get().AddDeviceRange(*p, n, true);                 \
+      NotePoolAlloc(*p, nullptr);                                \
+    }                                                            \
+    return rc;                                                   \
   }
 FLYT_ASYNC_ALLOC(cuMemAllocAsync, false)
 FLYT_ASYNC_ALLOC(cuMemAllocAsync_ptsz, true)
-#define FLYT_POOL_ALLOC(name, pt)                                                      \
-  FLYT_API CUresult name(CUdeviceptr* p, size_t n, CUmemoryPool pool, CUstream s) {    \
-    CUresult rc = Forward<241, true, pt>(#name, p, n, pool, s);                        \
-    if (rc == CUDA_SUCCESS && p != nullptr) Client::Get().AddDeviceRange(*p, n, true); \
-    return rc;                                                                         \
+#define FLYT_POOL_ALLOC(name, pt)                                                   \
+  FLYT_API CUresult name(CUdeviceptr* p, size_t n, CUmemoryPool pool, CUstream s) { \
+    CUresult rc = Forward<241, true, pt>(#name, p, n, pool, s);                     \
+    if (rc == CUDA_SUCCESS && p != nullptr) {                                       \
+      Client::Get().AddDeviceRange(*p, n, true);                                    \
+      NotePoolAlloc(*p, pool);                                                      \
+    }                                                                               \
+    return rc;                                                                      \
   }
 FLYT_POOL_ALLOC(cuMemAllocFromPoolAsync, false)
 FLYT_POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz, true)
 FLYT_API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
   if (flyt::client::IsIpcMapping(p)) return CUDA_ERROR_INVALID_VALUE;
+  ForgetPoolAlloc(p);
   if (Client::Get().RemoveDeviceRange(p)) return Forward<242, false, false>("cuMemFreeAsync", p, s);
   return Forward<242, true, false>("cuMemFreeAsync", p, s);
 }
@@ -604,9 +648,27 @@ CUresult PointerAttribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr,
       if (!host && !is_managed) return lenient ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
       *static_cast<void**>(data) = reinterpret_cast<void*>(ptr);
       return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: {
+      // cuMemAlloc's memory is (GPUDirect RDMA where the device supports it); pool,
+      // managed, VMM-mapped and host memory are not, as the driver answers.
+      if (!dev && !host && !lenient) return CUDA_ERROR_INVALID_VALUE;
+      CUmemoryPool pool = nullptr;
+      int plain = dev && !is_managed && rbase == 0 && !PoolAlloc(base, &pool);
+      if (plain && attr == CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE &&
+          cuDeviceGetAttribute(&plain, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, 0) !=
+              CUDA_SUCCESS)
+        plain = 0;
+      *static_cast<int*>(data) = plain != 0;
+      return CUDA_SUCCESS;
+    }
+    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
+      // The GPU reads and writes all of it (a VMM range set read-only is not told apart).
+      if (!dev && !host) return lenient ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+      *static_cast<unsigned*>(data) = CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE;
+      return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_IS_MANAGED:
     case CU_POINTER_ATTRIBUTE_MAPPED:
-    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
     case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
       // Managed memory: managed and synchronous memops, as the driver says.
       *static_cast<int*>(data) = attr == CU_POINTER_ATTRIBUTE_MAPPED
@@ -635,9 +697,11 @@ CUresult PointerAttribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr,
     case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
       *static_cast<unsigned long long*>(data) = 0;
       return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
-      *static_cast<void**>(data) = nullptr;
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: {
+      CUmemoryPool pool = nullptr;
+      *static_cast<CUmemoryPool*>(data) = dev && PoolAlloc(base, &pool) ? pool : nullptr;
       return CUDA_SUCCESS;
+    }
     default:
       return CUDA_ERROR_INVALID_VALUE;
   }

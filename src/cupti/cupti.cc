@@ -518,12 +518,15 @@ void DriverCall(flyt::profiler::DriverCallRecord* rec) {
       }
       rec->correlation_id = correlation;
       rec->start = AppNowLocked();
-      rec->taken = 1;
+      // Inside a runtime call: reported to callbacks, but natively such a call has no
+      // DRIVER record (on the H200, the cuLaunchKernel of a cudaLaunchKernel has none,
+      // and Kineto keys its events by correlation id, which the runtime record holds).
+      rec->taken = t_runtime.depth > 0 ? 2 : 1;
       if (f.depth < kMaxDriverDepth) f.correlation[f.depth] = correlation;
       ++f.depth;
     } else {
       if (f.depth > 0) --f.depth;
-      if (s.enabled.count(CUPTI_ACTIVITY_KIND_DRIVER) != 0 &&
+      if (rec->taken == 1 && s.enabled.count(CUPTI_ACTIVITY_KIND_DRIVER) != 0 &&
           (cbid >= s.driver_records_off.size() || !s.driver_records_off[cbid])) {
         CUpti_ActivityAPI a{};
         a.kind = CUPTI_ACTIVITY_KIND_DRIVER;

@@ -1331,6 +1331,14 @@ CUresult simMemAllocFromPoolAsync(CUdeviceptr* p, size_t n, CUmemoryPool, CUstre
   return PoolAlloc(p, n);
 }
 CUresult simMemFreeAsync(CUdeviceptr p, CUstream) { return simMemFree(p); }
+// The device's default pool (the one device): a handle that names it, nothing behind it.
+int g_default_pool = 0;
+CUresult simDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice dev) {
+  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+  *pool = reinterpret_cast<CUmemoryPool>(&g_default_pool);
+  return CUDA_SUCCESS;
+}
 
 // --- managed memory: ordinary sim memory that the range calls know. The
 // answers and refusals follow NVIDIA's driver 580 as measured on an H200.
@@ -4078,6 +4086,8 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuSurfObjectDestroy = simSurfObjectDestroy;
   a->cuSurfObjectGetResourceDesc = simSurfObjectGetResourceDesc;
   a->cuMemAllocAsync = simMemAllocAsync;
+  a->cuDeviceGetDefaultMemPool = simDeviceGetDefaultMemPool;
+  a->cuDeviceGetMemPool = simDeviceGetDefaultMemPool;  // never set otherwise here
   a->cuMemAllocFromPoolAsync = simMemAllocFromPoolAsync;
   a->cuMemFreeAsync = simMemFreeAsync;
   a->cuMemGetAllocationGranularity = simMemGetAllocationGranularity;

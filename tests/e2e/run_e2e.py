@@ -1307,7 +1307,7 @@ class E2E(unittest.TestCase):
             ("driver.nested_memcpy_shares_runtime_id", "1"),
             ("record.kernel_of_driver_launch", "1"), ("record.copy_of_driver_memcpy", "1"),
             ("record.driver_launch", "1"), ("record.driver_memcpy", "1"),
-            ("record.driver_launch_of_runtime_launch", "1"),
+            ("record.driver_launch_of_runtime_launch", "0"),
             ("record.driver_failed_device_get", "1"), ("record.driver_ctx_sync", "0"),
             ("name.driver_launch", "cuLaunchKernel"),
             ("name.runtime_memcpy", "cudaMemcpy_v3020")]
@@ -1332,6 +1332,8 @@ class E2E(unittest.TestCase):
                         expected += driver_expected
                     if mode == ("driver_all",):
                         expected += [("driver_all.nesting_ok", "1"), ("driver_all.records_ok", "1"),
+                                     ("driver_all.calls_in_runtime_calls", "1"),
+                                     ("driver_all.cuCtxGetCurrent", "1"),
                                      ("driver_all.cuMemcpyHtoD_v2", "2"),
                                      ("driver_all.cuLaunchKernel", "2"),
                                      ("driver_all.cuDeviceGet", "2"),
@@ -1699,6 +1701,8 @@ class E2E(unittest.TestCase):
         ("host_atomics.bad_device", "CUDA_ERROR_INVALID_DEVICE"),
         ("host_atomics.bad_op", "CUDA_ERROR_INVALID_VALUE"),
         ("pointer.sync_before", "0"), ("pointer.sync_after", "1"),
+        ("pointer.malloc", "ipc1,rdma_as_device1,access3,pool0"),
+        ("pointer.malloc_async", "ipc0,rdma0,access3,default_pool1"),
         ("pointer.set_host_stack", "CUDA_ERROR_INVALID_VALUE"),
         ("cluster_size.result", "CUDA_SUCCESS"), ("cluster_size", "8"),
         ("cluster_size.null_config", "CUDA_ERROR_INVALID_VALUE"),
