@@ -161,7 +161,7 @@ int main(int argc, char** argv) {
     e = cudaMemcpy(h.data(), d + n - chunk - 10, 3 * chunk, cudaMemcpyDeviceToHost);
     EXPECT(e != cudaSuccess, "a copy past the end of an allocation succeeded");
     cudaGetLastError();
-    e = cudaMemcpyAsync(h.data(), d + n - 2 * chunk, 3 * chunk, cudaMemcpyDeviceToHost, s);
+    e = cudaMemcpyAsync(h.data(), d + n - chunk - 7, 3 * chunk, cudaMemcpyDeviceToHost, s);
     EXPECT(e != cudaSuccess, "an asynchronous copy past the end of an allocation succeeded");
     cudaGetLastError();
     CheckCopy(d, want.data(), 0, n, 5, "a copy after the errors");
