@@ -25,7 +25,7 @@
 namespace flyt::client {
 namespace {
 
-constexpr size_t kPiece = 512 << 10;                          // what one thread claims at a time
+constexpr size_t kPiece = 256 << 10;                          // what one thread claims at a time
 constexpr size_t kMinParallel = 1 << 20;                      // smaller copies: the caller alone
 constexpr unsigned kMaxThreads = 8;                           // the caller and at most 7 helpers
 constexpr auto kHelperSpin = std::chrono::microseconds(100);  // then sleep on the futex

@@ -61,7 +61,8 @@ bool Session::CopyFromDeviceStaged(Reader& in, bool per_thread, CUresult* rc) {
   const uint64_t target = stream == 0 && per_thread ? 2 : stream;
   CUstream s = RealStream(target);
   // The client never stages while it captures; a graph must not write the staging area.
-  if (Capturing(s)) return refuse(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  // (The legacy default stream is never captured: no driver call for the common case.)
+  if (target != 0 && Capturing(s)) return refuse(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
   auto* area = reinterpret_cast<uint8_t*>(staging);
 
   if (chunks == 1) {
