@@ -17,6 +17,7 @@
 
 #include "common/log.h"
 #include "server/session.h"
+#include "server/tenant_board.h"
 
 namespace flyt::server {
 
@@ -64,6 +65,12 @@ bool Session::CopyFromDeviceStaged(Reader& in, bool per_thread, CUresult* rc) {
   // (The legacy default stream is never captured: no driver call for the common case.)
   if (target != 0 && Capturing(s)) return refuse(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
   auto* area = reinterpret_cast<uint8_t*>(staging);
+  // The tenant's byte counters count what reaches the client, as when the bytes
+  // crossed the ring in the reply.
+  auto count_out = [&](uint64_t bytes) {
+    if (state_->slot != nullptr)
+      state_->slot->bytes_out.fetch_add(bytes, std::memory_order_relaxed);
+  };
 
   if (chunks == 1) {
     if (async) {
@@ -73,6 +80,7 @@ bool Session::CopyFromDeviceStaged(Reader& in, bool per_thread, CUresult* rc) {
       auto copy = per_thread && a.cuMemcpyDtoH_v2_pt ? a.cuMemcpyDtoH_v2_pt : a.cuMemcpyDtoH_v2;
       *rc = copy(area, src, size);
     }
+    if (*rc == CUDA_SUCCESS) count_out(size);
     return true;
   }
 
@@ -137,6 +145,7 @@ bool Session::CopyFromDeviceStaged(Reader& in, bool per_thread, CUresult* rc) {
         break;
       }
       if (!send_notice(notified, CUDA_SUCCESS)) break;
+      count_out(std::min<uint64_t>(chunk, size - notified * chunk));
       ++notified;
     } else if (failed != CUDA_SUCCESS) {
       break;  // the chunks before the one that failed are announced
