@@ -13,7 +13,9 @@
 // beyond the notices and acks of this one call (client.cc).
 // Environment (read once): FLYT_SHM_STAGED=off (use the rings), FLYT_SHM_STAGED_CHUNK_KIB
 // (default 4096), FLYT_SHM_STAGED_SLOTS (default 4), FLYT_SHM_COPY_THREADS (threads that
-// copy each chunk out, the caller included; default 2).
+// copy each chunk out, the caller included; default 2, or 1 where this process may run on
+// fewer than 4 CPUs).
+#include <sched.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -54,7 +56,12 @@ const StagedConfig& Config() {
     // Whole pages, so that each slot starts page-aligned in the registered area.
     c.chunk = static_cast<size_t>(EnvLong("FLYT_SHM_STAGED_CHUNK_KIB", 4096, 4, 256 << 10)) << 10;
     c.slots = static_cast<unsigned>(EnvLong("FLYT_SHM_STAGED_SLOTS", 4, 1, ops::kMaxStagedSlots));
-    c.threads = static_cast<unsigned>(EnvLong("FLYT_SHM_COPY_THREADS", 2, 1, 8));
+    // A helper thread pays only where a core is free for it: on a machine of two or three
+    // CPUs the server's thread and the app's own take them.
+    cpu_set_t cpus;
+    CPU_ZERO(&cpus);
+    const int ncpu = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    c.threads = static_cast<unsigned>(EnvLong("FLYT_SHM_COPY_THREADS", ncpu >= 4 ? 2 : 1, 1, 8));
     return c;
   }();
   return config;
