@@ -18,13 +18,13 @@
 #include <cstring>
 #include <vector>
 
-#define CHECK(x)                                                                      \
-  do {                                                                                \
-    cudaError_t e_ = (x);                                                             \
-    if (e_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));                   \
-      return 2;                                                                       \
-    }                                                                                 \
+#define CHECK(x)                                                    \
+  do {                                                              \
+    cudaError_t e_ = (x);                                           \
+    if (e_ != cudaSuccess) {                                        \
+      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_)); \
+      return 2;                                                     \
+    }                                                               \
   } while (0)
 
 static double CpuSeconds() {
