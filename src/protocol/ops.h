@@ -100,7 +100,8 @@ enum : uint16_t {
   kOpDeviceOutput = 60,
   // cuMemPoolGetAttribute / SetAttribute: u64 pool, i32 attr, u8 set, u64 value.
   kOpMemPoolAttribute = 70,
-  // cuStreamGetCaptureInfo*: u64 stream -> u32 status, u64 id, u64 graph, u64 deps.
+  // cuStreamGetCaptureInfo*: u64 stream -> u32 status, u64 id, u64 graph, u64 n,
+  // n x (u64 node, 8-byte CUgraphEdgeData): what the next captured node depends on.
   kOpStreamCaptureInfo = 71,
   // Pinned host memory shared with the server (shm:// only; see
   // server/session_shared_host.cc). kOpHostShare: u64 descriptor id (shared
@@ -235,6 +236,10 @@ enum : uint16_t {
   kOpRmaRegister = 321,
   kOpRmaUnregister = 322,
   kOpCopyRma = 323,
+  // A capture's dependency set (server/session_graphs.cc): u8 kCaptureDeps*, u64 stream,
+  // then Update: u32 flags; ToGraph: u64 graph, u32 mode; then u8 with edge data,
+  // u32 n, n x (u64 node, 8-byte CUgraphEdgeData).
+  kOpCaptureDependencies = 324,
   // A pageable device-to-host copy through a staging area of shared pinned memory
   // (shm://; client/staged_copy.cc, server/session_staged_copy.cc): u64 device source,
   // u64 bytes, u64 stream, u8 async, u64 staging area (server address of a region the
@@ -243,7 +248,7 @@ enum : uint16_t {
   // reply the server sends one StagedNotice per chunk in order, up to and including the
   // first that failed; the client answers each successful one with a u64 ack (the chunk's
   // index) once it copied the slot out, and the server reuses a slot only after its ack.
-  kOpCopyFromDeviceStaged = 324,
+  kOpCopyFromDeviceStaged = 325,
   // CUPTI activity of a profiled client (server/session_profiler.cc, src/cupti/):
   // u8 kProfiler*, then Start: u32 GpuActivity kinds (bit 1 << kind) -> u32 kinds
   // enabled, u64 server timestamp (ns), string why the others are not; Stop: u32
@@ -334,6 +339,7 @@ enum GraphTopo : uint8_t {
   kGraphTopoSetEnabled = 6,
   kGraphTopoGetEnabled = 7,
 };
+enum CaptureDeps : uint8_t { kCaptureDepsUpdate = 0, kCaptureDepsToGraph = 1 };
 enum GraphMisc : uint8_t {
   kGraphMiscClone = 0,
   kGraphMiscFindInClone = 1,
@@ -341,6 +347,7 @@ enum GraphMisc : uint8_t {
   kGraphMiscMemAttrGet = 3,
   kGraphMiscMemAttrSet = 4,
   kGraphMiscMemTrim = 5,
+  kGraphMiscDotPrint = 6,  // u64 graph, u32 flags -> the DOT file's bytes
 };
 
 // kOpDriverMisc sub-operations.

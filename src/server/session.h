@@ -281,6 +281,13 @@ class Session {
                        SnapshotWriter* out, SnapshotReader* in, void* bounce);
   // --- graphs (session_graphs.cc)
   bool Capturing(CUstream stream);
+  // kOpStreamCaptureInfo and kOpCaptureDependencies (protocol/ops.h).
+  bool CaptureInfo(wire::Reader& in, bool per_thread, wire::Writer& out, CUresult* rc);
+  bool CaptureDependencies(wire::Reader& in, bool per_thread, CUresult* rc);
+  // After cuStreamEndCapture of client stream `stream` answered `rc`: the graph the app
+  // learned of while it was captured is the app's now, or the driver freed it.
+  void SettleCaptureGraph(uint64_t stream, CUresult rc);
+  CUresult DotPrint(CUgraph graph, unsigned flags, wire::Writer& out);  // kGraphMiscDotPrint
   CUresult HostFunc(CUstream stream, uint64_t id, bool per_thread, bool* captured);
   CUresult CaptureDownload(CUstream stream, uint64_t src, uint64_t client_dst, size_t n);
   // Takes a pinned buffer holding the bytes (from NewMirror).
@@ -362,6 +369,9 @@ class Session {
   static CUhostFn RunCapturedHostFuncFn();
   std::unordered_map<uint64_t, GraphAlloc> graph_allocs_;  // by device pointer
   std::unordered_set<uint64_t> cond_handles_;              // conditional handles made here
+  // Graphs of captures in progress that cuStreamGetCaptureInfo named to the app (client
+  // graph -> client stream): usable by the app's calls, but the capture's until it ends.
+  std::unordered_map<uint64_t, uint64_t> capture_graphs_;
   // Body and child graphs the client has handles of -> the graph that owns
   // them (0: not known); never destroyed on their own.
   std::unordered_map<uint64_t, uint64_t> subgraphs_;

@@ -1937,6 +1937,12 @@ class E2E(unittest.TestCase):
         ("cond.if", "10,0"), ("cond.if_types", "conditional,kernel,memcpy,memset"),
         ("cond.if_else", "10,11"), ("cond.switch", "10,12,0"),
         ("cond.while_iterations", "5,3,8"),
+        # graphConditionalNodes' captured WHILE: a node added by hand to a capture.
+        ("captured.idle", "0,0"), ("captured.begin", "1,0"), ("captured.dep_type", "memcpy"),
+        ("captured.body", "kernel"), ("captured.after_add", "2"),
+        ("captured.types", "conditional,empty,memcpy,memcpy"), ("captured.edges", "3"),
+        ("captured.update_idle", "401"), ("captured.while_iterations", "4,7,1"),
+        ("captured.dot", "1"), ("captured.dot_unwritable", "304"),
         ("memory.types", "mem_alloc,mem_free,memcpy,memset"), ("memory.launches_ok", "4"),
         ("memory.freed_by_stream", "2"),
         ("memory.free_not_graph_memory", "cudaErrorInvalidValue"),
@@ -1950,7 +1956,8 @@ class E2E(unittest.TestCase):
         memcpy nodes to and from pageable and pinned host memory read and written at each
         launch (a host node after a D2H node sees its bytes), exec and node SetParams,
         queries, clone, cudaGraphExecUpdate, symbols; IF, IF/ELSE, SWITCH and a WHILE loop
-        whose condition the sim's modelled kernels set; allocation/free nodes relaunched,
+        whose condition the sim's modelled kernels set, and a WHILE node added by hand to a
+        capture (capture dependencies read, set and added; its body captured into it); allocation/free nodes relaunched,
         a free node for cudaMalloc memory refused; child graph, empty and event nodes;
         cudaGraphAddNode / NodeSetParams / ExecNodeSetParams; the topology calls (edges,
         roots, dependencies, dependents, edges added and removed, a node destroyed, a

@@ -7,6 +7,10 @@
 //               cudaGraphExecUpdate.
 //   conditional graphConditionalNodes: IF, IF/ELSE, WHILE counting down in a kernel, SWITCH;
 //               the conditional value set by kernels (flyt_sim_* names: the sim models them).
+//               Then the sample's captured WHILE: a node added by hand to a capture
+//               (cudaStreamGetCaptureInfo's graph and dependencies), its body captured by
+//               a second stream (cudaStreamBeginCaptureToGraph), the capture continued
+//               after it (cudaStreamUpdateCaptureDependencies, set and add).
 //   memory      graph memory nodes: alloc -> memset -> D2H -> free, launched again and
 //               again; node queries; a free node for memory no graph allocated; trim.
 //   other       child graph (holding a host copy), empty and event record/wait nodes,
@@ -23,6 +27,7 @@
 // Nothing printed depends on what a kernel computes except through the kernels the sim
 // models (flyt_sim_set_conditional, flyt_sim_countdown), so the sim and a GPU agree.
 #include <cuda_runtime.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -422,6 +427,112 @@ void Conditional() {
   CK(cudaGraphExecDestroy(exec));
   CK(cudaGraphDestroy(g));
   CK(cudaFree(d_counter));
+  CK(cudaStreamDestroy(s));
+}
+
+// graphConditionalNodes' capturedWhileGraph, with NCCL's way of joining a node added by
+// hand into a capture (get the dependencies, add after them, set them to the new node).
+void CapturedWhile() {
+  e2e::Step("conditional: captured while");
+  cudaStream_t s, body_stream;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&body_stream, cudaStreamNonBlocking));
+  int* d_counter = nullptr;
+  CK(cudaMalloc(&d_counter, 2 * sizeof(int)));
+  int* host = nullptr;  // {n, 0} in, {0, iterations} out
+  CK(cudaMallocHost(&host, 4 * sizeof(int)));
+  cudaStreamCaptureStatus st;
+  cudaGraph_t capture_graph = nullptr, g = nullptr;
+  const cudaGraphNode_t* deps = nullptr;
+  size_t ndeps = 0;
+  CK(cudaStreamGetCaptureInfo(s, &st, nullptr, &capture_graph, &deps, nullptr, &ndeps));
+  printf("captured.idle=%d,%zu\n", static_cast<int>(st), ndeps);
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  CK(cudaStreamGetCaptureInfo(s, &st, nullptr, &capture_graph, &deps, nullptr, &ndeps));
+  printf("captured.begin=%d,%zu\n", static_cast<int>(st == cudaStreamCaptureStatusActive), ndeps);
+  CK(cudaMemcpyAsync(d_counter, host, 2 * sizeof(int), cudaMemcpyHostToDevice, s));
+  CK(cudaStreamGetCaptureInfo(s, &st, nullptr, &capture_graph, &deps, nullptr, &ndeps));
+  EXPECT(ndeps == 1, "after one copy the capture depends on one node (got %zu)", ndeps);
+  cudaGraphNodeType t;
+  CK(cudaGraphNodeGetType(deps[0], &t));
+  printf("captured.dep_type=%s\n", TypeName(t));
+  cudaGraphConditionalHandle h;
+  CK(cudaGraphConditionalHandleCreate(&h, capture_graph, 1, cudaGraphCondAssignDefault));
+  cudaGraphNodeParams np{};
+  np.type = cudaGraphNodeTypeConditional;
+  np.conditional.handle = h;
+  np.conditional.type = cudaGraphCondTypeWhile;
+  np.conditional.size = 1;
+  cudaGraphNode_t loop;
+  CK(cudaGraphAddNode(&loop, capture_graph, deps, nullptr, ndeps, &np));
+  cudaGraph_t body = np.conditional.phGraph_out[0], body_back = nullptr;
+  CK(cudaStreamBeginCaptureToGraph(body_stream, body, nullptr, nullptr, 0,
+                                   cudaStreamCaptureModeRelaxed));
+  flyt_sim_countdown<<<1, 1, 0, body_stream>>>(h, d_counter);
+  CK(cudaGetLastError());
+  CK(cudaStreamEndCapture(body_stream, &body_back));
+  EXPECT(body_back == body, "capture to a graph ends with that graph");
+  printf("captured.body=%s\n", Types(body).c_str());
+  CK(cudaStreamUpdateCaptureDependencies(s, &loop, nullptr, 1, cudaStreamSetCaptureDependencies));
+  CK(cudaStreamGetCaptureInfo(s, &st, nullptr, nullptr, &deps, nullptr, &ndeps));
+  EXPECT(ndeps == 1 && deps[0] == loop, "set: the capture depends on the loop alone");
+  // Add: an empty node made by hand joins the set; the copy after waits for both.
+  cudaGraphNode_t extra;
+  CK(cudaGraphAddEmptyNode(&extra, capture_graph, nullptr, 0));
+  CK(cudaStreamUpdateCaptureDependencies(s, &extra, nullptr, 1, cudaStreamAddCaptureDependencies));
+  CK(cudaStreamGetCaptureInfo(s, &st, nullptr, nullptr, &deps, nullptr, &ndeps));
+  printf("captured.after_add=%zu\n", ndeps);
+  EXPECT(ndeps == 2, "add: two dependencies (got %zu)", ndeps);
+  CK(cudaMemcpyAsync(host + 2, d_counter, 2 * sizeof(int), cudaMemcpyDeviceToHost, s));
+  CK(cudaStreamEndCapture(s, &g));
+  EXPECT(g == capture_graph, "the captured graph is the one GetCaptureInfo named");
+  printf("captured.types=%s\n", Types(g).c_str());
+  size_t edges = 0;
+  CK(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &edges));
+  printf("captured.edges=%zu\n", edges);
+  // cudaGraphDebugDotPrint (torch.cuda.CUDAGraph.debug_dump): a DOT file where asked.
+  char dot_path[] = "/tmp/graph_nodes-dot-XXXXXX";
+  int fd = mkstemp(dot_path);
+  EXPECT(fd >= 0, "mkstemp");
+  close(fd);
+  CK(cudaGraphDebugDotPrint(g, dot_path, cudaGraphDebugDotFlagsVerbose));
+  std::string dot;
+  if (FILE* f = fopen(dot_path, "r")) {
+    char buf[4096];
+    size_t got;
+    while ((got = fread(buf, 1, sizeof(buf), f)) > 0) dot.append(buf, got);
+    fclose(f);
+  }
+  unlink(dot_path);
+  size_t arrows = 0;
+  for (size_t at = dot.find("->"); at != std::string::npos; at = dot.find("->", at + 2)) ++arrows;
+  printf("captured.dot=%d\n", dot.rfind("digraph", 0) == 0 && arrows >= edges ? 1 : 0);
+  printf("captured.dot_unwritable=%d\n",
+         static_cast<int>(cudaGraphDebugDotPrint(g, "/nonexistent-dir/graph.dot", 0)));
+  cudaGetLastError();
+  // Bad input: no capture, a bogus flag.
+  cudaGraphNode_t none = nullptr;
+  printf("captured.update_idle=%d\n",
+         static_cast<int>(cudaStreamUpdateCaptureDependencies(s, &none, nullptr, 0, 0)));
+  cudaGetLastError();
+  cudaGraphExec_t exec;
+  CK(cudaGraphInstantiate(&exec, g, 0));
+  std::string iterations;
+  for (int n : {4, 7, 1}) {
+    host[0] = n;
+    host[1] = 0;
+    host[2] = host[3] = -1;
+    CK(cudaGraphLaunch(exec, s));
+    CK(cudaStreamSynchronize(s));
+    EXPECT(host[2] == 0, "captured while: counter ends at 0 (got %d)", host[2]);
+    iterations += (iterations.empty() ? "" : ",") + std::to_string(host[3]);
+  }
+  printf("captured.while_iterations=%s\n", iterations.c_str());
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(g));
+  CK(cudaFreeHost(host));
+  CK(cudaFree(d_counter));
+  CK(cudaStreamDestroy(body_stream));
   CK(cudaStreamDestroy(s));
 }
 
@@ -883,6 +994,7 @@ int main(int argc, char** argv) {
   } else {
     Simple();
     Conditional();
+    CapturedWhile();
     Memory();
     Other();
     Topology();
