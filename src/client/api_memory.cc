@@ -162,6 +162,12 @@ CUresult CopyDtoH(const char* name, void* dst, CUdeviceptr src, size_t n, CUstre
     return CopyShared(name, false, src, b, dst, n, stream, async, pt);
   if (uint64_t key = 0; RmaKeyFor(dst, n, false, async, &key))
     return CopyRma(name, false, src, key, dst, n, stream, async, pt);
+  // Over shm://: the GPU writes into a staging area this process shares with the
+  // server, and the chunks are copied out here as they land (client/staged_copy.cc).
+  if (CUresult rc; c.StagedDownload(name, dst, src, n, stream, async, pt, &rc)) {
+    if (rc == CUDA_SUCCESS && async) c.NoteStreamDrained(stream, pt);
+    return rc;
+  }
   auto* out = static_cast<uint8_t*>(dst);
   for (size_t off = 0; off < n; off += wire::kMaxPayload) {
     size_t len = std::min<size_t>(wire::kMaxPayload, n - off);
@@ -471,11 +477,14 @@ size_t PageRound(size_t n) {
   return ((n ? n : 1) + page - 1) / page * page;
 }
 
+}  // namespace
+
 // A buffer shared with the server; CUDA_ERROR_NOT_SUPPORTED means "use private memory".
-CUresult AllocShared(size_t bytes, unsigned flags, Client::HostBuffer* b) {
+CUresult flyt::client::AllocSharedHost(size_t bytes, unsigned flags, Client::HostBuffer* b,
+                                       const char* name) {
   Client& c = Client::Get();
   if (!c.SharesMemory()) return CUDA_ERROR_NOT_SUPPORTED;
-  int fd = memfd_create("flyt-pinned", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return CUDA_ERROR_NOT_SUPPORTED;
   void* p = MAP_FAILED;
   uint64_t id = 0;
@@ -510,15 +519,13 @@ CUresult AllocShared(size_t bytes, unsigned flags, Client::HostBuffer* b) {
   return CUDA_SUCCESS;
 }
 
-}  // namespace
-
 FLYT_API CUresult cuMemHostAlloc(void** pp, size_t n, unsigned int flags) {
   if (pp == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Client& c = Client::Get();
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   const size_t bytes = PageRound(n);
   Client::HostBuffer b;
-  CUresult rc = AllocShared(bytes, flags, &b);
+  CUresult rc = flyt::client::AllocSharedHost(bytes, flags, &b);
   if (rc == CUDA_ERROR_NOT_SUPPORTED) {
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;

@@ -15,6 +15,8 @@ enum : uint32_t {
   // Sessions may be asked to move while their process is idle: the client
   // opens its callback channel at once, on which kOpParkNudge comes.
   kServerFeatureMovable = 1,
+  // kOpCopyFromDeviceStaged is served (pageable device-to-host copies over shm://).
+  kServerFeatureStagedDownload = 2,
 };
 
 // What a client does after kOpPark.
@@ -105,6 +107,8 @@ enum : uint16_t {
   // server/session_shared_host.cc). kOpHostShare: u64 descriptor id (shared
   // through the transport), u64 bytes, u32 flags, u64 client address ->
   // u64 server address, u64 device pointer. kOpHostUnshare: u64 server address.
+  // A flags bit of Flyt's own: the region is the client's staging area of
+  // kOpCopyFromDeviceStaged, which a move does not carry (the client makes it again).
   kOpHostShare = 90,
   kOpHostUnshare = 91,
   // A copy between the device and shared host memory: u8 to_device, u64 device
@@ -236,6 +240,15 @@ enum : uint16_t {
   // then Update: u32 flags; ToGraph: u64 graph, u32 mode; then u8 with edge data,
   // u32 n, n x (u64 node, 8-byte CUgraphEdgeData).
   kOpCaptureDependencies = 324,
+  // A pageable device-to-host copy through a staging area of shared pinned memory
+  // (shm://; client/staged_copy.cc, server/session_staged_copy.cc): u64 device source,
+  // u64 bytes, u64 stream, u8 async, u64 staging area (server address of a region the
+  // client shared with kOpHostShare), u64 chunk bytes, u32 slots. The GPU writes chunk i
+  // into slot i % slots. One chunk: the reply comes once it is there. Several: before the
+  // reply the server sends one StagedNotice per chunk in order, up to and including the
+  // first that failed; the client answers each successful one with a u64 ack (the chunk's
+  // index) once it copied the slot out, and the server reuses a slot only after its ack.
+  kOpCopyFromDeviceStaged = 325,
   // CUPTI activity of a profiled client (server/session_profiler.cc, src/cupti/):
   // u8 kProfiler*, then Start: u32 GpuActivity kinds (bit 1 << kind) -> u32 kinds
   // enabled, u64 server timestamp (ns), string why the others are not; Stop: u32
@@ -283,6 +296,15 @@ struct ParamSlot {
   uint32_t offset;
   uint32_t size;
 };
+
+// kOpCopyFromDeviceStaged: chunk `index` is in its slot (status 0), or failed.
+struct StagedNotice {
+  uint32_t index;
+  uint32_t status;  // CUresult
+};
+static_assert(sizeof(StagedNotice) == 8);
+inline constexpr uint32_t kMaxStagedSlots = 16;
+inline constexpr uint32_t kHostShareStaging = 1u << 31;  // kOpHostShare flags
 
 // kOpRmaAttach reply flags.
 enum : uint32_t {

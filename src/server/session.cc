@@ -1071,6 +1071,8 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       return UnshareHost(in, rc);
     case ops::kOpCopyShared:
       return CopyShared(in, per_thread, rc);
+    case ops::kOpCopyFromDeviceStaged:
+      return CopyFromDeviceStaged(in, per_thread, rc);
     case ops::kOpRmaAttach:
       return RmaAttach(in, out, rc);
     case ops::kOpRmaRegister:

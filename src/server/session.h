@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -386,6 +387,9 @@ class Session {
   bool InSharedHost(uint64_t addr, uint64_t n) const;
   bool CopyShared(wire::Reader& in, bool per_thread, CUresult* rc);
   void ReleaseSharedHost();
+  // Pageable device-to-host copies through a staging area in shared pinned memory
+  // (session_staged_copy.cc).
+  bool CopyFromDeviceStaged(wire::Reader& in, bool per_thread, CUresult* rc);
   void DescribeFunction(uint64_t handle, bool is_kernel, wire::Writer& out);
   void DescribeImage(uint64_t image, uint64_t image_client, bool library, wire::Writer& out);
   // Loads an image as a library or a module (the driver's handle in *handle).
@@ -440,6 +444,8 @@ class Session {
   std::unordered_map<uint64_t, uint64_t> array_bytes_;
   // Shared pinned host regions: server address -> bytes (mapped and registered).
   std::map<uint64_t, uint64_t> shared_host_;
+  // Those of them that are staging areas (ops::kHostShareStaging): a move leaves them.
+  std::set<uint64_t> staging_host_;
   // Virtual memory (session_vmm.cc): reservations (base -> size), mappings
   // by base, and allocation handles with the references the client holds.
   std::map<uint64_t, uint64_t> vmm_reserved_;

@@ -1082,6 +1082,68 @@ class E2E(unittest.TestCase):
             self.run_ok(srv, transport, "rma_copies", CFG.variants[-1])
         self.stop_server(srv)
 
+    def test_staged_copies(self):
+        """Device-to-host copies into pageable memory (staged_copies' own byte-exact checks:
+        odd sizes and offsets around the chunk size, fresh pages, asynchronous copies that
+        are synchronous for the host, several threads, errors in a later chunk). Over shm://
+        they go through the staging area shared with the server, with the default chunks and
+        with small ones (many chunks, more than the slots, three copying threads)."""
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                srv = self.start_server()
+                res = self.run_ok(srv, transport, "staged_copies", variant)
+                staged = "staging area of" in res.client_log
+                self.assertEqual(staged, transport == "shm", res.describe())
+                if transport == "shm":
+                    small = {"FLYT_SHM_STAGED_CHUNK_KIB": "64", "FLYT_SHM_STAGED_SLOTS": "3",
+                             "FLYT_SHM_COPY_THREADS": "3"}
+                    res = self.run_ok(srv, transport, "staged_copies", variant, extra=small)
+                    self.assertIn("staging area of 3 x 64 KiB", res.client_log, res.describe())
+                self.stop_server(srv)
+
+    def staging_maps(self, srv):
+        maps = []
+        for pid in server_pids(srv):
+            try:
+                with open("/proc/%d/maps" % pid) as f:
+                    maps += [l for l in f if "flyt-staging" in l]
+            except OSError:
+                pass  # a worker that just ended
+        return maps
+
+    def test_staged_client_killed(self):
+        """A client killed in the middle of large device-to-host copies through the staging
+        area (shm://): its worker notices, lets the copies in flight land, releases the
+        device memory and the staging area, and exits without a crash; the server serves
+        the next client."""
+        srv = self.start_server(control=True)
+        prog = program_path("staged_copies", CFG.variants[0])
+        for _ in range(2):
+            crashed = srv.control({"verb": "stats"})["workers_crashed"]
+            looping = RunningProgram(self.tmp, srv, "shm", prog, ["loop"],
+                                     extra={"E2E_WATCHDOG_S": "0",
+                                            "FLYT_SHM_STAGED_CHUNK_KIB": "256"})
+            self.assertIsNotNone(looping.wait_line(r"^looping"), srv.logs())
+            worker = self.worker_of(srv, self.client_pid(looping))
+            deadline = time.monotonic() + 10
+            while not self.staging_maps(srv) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.assertTrue(self.staging_maps(srv), "no staging area mapped\n" + srv.logs())
+            time.sleep(0.5)  # copies in flight
+            os.killpg(looping.proc.pid, signal.SIGKILL)
+            looping.finish(timeout=10)
+            stats = self.stats_when(srv, lambda s: s["memory_used"] == 0 and not any(
+                w["pid"] == worker for w in s["workers"]), timeout=30)
+            self.assertEqual(stats["memory_used"], 0, "%s\n%s" % (stats, srv.logs()))
+            self.assertNotIn(worker, [w["pid"] for w in stats["workers"]], srv.logs())
+            self.assertEqual(stats["workers_crashed"], crashed, srv.logs())
+            deadline = time.monotonic() + 10
+            while self.staging_maps(srv) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.assertEqual(self.staging_maps(srv), [], srv.logs())
+        self.run_ok(srv, "shm", "staged_copies", CFG.variants[-1])
+        self.stop_server(srv)
+
     def test_pinned_shared(self):
         """Pinned memory over shm:// is shared with the server (the GPU reaches the client's
         bytes: mapped pointer); over tcp/unix it stays client memory. The server's mappings
