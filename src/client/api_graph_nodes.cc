@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "client/client.h"
+#include "client/user_objects.h"
 #include "common/log.h"
 
 using flyt::client::Client;
@@ -390,8 +391,12 @@ FLYT_API CUresult cuGraphHostNodeGetParams(CUgraphNode node, CUDA_HOST_NODE_PARA
 FLYT_API CUresult cuGraphAddChildGraphNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps,
                                            size_t n, CUgraph child) {
   if (node == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return ValueNode("cuGraphAddChildGraphNode", ops::kGraphNodeAdd, Raw(g), 0, deps, n,
-                   CU_GRAPH_NODE_TYPE_GRAPH, Raw(child), node);
+  CUresult rc = ValueNode("cuGraphAddChildGraphNode", ops::kGraphNodeAdd, Raw(g), 0, deps, n,
+                          CU_GRAPH_NODE_TYPE_GRAPH, Raw(child), node);
+  // The node holds a copy of the child, with its user objects' references.
+  if (rc == CUDA_SUCCESS && flyt::client::user_objects::Any())
+    flyt::client::user_objects::ChildGraphAdded(g, child);
+  return rc;
 }
 FLYT_API CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph* out) {
   uint64_t g = 0;
@@ -504,6 +509,8 @@ FLYT_API CUresult cuGraphClone(CUgraph* out, CUgraph g) {
   uint64_t c = 0;
   CUresult rc = Misc("cuGraphClone", w, &c);
   if (rc == CUDA_SUCCESS) *out = reinterpret_cast<CUgraph>(c);
+  if (rc == CUDA_SUCCESS && flyt::client::user_objects::Any())
+    flyt::client::user_objects::GraphCloned(g, *out);
   return rc;
 }
 FLYT_API CUresult cuGraphNodeFindInClone(CUgraphNode* out, CUgraphNode node, CUgraph clone) {

@@ -1990,6 +1990,11 @@ class E2E(unittest.TestCase):
         ("captured.types", "conditional,empty,memcpy,memcpy"), ("captured.edges", "3"),
         ("captured.update_idle", "401"), ("captured.while_iterations", "4,7,1"),
         ("captured.dot", "1"), ("captured.dot_unwritable", "304"),
+        # User objects: the executable graph's reference outlives its graph; the app's
+        # references; a clone's and a child node's; misuse.
+        ("user_object.exec", "0,1,app_thread0"), ("user_object.app_refs", "0,1"),
+        ("user_object.release_too_many", "1"), ("user_object.copies", "0,1"),
+        ("user_object.bad_flags", "1"),
         ("memory.types", "mem_alloc,mem_free,memcpy,memset"), ("memory.launches_ok", "4"),
         ("memory.freed_by_stream", "2"),
         ("memory.free_not_graph_memory", "cudaErrorInvalidValue"),

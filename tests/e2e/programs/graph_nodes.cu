@@ -22,14 +22,19 @@
 //   quota BYTES (Flyt only, server with --memory-quota BYTES) allocation nodes count
 //               against the quota.
 //   refusals    (Flyt only) what Flyt answers with cudaErrorNotSupported.
+//   (always)    user objects, as NCCL ties its plans to a captured graph: destructors run
+//               when the last reference goes, on a thread of the library's, and an
+//               executable graph's references only after its launches are done.
 //
 // Prints key=value lines (deterministic: no addresses, no timings), then "graph_nodes: PASS".
 // Nothing printed depends on what a kernel computes except through the kernels the sim
 // models (flyt_sim_set_conditional, flyt_sim_countdown), so the sim and a GPU agree.
 #include <cuda_runtime.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -536,6 +541,97 @@ void CapturedWhile() {
   CK(cudaStreamDestroy(s));
 }
 
+// A user object's destructor: counts, and notes whether it ran on the app's thread.
+struct Owned {
+  std::atomic<int> destroyed{0};
+  std::atomic<int> on_app_thread{0};
+  pthread_t app;
+};
+void DestroyOwned(void* p) {
+  auto* o = static_cast<Owned*>(p);
+  o->on_app_thread += pthread_equal(pthread_self(), o->app) ? 1 : 0;
+  o->destroyed += 1;
+}
+// Waits up to 5 s for the destructor (it runs asynchronously, natively too).
+int Destroyed(Owned* o) {
+  for (int i = 0; i < 500 && o->destroyed.load() == 0; ++i) usleep(10000);
+  return o->destroyed.load();
+}
+
+void UserObjects() {
+  e2e::Step("user objects");
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  int* d = nullptr;
+  CK(cudaMalloc(&d, 1 << 20));
+  // A graph moves the app's reference in; its executable graph keeps the object alive
+  // after the graph is gone, until it is destroyed itself (after its launches).
+  Owned a;
+  a.app = pthread_self();
+  cudaUserObject_t obj;
+  CK(cudaUserObjectCreate(&obj, &a, DestroyOwned, 1, cudaUserObjectNoDestructorSync));
+  cudaGraph_t g;
+  CK(cudaGraphCreate(&g, 0));
+  cudaGraphNode_t set;
+  cudaMemsetParams ms{};
+  ms.dst = d;
+  ms.value = 7;
+  ms.elementSize = 4;
+  ms.width = 1 << 18;
+  ms.height = 1;
+  CK(cudaGraphAddMemsetNode(&set, g, nullptr, 0, &ms));
+  CK(cudaGraphRetainUserObject(g, obj, 1, cudaGraphUserObjectMove));
+  cudaGraphExec_t exec;
+  CK(cudaGraphInstantiate(&exec, g, 0));
+  CK(cudaGraphDestroy(g));
+  usleep(50000);
+  const int after_graph = a.destroyed.load();
+  for (int i = 0; i < 20; ++i) CK(cudaGraphLaunch(exec, s));
+  CK(cudaGraphExecDestroy(exec));
+  const int after_exec = Destroyed(&a);
+  CK(cudaStreamSynchronize(s));
+  printf("user_object.exec=%d,%d,app_thread%d\n", after_graph, after_exec, a.on_app_thread.load());
+  // The app's own references: retained and released.
+  Owned b;
+  b.app = pthread_self();
+  CK(cudaUserObjectCreate(&obj, &b, DestroyOwned, 2, cudaUserObjectNoDestructorSync));
+  CK(cudaUserObjectRetain(obj, 3));
+  CK(cudaUserObjectRelease(obj, 4));
+  usleep(50000);
+  const int still = b.destroyed.load();
+  CK(cudaUserObjectRelease(obj, 1));
+  printf("user_object.app_refs=%d,%d\n", still, Destroyed(&b));
+  // A clone and a child graph node hold references of their own; a graph cannot give
+  // back more than it holds.
+  Owned c;
+  c.app = pthread_self();
+  CK(cudaUserObjectCreate(&obj, &c, DestroyOwned, 1, cudaUserObjectNoDestructorSync));
+  cudaGraph_t g2, clone, parent;
+  CK(cudaGraphCreate(&g2, 0));
+  CK(cudaGraphAddMemsetNode(&set, g2, nullptr, 0, &ms));
+  CK(cudaGraphRetainUserObject(g2, obj, 2, 0));
+  printf("user_object.release_too_many=%d\n",
+         static_cast<int>(cudaGraphReleaseUserObject(g2, obj, 3)));
+  cudaGetLastError();
+  CK(cudaGraphReleaseUserObject(g2, obj, 1));
+  CK(cudaUserObjectRelease(obj, 1));  // the app's: the graph's one remains
+  CK(cudaGraphClone(&clone, g2));
+  CK(cudaGraphCreate(&parent, 0));
+  cudaGraphNode_t child;
+  CK(cudaGraphAddChildGraphNode(&child, parent, nullptr, 0, g2));
+  CK(cudaGraphDestroy(g2));
+  CK(cudaGraphDestroy(clone));
+  usleep(50000);
+  const int with_parent = c.destroyed.load();
+  CK(cudaGraphDestroy(parent));
+  printf("user_object.copies=%d,%d\n", with_parent, Destroyed(&c));
+  printf("user_object.bad_flags=%d\n",
+         static_cast<int>(cudaUserObjectCreate(&obj, &c, DestroyOwned, 1, 0)));
+  cudaGetLastError();
+  CK(cudaFree(d));
+  CK(cudaStreamDestroy(s));
+}
+
 void Memory() {
   e2e::Step("memory");
   cudaStream_t s;
@@ -995,6 +1091,7 @@ int main(int argc, char** argv) {
     Simple();
     Conditional();
     CapturedWhile();
+    UserObjects();
     Memory();
     Other();
     Topology();
