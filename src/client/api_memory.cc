@@ -853,3 +853,72 @@ FLYT_API CUresult cuMemSetMemPool(CUmemLocation* loc, CUmemAllocationType type, 
         flyt::client::ReportUnsupported("cuMemSetMemPool for a host, NUMA or managed pool"));
   return cuDeviceSetMemPool(loc->id, pool);
 }
+
+// --- batched copies (CUDA 12.8+): each copy of the batch goes as cuMemcpyAsync would
+// (the batch as a whole in stream order; the driver promises no order inside it). A
+// source read "during the API call" is read before the call returns: pageable bytes
+// travel with the request anyway; a pinned host source the GPU reads in stream order
+// is waited for.
+namespace {
+CUresult MemcpyBatch(const char* name, CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes,
+                     size_t count, CUmemcpyAttributes* attrs, size_t* idxs, size_t num_attrs,
+                     size_t* fail_idx, CUstream s, bool pt) {
+  if (fail_idx != nullptr) *fail_idx = SIZE_MAX;
+  if (!Client::Get().initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (count == 0 || dsts == nullptr || srcs == nullptr || sizes == nullptr || attrs == nullptr ||
+      idxs == nullptr || num_attrs == 0 || num_attrs > count || idxs[0] != 0 ||
+      s == CU_STREAM_LEGACY || (s == nullptr && !pt))
+    return CUDA_ERROR_INVALID_VALUE;
+  for (size_t k = 0; k < num_attrs; ++k) {
+    const auto order = attrs[k].srcAccessOrder;
+    if ((k > 0 && idxs[k] <= idxs[k - 1]) || idxs[k] >= count ||
+        order < CU_MEMCPY_SRC_ACCESS_ORDER_STREAM || order > CU_MEMCPY_SRC_ACCESS_ORDER_ANY)
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+  bool wait = false;
+  size_t k = 0;
+  for (size_t i = 0; i < count; ++i) {
+    while (k + 1 < num_attrs && idxs[k + 1] <= i) ++k;
+    if (sizes[i] == 0) continue;
+    CUresult rc = CopyUnified(name, dsts[i], srcs[i], sizes[i], s, true, pt);
+    if (rc != CUDA_SUCCESS) {
+      if (fail_idx != nullptr) *fail_idx = i;
+      return rc;
+    }
+    Client::HostBuffer hb;
+    wait = wait || (attrs[k].srcAccessOrder == CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL &&
+                    !IsDevice(srcs[i], sizes[i]) &&
+                    Client::Get().FindHostBuffer(reinterpret_cast<void*>(srcs[i]), &hb));
+  }
+  if (!wait) return CUDA_SUCCESS;
+  return pt ? cuStreamSynchronize_ptsz(s) : cuStreamSynchronize(s);
+}
+}  // namespace
+
+// The CUDA 13 ABI (cuda.h maps cuMemcpyBatchAsync to _v2) and the CUDA 12.8 one, whose
+// failIdx names the copy that failed (SIZE_MAX: none, or the batch's arguments).
+FLYT_API CUresult cuMemcpyBatchAsync_v2(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes,
+                                        size_t count, CUmemcpyAttributes* attrs, size_t* idxs,
+                                        size_t num_attrs, CUstream s) {
+  return MemcpyBatch("cuMemcpyBatchAsync", dsts, srcs, sizes, count, attrs, idxs, num_attrs,
+                     nullptr, s, false);
+}
+FLYT_API CUresult cuMemcpyBatchAsync_v2_ptsz(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes,
+                                             size_t count, CUmemcpyAttributes* attrs, size_t* idxs,
+                                             size_t num_attrs, CUstream s) {
+  return MemcpyBatch("cuMemcpyBatchAsync_ptsz", dsts, srcs, sizes, count, attrs, idxs, num_attrs,
+                     nullptr, s, true);
+}
+#undef cuMemcpyBatchAsync
+FLYT_API CUresult cuMemcpyBatchAsync(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes,
+                                     size_t count, CUmemcpyAttributes* attrs, size_t* idxs,
+                                     size_t num_attrs, size_t* fail_idx, CUstream s) {
+  return MemcpyBatch("cuMemcpyBatchAsync", dsts, srcs, sizes, count, attrs, idxs, num_attrs,
+                     fail_idx, s, false);
+}
+FLYT_API CUresult cuMemcpyBatchAsync_ptsz(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes,
+                                          size_t count, CUmemcpyAttributes* attrs, size_t* idxs,
+                                          size_t num_attrs, size_t* fail_idx, CUstream s) {
+  return MemcpyBatch("cuMemcpyBatchAsync_ptsz", dsts, srcs, sizes, count, attrs, idxs, num_attrs,
+                     fail_idx, s, true);
+}

@@ -1765,6 +1765,8 @@ class E2E(unittest.TestCase):
         ("pointer.sync_before", "0"), ("pointer.sync_after", "1"),
         ("pointer.malloc", "ipc1,rdma_as_device1,access3,pool0"),
         ("pointer.malloc_async", "ipc0,rdma0,access3,default_pool1"),
+        ("batch.ok", "1"), ("batch.legacy_stream", "1"), ("batch.first_index_not_0", "1"),
+        ("batch.bad_order", "1"),
         ("pointer.set_host_stack", "CUDA_ERROR_INVALID_VALUE"),
         ("cluster_size.result", "CUDA_SUCCESS"), ("cluster_size", "8"),
         ("cluster_size.null_config", "CUDA_ERROR_INVALID_VALUE"),

@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "e2e_driver.h"
 
@@ -427,6 +428,53 @@ void ContextsAndDevices(CUmodule mod, unsigned* dev) {
          pool_of == static_cast<void*>(default_pool));
   CK(cudaFreeAsync(from_pool, 0));
   CK(cudaDeviceSynchronize());
+  // cudaMemcpyBatchAsync (CUDA 12.8+): one batch of H2D from memory read during the call
+  // (overwritten right after it returns) and D2D; a second of D2H to pinned and to pageable
+  // memory; the arguments the driver refuses.
+  {
+    int* dev_batch = nullptr;
+    int* pinned = nullptr;
+    CK(cudaMalloc(&dev_batch, 3 * 4096));
+    CK(cudaMallocHost(&pinned, 4096));
+    CK(cudaMemset(dev_batch + 2048, 5, 4096));
+    std::vector<int> source(1024), back(1024, -1);
+    for (int i = 0; i < 1024; ++i) source[i] = 3 * i;
+    cudaStream_t bs;
+    CK(cudaStreamCreateWithFlags(&bs, cudaStreamNonBlocking));
+    void* dsts[2] = {dev_batch, dev_batch + 1024};
+    const void* srcs[2] = {source.data(), dev_batch + 2048};
+    size_t sizes[2] = {4096, 4096};
+    cudaMemcpyAttributes at[2] = {};
+    at[0].srcAccessOrder = cudaMemcpySrcAccessOrderDuringApiCall;
+    at[1].srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    size_t idxs[2] = {0, 1};
+    CK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 2, at, idxs, 2, bs));
+    for (int i = 0; i < 1024; ++i) source[i] = -7;  // read during the call: too late to matter
+    void* dsts2[2] = {pinned, back.data()};
+    const void* srcs2[2] = {dev_batch, dev_batch + 1024};
+    at[0].srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    size_t one[1] = {0};
+    CK(cudaMemcpyBatchAsync(dsts2, srcs2, sizes, 2, at, one, 1, bs));
+    CK(cudaStreamSynchronize(bs));
+    int ok = 1;
+    for (int i = 0; i < 1024; ++i) ok &= pinned[i] == 3 * i && back[i] == 0x05050505;
+    printf("batch.ok=%d\n", ok);
+    printf("batch.legacy_stream=%d\n",
+           static_cast<int>(cudaMemcpyBatchAsync(dsts, srcs, sizes, 2, at, idxs, 2, 0)));
+    cudaGetLastError();
+    size_t bad_first[1] = {1};
+    printf("batch.first_index_not_0=%d\n",
+           static_cast<int>(cudaMemcpyBatchAsync(dsts, srcs, sizes, 2, at, bad_first, 1, bs)));
+    cudaGetLastError();
+    at[0].srcAccessOrder = static_cast<cudaMemcpySrcAccessOrder>(0);
+    printf("batch.bad_order=%d\n",
+           static_cast<int>(cudaMemcpyBatchAsync(dsts, srcs, sizes, 2, at, one, 1, bs)));
+    cudaGetLastError();
+    CK(cudaStreamSynchronize(bs));
+    CK(cudaStreamDestroy(bs));
+    CK(cudaFreeHost(pinned));
+    CK(cudaFree(dev_batch));
+  }
   int on_stack = 0;
   printf("pointer.set_host_stack=%s\n",
          e2e::CuName(g_cu.set_pointer(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS,
