@@ -2,6 +2,7 @@
 # Builds the benchmark programs into OUTDIR:
 #   OUTDIR/cuda_bench        (nvcc -arch=sm_90 -O2, static cudart)
 #   OUTDIR/tcp_loopback_bw   (g++ -O2)
+#   OUTDIR/mapped_host_bench (nvcc, as cuda_bench)
 # Usage: bench/build.sh OUTDIR
 # Environment: NVCC (default: nvcc on PATH, else /usr/local/cuda/bin/nvcc),
 #              CXX (default g++), CUDA_ARCH (default sm_90).
@@ -34,6 +35,12 @@ elif ! "$nvcc" -std=c++17 -O2 -arch="$arch" -cudart static \
     -Xcompiler -Wall,-Wextra -Xcompiler -static-libstdc++,-static-libgcc \
     -o "$out/cuda_bench" "$here/cuda_bench.cu"; then
   echo "build.sh: cuda_bench failed" >&2
+  rc=1
+fi
+if [[ -x "$nvcc" ]] && ! "$nvcc" -std=c++17 -O2 -arch="$arch" -cudart static \
+    -Xcompiler -Wall,-Wextra -Xcompiler -static-libstdc++,-static-libgcc \
+    -o "$out/mapped_host_bench" "$here/mapped_host_bench.cu"; then
+  echo "build.sh: mapped_host_bench failed" >&2
   rc=1
 fi
 exit $rc

@@ -464,7 +464,11 @@ CUresult Client::CallManaged(const char* name, uint16_t op, const wire::Writer& 
   // once work is known done, pages it may have changed are fetched again.
   const bool waits = WaitsOnly(op);
   const bool copies_back = op == ops::kOpCopyFromDevice || op == ops::kOpCopy3D;
-  if (!waits) managed::BeforeDeviceWork();
+  if (!waits) {
+    managed::BeforeDeviceWork();
+  } else {
+    managed::FlushHostWrites();  // a kernel may be waiting for them
+  }
   const uint64_t epoch = managed::Epoch();
   CUresult rc = CallUnhooked(name, op, req, sink, flags);
   if (rc == CUDA_SUCCESS && (waits || copies_back))

@@ -1750,6 +1750,41 @@ class E2E(unittest.TestCase):
         self.assert_stats(srv, sessions=0, memory_used=0, memory_quota=64 << 20)
         self.stop_server(srv)
 
+    def test_mapped_host(self):
+        """Pinned host memory mapped for kernels over every transport and cudart, against
+        the sim, which models the program's kernel (flyt_sim_affine): cudaHostAllocMapped
+        and cudaHostGetDevicePointer (the host pointer itself), host writes read by a
+        kernel and kernel writes seen by the host after synchronisation, odd offsets with
+        host writes to the same pages while the kernel runs, copies to and from mapped
+        memory, cudaHostRegisterMapped of malloc'd memory (bytes kept at registration and
+        at unregistration), cudaMallocHost mapped when its device pointer is asked for,
+        pointer attributes and flags, several buffers on one stream read by a host
+        function, an event query, a blocking copy, cudaFreeHost while another buffer stays
+        in use. The session ends with nothing left on the server."""
+        expected = (("attr.unified_addressing", "1"), ("alloc.flags_mapped", "1"),
+                    ("alloc.device_is_host", "1"), ("attr.type_host", "1"),
+                    ("attr.device_pointer_is_host", "1"), ("attr.host_pointer", "1"),
+                    ("attr.cu_memory_type", "1"), ("attr.cu_is_managed", "0"),
+                    ("attr.cu_mapped", "1"), ("attr.cu_device_pointer", "same"),
+                    ("attr.cu_host_pointer", "same"), ("host_to_kernel.bad", "0"),
+                    ("kernel_to_host.bad", "0"), ("odd_offsets.bad", "0"),
+                    ("odd_offsets.device_bad", "0"), ("copies.bad", "0"),
+                    ("register.kept_bad", "0"), ("register.device_is_host", "1"),
+                    ("register.kernel_bad", "0"), ("unregister.kept_bad", "0"),
+                    ("late.device_is_host", "1"), ("late.kernel_bad", "0"),
+                    ("late.copy_bad", "0"), ("callback.bad", "0"), ("event_query.bad", "0"),
+                    ("blocking_copy.bad", "0"), ("after_free.bad", "0"), ("under_flyt", "1"))
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                srv = self.start_server(control=True)
+                res = self.run_ok(srv, transport, "mapped_host", variant, log_level="warn")
+                kv = self.kv(res)
+                for key, want in expected:
+                    self.assertEqual(kv.get(key), want, "%s\n%s" % (key, res.describe()))
+                self.assertNotIn("not supported", res.stderr + res.client_log, res.describe())
+                self.assert_stats(srv, sessions=0, memory_used=0)
+                self.stop_server(srv)
+
     def test_nvrtc_cache(self):
         """NVRTC's driver compile cache (table da9151d3) served in the client process: over
         every transport and cudart, a fresh CUDA_CACHE_PATH makes the first compile a miss
