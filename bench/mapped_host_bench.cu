@@ -39,7 +39,8 @@ double Median(std::vector<double> v) {
 
 volatile unsigned long long g_sink = 0;
 
-void Run(const char* kind, unsigned char* h, unsigned char* d, size_t n, int reps, int small_iters) {
+void Run(const char* kind, unsigned char* h, unsigned char* d, size_t n, int reps,
+         int small_iters) {
   std::vector<double> w, r, sw, sr;
   for (int rep = 0; rep < reps; ++rep) {
     double t0 = Now();

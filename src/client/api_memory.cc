@@ -574,8 +574,7 @@ CUresult MapExisting(const char* name, Client::HostBuffer* b) {
         "%s: flyt-server has memory of its own at this buffer's addresses (0x%llx, %llu bytes); "
         "it cannot be mapped for the GPU. Allocate it with cudaHostAlloc(cudaHostAllocMapped) "
         "instead",
-        name, static_cast<unsigned long long>(first),
-        static_cast<unsigned long long>(end - first));
+        name, static_cast<unsigned long long>(first), static_cast<unsigned long long>(end - first));
     return CUDA_ERROR_NOT_SUPPORTED;
   }
   if (rc != CUDA_SUCCESS) return rc;

@@ -472,8 +472,7 @@ void Manager::SyncEdgesLocked(bool fetch) {
     if (!ExchangeLocked(ops::kOpManagedFetch, w, e.synced.data(), e.len, &rc)) return;
     if (rc != CUDA_SUCCESS) {
       FLYT_ERROR("mapped host memory: the server could not read %llu bytes at 0x%llx (error %d)",
-                 static_cast<unsigned long long>(e.len), static_cast<unsigned long long>(addr),
-                 rc);
+                 static_cast<unsigned long long>(e.len), static_cast<unsigned long long>(addr), rc);
       continue;
     }
     std::memcpy(reinterpret_cast<void*>(addr), e.synced.data(), e.len);
@@ -575,8 +574,8 @@ CUresult MapRange(uint64_t base, uint64_t size, bool fresh, uint64_t owner, bool
     return !host && !r->host && r->base == base && r->size == len ? CUDA_SUCCESS
                                                                   : CUDA_ERROR_INVALID_VALUE;
   if (host && m.FindLocked(base + len - 1) != nullptr) return CUDA_ERROR_INVALID_VALUE;
-  int fd = memfd_create(host ? "flyt-mapped-host" : "flyt-managed",
-                        MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  int fd =
+      memfd_create(host ? "flyt-mapped-host" : "flyt-managed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
   void* view = MAP_FAILED;
   void* alias = MAP_FAILED;
@@ -591,8 +590,8 @@ CUresult MapRange(uint64_t base, uint64_t size, bool fresh, uint64_t owner, bool
     if (origin == Origin::kAdopt) std::memcpy(alias, reinterpret_cast<void*>(base), len);
     const int prot = origin == Origin::kAdopt ? PROT_READ | PROT_WRITE : PROT_NONE;
     const int fixed = origin == Origin::kNew ? MAP_FIXED_NOREPLACE : MAP_FIXED;
-    view = mmap(reinterpret_cast<void*>(base), len, prot, MAP_SHARED | MAP_NORESERVE | fixed, fd,
-                0);
+    view =
+        mmap(reinterpret_cast<void*>(base), len, prot, MAP_SHARED | MAP_NORESERVE | fixed, fd, 0);
     if (view != MAP_FAILED && view != reinterpret_cast<void*>(base)) {
       munmap(view, len);  // a kernel without MAP_FIXED_NOREPLACE placed it elsewhere
       view = MAP_FAILED;
@@ -745,17 +744,14 @@ bool UnmapHost(uint64_t server_base, bool restore) {
           "mapped host memory at 0x%llx: its bytes could not all be fetched from the server; "
           "the ones that could not read as zero",
           static_cast<unsigned long long>(base));
-    void* plain =
-        mmap(nullptr, r->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (plain != MAP_FAILED) {
+    // Ordinary memory takes the view's place (MAP_FIXED replaces it at once), then
+    // gets the bytes. Not mremap: UCX's memory hooks (ucx://) may not pass its
+    // new address on.
+    void* plain = mmap(reinterpret_cast<void*>(base), r->size, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    if (plain == reinterpret_cast<void*>(base)) {
       std::memcpy(plain, r->alias, r->size);
-      if (mremap(plain, r->size, r->size, MREMAP_MAYMOVE | MREMAP_FIXED,
-                 reinterpret_cast<void*>(base)) == MAP_FAILED) {
-        munmap(plain, r->size);
-        plain = MAP_FAILED;
-      }
-    }
-    if (plain == MAP_FAILED) {
+    } else {
       // Keep the view readable and writable: the bytes stay, only the tracking goes.
       FLYT_ERROR("mapped host memory at 0x%llx: no ordinary memory to put back (%s)",
                  static_cast<unsigned long long>(base), std::strerror(errno));

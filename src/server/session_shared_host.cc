@@ -134,7 +134,8 @@ bool Session::MapHost(Reader& in, Writer& out, CUresult* rc) {
   if (!in.Get(&addr) || !in.Get(&bytes) || !in.Get(&flags) || in.remaining() != 0) return false;
   (void)flags;  // every region is portable and mapped, as natively under UVA
   if (addr == 0 || addr % kPage != 0 || bytes == 0 || bytes % kPage != 0 ||
-      bytes > kMaxSharedBytes || addr + bytes < addr || mapped_host_bytes_ + bytes > kMaxSharedBytes) {
+      bytes > kMaxSharedBytes || addr + bytes < addr ||
+      mapped_host_bytes_ + bytes > kMaxSharedBytes) {
     *rc = CUDA_ERROR_INVALID_VALUE;
     return true;
   }

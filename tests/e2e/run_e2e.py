@@ -1084,8 +1084,11 @@ class E2E(unittest.TestCase):
 
     def test_pinned_shared(self):
         """Pinned memory over shm:// is shared with the server (the GPU reaches the client's
-        bytes: mapped pointer); over tcp/unix it stays client memory. The server's mappings
-        and driver registrations of it go when the client frees it, exits, or is killed."""
+        bytes: mapped pointer); over tcp/unix it stays client memory until the program asks
+        for its device pointer, which maps it where it is (the server's pinned memory at the
+        same address, kept coherent: mapped=1, same_address=1 everywhere). The server's
+        mappings and driver registrations of it go when the client frees it, exits, or is
+        killed."""
         pids = []
         for variant, transport in self.matrix():
             with self.subTest(variant=variant, transport=transport):
@@ -1093,8 +1096,9 @@ class E2E(unittest.TestCase):
                 pids.append(srv.proc.pid)
                 res = self.run_ok(srv, transport, "pinned_shared", variant)
                 kv = self.kv(res)
-                self.assertEqual(kv.get("mapped"), "1" if transport == "shm" else "0",
-                                 res.describe())
+                self.assertEqual(kv.get("mapped"), "1", res.describe())
+                if transport != "shm":
+                    self.assertEqual(kv.get("same_address"), "1", res.describe())
                 self.assert_no_shared_maps(srv)
                 if transport == "shm":
                     self.kill_while_sharing(srv, variant)
