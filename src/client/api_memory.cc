@@ -2,7 +2,11 @@
 // pointer queries are answered locally), host buffers, and copies of every
 // shape. Bulk data is cut into chunks that the server moves while the next
 // chunk is on the wire; pinned buffers shared over shm:// are the GPU's to reach,
-// and over ucx:// the server's to read and write itself (client/rma.cc).
+// and over ucx:// the server's to read and write itself (client/rma.cc). Pinned
+// memory mapped for the GPU over a socket is a coherent view of the server's pinned
+// memory at the same address (kOpHostMap; client/managed_memory.h keeps it).
+// Must not: map plain pinned buffers for the GPU before the app asks (their copies
+// are the fast path), or touch a mapped buffer's pages outside managed_memory.cc.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
