@@ -3,6 +3,8 @@
 #   OUTDIR/cuda_bench        (nvcc -arch=sm_90 -O2, static cudart)
 #   OUTDIR/tcp_loopback_bw   (g++ -O2)
 #   OUTDIR/mapped_host_bench (nvcc, as cuda_bench)
+#   OUTDIR/driver_call_overhead (g++ -O2; CUDA headers only: the cost of a driver call
+#                            through a libcuda.so.1, with and without a CUPTI subscriber)
 # Usage: bench/build.sh OUTDIR
 # Environment: NVCC (default: nvcc on PATH, else /usr/local/cuda/bin/nvcc),
 #              CXX (default g++), CUDA_ARCH (default sm_90).
@@ -25,6 +27,13 @@ rc=0
 if ! "$cxx" -std=c++17 -O2 -Wall -Wextra -pthread -static-libstdc++ -static-libgcc \
     -o "$out/tcp_loopback_bw" "$here/tcp_loopback_bw.cc"; then
   echo "build.sh: tcp_loopback_bw failed" >&2
+  rc=1
+fi
+
+cuda_inc=$(dirname "$(dirname "$nvcc")")/include
+if ! "$cxx" -std=c++17 -O2 -Wall -Wextra -static-libstdc++ -static-libgcc -I"$cuda_inc" \
+    -o "$out/driver_call_overhead" "$here/driver_call_overhead.cc" -ldl; then
+  echo "build.sh: driver_call_overhead failed" >&2
   rc=1
 fi
 

@@ -3,6 +3,12 @@
 #define __CUDA_API_VERSION_INTERNAL 1
 #include <cuda.h>
 
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
+
 #include "client/client.h"
 
 using flyt::client::Client;
@@ -11,10 +17,31 @@ using flyt::client::ReplySink;
 namespace wire = flyt::wire;
 namespace ops = flyt::ops;
 
-// --- stream capture state. Dependency lists stay on the server: a capturing
-// stream reports its status, id and graph, and no dependency nodes.
+// --- stream capture state: a capturing stream's status, id, graph and the nodes the
+// next captured work will depend on (kOpStreamCaptureInfo), and changes to that set
+// (kOpCaptureDependencies: cuStreamUpdateCaptureDependencies, cuStreamBeginCaptureToGraph),
+// as NVIDIA's graphConditionalNodes sample and NCCL use them to add nodes by hand.
 
 namespace {
+
+// The arrays cuStreamGetCaptureInfo hands out, per stream: valid until the stream's
+// dependencies change (the driver's rule), so they are replaced only when they do.
+struct CapturedDeps {
+  std::vector<CUgraphNode> nodes;
+  std::vector<CUgraphEdgeData> edges;
+};
+std::mutex& DepsMutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::map<std::pair<CUstream, bool>, CapturedDeps>& DepsByStream() {
+  static auto* map = new std::map<std::pair<CUstream, bool>, CapturedDeps>;
+  return *map;
+}
+bool DefaultEdge(const CUgraphEdgeData& e) {
+  static const CUgraphEdgeData kDefault{};
+  return std::memcmp(&e, &kDefault, sizeof(e)) == 0;
+}
 CUresult CaptureInfo(const char* name, CUstream s, bool pt, CUstreamCaptureStatus* status,
                      cuuint64_t* id, CUgraph* graph, const CUgraphNode** deps,
                      const CUgraphEdgeData** edges, size_t* count) {
@@ -42,13 +69,72 @@ CUresult CaptureInfo(const char* name, CUstream s, bool pt, CUstreamCaptureStatu
   uint32_t st = 0;
   uint64_t i = 0, g = 0, n = 0;
   if (!r.Get(&st) || !r.Get(&i) || !r.Get(&g) || !r.Get(&n)) return CUDA_ERROR_UNKNOWN;
+  if (n > r.remaining() / 16) return CUDA_ERROR_UNKNOWN;
+  CapturedDeps now;
+  now.nodes.resize(n);
+  now.edges.resize(n);
+  bool lossy = false;
+  for (uint64_t k = 0; k < n; ++k) {
+    uint64_t node = 0;
+    if (!r.Get(&node) || !r.Get(&now.edges[k])) return CUDA_ERROR_UNKNOWN;
+    now.nodes[k] = reinterpret_cast<CUgraphNode>(node);
+    lossy = lossy || !DefaultEdge(now.edges[k]);
+  }
+  // Asked for the nodes and not their edge data while some edge has data: the driver
+  // refuses rather than lose it.
+  if (deps != nullptr && edges == nullptr && lossy) return CUDA_ERROR_LOSSY_QUERY;
   *status = static_cast<CUstreamCaptureStatus>(st);
   if (id) *id = i;
   if (graph) *graph = reinterpret_cast<CUgraph>(g);
-  if (deps) *deps = nullptr;
-  if (edges) *edges = nullptr;
-  if (count) *count = 0;
+  if (count) *count = n;
+  if (deps == nullptr && edges == nullptr) return CUDA_SUCCESS;
+  std::lock_guard<std::mutex> lock(DepsMutex());
+  CapturedDeps& kept = DepsByStream()[{s, pt}];
+  const bool same = kept.nodes == now.nodes && std::memcmp(kept.edges.data(), now.edges.data(),
+                                                           n * sizeof(CUgraphEdgeData)) == 0;
+  if (!same) kept = std::move(now);
+  if (deps) *deps = n > 0 ? kept.nodes.data() : nullptr;
+  if (edges) *edges = n > 0 ? kept.edges.data() : nullptr;
   return CUDA_SUCCESS;
+}
+
+// Sends kOpCaptureDependencies: `head` holds the sub-operation's fields.
+CUresult SendDeps(const char* name, bool pt, wire::Writer& w, const CUgraphNode* nodes,
+                  const CUgraphEdgeData* edges, size_t n) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (n > 0 && nodes == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (n > (1u << 16)) return CUDA_ERROR_INVALID_VALUE;
+  w.Put<uint8_t>(edges != nullptr ? 1 : 0);
+  w.Put<uint32_t>(static_cast<uint32_t>(n));
+  for (size_t k = 0; k < n; ++k) {
+    w.Put<uint64_t>(reinterpret_cast<uintptr_t>(nodes[k]));
+    w.Put(edges != nullptr ? edges[k] : CUgraphEdgeData{});
+  }
+  return c.Call(name, ops::kOpCaptureDependencies, w, ReplySink{}, pt ? wire::kFlagPerThread : 0);
+}
+CUresult UpdateDeps(const char* name, bool pt, CUstream s, CUgraphNode* nodes,
+                    const CUgraphEdgeData* edges, size_t n, unsigned flags) {
+  wire::Writer w;
+  w.Put<uint8_t>(ops::kCaptureDepsUpdate);
+  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(s));
+  w.Put<uint32_t>(flags);
+  return SendDeps(name, pt, w, nodes, edges, n);
+}
+CUresult CaptureToGraph(const char* name, bool pt, CUstream s, CUgraph g, const CUgraphNode* nodes,
+                        const CUgraphEdgeData* edges, size_t n, CUstreamCaptureMode mode) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  // Host functions and host copies captured into the graph run over it.
+  CUresult rc = c.EnsureCallbackChannel();
+  if (rc != CUDA_SUCCESS) return rc;
+  c.CaptureBegan();  // as BeginCapture (api_graph.cc): counted before it is sent
+  wire::Writer w;
+  w.Put<uint8_t>(ops::kCaptureDepsToGraph);
+  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(s));
+  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(g));
+  w.Put<uint32_t>(static_cast<uint32_t>(mode));
+  return SendDeps(name, pt, w, nodes, edges, n);
 }
 CUresult IsCapturing(const char* name, CUstream s, bool pt, CUstreamCaptureStatus* status) {
   Client& c = Client::Get();
@@ -114,4 +200,33 @@ FLYT_API CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream s, CUstreamCaptureStat
                                                  const CUgraphNode** deps,
                                                  const CUgraphEdgeData** edges, size_t* n) {
   return CaptureInfo("cuStreamGetCaptureInfo_v3_ptsz", s, true, st, id, g, deps, edges, n);
+}
+
+FLYT_API CUresult cuStreamUpdateCaptureDependencies(CUstream s, CUgraphNode* deps, size_t n,
+                                                    unsigned int flags) {
+  return UpdateDeps("cuStreamUpdateCaptureDependencies", false, s, deps, nullptr, n, flags);
+}
+FLYT_API CUresult cuStreamUpdateCaptureDependencies_ptsz(CUstream s, CUgraphNode* deps, size_t n,
+                                                         unsigned int flags) {
+  return UpdateDeps("cuStreamUpdateCaptureDependencies_ptsz", true, s, deps, nullptr, n, flags);
+}
+FLYT_API CUresult cuStreamUpdateCaptureDependencies_v2(CUstream s, CUgraphNode* deps,
+                                                       const CUgraphEdgeData* edges, size_t n,
+                                                       unsigned int flags) {
+  return UpdateDeps("cuStreamUpdateCaptureDependencies_v2", false, s, deps, edges, n, flags);
+}
+FLYT_API CUresult cuStreamUpdateCaptureDependencies_v2_ptsz(CUstream s, CUgraphNode* deps,
+                                                            const CUgraphEdgeData* edges, size_t n,
+                                                            unsigned int flags) {
+  return UpdateDeps("cuStreamUpdateCaptureDependencies_v2_ptsz", true, s, deps, edges, n, flags);
+}
+FLYT_API CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode* deps,
+                                              const CUgraphEdgeData* edges, size_t n,
+                                              CUstreamCaptureMode mode) {
+  return CaptureToGraph("cuStreamBeginCaptureToGraph", false, s, g, deps, edges, n, mode);
+}
+FLYT_API CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNode* deps,
+                                                   const CUgraphEdgeData* edges, size_t n,
+                                                   CUstreamCaptureMode mode) {
+  return CaptureToGraph("cuStreamBeginCaptureToGraph_ptsz", true, s, g, deps, edges, n, mode);
 }

@@ -19,6 +19,7 @@
 #include <unordered_map>
 
 #include "client/client.h"
+#include "client/user_objects.h"
 
 using flyt::client::Client;
 using flyt::client::Forward;
@@ -231,6 +232,8 @@ CUresult InstantiateWithParams(const char* name, bool per_thread, CUgraphExec* e
   p->result_out = static_cast<CUgraphInstantiateResult>(result);
   p->hErrNode_out = reinterpret_cast<CUgraphNode>(err_node);
   if (rc == CUDA_SUCCESS) *exec = reinterpret_cast<CUgraphExec>(h);
+  if (rc == CUDA_SUCCESS && flyt::client::user_objects::Any())
+    flyt::client::user_objects::Instantiated(g, *exec);
   return rc;
 }
 

@@ -5,12 +5,14 @@
 #include <cstring>
 
 #include "client/client.h"
+#include "client/user_objects.h"
 
 using flyt::client::Client;
 using flyt::client::Forward;
 using flyt::client::ReplySink;
 namespace wire = flyt::wire;
 namespace ops = flyt::ops;
+namespace user_objects = flyt::client::user_objects;
 
 namespace {
 
@@ -100,6 +102,35 @@ FLYT_API CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) 
 }
 FLYT_API CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode) {
   return BeginCapture("cuStreamBeginCapture_v2_ptsz", s, mode, true);
+}
+
+// Graphs and executable graphs as user objects' references follow them
+// (client/user_objects.h); otherwise forwarded as the generic calls are.
+FLYT_API CUresult cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph g,
+                                              unsigned long long flags) {
+  CUresult rc = Forward<220, true, false>("cuGraphInstantiateWithFlags", exec, g, flags);
+  if (rc == CUDA_SUCCESS && exec != nullptr && user_objects::Any())
+    user_objects::Instantiated(g, *exec);
+  return rc;
+}
+FLYT_API CUresult cuGraphLaunch(CUgraphExec exec, CUstream s) {
+  CUresult rc = Forward<221, false, false>("cuGraphLaunch", exec, s);
+  if (rc == CUDA_SUCCESS && user_objects::Any()) user_objects::Launched(exec, s, false);
+  return rc;
+}
+FLYT_API CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream s) {
+  CUresult rc = Forward<221, false, true>("cuGraphLaunch_ptsz", exec, s);
+  if (rc == CUDA_SUCCESS && user_objects::Any()) user_objects::Launched(exec, s, true);
+  return rc;
+}
+FLYT_API CUresult cuGraphExecDestroy(CUgraphExec exec) {
+  if (user_objects::Any()) user_objects::ExecDestroying(exec);
+  return Forward<222, false, false>("cuGraphExecDestroy", exec);
+}
+FLYT_API CUresult cuGraphDestroy(CUgraph g) {
+  CUresult rc = Forward<223, false, false>("cuGraphDestroy", g);
+  if (rc == CUDA_SUCCESS && user_objects::Any()) user_objects::GraphDestroyed(g);
+  return rc;
 }
 
 FLYT_API CUresult cuGraphGetNodes(CUgraph g, CUgraphNode* nodes, size_t* count) {

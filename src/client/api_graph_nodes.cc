@@ -8,12 +8,14 @@
 // Owns: the host node registry (what the app gave for each callback id) and
 // the packing of kOpGraphNode / kOpGraphNodeQuery / kOpGraphMisc. Must not
 // touch streams, captures or the callback channel's protocol; no stdout.
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
 
 #include "client/client.h"
+#include "client/user_objects.h"
 #include "common/log.h"
 
 using flyt::client::Client;
@@ -389,8 +391,12 @@ FLYT_API CUresult cuGraphHostNodeGetParams(CUgraphNode node, CUDA_HOST_NODE_PARA
 FLYT_API CUresult cuGraphAddChildGraphNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps,
                                            size_t n, CUgraph child) {
   if (node == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return ValueNode("cuGraphAddChildGraphNode", ops::kGraphNodeAdd, Raw(g), 0, deps, n,
-                   CU_GRAPH_NODE_TYPE_GRAPH, Raw(child), node);
+  CUresult rc = ValueNode("cuGraphAddChildGraphNode", ops::kGraphNodeAdd, Raw(g), 0, deps, n,
+                          CU_GRAPH_NODE_TYPE_GRAPH, Raw(child), node);
+  // The node holds a copy of the child, with its user objects' references.
+  if (rc == CUDA_SUCCESS && flyt::client::user_objects::Any())
+    flyt::client::user_objects::ChildGraphAdded(g, child);
+  return rc;
 }
 FLYT_API CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph* out) {
   uint64_t g = 0;
@@ -503,6 +509,8 @@ FLYT_API CUresult cuGraphClone(CUgraph* out, CUgraph g) {
   uint64_t c = 0;
   CUresult rc = Misc("cuGraphClone", w, &c);
   if (rc == CUDA_SUCCESS) *out = reinterpret_cast<CUgraph>(c);
+  if (rc == CUDA_SUCCESS && flyt::client::user_objects::Any())
+    flyt::client::user_objects::GraphCloned(g, *out);
   return rc;
 }
 FLYT_API CUresult cuGraphNodeFindInClone(CUgraphNode* out, CUgraphNode node, CUgraph clone) {
@@ -515,6 +523,25 @@ FLYT_API CUresult cuGraphNodeFindInClone(CUgraphNode* out, CUgraphNode node, CUg
   CUresult rc = Misc("cuGraphNodeFindInClone", w, &n);
   if (rc == CUDA_SUCCESS) *out = reinterpret_cast<CUgraphNode>(n);
   return rc;
+}
+
+// The server's driver writes the DOT file on the GPU host; its bytes come back and are
+// written here, where the app asked for them.
+FLYT_API CUresult cuGraphDebugDotPrint(CUgraph g, const char* path, unsigned int flags) {
+  if (path == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  wire::Writer w;
+  w.Put<uint8_t>(ops::kGraphMiscDotPrint);
+  w.Put<uint64_t>(Raw(g));
+  w.Put<uint32_t>(flags);
+  std::vector<uint8_t> dot;
+  CUresult rc = c.Call("cuGraphDebugDotPrint", ops::kOpGraphMisc, w, ReplySink{&dot});
+  if (rc != CUDA_SUCCESS) return rc;
+  FILE* f = std::fopen(path, "we");
+  if (f == nullptr) return CUDA_ERROR_OPERATING_SYSTEM;
+  const bool written = std::fwrite(dot.data(), 1, dot.size(), f) == dot.size();
+  return std::fclose(f) == 0 && written ? CUDA_SUCCESS : CUDA_ERROR_OPERATING_SYSTEM;
 }
 
 FLYT_API CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute attr,

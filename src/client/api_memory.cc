@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <vector>
 
@@ -166,6 +167,12 @@ CUresult CopyDtoH(const char* name, void* dst, CUdeviceptr src, size_t n, CUstre
     return CopyShared(name, false, src, b, dst, n, stream, async, pt);
   if (uint64_t key = 0; RmaKeyFor(dst, n, false, async, &key))
     return CopyRma(name, false, src, key, dst, n, stream, async, pt);
+  // Over shm://: the GPU writes into a staging area this process shares with the
+  // server, and the chunks are copied out here as they land (client/staged_copy.cc).
+  if (CUresult rc; c.StagedDownload(name, dst, src, n, stream, async, pt, &rc)) {
+    if (rc == CUDA_SUCCESS && async) c.NoteStreamDrained(stream, pt);
+    return rc;
+  }
   auto* out = static_cast<uint8_t*>(dst);
   for (size_t off = 0; off < n; off += wire::kMaxPayload) {
     size_t len = std::min<size_t>(wire::kMaxPayload, n - off);
@@ -336,34 +343,76 @@ FLYT_API CUresult cuMemAllocPitch_v2(CUdeviceptr* p, size_t* pitch, size_t w, si
   return rc;
 }
 
+// Stream-ordered allocations: tracked like cuMemAlloc's, and with the pool each came from
+// (null: the device's current pool, asked for when a pointer query needs it), which pointer
+// queries answer (CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE; such memory is neither legacy-IPC
+// nor GPUDirect RDMA capable).
+namespace {
+std::mutex& PoolMutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::map<uint64_t, CUmemoryPool>& PoolOf() {
+  static auto* map = new std::map<uint64_t, CUmemoryPool>;
+  return *map;
+}
+void NotePoolAlloc(uint64_t base, CUmemoryPool pool) {
+  std::lock_guard<std::mutex> lock(PoolMutex());
+  PoolOf()[base] = pool;
+}
+void ForgetPoolAlloc(uint64_t base) {
+  std::lock_guard<std::mutex> lock(PoolMutex());
+  PoolOf().erase(base);
+}
+// True when the allocation at `base` came from a pool; *pool is that pool.
+bool PoolAlloc(uint64_t base, CUmemoryPool* pool) {
+  {
+    std::lock_guard<std::mutex> lock(PoolMutex());
+    auto it = PoolOf().find(base);
+    if (it == PoolOf().end()) return false;
+    *pool = it->second;
+  }
+  if (*pool == nullptr && cuDeviceGetMemPool(pool, 0) != CUDA_SUCCESS) *pool = nullptr;
+  return true;
+}
+}  // namespace
+
 FLYT_API CUresult cuMemFree_v2(CUdeviceptr p) {
   if (p == 0) return CUDA_SUCCESS;
   // Memory opened over IPC: the driver refuses to free it (cuIpcCloseMemHandle does).
   if (flyt::client::IsIpcMapping(p)) return CUDA_ERROR_INVALID_VALUE;
   managed::Unmap(p);  // managed memory: its host view goes first
+  ForgetPoolAlloc(p);
   if (Client::Get().RemoveDeviceRange(p)) return Forward<152, false, false>("cuMemFree_v2", p);
   return Forward<152, true, false>("cuMemFree_v2", p);  // unknown: let the server judge now
 }
 
-// Stream-ordered allocations: tracked like cuMemAlloc's.
-#define FLYT_ASYNC_ALLOC(name, pt)                                                     \
-  FLYT_API CUresult name(CUdeviceptr* p, size_t n, CUstream s) {                       \
-    CUresult rc = Forward<240, true, pt>(#name, p, n, s);                              \
-    if (rc == CUDA_SUCCESS && p != nullptr) Client::Get().AddDeviceRange(*p, n, true); \
-    return rc;                                                                         \
+// Stream-ordered allocations: tracked like cuMemAlloc's, with their pools (above).
+#define FLYT_ASYNC_ALLOC(name, pt)                               \
+  FLYT_API CUresult name(CUdeviceptr* p, size_t n, CUstream s) { \
+    CUresult rc = Forward<240, true, pt>(#name, p, n, s);        \
+    if (rc == CUDA_SUCCESS && p != nullptr) {                    \
+      Client::Get().AddDeviceRange(*p, n, true);                 \
+      NotePoolAlloc(*p, nullptr);                                \
+    }                                                            \
+    return rc;                                                   \
   }
 FLYT_ASYNC_ALLOC(cuMemAllocAsync, false)
 FLYT_ASYNC_ALLOC(cuMemAllocAsync_ptsz, true)
-#define FLYT_POOL_ALLOC(name, pt)                                                      \
-  FLYT_API CUresult name(CUdeviceptr* p, size_t n, CUmemoryPool pool, CUstream s) {    \
-    CUresult rc = Forward<241, true, pt>(#name, p, n, pool, s);                        \
-    if (rc == CUDA_SUCCESS && p != nullptr) Client::Get().AddDeviceRange(*p, n, true); \
-    return rc;                                                                         \
+#define FLYT_POOL_ALLOC(name, pt)                                                   \
+  FLYT_API CUresult name(CUdeviceptr* p, size_t n, CUmemoryPool pool, CUstream s) { \
+    CUresult rc = Forward<241, true, pt>(#name, p, n, pool, s);                     \
+    if (rc == CUDA_SUCCESS && p != nullptr) {                                       \
+      Client::Get().AddDeviceRange(*p, n, true);                                    \
+      NotePoolAlloc(*p, pool);                                                      \
+    }                                                                               \
+    return rc;                                                                      \
   }
 FLYT_POOL_ALLOC(cuMemAllocFromPoolAsync, false)
 FLYT_POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz, true)
 FLYT_API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
   if (flyt::client::IsIpcMapping(p)) return CUDA_ERROR_INVALID_VALUE;
+  ForgetPoolAlloc(p);
   if (Client::Get().RemoveDeviceRange(p)) return Forward<242, false, false>("cuMemFreeAsync", p, s);
   return Forward<242, true, false>("cuMemFreeAsync", p, s);
 }
@@ -442,11 +491,14 @@ size_t PageRound(size_t n) {
   return ((n ? n : 1) + page - 1) / page * page;
 }
 
+}  // namespace
+
 // A buffer shared with the server; CUDA_ERROR_NOT_SUPPORTED means "use private memory".
-CUresult AllocShared(size_t bytes, unsigned flags, Client::HostBuffer* b) {
+CUresult flyt::client::AllocSharedHost(size_t bytes, unsigned flags, Client::HostBuffer* b,
+                                       const char* name) {
   Client& c = Client::Get();
   if (!c.SharesMemory()) return CUDA_ERROR_NOT_SUPPORTED;
-  int fd = memfd_create("flyt-pinned", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return CUDA_ERROR_NOT_SUPPORTED;
   void* p = MAP_FAILED;
   uint64_t id = 0;
@@ -480,6 +532,8 @@ CUresult AllocShared(size_t bytes, unsigned flags, Client::HostBuffer* b) {
   b->owned = true;
   return CUDA_SUCCESS;
 }
+
+namespace {
 
 // Unregisters and unmaps the server's pinned memory at `base` (kOpHostMap's); the session's
 // work on it drains first.
@@ -615,7 +669,7 @@ FLYT_API CUresult cuMemHostAlloc(void** pp, size_t n, unsigned int flags) {
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   const size_t bytes = PageRound(n);
   Client::HostBuffer b;
-  CUresult rc = AllocShared(bytes, flags, &b);
+  CUresult rc = flyt::client::AllocSharedHost(bytes, flags, &b);
   // Over a socket, mapped for the GPU: a coherent view of the server's pinned memory.
   if (rc == CUDA_ERROR_NOT_SUPPORTED && (flags & CU_MEMHOSTALLOC_DEVICEMAP) != 0) {
     rc = AllocMapped(bytes, flags, &b);
@@ -770,9 +824,27 @@ CUresult PointerAttribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr,
       if (!host && !is_managed) return lenient ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
       *static_cast<void**>(data) = reinterpret_cast<void*>(ptr);
       return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: {
+      // cuMemAlloc's memory is (GPUDirect RDMA where the device supports it); pool,
+      // managed, VMM-mapped and host memory are not, as the driver answers.
+      if (!dev && !host && !lenient) return CUDA_ERROR_INVALID_VALUE;
+      CUmemoryPool pool = nullptr;
+      int plain = dev && !is_managed && rbase == 0 && !PoolAlloc(base, &pool);
+      if (plain && attr == CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE &&
+          cuDeviceGetAttribute(&plain, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, 0) !=
+              CUDA_SUCCESS)
+        plain = 0;
+      *static_cast<int*>(data) = plain != 0;
+      return CUDA_SUCCESS;
+    }
+    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
+      // The GPU reads and writes all of it (a VMM range set read-only is not told apart).
+      if (!dev && !host) return lenient ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+      *static_cast<unsigned*>(data) = CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE;
+      return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_IS_MANAGED:
     case CU_POINTER_ATTRIBUTE_MAPPED:
-    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
     case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
       // Managed memory: managed and synchronous memops, as the driver says.
       *static_cast<int*>(data) = attr == CU_POINTER_ATTRIBUTE_MAPPED
@@ -801,9 +873,11 @@ CUresult PointerAttribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr,
     case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
       *static_cast<unsigned long long*>(data) = 0;
       return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
-      *static_cast<void**>(data) = nullptr;
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: {
+      CUmemoryPool pool = nullptr;
+      *static_cast<CUmemoryPool*>(data) = dev && PoolAlloc(base, &pool) ? pool : nullptr;
       return CUDA_SUCCESS;
+    }
     default:
       return CUDA_ERROR_INVALID_VALUE;
   }

@@ -1,12 +1,14 @@
 // The profiler table (common/profiler_abi.h) that Flyt's libcupti asks for.
 //
-// Owns: kOpProfiler calls on behalf of libcupti and the call hook it sets.
+// Owns: kOpProfiler calls on behalf of libcupti and the call hook it sets; hands the
+// runtime-call hooks to export_tables.cc and the driver-call hook to driver_trace.cc.
 // Must not keep records: the server holds them until a drain, libcupti after.
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "client/client.h"
+#include "client/driver_trace.h"
 #include "client/export_tables.h"
 #include "common/cupti_records.h"
 #include "common/log.h"
@@ -85,8 +87,9 @@ void SetCallHook(profiler::CallHook hook) { Client::Get().SetCallHook(hook); }
 }  // namespace
 
 const void* ProfilerTable() {
-  static const profiler::Table table{sizeof(profiler::Table), Start, Stop, Drain, SetCallHook,
-                                     SetRuntimeApiHooks};
+  static const profiler::Table table{
+      sizeof(profiler::Table), Start,           Stop, Drain, SetCallHook,
+      SetRuntimeApiHooks,      SetDriverApiHook};
   return &table;
 }
 

@@ -81,6 +81,8 @@ void AfterForkInChild() {
   new (&c.state_mu_) std::mutex();
   new (&c.callback_mu_) std::mutex();
   new (&c.rma_mu_) std::mutex();
+  new (&c.stage_mu_) std::mutex();
+  c.stage_ = Client::StageArea{};  // the parent's (the child cannot use CUDA)
   c.rma_enabled_ = false;  // the registrations were the parent's connection's
   if (c.conn_ != nullptr) c.conn_->AbandonAfterFork();
   (void)c.conn_.release();
@@ -182,6 +184,7 @@ CUresult Client::Init() {
     // request comes on the callback channel (kOpParkNudge), opened after the
     // first call (the server hands the session to its worker only then).
     if ((hello.features & ops::kServerFeatureMovable) != 0) callback_wanted_.store(true);
+    server_features_.store(hello.features);
   });
   return init_rc_;
 }
@@ -463,7 +466,8 @@ CUresult Client::CallManaged(const char* name, uint16_t op, const wire::Writer& 
   // Managed memory: the host's writes reach the GPU before device work, and
   // once work is known done, pages it may have changed are fetched again.
   const bool waits = WaitsOnly(op);
-  const bool copies_back = op == ops::kOpCopyFromDevice || op == ops::kOpCopy3D;
+  const bool copies_back =
+      op == ops::kOpCopyFromDevice || op == ops::kOpCopy3D || op == ops::kOpCopyFromDeviceStaged;
   if (!waits) {
     managed::BeforeDeviceWork();
   } else {
@@ -504,6 +508,10 @@ CUresult Client::CallLocked(const char* name, uint16_t op, const wire::Writer& r
   // Creating or destroying a context changes what the server's thread has
   // current: the next call says again which context it runs in.
   if (op == ops::kOpCtxCreate || op == ops::kOpCtxDestroy) sent_ctx_ = nullptr;
+  if (sink.staged != nullptr) {
+    rc = ReceiveStagedLocked(name, sink);
+    if (rc != CUDA_SUCCESS) return rc;
+  }
   wire::FrameHeader rep{};
   rc = ReceiveReplyLocked(name, id, sink, &rep);
   if (rc != CUDA_SUCCESS) return rc;
@@ -518,6 +526,24 @@ CUresult Client::CallLocked(const char* name, uint16_t op, const wire::Writer& r
     return static_cast<CUresult>(rep.deferred_status);
   }
   return static_cast<CUresult>(rep.status);
+}
+
+// The chunks of a staged device-to-host copy, announced before the reply: each is
+// copied out of its slot, then acked so that the server may write that slot again.
+// A notice that reports a failure ends them (the reply carries the error).
+CUresult Client::ReceiveStagedLocked(const char* name, const ReplySink& sink) {
+  for (uint64_t i = 0; i < sink.staged_chunks; ++i) {
+    ops::StagedNotice notice{};
+    Status st = conn_->Receive(&notice, sizeof(notice));
+    if (!st.ok()) return MarkLostLocked(name, st.message());
+    if (notice.index != i) return MarkLostLocked(name, "malformed staged-copy notice");
+    if (notice.status != CUDA_SUCCESS) break;
+    (*sink.staged)(i);
+    uint64_t ack = i;
+    iovec iov{&ack, sizeof(ack)};
+    if (CUresult rc = SendMessageLocked(&iov, 1); rc != CUDA_SUCCESS) return rc;
+  }
+  return CUDA_SUCCESS;
 }
 
 CUresult Client::ReceiveReplyLocked(const char* name, uint64_t id, ReplySink sink,

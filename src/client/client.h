@@ -11,6 +11,10 @@
 #pragma once
 
 #include <cuda.h>
+// The client's own definitions and calls of the traced driver entry points use their
+// internal names (gen_driver_trace.py; the exported names are the wrappers that report
+// calls to CUPTI's driver API domain, client/driver_trace.h).
+#include "driver_impl_names.h"
 
 #include <atomic>
 #include <condition_variable>
@@ -54,6 +58,11 @@ struct ReplySink {
   std::vector<uint8_t>* vec = nullptr;  // resized to the payload
   void* raw = nullptr;                  // or straight into caller memory...
   size_t raw_size = 0;                  // ...of exactly this many bytes
+  // A staged device-to-host copy of several chunks (ops::kOpCopyFromDeviceStaged): each
+  // chunk the server announces before the reply is handed to *staged (its index), then
+  // acked. The reply's status says whether all of them came.
+  const std::function<void(uint64_t)>* staged = nullptr;
+  uint64_t staged_chunks = 0;
 };
 
 class Client {
@@ -189,6 +198,13 @@ class Client {
   // the emulator). ShareFd passes a sealed memfd; *id names it in a request.
   bool SharesMemory();
   CUresult ShareFd(int fd, uint64_t* id);
+  // A pageable device-to-host copy over shm://: the GPU writes chunks into a staging
+  // area shared with the server and this process copies each out as it lands
+  // (client/staged_copy.cc). False: not available here (another transport, a capture,
+  // an older server, FLYT_SHM_STAGED=off, or the server refused the area); the caller
+  // takes the byte path. True: *rc is the copy's result.
+  bool StagedDownload(const char* name, void* dst, CUdeviceptr src, size_t n, CUstream stream,
+                      bool async, bool per_thread, CUresult* rc);
   // --- one-sided copies of pinned memory (client/rma.cc; ucx://). The server's key id
   // for the pinned or registered buffer that holds [p, p+n); a buffer not registered yet
   // is registered when `first_use_worth_it`. False: the copy travels as bytes (another
@@ -280,6 +296,7 @@ class Client {
   void QueueLocked(uint16_t op, const void* payload, uint32_t n);
   // Receives the reply to call `id` (device output frames before it go to
   // stdout); on failure the connection is marked broken.
+  CUresult ReceiveStagedLocked(const char* name, const ReplySink& sink);
   CUresult ReceiveReplyLocked(const char* name, uint64_t id, ReplySink sink,
                               wire::FrameHeader* out);
   // Fetches the device inventory again after the server said the tenant's
@@ -308,6 +325,17 @@ class Client {
   std::atomic<uint64_t> conn_gen_{1};
   // One-sided copies (client/rma.cc): registrations one at a time (before mu_).
   std::mutex rma_mu_;
+  // The staging area of device-to-host copies (client/staged_copy.cc); stage_mu_ is
+  // held for a whole staged copy (before mu_), so one copy at a time uses the area.
+  std::mutex stage_mu_;
+  struct StageArea {
+    uint8_t* base = nullptr;  // our mapping; nullptr: none on this connection
+    size_t chunk = 0;
+    unsigned slots = 0;
+    uint64_t server_addr = 0;
+    uint64_t gen = 0;  // the connection generation it was shared on (0: never tried)
+  } stage_;
+  std::atomic<uint32_t> server_features_{0};  // ops::kServerFeature*
   bool rma_enabled_ = false;                  // FLYT_RMA is not "off" and the address is ucx://
   size_t rma_min_bytes_ = 64 << 10;           // FLYT_RMA_MIN_BYTES
   uint64_t rma_attached_gen_ = 0;             // under mu_: the server has our memory's address
@@ -393,6 +421,13 @@ class Client {
 // host memory lands on the GPU's addresses; true when it now holds the range
 // (munmap it when the GPU range goes).
 bool HoldAddressRange(uint64_t base, uint64_t size);
+
+// A sealed memfd of `bytes` mapped here and shared with the server, which maps it and
+// registers it with the driver (kOpHostShare; client/api_memory.cc).
+// CUDA_ERROR_NOT_SUPPORTED: this connection cannot share memory. `name` names the memfd
+// (/proc/PID/maps shows it).
+CUresult AllocSharedHost(size_t bytes, unsigned flags, Client::HostBuffer* b,
+                         const char* name = "flyt-pinned");
 
 // A global of loaded code that the server said is a __managed__ variable
 // (wire::kReplyManaged): maps the host side of its block (client/api_managed.cc).

@@ -1,9 +1,10 @@
-# Build rules for the generated driver-API table, stubs and cuGetProcAddress lookup.
+# Build rules for the generated driver-API table, stubs, cuGetProcAddress lookup and the
+# traced wrappers of CUPTI's driver API domain.
 #
 # Owns: running gen_driver_api.py at build time over the CUDA toolkit's headers, and the
-# OBJECT library `flyt_driver_api` (proc_address.cc + the generated driver_stubs.cc and
-# driver_api_pointers.cc). Must not touch other targets' settings or anything in the
-# source tree.
+# OBJECT library `flyt_driver_api` (proc_address.cc, driver_trace.cc + the generated
+# driver_stubs.cc, driver_api_pointers.cc and driver_trace_wrappers.cc). Must not touch
+# other targets' settings or anything in the source tree.
 #
 # Use (from src/client/CMakeLists.txt):
 #   include(${CMAKE_CURRENT_SOURCE_DIR}/driver_api.cmake)
@@ -23,8 +24,10 @@
 #   FLYT_DRIVER_API_GRAPHICS    option (ON): also cover cudaGL/cudaEGL/cudaVDPAU entry
 #                               points, which the real driver exports and resolves
 # Outputs:
-#   FLYT_DRIVER_API_INCLUDE_DIR directory holding driver_api_table.inc
-#   FLYT_DRIVER_API_SOURCES     the two generated .cc files
+#   FLYT_DRIVER_API_INCLUDE_DIR directory holding driver_api_table.inc and
+#                               driver_impl_names.h (the traced symbols' internal names,
+#                               which client/client.h includes)
+#   FLYT_DRIVER_API_SOURCES     the three generated .cc files
 #   FLYT_DRIVER_API_REPORT      counts and naming-rule exceptions (driver_api_report.txt)
 #   FLYT_DRIVER_API_HEADER_ARGS the generator's `--api TYPEDEFS_H API_H` arguments, one pair
 #                               per header read (for gen_entry_point_list.py)
@@ -85,27 +88,47 @@ set(FLYT_DRIVER_API_HEADER_ARGS ${_flyt_api_args})
 
 set(FLYT_DRIVER_API_INCLUDE_DIR "${CMAKE_CURRENT_BINARY_DIR}/driver_api_gen")
 set(FLYT_DRIVER_API_SOURCES "${FLYT_DRIVER_API_INCLUDE_DIR}/driver_stubs.cc"
-                            "${FLYT_DRIVER_API_INCLUDE_DIR}/driver_api_pointers.cc")
+                            "${FLYT_DRIVER_API_INCLUDE_DIR}/driver_api_pointers.cc"
+                            "${FLYT_DRIVER_API_INCLUDE_DIR}/driver_trace_wrappers.cc")
 set(FLYT_DRIVER_API_REPORT "${FLYT_DRIVER_API_INCLUDE_DIR}/driver_api_report.txt")
 set(_flyt_gen_script "${CMAKE_CURRENT_LIST_DIR}/gen_driver_api.py")
 
+# The traced wrappers (gen_driver_trace.py) take their prototypes from cuda.h and
+# cudaProfiler.h as the compiler reads them, every legacy ABI included (and, to know which
+# need the legacy types, as the client's files that do not ask for them read them).
+set(_flyt_trace_c "${FLYT_DRIVER_API_INCLUDE_DIR}/driver_api_internal.c")
+set(_flyt_trace_i "${FLYT_DRIVER_API_INCLUDE_DIR}/driver_api_internal.i")
+set(_flyt_trace_public_i "${FLYT_DRIVER_API_INCLUDE_DIR}/driver_api_public.i")
+file(MAKE_DIRECTORY "${FLYT_DRIVER_API_INCLUDE_DIR}")
+file(CONFIGURE OUTPUT "${_flyt_trace_c}" CONTENT "#include <cuda.h>\n#include <cudaProfiler.h>\n")
+set(_flyt_trace_headers "${FLYT_CUDA_INCLUDE_DIR}/cupti_driver_cbid.h"
+                        "${FLYT_CUDA_INCLUDE_DIR}/generated_cuda_meta.h")
+
 add_custom_command(
   OUTPUT ${FLYT_DRIVER_API_SOURCES} "${FLYT_DRIVER_API_INCLUDE_DIR}/driver_api_table.inc"
-         "${FLYT_DRIVER_API_REPORT}"
+         "${FLYT_DRIVER_API_INCLUDE_DIR}/driver_impl_names.h" "${FLYT_DRIVER_API_REPORT}"
+  COMMAND "${CMAKE_C_COMPILER}" -E -P -D__CUDA_API_VERSION_INTERNAL=1
+          "-I${FLYT_CUDA_INCLUDE_DIR}" "${_flyt_trace_c}" -o "${_flyt_trace_i}"
+  COMMAND "${CMAKE_C_COMPILER}" -E -P "-I${FLYT_CUDA_INCLUDE_DIR}" "${_flyt_trace_c}"
+          -o "${_flyt_trace_public_i}"
   COMMAND "${Python3_EXECUTABLE}" "${_flyt_gen_script}" --out-dir "${FLYT_DRIVER_API_INCLUDE_DIR}"
           ${_flyt_api_args} --report "${FLYT_DRIVER_API_REPORT}"
-  DEPENDS "${_flyt_gen_script}" ${_flyt_api_headers}
-  COMMENT "Generating the driver-API table from ${FLYT_CUDA_INCLUDE_DIR}"
+          --trace "${_flyt_trace_i}" "${_flyt_trace_public_i}" ${_flyt_trace_headers}
+  DEPENDS "${_flyt_gen_script}" "${CMAKE_CURRENT_LIST_DIR}/gen_driver_trace.py"
+          "${CMAKE_CURRENT_LIST_DIR}/gen_entry_points.py" ${_flyt_api_headers}
+          ${_flyt_trace_headers}
+  COMMENT "Generating the driver-API table and traced wrappers from ${FLYT_CUDA_INCLUDE_DIR}"
   VERBATIM)
 add_custom_target(flyt_driver_api_gen
-  DEPENDS ${FLYT_DRIVER_API_SOURCES} "${FLYT_DRIVER_API_INCLUDE_DIR}/driver_api_table.inc")
+  DEPENDS ${FLYT_DRIVER_API_SOURCES} "${FLYT_DRIVER_API_INCLUDE_DIR}/driver_api_table.inc"
+          "${FLYT_DRIVER_API_INCLUDE_DIR}/driver_impl_names.h")
 
 set_property(GLOBAL PROPERTY FLYT_DRIVER_API_GEN_SCRIPT "${_flyt_gen_script}")
 set_property(GLOBAL PROPERTY FLYT_DRIVER_API_INCLUDE_DIR "${FLYT_DRIVER_API_INCLUDE_DIR}")
 
 get_filename_component(_flyt_src_root "${CMAKE_CURRENT_LIST_DIR}/.." ABSOLUTE)
 add_library(flyt_driver_api OBJECT "${CMAKE_CURRENT_LIST_DIR}/proc_address.cc"
-            ${FLYT_DRIVER_API_SOURCES})
+            "${CMAKE_CURRENT_LIST_DIR}/driver_trace.cc" ${FLYT_DRIVER_API_SOURCES})
 add_dependencies(flyt_driver_api flyt_driver_api_gen)
 set_target_properties(flyt_driver_api PROPERTIES
   POSITION_INDEPENDENT_CODE ON

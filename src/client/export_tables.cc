@@ -1,12 +1,16 @@
 // Private driver export tables (`cuGetExportTable`) served by the client library.
 //
 // Owns: the table layouts (sizes, slot numbers), the slot functions, the context-local
-// storage map and the integrity hash. Calls only public driver API functions from cuda.h.
+// storage map and the integrity hash. Calls only public driver API functions from cuda.h,
+// by their internal names (driver_impl_names.h): a table's calls are the driver's own,
+// which CUPTI's driver API domain does not report (natively, cudart's calls through these
+// tables are not reported either).
 // Must not touch: transports, the wire protocol, handle translation, or the server; no slot
 // may block on the network except through the public driver API calls it makes.
 #include "client/export_tables.h"
 #include "client/compile_cache.h"
 #include "common/profiler_abi.h"
+#include "driver_impl_names.h"
 
 #include <pthread.h>
 #include <unistd.h>

@@ -26,12 +26,19 @@
 #                     [--report FILE] [--verbose]
 #   gen_driver_api.py --out-dir DIR --check-exports libcuda.so.1 [--nm nm]
 #     (after linking: fails unless every table symbol is exported)
+#   --trace API_I PUBLIC_I CBID_H META_H: also writes gen_driver_trace.py's wrappers of the
+#     symbols that API_I (cuda.h and cudaProfiler.h preprocessed with
+#     __CUDA_API_VERSION_INTERNAL; PUBLIC_I: without it) declares; their stubs are then the hidden weak flyt_impl_<symbol>, an alias of
+#     flyt_stub_<symbol> (gen_entry_point_list.py tells a refused one by that alias).
 
 import argparse
 import os
 import re
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gen_driver_trace  # noqa: E402  the traced wrappers (--trace)
 
 # Macros considered defined when reading the headers the way libcuda itself is compiled.
 # __CUDA_API_VERSION_INTERNAL exposes the legacy ABIs (PFN_..._v2000 typedefs and the
@@ -378,7 +385,7 @@ def emit_table_inc(entries, sources):
     return "\n".join(lines) + "\n"
 
 
-def emit_stubs(entries, sources):
+def emit_stubs(entries, sources, traced=()):
     symbols = sorted({e[3] for e in entries})
     lines = [GENERATED.format(sources=sources),
              "// Weak default-visible stubs: one per exported driver symbol. A real implementation",
@@ -392,10 +399,18 @@ def emit_stubs(entries, sources):
              "  extern \"C\" __attribute__((weak, visibility(\"default\"))) int sym(void) { \\",
              "    return ::flyt::client::ReportUnsupported(#sym);                        \\",
              "  }",
+             "// A traced symbol's stub is its implementation (gen_driver_trace.py): hidden and",
+             "// weak, an alias of flyt_stub_<sym>, which only a stub that won the link shares.",
+             "#define FLYT_IMPL_STUB(sym)                                                       \\",
+             "  extern \"C\" __attribute__((visibility(\"hidden\"))) int flyt_stub_##sym(void) {     \\",
+             "    return ::flyt::client::ReportUnsupported(#sym);                              \\",
+             "  }                                                                              \\",
+             "  extern \"C\" __attribute__((weak, visibility(\"hidden\"), alias(\"flyt_stub_\" #sym))) \\",
+             "  int flyt_impl_##sym(void);",
              ""]
     for symbol in symbols:
-        lines.append(f"FLYT_STUB({symbol})")
-    lines += ["", "#undef FLYT_STUB"]
+        lines.append(f"FLYT_IMPL_STUB({symbol})" if symbol in traced else f"FLYT_STUB({symbol})")
+    lines += ["", "#undef FLYT_STUB", "#undef FLYT_IMPL_STUB"]
     return "\n".join(lines) + "\n"
 
 
@@ -460,6 +475,8 @@ def main(argv):
                         help="instead of generating, check that LIBRARY exports every symbol "
                              "of OUT_DIR/driver_api_table.inc")
     parser.add_argument("--nm", default="nm", help="nm to use with --check-exports")
+    parser.add_argument("--trace", nargs=4, metavar=("API_I", "PUBLIC_I", "CBID_H", "META_H"),
+                        help="also write the traced wrappers (gen_driver_trace.py)")
     args = parser.parse_args(argv)
     if args.check_exports:
         return check_exports(args.check_exports,
@@ -486,10 +503,14 @@ def main(argv):
     source_list = ", ".join(sources)
 
     os.makedirs(args.out_dir, exist_ok=True)
+    traced = {}
+    if args.trace:
+        traced = gen_driver_trace.generate(args.out_dir, {e[3] for e in all_entries},
+                                           *args.trace)
     write_file(os.path.join(args.out_dir, "driver_api_table.inc"),
                      emit_table_inc(all_entries, source_list))
     write_file(os.path.join(args.out_dir, "driver_stubs.cc"),
-                     emit_stubs(all_entries, source_list))
+                     emit_stubs(all_entries, source_list, traced))
     write_file(os.path.join(args.out_dir, "driver_api_pointers.cc"),
                      emit_pointers(all_entries, source_list))
 
@@ -499,6 +520,7 @@ def main(argv):
               f"({sum(1 for e in all_entries if e[2] == 0)} default-stream, "
               f"{sum(1 for e in all_entries if e[2] == 1)} per-thread)",
               f"symbols: {len({e[3] for e in all_entries})}",
+              f"traced (CUPTI driver API domain): {len(traced)}",
               "rule exceptions and notes:"] + [f"  {n}" for n in notes]
     if args.report:
         write_file(args.report, "\n".join(report) + "\n")
@@ -510,6 +532,6 @@ def main(argv):
 if __name__ == "__main__":
     try:
         sys.exit(main(sys.argv[1:]))
-    except (GenError, OSError, subprocess.CalledProcessError) as exc:
+    except (GenError, gen_driver_trace.TraceError, OSError, subprocess.CalledProcessError) as exc:
         print(f"gen_driver_api.py: error: {exc}", file=sys.stderr)
         sys.exit(1)

@@ -53,6 +53,31 @@ struct RuntimeCallRecord {
 };
 static_assert(offsetof(RuntimeCallRecord, cbid) == 80, "cudart's record layout");
 
+// libcuda's report of one driver API call the app made (CUPTI's driver API domain), at
+// its enter and again at its exit, with the same record: a call's hook sees enter and
+// exit in pairs, nested calls (a callback's own) in between. Flyt's own calls inside
+// libcuda are not reported.
+struct DriverCallRecord {
+  uint32_t size;  // sizeof(DriverCallRecord)
+  uint32_t cbid;  // CUPTI_DRIVER_TRACE_CBID_*
+  uint32_t site;  // 0 enter, 1 exit (CUpti_ApiCallbackSite)
+  // The hook's own, kept from enter to exit: the call's correlation id, its start on
+  // the app's clock, and whether it took the call (libcuda sets them to 0 at enter).
+  uint32_t correlation_id;
+  uint64_t start;
+  uint32_t taken;
+  uint32_t reserved;
+  const char* function_name;     // the exported symbol's, e.g. "cuMemcpyHtoD_v2"
+  const void* params;            // NVIDIA's <symbol>_params (generated_cuda_meta.h), or nullptr
+  const CUresult* return_value;  // the call's result at exit (CUDA_SUCCESS at enter)
+  CUcontext context;             // current on the calling thread at this site
+  const char* symbol_name;       // the kernel's, for launches; else nullptr
+  uint64_t correlation_data;     // CUpti_CallbackData::correlationData points here
+};
+// Runs on the app's thread, outside the client library's lock; it may call driver APIs
+// (those calls are reported in turn).
+using DriverApiHook = void (*)(DriverCallRecord* record);
+
 struct Table {
   size_t size;  // sizeof(Table)
   // Enables GPU activity kinds (1 << ops::GpuActivityKind) on the server.
@@ -67,6 +92,13 @@ struct Table {
   void (*set_call_hook)(CallHook hook);
   // Turns cudart's reporting of runtime calls on (both hooks set) or off (nullptr).
   void (*set_runtime_hooks)(RuntimeApiHook each_call, ContextUidHook context_uid);
+  // --- appended: present when size >= kTableSizeDriverHook
+  // Turns libcuda's reporting of driver calls on (hook set) or off (nullptr).
+  void (*set_driver_hook)(DriverApiHook each_call);
 };
+// The size of the first version of the table (everything up to set_runtime_hooks): what
+// a libcupti needs at least.
+inline constexpr size_t kTableSizeV1 = offsetof(Table, set_driver_hook);
+inline constexpr size_t kTableSizeDriverHook = offsetof(Table, set_driver_hook) + sizeof(void*);
 
 }  // namespace flyt::profiler

@@ -9,7 +9,10 @@
 // The callback API's runtime domain and RUNTIME records come from cudart's own
 // reports of each runtime call (libcuda's tools-callback table): while they are
 // on, each runtime call gets a correlation id that the driver calls it makes, and
-// the GPU work they issue, share, as natively.
+// the GPU work they issue, share, as natively. The driver domain and DRIVER
+// records come from libcuda's reports of each driver call the app (or cudart)
+// makes (the profiler table's driver hook); a driver call outside any runtime
+// call gets an id of its own, shared by the GPU work it issues.
 // Timestamps are moved onto this host's clock (or the app's timestamp callback).
 // Must not call into libcuda while holding its lock (libcuda calls the call
 // hook under its own), nor write to stdout.
@@ -22,8 +25,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdarg>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <set>
@@ -33,6 +38,7 @@
 
 #include "common/cupti_records.h"
 #include "common/profiler_abi.h"
+#include "cupti_cbid_names.inc"  // kRuntimeCallbackNames, kDriverCallbackNames
 
 #define FLYT_CUPTI_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -108,16 +114,20 @@ struct State {
   std::set<std::string> names;  // kernel names: valid for the process's life
   uint64_t dropped = 0;
   CUptiResult last_error = CUPTI_SUCCESS;
-  // The callback API: one subscriber, as CUPTI allows, and the runtime calls it
-  // asked for. Driver-domain callbacks are accepted and not delivered yet.
+  // The callback API: one subscriber, as CUPTI allows, and the runtime and driver
+  // calls it asked for.
   CUpti_CallbackFunc subscriber = nullptr;
   void* subscriber_data = nullptr;
+  std::string subscriber_name;  // cuptiSubscribe_v2's
   std::vector<bool> runtime_callbacks = std::vector<bool>(CUPTI_RUNTIME_TRACE_CBID_SIZE);
   std::vector<bool> driver_callbacks = std::vector<bool>(CUPTI_DRIVER_TRACE_CBID_SIZE);
   // Runtime calls left out of RUNTIME records (cuptiActivityEnableRuntimeApi).
   std::vector<bool> runtime_records_off = std::vector<bool>(CUPTI_RUNTIME_TRACE_CBID_SIZE);
+  // Driver calls left out of DRIVER records (cuptiActivityEnableDriverApi).
+  std::vector<bool> driver_records_off = std::vector<bool>(CUPTI_DRIVER_TRACE_CBID_SIZE);
   bool runtime_reporting = false;  // cudart reports its calls to RuntimeCall
-  // Flyt call id -> correlation id, while runtime calls are reported.
+  bool driver_reporting = false;   // libcuda reports the app's driver calls to DriverCall
+  // Flyt call id -> correlation id, while runtime or driver calls are reported.
   std::unordered_map<uint64_t, uint32_t> call_correlation;
   std::map<CUcontext, uint32_t> context_uids;
   CUpti_ActivityThreadIdType thread_id_type = CUPTI_ACTIVITY_THREAD_ID_TYPE_DEFAULT;
@@ -145,6 +155,17 @@ struct RuntimeFrames {
   bool in_callback;  // the subscriber's own calls are not reported
 };
 thread_local RuntimeFrames t_runtime;
+// The driver calls of a thread under way: the app's call, and calls its callbacks made.
+constexpr uint32_t kMaxDriverDepth = 16;
+struct DriverFrames {
+  uint32_t correlation[kMaxDriverDepth];
+  uint32_t depth;
+  // Driver-domain callbacks running on this thread. A callback's own driver calls are
+  // reported (as natively); those of a callback of such a call are not, which bounds
+  // the recursion of a subscriber that calls the driver from every callback.
+  uint32_t in_callback;
+};
+thread_local DriverFrames t_driver;
 std::atomic<uint32_t> g_next_correlation{0};
 
 const Table* Driver() {
@@ -159,7 +180,7 @@ const Table* Driver() {
     CUuuid id;
     std::memcpy(id.bytes, profiler::kTableUuid, sizeof id.bytes);
     if (get == nullptr || get(&t, &id) != CUDA_SUCCESS || t == nullptr ||
-        static_cast<const Table*>(t)->size < sizeof(Table)) {
+        static_cast<const Table*>(t)->size < profiler::kTableSizeV1) {
       Log("this libcupti is Flyt's and needs Flyt's libcuda.so.1 (run the program with "
           "`flyt run`); GPU activity is not recorded");
       return static_cast<const Table*>(nullptr);
@@ -214,19 +235,22 @@ void EmitExternalLocked(uint32_t correlation) {
   }
 }
 
-// libcuda's hook: an app call is about to go to the server. While runtime calls
-// are reported, the call takes the correlation id of the runtime call it is part
-// of (whose external records went out at its enter), or one of its own.
+// libcuda's hook: an app call is about to go to the server. While runtime or
+// driver calls are reported, the call takes the correlation id of the driver or
+// runtime call it is part of (whose external records went out at its enter), or
+// one of its own.
 void OnCall(uint64_t call_id) {
   State& s = S();
   bool correlate = g_correlate.load(std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(s.mu);
-  if (!s.runtime_reporting) {
+  if (!s.runtime_reporting && !s.driver_reporting) {
     if (correlate) EmitExternalLocked(static_cast<uint32_t>(call_id));
     return;
   }
   uint32_t correlation;
-  if (t_runtime.depth > 0) {
+  if (t_driver.depth > 0) {
+    correlation = t_driver.correlation[std::min(t_driver.depth, kMaxDriverDepth) - 1];
+  } else if (t_runtime.depth > 0) {
     correlation = t_runtime.correlation[std::min(t_runtime.depth, kMaxRuntimeDepth) - 1];
   } else {
     correlation = ++g_next_correlation;
@@ -311,6 +335,11 @@ int GpuKind(CUpti_ActivityKind k) {
   }
 }
 
+// The kinds whose records come from reports of API calls.
+bool ApiKind(CUpti_ActivityKind k) {
+  return k == CUPTI_ACTIVITY_KIND_RUNTIME || k == CUPTI_ACTIVITY_KIND_DRIVER;
+}
+
 CUptiResult Fail(CUptiResult r) {
   S().last_error = r;
   return r;
@@ -385,12 +414,16 @@ uint32_t ThreadIdLocked() {
   return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(pthread_self()));
 }
 
-uint32_t ContextUid(CUcontext ctx) {
+uint32_t ContextUidLocked(CUcontext ctx) {
   State& s = S();
-  std::lock_guard<std::mutex> lock(s.mu);
   auto [it, added] = s.context_uids.emplace(ctx, 0);
   if (added) it->second = static_cast<uint32_t>(s.context_uids.size());
   return it->second;
+}
+
+uint32_t ContextUid(CUcontext ctx) {
+  std::lock_guard<std::mutex> lock(S().mu);
+  return ContextUidLocked(ctx);
 }
 
 // One report of cudart's: a runtime call's enter or exit. Hands the subscriber
@@ -456,6 +489,106 @@ void RuntimeCall(uint32_t cbid, const void* raw) {
   t_runtime.in_callback = false;
 }
 
+// One report of libcuda's: a driver call's enter or exit. Hands the subscriber
+// its callback and, at the exit, keeps the call's DRIVER record.
+void DriverCall(flyt::profiler::DriverCallRecord* rec) {
+  if (rec == nullptr || rec->size < sizeof(flyt::profiler::DriverCallRecord)) return;
+  State& s = S();
+  DriverFrames& f = t_driver;
+  const bool enter = rec->site == CUPTI_API_ENTER;
+  if (enter) {
+    rec->taken = 0;
+    if (f.in_callback > 1) return;  // see DriverFrames
+  } else if (rec->taken == 0) {
+    return;
+  }
+  const uint32_t cbid = rec->cbid;
+  CUpti_CallbackFunc subscriber = nullptr;
+  void* data = nullptr;
+  CUpti_CallbackData info{};
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (enter) {
+      uint32_t correlation;
+      if (t_runtime.depth > 0) {  // cudart's call, or one a runtime callback made
+        correlation = t_runtime.correlation[std::min(t_runtime.depth, kMaxRuntimeDepth) - 1];
+      } else {
+        correlation = ++g_next_correlation;
+        if (g_correlate.load(std::memory_order_relaxed)) EmitExternalLocked(correlation);
+      }
+      rec->correlation_id = correlation;
+      rec->start = AppNowLocked();
+      // Inside a runtime call: reported to callbacks, but natively such a call has no
+      // DRIVER record (on the H200, the cuLaunchKernel of a cudaLaunchKernel has none,
+      // and Kineto keys its events by correlation id, which the runtime record holds).
+      rec->taken = t_runtime.depth > 0 ? 2 : 1;
+      if (f.depth < kMaxDriverDepth) f.correlation[f.depth] = correlation;
+      ++f.depth;
+    } else {
+      if (f.depth > 0) --f.depth;
+      if (rec->taken == 1 && s.enabled.count(CUPTI_ACTIVITY_KIND_DRIVER) != 0 &&
+          (cbid >= s.driver_records_off.size() || !s.driver_records_off[cbid])) {
+        CUpti_ActivityAPI a{};
+        a.kind = CUPTI_ACTIVITY_KIND_DRIVER;
+        a.cbid = cbid;
+        a.start = rec->start;
+        a.end = AppNowLocked();
+        a.processId = static_cast<uint32_t>(getpid());
+        a.threadId = ThreadIdLocked();
+        a.correlationId = rec->correlation_id;
+        a.returnValue = rec->return_value != nullptr ? *rec->return_value : CUDA_SUCCESS;
+        PushLocked(a);
+      }
+    }
+    if (s.subscriber != nullptr && cbid < s.driver_callbacks.size() && s.driver_callbacks[cbid]) {
+      subscriber = s.subscriber;
+      data = s.subscriber_data;
+      info.callbackSite = enter ? CUPTI_API_ENTER : CUPTI_API_EXIT;
+      info.functionName = rec->function_name;
+      info.functionParams = rec->params;
+      info.functionReturnValue = const_cast<CUresult*>(rec->return_value);
+      info.symbolName = rec->symbol_name;
+      info.context = rec->context;
+      info.contextUid = rec->context != nullptr ? ContextUidLocked(rec->context) : 0;
+      info.correlationData = &rec->correlation_data;
+      info.correlationId = rec->correlation_id;
+    }
+  }
+  if (subscriber == nullptr) return;
+  ++f.in_callback;
+  subscriber(data, CUPTI_CB_DOMAIN_DRIVER_API, cbid, &info);
+  --f.in_callback;
+}
+
+// Switches libcuda's reports of driver calls on while a subscriber wants driver
+// callbacks or the app records DRIVER activity, and off otherwise.
+CUptiResult UpdateDriverReporting() {
+  State& s = S();
+  bool on;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    on = s.enabled.count(CUPTI_ACTIVITY_KIND_DRIVER) != 0 ||
+         (s.subscriber != nullptr && std::find(s.driver_callbacks.begin(), s.driver_callbacks.end(),
+                                               true) != s.driver_callbacks.end());
+    if (on == s.driver_reporting) return CUPTI_SUCCESS;
+  }
+  const Table* t = Driver();
+  if (t == nullptr || t->size < profiler::kTableSizeDriverHook) {
+    LogOnce("driver reports",
+            "this libcuda.so.1 cannot report driver calls (Flyt's libcuda and libcupti of "
+            "different versions); no driver callbacks or DRIVER records");
+    return CUPTI_SUCCESS;
+  }
+  if (on) t->set_call_hook(OnCall);
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.driver_reporting = on;
+    if (!on && !s.runtime_reporting) s.call_correlation.clear();
+  }
+  t->set_driver_hook(on ? DriverCall : nullptr);
+  return CUPTI_SUCCESS;
+}
+
 // Switches cudart's reports on while a subscriber wants runtime callbacks or the
 // app records RUNTIME activity, and off otherwise.
 CUptiResult UpdateRuntimeReporting() {
@@ -480,10 +613,17 @@ CUptiResult UpdateRuntimeReporting() {
   {
     std::lock_guard<std::mutex> lock(s.mu);
     s.runtime_reporting = on;
-    if (!on) s.call_correlation.clear();
+    if (!on && !s.driver_reporting) s.call_correlation.clear();
   }
   t->set_runtime_hooks(on ? RuntimeCall : nullptr, on ? ContextUid : nullptr);
   return CUPTI_SUCCESS;
+}
+
+// Both kinds of report, after a change to what the app asked for.
+CUptiResult UpdateReporting() {
+  CUptiResult r = UpdateRuntimeReporting();
+  CUptiResult d = UpdateDriverReporting();
+  return r != CUPTI_SUCCESS ? r : d;
 }
 
 }  // namespace flyt::cupti
@@ -559,12 +699,11 @@ FLYT_CUPTI_EXPORT CUptiResult cuptiActivityEnable(CUpti_ActivityKind kind) {
       g_correlate = true;
       break;
     }
+    case CUPTI_ACTIVITY_KIND_RUNTIME:  // cudart's reports: UpdateReporting below
+    case CUPTI_ACTIVITY_KIND_DRIVER:   // libcuda's reports: UpdateReporting below
+      break;
     // Accepted and produce no records through Flyt (docs/compatibility.md): the
-    // driver API records need a report of every driver call, the overhead
-    // records are CUPTI's own bookkeeping, which Flyt does not have.
-    case CUPTI_ACTIVITY_KIND_RUNTIME:
-      break;  // cudart's reports: UpdateRuntimeReporting below
-    case CUPTI_ACTIVITY_KIND_DRIVER:
+    // overhead records are CUPTI's own bookkeeping, which Flyt does not have.
     case CUPTI_ACTIVITY_KIND_OVERHEAD:
       LogOnce("kind" + std::to_string(kind),
               "cuptiActivityEnable(%d): accepted; Flyt records no activity of this kind yet", kind);
@@ -579,7 +718,7 @@ FLYT_CUPTI_EXPORT CUptiResult cuptiActivityEnable(CUpti_ActivityKind kind) {
     s.enabled.insert(kind);
   }
   HoldBuffer();
-  return kind == CUPTI_ACTIVITY_KIND_RUNTIME ? UpdateRuntimeReporting() : CUPTI_SUCCESS;
+  return ApiKind(kind) ? UpdateReporting() : CUPTI_SUCCESS;
 }
 
 FLYT_CUPTI_EXPORT CUptiResult cuptiActivityEnableContext(CUcontext, CUpti_ActivityKind kind) {
@@ -605,7 +744,7 @@ FLYT_CUPTI_EXPORT CUptiResult cuptiActivityDisable(CUpti_ActivityKind kind) {
   if (stop_server) {
     if (const Table* t = Driver()) t->stop(1u << gpu);
   }
-  return kind == CUPTI_ACTIVITY_KIND_RUNTIME ? UpdateRuntimeReporting() : CUPTI_SUCCESS;
+  return ApiKind(kind) ? UpdateReporting() : CUPTI_SUCCESS;
 }
 
 FLYT_CUPTI_EXPORT CUptiResult cuptiActivityDisableContext(CUcontext, CUpti_ActivityKind kind) {
@@ -698,7 +837,10 @@ FLYT_CUPTI_EXPORT CUptiResult cuptiActivityEnableLatencyTimestamps(uint8_t) {
 FLYT_CUPTI_EXPORT CUptiResult cuptiActivityEnableCudaEventDeviceTimestamps(uint8_t) {
   return CUPTI_SUCCESS;
 }
-FLYT_CUPTI_EXPORT CUptiResult cuptiActivityEnableDriverApi(CUpti_CallbackId, uint8_t) {
+FLYT_CUPTI_EXPORT CUptiResult cuptiActivityEnableDriverApi(CUpti_CallbackId cbid, uint8_t enable) {
+  if (cbid >= CUPTI_DRIVER_TRACE_CBID_SIZE) return Fail(CUPTI_ERROR_INVALID_PARAMETER);
+  std::lock_guard<std::mutex> lock(S().mu);
+  S().driver_records_off[cbid] = enable == 0;
   return CUPTI_SUCCESS;
 }
 FLYT_CUPTI_EXPORT CUptiResult cuptiActivityEnableRuntimeApi(CUpti_CallbackId cbid, uint8_t enable) {
@@ -709,19 +851,40 @@ FLYT_CUPTI_EXPORT CUptiResult cuptiActivityEnableRuntimeApi(CUpti_CallbackId cbi
 }
 
 // The callback API: one subscriber; runtime-domain callbacks are delivered from
-// cudart's reports; other domains are accepted and not delivered yet (logged once;
-// docs/compatibility.md).
-FLYT_CUPTI_EXPORT CUptiResult cuptiSubscribe(CUpti_SubscriberHandle* subscriber,
-                                             CUpti_CallbackFunc callback, void* userdata) {
+// cudart's reports, driver-domain ones from libcuda's; other domains are accepted
+// and not delivered yet (logged once; docs/compatibility.md).
+FLYT_CUPTI_EXPORT CUptiResult cuptiSubscribe_v2(CUpti_SubscriberHandle* subscriber,
+                                                CUpti_CallbackFunc callback, void* userdata,
+                                                CUpti_SubscriberParams* params) {
   static int token;
   if (subscriber == nullptr) return Fail(CUPTI_ERROR_INVALID_PARAMETER);
+  // The fields the caller's struct has (structSize: CUpti_SubscriberParams_STRUCT_SIZE).
+  const size_t have = params != nullptr ? params->structSize : 0;
+  auto has = [have](size_t offset, size_t size) { return have >= offset + size; };
   State& s = S();
   std::lock_guard<std::mutex> lock(s.mu);
-  if (s.subscriber != nullptr) return Fail(CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED);
+  if (s.subscriber != nullptr) {
+    if (has(offsetof(CUpti_SubscriberParams, oldSubscriberSize), sizeof(size_t)) &&
+        params->oldSubscriberName != nullptr && params->oldSubscriberSize > 0)
+      std::snprintf(params->oldSubscriberName, params->oldSubscriberSize, "%s",
+                    s.subscriber_name.c_str());
+    return Fail(CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED);
+  }
   s.subscriber = callback;
   s.subscriber_data = userdata;
+  s.subscriber_name = "CUPTI";
+  if (has(offsetof(CUpti_SubscriberParams, subscriberName), sizeof(const char*)) &&
+      params->subscriberName != nullptr)
+    s.subscriber_name =
+        std::string("CUPTI for ") +
+        std::string(params->subscriberName).substr(0, CUPTI_SUBSCRIBER_NAME_MAX_LEN);
   *subscriber = reinterpret_cast<CUpti_SubscriberHandle>(&token);
   return CUPTI_SUCCESS;
+}
+
+FLYT_CUPTI_EXPORT CUptiResult cuptiSubscribe(CUpti_SubscriberHandle* subscriber,
+                                             CUpti_CallbackFunc callback, void* userdata) {
+  return cuptiSubscribe_v2(subscriber, callback, userdata, nullptr);
 }
 
 FLYT_CUPTI_EXPORT CUptiResult cuptiUnsubscribe(CUpti_SubscriberHandle subscriber) {
@@ -731,10 +894,11 @@ FLYT_CUPTI_EXPORT CUptiResult cuptiUnsubscribe(CUpti_SubscriberHandle subscriber
     std::lock_guard<std::mutex> lock(s.mu);
     s.subscriber = nullptr;
     s.subscriber_data = nullptr;
+    s.subscriber_name.clear();
     std::fill(s.runtime_callbacks.begin(), s.runtime_callbacks.end(), false);
     std::fill(s.driver_callbacks.begin(), s.driver_callbacks.end(), false);
   }
-  return UpdateRuntimeReporting();
+  return UpdateReporting();
 }
 
 namespace {
@@ -766,12 +930,12 @@ CUptiResult SetCallbacks(bool enable, CUpti_SubscriberHandle subscriber,
       return Fail(CUPTI_ERROR_INVALID_PARAMETER);
     }
   }
-  if (enable && domain != CUPTI_CB_DOMAIN_RUNTIME_API)
+  if (enable && domain != CUPTI_CB_DOMAIN_RUNTIME_API && domain != CUPTI_CB_DOMAIN_DRIVER_API)
     LogOnce("callbacks" + std::to_string(domain),
             "cuptiEnableCallback(domain %d): callbacks of this domain are not delivered through "
-            "Flyt yet (the runtime API domain is)",
+            "Flyt yet (the runtime and driver API domains are)",
             domain);
-  return UpdateRuntimeReporting();
+  return UpdateReporting();
 }
 
 }  // namespace
@@ -807,6 +971,27 @@ FLYT_CUPTI_EXPORT CUptiResult cuptiGetCallbackState(uint32_t* enable,
   return CUPTI_SUCCESS;
 }
 
+// The name of a runtime or driver callback id: the id's own, as CUPTI's headers spell
+// it (e.g. "cudaMemcpy_v3020", "cuMemcpyHtoD_v2"); generated from them.
+FLYT_CUPTI_EXPORT CUptiResult cuptiGetCallbackName(CUpti_CallbackDomain domain, uint32_t cbid,
+                                                   const char** name) {
+  if (name == nullptr) return Fail(CUPTI_ERROR_INVALID_PARAMETER);
+  *name = nullptr;
+  const char* const* names = nullptr;
+  size_t count = 0;
+  if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
+    names = kRuntimeCallbackNames;
+    count = std::size(kRuntimeCallbackNames);
+  } else if (domain == CUPTI_CB_DOMAIN_DRIVER_API) {
+    names = kDriverCallbackNames;
+    count = std::size(kDriverCallbackNames);
+  }
+  if (names == nullptr || cbid >= count || names[cbid] == nullptr)
+    return Fail(CUPTI_ERROR_INVALID_PARAMETER);
+  *name = names[cbid];
+  return CUPTI_SUCCESS;
+}
+
 FLYT_CUPTI_EXPORT CUptiResult cuptiSetThreadIdType(CUpti_ActivityThreadIdType type) {
   if (type != CUPTI_ACTIVITY_THREAD_ID_TYPE_DEFAULT && type != CUPTI_ACTIVITY_THREAD_ID_TYPE_SYSTEM)
     return Fail(CUPTI_ERROR_NOT_SUPPORTED);
@@ -832,11 +1017,12 @@ FLYT_CUPTI_EXPORT CUptiResult cuptiFinalize() {
     s.pending.clear();
     s.subscriber = nullptr;
     s.subscriber_data = nullptr;
+    s.subscriber_name.clear();
     std::fill(s.runtime_callbacks.begin(), s.runtime_callbacks.end(), false);
     std::fill(s.driver_callbacks.begin(), s.driver_callbacks.end(), false);
     g_correlate = false;
   }
-  UpdateRuntimeReporting();  // off
+  UpdateReporting();  // off
   if (const Table* t = Driver()) {
     if (kinds != 0) t->stop(kinds);
     t->set_call_hook(nullptr);

@@ -8,8 +8,18 @@ add_custom_command(
   DEPENDS src/cupti/gen_cupti_stubs.py src/cupti/cupti.cc ${FLYT_CUDA_INCLUDE_DIR}/cupti.h
   COMMENT "Generating the CUPTI entry points Flyt refuses"
   VERBATIM)
-add_library(flyt_cupti SHARED src/cupti/cupti.cc ${FLYT_CUPTI_STUBS})
-target_include_directories(flyt_cupti PRIVATE src ${FLYT_CUDA_INCLUDE_DIR})
+# cuptiGetCallbackName's names of the runtime and driver callback ids.
+set(FLYT_CUPTI_CBID_NAMES ${FLYT_GEN_DIR}/cupti_cbid_names.inc)
+add_custom_command(
+  OUTPUT ${FLYT_CUPTI_CBID_NAMES}
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_SOURCE_DIR}/src/cupti/gen_cupti_cbid_names.py
+          ${FLYT_CUDA_INCLUDE_DIR} ${FLYT_CUPTI_CBID_NAMES}
+  DEPENDS src/cupti/gen_cupti_cbid_names.py ${FLYT_CUDA_INCLUDE_DIR}/cupti_runtime_cbid.h
+          ${FLYT_CUDA_INCLUDE_DIR}/cupti_driver_cbid.h
+  COMMENT "Generating the names of CUPTI's callback ids"
+  VERBATIM)
+add_library(flyt_cupti SHARED src/cupti/cupti.cc ${FLYT_CUPTI_STUBS} ${FLYT_CUPTI_CBID_NAMES})
+target_include_directories(flyt_cupti PRIVATE src ${FLYT_CUDA_INCLUDE_DIR} ${FLYT_GEN_DIR})
 target_link_libraries(flyt_cupti PRIVATE ${CMAKE_DL_LIBS} Threads::Threads
   -static-libstdc++ -static-libgcc
   -Wl,--version-script=${CMAKE_SOURCE_DIR}/src/cupti/libcupti.map)

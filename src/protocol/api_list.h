@@ -211,6 +211,10 @@
   X(cuFuncSetAttribute)                                   \
   X(cuKernelSetAttribute)                                 \
   X(cuStreamBeginCapture_v2)                              \
+  X(cuGraphInstantiateWithFlags)                          \
+  X(cuGraphLaunch)                                        \
+  X(cuGraphExecDestroy)                                   \
+  X(cuGraphDestroy)                                       \
   X(cuStreamEndCapture)                                   \
   X(cuStreamIsCapturing)                                  \
   X(cuStreamSynchronize)                                  \

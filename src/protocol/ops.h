@@ -15,6 +15,8 @@ enum : uint32_t {
   // Sessions may be asked to move while their process is idle: the client
   // opens its callback channel at once, on which kOpParkNudge comes.
   kServerFeatureMovable = 1,
+  // kOpCopyFromDeviceStaged is served (pageable device-to-host copies over shm://).
+  kServerFeatureStagedDownload = 2,
 };
 
 // What a client does after kOpPark.
@@ -98,12 +100,15 @@ enum : uint16_t {
   kOpDeviceOutput = 60,
   // cuMemPoolGetAttribute / SetAttribute: u64 pool, i32 attr, u8 set, u64 value.
   kOpMemPoolAttribute = 70,
-  // cuStreamGetCaptureInfo*: u64 stream -> u32 status, u64 id, u64 graph, u64 deps.
+  // cuStreamGetCaptureInfo*: u64 stream -> u32 status, u64 id, u64 graph, u64 n,
+  // n x (u64 node, 8-byte CUgraphEdgeData): what the next captured node depends on.
   kOpStreamCaptureInfo = 71,
   // Pinned host memory shared with the server (shm:// only; see
   // server/session_shared_host.cc). kOpHostShare: u64 descriptor id (shared
   // through the transport), u64 bytes, u32 flags, u64 client address ->
   // u64 server address, u64 device pointer. kOpHostUnshare: u64 server address.
+  // A flags bit of Flyt's own: the region is the client's staging area of
+  // kOpCopyFromDeviceStaged, which a move does not carry (the client makes it again).
   kOpHostShare = 90,
   kOpHostUnshare = 91,
   // A copy between the device and shared host memory: u8 to_device, u64 device
@@ -231,13 +236,26 @@ enum : uint16_t {
   kOpRmaRegister = 321,
   kOpRmaUnregister = 322,
   kOpCopyRma = 323,
+  // A capture's dependency set (server/session_graphs.cc): u8 kCaptureDeps*, u64 stream,
+  // then Update: u32 flags; ToGraph: u64 graph, u32 mode; then u8 with edge data,
+  // u32 n, n x (u64 node, 8-byte CUgraphEdgeData).
+  kOpCaptureDependencies = 324,
+  // A pageable device-to-host copy through a staging area of shared pinned memory
+  // (shm://; client/staged_copy.cc, server/session_staged_copy.cc): u64 device source,
+  // u64 bytes, u64 stream, u8 async, u64 staging area (server address of a region the
+  // client shared with kOpHostShare), u64 chunk bytes, u32 slots. The GPU writes chunk i
+  // into slot i % slots. One chunk: the reply comes once it is there. Several: before the
+  // reply the server sends one StagedNotice per chunk in order, up to and including the
+  // first that failed; the client answers each successful one with a u64 ack (the chunk's
+  // index) once it copied the slot out, and the server reuses a slot only after its ack.
+  kOpCopyFromDeviceStaged = 325,
   // Pinned host memory the GPU maps, over a socket transport (server/session_shared_host.cc,
   // client/api_memory.cc): u64 client address (page-aligned), u64 bytes (pages), u32 flags ->
   // u64 device pointer (equal to the address). The server places pinned, mapped memory at
   // the client's address (CUDA_ERROR_ALREADY_MAPPED when that range is taken there) and
   // names it to the paging channel, which keeps the client's view of it coherent as it does
   // managed memory's. kOpHostUnshare with that address frees it.
-  kOpHostMap = 324,
+  kOpHostMap = 326,
   // CUPTI activity of a profiled client (server/session_profiler.cc, src/cupti/):
   // u8 kProfiler*, then Start: u32 GpuActivity kinds (bit 1 << kind) -> u32 kinds
   // enabled, u64 server timestamp (ns), string why the others are not; Stop: u32
@@ -286,6 +304,15 @@ struct ParamSlot {
   uint32_t size;
 };
 
+// kOpCopyFromDeviceStaged: chunk `index` is in its slot (status 0), or failed.
+struct StagedNotice {
+  uint32_t index;
+  uint32_t status;  // CUresult
+};
+static_assert(sizeof(StagedNotice) == 8);
+inline constexpr uint32_t kMaxStagedSlots = 16;
+inline constexpr uint32_t kHostShareStaging = 1u << 31;  // kOpHostShare flags
+
 // kOpRmaAttach reply flags.
 enum : uint32_t {
   // Synchronous copies go straight between the client's memory and device memory
@@ -319,6 +346,7 @@ enum GraphTopo : uint8_t {
   kGraphTopoSetEnabled = 6,
   kGraphTopoGetEnabled = 7,
 };
+enum CaptureDeps : uint8_t { kCaptureDepsUpdate = 0, kCaptureDepsToGraph = 1 };
 enum GraphMisc : uint8_t {
   kGraphMiscClone = 0,
   kGraphMiscFindInClone = 1,
@@ -326,6 +354,7 @@ enum GraphMisc : uint8_t {
   kGraphMiscMemAttrGet = 3,
   kGraphMiscMemAttrSet = 4,
   kGraphMiscMemTrim = 5,
+  kGraphMiscDotPrint = 6,  // u64 graph, u32 flags -> the DOT file's bytes
 };
 
 // kOpDriverMisc sub-operations.

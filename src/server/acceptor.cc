@@ -177,7 +177,8 @@ void Acceptor::PutWelcome(wire::Writer& out) const {
   for (const auto& d : devices) out.Put(d);
   out.PutString(state_->shm_offer);
   out.PutString(state_->boot_id);
-  out.Put<uint32_t>(state_->movable_memory ? ops::kServerFeatureMovable : 0u);
+  out.Put<uint32_t>((state_->movable_memory ? ops::kServerFeatureMovable : 0u) |
+                    ops::kServerFeatureStagedDownload);
 }
 
 void Acceptor::Moved(std::unique_ptr<transport::Connection> conn, const wire::FrameHeader& h,

@@ -40,6 +40,17 @@ CUresult BeginCapture(CUstream s, CUstreamCaptureMode mode) {
 CUresult BeginCapturePerThread(CUstream s, CUstreamCaptureMode mode) {
   return g_begin_capture_pt(s, SessionMode(mode));
 }
+decltype(&::cuStreamBeginCaptureToGraph) g_capture_to_graph = nullptr;
+decltype(&::cuStreamBeginCaptureToGraph) g_capture_to_graph_pt = nullptr;
+CUresult BeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode* deps,
+                             const CUgraphEdgeData* edges, size_t n, CUstreamCaptureMode mode) {
+  return g_capture_to_graph(s, g, deps, edges, n, SessionMode(mode));
+}
+CUresult BeginCaptureToGraphPerThread(CUstream s, CUgraph g, const CUgraphNode* deps,
+                                      const CUgraphEdgeData* edges, size_t n,
+                                      CUstreamCaptureMode mode) {
+  return g_capture_to_graph_pt(s, g, deps, edges, n, SessionMode(mode));
+}
 
 }  // namespace
 
@@ -71,6 +82,9 @@ Status LoadCudaDriver(DriverApi* api) {
   ResolvePerThread(lib, "cuLaunchHostFunc", &api->cuLaunchHostFunc_pt);
   ResolvePerThread(lib, "cuStreamBatchMemOp_v2", &api->cuStreamBatchMemOp_v2_pt);
   ResolvePerThread(lib, "cuStreamGetCaptureInfo_v3", &api->cuStreamGetCaptureInfo_v3_pt);
+  ResolvePerThread(lib, "cuStreamBeginCaptureToGraph", &api->cuStreamBeginCaptureToGraph_pt);
+  ResolvePerThread(lib, "cuStreamUpdateCaptureDependencies_v2",
+                   &api->cuStreamUpdateCaptureDependencies_v2_pt);
   ResolvePerThread(lib, "cuGraphInstantiateWithParams", &api->cuGraphInstantiateWithParams_pt);
   // The pre-11.7 ABI of the stream memory operations, by its exact symbols.
   Resolve(lib, "cuStreamWaitValue32", &api->cuStreamWaitValue32_v1);
@@ -87,6 +101,11 @@ Status LoadCudaDriver(DriverApi* api) {
   g_begin_capture_pt = api->cuStreamBeginCapture_v2_pt;
   if (g_begin_capture != nullptr) api->cuStreamBeginCapture_v2 = BeginCapture;
   if (g_begin_capture_pt != nullptr) api->cuStreamBeginCapture_v2_pt = BeginCapturePerThread;
+  g_capture_to_graph = api->cuStreamBeginCaptureToGraph;
+  g_capture_to_graph_pt = api->cuStreamBeginCaptureToGraph_pt;
+  if (g_capture_to_graph != nullptr) api->cuStreamBeginCaptureToGraph = BeginCaptureToGraph;
+  if (g_capture_to_graph_pt != nullptr)
+    api->cuStreamBeginCaptureToGraph_pt = BeginCaptureToGraphPerThread;
   if (api->cuInit == nullptr || api->cuLaunchKernelEx == nullptr)
     return Status::Error(std::string(path) + " lacks cuInit/cuLaunchKernelEx: driver too old");
   if (api->cuKernelGetParamInfo == nullptr || api->cuLibraryEnumerateKernels == nullptr)

@@ -795,6 +795,10 @@ void Session::ReleaseAll() {
   });
   ReleaseExecRecords();  // the templates of executable graphs (session_graph_move.cc)
   ReleaseGraphNodes();
+  // Graphs of captures still in progress go with their streams, not here.
+  for (const auto& entry : capture_graphs_)
+    handles_[static_cast<int>(HandleKind::kGraph)].erase(entry.first);
+  capture_graphs_.clear();
   each(HandleKind::kGraph, [&](uint64_t h) {
     a.cuGraphDestroy(reinterpret_cast<CUgraph>(RealHandle(HandleKind::kGraph, h)));
   });
@@ -1028,32 +1032,10 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       return in.remaining() == 0;
     case ops::kOpMaxActiveClusters:
       return MaxActiveClusters(in, out, rc);
-    case ops::kOpStreamCaptureInfo: {
-      uint64_t stream = 0;
-      if (!in.Get(&stream) || in.remaining() != 0) return false;
-      auto info = per_thread && a.cuStreamGetCaptureInfo_v3_pt ? a.cuStreamGetCaptureInfo_v3_pt
-                                                               : a.cuStreamGetCaptureInfo_v3;
-      CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-      cuuint64_t id = 0;
-      CUgraph graph = nullptr;
-      const CUgraphNode* deps = nullptr;
-      const CUgraphEdgeData* edges = nullptr;
-      size_t count = 0;
-      if (stream > 2 && !Owns(HandleKind::kStream, stream)) {
-        *rc = CUDA_ERROR_INVALID_HANDLE;
-      } else if (info == nullptr) {
-        *rc = CUDA_ERROR_NOT_SUPPORTED;
-      } else {
-        *rc = info(RealStream(stream), &status, &id, &graph, &deps, &edges, &count);
-      }
-      out.Put<uint32_t>(status);
-      out.Put<uint64_t>(id);
-      out.Put<uint64_t>(graph != nullptr
-                            ? ClientHandle(HandleKind::kGraph, reinterpret_cast<uintptr_t>(graph))
-                            : 0);
-      out.Put<uint64_t>(count);
-      return true;
-    }
+    case ops::kOpStreamCaptureInfo:
+      return CaptureInfo(in, per_thread, out, rc);
+    case ops::kOpCaptureDependencies:
+      return CaptureDependencies(in, per_thread, rc);
     case ops::kOpMemPoolAttribute: {
       uint64_t pool = 0, value = 0;
       int32_t attr = 0;
@@ -1091,6 +1073,8 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       return MapHost(in, out, rc);
     case ops::kOpCopyShared:
       return CopyShared(in, per_thread, rc);
+    case ops::kOpCopyFromDeviceStaged:
+      return CopyFromDeviceStaged(in, per_thread, rc);
     case ops::kOpRmaAttach:
       return RmaAttach(in, out, rc);
     case ops::kOpRmaRegister:
@@ -1152,9 +1136,12 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
     }
     default: {
       bool known = false;
+      uint64_t ended = 0;  // cuStreamEndCapture's stream (its first argument)
+      if (h.op == 119) wire::Reader(in).Get(&ended);
       bool ok = DispatchGeneric(h.op, per_thread, in, out, rc, &known);
+      if (ok && h.op == 119 && !capture_graphs_.empty()) SettleCaptureGraph(ended, *rc);
       // Captures in progress hold live SM changes back (they would move streams).
-      if (ok && h.op == 118 && *rc == CUDA_SUCCESS) NoteCaptures(1);
+      if (ok && h.op == 118 && *rc == CUDA_SUCCESS) NoteCaptures(1);  // (and ToGraph)
       if (ok && h.op == 119 && captures_.load() > 0 && *rc != CUDA_ERROR_INVALID_HANDLE &&
           *rc != CUDA_ERROR_ILLEGAL_STATE && *rc != CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD)
         NoteCaptures(-1);

@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -280,6 +281,13 @@ class Session {
                        SnapshotWriter* out, SnapshotReader* in, void* bounce);
   // --- graphs (session_graphs.cc)
   bool Capturing(CUstream stream);
+  // kOpStreamCaptureInfo and kOpCaptureDependencies (protocol/ops.h).
+  bool CaptureInfo(wire::Reader& in, bool per_thread, wire::Writer& out, CUresult* rc);
+  bool CaptureDependencies(wire::Reader& in, bool per_thread, CUresult* rc);
+  // After cuStreamEndCapture of client stream `stream` answered `rc`: the graph the app
+  // learned of while it was captured is the app's now, or the driver freed it.
+  void SettleCaptureGraph(uint64_t stream, CUresult rc);
+  CUresult DotPrint(CUgraph graph, unsigned flags, wire::Writer& out);  // kGraphMiscDotPrint
   CUresult HostFunc(CUstream stream, uint64_t id, bool per_thread, bool* captured);
   CUresult CaptureDownload(CUstream stream, uint64_t src, uint64_t client_dst, size_t n);
   // Takes a pinned buffer holding the bytes (from NewMirror).
@@ -361,6 +369,9 @@ class Session {
   static CUhostFn RunCapturedHostFuncFn();
   std::unordered_map<uint64_t, GraphAlloc> graph_allocs_;  // by device pointer
   std::unordered_set<uint64_t> cond_handles_;              // conditional handles made here
+  // Graphs of captures in progress that cuStreamGetCaptureInfo named to the app (client
+  // graph -> client stream): usable by the app's calls, but the capture's until it ends.
+  std::unordered_map<uint64_t, uint64_t> capture_graphs_;
   // Body and child graphs the client has handles of -> the graph that owns
   // them (0: not known); never destroyed on their own.
   std::unordered_map<uint64_t, uint64_t> subgraphs_;
@@ -377,6 +388,9 @@ class Session {
   bool InSharedHost(uint64_t addr, uint64_t n) const;
   bool CopyShared(wire::Reader& in, bool per_thread, CUresult* rc);
   void ReleaseSharedHost();
+  // Pageable device-to-host copies through a staging area in shared pinned memory
+  // (session_staged_copy.cc).
+  bool CopyFromDeviceStaged(wire::Reader& in, bool per_thread, CUresult* rc);
   void DescribeFunction(uint64_t handle, bool is_kernel, wire::Writer& out);
   void DescribeImage(uint64_t image, uint64_t image_client, bool library, wire::Writer& out);
   // Loads an image as a library or a module (the driver's handle in *handle).
@@ -431,6 +445,8 @@ class Session {
   std::unordered_map<uint64_t, uint64_t> array_bytes_;
   // Shared pinned host regions: server address -> bytes (mapped and registered).
   std::map<uint64_t, uint64_t> shared_host_;
+  // Those of them that are staging areas (ops::kHostShareStaging): a move leaves them.
+  std::set<uint64_t> staging_host_;
   uint64_t mapped_host_bytes_ = 0;  // of shared_host_, mapped over a socket (kOpHostMap)
   // Virtual memory (session_vmm.cc): reservations (base -> size), mappings
   // by base, and allocation handles with the references the client holds.

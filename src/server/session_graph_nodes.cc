@@ -16,7 +16,11 @@
 // added and refunded when the graph that holds it is destroyed, or at the
 // session's end. Owns: graph_allocs_, cond_handles_, subgraphs_. Must not
 // touch other sessions' graphs.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 
 #include "common/log.h"
@@ -698,9 +702,52 @@ bool Session::GraphMisc(Reader& in, Writer& out, CUresult* rc) {
       *rc = a.cuDeviceGraphMemTrim(dev);
       return true;
     }
+    case ops::kGraphMiscDotPrint: {
+      uint64_t g = 0;
+      uint32_t flags = 0;
+      if (!in.Get(&g) || !in.Get(&flags) || in.remaining() != 0) return false;
+      if (!Owns(HandleKind::kGraph, g)) {
+        *rc = CUDA_ERROR_INVALID_VALUE;
+        return true;
+      }
+      *rc = DotPrint(reinterpret_cast<CUgraph>(RealHandle(HandleKind::kGraph, g)), flags, out);
+      return true;
+    }
     default:
       return false;
   }
+}
+
+// cuGraphDebugDotPrint writes a file on this host: into a private temporary file
+// whose bytes go to the client, which writes them where the app asked.
+CUresult Session::DotPrint(CUgraph graph, unsigned flags, Writer& out) {
+  DriverApi& a = state_->api;
+  if (a.cuGraphDebugDotPrint == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  char path[] = "/tmp/flyt-graph-XXXXXX";
+  int fd = mkstemp(path);
+  if (fd < 0) {
+    FLYT_WARN("cuGraphDebugDotPrint: cannot make a temporary file: %s", std::strerror(errno));
+    return CUDA_ERROR_OPERATING_SYSTEM;
+  }
+  CUresult rc = a.cuGraphDebugDotPrint(graph, path, flags);
+  struct stat st {};
+  if (rc == CUDA_SUCCESS && (fstat(fd, &st) != 0 || st.st_size < 0 ||
+                             static_cast<uint64_t>(st.st_size) > wire::kMaxPayload / 2))
+    rc = CUDA_ERROR_OPERATING_SYSTEM;
+  if (rc == CUDA_SUCCESS) {
+    const size_t size = static_cast<size_t>(st.st_size);
+    uint8_t* dst = out.Grow(size);
+    size_t got = 0;
+    while (got < size) {
+      ssize_t n = pread(fd, dst + got, size - got, static_cast<off_t>(got));
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    if (got != size) rc = CUDA_ERROR_OPERATING_SYSTEM;
+  }
+  close(fd);
+  unlink(path);
+  return rc;
 }
 
 void Session::GraphForgotten(uint64_t graph) {

@@ -61,6 +61,154 @@ bool Session::Capturing(CUstream stream) {
          status == CU_STREAM_CAPTURE_STATUS_ACTIVE;
 }
 
+// The dependency set a capturing stream reports: Flyt's helper nodes (a host copy's
+// delivery) are shown as the nodes before them, as the topology calls show them.
+bool Session::CaptureInfo(Reader& in, bool per_thread, Writer& out, CUresult* rc) {
+  DriverApi& a = state_->api;
+  uint64_t stream = 0;
+  if (!in.Get(&stream) || in.remaining() != 0) return false;
+  auto info = per_thread && a.cuStreamGetCaptureInfo_v3_pt ? a.cuStreamGetCaptureInfo_v3_pt
+                                                           : a.cuStreamGetCaptureInfo_v3;
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t id = 0;
+  CUgraph graph = nullptr;
+  const CUgraphNode* deps = nullptr;
+  const CUgraphEdgeData* edges = nullptr;
+  size_t count = 0;
+  if (stream > 2 && !Owns(HandleKind::kStream, stream)) {
+    *rc = CUDA_ERROR_INVALID_HANDLE;
+  } else if (info == nullptr) {
+    *rc = CUDA_ERROR_NOT_SUPPORTED;
+  } else {
+    *rc = info(RealStream(stream), &status, &id, &graph, &deps, &edges, &count);
+  }
+  std::vector<std::pair<CUgraphNode, CUgraphEdgeData>> shown;
+  for (size_t i = 0; *rc == CUDA_SUCCESS && deps != nullptr && i < count; ++i) {
+    const CUgraphEdgeData data = edges != nullptr ? edges[i] : CUgraphEdgeData{};
+    if (!IsFlytHelperNode(deps[i])) {
+      shown.emplace_back(deps[i], data);
+      continue;
+    }
+    std::vector<std::pair<CUgraphNode, CUgraphEdgeData>> before;
+    if (VisibleNeighbours(deps[i], false, &before) != CUDA_SUCCESS) continue;
+    for (const auto& b : before) shown.emplace_back(b.first, CUgraphEdgeData{});
+  }
+  const uint64_t client_graph =
+      graph != nullptr ? ClientHandle(HandleKind::kGraph, reinterpret_cast<uintptr_t>(graph)) : 0;
+  // The app may add nodes to the capture's graph by hand: it may name it from now on.
+  if (client_graph != 0 && !Owns(HandleKind::kGraph, client_graph)) {
+    Adopt(HandleKind::kGraph, client_graph);
+    capture_graphs_[client_graph] = stream;
+  }
+  out.Put<uint32_t>(status);
+  out.Put<uint64_t>(id);
+  out.Put<uint64_t>(client_graph);
+  out.Put<uint64_t>(shown.size());
+  for (const auto& [node, data] : shown) {
+    const uint64_t client = ClientHandle(HandleKind::kGraphNode, reinterpret_cast<uintptr_t>(node));
+    Adopt(HandleKind::kGraphNode, client);
+    out.Put<uint64_t>(client);
+    out.Put(data);
+  }
+  return true;
+}
+
+// cuStreamUpdateCaptureDependencies and cuStreamBeginCaptureToGraph. A node the app
+// names that comes right before one of Flyt's helper nodes in the current set stands
+// for that helper, so that what the app adds next still runs after the delivery.
+bool Session::CaptureDependencies(Reader& in, bool per_thread, CUresult* rc) {
+  DriverApi& a = state_->api;
+  uint8_t which = 0, with_edges = 0;
+  uint64_t stream = 0, graph = 0;
+  uint32_t flags = 0, mode = 0, n = 0;
+  if (!in.Get(&which) || !in.Get(&stream)) return false;
+  if (which == ops::kCaptureDepsUpdate) {
+    if (!in.Get(&flags)) return false;
+  } else if (which == ops::kCaptureDepsToGraph) {
+    if (!in.Get(&graph) || !in.Get(&mode)) return false;
+  } else {
+    return false;
+  }
+  if (!in.Get(&with_edges) || !in.Get(&n) || n > kMaxNodeList) return false;
+  std::vector<CUgraphNode> nodes(n);
+  std::vector<CUgraphEdgeData> edges(n);
+  bool owned = true;
+  for (uint32_t i = 0; i < n; ++i) {
+    uint64_t node = 0;
+    if (!in.Get(&node) || !in.Get(&edges[i])) return false;
+    owned = owned && Owns(HandleKind::kGraphNode, node);
+    nodes[i] = reinterpret_cast<CUgraphNode>(RealHandle(HandleKind::kGraphNode, node));
+  }
+  if (in.remaining() != 0) return false;
+  if ((stream > 2 && !Owns(HandleKind::kStream, stream)) ||
+      (which == ops::kCaptureDepsToGraph && !Owns(HandleKind::kGraph, graph))) {
+    *rc = CUDA_ERROR_INVALID_HANDLE;
+    return true;
+  }
+  if (!owned) {
+    *rc = CUDA_ERROR_INVALID_VALUE;
+    return true;
+  }
+  const CUstream s = RealStream(stream == 0 && per_thread ? 2 : stream);
+  const CUgraphEdgeData* data = with_edges ? edges.data() : nullptr;
+  if (which == ops::kCaptureDepsToGraph) {
+    auto to_graph = per_thread && a.cuStreamBeginCaptureToGraph_pt
+                        ? a.cuStreamBeginCaptureToGraph_pt
+                        : a.cuStreamBeginCaptureToGraph;
+    if (to_graph == nullptr) {
+      *rc = CUDA_ERROR_NOT_SUPPORTED;
+      return true;
+    }
+    *rc = to_graph(s, reinterpret_cast<CUgraph>(RealHandle(HandleKind::kGraph, graph)),
+                   n > 0 ? nodes.data() : nullptr, n > 0 ? data : nullptr, n,
+                   static_cast<CUstreamCaptureMode>(mode));
+    if (*rc == CUDA_SUCCESS) NoteCaptures(1);  // as cuStreamBeginCapture (session.cc)
+    return true;
+  }
+  auto update = per_thread && a.cuStreamUpdateCaptureDependencies_v2_pt
+                    ? a.cuStreamUpdateCaptureDependencies_v2_pt
+                    : a.cuStreamUpdateCaptureDependencies_v2;
+  auto info = per_thread && a.cuStreamGetCaptureInfo_v3_pt ? a.cuStreamGetCaptureInfo_v3_pt
+                                                           : a.cuStreamGetCaptureInfo_v3;
+  if (update == nullptr || info == nullptr) {
+    *rc = CUDA_ERROR_NOT_SUPPORTED;
+    return true;
+  }
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  const CUgraphNode* current = nullptr;
+  size_t count = 0;
+  if (info(s, &status, nullptr, nullptr, &current, nullptr, &count) == CUDA_SUCCESS &&
+      current != nullptr) {
+    for (size_t i = 0; i < count; ++i) {
+      if (!IsFlytHelperNode(current[i])) continue;
+      std::vector<std::pair<CUgraphNode, CUgraphEdgeData>> before;
+      if (VisibleNeighbours(current[i], false, &before) != CUDA_SUCCESS) continue;
+      static const CUgraphEdgeData kDefault{};
+      for (uint32_t k = 0; k < n; ++k)  // ports on the edge: the node itself
+        for (const auto& b : before)
+          if (nodes[k] == b.first && std::memcmp(&edges[k], &kDefault, sizeof(kDefault)) == 0)
+            nodes[k] = current[i];
+    }
+  }
+  *rc = update(s, n > 0 ? nodes.data() : nullptr, n > 0 ? data : nullptr, n, flags);
+  return true;
+}
+
+void Session::SettleCaptureGraph(uint64_t stream, CUresult rc) {
+  for (auto it = capture_graphs_.begin(); it != capture_graphs_.end();) {
+    if (it->second != stream) {
+      ++it;
+      continue;
+    }
+    // Ended: handed to the app (already held), or invalidated and freed by the driver.
+    if (rc != CUDA_SUCCESS && !Capturing(RealStream(stream))) Forget(HandleKind::kGraph, it->first);
+    if (rc == CUDA_SUCCESS || !Capturing(RealStream(stream)))
+      it = capture_graphs_.erase(it);
+    else
+      ++it;
+  }
+}
+
 CUresult Session::HostFunc(CUstream stream, uint64_t id, bool per_thread, bool* captured) {
   DriverApi& a = state_->api;
   auto launch = per_thread && a.cuLaunchHostFunc_pt ? a.cuLaunchHostFunc_pt : a.cuLaunchHostFunc;

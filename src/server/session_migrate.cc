@@ -159,7 +159,8 @@ std::string Session::Unmovable() {
     return "it shares memory or events with other processes over CUDA IPC";
   if (!user_contexts_.empty()) return "it created contexts of its own (not movable yet)";
   if (!links_.empty()) return "a JIT link is in progress";
-  if (!shared_host_.empty())
+  // A staging area of device-to-host copies stays behind: the client makes another.
+  if (shared_host_.size() > staging_host_.size())
     return "it has pinned host memory shared over shm or mapped for the GPU (not movable yet)";
   if (profiling_) return "a profiler is recording it";
   if (primary_ == nullptr) return "";  // nothing on the GPU yet

@@ -104,7 +104,7 @@ bool Session::ShareHost(Reader& in, Writer& out, CUresult* rc) {
     *rc = primary_ == nullptr ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_NOT_SUPPORTED;
     return true;
   }
-  // Portable and mapped, as cuMemHostAlloc memory is on a UVA system.
+  // Portable and mapped whatever the flags ask, as cuMemHostAlloc memory is on a UVA system.
   *rc =
       a.cuMemHostRegister_v2(p, bytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
   if (*rc != CUDA_SUCCESS) {
@@ -117,10 +117,10 @@ bool Session::ShareHost(Reader& in, Writer& out, CUresult* rc) {
     device = 0;
   const auto addr = reinterpret_cast<uint64_t>(p);
   shared_host_[addr] = bytes;
+  if (flags & ops::kHostShareStaging) staging_host_.insert(addr);
   FLYT_DEBUG("session %llu: shared %llu bytes of pinned memory (%s address)",
              static_cast<unsigned long long>(id_), static_cast<unsigned long long>(bytes),
              addr == client_addr ? "the client's" : "another");
-  (void)flags;  // every region is portable and mapped
   out.Put<uint64_t>(addr);
   out.Put<uint64_t>(device);
   return true;
@@ -209,6 +209,7 @@ bool Session::UnshareHost(Reader& in, CUresult* rc) {
   *rc = SynchronizeSession();
   CUresult unregistered = UnshareHostRegion(it->first, it->second);
   if (*rc == CUDA_SUCCESS) *rc = unregistered;
+  staging_host_.erase(it->first);
   shared_host_.erase(it);
   return true;
 }
@@ -263,6 +264,7 @@ void Session::ReleaseSharedHost() {
   FLYT_DEBUG("session %llu: released %zu shared host regions", static_cast<unsigned long long>(id_),
              shared_host_.size());
   shared_host_.clear();
+  staging_host_.clear();
 }
 
 }  // namespace flyt::server

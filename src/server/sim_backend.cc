@@ -47,9 +47,10 @@
 // Stream capture (cuStreamBeginCapture on a stream the app made): what the
 // stream is given while it captures (launches, copies, memsets, host
 // functions, event records and waits) becomes nodes of the capture's graph,
-// each after the one before, and runs only when the graph is launched. One
-// stream at a time: a capture that another stream joins through an event is
-// not modelled.
+// each after the one before (or after the dependency set that
+// cuStreamUpdateCaptureDependencies / cuStreamBeginCaptureToGraph gave), and runs
+// only when the graph is launched. One stream at a time: a capture that another
+// stream joins through an event is not modelled.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -117,9 +118,11 @@ struct SimStream {
   unsigned flags = 0;
   std::map<int, CUstreamAttrValue> attributes{};  // cuStreamSetAttribute
   std::shared_ptr<StreamWork> work = std::make_shared<StreamWork>();
-  CUcontext ctx = nullptr;             // current at creation (checked with fake green contexts)
-  SimGraph* capture = nullptr;         // the graph it captures into, if it captures
-  CUgraphNode capture_tail = nullptr;  // the last node captured: the next one's dependency
+  CUcontext ctx = nullptr;      // current at creation (checked with fake green contexts)
+  SimGraph* capture = nullptr;  // the graph it captures into, if it captures
+  // What the next captured node depends on: the last one captured, or what
+  // cuStreamBeginCaptureToGraph / cuStreamUpdateCaptureDependencies set.
+  std::vector<CUgraphNode> capture_deps{};
   uint64_t capture_id = 0;
 };
 // Stream capture: `st` when stream s captures, else null.
@@ -1329,6 +1332,14 @@ CUresult simMemAllocFromPoolAsync(CUdeviceptr* p, size_t n, CUmemoryPool, CUstre
   return PoolAlloc(p, n);
 }
 CUresult simMemFreeAsync(CUdeviceptr p, CUstream) { return simMemFree(p); }
+// The device's default pool (the one device): a handle that names it, nothing behind it.
+int g_default_pool = 0;
+CUresult simDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice dev) {
+  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+  *pool = reinterpret_cast<CUmemoryPool>(&g_default_pool);
+  return CUDA_SUCCESS;
+}
 
 // --- managed memory: ordinary sim memory that the range calls know. The
 // answers and refusals follow NVIDIA's driver 580 as measured on an H200.
@@ -2017,10 +2028,10 @@ CUresult simStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus* st, cuuint64
   if (st) *st = cap != nullptr ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
   if (id) *id = cap != nullptr ? cap->capture_id : 0;
   if (g) *g = cap != nullptr ? reinterpret_cast<CUgraph>(cap->capture) : nullptr;
-  const bool tail = cap != nullptr && cap->capture_tail != nullptr;
-  if (deps) *deps = tail ? &cap->capture_tail : nullptr;
+  const bool any = cap != nullptr && !cap->capture_deps.empty();
+  if (deps) *deps = any ? cap->capture_deps.data() : nullptr;
   if (edges) *edges = nullptr;
-  if (n) *n = tail ? 1 : 0;
+  if (n) *n = any ? cap->capture_deps.size() : 0;
   return CUDA_SUCCESS;
 }
 CUresult simStreamGetId(CUstream s, unsigned long long* id) {
@@ -3094,11 +3105,11 @@ SimStream* CapturingStream(CUstream s) {
 template <typename Fill>
 CUresult CaptureNode(SimStream* st, CUgraphNodeType type, Fill&& fill) {
   CUgraphNode node = nullptr;
-  CUgraphNode dep = st->capture_tail;
+  const std::vector<CUgraphNode>& deps = st->capture_deps;
   CUresult rc =
-      AddNode(&node, reinterpret_cast<CUgraph>(st->capture), dep != nullptr ? &dep : nullptr,
-              dep != nullptr ? 1 : 0, type, std::forward<Fill>(fill));
-  if (rc == CUDA_SUCCESS) st->capture_tail = node;
+      AddNode(&node, reinterpret_cast<CUgraph>(st->capture), deps.empty() ? nullptr : deps.data(),
+              deps.size(), type, std::forward<Fill>(fill));
+  if (rc == CUDA_SUCCESS) st->capture_deps.assign(1, node);
   return rc;
 }
 CUresult CaptureCopy(SimStream* st, const CUDA_MEMCPY3D& c) {
@@ -3156,8 +3167,43 @@ CUresult simStreamBeginCapture(CUstream s, CUstreamCaptureMode mode) {
   std::lock_guard<std::mutex> lock(g_graph_mu);
   g_graphs.insert(g);
   st->capture = g;
-  st->capture_tail = nullptr;
+  st->capture_deps.clear();
   st->capture_id = ++g_capture_ids;
+  return CUDA_SUCCESS;
+}
+// Captures into the app's graph `g` (a conditional node's body, say), after `deps`.
+CUresult simStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode* deps,
+                                      const CUgraphEdgeData* /*edges*/, size_t n,
+                                      CUstreamCaptureMode mode) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  SimStream* st = AsStream(s);
+  if (mode > CU_STREAM_CAPTURE_MODE_RELAXED || (n > 0 && deps == nullptr))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (st == nullptr) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;  // the legacy stream
+  if (st->capture != nullptr) return CUDA_ERROR_ILLEGAL_STATE;
+  auto* graph = reinterpret_cast<SimGraph*>(g);
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  if (g_graphs.count(graph) == 0) return CUDA_ERROR_INVALID_VALUE;
+  st->capture = graph;
+  st->capture_deps.assign(deps, deps + n);
+  st->capture_id = ++g_capture_ids;
+  return CUDA_SUCCESS;
+}
+// CU_STREAM_ADD_CAPTURE_DEPENDENCIES adds to what the next node depends on,
+// CU_STREAM_SET_CAPTURE_DEPENDENCIES replaces it.
+CUresult simStreamUpdateCaptureDependencies(CUstream s, CUgraphNode* deps,
+                                            const CUgraphEdgeData* /*edges*/, size_t n,
+                                            unsigned flags) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (flags > CU_STREAM_SET_CAPTURE_DEPENDENCIES || (n > 0 && deps == nullptr))
+    return CUDA_ERROR_INVALID_VALUE;
+  SimStream* st = CapturingStream(s);
+  if (st == nullptr) return CUDA_ERROR_ILLEGAL_STATE;
+  if (flags == CU_STREAM_SET_CAPTURE_DEPENDENCIES) st->capture_deps.clear();
+  for (size_t i = 0; i < n; ++i)
+    if (std::find(st->capture_deps.begin(), st->capture_deps.end(), deps[i]) ==
+        st->capture_deps.end())
+      st->capture_deps.push_back(deps[i]);
   return CUDA_SUCCESS;
 }
 CUresult simStreamEndCapture(CUstream s, CUgraph* out) {
@@ -3167,7 +3213,7 @@ CUresult simStreamEndCapture(CUstream s, CUgraph* out) {
   if (st == nullptr) return CUDA_ERROR_ILLEGAL_STATE;
   *out = reinterpret_cast<CUgraph>(st->capture);
   st->capture = nullptr;
-  st->capture_tail = nullptr;
+  st->capture_deps.clear();
   return CUDA_SUCCESS;
 }
 
@@ -3459,6 +3505,31 @@ CUresult ListOut(const std::vector<std::pair<SimNode*, CUgraphEdgeData>>& list, 
   }
   *count = std::min(*count, list.size());
   return lossy ? CUDA_ERROR_LOSSY_QUERY : CUDA_SUCCESS;
+}
+// A DOT file of the graph: one line per node (its type), one per edge. The real
+// driver's file says more (with flags, the nodes' parameters); tools read it as DOT.
+CUresult simGraphDebugDotPrint(CUgraph graph, const char* path, unsigned /*flags*/) {
+  if (path == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::string dot = "digraph dot {\n";
+  {
+    std::lock_guard<std::mutex> lock(g_graph_mu);
+    SimGraph* g = AsGraph(graph);
+    if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::map<const SimNode*, size_t> index;
+    for (const auto& n : g->nodes) index[n.get()] = index.size();
+    for (const auto& n : g->nodes)
+      dot += "  node" + std::to_string(index[n.get()]) + " [label=\"type " +
+             std::to_string(static_cast<int>(n->type)) + "\"];\n";
+    for (const auto& n : g->nodes)
+      for (const SimNode* d : n->deps)
+        dot += "  node" + std::to_string(index[d]) + " -> node" + std::to_string(index[n.get()]) +
+               ";\n";
+  }
+  dot += "}\n";
+  FILE* f = std::fopen(path, "w");
+  if (f == nullptr) return CUDA_ERROR_OPERATING_SYSTEM;
+  const bool written = std::fwrite(dot.data(), 1, dot.size(), f) == dot.size();
+  return std::fclose(f) == 0 && written ? CUDA_SUCCESS : CUDA_ERROR_OPERATING_SYSTEM;
 }
 CUresult simGraphGetEdges(CUgraph graph, CUgraphNode* from, CUgraphNode* to, CUgraphEdgeData* data,
                           size_t* count) {
@@ -4019,6 +4090,8 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuStreamEndCapture = simStreamEndCapture;
   a->cuThreadExchangeStreamCaptureMode = simThreadExchangeStreamCaptureMode;
   a->cuStreamGetCaptureInfo_v3 = simStreamGetCaptureInfo;
+  a->cuStreamBeginCaptureToGraph = simStreamBeginCaptureToGraph;
+  a->cuStreamUpdateCaptureDependencies_v2 = simStreamUpdateCaptureDependencies;
   a->cuStreamGetId = simStreamGetId;
   a->cuEventCreate = simEventCreate;
   a->cuEventDestroy_v2 = simEventDestroy;
@@ -4047,6 +4120,8 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuSurfObjectDestroy = simSurfObjectDestroy;
   a->cuSurfObjectGetResourceDesc = simSurfObjectGetResourceDesc;
   a->cuMemAllocAsync = simMemAllocAsync;
+  a->cuDeviceGetDefaultMemPool = simDeviceGetDefaultMemPool;
+  a->cuDeviceGetMemPool = simDeviceGetDefaultMemPool;  // never set otherwise here
   a->cuMemAllocFromPoolAsync = simMemAllocFromPoolAsync;
   a->cuMemFreeAsync = simMemFreeAsync;
   a->cuMemGetAllocationGranularity = simMemGetAllocationGranularity;
@@ -4079,6 +4154,7 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuGraphDestroy = simGraphDestroy;
   a->cuGraphGetNodes = simGraphGetNodes;
   a->cuGraphGetEdges_v2 = simGraphGetEdges;
+  a->cuGraphDebugDotPrint = simGraphDebugDotPrint;
   a->cuGraphGetRootNodes = simGraphGetRootNodes;
   a->cuGraphNodeGetDependencies_v2 = simGraphNodeGetDependencies;
   a->cuGraphNodeGetDependentNodes_v2 = simGraphNodeGetDependentNodes;

@@ -72,8 +72,12 @@ Status Boot(const WorkerArgs& args, const ServerOptions& options, ServerState* s
 }
 
 // How long a restored session waits for its client (ops::kOpResume): a
-// checkpointed client asks again until its server is back.
+// checkpointed client asks again until its server is back; a client moved live
+// heard where to go on once the restore was confirmed and comes at once, so a
+// live move's session that no client claims (the client exited while parked)
+// is let go sooner.
 constexpr int kResumeWaitMs = 10 * 60 * 1000;
+constexpr int kLiveResumeWaitMs = 2 * 60 * 1000;
 
 // A session moved here: restores it from the snapshot (a file, or the moving
 // server's connection, which is then answered), then waits for the client
@@ -115,9 +119,10 @@ bool RestoreSession(Session* session, const channel::Ticket& ticket, const Worke
   FLYT_INFO("session %llu: restored in %.1f ms; waiting for its client", id,
             static_cast<double>(SteadyNowNs() - t0) / 1e6);
   link->OfferResume(key);
+  const int wait_ms = from == nullptr ? kResumeWaitMs : kLiveResumeWaitMs;
   for (;;) {
     channel::Message m;
-    st = channel::Receive(args.control, &m, kResumeWaitMs);
+    st = channel::Receive(args.control, &m, wait_ms);
     if (!st.ok()) break;
     transport::DetachedConnection d;
     std::unique_ptr<transport::Connection> conn;

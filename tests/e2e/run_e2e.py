@@ -1082,6 +1082,68 @@ class E2E(unittest.TestCase):
             self.run_ok(srv, transport, "rma_copies", CFG.variants[-1])
         self.stop_server(srv)
 
+    def test_staged_copies(self):
+        """Device-to-host copies into pageable memory (staged_copies' own byte-exact checks:
+        odd sizes and offsets around the chunk size, fresh pages, asynchronous copies that
+        are synchronous for the host, several threads, errors in a later chunk). Over shm://
+        they go through the staging area shared with the server, with the default chunks and
+        with small ones (many chunks, more than the slots, three copying threads)."""
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                srv = self.start_server()
+                res = self.run_ok(srv, transport, "staged_copies", variant)
+                staged = "staging area of" in res.client_log
+                self.assertEqual(staged, transport == "shm", res.describe())
+                if transport == "shm":
+                    small = {"FLYT_SHM_STAGED_CHUNK_KIB": "64", "FLYT_SHM_STAGED_SLOTS": "3",
+                             "FLYT_SHM_COPY_THREADS": "3"}
+                    res = self.run_ok(srv, transport, "staged_copies", variant, extra=small)
+                    self.assertIn("staging area of 3 x 64 KiB", res.client_log, res.describe())
+                self.stop_server(srv)
+
+    def staging_maps(self, srv):
+        maps = []
+        for pid in server_pids(srv):
+            try:
+                with open("/proc/%d/maps" % pid) as f:
+                    maps += [l for l in f if "flyt-staging" in l]
+            except OSError:
+                pass  # a worker that just ended
+        return maps
+
+    def test_staged_client_killed(self):
+        """A client killed in the middle of large device-to-host copies through the staging
+        area (shm://): its worker notices, lets the copies in flight land, releases the
+        device memory and the staging area, and exits without a crash; the server serves
+        the next client."""
+        srv = self.start_server(control=True)
+        prog = program_path("staged_copies", CFG.variants[0])
+        for _ in range(2):
+            crashed = srv.control({"verb": "stats"})["workers_crashed"]
+            looping = RunningProgram(self.tmp, srv, "shm", prog, ["loop"],
+                                     extra={"E2E_WATCHDOG_S": "0",
+                                            "FLYT_SHM_STAGED_CHUNK_KIB": "256"})
+            self.assertIsNotNone(looping.wait_line(r"^looping"), srv.logs())
+            worker = self.worker_of(srv, self.client_pid(looping))
+            deadline = time.monotonic() + 10
+            while not self.staging_maps(srv) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.assertTrue(self.staging_maps(srv), "no staging area mapped\n" + srv.logs())
+            time.sleep(0.5)  # copies in flight
+            os.killpg(looping.proc.pid, signal.SIGKILL)
+            looping.finish(timeout=10)
+            stats = self.stats_when(srv, lambda s: s["memory_used"] == 0 and not any(
+                w["pid"] == worker for w in s["workers"]), timeout=30)
+            self.assertEqual(stats["memory_used"], 0, "%s\n%s" % (stats, srv.logs()))
+            self.assertNotIn(worker, [w["pid"] for w in stats["workers"]], srv.logs())
+            self.assertEqual(stats["workers_crashed"], crashed, srv.logs())
+            deadline = time.monotonic() + 10
+            while self.staging_maps(srv) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.assertEqual(self.staging_maps(srv), [], srv.logs())
+        self.run_ok(srv, "shm", "staged_copies", CFG.variants[-1])
+        self.stop_server(srv)
+
     def test_pinned_shared(self):
         """Pinned memory over shm:// is shared with the server (the GPU reaches the client's
         bytes: mapped pointer); over tcp/unix it stays client memory until the program asks
@@ -1282,25 +1344,70 @@ class E2E(unittest.TestCase):
         count and kind at enter), return value and pointer (cudaMalloc's at exit), one
         correlation id per call and the correlation data kept from enter to exit; the
         RUNTIME records of cudaLaunchKernel and cudaMemcpy carry the ids of the kernel and
-        the copy they issued, over every transport and both cudarts. Driver-domain
-        callbacks are not delivered yet: `driver` mode runs and says so in its keys."""
+        the copy they issued, over every transport and both cudarts.
+        `driver` mode adds the driver API domain (libcuda's wrappers report every driver
+        call): the enabled calls only (cuMemcpyHtoD_v2 and cuLaunchKernel made by cudart
+        and by the program, cuDeviceGet by the program and from inside a callback; not
+        cuCtxSynchronize, enabled and disabled again), in enter/exit pairs with their
+        params (ByteCount, gridDimX, ordinal), return values at exit (the bad ordinal's
+        error as the caller got it), the current context and its number, the kernel's
+        name at launches; cudart's driver calls share the runtime call's correlation id;
+        DRIVER records carry the callbacks' ids, which the kernel and copy records share;
+        cuptiActivityEnableDriverApi leaves cuCtxSynchronize out; cuptiGetCallbackName.
+        `driver_all` mode enables the whole driver domain: enter and exit nest properly, each
+        reported call has its DRIVER record, and the program's and cudart's calls of
+        cuMemcpyHtoD_v2 and cuLaunchKernel are each reported once (not Flyt's own calls)."""
+        driver_expected = [
+            ("cuMemcpyHtoD_v2.calls", "2"), ("cuMemcpyHtoD_v2.paired", "1"),
+            ("cuLaunchKernel.calls", "2"), ("cuLaunchKernel.paired", "1"),
+            ("cuDeviceGet.calls", "2"), ("cuDeviceGet.paired", "1"),
+            ("cuCtxSynchronize.calls", "0"), ("cuMemcpyHtoD.params_bytes", "4096"),
+            ("cuLaunchKernel.params_grid", "2"), ("cuLaunchKernel.params_f", "1"),
+            ("driver.names", "3"), ("driver.exit_results_ok", "1"),
+            ("cuDeviceGet.params_ordinal", "9999"),
+            ("cuDeviceGet.exit_result", "CUDA_ERROR_INVALID_DEVICE"),
+            ("cuDeviceGet.caller_result", "CUDA_ERROR_INVALID_DEVICE"),
+            ("driver.nested_callbacks", "2"), ("driver.nested_result", "CUDA_SUCCESS"),
+            ("driver.context_ok", "1"), ("cuLaunchKernel.symbol_ok", "1"),
+            ("driver.nested_launch_shares_runtime_id", "1"),
+            ("driver.nested_memcpy_shares_runtime_id", "1"),
+            ("record.kernel_of_driver_launch", "1"), ("record.copy_of_driver_memcpy", "1"),
+            ("record.driver_launch", "1"), ("record.driver_memcpy", "1"),
+            ("record.driver_launch_of_runtime_launch", "0"),
+            ("record.driver_failed_device_get", "1"), ("record.driver_ctx_sync", "0"),
+            ("name.driver_launch", "cuLaunchKernel"),
+            ("name.runtime_memcpy", "cudaMemcpy_v3020")]
         for variant, transport in self.matrix():
-            with self.subTest(variant=variant, transport=transport):
-                srv = self.start_server()
-                res = self.run_ok(srv, transport, "cupti_callbacks", variant, log_level="warn")
-                kv = self.kv(res)
-                where = res.describe()
-                expected = [("under_flyt", "1"), ("cudaMemcpy.params_count", "262144"),
-                            ("cudaMemcpy.params_kind", "1"), ("cudaMalloc.exit_result_ok", "1"),
-                            ("record.runtime_launch", "1"), ("record.runtime_memcpy", "1"),
-                            ("record.kernel_of_runtime_launch", "1"),
-                            ("record.copy_of_runtime_memcpy", "1"), ("record.times_ok", "1")]
-                for name in ("cudaMalloc", "cudaMemcpy", "cudaLaunchKernel",
-                             "cudaDeviceSynchronize", "cudaFree"):
-                    expected += [(name + ".calls", "1"), (name + ".paired", "1")]
-                for key, want in expected:
-                    self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
-                self.stop_server(srv)
+            for mode in ((), ("driver",), ("driver_all",)):
+                with self.subTest(variant=variant, transport=transport, mode=mode):
+                    srv = self.start_server()
+                    res = self.run_ok(srv, transport, "cupti_callbacks", variant, args=mode,
+                                      log_level="warn")
+                    kv = self.kv(res)
+                    where = res.describe()
+                    expected = [("under_flyt", "1"), ("cudaMemcpy.params_count", "262144"),
+                                ("cudaMemcpy.params_kind", "1"),
+                                ("cudaMalloc.exit_result_ok", "1"),
+                                ("record.runtime_launch", "1"), ("record.runtime_memcpy", "1"),
+                                ("record.kernel_of_runtime_launch", "1"),
+                                ("record.copy_of_runtime_memcpy", "1"), ("record.times_ok", "1")]
+                    for name in ("cudaMalloc", "cudaMemcpy", "cudaLaunchKernel",
+                                 "cudaDeviceSynchronize", "cudaFree"):
+                        expected += [(name + ".calls", "1"), (name + ".paired", "1")]
+                    if mode == ("driver",):
+                        expected += driver_expected
+                    if mode == ("driver_all",):
+                        expected += [("driver_all.nesting_ok", "1"), ("driver_all.records_ok", "1"),
+                                     ("driver_all.calls_in_runtime_calls", "1"),
+                                     ("driver_all.cuCtxGetCurrent", "1"),
+                                     ("driver_all.cuMemcpyHtoD_v2", "2"),
+                                     ("driver_all.cuLaunchKernel", "2"),
+                                     ("driver_all.cuDeviceGet", "2"),
+                                     ("driver_all.cuMemAlloc_v2", "1"),
+                                     ("driver_all.cuMemFree_v2", "1")]
+                    for key, want in expected:
+                        self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
+                    self.stop_server(srv)
 
     def test_jit_link(self):
         """The JIT linker (cuLinkCreate/AddData/AddFile/Complete/Destroy, also the 5.5
@@ -1660,6 +1767,8 @@ class E2E(unittest.TestCase):
         ("host_atomics.bad_device", "CUDA_ERROR_INVALID_DEVICE"),
         ("host_atomics.bad_op", "CUDA_ERROR_INVALID_VALUE"),
         ("pointer.sync_before", "0"), ("pointer.sync_after", "1"),
+        ("pointer.malloc", "ipc1,rdma_as_device1,access3,pool0"),
+        ("pointer.malloc_async", "ipc0,rdma0,access3,default_pool1"),
         ("pointer.set_host_stack", "CUDA_ERROR_INVALID_VALUE"),
         ("cluster_size.result", "CUDA_SUCCESS"), ("cluster_size", "8"),
         ("cluster_size.null_config", "CUDA_ERROR_INVALID_VALUE"),
@@ -1914,6 +2023,17 @@ class E2E(unittest.TestCase):
         ("cond.if", "10,0"), ("cond.if_types", "conditional,kernel,memcpy,memset"),
         ("cond.if_else", "10,11"), ("cond.switch", "10,12,0"),
         ("cond.while_iterations", "5,3,8"),
+        # graphConditionalNodes' captured WHILE: a node added by hand to a capture.
+        ("captured.idle", "0,0"), ("captured.begin", "1,0"), ("captured.dep_type", "memcpy"),
+        ("captured.body", "kernel"), ("captured.after_add", "2"),
+        ("captured.types", "conditional,empty,memcpy,memcpy"), ("captured.edges", "3"),
+        ("captured.update_idle", "401"), ("captured.while_iterations", "4,7,1"),
+        ("captured.dot", "1"), ("captured.dot_unwritable", "304"),
+        # User objects: the executable graph's reference outlives its graph; the app's
+        # references; a clone's and a child node's; misuse.
+        ("user_object.exec", "0,1,app_thread0"), ("user_object.app_refs", "0,1"),
+        ("user_object.release_too_many", "1"), ("user_object.copies", "0,1"),
+        ("user_object.bad_flags", "1"),
         ("memory.types", "mem_alloc,mem_free,memcpy,memset"), ("memory.launches_ok", "4"),
         ("memory.freed_by_stream", "2"),
         ("memory.free_not_graph_memory", "cudaErrorInvalidValue"),
@@ -1927,7 +2047,8 @@ class E2E(unittest.TestCase):
         memcpy nodes to and from pageable and pinned host memory read and written at each
         launch (a host node after a D2H node sees its bytes), exec and node SetParams,
         queries, clone, cudaGraphExecUpdate, symbols; IF, IF/ELSE, SWITCH and a WHILE loop
-        whose condition the sim's modelled kernels set; allocation/free nodes relaunched,
+        whose condition the sim's modelled kernels set, and a WHILE node added by hand to a
+        capture (capture dependencies read, set and added; its body captured into it); allocation/free nodes relaunched,
         a free node for cudaMalloc memory refused; child graph, empty and event nodes;
         cudaGraphAddNode / NodeSetParams / ExecNodeSetParams; the topology calls (edges,
         roots, dependencies, dependents, edges added and removed, a node destroyed, a

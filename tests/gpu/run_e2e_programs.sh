@@ -31,7 +31,9 @@
 # hand-built graphs changed in place, cudaMallocAsync; tests/gpu/migrate/run_migrate.py
 # moves it), rma_copies (pinned and registered memory copied both ways at odd sizes and
 # offsets, in stream order with host functions and events; over ucx:// the server reads and
-# writes it one-sided).
+# writes it one-sided), staged_copies (device-to-host copies into pageable memory at odd
+# sizes around the staging chunk, several threads, errors; over shm:// through the staging
+# area the GPU writes).
 # Environment: CASES, RUN_TIMEOUT=60, MODES="tcp unix shm" (add ucx for ucx://, with UCX_TLS
 # as set, e.g. UCX_TLS=tcp), SERVER_BACKEND=cuda (sim: plumbing only, on a machine without a
 # GPU, where the native runs fail).
@@ -45,7 +47,7 @@ export CUDA_CACHE_DISABLE=1
 BUILD=$(cd "$1" && pwd) || exit 2
 PROGS=$(cd "$2" && pwd) || exit 2
 OUTFILE=$3
-CASES=${CASES:-"ipc vmm_share contexts isolation_fault stream_event_order jit_link module_functions graph_nodes cupti_activity cupti_activity_clock cupti_callbacks cupti_callbacks_driver tensor_map stream_memops managed_memory mapped_host memory_roundtrip driver_queries migrate_state rma_copies"}
+CASES=${CASES:-"ipc vmm_share contexts isolation_fault stream_event_order jit_link module_functions graph_nodes cupti_activity cupti_activity_clock cupti_callbacks cupti_callbacks_driver cupti_callbacks_driver_all tensor_map stream_memops managed_memory mapped_host memory_roundtrip driver_queries migrate_state rma_copies staged_copies"}
 MODES=${MODES:-"tcp unix shm"}
 RUN_TIMEOUT=${RUN_TIMEOUT:-60}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/flyt-e2e-gpu.XXXXXX")
@@ -66,6 +68,7 @@ cmd_of() {  # case -> program and arguments
     cupti_activity_clock) echo "$PROGS/cupti_activity clock" ;;
     cupti_callbacks) echo "$PROGS/cupti_callbacks" ;;  # natively: E2E_CUPTI as above
     cupti_callbacks_driver) echo "$PROGS/cupti_callbacks driver" ;;
+    cupti_callbacks_driver_all) echo "$PROGS/cupti_callbacks driver_all" ;;
     tensor_map) echo "$PROGS/tensor_map" ;;
     stream_memops) echo "$PROGS/stream_memops" ;;
     managed_memory) echo "$PROGS/managed_memory" ;;
@@ -74,6 +77,7 @@ cmd_of() {  # case -> program and arguments
     driver_queries) echo "$PROGS/driver_queries" ;;
     migrate_state) echo "$PROGS/migrate_state 12 0" ;;
     rma_copies) echo "$PROGS/rma_copies" ;;
+    staged_copies) echo "$PROGS/staged_copies" ;;
   esac
 }
 

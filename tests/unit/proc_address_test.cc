@@ -1,5 +1,6 @@
 // Tests of cuGetProcAddress resolution (client/proc_address.h) over the generated table,
-// and of the weak "not supported yet" stubs.
+// of the weak "not supported yet" stubs, and of the traced wrappers that report driver
+// calls to a hook (client/driver_trace.h).
 //
 // Owns: these tests only. Must not touch the library's state beyond what a driver caller
 // could (lookups, calling stubs); it links the objects of `flyt_driver_api` directly.
@@ -12,6 +13,7 @@
 //   gtest_discover_tests(proc_address_test)
 #include "client/proc_address.h"
 
+#include <cupti_driver_cbid.h>
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
@@ -21,9 +23,18 @@
 #include <thread>
 #include <vector>
 
+#include "client/driver_trace.h"
+#include "driver_impl_names.h"  // as client/client.h: these define flyt_impl_<name>
+
 // A real entry point: a strong definition must win over the generated weak stub.
 extern "C" __attribute__((visibility("default"))) CUresult CUDAAPI cuInit(unsigned int flags) {
   return flags == 0 ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;  // marker value
+}
+
+// The context a traced call reports.
+extern "C" __attribute__((visibility("default"))) CUresult CUDAAPI cuCtxGetCurrent(CUcontext* c) {
+  *c = reinterpret_cast<CUcontext>(0x1234);
+  return CUDA_SUCCESS;
 }
 
 namespace flyt::client {
@@ -197,7 +208,9 @@ TEST(ProcAddress, InvalidArgumentsLeaveOutputsAlone) {
 TEST(ProcAddress, StrongDefinitionReplacesStub) {
   Result r = Lookup("cuInit", 13000, 0);
   ASSERT_EQ(r.found, CU_GET_PROC_ADDRESS_SUCCESS);
-  EXPECT_EQ(r.pfn, reinterpret_cast<void*>(&cuInit));
+  // The exported wrapper, which calls the definition above.
+  EXPECT_EQ(r.pfn, Exported("cuInit"));
+  EXPECT_NE(r.pfn, reinterpret_cast<void*>(&cuInit));
   testing::internal::CaptureStderr();
   EXPECT_EQ(reinterpret_cast<CUresult (*)(unsigned int)>(r.pfn)(0), CUDA_ERROR_INVALID_DEVICE);
   EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
@@ -230,6 +243,69 @@ TEST(ProcAddress, StubLogsOnceAcrossThreads) {
   for (int rc : results) EXPECT_EQ(rc, 801);
   EXPECT_EQ(CountOccurrences(log, "cuMemcpyAsync_ptsz is not supported by Flyt yet"), 1) << log;
   EXPECT_EQ(ReportUnsupported("cuMemcpyAsync_ptsz"), 801);  // still answers after logging
+}
+
+// What a driver-API hook saw of one report.
+struct Report {
+  uint32_t cbid, site, correlation_id;
+  std::string name;
+  unsigned flags = 0;  // cuInit's Flags, from its params
+  int result = -1;     // at exit
+  CUcontext context = nullptr;
+  uint64_t correlation_data = 0;
+};
+std::vector<Report>* g_reports = nullptr;
+
+void Hook(profiler::DriverCallRecord* rec) {
+  Report r{rec->cbid, rec->site, rec->correlation_id, rec->function_name};
+  if (rec->params != nullptr) r.flags = *static_cast<const unsigned*>(rec->params);
+  if (rec->return_value != nullptr) r.result = *rec->return_value;
+  r.context = rec->context;
+  r.correlation_data = rec->correlation_data;
+  if (rec->site == 0) {  // the hook's own fields and correlation data last to the exit
+    rec->correlation_id = 77;
+    rec->correlation_data = 0xC0DE;
+  }
+  g_reports->push_back(r);
+}
+
+TEST(DriverTrace, WrapperReportsEnterAndExitWhileHookIsSet) {
+  std::vector<Report> reports;
+  g_reports = &reports;
+  auto init = reinterpret_cast<CUresult (*)(unsigned int)>(Exported("cuInit"));
+  ASSERT_NE(init, nullptr);
+  EXPECT_EQ(init(0), CUDA_ERROR_INVALID_DEVICE);
+  EXPECT_TRUE(reports.empty());  // no hook: nothing reported
+  SetDriverApiHook(Hook);
+  EXPECT_EQ(init(0), CUDA_ERROR_INVALID_DEVICE);
+  EXPECT_EQ(init(3), CUDA_SUCCESS);
+  SetDriverApiHook(nullptr);
+  EXPECT_EQ(init(0), CUDA_ERROR_INVALID_DEVICE);
+  ASSERT_EQ(reports.size(), 4u);
+  for (size_t i = 0; i < reports.size(); ++i) {
+    const Report& r = reports[i];
+    EXPECT_EQ(r.cbid, static_cast<uint32_t>(CUPTI_DRIVER_TRACE_CBID_cuInit));
+    EXPECT_EQ(r.name, "cuInit");
+    EXPECT_EQ(r.site, i % 2);
+    EXPECT_EQ(r.flags, i < 2 ? 0u : 3u);
+    EXPECT_EQ(r.context, reinterpret_cast<CUcontext>(0x1234));
+  }
+  EXPECT_EQ(reports[0].result, CUDA_SUCCESS);  // not the call's yet at enter
+  EXPECT_EQ(reports[1].result, CUDA_ERROR_INVALID_DEVICE);
+  EXPECT_EQ(reports[3].result, CUDA_SUCCESS);
+  EXPECT_EQ(reports[1].correlation_id, 77u);
+  EXPECT_EQ(reports[1].correlation_data, 0xC0DEu);
+  EXPECT_EQ(reports[2].correlation_data, 0u);  // a new call starts clean
+}
+
+TEST(DriverTrace, FlytsOwnCallsAreNotReported) {
+  // The client's own calls use the implementation's name: not the wrapper.
+  std::vector<Report> reports;
+  g_reports = &reports;
+  SetDriverApiHook(Hook);
+  EXPECT_EQ(cuInit(0), CUDA_ERROR_INVALID_DEVICE);
+  SetDriverApiHook(nullptr);
+  EXPECT_TRUE(reports.empty());
 }
 
 }  // namespace

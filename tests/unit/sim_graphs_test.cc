@@ -236,5 +236,66 @@ TEST_F(SimGraphs, BogusHandlesAreRefused) {
             CUDA_ERROR_INVALID_VALUE);
 }
 
+// A capture's dependency set: what the next captured node depends on follows
+// cuStreamUpdateCaptureDependencies (set, add), and a capture into a given graph
+// starts after the nodes it is given and ends with that graph.
+TEST_F(SimGraphs, CaptureFollowsItsDependencySet) {
+  CUstream s = nullptr;
+  ASSERT_EQ(a_.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  CUgraphNode root = nullptr, other = nullptr;
+  ASSERT_EQ(a_.cuGraphAddEmptyNode(&root, g_, nullptr, 0), CUDA_SUCCESS);
+  ASSERT_EQ(a_.cuGraphAddEmptyNode(&other, g_, nullptr, 0), CUDA_SUCCESS);
+  ASSERT_EQ(
+      a_.cuStreamBeginCaptureToGraph(s, g_, &root, nullptr, 1, CU_STREAM_CAPTURE_MODE_RELAXED),
+      CUDA_SUCCESS);
+  CUstreamCaptureStatus st{};
+  CUgraph g = nullptr;
+  const CUgraphNode* deps = nullptr;
+  size_t n = 0;
+  ASSERT_EQ(a_.cuStreamGetCaptureInfo_v3(s, &st, nullptr, &g, &deps, nullptr, &n), CUDA_SUCCESS);
+  EXPECT_EQ(st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  EXPECT_EQ(g, g_);
+  ASSERT_EQ(n, 1u);
+  EXPECT_EQ(deps[0], root);
+  // Add `other`, then capture a memset: it depends on both.
+  ASSERT_EQ(a_.cuStreamUpdateCaptureDependencies_v2(s, &other, nullptr, 1,
+                                                    CU_STREAM_ADD_CAPTURE_DEPENDENCIES),
+            CUDA_SUCCESS);
+  ASSERT_EQ(a_.cuStreamUpdateCaptureDependencies_v2(s, &other, nullptr, 1,
+                                                    CU_STREAM_ADD_CAPTURE_DEPENDENCIES),
+            CUDA_SUCCESS);  // once in the set, however often added
+  ASSERT_EQ(a_.cuStreamGetCaptureInfo_v3(s, &st, nullptr, nullptr, &deps, nullptr, &n),
+            CUDA_SUCCESS);
+  EXPECT_EQ(n, 2u);
+  CUdeviceptr d = 0;
+  ASSERT_EQ(a_.cuMemAlloc_v2(&d, 64), CUDA_SUCCESS);
+  ASSERT_EQ(a_.cuMemsetD8Async(d, 1, 64, s), CUDA_SUCCESS);
+  ASSERT_EQ(a_.cuStreamGetCaptureInfo_v3(s, &st, nullptr, nullptr, &deps, nullptr, &n),
+            CUDA_SUCCESS);
+  ASSERT_EQ(n, 1u);
+  CUgraphNode memset = deps[0];
+  size_t count = 0;
+  ASSERT_EQ(a_.cuGraphNodeGetDependencies_v2(memset, nullptr, nullptr, &count), CUDA_SUCCESS);
+  EXPECT_EQ(count, 2u);
+  // Set: back to `root` alone.
+  ASSERT_EQ(a_.cuStreamUpdateCaptureDependencies_v2(s, &root, nullptr, 1,
+                                                    CU_STREAM_SET_CAPTURE_DEPENDENCIES),
+            CUDA_SUCCESS);
+  ASSERT_EQ(a_.cuStreamGetCaptureInfo_v3(s, &st, nullptr, nullptr, &deps, nullptr, &n),
+            CUDA_SUCCESS);
+  ASSERT_EQ(n, 1u);
+  EXPECT_EQ(deps[0], root);
+  EXPECT_EQ(a_.cuStreamUpdateCaptureDependencies_v2(s, &root, nullptr, 1, 7),
+            CUDA_ERROR_INVALID_VALUE);
+  CUgraph ended = nullptr;
+  ASSERT_EQ(a_.cuStreamEndCapture(s, &ended), CUDA_SUCCESS);
+  EXPECT_EQ(ended, g_);
+  EXPECT_EQ(a_.cuStreamUpdateCaptureDependencies_v2(s, &root, nullptr, 1,
+                                                    CU_STREAM_SET_CAPTURE_DEPENDENCIES),
+            CUDA_ERROR_ILLEGAL_STATE);  // no capture any more
+  EXPECT_EQ(a_.cuMemFree_v2(d), CUDA_SUCCESS);
+  EXPECT_EQ(a_.cuStreamDestroy_v2(s), CUDA_SUCCESS);
+}
+
 }  // namespace
 }  // namespace flyt::server

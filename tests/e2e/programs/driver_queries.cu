@@ -401,6 +401,32 @@ void ContextsAndDevices(CUmodule mod, unsigned* dev) {
   CU(g_cu.set_pointer(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, d));
   CU(g_cu.get_pointer(&sync, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, d + 64));
   printf("pointer.sync_after=%d\n", sync);
+  // What kind of memory it is, as the H200's driver answers (tests/gpu/ml/pointer_attributes.py):
+  // cudaMalloc memory is legacy-IPC capable and GPUDirect RDMA capable where the device is;
+  // a pool's is neither and names its pool; the GPU reads and writes both.
+  int ipc = -1, rdma = -1, rdma_device = -1;
+  unsigned access = 0;
+  void* pool_of = reinterpret_cast<void*>(1);
+  CU(g_cu.get_pointer(&ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, d));
+  CU(g_cu.get_pointer(&rdma, CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, d));
+  CK(cudaDeviceGetAttribute(&rdma_device, cudaDevAttrGPUDirectRDMASupported, 0));
+  CU(g_cu.get_pointer(&access, CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, d));
+  CU(g_cu.get_pointer(&pool_of, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, d));
+  printf("pointer.malloc=ipc%d,rdma_as_device%d,access%u,pool%d\n", ipc, rdma == (rdma_device != 0),
+         access, pool_of != nullptr);
+  void* from_pool = nullptr;
+  cudaMemPool_t default_pool = nullptr;
+  CK(cudaMallocAsync(&from_pool, 4096, 0));
+  CK(cudaDeviceGetDefaultMemPool(&default_pool, 0));
+  const CUdeviceptr fp = reinterpret_cast<CUdeviceptr>(from_pool);
+  CU(g_cu.get_pointer(&ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, fp));
+  CU(g_cu.get_pointer(&rdma, CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, fp));
+  CU(g_cu.get_pointer(&access, CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, fp + 100));
+  CU(g_cu.get_pointer(&pool_of, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, fp));
+  printf("pointer.malloc_async=ipc%d,rdma%d,access%u,default_pool%d\n", ipc, rdma, access,
+         pool_of == static_cast<void*>(default_pool));
+  CK(cudaFreeAsync(from_pool, 0));
+  CK(cudaDeviceSynchronize());
   int on_stack = 0;
   printf("pointer.set_host_stack=%s\n",
          e2e::CuName(g_cu.set_pointer(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS,

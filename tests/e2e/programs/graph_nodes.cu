@@ -7,6 +7,10 @@
 //               cudaGraphExecUpdate.
 //   conditional graphConditionalNodes: IF, IF/ELSE, WHILE counting down in a kernel, SWITCH;
 //               the conditional value set by kernels (flyt_sim_* names: the sim models them).
+//               Then the sample's captured WHILE: a node added by hand to a capture
+//               (cudaStreamGetCaptureInfo's graph and dependencies), its body captured by
+//               a second stream (cudaStreamBeginCaptureToGraph), the capture continued
+//               after it (cudaStreamUpdateCaptureDependencies, set and add).
 //   memory      graph memory nodes: alloc -> memset -> D2H -> free, launched again and
 //               again; node queries; a free node for memory no graph allocated; trim.
 //   other       child graph (holding a host copy), empty and event record/wait nodes,
@@ -18,13 +22,19 @@
 //   quota BYTES (Flyt only, server with --memory-quota BYTES) allocation nodes count
 //               against the quota.
 //   refusals    (Flyt only) what Flyt answers with cudaErrorNotSupported.
+//   (always)    user objects, as NCCL ties its plans to a captured graph: destructors run
+//               when the last reference goes, on a thread of the library's, and an
+//               executable graph's references only after its launches are done.
 //
 // Prints key=value lines (deterministic: no addresses, no timings), then "graph_nodes: PASS".
 // Nothing printed depends on what a kernel computes except through the kernels the sim
 // models (flyt_sim_set_conditional, flyt_sim_countdown), so the sim and a GPU agree.
 #include <cuda_runtime.h>
+#include <pthread.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -422,6 +432,203 @@ void Conditional() {
   CK(cudaGraphExecDestroy(exec));
   CK(cudaGraphDestroy(g));
   CK(cudaFree(d_counter));
+  CK(cudaStreamDestroy(s));
+}
+
+// graphConditionalNodes' capturedWhileGraph, with NCCL's way of joining a node added by
+// hand into a capture (get the dependencies, add after them, set them to the new node).
+void CapturedWhile() {
+  e2e::Step("conditional: captured while");
+  cudaStream_t s, body_stream;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&body_stream, cudaStreamNonBlocking));
+  int* d_counter = nullptr;
+  CK(cudaMalloc(&d_counter, 2 * sizeof(int)));
+  int* host = nullptr;  // {n, 0} in, {0, iterations} out
+  CK(cudaMallocHost(&host, 4 * sizeof(int)));
+  cudaStreamCaptureStatus st;
+  cudaGraph_t capture_graph = nullptr, g = nullptr;
+  const cudaGraphNode_t* deps = nullptr;
+  size_t ndeps = 0;
+  CK(cudaStreamGetCaptureInfo(s, &st, nullptr, &capture_graph, &deps, nullptr, &ndeps));
+  printf("captured.idle=%d,%zu\n", static_cast<int>(st), ndeps);
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  CK(cudaStreamGetCaptureInfo(s, &st, nullptr, &capture_graph, &deps, nullptr, &ndeps));
+  printf("captured.begin=%d,%zu\n", static_cast<int>(st == cudaStreamCaptureStatusActive), ndeps);
+  CK(cudaMemcpyAsync(d_counter, host, 2 * sizeof(int), cudaMemcpyHostToDevice, s));
+  CK(cudaStreamGetCaptureInfo(s, &st, nullptr, &capture_graph, &deps, nullptr, &ndeps));
+  EXPECT(ndeps == 1, "after one copy the capture depends on one node (got %zu)", ndeps);
+  cudaGraphNodeType t;
+  CK(cudaGraphNodeGetType(deps[0], &t));
+  printf("captured.dep_type=%s\n", TypeName(t));
+  cudaGraphConditionalHandle h;
+  CK(cudaGraphConditionalHandleCreate(&h, capture_graph, 1, cudaGraphCondAssignDefault));
+  cudaGraphNodeParams np{};
+  np.type = cudaGraphNodeTypeConditional;
+  np.conditional.handle = h;
+  np.conditional.type = cudaGraphCondTypeWhile;
+  np.conditional.size = 1;
+  cudaGraphNode_t loop;
+  CK(cudaGraphAddNode(&loop, capture_graph, deps, nullptr, ndeps, &np));
+  cudaGraph_t body = np.conditional.phGraph_out[0], body_back = nullptr;
+  CK(cudaStreamBeginCaptureToGraph(body_stream, body, nullptr, nullptr, 0,
+                                   cudaStreamCaptureModeRelaxed));
+  flyt_sim_countdown<<<1, 1, 0, body_stream>>>(h, d_counter);
+  CK(cudaGetLastError());
+  CK(cudaStreamEndCapture(body_stream, &body_back));
+  EXPECT(body_back == body, "capture to a graph ends with that graph");
+  printf("captured.body=%s\n", Types(body).c_str());
+  CK(cudaStreamUpdateCaptureDependencies(s, &loop, nullptr, 1, cudaStreamSetCaptureDependencies));
+  CK(cudaStreamGetCaptureInfo(s, &st, nullptr, nullptr, &deps, nullptr, &ndeps));
+  EXPECT(ndeps == 1 && deps[0] == loop, "set: the capture depends on the loop alone");
+  // Add: an empty node made by hand joins the set; the copy after waits for both.
+  cudaGraphNode_t extra;
+  CK(cudaGraphAddEmptyNode(&extra, capture_graph, nullptr, 0));
+  CK(cudaStreamUpdateCaptureDependencies(s, &extra, nullptr, 1, cudaStreamAddCaptureDependencies));
+  CK(cudaStreamGetCaptureInfo(s, &st, nullptr, nullptr, &deps, nullptr, &ndeps));
+  printf("captured.after_add=%zu\n", ndeps);
+  EXPECT(ndeps == 2, "add: two dependencies (got %zu)", ndeps);
+  CK(cudaMemcpyAsync(host + 2, d_counter, 2 * sizeof(int), cudaMemcpyDeviceToHost, s));
+  CK(cudaStreamEndCapture(s, &g));
+  EXPECT(g == capture_graph, "the captured graph is the one GetCaptureInfo named");
+  printf("captured.types=%s\n", Types(g).c_str());
+  size_t edges = 0;
+  CK(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &edges));
+  printf("captured.edges=%zu\n", edges);
+  // cudaGraphDebugDotPrint (torch.cuda.CUDAGraph.debug_dump): a DOT file where asked.
+  char dot_path[] = "/tmp/graph_nodes-dot-XXXXXX";
+  int fd = mkstemp(dot_path);
+  EXPECT(fd >= 0, "mkstemp");
+  close(fd);
+  CK(cudaGraphDebugDotPrint(g, dot_path, cudaGraphDebugDotFlagsVerbose));
+  std::string dot;
+  if (FILE* f = fopen(dot_path, "r")) {
+    char buf[4096];
+    size_t got;
+    while ((got = fread(buf, 1, sizeof(buf), f)) > 0) dot.append(buf, got);
+    fclose(f);
+  }
+  unlink(dot_path);
+  size_t arrows = 0;
+  for (size_t at = dot.find("->"); at != std::string::npos; at = dot.find("->", at + 2)) ++arrows;
+  printf("captured.dot=%d\n", dot.rfind("digraph", 0) == 0 && arrows >= edges ? 1 : 0);
+  printf("captured.dot_unwritable=%d\n",
+         static_cast<int>(cudaGraphDebugDotPrint(g, "/nonexistent-dir/graph.dot", 0)));
+  cudaGetLastError();
+  // Bad input: no capture, a bogus flag.
+  cudaGraphNode_t none = nullptr;
+  printf("captured.update_idle=%d\n",
+         static_cast<int>(cudaStreamUpdateCaptureDependencies(s, &none, nullptr, 0, 0)));
+  cudaGetLastError();
+  cudaGraphExec_t exec;
+  CK(cudaGraphInstantiate(&exec, g, 0));
+  std::string iterations;
+  for (int n : {4, 7, 1}) {
+    host[0] = n;
+    host[1] = 0;
+    host[2] = host[3] = -1;
+    CK(cudaGraphLaunch(exec, s));
+    CK(cudaStreamSynchronize(s));
+    EXPECT(host[2] == 0, "captured while: counter ends at 0 (got %d)", host[2]);
+    iterations += (iterations.empty() ? "" : ",") + std::to_string(host[3]);
+  }
+  printf("captured.while_iterations=%s\n", iterations.c_str());
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(g));
+  CK(cudaFreeHost(host));
+  CK(cudaFree(d_counter));
+  CK(cudaStreamDestroy(body_stream));
+  CK(cudaStreamDestroy(s));
+}
+
+// A user object's destructor: counts, and notes whether it ran on the app's thread.
+struct Owned {
+  std::atomic<int> destroyed{0};
+  std::atomic<int> on_app_thread{0};
+  pthread_t app;
+};
+void DestroyOwned(void* p) {
+  auto* o = static_cast<Owned*>(p);
+  o->on_app_thread += pthread_equal(pthread_self(), o->app) ? 1 : 0;
+  o->destroyed += 1;
+}
+// Waits up to 5 s for the destructor (it runs asynchronously, natively too).
+int Destroyed(Owned* o) {
+  for (int i = 0; i < 500 && o->destroyed.load() == 0; ++i) usleep(10000);
+  return o->destroyed.load();
+}
+
+void UserObjects() {
+  e2e::Step("user objects");
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  int* d = nullptr;
+  CK(cudaMalloc(&d, 1 << 20));
+  // A graph moves the app's reference in; its executable graph keeps the object alive
+  // after the graph is gone, until it is destroyed itself (after its launches).
+  Owned a;
+  a.app = pthread_self();
+  cudaUserObject_t obj;
+  CK(cudaUserObjectCreate(&obj, &a, DestroyOwned, 1, cudaUserObjectNoDestructorSync));
+  cudaGraph_t g;
+  CK(cudaGraphCreate(&g, 0));
+  cudaGraphNode_t set;
+  cudaMemsetParams ms{};
+  ms.dst = d;
+  ms.value = 7;
+  ms.elementSize = 4;
+  ms.width = 1 << 18;
+  ms.height = 1;
+  CK(cudaGraphAddMemsetNode(&set, g, nullptr, 0, &ms));
+  CK(cudaGraphRetainUserObject(g, obj, 1, cudaGraphUserObjectMove));
+  cudaGraphExec_t exec;
+  CK(cudaGraphInstantiate(&exec, g, 0));
+  CK(cudaGraphDestroy(g));
+  usleep(50000);
+  const int after_graph = a.destroyed.load();
+  for (int i = 0; i < 20; ++i) CK(cudaGraphLaunch(exec, s));
+  CK(cudaGraphExecDestroy(exec));
+  const int after_exec = Destroyed(&a);
+  CK(cudaStreamSynchronize(s));
+  printf("user_object.exec=%d,%d,app_thread%d\n", after_graph, after_exec, a.on_app_thread.load());
+  // The app's own references: retained and released.
+  Owned b;
+  b.app = pthread_self();
+  CK(cudaUserObjectCreate(&obj, &b, DestroyOwned, 2, cudaUserObjectNoDestructorSync));
+  CK(cudaUserObjectRetain(obj, 3));
+  CK(cudaUserObjectRelease(obj, 4));
+  usleep(50000);
+  const int still = b.destroyed.load();
+  CK(cudaUserObjectRelease(obj, 1));
+  printf("user_object.app_refs=%d,%d\n", still, Destroyed(&b));
+  // A clone and a child graph node hold references of their own; a graph cannot give
+  // back more than it holds.
+  Owned c;
+  c.app = pthread_self();
+  CK(cudaUserObjectCreate(&obj, &c, DestroyOwned, 1, cudaUserObjectNoDestructorSync));
+  cudaGraph_t g2, clone, parent;
+  CK(cudaGraphCreate(&g2, 0));
+  CK(cudaGraphAddMemsetNode(&set, g2, nullptr, 0, &ms));
+  CK(cudaGraphRetainUserObject(g2, obj, 2, 0));
+  printf("user_object.release_too_many=%d\n",
+         static_cast<int>(cudaGraphReleaseUserObject(g2, obj, 3)));
+  cudaGetLastError();
+  CK(cudaGraphReleaseUserObject(g2, obj, 1));
+  CK(cudaUserObjectRelease(obj, 1));  // the app's: the graph's one remains
+  CK(cudaGraphClone(&clone, g2));
+  CK(cudaGraphCreate(&parent, 0));
+  cudaGraphNode_t child;
+  CK(cudaGraphAddChildGraphNode(&child, parent, nullptr, 0, g2));
+  CK(cudaGraphDestroy(g2));
+  CK(cudaGraphDestroy(clone));
+  usleep(50000);
+  const int with_parent = c.destroyed.load();
+  CK(cudaGraphDestroy(parent));
+  printf("user_object.copies=%d,%d\n", with_parent, Destroyed(&c));
+  printf("user_object.bad_flags=%d\n",
+         static_cast<int>(cudaUserObjectCreate(&obj, &c, DestroyOwned, 1, 0)));
+  cudaGetLastError();
+  CK(cudaFree(d));
   CK(cudaStreamDestroy(s));
 }
 
@@ -883,6 +1090,8 @@ int main(int argc, char** argv) {
   } else {
     Simple();
     Conditional();
+    CapturedWhile();
+    UserObjects();
     Memory();
     Other();
     Topology();

@@ -32,6 +32,17 @@ import threading
 import time
 
 TOKEN = "migrate-check"
+# Every wait (a native run, a step line, a program's end, a move) is bounded by this many
+# seconds (--timeout): a run that hangs says where, instead of using up the machine.
+LIMIT_S = 600
+
+
+def progress(what):
+    """One line on stderr as each stage starts, so that a hang shows where it is."""
+    print("[run_migrate %.0f s] %s" % (time.monotonic() - START, what), file=sys.stderr, flush=True)
+
+
+START = time.monotonic()
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "e2e"))
 from run_e2e import control_call  # noqa: E402  (the control-socket client, docs/control_plane.md)
@@ -45,9 +56,9 @@ def free_port():
     return port
 
 
-def control(path, request, timeout=700):
+def control(path, request, timeout=None):
     """One request on a flyt-server control socket (the e2e runner's client)."""
-    return control_call(path, request, timeout)
+    return control_call(path, request, timeout or LIMIT_S + 60)
 
 
 class Server:
@@ -110,8 +121,9 @@ class Program:
             self.lines.append(None)
             self.cv.notify_all()
 
-    def wait_line(self, pattern, timeout=600):
-        deadline = time.monotonic() + timeout
+    def wait_line(self, pattern, timeout=None):
+        progress("waiting for /%s/" % pattern)
+        deadline = time.monotonic() + (timeout or LIMIT_S)
         with self.cv:
             i = 0
             while time.monotonic() < deadline:
@@ -125,9 +137,10 @@ class Program:
                 self.cv.wait(1)
         return None
 
-    def finish(self, timeout=900):
+    def finish(self, timeout=None):
+        progress("waiting for the program to end")
         try:
-            rc = self.proc.wait(timeout=timeout)
+            rc = self.proc.wait(timeout=timeout or LIMIT_S)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             rc = None
@@ -136,12 +149,18 @@ class Program:
             return rc, [l for l in self.lines if l is not None]
 
 
-def native(cmd, timeout=900):
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+def native(cmd, timeout=None):
+    progress("native: %s" % " ".join(os.path.basename(c) for c in cmd))
+    try:
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=timeout or LIMIT_S)
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode("utf-8", "replace").splitlines()
+        return "timed out", out
     return r.returncode, r.stdout.decode("utf-8", "replace").splitlines()
 
 
-def native_first_step_s(cmd, timeout=600):
+def native_first_step_s(cmd, timeout=None):
     """Seconds from a native start to its first step line (start-up and code loading)."""
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -149,7 +168,7 @@ def native_first_step_s(cmd, timeout=600):
     for raw in proc.stdout:
         if raw.decode("utf-8", "replace").startswith("step 0 ") and took is None:
             took = time.monotonic() - t0
-    proc.wait(timeout)
+    proc.wait(timeout or LIMIT_S)
     return took
 
 
@@ -187,7 +206,11 @@ def main():
                     help="train_loop.py modes (default: all four with --movable, else "
                          "plain,cudagraph: expandable segments and cudaMallocAsync move only "
                          "from a --movable-memory server)")
+    ap.add_argument("--timeout", type=int, default=600,
+                    help="seconds any one wait may take (native run, step line, move)")
     args = ap.parse_args()
+    global LIMIT_S
+    LIMIT_S = args.timeout
     if args.torch_modes is None:
         args.torch_modes = ("plain,expandable,mallocasync,cudagraph" if args.movable
                             else "plain,cudagraph")
@@ -205,7 +228,8 @@ def main():
     servers = [a, b]
 
     def move(srv, verb, **extra):
-        request = {"verb": verb, "wait_ms": 600000}
+        progress("%s on %s %s" % (verb, srv.name, extra))
+        request = {"verb": verb, "wait_ms": LIMIT_S * 1000}
         request.update(extra)
         t0 = time.monotonic()
         answer = control(srv.ctl, request)
