@@ -83,7 +83,7 @@ void AfterForkInChild() {
   new (&c.rma_mu_) std::mutex();
   new (&c.stage_mu_) std::mutex();
   c.stage_ = Client::StageArea{};  // the parent's (the child cannot use CUDA)
-  c.rma_enabled_ = false;  // the registrations were the parent's connection's
+  c.rma_enabled_ = false;          // the registrations were the parent's connection's
   if (c.conn_ != nullptr) c.conn_->AbandonAfterFork();
   (void)c.conn_.release();
   c.queue_.clear();
