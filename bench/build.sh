@@ -2,6 +2,7 @@
 # Builds the benchmark programs into OUTDIR:
 #   OUTDIR/cuda_bench        (nvcc -arch=sm_90 -O2, static cudart)
 #   OUTDIR/tcp_loopback_bw   (g++ -O2)
+#   OUTDIR/mapped_host_bench (nvcc, as cuda_bench)
 #   OUTDIR/driver_call_overhead (g++ -O2; CUDA headers only: the cost of a driver call
 #                            through a libcuda.so.1, with and without a CUPTI subscriber)
 # Usage: bench/build.sh OUTDIR
@@ -43,6 +44,12 @@ elif ! "$nvcc" -std=c++17 -O2 -arch="$arch" -cudart static \
     -Xcompiler -Wall,-Wextra -Xcompiler -static-libstdc++,-static-libgcc \
     -o "$out/cuda_bench" "$here/cuda_bench.cu"; then
   echo "build.sh: cuda_bench failed" >&2
+  rc=1
+fi
+if [[ -x "$nvcc" ]] && ! "$nvcc" -std=c++17 -O2 -arch="$arch" -cudart static \
+    -Xcompiler -Wall,-Wextra -Xcompiler -static-libstdc++,-static-libgcc \
+    -o "$out/mapped_host_bench" "$here/mapped_host_bench.cu"; then
+  echo "build.sh: mapped_host_bench failed" >&2
   rc=1
 fi
 exit $rc

@@ -73,7 +73,8 @@ CUresult Prefetch(const char* name, CUdeviceptr p, size_t n, CUmemLocation loc, 
                   CUstream s, bool pt) {
   if (!Client::Get().initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   // The driver refuses anything but managed memory, at the call.
-  if (n == 0 || !managed::Find(p, n, nullptr, nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  if (n == 0 || !managed::Find(p, n, nullptr, nullptr) || managed::IsHost(p))
+    return CUDA_ERROR_INVALID_VALUE;
   CUresult rc = pt ? Forward<266, false, true>(name, p, n, loc, flags, s)
                    : Forward<266, false, false>(name, p, n, loc, flags, s);
   // To the host: the pages come over in bulk once the stream is known done.

@@ -2,7 +2,11 @@
 // pointer queries are answered locally), host buffers, and copies of every
 // shape. Bulk data is cut into chunks that the server moves while the next
 // chunk is on the wire; pinned buffers shared over shm:// are the GPU's to reach,
-// and over ucx:// the server's to read and write itself (client/rma.cc).
+// and over ucx:// the server's to read and write itself (client/rma.cc). Pinned
+// memory mapped for the GPU over a socket is a coherent view of the server's pinned
+// memory at the same address (kOpHostMap; client/managed_memory.h keeps it).
+// Must not: map plain pinned buffers for the GPU before the app asks (their copies
+// are the fast path), or touch a mapped buffer's pages outside managed_memory.cc.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -12,6 +16,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "client/client.h"
 #include "client/managed_memory.h"
@@ -468,7 +473,16 @@ FLYT_API CUresult cuLibraryGetGlobal(CUdeviceptr* p, size_t* size, CUlibrary l, 
 // Otherwise (another network transport, or a server that refuses) it is
 // page-aligned client memory that copies treat like any host buffer. cuMemHostRegister of the app's
 // own memory is bookkeeping only: the server cannot map another process's private pages, so copies
-// from it take the pageable path and the GPU cannot map it.
+// from it take the pageable path.
+//
+// Memory the GPU maps, over any transport but as shm:// pinned buffers: a buffer allocated with
+// CU_MEMHOSTALLOC_DEVICEMAP, registered with CU_MEMHOSTREGISTER_DEVICEMAP, or whose device pointer
+// the app asks for (cuMemHostGetDevicePointer). The server holds pinned, mapped memory at the
+// same address (so the host pointer is the device pointer, as under UVA natively), and this
+// process's pages there become a coherent view of it, kept like managed memory's
+// (managed_memory.h): the host's writes reach the GPU before device work, the GPU's are seen
+// once the work is known complete. Plain pinned buffers are not mapped until asked: their copies
+// stay the fast paths above (docs/compatibility.md says why).
 
 namespace {
 
@@ -519,6 +533,136 @@ CUresult flyt::client::AllocSharedHost(size_t bytes, unsigned flags, Client::Hos
   return CUDA_SUCCESS;
 }
 
+namespace {
+
+// Unregisters and unmaps the server's pinned memory at `base` (kOpHostMap's); the session's
+// work on it drains first.
+CUresult UnmapOnServer(const char* name, uint64_t base) {
+  wire::Writer w;
+  w.Put<uint64_t>(base);
+  return Client::Get().Call(name, ops::kOpHostUnshare, w, ReplySink{});
+}
+
+// The server places pinned memory the GPU maps at [base, base+bytes) (the same address
+// there), and this process's bytes [p, p+n) there become the coherent view of it. `adopt`:
+// they are the app's and keep their values; otherwise they are a reservation of ours.
+// CUDA_ERROR_ALREADY_MAPPED: the server has something at those addresses.
+CUresult MapForDevice(const char* name, uint64_t base, uint64_t bytes, unsigned flags, uint64_t p,
+                      uint64_t n, bool adopt) {
+  Client& c = Client::Get();
+  wire::Writer w;
+  w.Put<uint64_t>(base);
+  w.Put<uint64_t>(bytes);
+  w.Put<uint32_t>(flags);
+  std::vector<uint8_t> reply;
+  CUresult rc = c.Call(name, ops::kOpHostMap, w, ReplySink{&reply});
+  if (rc != CUDA_SUCCESS) return rc;
+  uint64_t device = 0;
+  wire::Reader r(reply.data(), reply.size());
+  if (!r.Get(&device) || device != base) rc = CUDA_ERROR_UNKNOWN;
+  if (rc == CUDA_SUCCESS) rc = managed::MapHost(p, n, base, adopt);
+  if (rc != CUDA_SUCCESS) {
+    CUresult freed = UnmapOnServer(name, base);
+    if (freed != CUDA_SUCCESS)
+      FLYT_WARN("%s: the server's pinned memory at 0x%llx could not be freed (error %d)", name,
+                static_cast<unsigned long long>(base), freed);
+  }
+  return rc;
+}
+
+// The server's address for new mapped memory clashes with its own this many times at most.
+constexpr int kMapAttempts = 8;
+
+// A new buffer the GPU maps (cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP over a socket).
+CUresult AllocMapped(size_t bytes, unsigned flags, Client::HostBuffer* b) {
+  std::vector<void*> clashing;  // kept until the end, so the next one lands elsewhere
+  CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
+  for (int attempt = 0; attempt < kMapAttempts; ++attempt) {
+    void* p = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      rc = CUDA_ERROR_OUT_OF_MEMORY;
+      break;
+    }
+    const auto at = reinterpret_cast<uintptr_t>(p);
+    rc = MapForDevice("cuMemHostAlloc", at, bytes, flags, at, bytes, false);
+    if (rc == CUDA_SUCCESS) {
+      *b = Client::HostBuffer{reinterpret_cast<uintptr_t>(p), bytes, flags, true, 0, 0};
+      b->device_ptr = b->base;
+      b->coherent = true;
+      break;
+    }
+    clashing.push_back(p);
+    if (rc != CUDA_ERROR_ALREADY_MAPPED) break;
+  }
+  for (void* p : clashing) munmap(p, bytes);
+  if (rc == CUDA_ERROR_ALREADY_MAPPED) {
+    FLYT_ERROR(
+        "cuMemHostAlloc: flyt-server has memory of its own at every address tried for %zu bytes "
+        "of mapped pinned memory (%d tries)",
+        bytes, kMapAttempts);
+    rc = CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  return rc;
+}
+
+// Maps a pinned or registered buffer for the GPU where it is (its pages, whole): the
+// app's pointer becomes the device pointer. Serialised, so that two threads asking for
+// one buffer's device pointer map it once.
+std::mutex g_map_mu;
+CUresult MapExisting(const char* name, Client::HostBuffer* b) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  std::lock_guard<std::mutex> lock(g_map_mu);
+  Client::HostBuffer now;
+  if (c.FindHostBuffer(reinterpret_cast<void*>(b->base), &now) && now.base == b->base &&
+      now.device_ptr != 0) {
+    *b = now;  // another thread mapped it meanwhile
+    return CUDA_SUCCESS;
+  }
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t first = b->base & ~(page - 1);
+  const uint64_t end = (b->base + b->size + page - 1) & ~(page - 1);
+  // Read and written one-sided by the server so far (ucx://): its key goes first, its pages
+  // are about to be replaced.
+  CUresult rc = c.RmaForget(*b);
+  if (rc != CUDA_SUCCESS) return rc;
+  rc = MapForDevice(name, first, end - first, b->flags, b->base, b->size, true);
+  if (rc == CUDA_ERROR_ALREADY_MAPPED) {
+    FLYT_WARN(
+        "%s: flyt-server has memory of its own at this buffer's addresses (0x%llx, %llu bytes); "
+        "it cannot be mapped for the GPU. Allocate it with cudaHostAlloc(cudaHostAllocMapped) "
+        "instead",
+        name, static_cast<unsigned long long>(first), static_cast<unsigned long long>(end - first));
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  if (rc != CUDA_SUCCESS) return rc;
+  Client::HostBuffer old;
+  c.RemoveHostBuffer(reinterpret_cast<void*>(b->base), &old);
+  b->device_ptr = b->base;
+  b->coherent = true;
+  b->rma_key = b->rma_handle = b->rma_gen = 0;
+  c.AddHostBuffer(*b);
+  return CUDA_SUCCESS;
+}
+
+// A mapped buffer goes: the server frees its memory (after the session's work on it);
+// `restore` keeps the bytes at the address as ordinary memory (the app's own buffer).
+CUresult UnmapMapped(const char* name, const Client::HostBuffer& b, bool restore) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t base = b.base & ~(page - 1);  // the server's pages of it start there
+  CUresult rc = CUDA_SUCCESS;
+  if (restore) {
+    // The device's writes must be in the bytes the app keeps.
+    rc = Forward<100, true, false>("cuCtxSynchronize");
+    managed::UnmapHost(base, true);
+  }
+  CUresult freed = UnmapOnServer(name, base);
+  if (!restore) managed::UnmapHost(base, false);
+  return rc != CUDA_SUCCESS ? rc : freed;
+}
+
+}  // namespace
+
 FLYT_API CUresult cuMemHostAlloc(void** pp, size_t n, unsigned int flags) {
   if (pp == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Client& c = Client::Get();
@@ -526,6 +670,14 @@ FLYT_API CUresult cuMemHostAlloc(void** pp, size_t n, unsigned int flags) {
   const size_t bytes = PageRound(n);
   Client::HostBuffer b;
   CUresult rc = flyt::client::AllocSharedHost(bytes, flags, &b);
+  // Over a socket, mapped for the GPU: a coherent view of the server's pinned memory.
+  if (rc == CUDA_ERROR_NOT_SUPPORTED && (flags & CU_MEMHOSTALLOC_DEVICEMAP) != 0) {
+    rc = AllocMapped(bytes, flags, &b);
+    if (rc == CUDA_ERROR_NOT_SUPPORTED)
+      FLYT_WARN(
+          "cuMemHostAlloc: flyt-server cannot map pinned memory for the GPU; this buffer is "
+          "not mapped (cuMemHostGetDevicePointer will refuse it)");
+  }
   if (rc == CUDA_ERROR_NOT_SUPPORTED) {
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -535,7 +687,8 @@ FLYT_API CUresult cuMemHostAlloc(void** pp, size_t n, unsigned int flags) {
   }
   // Where the server could not map the buffer at the client's address, its
   // device pointer differs: known as device memory, copies with it stay on the GPU.
-  if (b.device_ptr != 0 && b.device_ptr != b.base) c.AddDeviceRange(b.device_ptr, b.size, true);
+  if (b.device_ptr != 0 && b.device_ptr != b.base && !b.coherent)
+    c.AddDeviceRange(b.device_ptr, b.size, true);
   c.AddHostBuffer(b);
   *pp = reinterpret_cast<void*>(b.base);
   return CUDA_SUCCESS;
@@ -549,6 +702,7 @@ FLYT_API CUresult cuMemFreeHost(void* p) {
   if (!c.FindHostBuffer(p, &b) || b.base != reinterpret_cast<uintptr_t>(p) || !b.owned)
     return CUDA_ERROR_INVALID_VALUE;
   c.RemoveHostBuffer(p, &b);
+  if (b.coherent) return UnmapMapped("cuMemFreeHost", b, false);
   if (b.device_ptr != 0 && b.device_ptr != b.base) c.RemoveDeviceRange(b.device_ptr);
   // Read and written by the server (ucx://): it drains its work on it and drops its key.
   CUresult rc = c.RmaForget(b);
@@ -566,7 +720,17 @@ FLYT_API CUresult cuMemHostRegister_v2(void* p, size_t n, unsigned int flags) {
   if (p == nullptr || n == 0) return CUDA_ERROR_INVALID_VALUE;
   Client& c = Client::Get();
   if (c.FindHostBuffer(p, nullptr)) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
-  c.AddHostBuffer(Client::HostBuffer{reinterpret_cast<uintptr_t>(p), n, flags, false, 0, 0});
+  Client::HostBuffer b{reinterpret_cast<uintptr_t>(p), n, flags, false, 0, 0};
+  if ((flags & CU_MEMHOSTREGISTER_DEVICEMAP) != 0) {
+    // Mapped for the GPU: its pages become a coherent view of the server's pinned memory.
+    if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (managed::Overlaps(b.base, n)) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    c.AddHostBuffer(b);
+    CUresult rc = MapExisting("cuMemHostRegister", &b);
+    if (rc != CUDA_SUCCESS) c.RemoveHostBuffer(p, nullptr);
+    return rc;
+  }
+  c.AddHostBuffer(b);
   return CUDA_SUCCESS;
 }
 
@@ -576,6 +740,7 @@ FLYT_API CUresult cuMemHostUnregister(void* p) {
   if (!c.FindHostBuffer(p, &b) || b.base != reinterpret_cast<uintptr_t>(p) || b.owned)
     return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
   c.RemoveHostBuffer(p, &b);
+  if (b.coherent) return UnmapMapped("cuMemHostUnregister", b, true);
   return c.RmaForget(b);  // read and written by the server (ucx://): its key goes first
 }
 
@@ -592,20 +757,24 @@ FLYT_API CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* out, void* p, unsign
   Client::HostBuffer b;
   // Memory the driver never pinned has no device address natively either.
   if (!Client::Get().FindHostBuffer(p, &b)) return CUDA_ERROR_INVALID_VALUE;
+  const uintptr_t off = reinterpret_cast<uintptr_t>(p) - b.base;
   if (b.device_ptr != 0) {
-    *out = b.device_ptr + (reinterpret_cast<uintptr_t>(p) - b.base);
+    *out = b.device_ptr + off;
+    return CUDA_SUCCESS;
+  }
+  // Not mapped yet (pinned memory allocated without CU_MEMHOSTALLOC_DEVICEMAP, as XLA's,
+  // or registered without CU_MEMHOSTREGISTER_DEVICEMAP): mapped now, where it is.
+  CUresult rc = MapExisting("cuMemHostGetDevicePointer", &b);
+  if (rc == CUDA_SUCCESS) {
+    *out = b.device_ptr + off;
     return CUDA_SUCCESS;
   }
   static std::atomic<bool> logged{false};
-  if (!logged.exchange(true)) {
+  if (rc == CUDA_ERROR_NOT_SUPPORTED && !logged.exchange(true))
     FLYT_WARN(
-        "cuMemHostGetDevicePointer: only memory from cudaHostAlloc/cudaMallocHost over a "
-        "shm:// connection can be mapped for the GPU (%s); copy the data with cudaMemcpy "
-        "instead",
-        b.owned ? "this process reaches its server over a socket"
-                : "this buffer was registered with cudaHostRegister");
-  }
-  return CUDA_ERROR_NOT_SUPPORTED;
+        "cuMemHostGetDevicePointer: this buffer cannot be mapped for the GPU; copy the data "
+        "with cudaMemcpy instead");
+  return rc;
 }
 
 // --- pointer attributes (answered from the tables)

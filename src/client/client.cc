@@ -83,7 +83,7 @@ void AfterForkInChild() {
   new (&c.rma_mu_) std::mutex();
   new (&c.stage_mu_) std::mutex();
   c.stage_ = Client::StageArea{};  // the parent's (the child cannot use CUDA)
-  c.rma_enabled_ = false;  // the registrations were the parent's connection's
+  c.rma_enabled_ = false;          // the registrations were the parent's connection's
   if (c.conn_ != nullptr) c.conn_->AbandonAfterFork();
   (void)c.conn_.release();
   c.queue_.clear();
@@ -468,7 +468,11 @@ CUresult Client::CallManaged(const char* name, uint16_t op, const wire::Writer& 
   const bool waits = WaitsOnly(op);
   const bool copies_back =
       op == ops::kOpCopyFromDevice || op == ops::kOpCopy3D || op == ops::kOpCopyFromDeviceStaged;
-  if (!waits) managed::BeforeDeviceWork();
+  if (!waits) {
+    managed::BeforeDeviceWork();
+  } else {
+    managed::FlushHostWrites();  // a kernel may be waiting for them
+  }
   const uint64_t epoch = managed::Epoch();
   CUresult rc = CallUnhooked(name, op, req, sink, flags);
   if (rc == CUDA_SUCCESS && (waits || copies_back))

@@ -182,6 +182,9 @@ class Client {
     uint64_t rma_handle = 0;
     uint64_t rma_gen = 0;
     bool rma_refused = false;  // registering it failed on connection generation rma_gen
+    // Mapped for the GPU over a socket (api_memory.cc, managed_memory.h): the server holds
+    // pinned memory at the same address, and this process's pages are a coherent view.
+    bool coherent = false;
     bool Covers(const void* p, size_t n) const {
       auto v = reinterpret_cast<uintptr_t>(p);
       return v >= base && v - base <= size && n <= size - (v - base);

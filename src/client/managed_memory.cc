@@ -43,6 +43,7 @@ struct Range {
   uint8_t* alias = nullptr;  // the private read-write mapping of the same pages
   int fd = -1;               // the memfd, sealed (until offered to an shm:// server)
   bool shared = false;       // the server maps the pages itself (shm://)
+  bool host = false;         // pinned host memory mapped for the GPU (MapHost)
   int slot = -1;             // in the handler's table
   // Zero on both sides while no device work ran since the allocation.
   bool fresh = false;
@@ -162,6 +163,17 @@ class Manager {
   uint32_t reconciled_epoch = 0;   // the epoch of the last completion point
   size_t stale = 0;                // clean copies tagged kStaleTag
   std::atomic<size_t> dirty_count{0};
+  // The bytes of mapped host buffers on pages they share with other data of the app
+  // (cudaHostRegister of memory that does not start or end on a page): never protected
+  // (the app's other data, malloc's own among it, lives there), compared and copied
+  // whole at each coherence point instead. By address.
+  struct Edge {
+    uint64_t len = 0;
+    uint64_t owner = 0;           // the server's base of the buffer's pages (UnmapHost)
+    std::vector<uint8_t> synced;  // the bytes as last pushed or fetched
+  };
+  std::map<uint64_t, Edge> edges;
+  std::atomic<size_t> edge_count{0};
   std::vector<std::pair<uint64_t, uint64_t>> prefetches;  // to fetch at the next completion
   std::unique_ptr<transport::Connection> conn;            // the paging channel
   bool conn_failed = false;
@@ -191,6 +203,8 @@ class Manager {
   void CollectDiffLocked(Range* r, uint32_t g, std::vector<std::pair<uint64_t, uint32_t>>* runs,
                          std::vector<uint8_t>* bytes);
   void FlushLocked(bool drop_changed);
+  // Edges: the host's changes to the GPU; with `fetch`, then the GPU's bytes back.
+  void SyncEdgesLocked(bool fetch);
   uint32_t FetchTag() {
     uint32_t e = epoch.load();
     return idle_epoch == e ? e : kStaleTag;
@@ -298,32 +312,50 @@ bool Manager::FetchLocked(Range* r, uint64_t g, uint64_t count) {
   return true;
 }
 
-// Granules are compared with their twins in blocks of this many bytes.
+// Granules are compared with their twins in blocks of this many bytes first.
 constexpr uint64_t kBlock = 64;
+
+// Appends to *runs (at addr + offset) the exact byte runs where now[0, len) differs from
+// old (null: zero), and their bytes to *bytes when given. Exact to the byte: a byte the
+// host did not change is never sent, so the device's write to it survives (natively the
+// host's write to one byte leaves its neighbours alone). Equal blocks are skipped with
+// memcmp, so an untouched stretch costs what a compare costs.
+void DiffRuns(const uint8_t* now, const uint8_t* old, uint64_t len, uint64_t addr,
+              std::vector<std::pair<uint64_t, uint32_t>>* runs, std::vector<uint8_t>* bytes) {
+  static const uint8_t kZero[kBlock] = {};
+  uint64_t run_start = UINT64_MAX;
+  auto close = [&](uint64_t at) {
+    if (run_start == UINT64_MAX) return;
+    runs->emplace_back(addr + run_start, static_cast<uint32_t>(at - run_start));
+    if (bytes != nullptr) bytes->insert(bytes->end(), now + run_start, now + at);
+    run_start = UINT64_MAX;
+  };
+  for (uint64_t at = 0; at < len; at += kBlock) {
+    const uint64_t n = std::min(kBlock, len - at);
+    const uint8_t* o = old != nullptr ? old + at : kZero;
+    if (std::memcmp(now + at, o, n) == 0) {
+      close(at);
+      continue;
+    }
+    for (uint64_t i = 0; i < n; ++i) {
+      if (now[at + i] != o[i]) {
+        if (run_start == UINT64_MAX) run_start = at + i;
+      } else {
+        close(at + i);
+      }
+    }
+  }
+  close(len);
+}
 
 // Appends the bytes of dirty granule g that differ from its twin.
 void Manager::CollectDiffLocked(Range* r, uint32_t g,
                                 std::vector<std::pair<uint64_t, uint32_t>>* runs,
                                 std::vector<uint8_t>* bytes) {
   const uint64_t off = static_cast<uint64_t>(g) * kGranule, len = r->GranuleLen(g);
-  const uint8_t* now = r->alias + off;
   auto it = r->twins.find(g);
   const uint8_t* twin = it != r->twins.end() ? it->second.get() : nullptr;
-  uint64_t run_start = UINT64_MAX;
-  static const uint8_t kZero[kBlock] = {};
-  auto changed = [&](uint64_t at, uint64_t n) {
-    return std::memcmp(now + at, twin != nullptr ? twin + at : kZero, n) != 0;
-  };
-  for (uint64_t at = 0; at <= len; at += kBlock) {
-    bool diff = at < len && changed(at, std::min(kBlock, len - at));
-    if (diff && run_start == UINT64_MAX) run_start = at;
-    if (!diff && run_start != UINT64_MAX) {
-      uint64_t run_end = std::min(at, len);
-      runs->emplace_back(r->base + off + run_start, static_cast<uint32_t>(run_end - run_start));
-      if (!r->shared) bytes->insert(bytes->end(), now + run_start, now + run_end);
-      run_start = UINT64_MAX;
-    }
-  }
+  DiffRuns(r->alias + off, twin, len, r->base + off, runs, r->shared ? nullptr : bytes);
   r->twins.erase(g);
 }
 
@@ -422,6 +454,31 @@ void Manager::FlushLocked(bool drop_changed) {
   if (drop_changed) stale = 0;
 }
 
+void Manager::SyncEdgesLocked(bool fetch) {
+  std::vector<std::pair<uint64_t, uint32_t>> runs;
+  std::vector<uint8_t> bytes;
+  for (auto& [addr, e] : edges) {
+    const auto* now = reinterpret_cast<const uint8_t*>(addr);
+    DiffRuns(now, e.synced.data(), e.len, addr, &runs, &bytes);
+    std::memcpy(e.synced.data(), now, e.len);
+  }
+  if (!PushLocked(runs, bytes, false) || !fetch) return;
+  for (auto& [addr, e] : edges) {
+    wire::Writer w;
+    w.Put<uint64_t>(addr);
+    w.Put<uint32_t>(static_cast<uint32_t>(e.len));
+    w.Put<uint8_t>(0);
+    CUresult rc = CUDA_SUCCESS;
+    if (!ExchangeLocked(ops::kOpManagedFetch, w, e.synced.data(), e.len, &rc)) return;
+    if (rc != CUDA_SUCCESS) {
+      FLYT_ERROR("mapped host memory: the server could not read %llu bytes at 0x%llx (error %d)",
+                 static_cast<unsigned long long>(e.len), static_cast<unsigned long long>(addr), rc);
+      continue;
+    }
+    std::memcpy(reinterpret_cast<void*>(addr), e.synced.data(), e.len);
+  }
+}
+
 void Manager::GrantWriteLocked(Range* r, uint32_t g) {
   if (!(r->fresh && r->fresh_epoch == epoch.load())) {
     auto twin = std::make_unique<uint8_t[]>(r->GranuleLen(g));
@@ -487,7 +544,7 @@ void Manager::ServeFaults() {
 }
 
 void Manager::Drop(Range* r) {
-  munmap(reinterpret_cast<void*>(r->base), r->size);
+  if (r->base != 0) munmap(reinterpret_cast<void*>(r->base), r->size);
   munmap(r->alias, r->size);
   if (r->fd >= 0) close(r->fd);
   if (r->slot >= 0) g_lo[r->slot].store(0, std::memory_order_release);
@@ -497,32 +554,51 @@ void Manager::Drop(Range* r) {
 
 }  // namespace
 
-CUresult Map(uint64_t base, uint64_t size, bool fresh, uint64_t owner) {
+namespace {
+
+// How a new range comes to be (Map, MapHost).
+enum class Origin {
+  kNew,      // at free addresses (managed memory)
+  kReplace,  // over this process's own reservation of the addresses (a new host range)
+  kAdopt,    // over the app's pages, whose bytes it keeps (a host range of app memory)
+};
+
+CUresult MapRange(uint64_t base, uint64_t size, bool fresh, uint64_t owner, bool host,
+                  Origin origin) {
   Manager& m = M();
   std::lock_guard<std::mutex> lock(m.mu);
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   if (size == 0 || base % page != 0) return CUDA_ERROR_INVALID_VALUE;
   const uint64_t len = (size + page - 1) / page * page;
   if (Range* r = m.FindLocked(base); r != nullptr)  // a library's variable asked for again
-    return r->base == base && r->size == len ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-  int fd = memfd_create("flyt-managed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    return !host && !r->host && r->base == base && r->size == len ? CUDA_SUCCESS
+                                                                  : CUDA_ERROR_INVALID_VALUE;
+  if (host && m.FindLocked(base + len - 1) != nullptr) return CUDA_ERROR_INVALID_VALUE;
+  int fd =
+      memfd_create(host ? "flyt-mapped-host" : "flyt-managed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
   void* view = MAP_FAILED;
   void* alias = MAP_FAILED;
   // Sealed at its size: an shm:// server maps it, and must never see it shrink.
   if (ftruncate(fd, static_cast<off_t>(len)) == 0 &&
-      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0) {
-    view = mmap(reinterpret_cast<void*>(base), len, PROT_NONE,
-                MAP_SHARED | MAP_NORESERVE | MAP_FIXED_NOREPLACE, fd, 0);
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0)
+    alias = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+  if (alias != MAP_FAILED) {
+    // The app's bytes move into the view's pages before the view takes their place
+    // (a write by another thread in between is lost, as when memory is registered
+    // while a thread writes it).
+    if (origin == Origin::kAdopt) std::memcpy(alias, reinterpret_cast<void*>(base), len);
+    const int prot = origin == Origin::kAdopt ? PROT_READ | PROT_WRITE : PROT_NONE;
+    const int fixed = origin == Origin::kNew ? MAP_FIXED_NOREPLACE : MAP_FIXED;
+    view =
+        mmap(reinterpret_cast<void*>(base), len, prot, MAP_SHARED | MAP_NORESERVE | fixed, fd, 0);
     if (view != MAP_FAILED && view != reinterpret_cast<void*>(base)) {
       munmap(view, len);  // a kernel without MAP_FIXED_NOREPLACE placed it elsewhere
       view = MAP_FAILED;
     }
-    if (view != MAP_FAILED)
-      alias = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
   }
   if (view == MAP_FAILED || alias == MAP_FAILED) {
-    if (view != MAP_FAILED) munmap(view, len);
+    if (alias != MAP_FAILED) munmap(alias, len);
     close(fd);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
@@ -548,10 +624,21 @@ CUresult Map(uint64_t base, uint64_t size, bool fresh, uint64_t owner) {
   r->alias = static_cast<uint8_t*>(alias);
   r->fd = fd;
   r->slot = slot;
+  r->host = host;  // its owner: the server's base of the buffer's pages
   r->fresh = fresh;
   r->fresh_epoch = m.epoch.load();
   r->state.assign(r->granules(), kAbsent);
   r->tag.assign(r->granules(), 0);
+  if (origin == Origin::kAdopt) {
+    // Every granule written by the host, against a zero twin (the server's pages
+    // are new): the next device work sends the bytes that are not zero.
+    for (uint32_t g = 0; g < r->granules(); ++g) {
+      r->state[g] = kDirty;
+      r->dirty.push_back(g);
+      r->resident.push_back(g);
+    }
+    m.dirty_count.fetch_add(r->granules());
+  }
   g_hi[slot].store(base + len, std::memory_order_release);
   g_lo[slot].store(base, std::memory_order_release);
   if (slot == used) g_slots_used.store(used + 1, std::memory_order_release);
@@ -569,14 +656,122 @@ CUresult Map(uint64_t base, uint64_t size, bool fresh, uint64_t owner) {
   return CUDA_SUCCESS;
 }
 
+}  // namespace
+
+CUresult Map(uint64_t base, uint64_t size, bool fresh, uint64_t owner) {
+  return MapRange(base, size, fresh, owner, false, Origin::kNew);
+}
+
+CUresult MapHost(uint64_t p, uint64_t n, uint64_t server_base, bool adopt) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  if (!adopt) return MapRange(p, n, true, server_base, true, Origin::kReplace);
+  // The whole pages of [p, p+n) become a view; the bytes on pages the buffer shares
+  // with other data are edges.
+  const uint64_t first = (p + page - 1) & ~(page - 1), end = (p + n) & ~(page - 1);
+  if (first < end) {
+    CUresult rc = MapRange(first, end - first, false, server_base, true, Origin::kAdopt);
+    if (rc != CUDA_SUCCESS) return rc;
+  }
+  Manager& m = M();
+  std::lock_guard<std::mutex> lock(m.mu);
+  auto add_edge = [&](uint64_t at, uint64_t len) {
+    if (len == 0) return;
+    Manager::Edge e;
+    e.len = len;
+    e.owner = server_base;
+    e.synced.assign(len, 0);  // the server's pages are new: the app's bytes go at the next point
+    m.edges[at] = std::move(e);
+    m.edge_count.fetch_add(1);
+  };
+  if (first >= end) {  // no whole page: one edge, or two around a page boundary
+    const uint64_t split = std::min(first, p + n);
+    add_edge(p, split - p);
+    add_edge(split, p + n - split);
+  } else {
+    add_edge(p, first - p);
+    add_edge(end, p + n - end);
+  }
+  g_owner_pid.store(getpid());
+  m.EnsurePagerLocked();
+  g_any.store(true, std::memory_order_release);
+  return CUDA_SUCCESS;
+}
+
 bool Unmap(uint64_t base) {
   Manager& m = M();
   std::lock_guard<std::mutex> lock(m.mu);
   auto it = m.ranges.find(base);
-  if (it == m.ranges.end()) return false;
+  if (it == m.ranges.end() || it->second->host) return false;
   m.Drop(it->second.get());
   m.ranges.erase(it);
   return true;
+}
+
+bool UnmapHost(uint64_t server_base, bool restore) {
+  Manager& m = M();
+  std::lock_guard<std::mutex> lock(m.mu);
+  bool found = false;
+  for (auto e = m.edges.begin(); e != m.edges.end();) {
+    if (e->second.owner != server_base) {
+      ++e;
+      continue;
+    }
+    e = m.edges.erase(e);  // its bytes are the app's memory already
+    m.edge_count.fetch_sub(1);
+    found = true;
+  }
+  auto it = m.ranges.begin();
+  while (it != m.ranges.end() && !(it->second->host && it->second->owner == server_base)) ++it;
+  if (it == m.ranges.end()) return found;
+  const uint64_t base = it->first;
+  Range* r = it->second.get();
+  if (restore) {
+    // Every granule's bytes in the alias (absent ones fetched), then ordinary
+    // memory with those bytes takes the view's place at the same address.
+    bool complete = true;
+    for (uint64_t g = 0; g < r->granules() && complete;) {
+      if (r->state[g] != kAbsent) {
+        ++g;
+        continue;
+      }
+      uint64_t j = g;
+      while (j < r->granules() && r->state[j] == kAbsent) ++j;
+      complete = m.FetchLocked(r, g, j - g);
+      g = j;
+    }
+    if (!complete)
+      FLYT_ERROR(
+          "mapped host memory at 0x%llx: its bytes could not all be fetched from the server; "
+          "the ones that could not read as zero",
+          static_cast<unsigned long long>(base));
+    // Ordinary memory takes the view's place (MAP_FIXED replaces it at once), then
+    // gets the bytes. Not mremap: UCX's memory hooks (ucx://) may not pass its
+    // new address on.
+    void* plain = mmap(reinterpret_cast<void*>(base), r->size, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    if (plain == reinterpret_cast<void*>(base)) {
+      std::memcpy(plain, r->alias, r->size);
+    } else {
+      // Keep the view readable and writable: the bytes stay, only the tracking goes.
+      FLYT_ERROR("mapped host memory at 0x%llx: no ordinary memory to put back (%s)",
+                 static_cast<unsigned long long>(base), std::strerror(errno));
+      mprotect(reinterpret_cast<void*>(base), r->size, PROT_READ | PROT_WRITE);
+    }
+    r->base = 0;  // nothing of the view left to unmap at the address
+  }
+  m.Drop(r);
+  m.ranges.erase(it);
+  return true;
+}
+
+bool IsHost(uint64_t p) {
+  if (!Any()) return false;
+  Manager& m = M();
+  std::lock_guard<std::mutex> lock(m.mu);
+  Range* r = m.FindLocked(p);
+  if (r != nullptr) return r->host;
+  auto e = m.edges.upper_bound(p);
+  return e != m.edges.begin() && p - std::prev(e)->first < std::prev(e)->second.len;
 }
 
 void UnmapOwnedBy(uint64_t owner) {
@@ -584,7 +779,7 @@ void UnmapOwnedBy(uint64_t owner) {
   Manager& m = M();
   std::lock_guard<std::mutex> lock(m.mu);
   for (auto it = m.ranges.begin(); it != m.ranges.end();) {
-    if (it->second->owner != owner) {
+    if (it->second->owner != owner || it->second->host) {
       ++it;
       continue;
     }
@@ -616,6 +811,8 @@ bool Overlaps(uint64_t p, uint64_t n) {
   if (!Any() || n == 0) return false;
   Manager& m = M();
   std::lock_guard<std::mutex> lock(m.mu);
+  auto e = m.edges.lower_bound(p + n);
+  if (e != m.edges.begin() && std::prev(e)->first + std::prev(e)->second.len > p) return true;
   auto it = m.ranges.lower_bound(p + n);
   if (it == m.ranges.begin()) return false;
   --it;
@@ -638,11 +835,20 @@ void AfterForkInChild() {
 
 void BeforeDeviceWork() {
   Manager& m = M();
-  if (m.dirty_count.load() != 0) {
+  if (m.dirty_count.load() != 0 || m.edge_count.load() != 0) {
     std::lock_guard<std::mutex> lock(m.mu);
     m.FlushLocked(false);
+    m.SyncEdgesLocked(false);
   }
   m.epoch.fetch_add(1);
+}
+
+void FlushHostWrites() {
+  Manager& m = M();
+  if (m.dirty_count.load() == 0 && m.edge_count.load() == 0) return;
+  std::lock_guard<std::mutex> lock(m.mu);
+  m.FlushLocked(false);
+  m.SyncEdgesLocked(false);
 }
 
 void AfterCompletion(bool all_idle) {
@@ -655,6 +861,7 @@ void AfterCompletion(bool all_idle) {
   if (all_idle) m.idle_epoch = e;
   if (e != m.reconciled_epoch || m.stale != 0) {
     m.FlushLocked(true);
+    m.SyncEdgesLocked(true);
     m.reconciled_epoch = e;
   }
   if (m.prefetches.empty()) return;

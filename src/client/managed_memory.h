@@ -1,5 +1,9 @@
 // Managed memory's host side: the application's view of each managed
-// allocation, kept coherent with the GPU's by Flyt.
+// allocation, kept coherent with the GPU's by Flyt. The same machinery keeps
+// pinned host memory that the GPU maps over a socket transport coherent
+// (cudaHostAllocMapped, cudaHostRegisterMapped, cuMemHostGetDevicePointer):
+// the server holds pinned, mapped memory at the same address, and this
+// process's pages of it are a view like a managed range's ("host" ranges).
 //
 // Owns: for each managed range, a mapping at the device address (a memfd, so
 // that a second, private mapping can fill pages before the app may see them),
@@ -34,7 +38,24 @@ namespace flyt::client::managed {
 // belongs to (0: an allocation). CUDA_ERROR_OUT_OF_MEMORY when this process
 // already uses those addresses.
 CUresult Map(uint64_t base, uint64_t size, bool fresh, uint64_t owner);
-// Forgets the range at `base` (the app frees it): false if none.
+// Pinned host memory mapped for the GPU: the server holds pinned memory at the
+// same addresses, the pages from `server_base` that hold [p, p+n), which the
+// paging channel serves. Without `adopt`, [p, p+n) (whole pages) is new (zero)
+// and replaces this process's reservation of it. With `adopt`, the bytes are the
+// app's (a buffer it registered, or one it allocated pinned before it asked for
+// the device pointer) and keep their values, which reach the server at the next
+// device work: the whole pages become a view, and the bytes on pages the buffer
+// shares with other data ("edges") are compared and copied at each coherence
+// point instead (they are never protected).
+CUresult MapHost(uint64_t p, uint64_t n, uint64_t server_base, bool adopt);
+// Forgets what MapHost made for `server_base`. `restore`: the bytes stay at their
+// addresses in ordinary memory (cuMemHostUnregister; the caller synchronised
+// first), else the view's pages go (cuMemFreeHost). False if none.
+bool UnmapHost(uint64_t server_base, bool restore);
+// True when p lies in a host range (not managed memory).
+bool IsHost(uint64_t p);
+// Forgets the managed range at `base` (the app frees it): false if none (a
+// host range is not freed this way).
 bool Unmap(uint64_t base);
 void UnmapOwnedBy(uint64_t owner);  // its library was unloaded
 void UnmapAll();                    // a device reset took them all
@@ -48,6 +69,10 @@ bool Any();
 // Coherence points, called by Client::Post and Client::Call.
 // Device work is about to be sent: the host's writes reach the GPU first.
 void BeforeDeviceWork();
+// A call that only waits for device work (synchronize, query): the host's writes
+// go to the GPU first without counting as device work, so a kernel that waits on
+// a flag the host sets in mapped or managed memory sees it.
+void FlushHostWrites();
 // Device work is known complete. `all_idle`: everything sent before has
 // finished (cuCtxSynchronize), so pages fetched from now on stay valid until
 // the next device work.

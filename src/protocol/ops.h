@@ -249,6 +249,13 @@ enum : uint16_t {
   // first that failed; the client answers each successful one with a u64 ack (the chunk's
   // index) once it copied the slot out, and the server reuses a slot only after its ack.
   kOpCopyFromDeviceStaged = 325,
+  // Pinned host memory the GPU maps, over a socket transport (server/session_shared_host.cc,
+  // client/api_memory.cc): u64 client address (page-aligned), u64 bytes (pages), u32 flags ->
+  // u64 device pointer (equal to the address). The server places pinned, mapped memory at
+  // the client's address (CUDA_ERROR_ALREADY_MAPPED when that range is taken there) and
+  // names it to the paging channel, which keeps the client's view of it coherent as it does
+  // managed memory's. kOpHostUnshare with that address frees it.
+  kOpHostMap = 326,
   // CUPTI activity of a profiled client (server/session_profiler.cc, src/cupti/):
   // u8 kProfiler*, then Start: u32 GpuActivity kinds (bit 1 << kind) -> u32 kinds
   // enabled, u64 server timestamp (ns), string why the others are not; Stop: u32

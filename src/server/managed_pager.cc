@@ -68,14 +68,14 @@ bool GuardedCopy(void* dst, const void* src, size_t n) {
 
 }  // namespace
 
-void ManagedPager::Add(uint64_t base, uint64_t size, uint64_t owner) {
+void ManagedPager::Add(uint64_t base, uint64_t size, uint64_t owner, bool host) {
   if (base == 0 || size == 0) return;
   // Whole pages: the client's view is made of pages, and the driver's managed
   // allocations are at least page-granular.
   constexpr uint64_t kPage = 4096;
   size = (size + kPage - 1) / kPage * kPage;
   std::lock_guard<std::mutex> lock(mu_);
-  ranges_[base] = Range{size, owner};
+  ranges_[base] = Range{size, owner, nullptr, host};
 }
 
 void ManagedPager::Unshare(Range& r) {
@@ -83,12 +83,13 @@ void ManagedPager::Unshare(Range& r) {
   r.shared = nullptr;
 }
 
-void ManagedPager::Remove(uint64_t base) {
+bool ManagedPager::Remove(uint64_t base) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = ranges_.find(base);
-  if (it == ranges_.end()) return;
+  if (it == ranges_.end()) return false;
   Unshare(it->second);
   ranges_.erase(it);
+  return true;
 }
 
 void ManagedPager::RemoveOwnedBy(uint64_t owner) {
@@ -254,7 +255,9 @@ void ManagedPager::Serve(transport::Connection* conn, DriverApi* api, CUcontext 
         rc = CUDA_ERROR_INVALID_VALUE;
       } else {
         void* into = shared ? r->shared + off : nullptr;
-        if (DmaFetch(dma, addr, len, into, &reply)) {
+        // Pinned host memory is this process's own: the CPU reads it (what the GPU
+        // wrote is there once its work is done).
+        if (!r->host && DmaFetch(dma, addr, len, into, &reply)) {
           reply_len = len;
         } else {
           if (!shared) data.resize(len);
@@ -292,6 +295,7 @@ void ManagedPager::Serve(transport::Connection* conn, DriverApi* api, CUcontext 
       // All runs of a shared push lie in one allocation: the client pushes per range.
       Range* shared_range = nullptr;
       uint64_t shared_base = 0;
+      bool all_host = true;  // pinned host memory of this process only: the CPU writes it
       for (auto& [addr, len] : runs) {
         uint64_t off = 0;
         Range* r = FindLocked(addr, len, &off);
@@ -300,9 +304,11 @@ void ManagedPager::Serve(transport::Connection* conn, DriverApi* api, CUcontext 
           rc = CUDA_ERROR_INVALID_VALUE;
           break;
         }
+        all_host = all_host && r->host;
         if (shared) shared_range = r, shared_base = addr - off;
       }
-      if (rc == CUDA_SUCCESS && !DmaPush(dma, runs, bytes, shared_range, shared_base)) {
+      if (rc == CUDA_SUCCESS &&
+          (all_host || !DmaPush(dma, runs, bytes, shared_range, shared_base))) {
         for (size_t i = 0; rc == CUDA_SUCCESS && i < runs.size(); ++i) {
           const uint8_t* src =
               shared ? shared_range->shared + (runs[i].first - shared_base) : bytes;

@@ -3,7 +3,9 @@
 // and written back.
 //
 // Owns: the table of the session's managed ranges (cuMemAllocManaged, and
-// __managed__ variables of loaded libraries) and one thread that serves the
+// __managed__ variables of loaded libraries, and pinned host memory the GPU
+// maps for a client over a socket: kOpHostMap, whose pages are this process's
+// own and are always copied by the CPU) and one thread that serves the
 // client's pager (ops::kOpManagedFetch / kOpManagedPush). Pages move by DMA
 // on a non-blocking stream of the pager's own (it never waits behind the
 // session's streams, so a fault inside a host function is served while that
@@ -41,10 +43,11 @@ class ManagedPager {
 
   // A managed range the driver gave the session; `owner` is the library a
   // __managed__ variable belongs to (0: an allocation).
-  void Add(uint64_t base, uint64_t size, uint64_t owner = 0);
+  // `host`: pinned host memory of this process mapped for the GPU (kOpHostMap).
+  void Add(uint64_t base, uint64_t size, uint64_t owner = 0, bool host = false);
   // Before the driver frees `base` (or unloads `owner`'s library): waits for
-  // a copy in progress, then forgets it. Unknown values are ignored.
-  void Remove(uint64_t base);
+  // a copy in progress, then forgets it. Unknown values are ignored (false).
+  bool Remove(uint64_t base);
   void RemoveOwnedBy(uint64_t owner);
   void Clear();  // a context reset took them all
   bool Contains(uint64_t p, uint64_t n);
@@ -65,6 +68,7 @@ class ManagedPager {
     uint64_t size = 0;
     uint64_t owner = 0;
     uint8_t* shared = nullptr;  // the client's pages of it (shm://), mapped here
+    bool host = false;          // pinned host memory of this process (kOpHostMap)
   };
   // The range that holds all of [p, p+n); *off its offset there.
   Range* FindLocked(uint64_t p, uint64_t n, uint64_t* off);

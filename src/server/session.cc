@@ -1069,6 +1069,8 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       return ShareHost(in, out, rc);
     case ops::kOpHostUnshare:
       return UnshareHost(in, rc);
+    case ops::kOpHostMap:
+      return MapHost(in, out, rc);
     case ops::kOpCopyShared:
       return CopyShared(in, per_thread, rc);
     case ops::kOpCopyFromDeviceStaged:

@@ -383,6 +383,7 @@ class Session {
   // --- pinned host memory shared with the client (session_shared_host.cc)
   bool ShareHost(wire::Reader& in, wire::Writer& out, CUresult* rc);
   bool UnshareHost(wire::Reader& in, CUresult* rc);
+  bool MapHost(wire::Reader& in, wire::Writer& out, CUresult* rc);  // kOpHostMap
   CUresult UnshareHostRegion(uint64_t addr, uint64_t bytes);
   bool InSharedHost(uint64_t addr, uint64_t n) const;
   bool CopyShared(wire::Reader& in, bool per_thread, CUresult* rc);
@@ -446,6 +447,7 @@ class Session {
   std::map<uint64_t, uint64_t> shared_host_;
   // Those of them that are staging areas (ops::kHostShareStaging): a move leaves them.
   std::set<uint64_t> staging_host_;
+  uint64_t mapped_host_bytes_ = 0;  // of shared_host_, mapped over a socket (kOpHostMap)
   // Virtual memory (session_vmm.cc): reservations (base -> size), mappings
   // by base, and allocation handles with the references the client holds.
   std::map<uint64_t, uint64_t> vmm_reserved_;

@@ -161,7 +161,7 @@ std::string Session::Unmovable() {
   if (!links_.empty()) return "a JIT link is in progress";
   // A staging area of device-to-host copies stays behind: the client makes another.
   if (shared_host_.size() > staging_host_.size())
-    return "it shares pinned host memory over shm (not movable yet)";
+    return "it has pinned host memory shared over shm or mapped for the GPU (not movable yet)";
   if (profiling_) return "a profiler is recording it";
   if (primary_ == nullptr) return "";  // nothing on the GPU yet
   for (uint64_t f : handles_[K(HandleKind::kFunction)])

@@ -1,10 +1,15 @@
-// Session handlers for pinned host memory shared with the client (shm://).
+// Session handlers for pinned host memory shared with the client (shm://) and
+// pinned host memory the GPU maps over socket transports.
 //
 // Owns: the session's shared host regions. The client creates a sealed memfd
 // for each cuMemHostAlloc and shares it through the transport; the server maps
 // it (at the client's address when that range is free here, so that the
 // client's pointer is also the device pointer) and registers it with the
 // driver, so copies to and from it are DMA and kernels reach it directly.
+// Over a socket (kOpHostMap) the server keeps pinned, mapped memory of its own
+// at the client's address instead, and names it to the paging channel
+// (server/managed_pager.h), which keeps the client's pages of it coherent with
+// it as it does managed memory's; kernels read and write the server's pages.
 // Copies name the region by its server address and are checked against the
 // session's own regions only: a client can never make the server touch memory
 // it did not share. Regions are unregistered and unmapped when the client
@@ -16,6 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/log.h"
@@ -120,7 +126,67 @@ bool Session::ShareHost(Reader& in, Writer& out, CUresult* rc) {
   return true;
 }
 
+// Request: u64 client address, u64 bytes, u32 flags. Reply: u64 device pointer.
+bool Session::MapHost(Reader& in, Writer& out, CUresult* rc) {
+  DriverApi& a = state_->api;
+  uint64_t addr = 0, bytes = 0;
+  uint32_t flags = 0;
+  if (!in.Get(&addr) || !in.Get(&bytes) || !in.Get(&flags) || in.remaining() != 0) return false;
+  (void)flags;  // every region is portable and mapped, as natively under UVA
+  if (addr == 0 || addr % kPage != 0 || bytes == 0 || bytes % kPage != 0 ||
+      bytes > kMaxSharedBytes || addr + bytes < addr ||
+      mapped_host_bytes_ + bytes > kMaxSharedBytes) {
+    *rc = CUDA_ERROR_INVALID_VALUE;
+    return true;
+  }
+  if (primary_ == nullptr || a.cuMemHostRegister_v2 == nullptr ||
+      a.cuMemHostGetDevicePointer_v2 == nullptr) {
+    *rc = primary_ == nullptr ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_NOT_SUPPORTED;
+    return true;
+  }
+  // Never over anything this process has there (the driver's reservations included).
+  void* want = reinterpret_cast<void*>(addr);
+  void* p = mmap(want, bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+  if (p != want) {
+    if (p != MAP_FAILED) munmap(p, bytes);  // an old kernel took it as a hint only
+    *rc = CUDA_ERROR_ALREADY_MAPPED;
+    return true;
+  }
+  *rc =
+      a.cuMemHostRegister_v2(p, bytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+  if (*rc != CUDA_SUCCESS) {
+    munmap(p, bytes);
+    return true;
+  }
+  CUdeviceptr device = 0;
+  CUresult got = a.cuMemHostGetDevicePointer_v2(&device, p, 0);
+  if (got != CUDA_SUCCESS || device != addr) {
+    // The client's pointer must be the GPU's (unified addressing, every 64-bit Linux GPU).
+    FLYT_WARN(
+        "session %llu: the GPU maps pinned host memory at 0x%llx, not at its host address "
+        "0x%llx (error %d); mapped host memory is not served without unified addressing",
+        static_cast<unsigned long long>(id_), static_cast<unsigned long long>(device),
+        static_cast<unsigned long long>(addr), got);
+    a.cuMemHostUnregister(p);
+    munmap(p, bytes);
+    *rc = CUDA_ERROR_NOT_SUPPORTED;
+    return true;
+  }
+  shared_host_[addr] = bytes;
+  mapped_host_bytes_ += bytes;
+  pager_.Add(addr, bytes, 0, /*host=*/true);
+  FLYT_DEBUG("session %llu: %llu bytes of pinned host memory mapped for the GPU at 0x%llx",
+             static_cast<unsigned long long>(id_), static_cast<unsigned long long>(bytes),
+             static_cast<unsigned long long>(addr));
+  out.Put<uint64_t>(device);
+  return true;
+}
+
 CUresult Session::UnshareHostRegion(uint64_t addr, uint64_t bytes) {
+  // Mapped over a socket: the paging channel lets go of it first (waits for a copy
+  // in progress); shm:// regions are not the pager's, so this forgets nothing.
+  if (pager_.Remove(addr)) mapped_host_bytes_ -= std::min(mapped_host_bytes_, bytes);
   DriverApi& a = state_->api;
   void* p = reinterpret_cast<void*>(addr);
   CUresult rc = a.cuMemHostUnregister != nullptr ? a.cuMemHostUnregister(p) : CUDA_SUCCESS;

@@ -5,7 +5,8 @@
 // (server/sim_kernels.h), and the launch record: with --sim-record FILE each
 // launch appends `launch kernel=NAME grid=X,Y,Z block=X,Y,Z shared=N
 // params=HEX:HEX...` (parameter bytes as the app passed them). Everything runs
-// synchronously and no kernel executes; host functions run on threads of their own
+// synchronously and no kernel executes (except a few the e2e programs name, which
+// the sim models: SimKernelActions); host functions run on threads of their own
 // in stream order, and an asynchronous copy on a stream waits for those queued on it
 // before. Virtual memory management: a
 // reservation is a PROT_NONE host range, a physical allocation a memfd, and
@@ -3392,12 +3393,45 @@ CUresult simGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphExecUpdateRe
   return CUDA_SUCCESS;
 }
 
+// `flyt_sim_affine(const unsigned* in, unsigned* out, unsigned long long n,
+// unsigned mul, unsigned add)`: out[i] = in[i] * mul + add for i < n (in may be
+// out), on any memory a kernel may reach: device memory, and pinned host
+// memory mapped for the GPU (tests/e2e/programs/mapped_host.cu).
+bool SimAffine(const std::string& name, const std::vector<sim::ParamSlot>& slots,
+               const uint8_t* blob) {
+  if (name.find("flyt_sim_affine") == std::string::npos) return false;
+  const size_t want[] = {8, 8, 8, 4, 4};
+  if (slots.size() != 5) return true;
+  for (size_t i = 0; i < 5; ++i)
+    if (slots[i].size != want[i]) return true;
+  uint64_t in = 0, out = 0, n = 0;
+  uint32_t mul = 0, add = 0;
+  std::memcpy(&in, blob + slots[0].offset, 8);
+  std::memcpy(&out, blob + slots[1].offset, 8);
+  std::memcpy(&n, blob + slots[2].offset, 8);
+  std::memcpy(&mul, blob + slots[3].offset, 4);
+  std::memcpy(&add, blob + slots[4].offset, 4);
+  if (n == 0 || n > (uint64_t{1} << 40) || !Valid(in, n * 4) || !Valid(out, n * 4)) {
+    if (n != 0 && !g_faulted.exchange(true))
+      FLYT_WARN("sim: flyt_sim_affine reaches memory a kernel may not (illegal address)");
+    return true;
+  }
+  for (uint64_t i = 0; i < n; ++i) {
+    uint32_t v = 0;
+    std::memcpy(&v, reinterpret_cast<const uint8_t*>(in) + i * 4, 4);
+    v = v * mul + add;
+    std::memcpy(reinterpret_cast<uint8_t*>(out) + i * 4, &v, 4);
+  }
+  return true;
+}
+
 // Kernels the sim models (the e2e programs' kernels of these names do the
 // same on a GPU): `flyt_sim_set_conditional(handle, unsigned value)` sets a
 // conditional node's value; `flyt_sim_countdown(handle, int* c)` does
-// c[0] -= 1, c[1] += 1 and sets the value to (c[0] > 0).
+// c[0] -= 1, c[1] += 1 and sets the value to (c[0] > 0); flyt_sim_affine (above).
 void SimKernelActions(const std::string& name, const std::vector<sim::ParamSlot>& slots,
                       const uint8_t* blob) {
+  if (SimAffine(name, slots, blob)) return;
   bool set = name.find("flyt_sim_set_conditional") != std::string::npos;
   bool countdown = name.find("flyt_sim_countdown") != std::string::npos;
   if ((!set && !countdown) || slots.size() != 2 || slots[0].size != 8) return;

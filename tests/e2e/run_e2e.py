@@ -1146,8 +1146,11 @@ class E2E(unittest.TestCase):
 
     def test_pinned_shared(self):
         """Pinned memory over shm:// is shared with the server (the GPU reaches the client's
-        bytes: mapped pointer); over tcp/unix it stays client memory. The server's mappings
-        and driver registrations of it go when the client frees it, exits, or is killed."""
+        bytes: mapped pointer); over tcp/unix it stays client memory until the program asks
+        for its device pointer, which maps it where it is (the server's pinned memory at the
+        same address, kept coherent: mapped=1, same_address=1 everywhere). The server's
+        mappings and driver registrations of it go when the client frees it, exits, or is
+        killed."""
         pids = []
         for variant, transport in self.matrix():
             with self.subTest(variant=variant, transport=transport):
@@ -1155,8 +1158,9 @@ class E2E(unittest.TestCase):
                 pids.append(srv.proc.pid)
                 res = self.run_ok(srv, transport, "pinned_shared", variant)
                 kv = self.kv(res)
-                self.assertEqual(kv.get("mapped"), "1" if transport == "shm" else "0",
-                                 res.describe())
+                self.assertEqual(kv.get("mapped"), "1", res.describe())
+                if transport != "shm":
+                    self.assertEqual(kv.get("same_address"), "1", res.describe())
                 self.assert_no_shared_maps(srv)
                 if transport == "shm":
                     self.kill_while_sharing(srv, variant)
@@ -1860,6 +1864,41 @@ class E2E(unittest.TestCase):
             self.assertEqual(kv.get(key), want, "%s\n%s" % (key, res.describe()))
         self.assert_stats(srv, sessions=0, memory_used=0, memory_quota=64 << 20)
         self.stop_server(srv)
+
+    def test_mapped_host(self):
+        """Pinned host memory mapped for kernels over every transport and cudart, against
+        the sim, which models the program's kernel (flyt_sim_affine): cudaHostAllocMapped
+        and cudaHostGetDevicePointer (the host pointer itself), host writes read by a
+        kernel and kernel writes seen by the host after synchronisation, odd offsets with
+        host writes to the same pages while the kernel runs, copies to and from mapped
+        memory, cudaHostRegisterMapped of malloc'd memory (bytes kept at registration and
+        at unregistration), cudaMallocHost mapped when its device pointer is asked for,
+        pointer attributes and flags, several buffers on one stream read by a host
+        function, an event query, a blocking copy, cudaFreeHost while another buffer stays
+        in use. The session ends with nothing left on the server."""
+        expected = (("attr.unified_addressing", "1"), ("alloc.flags_mapped", "1"),
+                    ("alloc.device_is_host", "1"), ("attr.type_host", "1"),
+                    ("attr.device_pointer_is_host", "1"), ("attr.host_pointer", "1"),
+                    ("attr.cu_memory_type", "1"), ("attr.cu_is_managed", "0"),
+                    ("attr.cu_mapped", "1"), ("attr.cu_device_pointer", "same"),
+                    ("attr.cu_host_pointer", "same"), ("host_to_kernel.bad", "0"),
+                    ("kernel_to_host.bad", "0"), ("odd_offsets.bad", "0"),
+                    ("odd_offsets.device_bad", "0"), ("copies.bad", "0"),
+                    ("register.kept_bad", "0"), ("register.device_is_host", "1"),
+                    ("register.kernel_bad", "0"), ("unregister.kept_bad", "0"),
+                    ("late.device_is_host", "1"), ("late.kernel_bad", "0"),
+                    ("late.copy_bad", "0"), ("callback.bad", "0"), ("event_query.bad", "0"),
+                    ("blocking_copy.bad", "0"), ("after_free.bad", "0"), ("under_flyt", "1"))
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                srv = self.start_server(control=True)
+                res = self.run_ok(srv, transport, "mapped_host", variant, log_level="warn")
+                kv = self.kv(res)
+                for key, want in expected:
+                    self.assertEqual(kv.get(key), want, "%s\n%s" % (key, res.describe()))
+                self.assertNotIn("not supported", res.stderr + res.client_log, res.describe())
+                self.assert_stats(srv, sessions=0, memory_used=0)
+                self.stop_server(srv)
 
     def test_nvrtc_cache(self):
         """NVRTC's driver compile cache (table da9151d3) served in the client process: over

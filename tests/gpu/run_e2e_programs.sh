@@ -20,7 +20,9 @@
 # graph_nodes (graphs built by hand: memcpy to and from host memory, memset, kernel,
 # host, conditional IF/IF-ELSE/WHILE/SWITCH, memory alloc/free, child, empty and event
 # nodes, SetParams, clone, update), stream_memops, managed_memory (unified memory:
-# host and device writes interleaved, copies, prefetch, advice, threads, fork),
+# host and device writes interleaved, copies, prefetch, advice, threads, fork), mapped_host
+# (pinned host memory kernels read and write: cudaHostAllocMapped, cudaHostRegisterMapped,
+# cudaMallocHost + cudaHostGetDevicePointer, pointer attributes, host functions, events),
 # memory_roundtrip (copies of every shape, texture and surface descriptors read back),
 # driver_queries (module/library/kernel handle queries, graph kernel node parameters and
 # attributes, instantiate with parameters, context flags and affinity, host atomics,
@@ -45,7 +47,7 @@ export CUDA_CACHE_DISABLE=1
 BUILD=$(cd "$1" && pwd) || exit 2
 PROGS=$(cd "$2" && pwd) || exit 2
 OUTFILE=$3
-CASES=${CASES:-"ipc vmm_share contexts isolation_fault stream_event_order jit_link module_functions graph_nodes cupti_activity cupti_activity_clock cupti_callbacks cupti_callbacks_driver cupti_callbacks_driver_all tensor_map stream_memops managed_memory memory_roundtrip driver_queries migrate_state rma_copies staged_copies"}
+CASES=${CASES:-"ipc vmm_share contexts isolation_fault stream_event_order jit_link module_functions graph_nodes cupti_activity cupti_activity_clock cupti_callbacks cupti_callbacks_driver cupti_callbacks_driver_all tensor_map stream_memops managed_memory mapped_host memory_roundtrip driver_queries migrate_state rma_copies staged_copies"}
 MODES=${MODES:-"tcp unix shm"}
 RUN_TIMEOUT=${RUN_TIMEOUT:-60}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/flyt-e2e-gpu.XXXXXX")
@@ -70,6 +72,7 @@ cmd_of() {  # case -> program and arguments
     tensor_map) echo "$PROGS/tensor_map" ;;
     stream_memops) echo "$PROGS/stream_memops" ;;
     managed_memory) echo "$PROGS/managed_memory" ;;
+    mapped_host) echo "$PROGS/mapped_host" ;;
     memory_roundtrip) echo "$PROGS/memory_roundtrip" ;;
     driver_queries) echo "$PROGS/driver_queries" ;;
     migrate_state) echo "$PROGS/migrate_state 12 0" ;;

@@ -132,6 +132,37 @@ TEST_F(ManagedPagerTest, PushWritesRunsAllOrNothing) {
   EXPECT_EQ(mem_[200], before);
 }
 
+// Pinned host memory mapped for a client over a socket (kOpHostMap) is a host range:
+// its pages are this process's own, copied by the CPU even when the pager has a DMA path;
+// a second Remove of it finds nothing (the session counts its bytes by that answer).
+TEST_F(ManagedPagerTest, HostRangesAreServedAndForgottenOnce) {
+  EXPECT_TRUE(pager_.Remove(base_));
+  EXPECT_FALSE(pager_.Remove(base_));
+  pager_.Add(base_, kSize, 0, /*host=*/true);
+  wire::Writer w;
+  w.Put<uint32_t>(1);
+  w.Put<uint8_t>(0);
+  w.Put<uint64_t>(base_ + 4097);
+  w.Put<uint32_t>(3);
+  const uint8_t bytes[3] = {9, 8, 7};
+  w.PutBytes(bytes, sizeof(bytes));
+  CUresult rc = CUDA_ERROR_UNKNOWN;
+  std::vector<uint8_t> out;
+  ASSERT_TRUE(Exchange(ops::kOpManagedPush, w, &rc, &out));
+  EXPECT_EQ(rc, CUDA_SUCCESS);
+  EXPECT_EQ(mem_[4097], 9);
+  EXPECT_EQ(mem_[4099], 7);
+  std::vector<uint8_t> got;
+  bool open = false;
+  ASSERT_EQ(Fetch(base_ + 4096, 8, &got, &open), CUDA_SUCCESS);
+  ASSERT_EQ(got.size(), 8u);
+  EXPECT_EQ(got[1], 9);
+  EXPECT_EQ(got[0], static_cast<uint8_t>(4096 * 7));
+  EXPECT_TRUE(pager_.Remove(base_));
+  EXPECT_EQ(Fetch(base_, 16, &got, &open), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_TRUE(open);
+}
+
 TEST_F(ManagedPagerTest, APushWithFewerBytesThanItsRunsEndsTheChannel) {
   wire::Writer w;
   w.Put<uint32_t>(1);

@@ -5,8 +5,8 @@
 // byte-exact: sync and async copies both ways between pinned buffers and the
 // device; the mapped device pointer (cudaHostGetDevicePointer) read and written
 // by device-side copies and memsets, whose results appear in the client's
-// buffer; pointer attributes; freeing. Over other transports the mapped-pointer
-// checks are skipped (cudaHostGetDevicePointer is refused there).
+// buffer; pointer attributes; freeing. Over other transports the buffer stays
+// client memory until cudaHostGetDevicePointer maps it (mapped_host.cu covers that).
 // Prints mapped=0|1, same_address=0|1, then "pinned_shared: PASS".
 // With the argument "hold" it also prints "holding" after allocating and
 // sleeps, so that a test can kill it while it owns shared memory.
