@@ -519,6 +519,8 @@ CUresult Client::CallLocked(const char* name, uint16_t op, const wire::Writer& r
   // attributes (SM count, memory) follow it from now on.
   if ((rep.info & wire::kReplyConfigChanged) && op != ops::kOpDeviceInfo) RefreshDevicesLocked();
   if (t0 != 0) TraceCall(name, "SYNC", t0);
+  if (t0 != 0 && rep.status != CUDA_SUCCESS)
+    FLYT_INFO("trace %s answered CUDA error %u", name, static_cast<unsigned>(rep.status));
   t_last_reply_info = rep.info;
   if (rep.deferred_status != CUDA_SUCCESS) {
     FLYT_DEBUG("%s: reporting deferred error %u of an earlier asynchronous call", name,

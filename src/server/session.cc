@@ -733,8 +733,13 @@ void Session::Run() {
       if (!replied_ && !Reply(h, rc, out)) break;
       if (moved_) break;  // the session goes on elsewhere (session_migrate.cc)
     } else if (rc != CUDA_SUCCESS && deferred_ == CUDA_SUCCESS) {
-      FLYT_DEBUG("session %llu: asynchronous op %u failed with %d (deferred)",
-                 static_cast<unsigned long long>(id_), h.op, rc);
+      uint64_t args[3] = {0, 0, 0};  // its first arguments, for whoever reads the log
+      std::memcpy(args, payload_.data(), std::min<size_t>(h.payload_len, sizeof(args)));
+      FLYT_DEBUG(
+          "session %llu: asynchronous op %u failed with %d (deferred; arguments begin "
+          "%#llx %#llx %#llx)",
+          static_cast<unsigned long long>(id_), h.op, rc, static_cast<unsigned long long>(args[0]),
+          static_cast<unsigned long long>(args[1]), static_cast<unsigned long long>(args[2]));
       deferred_ = rc;
     }
   }

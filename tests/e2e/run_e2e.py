@@ -2034,7 +2034,7 @@ class E2E(unittest.TestCase):
         # User objects: the executable graph's reference outlives its graph; the app's
         # references; a clone's and a child node's; misuse.
         ("user_object.exec", "0,1,app_thread0"), ("user_object.app_refs", "0,1"),
-        ("user_object.release_too_many", "1"), ("user_object.copies", "0,1"),
+        ("user_object.copies", "0,1"),
         ("user_object.bad_flags", "1"),
         ("memory.types", "mem_alloc,mem_free,memcpy,memset"), ("memory.launches_ok", "4"),
         ("memory.freed_by_stream", "2"),
