@@ -437,6 +437,7 @@ void ContextsAndDevices(CUmodule mod, unsigned* dev) {
     CK(cudaMalloc(&dev_batch, 3 * 4096));
     CK(cudaMallocHost(&pinned, 4096));
     CK(cudaMemset(dev_batch + 2048, 5, 4096));
+    CK(cudaDeviceSynchronize());  // the batches run on a non-blocking stream
     std::vector<int> source(1024), back(1024, -1);
     for (int i = 0; i < 1024; ++i) source[i] = 3 * i;
     cudaStream_t bs;
@@ -456,9 +457,14 @@ void ContextsAndDevices(CUmodule mod, unsigned* dev) {
     size_t one[1] = {0};
     CK(cudaMemcpyBatchAsync(dsts2, srcs2, sizes, 2, at, one, 1, bs));
     CK(cudaStreamSynchronize(bs));
-    int ok = 1;
-    for (int i = 0; i < 1024; ++i) ok &= pinned[i] == 3 * i && back[i] == 0x05050505;
-    printf("batch.ok=%d\n", ok);
+    int h2d = 1, d2d = 1;
+    for (int i = 0; i < 1024; ++i) {
+      h2d &= pinned[i] == 3 * i;
+      d2d &= back[i] == 0x05050505;
+    }
+    printf("batch.ok=%d\n", h2d && d2d);
+    if (!h2d || !d2d)
+      printf("batch.detail=h2d%d,d2d%d,first%d,last%d\n", h2d, d2d, pinned[0], pinned[1023]);
     printf("batch.legacy_stream=%d\n",
            static_cast<int>(cudaMemcpyBatchAsync(dsts, srcs, sizes, 2, at, idxs, 2, 0)));
     cudaGetLastError();
