@@ -560,69 +560,45 @@ void DriverCall(flyt::profiler::DriverCallRecord* rec) {
   --f.in_callback;
 }
 
-// Switches libcuda's reports of driver calls on while a subscriber wants driver
-// callbacks or the app records DRIVER activity, and off otherwise.
-CUptiResult UpdateDriverReporting() {
+// Switches the reports of one domain's calls on while a subscriber wants its callbacks or
+// the app records its activity (DRIVER: libcuda's own calls; RUNTIME: cudart's, through
+// the tools-callback table), and off otherwise.
+CUptiResult UpdateDomainReporting(bool driver) {
   State& s = S();
   bool on;
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    on = s.enabled.count(CUPTI_ACTIVITY_KIND_DRIVER) != 0 ||
-         (s.subscriber != nullptr && std::find(s.driver_callbacks.begin(), s.driver_callbacks.end(),
-                                               true) != s.driver_callbacks.end());
-    if (on == s.driver_reporting) return CUPTI_SUCCESS;
+    const std::vector<bool>& wanted = driver ? s.driver_callbacks : s.runtime_callbacks;
+    on = s.enabled.count(driver ? CUPTI_ACTIVITY_KIND_DRIVER : CUPTI_ACTIVITY_KIND_RUNTIME) != 0 ||
+         (s.subscriber != nullptr && std::find(wanted.begin(), wanted.end(), true) != wanted.end());
+    if (on == (driver ? s.driver_reporting : s.runtime_reporting)) return CUPTI_SUCCESS;
   }
   const Table* t = Driver();
-  if (t == nullptr || t->size < profiler::kTableSizeDriverHook) {
-    LogOnce("driver reports",
-            "this libcuda.so.1 cannot report driver calls (Flyt's libcuda and libcupti of "
-            "different versions); no driver callbacks or DRIVER records");
+  if (t == nullptr || t->size < (driver ? profiler::kTableSizeDriverHook : sizeof(Table))) {
+    LogOnce(driver ? "driver reports" : "runtime reports",
+            driver ? "this libcuda.so.1 cannot report driver calls (Flyt's libcuda and libcupti "
+                     "of different versions); no driver callbacks or DRIVER records"
+                   : "this libcuda.so.1 cannot report runtime calls (Flyt's libcuda and "
+                     "libcupti of different versions); no runtime callbacks or records");
     return CUPTI_SUCCESS;
   }
   if (on) t->set_call_hook(OnCall);
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    s.driver_reporting = on;
-    if (!on && !s.runtime_reporting) s.call_correlation.clear();
+    (driver ? s.driver_reporting : s.runtime_reporting) = on;
+    if (!s.driver_reporting && !s.runtime_reporting) s.call_correlation.clear();
   }
-  t->set_driver_hook(on ? DriverCall : nullptr);
-  return CUPTI_SUCCESS;
-}
-
-// Switches cudart's reports on while a subscriber wants runtime callbacks or the
-// app records RUNTIME activity, and off otherwise.
-CUptiResult UpdateRuntimeReporting() {
-  State& s = S();
-  bool on;
-  {
-    std::lock_guard<std::mutex> lock(s.mu);
-    on = s.enabled.count(CUPTI_ACTIVITY_KIND_RUNTIME) != 0 ||
-         (s.subscriber != nullptr &&
-          std::find(s.runtime_callbacks.begin(), s.runtime_callbacks.end(), true) !=
-              s.runtime_callbacks.end());
-    if (on == s.runtime_reporting) return CUPTI_SUCCESS;
-  }
-  const Table* t = Driver();
-  if (t == nullptr || t->size < sizeof(Table)) {
-    LogOnce("runtime reports",
-            "this libcuda.so.1 cannot report runtime calls (Flyt's libcuda and "
-            "libcupti of different versions); no runtime callbacks or records");
-    return CUPTI_SUCCESS;
-  }
-  if (on) t->set_call_hook(OnCall);
-  {
-    std::lock_guard<std::mutex> lock(s.mu);
-    s.runtime_reporting = on;
-    if (!on && !s.driver_reporting) s.call_correlation.clear();
-  }
-  t->set_runtime_hooks(on ? RuntimeCall : nullptr, on ? ContextUid : nullptr);
+  if (driver)
+    t->set_driver_hook(on ? DriverCall : nullptr);
+  else
+    t->set_runtime_hooks(on ? RuntimeCall : nullptr, on ? ContextUid : nullptr);
   return CUPTI_SUCCESS;
 }
 
 // Both kinds of report, after a change to what the app asked for.
 CUptiResult UpdateReporting() {
-  CUptiResult r = UpdateRuntimeReporting();
-  CUptiResult d = UpdateDriverReporting();
+  CUptiResult r = UpdateDomainReporting(false);
+  CUptiResult d = UpdateDomainReporting(true);
   return r != CUPTI_SUCCESS ? r : d;
 }
 
