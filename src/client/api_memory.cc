@@ -1091,3 +1091,56 @@ FLYT_API CUresult cuMemcpyBatchAsync_ptsz(CUdeviceptr* dsts, CUdeviceptr* srcs, 
   return MemcpyBatch("cuMemcpyBatchAsync_ptsz", dsts, srcs, sizes, count, attrs, idxs, num_attrs,
                      fail_idx, s, true);
 }
+
+// --- memsets. On a UVA system every pinned buffer is the GPU's to write natively, and
+// libraries do memset one through its host address (XLA's autotuner zeroes a scalar in
+// pinned memory it never asked a device pointer for). A destination in pinned memory the
+// GPU has no mapping of yet is mapped first, as cuMemHostGetDevicePointer would map it;
+// anything else goes to the server's driver as before.
+namespace {
+void MapPinnedDestination(const char* name, CUdeviceptr dst) {
+  Client& c = Client::Get();
+  Client::HostBuffer b;
+  if (!c.FindHostBuffer(reinterpret_cast<void*>(dst), &b) || b.device_ptr != 0) return;
+  MapExisting(name, &b);  // failing, the driver's answer to the memset says so
+}
+}  // namespace
+
+#define FLYT_MEMSET(name, op, pt, params, ...)         \
+  FLYT_API CUresult name params {                      \
+    MapPinnedDestination(#name, dst);                  \
+    return Forward<op, false, pt>(#name, __VA_ARGS__); \
+  }
+#define FLYT_MEMSET_PAIR(name, pt_name, op, params, ...) \
+  FLYT_MEMSET(name, op, false, params, __VA_ARGS__)      \
+  FLYT_MEMSET(pt_name, op, true, params, __VA_ARGS__)
+FLYT_MEMSET_PAIR(cuMemsetD8_v2, cuMemsetD8_v2_ptds, 155,
+                 (CUdeviceptr dst, unsigned char v, size_t n), dst, v, n)
+FLYT_MEMSET_PAIR(cuMemsetD16_v2, cuMemsetD16_v2_ptds, 156,
+                 (CUdeviceptr dst, unsigned short v, size_t n), dst, v, n)
+FLYT_MEMSET_PAIR(cuMemsetD32_v2, cuMemsetD32_v2_ptds, 157,
+                 (CUdeviceptr dst, unsigned int v, size_t n), dst, v, n)
+FLYT_MEMSET_PAIR(cuMemsetD2D8_v2, cuMemsetD2D8_v2_ptds, 158,
+                 (CUdeviceptr dst, size_t pitch, unsigned char v, size_t w, size_t h), dst, pitch,
+                 v, w, h)
+FLYT_MEMSET_PAIR(cuMemsetD2D16_v2, cuMemsetD2D16_v2_ptds, 159,
+                 (CUdeviceptr dst, size_t pitch, unsigned short v, size_t w, size_t h), dst, pitch,
+                 v, w, h)
+FLYT_MEMSET_PAIR(cuMemsetD2D32_v2, cuMemsetD2D32_v2_ptds, 160,
+                 (CUdeviceptr dst, size_t pitch, unsigned int v, size_t w, size_t h), dst, pitch, v,
+                 w, h)
+FLYT_MEMSET_PAIR(cuMemsetD8Async, cuMemsetD8Async_ptsz, 161,
+                 (CUdeviceptr dst, unsigned char v, size_t n, CUstream s), dst, v, n, s)
+FLYT_MEMSET_PAIR(cuMemsetD16Async, cuMemsetD16Async_ptsz, 162,
+                 (CUdeviceptr dst, unsigned short v, size_t n, CUstream s), dst, v, n, s)
+FLYT_MEMSET_PAIR(cuMemsetD32Async, cuMemsetD32Async_ptsz, 163,
+                 (CUdeviceptr dst, unsigned int v, size_t n, CUstream s), dst, v, n, s)
+FLYT_MEMSET_PAIR(cuMemsetD2D8Async, cuMemsetD2D8Async_ptsz, 164,
+                 (CUdeviceptr dst, size_t pitch, unsigned char v, size_t w, size_t h, CUstream s),
+                 dst, pitch, v, w, h, s)
+FLYT_MEMSET_PAIR(cuMemsetD2D16Async, cuMemsetD2D16Async_ptsz, 165,
+                 (CUdeviceptr dst, size_t pitch, unsigned short v, size_t w, size_t h, CUstream s),
+                 dst, pitch, v, w, h, s)
+FLYT_MEMSET_PAIR(cuMemsetD2D32Async, cuMemsetD2D32Async_ptsz, 166,
+                 (CUdeviceptr dst, size_t pitch, unsigned int v, size_t w, size_t h, CUstream s),
+                 dst, pitch, v, w, h, s)

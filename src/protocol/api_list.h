@@ -212,6 +212,18 @@
   X(cuKernelSetAttribute)                                 \
   X(cuStreamBeginCapture_v2)                              \
   X(cuGraphInstantiateWithFlags)                          \
+  X(cuMemsetD8_v2)                                        \
+  X(cuMemsetD16_v2)                                       \
+  X(cuMemsetD32_v2)                                       \
+  X(cuMemsetD2D8_v2)                                      \
+  X(cuMemsetD2D16_v2)                                     \
+  X(cuMemsetD2D32_v2)                                     \
+  X(cuMemsetD8Async)                                      \
+  X(cuMemsetD16Async)                                     \
+  X(cuMemsetD32Async)                                     \
+  X(cuMemsetD2D8Async)                                    \
+  X(cuMemsetD2D16Async)                                   \
+  X(cuMemsetD2D32Async)                                   \
   X(cuGraphLaunch)                                        \
   X(cuGraphExecDestroy)                                   \
   X(cuGraphDestroy)                                       \

@@ -189,6 +189,19 @@ int main() {
   CK(cudaMemcpy(got.data(), dev, 40000 * 4, cudaMemcpyDeviceToHost));
   printf("late.copy_bad=%zu\n", Bad(got.data(), 40000, [](size_t i) { return 2 * (i + 1); }));
 
+  e2e::Step("cudaMallocHost, then a memset of it through its host address (XLA's autotuner)");
+  unsigned* scalar = nullptr;
+  CK(cudaMallocHost(reinterpret_cast<void**>(&scalar), 4096));
+  for (size_t i = 0; i < 1024; ++i) scalar[i] = 0xffffffffu;
+  CK(cudaMemset(scalar, 0, 8));
+  CK(cudaDeviceSynchronize());
+  printf("memset_pinned.zeroed=%d,%d,kept=%d\n", scalar[0] == 0, scalar[1] == 0,
+         scalar[2] == 0xffffffffu);
+  Affine(scalar + 4, scalar + 4, 4, 1, 3);  // a kernel reaches it through the same address
+  CK(cudaDeviceSynchronize());
+  printf("memset_pinned.kernel=%u\n", scalar[4]);
+  CK(cudaFreeHost(scalar));
+
   e2e::Step("several buffers on one stream; a host function reads the results");
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
