@@ -226,6 +226,16 @@ CUresult Launch(const char* name, CUfunction f, const unsigned grid[3], const un
   EncodeLaunchHead(w, f, flags, grid, block, shmem, stream, attrs, nattrs);
   CUresult packed = flyt::client::PackKernelParams(*info, params, extra, w);
   if (packed != CUDA_SUCCESS) return packed;
+  // A pointer argument into pinned memory the GPU has no mapping of yet (XLA hands its
+  // kernels pinned buffers by their host addresses): mapped before the launch.
+  if (params != nullptr) {
+    for (size_t i = 0; i < info->params.size(); ++i) {
+      if (info->params[i].size != sizeof(uint64_t)) continue;
+      uint64_t v = 0;
+      std::memcpy(&v, params[i], sizeof(v));
+      if (c.MaybeUnmappedPinned(v)) flyt::client::MapPinnedIfUnmapped(name, v);
+    }
+  }
   return c.Post(name, ops::kOpLaunch, w, pt ? wire::kFlagPerThread : 0);
 }
 

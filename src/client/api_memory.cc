@@ -16,6 +16,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #include "client/client.h"
@@ -1097,12 +1098,28 @@ FLYT_API CUresult cuMemcpyBatchAsync_ptsz(CUdeviceptr* dsts, CUdeviceptr* srcs, 
 // pinned memory it never asked a device pointer for). A destination in pinned memory the
 // GPU has no mapping of yet is mapped first, as cuMemHostGetDevicePointer would map it;
 // anything else goes to the server's driver as before.
+// Also the pointers a kernel is launched with (client/api_code.cc): a buffer the server
+// cannot map where it is is not tried again.
+void flyt::client::MapPinnedIfUnmapped(const char* name, uint64_t p) {
+  Client& c = Client::Get();
+  if (!c.MaybeUnmappedPinned(p)) return;
+  Client::HostBuffer b;
+  if (!c.FindHostBuffer(reinterpret_cast<void*>(p), &b) || b.device_ptr != 0) return;
+  static std::mutex mu;
+  static auto* refused = new std::set<uintptr_t>;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (refused->count(b.base) != 0) return;
+  }
+  if (MapExisting(name, &b) == CUDA_ERROR_NOT_SUPPORTED) {
+    std::lock_guard<std::mutex> lock(mu);
+    refused->insert(b.base);
+  }
+  // Other failures: the driver's answer to the call says so.
+}
 namespace {
 void MapPinnedDestination(const char* name, CUdeviceptr dst) {
-  Client& c = Client::Get();
-  Client::HostBuffer b;
-  if (!c.FindHostBuffer(reinterpret_cast<void*>(dst), &b) || b.device_ptr != 0) return;
-  MapExisting(name, &b);  // failing, the driver's answer to the memset says so
+  flyt::client::MapPinnedIfUnmapped(name, dst);
 }
 }  // namespace
 

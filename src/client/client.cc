@@ -1041,7 +1041,12 @@ bool Client::FindMappedLocked(uint64_t p, uint64_t n, uint64_t* base, uint64_t* 
 
 void Client::AddHostBuffer(const HostBuffer& b) {
   std::lock_guard<std::mutex> lock(state_mu_);
+  auto it = host_buffers_.find(b.base);
+  if (it != host_buffers_.end() && it->second.device_ptr == 0) --unmapped_pinned_;
   host_buffers_[b.base] = b;
+  if (b.device_ptr == 0) ++unmapped_pinned_;
+  if (b.base < pinned_lo_.load()) pinned_lo_.store(b.base);
+  if (b.base + b.size > pinned_hi_.load()) pinned_hi_.store(b.base + b.size);
 }
 
 bool Client::RemoveHostBuffer(const void* base, HostBuffer* out) {
@@ -1049,6 +1054,7 @@ bool Client::RemoveHostBuffer(const void* base, HostBuffer* out) {
   auto it = host_buffers_.find(reinterpret_cast<uintptr_t>(base));
   if (it == host_buffers_.end()) return false;
   *out = it->second;
+  if (it->second.device_ptr == 0) --unmapped_pinned_;
   host_buffers_.erase(it);
   return true;
 }

@@ -194,6 +194,13 @@ class Client {
   bool RemoveHostBuffer(const void* base, HostBuffer* out);
   // The pinned or registered buffer that holds p.
   bool FindHostBuffer(const void* p, HostBuffer* out);
+  // True when some pinned or registered buffer has no GPU mapping yet (one relaxed load),
+  // and `p` may lie in one (a bound that only widens; FindHostBuffer says for sure).
+  bool MaybeUnmappedPinned(uint64_t p) const {
+    return unmapped_pinned_.load(std::memory_order_relaxed) > 0 &&
+           p >= pinned_lo_.load(std::memory_order_relaxed) &&
+           p < pinned_hi_.load(std::memory_order_relaxed);
+  }
   // Memory shared with the server: a shared-memory transport (not wrapped in
   // the emulator). ShareFd passes a sealed memfd; *id names it in a request.
   bool SharesMemory();
@@ -404,6 +411,8 @@ class Client {
   uint64_t next_context_id_ = 0;  // ids after the primaries' (1..device count)
   std::map<uint64_t, std::pair<uint64_t, bool>> device_ranges_;  // base -> size, reserved
   std::map<uintptr_t, HostBuffer> host_buffers_;                 // by base
+  std::atomic<int64_t> unmapped_pinned_{0};  // host_buffers_ without a device pointer
+  std::atomic<uint64_t> pinned_lo_{UINT64_MAX}, pinned_hi_{0};  // all buffers ever held
   // Virtual memory (client/api_vmm.cc).
   std::map<uint64_t, std::pair<uint64_t, bool>> vmm_reserved_;  // base -> size, host VA held
   std::map<uint64_t, uint64_t> vmm_mapped_;                     // base -> size
@@ -441,6 +450,10 @@ bool IsIpcMapping(uint64_t base);
 std::shared_ptr<const FuncInfo> FuncLayout(uint64_t func);
 // Appends a launch's parameter block (blob) built from kernelParams or extra.
 CUresult PackKernelParams(const FuncInfo& info, void** params, void** extra, wire::Writer& w);
+// Pinned host memory reached through its host address (natively every pinned buffer is the
+// GPU's on a UVA system): the buffer holding `p`, if it has no GPU mapping yet, is mapped
+// where it is, as cuMemHostGetDevicePointer maps it (client/api_memory.cc).
+void MapPinnedIfUnmapped(const char* name, uint64_t p);
 
 // The calling thread's stream-capture mode (cuThreadExchangeStreamCaptureMode).
 CUstreamCaptureMode CurrentCaptureMode();

@@ -1888,7 +1888,7 @@ class E2E(unittest.TestCase):
                     ("register.kernel_bad", "0"), ("unregister.kept_bad", "0"),
                     ("late.device_is_host", "1"), ("late.kernel_bad", "0"),
                     ("late.copy_bad", "0"), ("memset_pinned.zeroed", "1,1,kept=1"),
-                    ("memset_pinned.kernel", "2"),
+                    ("memset_pinned.kernel", "2"), ("direct_kernel.bad", "0"),
                     ("callback.bad", "0"), ("event_query.bad", "0"),
                     ("blocking_copy.bad", "0"), ("after_free.bad", "0"), ("under_flyt", "1"))
         for variant, transport in self.matrix():

@@ -202,6 +202,15 @@ int main() {
   printf("memset_pinned.kernel=%u\n", scalar[4]);
   CK(cudaFreeHost(scalar));
 
+  e2e::Step("cudaMallocHost handed straight to a kernel (never a device pointer asked for)");
+  unsigned* direct = nullptr;
+  CK(cudaMallocHost(reinterpret_cast<void**>(&direct), 4096 * 4));
+  for (size_t i = 0; i < 4096; ++i) direct[i] = static_cast<unsigned>(i);
+  Affine(direct, direct, 4096, 3, 1);
+  CK(cudaDeviceSynchronize());
+  printf("direct_kernel.bad=%zu\n", Bad(direct, 4096, [](size_t i) { return 3 * i + 1; }));
+  CK(cudaFreeHost(direct));
+
   e2e::Step("several buffers on one stream; a host function reads the results");
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
