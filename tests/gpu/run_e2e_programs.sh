@@ -121,6 +121,11 @@ url() {
 fails=0
 for c in $CASES; do
   read -r -a cmd <<<"$(cmd_of "$c")"
+  if [[ ${#cmd[@]} -eq 0 ]]; then  # a name this script does not know
+    echo "| $c | unknown case | $(for _ in $MODES; do printf -- '- | '; done)" >>"$OUTFILE"
+    fails=$((fails + 1))
+    continue
+  fi
   if [[ ! -x ${cmd[0]} ]]; then
     echo "| $c | missing ${cmd[0]##*/} | $(for _ in $MODES; do printf -- '- | '; done)" >>"$OUTFILE"
     continue
