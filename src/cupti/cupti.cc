@@ -72,6 +72,15 @@ void Debug(const char* fmt, ...) {
   va_end(ap);
 }
 
+// FLYT_LOG=debug, read once: for the per-call lines below.
+bool Debugging() {
+  static const bool on = [] {
+    const char* level = std::getenv("FLYT_LOG");
+    return level != nullptr && std::strcmp(level, "debug") == 0;
+  }();
+  return on;
+}
+
 void LogOnce(const std::string& key, const char* fmt, ...) {
   static std::mutex mu;
   static auto* seen = new std::set<std::string>();
@@ -258,11 +267,17 @@ void OnCall(uint64_t call_id) {
   }
   if (s.call_correlation.size() >= (1u << 20)) s.call_correlation.clear();  // bounded
   s.call_correlation[call_id] = correlation;
+  if (Debugging())
+    Debug("call %llu: correlation %u (runtime depth %u, driver depth %u)",
+          static_cast<unsigned long long>(call_id), correlation, t_runtime.depth, t_driver.depth);
 }
 
 // The correlation id of the GPU work a Flyt call issued.
 uint32_t CorrelationLocked(uint64_t call_id) {
   auto it = S().call_correlation.find(call_id);
+  if (it == S().call_correlation.end() && Debugging())
+    Debug("GPU work of call %llu: no correlation id noted for that call",
+          static_cast<unsigned long long>(call_id));
   return it != S().call_correlation.end() ? it->second : static_cast<uint32_t>(call_id);
 }
 
@@ -585,8 +600,10 @@ CUptiResult UpdateDomainReporting(bool driver) {
   if (on) t->set_call_hook(OnCall);
   {
     std::lock_guard<std::mutex> lock(s.mu);
+    // The call -> correlation map stays when reporting stops: the GPU work of the last
+    // calls is drained after that (Kineto disables the kinds, then flushes), and its
+    // records need their calls' ids. The map is bounded where it grows (OnCall).
     (driver ? s.driver_reporting : s.runtime_reporting) = on;
-    if (!s.driver_reporting && !s.runtime_reporting) s.call_correlation.clear();
   }
   if (driver)
     t->set_driver_hook(on ? DriverCall : nullptr);
