@@ -445,9 +445,13 @@ class Server:
         return control_call(self.control_path, request, timeout)
 
     def record_lines(self):
+        """The launch records written so far: whole lines only (the server may be in the
+        middle of writing a long one, e.g. a kernel with a 4 KiB argument)."""
         if not os.path.exists(self.record_path):
             return []
-        return [l for l in read_text(self.record_path).splitlines() if l.startswith("launch ")]
+        text = read_text(self.record_path)
+        text = text[:text.rfind("\n") + 1]
+        return [l for l in text.splitlines() if l.startswith("launch ")]
 
 
 def control_call(path, request, timeout=10.0, sock=None):
