@@ -15,6 +15,7 @@
 #include "protocol/wire.h"
 #include "server/session.h"
 #include "server/tenant_board.h"
+#include "sim_server_state.h"
 
 namespace flyt::server {
 namespace {
@@ -69,23 +70,7 @@ class Conversation final : public transport::Connection {
   std::vector<Reply>* replies_;
 };
 
-ServerState* State() {
-  static ServerState* state = [] {
-    auto* s = new ServerState();
-    SimOptions sim;
-    sim.memory_bytes = 64ull << 20;
-    EXPECT_TRUE(LoadSimDriver(sim, &s->api).ok());
-    DescribeDevices(s);
-    static std::unique_ptr<TenantBoard> board;
-    if (TenantBoard::Create(&board).ok()) {
-      s->board = board.get();
-      s->slot = &board->layout().slots[0];
-      s->share.UseCounters(&board->layout().memory_used, &board->layout().memory_quota);
-    }
-    return s;
-  }();
-  return state;
-}
+ServerState* State() { return SimServerState(64ull << 20); }
 
 class Script {
  public:

@@ -12,20 +12,12 @@
 #include <thread>
 #include <vector>
 
+#include "byte_pattern.h"
+
 namespace flyt::client {
 namespace {
 
-std::vector<uint8_t> Pattern(size_t n, uint32_t seed) {
-  std::vector<uint8_t> v(n);
-  uint32_t x = seed * 2654435761u + 1;
-  for (auto& b : v) {
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    b = static_cast<uint8_t>(x >> 24);
-  }
-  return v;
-}
+using test_support::Pattern;
 
 void CheckOne(size_t n, size_t src_off, size_t dst_off, unsigned threads, uint32_t seed) {
   std::vector<uint8_t> src = Pattern(n + src_off, seed);

@@ -20,6 +20,7 @@
 #include "protocol/wire.h"
 #include "server/session.h"
 #include "server/tenant_board.h"
+#include "sim_server_state.h"
 #include "transport/ucx_rma.h"
 #include "ucx_pair.h"
 
@@ -30,23 +31,7 @@ using transport::Connection;
 using transport::Pattern;
 using transport::RemoteMemory;
 
-ServerState* State() {
-  static ServerState* state = [] {
-    auto* s = new ServerState();
-    SimOptions sim;
-    sim.memory_bytes = 256ull << 20;
-    EXPECT_TRUE(LoadSimDriver(sim, &s->api).ok());
-    EXPECT_TRUE(DescribeDevices(s).ok());
-    static std::unique_ptr<TenantBoard> board;
-    if (TenantBoard::Create(&board).ok()) {
-      s->board = board.get();
-      s->slot = &board->layout().slots[0];
-      s->share.UseCounters(&board->layout().memory_used, &board->layout().memory_quota);
-    }
-    return s;
-  }();
-  return state;
-}
+ServerState* State() { return SimServerState(256ull << 20); }
 
 // A session on the worker's side of a ucx:// pair, and a client that speaks frames.
 class Served {

@@ -17,11 +17,13 @@
 #include <thread>
 #include <vector>
 
+#include "byte_pattern.h"
 #include "protocol/codec.h"
 #include "protocol/ops.h"
 #include "protocol/wire.h"
 #include "server/session.h"
 #include "server/tenant_board.h"
+#include "sim_server_state.h"
 #include "transport/transport.h"
 
 namespace flyt::server {
@@ -29,35 +31,9 @@ namespace {
 
 using transport::Connection;
 
-ServerState* State() {
-  static ServerState* state = [] {
-    auto* s = new ServerState();
-    SimOptions sim;
-    sim.memory_bytes = 256ull << 20;
-    EXPECT_TRUE(LoadSimDriver(sim, &s->api).ok());
-    EXPECT_TRUE(DescribeDevices(s).ok());
-    static std::unique_ptr<TenantBoard> board;
-    if (TenantBoard::Create(&board).ok()) {
-      s->board = board.get();
-      s->slot = &board->layout().slots[0];
-      s->share.UseCounters(&board->layout().memory_used, &board->layout().memory_quota);
-    }
-    return s;
-  }();
-  return state;
-}
+ServerState* State() { return SimServerState(256ull << 20); }
 
-std::vector<uint8_t> Pattern(size_t n, uint32_t seed) {
-  std::vector<uint8_t> v(n);
-  uint32_t x = seed * 2654435761u + 1;
-  for (auto& b : v) {
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    b = static_cast<uint8_t>(x >> 24);
-  }
-  return v;
-}
+using test_support::Pattern;
 
 constexpr uint64_t kChunk = 64 << 10;
 constexpr uint32_t kSlots = 3;
