@@ -228,7 +228,7 @@ CUresult Launch(const char* name, CUfunction f, const unsigned grid[3], const un
   if (packed != CUDA_SUCCESS) return packed;
   // A pointer argument into pinned memory the GPU has no mapping of yet (XLA hands its
   // kernels pinned buffers by their host addresses): mapped before the launch.
-  if (params != nullptr) {
+  if (params != nullptr && c.AnyUnmappedPinned()) {
     for (size_t i = 0; i < info->params.size(); ++i) {
       if (info->params[i].size != sizeof(uint64_t)) continue;
       uint64_t v = 0;

@@ -1117,15 +1117,10 @@ void flyt::client::MapPinnedIfUnmapped(const char* name, uint64_t p) {
   }
   // Other failures: the driver's answer to the call says so.
 }
-namespace {
-void MapPinnedDestination(const char* name, CUdeviceptr dst) {
-  flyt::client::MapPinnedIfUnmapped(name, dst);
-}
-}  // namespace
 
 #define FLYT_MEMSET(name, op, pt, params, ...)         \
   FLYT_API CUresult name params {                      \
-    MapPinnedDestination(#name, dst);                  \
+    flyt::client::MapPinnedIfUnmapped(#name, dst);     \
     return Forward<op, false, pt>(#name, __VA_ARGS__); \
   }
 #define FLYT_MEMSET_PAIR(name, pt_name, op, params, ...) \

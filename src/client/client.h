@@ -194,11 +194,12 @@ class Client {
   bool RemoveHostBuffer(const void* base, HostBuffer* out);
   // The pinned or registered buffer that holds p.
   bool FindHostBuffer(const void* p, HostBuffer* out);
-  // True when some pinned or registered buffer has no GPU mapping yet (one relaxed load),
-  // and `p` may lie in one (a bound that only widens; FindHostBuffer says for sure).
+  // AnyUnmappedPinned: some pinned or registered buffer has no GPU mapping yet (one
+  // relaxed load). MaybeUnmappedPinned: also, `p` may lie in one (a bound that only
+  // widens; FindHostBuffer says for sure).
+  bool AnyUnmappedPinned() const { return unmapped_pinned_.load(std::memory_order_relaxed) > 0; }
   bool MaybeUnmappedPinned(uint64_t p) const {
-    return unmapped_pinned_.load(std::memory_order_relaxed) > 0 &&
-           p >= pinned_lo_.load(std::memory_order_relaxed) &&
+    return AnyUnmappedPinned() && p >= pinned_lo_.load(std::memory_order_relaxed) &&
            p < pinned_hi_.load(std::memory_order_relaxed);
   }
   // Memory shared with the server: a shared-memory transport (not wrapped in
