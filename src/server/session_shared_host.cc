@@ -57,6 +57,23 @@ void* MapShared(int fd, uint64_t bytes, uint64_t client_addr) {
   return p == MAP_FAILED ? nullptr : p;
 }
 
+// Pins [p, p+bytes) for the GPU, portable and mapped whatever the app's flags ask (as
+// cuMemHostAlloc memory is on a UVA system), and says where the GPU sees it (0: the driver
+// did not say). On failure the range is unmapped.
+CUresult RegisterForGpu(DriverApi& a, void* p, uint64_t bytes, CUdeviceptr* device) {
+  CUresult rc =
+      a.cuMemHostRegister_v2(p, bytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+  if (rc != CUDA_SUCCESS) {
+    munmap(p, bytes);
+    return rc;
+  }
+  *device = 0;
+  if (a.cuMemHostGetDevicePointer_v2 == nullptr ||
+      a.cuMemHostGetDevicePointer_v2(device, p, 0) != CUDA_SUCCESS)
+    *device = 0;
+  return CUDA_SUCCESS;
+}
+
 }  // namespace
 
 // Request: u64 descriptor id, u64 bytes, u32 flags, u64 client address.
@@ -104,17 +121,9 @@ bool Session::ShareHost(Reader& in, Writer& out, CUresult* rc) {
     *rc = primary_ == nullptr ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_NOT_SUPPORTED;
     return true;
   }
-  // Portable and mapped whatever the flags ask, as cuMemHostAlloc memory is on a UVA system.
-  *rc =
-      a.cuMemHostRegister_v2(p, bytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
-  if (*rc != CUDA_SUCCESS) {
-    munmap(p, bytes);
-    return true;
-  }
   CUdeviceptr device = 0;
-  if (a.cuMemHostGetDevicePointer_v2 == nullptr ||
-      a.cuMemHostGetDevicePointer_v2(&device, p, 0) != CUDA_SUCCESS)
-    device = 0;
+  *rc = RegisterForGpu(a, p, bytes, &device);
+  if (*rc != CUDA_SUCCESS) return true;
   const auto addr = reinterpret_cast<uint64_t>(p);
   shared_host_[addr] = bytes;
   if (flags & ops::kHostShareStaging) staging_host_.insert(addr);
@@ -153,21 +162,16 @@ bool Session::MapHost(Reader& in, Writer& out, CUresult* rc) {
     *rc = CUDA_ERROR_ALREADY_MAPPED;
     return true;
   }
-  *rc =
-      a.cuMemHostRegister_v2(p, bytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
-  if (*rc != CUDA_SUCCESS) {
-    munmap(p, bytes);
-    return true;
-  }
   CUdeviceptr device = 0;
-  CUresult got = a.cuMemHostGetDevicePointer_v2(&device, p, 0);
-  if (got != CUDA_SUCCESS || device != addr) {
+  *rc = RegisterForGpu(a, p, bytes, &device);
+  if (*rc != CUDA_SUCCESS) return true;
+  if (device != addr) {
     // The client's pointer must be the GPU's (unified addressing, every 64-bit Linux GPU).
     FLYT_WARN(
         "session %llu: the GPU maps pinned host memory at 0x%llx, not at its host address "
-        "0x%llx (error %d); mapped host memory is not served without unified addressing",
+        "0x%llx; mapped host memory is not served without unified addressing",
         static_cast<unsigned long long>(id_), static_cast<unsigned long long>(device),
-        static_cast<unsigned long long>(addr), got);
+        static_cast<unsigned long long>(addr));
     a.cuMemHostUnregister(p);
     munmap(p, bytes);
     *rc = CUDA_ERROR_NOT_SUPPORTED;
