@@ -98,7 +98,8 @@ CUresult CaptureInfo(const char* name, CUstream s, bool pt, CUstreamCaptureStatu
   return CUDA_SUCCESS;
 }
 
-// Sends kOpCaptureDependencies: `head` holds the sub-operation's fields.
+// Sends kOpCaptureDependencies: `w` already holds the sub-operation and its fields; the
+// node list (with edge data) is appended.
 CUresult SendDeps(const char* name, bool pt, wire::Writer& w, const CUgraphNode* nodes,
                   const CUgraphEdgeData* edges, size_t n) {
   Client& c = Client::Get();
