@@ -12,6 +12,7 @@
 #include "client/managed_memory.h"
 #include "client/query_cache.h"
 #include "common/cuda_image.h"
+#include "common/cupti_records.h"
 #include "common/log.h"
 
 using flyt::client::Client;
@@ -52,6 +53,8 @@ CUresult LoadImage(const void* image, bool library, uint64_t* handle) {
   uint64_t h0 = 0, h1 = 0;
   Hash(bytes, span.size, &h0, &h1);
   const char* name = library ? "cuLibraryLoadData" : "cuModuleLoadData";
+  auto* load_hook = flyt::client::g_module_load_hook.load(std::memory_order_relaxed);
+  const uint64_t load_start = load_hook != nullptr ? flyt::cupti_records::RealtimeNs() : 0;
   std::vector<uint8_t> reply;
   CUresult rc = CUDA_ERROR_NOT_FOUND;
   for (int with_bytes = 0; with_bytes < 2 && rc == CUDA_ERROR_NOT_FOUND; ++with_bytes) {
@@ -70,6 +73,7 @@ CUresult LoadImage(const void* image, bool library, uint64_t* handle) {
   std::vector<std::pair<uint64_t, FuncInfo>> fns;
   if (!r.Get(&h) || !flyt::client::ReadFunctionList(r, library, &fns)) return CUDA_ERROR_UNKNOWN;
   c.AddImage(h, library, std::move(fns));
+  if (load_hook != nullptr) load_hook(load_start, flyt::cupti_records::RealtimeNs());
   *handle = h;
   return CUDA_SUCCESS;
 }
@@ -93,43 +97,57 @@ bool flyt::client::ReadFunctionList(wire::Reader& r, bool is_kernel,
     uint64_t fh = 0;
     FuncInfo info;
     uint32_t np = 0;
-    if (!r.Get(&fh) || !r.GetString(&info.name, ops::kMaxNameLen) || !r.Get(&np) ||
-        np > ops::kMaxParams)
-      return false;
+    if (!r.Get(&fh) || !r.GetString(&info.name, ops::kMaxNameLen) || !r.Get(&np)) return false;
+    info.is_kernel = is_kernel;
+    if (np == ops::kLayoutUnknown) {
+      info.layout_known = false;
+      fns->emplace_back(fh, std::move(info));
+      continue;
+    }
+    if (np > ops::kMaxParams) return false;
     info.params.resize(np);
     if (np > 0 && !r.GetBytes(info.params.data(), np * sizeof(ops::ParamSlot))) return false;
     for (const auto& s : info.params)
       info.param_bytes = std::max(info.param_bytes, s.offset + s.size);
-    info.is_kernel = is_kernel;
     fns->emplace_back(fh, std::move(info));
   }
   return true;
 }
 
-// Layout of a function we have not seen load (e.g. from another API path).
-std::shared_ptr<const FuncInfo> flyt::client::FuncLayout(uint64_t f) {
+std::shared_ptr<const FuncInfo> flyt::client::FuncLayout(uint64_t f, CUresult* why) {
   Client& c = Client::Get();
-  if (auto info = c.Func(f)) return info;
+  auto seen = c.Func(f);
+  if (seen != nullptr && seen->layout_known) return seen;
+  CUresult last = CUDA_ERROR_INVALID_HANDLE;
+  // A handle of no image seen load (another API path) may be either kind.
   for (uint8_t is_kernel = 0; is_kernel < 2; ++is_kernel) {
+    if (seen != nullptr && is_kernel != (seen->is_kernel ? 1 : 0)) continue;
     wire::Writer w;
     w.Put(f);
     w.Put(is_kernel);
     std::vector<uint8_t> reply;
-    if (c.Call("paramLayout", ops::kOpFuncParamLayout, w, ReplySink{&reply}) != CUDA_SUCCESS)
-      continue;
+    last = c.Call("paramLayout", ops::kOpFuncParamLayout, w, ReplySink{&reply});
+    if (last != CUDA_SUCCESS) continue;
     wire::Reader r(reply.data(), reply.size());
     uint32_t np = 0;
     FuncInfo info;
-    if (!r.Get(&np) || np > ops::kMaxParams) return nullptr;
+    if (seen != nullptr) {
+      info = *seen;
+      info.superseded = seen;
+    }
+    if (!r.Get(&np) || np > ops::kMaxParams) break;
     info.params.resize(np);
-    if (np > 0 && !r.GetBytes(info.params.data(), np * sizeof(ops::ParamSlot))) return nullptr;
+    if (np > 0 && !r.GetBytes(info.params.data(), np * sizeof(ops::ParamSlot))) break;
+    info.param_bytes = 0;
     for (const auto& s : info.params)
       info.param_bytes = std::max(info.param_bytes, s.offset + s.size);
     info.is_kernel = is_kernel != 0;
+    info.layout_known = true;
     auto shared = std::make_shared<const FuncInfo>(std::move(info));
     c.AliasFunc(f, shared);
     return shared;
   }
+  if (why != nullptr) *why = last == CUDA_SUCCESS ? CUDA_ERROR_UNKNOWN : last;
   return nullptr;
 }
 
@@ -217,8 +235,9 @@ CUresult Launch(const char* name, CUfunction f, const unsigned grid[3], const un
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (nattrs > 64) return CUDA_ERROR_INVALID_VALUE;
-  auto info = FuncLayout(reinterpret_cast<uintptr_t>(f));
-  if (info == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  CUresult unknown = CUDA_ERROR_INVALID_HANDLE;
+  auto info = FuncLayout(reinterpret_cast<uintptr_t>(f), &unknown);
+  if (info == nullptr) return unknown;
   if (info->is_kernel) flags |= ops::kLaunchIsKernel;
   CUresult invalid = CheckLaunchConfig(reinterpret_cast<uintptr_t>(f), grid, block, shmem);
   if (invalid != CUDA_SUCCESS) return invalid;

@@ -3,6 +3,7 @@
 // Owns: kOpProfiler calls on behalf of libcupti and the call hook it sets; hands the
 // runtime-call hooks to export_tables.cc and the driver-call hook to driver_trace.cc.
 // Must not keep records: the server holds them until a drain, libcupti after.
+#include <atomic>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -16,6 +17,9 @@
 #include "protocol/codec.h"
 
 namespace flyt::client {
+
+std::atomic<profiler::ModuleLoadHook> g_module_load_hook{nullptr};
+
 namespace {
 
 using cupti_records::RealtimeNs;
@@ -84,12 +88,19 @@ CUresult Drain(int forced, profiler::RecordFn each, void* opaque, uint32_t* drop
 
 void SetCallHook(profiler::CallHook hook) { Client::Get().SetCallHook(hook); }
 
+void SetModuleLoadHook(profiler::ModuleLoadHook hook) { g_module_load_hook.store(hook); }
+
 }  // namespace
 
 const void* ProfilerTable() {
-  static const profiler::Table table{
-      sizeof(profiler::Table), Start,           Stop, Drain, SetCallHook,
-      SetRuntimeApiHooks,      SetDriverApiHook};
+  static const profiler::Table table{sizeof(profiler::Table),
+                                     Start,
+                                     Stop,
+                                     Drain,
+                                     SetCallHook,
+                                     SetRuntimeApiHooks,
+                                     SetDriverApiHook,
+                                     SetModuleLoadHook};
   return &table;
 }
 

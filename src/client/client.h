@@ -40,6 +40,11 @@ struct FuncInfo {
   std::string name;
   std::vector<ops::ParamSlot> params;
   uint32_t param_bytes = 0;
+  // False until the server described the parameters (ops::kLayoutUnknown):
+  // FuncLayout asks for them, and registers a described copy that keeps this
+  // one alive (the name cuKernelGetName handed out stays valid).
+  bool layout_known = true;
+  std::shared_ptr<const FuncInfo> superseded;
   bool is_kernel = false;
   uint64_t image = 0;  // library or module handle
 };
@@ -447,8 +452,14 @@ CUresult MapManagedGlobal(CUdeviceptr p, uint64_t image);
 // has not closed (client/api_ipc.cc): it is freed with cuIpcCloseMemHandle only.
 bool IsIpcMapping(uint64_t base);
 
-// Parameter layout of a kernel or function, fetched from the server if unseen.
-std::shared_ptr<const FuncInfo> FuncLayout(uint64_t func);
+// Flyt's libcupti's hook for code images loaded (common/profiler_abi.h), or null.
+extern std::atomic<void (*)(uint64_t start_ns, uint64_t end_ns)> g_module_load_hook;
+
+// A kernel or function with its parameter layout, fetched from the server if
+// not known yet (the first launch: the server's driver loads the kernel then,
+// as lazy loading does natively). Null when the handle is unknown or the
+// layout cannot be had (`why`, if given: the driver's answer).
+std::shared_ptr<const FuncInfo> FuncLayout(uint64_t func, CUresult* why = nullptr);
 // Appends a launch's parameter block (blob) built from kernelParams or extra.
 CUresult PackKernelParams(const FuncInfo& info, void** params, void** extra, wire::Writer& w);
 // Pinned host memory reached through its host address (natively every pinned buffer is the

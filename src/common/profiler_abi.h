@@ -77,6 +77,7 @@ struct DriverCallRecord {
 // Runs on the app's thread, outside the client library's lock; it may call driver APIs
 // (those calls are reported in turn).
 using DriverApiHook = void (*)(DriverCallRecord* record);
+using ModuleLoadHook = void (*)(uint64_t start_ns, uint64_t end_ns);
 
 struct Table {
   size_t size;  // sizeof(Table)
@@ -95,10 +96,16 @@ struct Table {
   // --- appended: present when size >= kTableSizeDriverHook
   // Turns libcuda's reporting of driver calls on (hook set) or off (nullptr).
   void (*set_driver_hook)(DriverApiHook each_call);
+  // --- appended: present when size >= kTableSizeModuleLoadHook
+  // Code images loaded (cuLibraryLoadData, cuModuleLoad*): each load's start and end
+  // (CLOCK_REALTIME ns), called on the thread that loaded it while the hook is set.
+  void (*set_module_load_hook)(ModuleLoadHook each_load);
 };
 // The size of the first version of the table (everything up to set_runtime_hooks): what
 // a libcupti needs at least.
 inline constexpr size_t kTableSizeV1 = offsetof(Table, set_driver_hook);
 inline constexpr size_t kTableSizeDriverHook = offsetof(Table, set_driver_hook) + sizeof(void*);
+inline constexpr size_t kTableSizeModuleLoadHook =
+    offsetof(Table, set_module_load_hook) + sizeof(void*);
 
 }  // namespace flyt::profiler

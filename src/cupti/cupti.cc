@@ -43,6 +43,9 @@
 #define FLYT_CUPTI_EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace flyt::cupti {
+
+void MaybeHoldBuffer();
+
 namespace {
 
 using profiler::Table;
@@ -176,6 +179,18 @@ struct DriverFrames {
 };
 thread_local DriverFrames t_driver;
 std::atomic<uint32_t> g_next_correlation{0};
+// The app has enabled kinds and Flyt holds no buffer of its: the next call that
+// records asks for one (MaybeHoldBuffer), as CUPTI asks when it first records.
+std::atomic<bool> g_want_buffer{false};
+
+// The correlation id of the runtime or driver call this thread is in, or 0.
+uint32_t CurrentCorrelation() {
+  if (t_driver.depth > 0)
+    return t_driver.correlation[std::min(t_driver.depth, kMaxDriverDepth) - 1];
+  if (t_runtime.depth > 0)
+    return t_runtime.correlation[std::min(t_runtime.depth, kMaxRuntimeDepth) - 1];
+  return 0;
+}
 
 const Table* Driver() {
   static const Table* table = [] {
@@ -332,6 +347,27 @@ void OnRecord(void*, const ops::GpuActivity* g, const char* name) {
     m.bytes = g->bytes;
     m.memoryKind = g->src_kind;
     PushLocked(m);
+  } else if (g->kind == ops::kActivityOverhead) {
+    CUpti_ActivityOverhead3 o{};
+    o.kind = CUPTI_ACTIVITY_KIND_OVERHEAD;
+    o.overheadKind = static_cast<CUpti_ActivityOverheadKind>(g->value);
+    o.objectKind = static_cast<CUpti_ActivityObjectKind>(g->copy_kind);
+    if (o.objectKind == CUPTI_ACTIVITY_OBJECT_PROCESS ||
+        o.objectKind == CUPTI_ACTIVITY_OBJECT_THREAD) {
+      // The server worker's process and thread mean nothing here: the work was
+      // this process's (its main thread: which of its threads made the call is
+      // not kept).
+      o.objectId.pt.processId = static_cast<uint32_t>(getpid());
+      o.objectId.pt.threadId = static_cast<uint32_t>(getpid());
+    } else {
+      o.objectId.dcs.deviceId = g->device;
+      o.objectId.dcs.contextId = g->context;
+      o.objectId.dcs.streamId = g->stream;
+    }
+    o.start = LocalTimeLocked(g->start_ns);
+    o.end = LocalTimeLocked(g->end_ns);
+    o.correlationId = g->call_id != 0 ? CorrelationLocked(g->call_id) : 0;
+    PushLocked(o);
   }
 }
 
@@ -345,6 +381,8 @@ int GpuKind(CUpti_ActivityKind k) {
       return ops::kActivityMemcpy;
     case CUPTI_ACTIVITY_KIND_MEMSET:
       return ops::kActivityMemset;
+    case CUPTI_ACTIVITY_KIND_OVERHEAD:
+      return ops::kActivityOverhead;
     default:
       return -1;
   }
@@ -362,24 +400,33 @@ CUptiResult Fail(CUptiResult r) {
 
 }  // namespace
 
+void RequestRecorded(uint8_t** buffer, size_t* size, size_t* max_records);
+
 // With delivery_mu held: while the app profiles, holds a buffer of the app's
 // for the records to come.
 void HoldBufferDelivering() {
   State& s = S();
-  CUpti_BuffersCallbackRequestFunc req = nullptr;
   {
     std::lock_guard<std::mutex> lock(s.mu);
     if (s.held.data != nullptr || s.enabled.empty() || s.requested == nullptr) return;
-    req = s.requested;
   }
-  cupti_records::AppBuffer buffer = cupti_records::Request(req);
+  g_want_buffer = false;
+  cupti_records::AppBuffer buffer = cupti_records::Request(RequestRecorded);
   std::lock_guard<std::mutex> lock(s.mu);
   s.held = buffer;
 }
 
-void HoldBuffer() {
-  std::lock_guard<std::mutex> delivering(S().delivery_mu);
-  HoldBufferDelivering();
+// At the exit of a reported runtime or driver call, whose record is about to
+// be written: holds a buffer of the app's if none is held. CUPTI asks for one
+// when it first records (inside the app's call), and Kineto flushes only when
+// it has given one out. Not from libcuda's per-call hook (OnCall), which runs
+// under the client's lock: the app's callback is not called there. Skipped
+// while this or another thread delivers (the app's completion callback may
+// call CUDA); the next reported call asks.
+void MaybeHoldBuffer() {
+  if (!g_want_buffer.load(std::memory_order_relaxed)) return;
+  std::unique_lock<std::mutex> delivering(S().delivery_mu, std::try_to_lock);
+  if (delivering.owns_lock()) HoldBufferDelivering();
 }
 
 // Hands the pending records to the app's buffers (cuptiActivityFlushAll),
@@ -402,7 +449,7 @@ CUptiResult Deliver() {
   if (!records.empty() || held.data != nullptr) {
     if (req == nullptr || done == nullptr) return Fail(CUPTI_ERROR_INVALID_OPERATION);
     bool had_buffer = held.data != nullptr;
-    size_t delivered = cupti_records::Deliver(records, held, req, done);
+    size_t delivered = cupti_records::Deliver(records, held, RequestRecorded, done);
     Debug("delivered %zu of %zu records to the app (%s)", delivered, records.size(),
           had_buffer ? "into the buffer it gave before" : "into buffers asked for now");
     if (delivered < records.size()) {
@@ -411,7 +458,7 @@ CUptiResult Deliver() {
       rc = Fail(CUPTI_ERROR_OUT_OF_MEMORY);
     }
   }
-  HoldBufferDelivering();
+  g_want_buffer = true;
   return rc;
 }
 
@@ -427,6 +474,60 @@ uint32_t ThreadIdLocked() {
   if (S().thread_id_type == CUPTI_ACTIVITY_THREAD_ID_TYPE_SYSTEM)
     return static_cast<uint32_t>(syscall(SYS_gettid));
   return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(pthread_self()));
+}
+
+// The app's buffer-request callback, timed: CUPTI records the time an app
+// spends giving it a buffer as an ACTIVITY_BUFFER_REQUEST overhead.
+// libcuda loaded a code image on this thread (start and end: CLOCK_REALTIME).
+// Inside a runtime call that is cudart loading a module the call needs (lazy
+// loading): CUPTI reports that as a RUNTIME_TRIGGERED_MODULE_LOADING overhead
+// of the call. An image the app loads itself is no overhead.
+void OnModuleLoad(uint64_t start_ns, uint64_t end_ns) {
+  if (t_runtime.depth == 0) return;
+  State& s = S();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!s.enabled.count(CUPTI_ACTIVITY_KIND_OVERHEAD)) return;
+  CUpti_ActivityOverhead3 o{};
+  o.kind = CUPTI_ACTIVITY_KIND_OVERHEAD;
+  o.overheadKind = CUPTI_ACTIVITY_OVERHEAD_RUNTIME_TRIGGERED_MODULE_LOADING;
+  o.objectKind = CUPTI_ACTIVITY_OBJECT_THREAD;
+  o.objectId.pt.processId = static_cast<uint32_t>(getpid());
+  o.objectId.pt.threadId = ThreadIdLocked();
+  // LocalTimeLocked takes the server's clock: this host's less the offset.
+  o.start =
+      LocalTimeLocked(static_cast<uint64_t>(static_cast<int64_t>(start_ns) - s.server_offset));
+  o.end = LocalTimeLocked(static_cast<uint64_t>(static_cast<int64_t>(end_ns) - s.server_offset));
+  o.correlationId = CurrentCorrelation();
+  PushLocked(o);
+}
+
+// An ACTIVITY_BUFFER_REQUEST overhead of this thread, part of the call it is in.
+void PushBufferRequestLocked(uint64_t start, uint64_t end) {
+  CUpti_ActivityOverhead3 o{};
+  o.kind = CUPTI_ACTIVITY_KIND_OVERHEAD;
+  o.overheadKind = CUPTI_ACTIVITY_OVERHEAD_ACTIVITY_BUFFER_REQUEST;
+  o.objectKind = CUPTI_ACTIVITY_OBJECT_THREAD;
+  o.objectId.pt.processId = static_cast<uint32_t>(getpid());
+  o.objectId.pt.threadId = ThreadIdLocked();
+  o.start = start;
+  o.end = end;
+  o.correlationId = CurrentCorrelation();
+  PushLocked(o);
+}
+
+void RequestRecorded(uint8_t** buffer, size_t* size, size_t* max_records) {
+  State& s = S();
+  CUpti_BuffersCallbackRequestFunc req;
+  uint64_t start, end;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    req = s.requested;
+    start = AppNowLocked();
+  }
+  req(buffer, size, max_records);
+  std::lock_guard<std::mutex> lock(s.mu);
+  end = AppNowLocked();
+  if (s.enabled.count(CUPTI_ACTIVITY_KIND_OVERHEAD)) PushBufferRequestLocked(start, end);
 }
 
 uint32_t ContextUidLocked(CUcontext ctx) {
@@ -449,6 +550,7 @@ void RuntimeCall(uint32_t cbid, const void* raw) {
   if (rec == nullptr || rec->size < sizeof(RuntimeCallRecord) || t_runtime.in_callback) return;
   State& s = S();
   const bool enter = rec->site == CUPTI_API_ENTER;
+  if (!enter) MaybeHoldBuffer();  // its RUNTIME record is about to be written
   CUpti_CallbackFunc subscriber = nullptr;
   void* data = nullptr;
   CUpti_CallbackData info{};
@@ -516,6 +618,8 @@ void DriverCall(flyt::profiler::DriverCallRecord* rec) {
     if (f.in_callback > 1) return;  // see DriverFrames
   } else if (rec->taken == 0) {
     return;
+  } else {
+    MaybeHoldBuffer();  // its DRIVER record is about to be written
   }
   const uint32_t cbid = rec->cbid;
   CUpti_CallbackFunc subscriber = nullptr;
@@ -655,7 +759,7 @@ FLYT_CUPTI_EXPORT CUptiResult cuptiActivityRegisterCallbacks(
     S().requested = requested;
     S().completed = completed;
   }
-  HoldBuffer();
+  g_want_buffer = true;
   return CUPTI_SUCCESS;
 }
 
@@ -675,6 +779,8 @@ FLYT_CUPTI_EXPORT CUptiResult cuptiActivityEnable(CUpti_ActivityKind kind) {
       return Fail(CUPTI_ERROR_NOT_INITIALIZED);
     }
     t->set_call_hook(OnCall);
+    if (kind == CUPTI_ACTIVITY_KIND_OVERHEAD && t->size >= flyt::profiler::kTableSizeModuleLoadHook)
+      t->set_module_load_hook(OnModuleLoad);
     {
       std::lock_guard<std::mutex> lock(s.mu);
       s.gpu_kinds |= enabled;
@@ -683,7 +789,7 @@ FLYT_CUPTI_EXPORT CUptiResult cuptiActivityEnable(CUpti_ActivityKind kind) {
       s.server_offset = static_cast<int64_t>(local_now) - static_cast<int64_t>(server_now);
       s.enabled.insert(kind);
     }
-    HoldBuffer();
+    g_want_buffer = true;
     return CUPTI_SUCCESS;
   }
   switch (kind) {
@@ -695,12 +801,6 @@ FLYT_CUPTI_EXPORT CUptiResult cuptiActivityEnable(CUpti_ActivityKind kind) {
     case CUPTI_ACTIVITY_KIND_RUNTIME:  // cudart's reports: UpdateReporting below
     case CUPTI_ACTIVITY_KIND_DRIVER:   // libcuda's reports: UpdateReporting below
       break;
-    // Accepted and produce no records through Flyt (docs/compatibility.md): the
-    // overhead records are CUPTI's own bookkeeping, which Flyt does not have.
-    case CUPTI_ACTIVITY_KIND_OVERHEAD:
-      LogOnce("kind" + std::to_string(kind),
-              "cuptiActivityEnable(%d): accepted; Flyt records no activity of this kind yet", kind);
-      break;
     default:
       LogOnce("kind" + std::to_string(kind),
               "cuptiActivityEnable(%d): activity kind not supported through Flyt", kind);
@@ -710,7 +810,7 @@ FLYT_CUPTI_EXPORT CUptiResult cuptiActivityEnable(CUpti_ActivityKind kind) {
     std::lock_guard<std::mutex> lock(s.mu);
     s.enabled.insert(kind);
   }
-  HoldBuffer();
+  g_want_buffer = true;
   return ApiKind(kind) ? UpdateReporting() : CUPTI_SUCCESS;
 }
 
@@ -736,6 +836,11 @@ FLYT_CUPTI_EXPORT CUptiResult cuptiActivityDisable(CUpti_ActivityKind kind) {
   }
   if (stop_server) {
     if (const Table* t = Driver()) t->stop(1u << gpu);
+  }
+  if (kind == CUPTI_ACTIVITY_KIND_OVERHEAD) {
+    const Table* t = Driver();
+    if (t != nullptr && t->size >= flyt::profiler::kTableSizeModuleLoadHook)
+      t->set_module_load_hook(nullptr);
   }
   return ApiKind(kind) ? UpdateReporting() : CUPTI_SUCCESS;
 }

@@ -268,8 +268,18 @@ enum : uint8_t { kProfilerStart = 1, kProfilerStop = 2, kProfilerDrain = 3 };
 
 // What the server's CUPTI recorded for one piece of a client's GPU work.
 // Timestamps are the server's CUPTI clock; call_id is the frame that issued
-// the work (its correlation id on the client), 0 when unknown.
-enum GpuActivityKind : uint8_t { kActivityKernel = 1, kActivityMemcpy = 2, kActivityMemset = 3 };
+// the work (its correlation id on the client), 0 when unknown. An overhead
+// record (the driver or CUPTI working on behalf of a call: lazy function
+// loading, module loading, instrumentation) has its CUpti_ActivityOverheadKind
+// in value, its CUpti_ActivityObjectKind in copy_kind and, for device, context
+// and stream objects, their ids in device, context and stream.
+enum GpuActivityKind : uint8_t {
+  kActivityKernel = 1,
+  kActivityMemcpy = 2,
+  kActivityMemset = 3,
+  kActivityOverhead = 4,
+};
+inline constexpr int kActivityLast = kActivityOverhead;
 struct GpuActivity {
   uint8_t kind;
   uint8_t copy_kind;  // memcpy: CUpti_ActivityMemcpyKind
@@ -283,7 +293,7 @@ struct GpuActivity {
   uint32_t device;
   uint32_t context;
   uint32_t stream;
-  uint32_t value;  // memset
+  uint32_t value;  // memset: its value; overhead: its kind
   int32_t grid[3];
   int32_t block[3];
   int32_t static_smem;
@@ -297,6 +307,12 @@ inline constexpr uint32_t kIpcHandleBytes = 64;  // CU_IPC_HANDLE_SIZE
 
 // Which loader the app called; the server answers with the same kind of handle.
 enum class ImageLoader : uint8_t { kLibrary = 0, kModule = 1 };
+
+// In a kOpLoadImage function list, in place of a parameter count: the layout
+// is not sent. Asking the driver for it (cuKernelGetParamInfo) loads the kernel
+// under lazy loading, which natively happens at its first launch; the client
+// asks (kOpFuncParamLayout) when it first needs it, inside that launch.
+inline constexpr uint32_t kLayoutUnknown = 0xffffffffu;
 
 // Layout of one kernel parameter, as cuKernelGetParamInfo reports it.
 struct ParamSlot {

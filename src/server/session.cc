@@ -1023,9 +1023,8 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
         *rc = CUDA_ERROR_INVALID_HANDLE;
         return true;
       }
-      DescribeFunction(RealHandle(is_kernel ? HandleKind::kKernel : HandleKind::kFunction, f),
-                       is_kernel != 0, out);
-      *rc = CUDA_SUCCESS;
+      *rc = DescribeFunction(RealHandle(is_kernel ? HandleKind::kKernel : HandleKind::kFunction, f),
+                             is_kernel != 0, out);
       return true;
     }
     case ops::kOpLaunch:
@@ -1155,8 +1154,10 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
   }
 }
 
-// Writes: u32 count, then per parameter {offset, size}.
-void Session::DescribeFunction(uint64_t handle, bool is_kernel, Writer& out) {
+// Writes: u32 count, then per parameter {offset, size}. Under lazy loading the
+// driver loads the function for the first question: a failure to load is the
+// answer (nothing written).
+CUresult Session::DescribeFunction(uint64_t handle, bool is_kernel, Writer& out) {
   DriverApi& a = state_->api;
   std::vector<ops::ParamSlot> slots;
   for (size_t i = 0; i < ops::kMaxParams; ++i) {
@@ -1164,11 +1165,13 @@ void Session::DescribeFunction(uint64_t handle, bool is_kernel, Writer& out) {
     CUresult r = is_kernel
                      ? a.cuKernelGetParamInfo(reinterpret_cast<CUkernel>(handle), i, &off, &size)
                      : a.cuFuncGetParamInfo(reinterpret_cast<CUfunction>(handle), i, &off, &size);
-    if (r != CUDA_SUCCESS) break;
+    if (r == CUDA_ERROR_INVALID_VALUE) break;  // past the last parameter
+    if (r != CUDA_SUCCESS) return r;
     slots.push_back({static_cast<uint32_t>(off), static_cast<uint32_t>(size)});
   }
   out.Put<uint32_t>(static_cast<uint32_t>(slots.size()));
   for (const auto& s : slots) out.Put(s);
+  return CUDA_SUCCESS;
 }
 
 CUresult Session::LoadCode(const ImageBytes& image, bool library, uint64_t* handle) {
@@ -1229,7 +1232,7 @@ void Session::DescribeImage(uint64_t image, uint64_t image_client, bool library,
     if (library) kernel_library_[client] = image_client;
     out.Put(client);
     out.PutString(name);
-    DescribeFunction(raw, library, out);
+    out.Put<uint32_t>(ops::kLayoutUnknown);  // asked for at the first launch
   }
 }
 

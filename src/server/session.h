@@ -391,7 +391,7 @@ class Session {
   // Pageable device-to-host copies through a staging area in shared pinned memory
   // (session_staged_copy.cc).
   bool CopyFromDeviceStaged(wire::Reader& in, bool per_thread, CUresult* rc);
-  void DescribeFunction(uint64_t handle, bool is_kernel, wire::Writer& out);
+  CUresult DescribeFunction(uint64_t handle, bool is_kernel, wire::Writer& out);
   void DescribeImage(uint64_t image, uint64_t image_client, bool library, wire::Writer& out);
   // Loads an image as a library or a module (the driver's handle in *handle).
   CUresult LoadCode(const ImageBytes& image, bool library, uint64_t* handle);

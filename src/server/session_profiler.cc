@@ -107,6 +107,29 @@ void Take(const CUpti_Activity* r) {
       g.value = m->value;
       break;
     }
+    case CUPTI_ACTIVITY_KIND_OVERHEAD: {
+      auto* o = reinterpret_cast<const CUpti_ActivityOverhead3*>(r);
+      free(o->overheadData);  // CUPTI's details, ours to free; the client gets none
+      // This worker's own buffer handling is not the app's: the client's
+      // libcupti records the app's buffer requests itself.
+      if (o->overheadKind == CUPTI_ACTIVITY_OVERHEAD_ACTIVITY_BUFFER_REQUEST ||
+          o->overheadKind == CUPTI_ACTIVITY_OVERHEAD_CUPTI_BUFFER_FLUSH)
+        return;
+      g.kind = ops::kActivityOverhead;
+      g.value = static_cast<uint32_t>(o->overheadKind);
+      g.copy_kind = static_cast<uint8_t>(o->objectKind);
+      g.call_id = o->correlationId;
+      g.start_ns = o->start;
+      g.end_ns = o->end;
+      if (o->objectKind == CUPTI_ACTIVITY_OBJECT_DEVICE ||
+          o->objectKind == CUPTI_ACTIVITY_OBJECT_CONTEXT ||
+          o->objectKind == CUPTI_ACTIVITY_OBJECT_STREAM) {
+        g.device = o->objectId.dcs.deviceId;
+        g.context = o->objectId.dcs.contextId;
+        g.stream = o->objectId.dcs.streamId;
+      }
+      break;
+    }
     default:
       return;
   }
@@ -131,7 +154,8 @@ void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size
 // CUPTI kinds behind each GpuActivity kind.
 constexpr CUpti_ActivityKind kCuptiKinds[] = {
     CUPTI_ACTIVITY_KIND_INVALID, CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
-    CUPTI_ACTIVITY_KIND_MEMSET};
+    CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_OVERHEAD};
+static_assert(sizeof(kCuptiKinds) / sizeof(kCuptiKinds[0]) == ops::kActivityLast + 1);
 
 }  // namespace
 
@@ -147,7 +171,7 @@ void Session::ProfilerEndFrame() {
 void Session::ProfilerStop(uint32_t kinds) {
   Collector& c = C();
   if (!c.api.loaded) return;
-  for (int k = ops::kActivityKernel; k <= ops::kActivityMemset; ++k)
+  for (int k = ops::kActivityKernel; k <= ops::kActivityLast; ++k)
     if ((kinds & (1u << k)) && (profiled_kinds_ & (1u << k)))
       c.api.cuptiActivityDisable(kCuptiKinds[k]);
   profiled_kinds_ &= ~kinds;
@@ -194,7 +218,7 @@ bool Session::Profiler(Reader& in, Writer& out, CUresult* rc) {
       if (r == CUPTI_SUCCESS && !state_->api.is_sim)
         r = c.api.cuptiActivityEnable(CUPTI_ACTIVITY_KIND_DRIVER);
       if (r == CUPTI_SUCCESS) profiling_ = true;
-      for (int k = ops::kActivityKernel; r == CUPTI_SUCCESS && k <= ops::kActivityMemset; ++k) {
+      for (int k = ops::kActivityKernel; r == CUPTI_SUCCESS && k <= ops::kActivityLast; ++k) {
         if (!(kinds & (1u << k))) continue;
         CUptiResult e = (profiled_kinds_ & (1u << k)) ? CUPTI_SUCCESS
                                                       : c.api.cuptiActivityEnable(kCuptiKinds[k]);

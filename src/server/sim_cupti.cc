@@ -7,6 +7,7 @@
 #include "server/sim_cupti.h"
 
 #include <cupti.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
@@ -28,7 +29,8 @@ struct State {
   CUpti_BuffersCallbackCompleteFunc completed = nullptr;
   std::vector<std::vector<uint8_t>> pending;  // records not yet flushed
   std::map<CUstream, uint32_t> stream_ids;
-  std::set<std::string> names;  // kernel names: valid as long as the process
+  std::set<std::string> names;   // kernel names: valid as long as the process
+  std::set<std::string> loaded;  // kernels launched before (lazy loading's overhead is once)
   uint32_t next_stream_id = 13;
   uint32_t correlation = 0;
 };
@@ -91,6 +93,7 @@ CUptiResult Enable(CUpti_ActivityKind k) {
     case CUPTI_ACTIVITY_KIND_MEMCPY:
     case CUPTI_ACTIVITY_KIND_MEMSET:
     case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION:
+    case CUPTI_ACTIVITY_KIND_OVERHEAD:
       break;
     default:
       return CUPTI_ERROR_NOT_COMPATIBLE;
@@ -152,13 +155,14 @@ CUptiResult PopExternal(CUpti_ExternalCorrelationKind kind, uint64_t* id) {
 
 // The fields every GPU record of CUPTI has.
 template <typename Record>
-void FillCommonLocked(Record* r, CUstream stream, uint64_t start, uint64_t end) {
+void FillCommonLocked(Record* r, CUstream stream, uint64_t start, uint64_t end,
+                      uint32_t correlation = 0) {
   r->start = start;
   r->end = end;
   r->deviceId = 0;
   r->contextId = 1;
   r->streamId = StreamIdLocked(stream);
-  r->correlationId = CorrelateLocked();
+  r->correlationId = correlation != 0 ? correlation : CorrelateLocked();
 }
 
 }  // namespace
@@ -174,9 +178,24 @@ void RecordKernel(const std::string& name, const CUlaunchConfig& cfg, uint64_t s
                                 ? CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL
                                 : CUPTI_ACTIVITY_KIND_KERNEL;
   if (!EnabledLocked(kind)) return;
+  uint32_t correlation = CorrelateLocked();
+  // A function's first launch loads it, as the driver's lazy loading does, and
+  // CUPTI reports that as an overhead of the launch.
+  if (EnabledLocked(CUPTI_ACTIVITY_KIND_OVERHEAD) && S().loaded.insert(name).second) {
+    CUpti_ActivityOverhead3 o{};
+    o.kind = CUPTI_ACTIVITY_KIND_OVERHEAD;
+    o.overheadKind = CUPTI_ACTIVITY_OVERHEAD_LAZY_FUNCTION_LOADING;
+    o.objectKind = CUPTI_ACTIVITY_OBJECT_THREAD;
+    o.objectId.pt.processId = static_cast<uint32_t>(getpid());
+    o.objectId.pt.threadId = static_cast<uint32_t>(gettid());
+    o.start = start;
+    o.end = start + 1;
+    o.correlationId = correlation;
+    PushLocked(o);
+  }
   CUpti_ActivityKernel10 k{};
   k.kind = kind;
-  FillCommonLocked(&k, cfg.hStream, start, end);
+  FillCommonLocked(&k, cfg.hStream, start, end, correlation);
   k.completed = end;
   k.queued = k.submitted = start;
   k.gridX = static_cast<int32_t>(cfg.gridDimX);

@@ -1318,7 +1318,9 @@ class E2E(unittest.TestCase):
         two cuptiGetTimestamp readings on the client (also when the app registers a
         timestamp callback of another rate, as Kineto does), kinds disabled before the
         flush still deliver what they recorded, and a disabled kind records nothing
-        more. The server's records of a profiled client do not outlive it."""
+        more. Overhead records: the kernel's lazy loading at its first launch carries
+        the launch's correlation id, and the app's buffer requests are timed. The
+        server's records of a profiled client do not outlive it."""
         for variant, transport in self.matrix():
             with self.subTest(variant=variant, transport=transport):
                 srv = self.start_server()
@@ -1336,6 +1338,8 @@ class E2E(unittest.TestCase):
                                   ("memset.count", "1"), ("timestamps.in_window", "1"),
                                   ("disabled.new_kernels", "0"),
                                   ("buffers.held_before_flush", "1"),
+                                  ("overhead.lazy_loading_of_kernel", "1"),
+                                  ("overhead.buffer_request", "1"),
                                   ("pop_empty", "18")):  # CUPTI_ERROR_QUEUE_EMPTY
                     self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
                 self.assertNotIn("profiling:", srv.log_text(), where)

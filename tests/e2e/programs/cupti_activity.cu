@@ -35,6 +35,8 @@ struct Seen {
   int grid = 0, block = 0;
 };
 std::vector<Seen> g_kernels, g_copies, g_memsets;
+// Overhead records: CUpti_ActivityOverheadKind -> correlation ids.
+std::multimap<int, uint32_t> g_overheads;
 std::map<uint32_t, uint64_t> g_external;  // correlation id -> external id (CUSTOM0)
 int g_outstanding = 0;                    // buffers given to CUPTI and not yet back
 
@@ -55,6 +57,9 @@ void CUPTIAPI Completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t val
         s.name = k->name ? k->name : "";
         s.start = k->start, s.end = k->end, s.correlation = k->correlationId;
         s.grid = k->gridX * k->gridY * k->gridZ, s.block = k->blockX * k->blockY * k->blockZ;
+        if (getenv("E2E_CUPTI_DUMP") != nullptr)
+          fprintf(stderr, "dump: kernel %s corr %u start %llu\n", s.name.c_str(), s.correlation,
+                  (unsigned long long)s.start);
         g_kernels.push_back(s);
         break;
       }
@@ -70,6 +75,21 @@ void CUPTIAPI Completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t val
         s.bytes = m->bytes, s.value = m->value, s.start = m->start, s.end = m->end;
         s.correlation = m->correlationId;
         g_memsets.push_back(s);
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_RUNTIME: {
+        auto* a = reinterpret_cast<CUpti_ActivityAPI*>(r);
+        if (getenv("E2E_CUPTI_DUMP") != nullptr)
+          fprintf(stderr, "dump: runtime cbid %u corr %u\n", a->cbid, a->correlationId);
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_OVERHEAD: {
+        auto* o = reinterpret_cast<CUpti_ActivityOverhead3*>(r);
+        if (getenv("E2E_CUPTI_DUMP") != nullptr)
+          fprintf(stderr, "dump: overhead %d corr %u object %d start %llu\n", (int)o->overheadKind,
+                  o->correlationId, (int)o->objectKind, (unsigned long long)o->start);
+        g_overheads.emplace(static_cast<int>(o->overheadKind), uint32_t{o->correlationId});
+        free(o->overheadData);
         break;
       }
       case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
@@ -128,7 +148,7 @@ int main(int argc, char** argv) {
   }
   for (CUpti_ActivityKind k : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
                                CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION,
-                               CUPTI_ACTIVITY_KIND_RUNTIME})
+                               CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_OVERHEAD})
     CUPTI(g.enable(k));
 
   const size_t kCopy = 1 << 20, kSet = 64 << 10;
@@ -172,6 +192,18 @@ int main(int argc, char** argv) {
     in_window &= t0 <= k.start && k.start <= k.end && k.end <= t1;
   }
   printf("kernel.count=%d\n", kernels);
+  // The kernel's first launch loads it (lazy loading, the driver's default): an
+  // overhead of that launch, as torch.profiler counts in its operator's device time.
+  int lazy_load_linked = 0;
+  for (const Seen& k : g_kernels) {
+    if (k.name.find("cupti_probe_kernel") == std::string::npos) continue;
+    auto range = g_overheads.equal_range(CUPTI_ACTIVITY_OVERHEAD_LAZY_FUNCTION_LOADING);
+    for (auto it = range.first; it != range.second; ++it)
+      lazy_load_linked |= it->second == k.correlation;
+  }
+  printf("overhead.lazy_loading_of_kernel=%d\n", lazy_load_linked);
+  printf("overhead.buffer_request=%d\n",
+         g_overheads.count(CUPTI_ACTIVITY_OVERHEAD_ACTIVITY_BUFFER_REQUEST) > 0 ? 1 : 0);
   int htod = 0, dtoh = 0;
   for (const Seen& c : g_copies) {
     bool mine = c.bytes == kCopy && External(c) == 4343;

@@ -18,11 +18,17 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--json", default="")
+    ap.add_argument("--warmup", type=int, default=0, help="steps run before profiling")
+    ap.add_argument("--kernels", action="store_true",
+                    help="also print each event that is not a CPU op or an API call: name, duration, the operator it is linked to")
     args = ap.parse_args()
     import torch
 
     a = torch.randn(512, 512, device="cuda")
     host = torch.empty(512, device="cpu")
+    for _ in range(args.warmup):
+        (a @ a).relu().sum(dim=0)
+    torch.cuda.synchronize()
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=acts) as prof:
         for _ in range(args.steps):
@@ -50,6 +56,25 @@ def main():
     out["result_ok"] = bool(torch.isfinite(b).all().item())
     for k, v in out.items():
         print(f"{k}={v}")
+    if args.kernels:
+        print("categories: " + ", ".join(f"{c} {n}" for c, n in sorted(cats.items())))
+        for e in prof.key_averages():
+            if getattr(e, "device_time_total", 0) > 0:
+                print("op %-30s device_time_us=%.1f count=%d" % (e.key, e.device_time_total, e.count))
+        # A kernel's operator: the cpu_op whose External id the kernel carries.
+        ops_by_ext = {e["args"].get("External id"): e["name"] for e in events
+                      if e.get("cat") == "cpu_op" and "External id" in e.get("args", {})}
+        for e in events:
+            if e.get("ph") != "X" or e.get("cat") in ("cpu_op", "cuda_runtime", "cuda_driver",
+                                                        "python_function", "user_annotation"):
+                continue
+            a_ = e.get("args", {})
+            print(e["cat"] + " %-50s dur=%.1f corr=%s op=%s ts=%.1f" % (
+                e["name"][:50], e.get("dur", 0), a_.get("correlation"),
+                ops_by_ext.get(a_.get("External id"), "-"), e.get("ts", 0)))
+        for e in events:
+            if e.get("cat") == "cpu_op" and e.get("ph") == "X":
+                print("cpu_op %-30s ts=%.1f dur=%.1f" % (e["name"][:30], e.get("ts", 0), e.get("dur", 0)))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f)
