@@ -84,6 +84,10 @@ class ShmRing {
   Status ReadBody(void* dst, size_t n, int timeout_ms);
   // BeginRead + ReadBody into `out`.
   Status Read(std::vector<uint8_t>* out, int timeout_ms);
+  // The consumer hands back the space of what it read lazily: before it waits, once
+  // min(publish_bytes, capacity / 4) bytes are due, or here. Call it before another
+  // process attaches to continue this side (the tail in shared memory is where it starts).
+  Status PublishConsumed();
 
   // Marks the ring closed in the shared header and wakes both sides: later
   // writes fail, and a reader fails once it has drained what is there. Safe
@@ -112,6 +116,7 @@ class ShmRing {
   Check LoadTail(uint64_t* free_bytes, Status* error);
   Status PublishHead();
   Status PublishTail();
+  bool TailDue() const;  // enough consumed bytes are unpublished to publish them now
   Status Wake(uint32_t* seq_word, uint32_t* waiting_flag);
   Status FutexWake(uint32_t* word);
   // One sleep of at most `how_long` while *word == seen (futex, or a plain

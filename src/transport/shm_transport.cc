@@ -145,6 +145,8 @@ class ShmConnection final : public Connection {
       return Status::Error("shm connection to " + peer_ + " cannot be handed over");
     if (left_in_record_ != 0)
       return Status::Error("shm connection to " + peer_ + " is in the middle of a message");
+    // The next process starts reading where the shared tail says: publish all we read.
+    if (Status st = rx_->PublishConsumed(); !st.ok()) return st;
     if (stop_fd_ < 0) return Status::Error(Errno("eventfd"));
     uint64_t one = 1;
     if (::write(stop_fd_, &one, sizeof(one)) != sizeof(one)) return Status::Error(Errno("eventfd"));
