@@ -122,6 +122,13 @@ class ShmRing {
   // One sleep of at most `how_long` while *word == seen (futex, or a plain
   // sleep where futexes are unusable).
   Status Sleep(uint32_t* word, uint32_t seen, std::chrono::microseconds how_long);
+  // Maps the data pages ahead of `pos` into this process during the first lap
+  // (madvise MADV_POPULATE_*), so that no page fault lands inside a call.
+  struct PrefaultState {
+    uint64_t to = 0;    // stream position up to which pages were asked for
+    uint64_t left = 0;  // bytes of the first lap not asked for yet; 0: done or refused
+  };
+  void Prefault(PrefaultState* state, uint64_t pos, bool write);
   void CopyIn(uint64_t pos, const uint8_t* src, size_t n);
   void CopyOut(uint64_t pos, uint8_t* dst, size_t n);
 
@@ -134,6 +141,7 @@ class ShmRing {
   Side producer_;
   uint64_t head_ = 0;
   uint64_t seen_tail_ = 0;
+  PrefaultState producer_faults_;
   // Consumer state: bytes consumed, the tail last published, the last head
   // seen, and what is left of the current record.
   Side consumer_;
@@ -142,6 +150,7 @@ class ShmRing {
   uint64_t seen_head_ = 0;
   uint64_t remaining_ = 0;
   bool in_record_ = false;
+  PrefaultState consumer_faults_;
   std::atomic<uint64_t> sleeps_{0};
   std::atomic<bool> futex_ok_{true};
 };
