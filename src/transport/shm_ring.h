@@ -96,6 +96,9 @@ class ShmRing {
   bool closed() const;
 
   size_t capacity() const { return capacity_; }
+  // How long a wait busy-polls before it sleeps (ShmRingOptions::spin_us), from now on.
+  // Call it from the thread that uses this side (it is not synchronised with a wait).
+  void SetSpinUs(int spin_us) { options_.spin_us = spin_us < 0 ? 0 : spin_us; }
   // Futex sleeps this object has taken (for tests and metrics).
   uint64_t sleeps() const { return sleeps_.load(std::memory_order_relaxed); }
 

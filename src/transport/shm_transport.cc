@@ -249,6 +249,8 @@ class ShmConnection final : public Connection {
     shared_fds_.clear();
   }
 
+  void SetReceiveSpin(int spin_us) { rx_->SetSpinUs(spin_us); }
+
   void SetReceiveTimeout(int timeout_ms) override {
     timeout_ms_.store(timeout_ms < 0 ? 0 : timeout_ms, std::memory_order_relaxed);
   }
@@ -638,6 +640,10 @@ Status ValidateShmHandshake(const ShmHandshake& h) {
   }
   if (h.c2s_offset < s2c_end && h.s2c_offset < c2s_end) return bad("the rings overlap");
   return Status::Ok();
+}
+
+void SetShmReceiveSpin(Connection* conn, int spin_us) {
+  if (auto* shm = dynamic_cast<ShmConnection*>(conn); shm != nullptr) shm->SetReceiveSpin(spin_us);
 }
 
 Status DialShm(const Address& a, const Liveness& l, std::unique_ptr<Connection>* out,
