@@ -5,6 +5,9 @@
 #   OUTDIR/mapped_host_bench (nvcc, as cuda_bench)
 #   OUTDIR/driver_call_overhead (g++ -O2; CUDA headers only: the cost of a driver call
 #                            through a libcuda.so.1, with and without a CUPTI subscriber)
+#   OUTDIR/shm_latency       (g++ -O2; CUDA headers only: small synchronous calls (4 B / 4 KiB
+#                            device-to-host copies, launch + synchronize) through one or more
+#                            libcuda.so.1, e.g. the real driver and Flyt's, compared in one run)
 # Usage: bench/build.sh OUTDIR
 # Environment: NVCC (default: nvcc on PATH, else /usr/local/cuda/bin/nvcc),
 #              CXX (default g++), CUDA_ARCH (default sm_90).
@@ -34,6 +37,12 @@ cuda_inc=$(dirname "$(dirname "$nvcc")")/include
 if ! "$cxx" -std=c++17 -O2 -Wall -Wextra -static-libstdc++ -static-libgcc -I"$cuda_inc" \
     -o "$out/driver_call_overhead" "$here/driver_call_overhead.cc" -ldl; then
   echo "build.sh: driver_call_overhead failed" >&2
+  rc=1
+fi
+
+if ! "$cxx" -std=c++17 -O2 -Wall -Wextra -static-libstdc++ -static-libgcc -I"$cuda_inc" \
+    -o "$out/shm_latency" "$here/shm_latency.cc" -ldl; then
+  echo "build.sh: shm_latency failed" >&2
   rc=1
 fi
 

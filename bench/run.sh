@@ -5,7 +5,8 @@
 #
 # Runs bench/cuda_bench natively, through `flyt run` over TCP loopback, over a Unix
 # socket and over shared memory (shm://) against one BUILD_DIR/bin/flyt-server --backend
-# cuda, plus the plain-socket reference bench/tcp_loopback_bw; then renders
+# cuda, plus the plain-socket reference bench/tcp_loopback_bw and, with shm in the modes,
+# bench/shm_latency (small synchronous calls natively and over shm:// in one run); then renders
 # OUTDIR/bench.md with bench/report.awk (native/tcp/unix table), followed by the same
 # table with the shm column in the tcp column's place, and the same for tls:// (TCP with
 # TLS 1.3; the script makes a throw-away CA and server certificate with openssl) when
@@ -117,12 +118,14 @@ find_bin() {
 }
 CUDA_BENCH=$(find_bin cuda_bench)
 LOOPBACK=$(find_bin tcp_loopback_bw)
+SHM_LATENCY=$(find_bin shm_latency)
 if [[ -z $CUDA_BENCH || -z $LOOPBACK ]]; then
   note "benchmark binaries not in $BUILD; building them into $OUT/bin"
   timeout -k 5 300 "$here/build.sh" "$OUT/bin" >"$RAW/build.log" 2>&1 ||
     note "bench/build.sh failed (see raw/build.log)"
   CUDA_BENCH=$(find_bin cuda_bench)
   LOOPBACK=$(find_bin tcp_loopback_bw)
+  SHM_LATENCY=$(find_bin shm_latency)
 fi
 [[ -z $CUDA_BENCH ]] && note "cuda_bench missing: every CUDA figure is n/a"
 [[ -z $LOOPBACK ]] && note "tcp_loopback_bw missing: socket reference is n/a"
@@ -401,6 +404,19 @@ if [[ " $MODES " == *" tcp "* || " $MODES " == *" unix "* || " $MODES " == *" sh
         run_case "$mode" "$g" "$url"
       done
     done
+    # Small synchronous calls natively and over shm:// in one run (bench/shm_latency):
+    # each library in a child of its own, medians with ratio and difference.
+    if [[ " $MODES " == *" shm "* && -n $SHM_LATENCY && -f $BUILD/lib/flyt/libcuda.so.1 ]] &&
+      server_alive && (($(remaining) > 60)); then
+      real_lib=${FLYT_REAL_LIBCUDA:-$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 .*x86-64/ { print $NF; exit }')}
+      if [[ -n $real_lib && -f $real_lib ]]; then
+        FLYT_SERVER=$SHM_URL timeout -k 5 120 "$SHM_LATENCY" --seconds 1 "native=$real_lib" \
+          "shm=$BUILD/lib/flyt/libcuda.so.1" >"$RAW/shm-latency.out" 2>"$RAW/shm-latency.err" </dev/null ||
+          note "shm_latency exited with $? (see raw/shm-latency.err)"
+      else
+        note "NVIDIA's libcuda.so.1 not found (set FLYT_REAL_LIBCUDA): shm_latency not run"
+      fi
+    fi
     if server_alive; then
       sleep 0.5
       kb=$(rss_kb "$SERVER_PID") && [[ -n $kb ]] && result server runs rss_after_runs_kb "$kb" kB
@@ -454,6 +470,14 @@ if awk -F'\t' -f "$here/report.awk" "$META" "$RESULTS" "$RUNS" "$NOTES" >"$OUT/b
     } >>"$OUT/bench.md"
     rm -rf "$OUT/$extra-table"
   done
+  if [[ -s $RAW/shm-latency.out ]] && grep -q '^| ' "$RAW/shm-latency.out"; then
+    {
+      echo ""
+      echo "## Small synchronous calls, natively and over shm:// (bench/shm_latency, same run)"
+      echo ""
+      grep '^|' "$RAW/shm-latency.out"
+    } >>"$OUT/bench.md"
+  fi
   echo "run.sh: wrote $OUT/bench.md" >&2
 else
   note "report.awk failed"

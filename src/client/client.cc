@@ -107,6 +107,12 @@ CUresult Client::Init() {
     pthread_atfork(nullptr, nullptr, AfterForkInChild);
     const char* counts = std::getenv("FLYT_CALL_COUNTS");
     count_calls_ = counts != nullptr && std::strcmp(counts, "1") == 0;
+    // Over shm://, how long the wait for a reply busy-polls before it sleeps (the server
+    // then has to wake this thread: a futex call there, a wake-up latency here).
+    reply_spin_us_ = std::min(EnvInt("FLYT_SHM_REPLY_SPIN_US", 1000), 1000000);
+    if (const char* v = std::getenv("FLYT_SHM_REPLY_SPIN_US");
+        v != nullptr && std::strcmp(v, "0") == 0)
+      reply_spin_us_ = 0;
     const char* flush_us = std::getenv("FLYT_FLUSH_US");  // 0: every call goes at once
     flush_after_ns_ = flush_us != nullptr && std::strcmp(flush_us, "0") == 0
                           ? 0
@@ -508,6 +514,12 @@ CUresult Client::CallLocked(const char* name, uint16_t op, const wire::Writer& r
   // Creating or destroying a context changes what the server's thread has
   // current: the next call says again which context it runs in.
   if (op == ops::kOpCtxCreate || op == ops::kOpCtxDestroy) sent_ctx_ = nullptr;
+  // A connection (the first, or a new one after a move to shm:// or another server)
+  // waits for replies the way this process's calls wait natively: spinning, for a while.
+  if (reply_spin_gen_ != conn_gen_.load(std::memory_order_relaxed)) {
+    reply_spin_gen_ = conn_gen_.load(std::memory_order_relaxed);
+    transport::SetShmReceiveSpin(conn_.get(), reply_spin_us_);
+  }
   if (sink.staged != nullptr) {
     rc = ReceiveStagedLocked(name, sink);
     if (rc != CUDA_SUCCESS) return rc;

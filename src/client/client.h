@@ -379,6 +379,8 @@ class Client {
   } drained_;                        // under mu_
   bool count_calls_ = false;         // FLYT_CALL_COUNTS=1, read once by Init()
   uint64_t last_send_ns_ = 0;        // under mu_
+  int reply_spin_us_ = 1000;         // FLYT_SHM_REPLY_SPIN_US
+  uint64_t reply_spin_gen_ = 0;      // under mu_: the connection generation it was set for
   uint64_t flush_after_ns_ = 20000;  // FLYT_FLUSH_US
   std::unordered_map<const char*, uint64_t> sync_by_name_, async_by_name_;  // under mu_
 

@@ -3,6 +3,7 @@
 #include "transport/shm_ring.h"
 
 #include <linux/futex.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -87,6 +88,7 @@ ShmRing::ShmRing(uint8_t* mem, uint64_t capacity, const ShmRingOptions& options)
       mask_(capacity - 1),
       options_(options) {
   futex_ok_.store(options.use_futex, std::memory_order_relaxed);
+  producer_faults_.left = consumer_faults_.left = capacity;            // one lap
   if (options_.publish_bytes == 0) options_.publish_bytes = SIZE_MAX;  // 0: whole steps
 }
 
@@ -147,6 +149,8 @@ Status ShmRing::Attach(void* mem, size_t mem_bytes, const ShmRingOptions& option
   std::unique_ptr<ShmRing> ring(new ShmRing(m, capacity, options));
   ring->head_ = ring->seen_head_ = head;
   ring->tail_ = ring->published_tail_ = ring->seen_tail_ = tail;
+  ring->producer_faults_.to = head;
+  ring->consumer_faults_.to = tail;
   *out = std::move(ring);
   return Status::Ok();
 }
@@ -235,40 +239,63 @@ ShmRing::Check ShmRing::LoadHead(uint64_t* available, Status* error) {
 }
 
 Status ShmRing::Wake(uint32_t* seq_word, uint32_t* waiting_flag) {
-  std::atomic_ref<uint32_t>(*seq_word).fetch_add(1, std::memory_order_seq_cst);
+  // The index was stored seq_cst: either the waiter's re-check (after it set the flag and
+  // read the sequence word) sees it, or this load sees the flag. Only then does the word
+  // change and a wake go out; a waiter that read the word before the change finds it
+  // changed at FUTEX_WAIT, or is woken.
   if (std::atomic_ref<uint32_t>(*waiting_flag).load(std::memory_order_seq_cst) != 0) {
+    std::atomic_ref<uint32_t>(*seq_word).fetch_add(1, std::memory_order_seq_cst);
     return FutexWake(seq_word);
   }
   return Status::Ok();
 }
 
 Status ShmRing::PublishHead() {
-  A64(mem_, kHeadOff).store(head_, std::memory_order_release);
+  A64(mem_, kHeadOff).store(head_, std::memory_order_seq_cst);
   return Wake(U32(mem_, kHeadSeqOff), U32(mem_, kReaderWaitingOff));
 }
 
 Status ShmRing::PublishTail() {
-  A64(mem_, kTailOff).store(tail_, std::memory_order_release);
+  A64(mem_, kTailOff).store(tail_, std::memory_order_seq_cst);
   published_tail_ = tail_;
   return Wake(U32(mem_, kTailSeqOff), U32(mem_, kWriterWaitingOff));
+}
+
+Status ShmRing::PublishConsumed() {
+  if (consumer_.broken) return consumer_.error;
+  if (published_tail_ == tail_) return Status::Ok();
+  Status st = PublishTail();
+  return st.ok() ? st : Fail(&consumer_, st);
+}
+
+bool ShmRing::TailDue() const {
+  return tail_ - published_tail_ >= std::min<uint64_t>(options_.publish_bytes, capacity_ / 4);
 }
 
 template <typename Ready>
 Status ShmRing::Wait(uint32_t* seq_word, uint32_t* waiting_flag, int timeout_ms, const char* what,
                      Ready ready) {
   using Clock = std::chrono::steady_clock;
+  Status error;
+  // Most waits are over at once (the peer is ahead): no clock read for them.
+  if (const Check c = ready(&error); c != Check::kNotReady) {
+    return c == Check::kReady ? Status::Ok() : error;
+  }
   const auto start = Clock::now();
   const auto spin_end = start + std::chrono::microseconds(std::max(0, options_.spin_us));
   const bool forever = timeout_ms <= 0;
   const auto deadline = start + std::chrono::milliseconds(std::max(0, timeout_ms));
-  Status error;
-  // Phase 1: busy-poll.
-  for (;;) {
+  // Phase 1: busy-poll. The peer's index is checked at every turn; `closed` and the clock
+  // every 16th (a clock read costs as much as several checks, and it would delay noticing
+  // the peer's update).
+  for (uint32_t turn = 0;; ++turn) {
     const Check c = ready(&error);
     if (c == Check::kReady) return Status::Ok();
     if (c == Check::kError) return error;
-    if (closed()) return Status::Error(std::string("shm ring: closed while waiting for ") + what);
-    if (Clock::now() >= spin_end) break;
+    if ((turn & 15) == 0) {
+      if (closed()) return Status::Error(std::string("shm ring: closed while waiting for ") + what);
+      if (turn > 0 && Clock::now() >= spin_end) break;
+    }
     CpuRelax();
   }
   // Phase 2: sleep. The flag is set before the sequence word is read and the
@@ -307,6 +334,38 @@ Status ShmRing::Wait(uint32_t* seq_word, uint32_t* waiting_flag, int timeout_ms,
   }
   flag.store(0, std::memory_order_seq_cst);
   return result;
+}
+
+void ShmRing::Prefault(PrefaultState* state, uint64_t pos, bool write) {
+  // Pages of the data area are faulted into this process once, the first time the stream
+  // reaches them; a fault (about a microsecond) inside a small call's round trip shows as
+  // its tail latency. So during the first lap each side maps the next kPrefaultBytes
+  // ahead of its index in one madvise. Where that is refused (kernels before 5.14, memory
+  // that is not ordinary pages, e.g. a PCI BAR) pages fault in on first use as before.
+  constexpr uint64_t kPrefaultBytes = uint64_t{256} << 10;
+  const uint64_t ahead = state->to - pos;  // modulo 2^64, as the indices
+  const bool behind = ahead >= (uint64_t{1} << 63);
+  if (state->left == 0 || (!behind && ahead > kPrefaultBytes / 2)) return;
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  uint64_t from = behind ? pos : state->to;
+  uint64_t len = std::min(kPrefaultBytes, state->left);
+  state->to = from + len;
+  state->left -= len;
+  while (len > 0) {
+    const uint64_t off = from & mask_;
+    const uint64_t n = std::min<uint64_t>(len, capacity_ - off);
+    // Whole pages inside the data area only.
+    const auto begin = reinterpret_cast<uintptr_t>(data_ + off);
+    const uintptr_t first = (begin + page - 1) / page * page;
+    const uintptr_t last = (begin + n) / page * page;
+    if (last > first && madvise(reinterpret_cast<void*>(first), last - first,
+                                write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) != 0) {
+      state->left = 0;  // refused here: leave it to the page faults
+      return;
+    }
+    from += n;
+    len -= n;
+  }
 }
 
 void ShmRing::CopyIn(uint64_t pos, const uint8_t* src, size_t n) {
@@ -348,6 +407,7 @@ Status ShmRing::Write(const iovec* iov, int count, int timeout_ms) {
   uint8_t header[kRecordHeaderBytes];
   for (size_t i = 0; i < kRecordHeaderBytes; ++i)
     header[i] = static_cast<uint8_t>(total >> (8 * i));
+  if (producer_faults_.left != 0) Prefault(&producer_faults_, head_, true);
 
   // A cursor over the header, then the vector.
   int index = -1;
@@ -359,11 +419,16 @@ Status ShmRing::Write(const iovec* iov, int count, int timeout_ms) {
       Status st = Status::Error("shm ring: closed");
       return started ? Fail(&producer_, st) : st;
     }
-    uint64_t free_bytes = 0;
-    Status st = Wait(U32(mem_, kTailSeqOff), U32(mem_, kWriterWaitingOff), timeout_ms, "space",
-                     [&](Status* e) { return LoadTail(&free_bytes, e); });
-    if (!st.ok()) return (started || producer_.broken) ? Fail(&producer_, st) : st;
-    uint64_t chunk = std::min<uint64_t>({free_bytes, left, options_.publish_bytes});
+    // The space the last tail seen leaves is still free: while it holds this step, the
+    // consumer's tail (a cache line it writes) is not read at all.
+    uint64_t free_bytes = capacity_ - (head_ - seen_tail_);
+    const uint64_t step = std::min<uint64_t>(left, options_.publish_bytes);
+    if (free_bytes < step) {
+      Status st = Wait(U32(mem_, kTailSeqOff), U32(mem_, kWriterWaitingOff), timeout_ms, "space",
+                       [&](Status* e) { return LoadTail(&free_bytes, e); });
+      if (!st.ok()) return (started || producer_.broken) ? Fail(&producer_, st) : st;
+    }
+    uint64_t chunk = std::min<uint64_t>(free_bytes, step);
     left -= chunk;
     while (chunk > 0) {
       const uint8_t* src;
@@ -385,7 +450,7 @@ Status ShmRing::Write(const iovec* iov, int count, int timeout_ms) {
         offset = 0;
       }
     }
-    st = PublishHead();
+    Status st = PublishHead();
     started = true;
     if (!st.ok()) return Fail(&producer_, st);
   }
@@ -397,6 +462,8 @@ Status ShmRing::BeginRead(uint64_t* length, int timeout_ms) {
   if (in_record_) {
     return Status::Error("shm ring: BeginRead before the previous record was fully read");
   }
+  // What the last records took goes back to the producer now, before this side may wait
+  // (the producer may be waiting for that space).
   if (published_tail_ != tail_) {
     Status st = PublishTail();
     if (!st.ok()) return Fail(&consumer_, st);
@@ -411,6 +478,7 @@ Status ShmRing::BeginRead(uint64_t* length, int timeout_ms) {
                      return c;
                    });
   if (!st.ok()) return consumer_.broken ? consumer_.error : st;
+  if (consumer_faults_.left != 0) Prefault(&consumer_faults_, tail_, false);
   uint8_t header[kRecordHeaderBytes];
   CopyOut(tail_, header, kRecordHeaderBytes);
   tail_ += kRecordHeaderBytes;
@@ -423,10 +491,6 @@ Status ShmRing::BeginRead(uint64_t* length, int timeout_ms) {
   }
   remaining_ = len;
   in_record_ = len > 0;
-  if (len == 0) {
-    st = PublishTail();
-    if (!st.ok()) return Fail(&consumer_, st);
-  }
   *length = len;
   return Status::Ok();
 }
@@ -440,9 +504,19 @@ Status ShmRing::ReadBody(void* dst, size_t n, int timeout_ms) {
   auto* out = static_cast<uint8_t*>(dst);
   while (n > 0) {
     uint64_t available = 0;
-    Status st = Wait(U32(mem_, kHeadSeqOff), U32(mem_, kReaderWaitingOff), timeout_ms,
-                     "the rest of a message", [&](Status* e) { return LoadHead(&available, e); });
-    if (!st.ok()) return Fail(&consumer_, st);
+    Status st;
+    if (seen_head_ != tail_) {
+      available = seen_head_ - tail_;  // published before: no need to look again
+    } else {
+      // The producer may be waiting for the space this side took: give it back first.
+      if (published_tail_ != tail_) {
+        st = PublishTail();
+        if (!st.ok()) return Fail(&consumer_, st);
+      }
+      st = Wait(U32(mem_, kHeadSeqOff), U32(mem_, kReaderWaitingOff), timeout_ms,
+                "the rest of a message", [&](Status* e) { return LoadHead(&available, e); });
+      if (!st.ok()) return Fail(&consumer_, st);
+    }
     const size_t c =
         static_cast<size_t>(std::min<uint64_t>({available, n, options_.publish_bytes}));
     CopyOut(tail_, out, c);
@@ -450,8 +524,12 @@ Status ShmRing::ReadBody(void* dst, size_t n, int timeout_ms) {
     out += c;
     n -= c;
     remaining_ -= c;
-    st = PublishTail();
-    if (!st.ok()) return Fail(&consumer_, st);
+    // Small reads leave the tail to the next wait (or the next record), so that the line
+    // the producer reads is written once per round trip rather than once per read.
+    if (TailDue()) {
+      st = PublishTail();
+      if (!st.ok()) return Fail(&consumer_, st);
+    }
   }
   if (remaining_ == 0) in_record_ = false;
   return Status::Ok();

@@ -84,6 +84,10 @@ class ShmRing {
   Status ReadBody(void* dst, size_t n, int timeout_ms);
   // BeginRead + ReadBody into `out`.
   Status Read(std::vector<uint8_t>* out, int timeout_ms);
+  // The consumer hands back the space of what it read lazily: before it waits, once
+  // min(publish_bytes, capacity / 4) bytes are due, or here. Call it before another
+  // process attaches to continue this side (the tail in shared memory is where it starts).
+  Status PublishConsumed();
 
   // Marks the ring closed in the shared header and wakes both sides: later
   // writes fail, and a reader fails once it has drained what is there. Safe
@@ -92,6 +96,9 @@ class ShmRing {
   bool closed() const;
 
   size_t capacity() const { return capacity_; }
+  // How long a wait busy-polls before it sleeps (ShmRingOptions::spin_us), from now on.
+  // Call it from the thread that uses this side (it is not synchronised with a wait).
+  void SetSpinUs(int spin_us) { options_.spin_us = spin_us < 0 ? 0 : spin_us; }
   // Futex sleeps this object has taken (for tests and metrics).
   uint64_t sleeps() const { return sleeps_.load(std::memory_order_relaxed); }
 
@@ -112,11 +119,19 @@ class ShmRing {
   Check LoadTail(uint64_t* free_bytes, Status* error);
   Status PublishHead();
   Status PublishTail();
+  bool TailDue() const;  // enough consumed bytes are unpublished to publish them now
   Status Wake(uint32_t* seq_word, uint32_t* waiting_flag);
   Status FutexWake(uint32_t* word);
   // One sleep of at most `how_long` while *word == seen (futex, or a plain
   // sleep where futexes are unusable).
   Status Sleep(uint32_t* word, uint32_t seen, std::chrono::microseconds how_long);
+  // Maps the data pages ahead of `pos` into this process during the first lap
+  // (madvise MADV_POPULATE_*), so that no page fault lands inside a call.
+  struct PrefaultState {
+    uint64_t to = 0;    // stream position up to which pages were asked for
+    uint64_t left = 0;  // bytes of the first lap not asked for yet; 0: done or refused
+  };
+  void Prefault(PrefaultState* state, uint64_t pos, bool write);
   void CopyIn(uint64_t pos, const uint8_t* src, size_t n);
   void CopyOut(uint64_t pos, uint8_t* dst, size_t n);
 
@@ -129,6 +144,7 @@ class ShmRing {
   Side producer_;
   uint64_t head_ = 0;
   uint64_t seen_tail_ = 0;
+  PrefaultState producer_faults_;
   // Consumer state: bytes consumed, the tail last published, the last head
   // seen, and what is left of the current record.
   Side consumer_;
@@ -137,6 +153,7 @@ class ShmRing {
   uint64_t seen_head_ = 0;
   uint64_t remaining_ = 0;
   bool in_record_ = false;
+  PrefaultState consumer_faults_;
   std::atomic<uint64_t> sleeps_{0};
   std::atomic<bool> futex_ok_{true};
 };

@@ -145,6 +145,8 @@ class ShmConnection final : public Connection {
       return Status::Error("shm connection to " + peer_ + " cannot be handed over");
     if (left_in_record_ != 0)
       return Status::Error("shm connection to " + peer_ + " is in the middle of a message");
+    // The next process starts reading where the shared tail says: publish all we read.
+    if (Status st = rx_->PublishConsumed(); !st.ok()) return st;
     if (stop_fd_ < 0) return Status::Error(Errno("eventfd"));
     uint64_t one = 1;
     if (::write(stop_fd_, &one, sizeof(one)) != sizeof(one)) return Status::Error(Errno("eventfd"));
@@ -246,6 +248,8 @@ class ShmConnection final : public Connection {
     for (auto& [id, fd] : shared_fds_) ::close(fd);
     shared_fds_.clear();
   }
+
+  void SetReceiveSpin(int spin_us) { rx_->SetSpinUs(spin_us); }
 
   void SetReceiveTimeout(int timeout_ms) override {
     timeout_ms_.store(timeout_ms < 0 ? 0 : timeout_ms, std::memory_order_relaxed);
@@ -636,6 +640,10 @@ Status ValidateShmHandshake(const ShmHandshake& h) {
   }
   if (h.c2s_offset < s2c_end && h.s2c_offset < c2s_end) return bad("the rings overlap");
   return Status::Ok();
+}
+
+void SetShmReceiveSpin(Connection* conn, int spin_us) {
+  if (auto* shm = dynamic_cast<ShmConnection*>(conn); shm != nullptr) shm->SetReceiveSpin(spin_us);
 }
 
 Status DialShm(const Address& a, const Liveness& l, std::unique_ptr<Connection>* out,

@@ -54,6 +54,14 @@ Status ValidateShmHandshake(const ShmHandshake& h);
 // (a process in a VM has its own kernel and id).
 std::string KernelBootId();
 
+// How long a Receive on `conn` busy-polls before it sleeps on the ring's futex, from now
+// on; nothing when `conn` is not a shm:// connection. For a connection whose receives are
+// replies the caller is blocked on (the client library's main connection), where a sleep
+// costs a futex wake on the peer and the wake-up latency here; connections that wait for
+// requests keep the short default (FLYT_SHM_SPIN_US), so that idle costs no CPU. Call it
+// from the thread that receives.
+void SetShmReceiveSpin(Connection* conn, int spin_us);
+
 Status DialShm(const Address& address, const Liveness& liveness, std::unique_ptr<Connection>* out,
                bool* retryable);
 Status ListenShm(const Address& address, std::unique_ptr<Listener>* out);
