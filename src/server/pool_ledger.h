@@ -29,8 +29,8 @@ class PoolLedger {
     uint64_t used = 0, used_high = 0;
     uint64_t reserved = 0, reserved_high = 0;
     uint64_t release_threshold = 0;
-    uint64_t max_size = 0;   // 0: no limit (CUmemPoolProps::maxSize)
-    bool destroyed = false;  // cuMemPoolDestroy: gone once its last region is
+    uint64_t max_size = 0;               // 0: no limit (CUmemPoolProps::maxSize)
+    bool destroyed = false;              // cuMemPoolDestroy: gone once its last region is
     std::map<uint64_t, Region> regions;  // by base
   };
 

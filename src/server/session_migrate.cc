@@ -213,7 +213,7 @@ Status Session::WriteSnapshot(SnapshotWriter& out, const uint64_t key[2]) {
     out.Put(v);
   }
   if (Status st = WritePools(out); !st.ok()) return st;  // session_pools.cc
-  std::vector<std::pair<uint64_t, uint64_t>> memory;  // base, size
+  std::vector<std::pair<uint64_t, uint64_t>> memory;     // base, size
   for (uint64_t base : handles_[K(HandleKind::kMemory)]) {
     CUdeviceptr b = 0;
     size_t size = 0;

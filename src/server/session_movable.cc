@@ -13,7 +13,8 @@
 // out of that reservation for the app's own cuMemAddressReserve (VmmCarve),
 // stream-ordered frees waiting for their streams, and freeing all of it.
 // Must not touch: memory the driver allocated itself (cuMemAlloc without
-// --movable-memory, pools, managed memory), the app's mappings and handles
+// --movable-memory, pools the driver serves, managed memory), a pool's
+// books beyond placing and freeing (session_pools.cc), the app's mappings and handles
 // (session_vmm.cc), other sessions.
 //
 // Why: the driver places cuMemAlloc memory inside address pools of its own

@@ -17,6 +17,7 @@
 // Must not touch: the movable range's layout and mapping (session_movable.cc),
 // pools the driver serves (exportable pools, pools without --movable-memory),
 // graph memory (session_graph_nodes.cc), other sessions.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -31,8 +32,9 @@ using marshal::HandleKind;
 namespace {
 
 bool IsCounter(CUmemPool_attribute attr) {
-  return attr == CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT || attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH ||
-         attr == CU_MEMPOOL_ATTR_USED_MEM_CURRENT || attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH;
+  return attr == CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT ||
+         attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH || attr == CU_MEMPOOL_ATTR_USED_MEM_CURRENT ||
+         attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH;
 }
 
 // The attributes an app sets that a restore sets again (ints, then the threshold).
@@ -218,8 +220,9 @@ std::string Session::PoolsUnmovable() {
       char types[32];
       std::snprintf(types, sizeof(types), "0x%x",
                     static_cast<unsigned>(origin->second.props.handleTypes));
-      return std::string("it holds a memory pool made for export to other processes "
-                         "(cuMemPoolCreate with handleTypes ") +
+      return std::string(
+                 "it holds a memory pool made for export to other processes "
+                 "(cuMemPoolCreate with handleTypes ") +
              types + "): pools shared over IPC do not move";
     }
     if (!state_->movable_memory)
@@ -319,7 +322,8 @@ Status Session::RestorePoolRegions(const RestoredPools& pools, uint64_t gran) {
       bool handled = false;
       Status st = RestoreMovableRegion(r.base, r.size, gran, &handled);
       if (!st.ok()) return st;
-      if (!handled) return Status::Error("a damaged snapshot (pool memory outside the movable range)");
+      if (!handled)
+        return Status::Error("a damaged snapshot (pool memory outside the movable range)");
       mapped_regions_[r.base].pool = p.client;
       pool_ledger_.AddRegion(p.client, r.base, r.size, r.small != 0);
       if (r.small != 0) small_chunks_[r.base].Reset(r.base, r.size);
@@ -338,8 +342,7 @@ void Session::RestorePoolAllocation(uint64_t base, uint64_t size) {
   auto reg = mapped_regions_.find(place->second.region);
   if (reg == mapped_regions_.end() || reg->second.pool == 0) return;
   auto chunk = small_chunks_.find(reg->first);
-  if (chunk != small_chunks_.end() &&
-      !chunk->second.TakeAt(base, (size + 511) / 512 * 512))
+  if (chunk != small_chunks_.end() && !chunk->second.TakeAt(base, (size + 511) / 512 * 512))
     FLYT_WARN("session %llu: a restored pool allocation overlaps another",
               static_cast<unsigned long long>(id_));
   pool_ledger_.Place(reg->second.pool, reg->first, PoolUse(place->second));
@@ -348,11 +351,15 @@ void Session::RestorePoolAllocation(uint64_t base, uint64_t size) {
 Status Session::RestorePools(const RestoredPools& pools) {
   DriverApi& a = state_->api;
   for (const RestoredPool& p : pools.pools) {
-    PoolLedger::Pool* l = pool_ledger_.Find(p.client);
-    if (l != nullptr) {  // what the app saw before the move stays the high-water mark
-      l->used_high = std::max(l->used_high, p.used_high);
-      l->reserved_high = std::max(l->reserved_high, p.reserved_high);
+    if (!pool_ledger_.Has(p.client)) {  // a pool that held no memory
+      if (p.destroyed != 0) continue;
+      pool_ledger_.AddPool(p.client, p.props.maxSize);
     }
+    PoolLedger::Pool* l = pool_ledger_.Find(p.client);
+    l->release_threshold = p.release_threshold;
+    // What the app saw before the move stays the high-water mark.
+    l->used_high = std::max(l->used_high, p.used_high);
+    l->reserved_high = std::max(l->reserved_high, p.reserved_high);
     if (p.destroyed != 0) continue;
     if (p.device < 0 || p.device >= static_cast<int32_t>(state_->devices.size()))
       return Status::Error("a memory pool of GPU " + std::to_string(p.device) +
@@ -361,9 +368,9 @@ Status Session::RestorePools(const RestoredPools& pools) {
     CUresult r = p.is_default != 0 ? a.cuDeviceGetDefaultMemPool(&real, p.device)
                                    : a.cuMemPoolCreate(&real, &p.props);
     if (r != CUDA_SUCCESS || real == nullptr)
-      return Status::Error(std::string(p.is_default != 0 ? "cuDeviceGetDefaultMemPool"
-                                                         : "cuMemPoolCreate") +
-                           ": " + Describe(r));
+      return Status::Error(
+          std::string(p.is_default != 0 ? "cuDeviceGetDefaultMemPool" : "cuMemPoolCreate") + ": " +
+          Describe(r));
     const auto value = reinterpret_cast<uintptr_t>(real);
     xlate_[static_cast<int>(HandleKind::kMemPool)][p.client] = value;
     rev_[static_cast<int>(HandleKind::kMemPool)][value] = p.client;
@@ -379,8 +386,7 @@ Status Session::RestorePools(const RestoredPools& pools) {
       return Status::Error("setting a memory pool's attributes: " + Describe(r));
   }
   for (const auto& [dev, client] : pools.current) {
-    if (dev < 0 || dev >= static_cast<int32_t>(state_->devices.size()) ||
-        !pool_ledger_.Has(client))
+    if (dev < 0 || dev >= static_cast<int32_t>(state_->devices.size()) || !pool_ledger_.Has(client))
       return Status::Error("a damaged snapshot (the device's current pool)");
     CUresult r = a.cuDeviceSetMemPool(
         dev, reinterpret_cast<CUmemoryPool>(RealHandle(HandleKind::kMemPool, client)));
