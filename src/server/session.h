@@ -697,6 +697,8 @@ class Session {
   uint64_t ServedPool(uint64_t real);
   // Gives idle regions of the session's pools back above their release thresholds.
   void TrimPools();
+  // Gives back every idle region of every pool (the GPU is full); whether any was.
+  bool ReleaseIdlePoolMemory();
   CUresult FreeMappedAsync(uint64_t ptr, CUstream stream, bool* kept);
   // Frees what stream-ordered frees left whose streams got there (wait: all).
   void ReapFrees(bool wait);

@@ -228,6 +228,11 @@ CUresult Session::MovableAlloc(uint64_t bytes, uint64_t* out, uint64_t pool) {
   uint64_t at = movable_.Take(size, granularity_);
   if (at == 0) return CUDA_ERROR_OUT_OF_MEMORY;
   rc = MapNewRegion(at, size, device, /*own_reservation=*/false);
+  if (rc == CUDA_ERROR_OUT_OF_MEMORY && ReleaseIdlePoolMemory()) {
+    // The GPU is full: idle memory of the pools (kept under a high release
+    // threshold, in sizes that did not fit) goes first, then once more.
+    rc = MapNewRegion(at, size, device, /*own_reservation=*/false);
+  }
   if (rc != CUDA_SUCCESS) {
     movable_.Give(at, size);
     return rc;

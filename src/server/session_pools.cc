@@ -200,6 +200,14 @@ CUresult Session::ReleasePoolRegion(uint64_t base) {
   return rc;
 }
 
+bool Session::ReleaseIdlePoolMemory() {
+  std::vector<uint64_t> release;
+  for (const auto& [pool, p] : pool_ledger_.pools())
+    for (uint64_t base : pool_ledger_.ToRelease(pool, 0)) release.push_back(base);
+  for (uint64_t base : release) ReleasePoolRegion(base);
+  return !release.empty();
+}
+
 void Session::TrimPools() {
   std::vector<uint64_t> release;
   for (const auto& [pool, p] : pool_ledger_.pools()) {
