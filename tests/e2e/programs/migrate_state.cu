@@ -613,6 +613,10 @@ struct Pools {
     CU(pointer_attribute(&of, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
                          reinterpret_cast<CUdeviceptr>(b)));
     EXPECT(of == reinterpret_cast<CUmemoryPool>(mine), "the pool of an allocation from it");
+    CU(pointer_attribute(&of, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+                         reinterpret_cast<CUdeviceptr>(a)));
+    EXPECT(of == reinterpret_cast<CUmemoryPool>(current_is_mine ? mine : def),
+           "the pool of a cudaMallocAsync allocation at step %d", i);
     flyt_sim_countdown<<<1, 32, 0, s>>>(0, counter);
     CK(cudaGetLastError());
     count[0] -= 1;
