@@ -535,7 +535,11 @@ struct Pools {
   cudaStream_t s = nullptr;
   cudaMemPool_t def = nullptr, mine = nullptr;
   cudaMemPool_t idle = nullptr;  // holds no memory until the last step (moved empty)
-  int* counter = nullptr;        // in `mine`, for the whole run
+  // A pool destroyed at step 4 while an allocation of it lives on (moved so at step 5),
+  // freed at step 6: the driver releases the pool with its last allocation.
+  unsigned char* orphan = nullptr;
+  std::vector<unsigned char> orphan_want;
+  int* counter = nullptr;  // in `mine`, for the whole run
   int count[2] = {400, 0};
   struct Live {
     unsigned char* p;
@@ -627,7 +631,32 @@ struct Pools {
     }
     CK(cudaStreamSynchronize(s));
     if (i == 7) CK(cudaMemPoolTrimTo(mine, 0));  // only idle memory goes
-    if (i == 11) {                               // the pool that moved empty serves now
+    if (i == 3) {
+      cudaMemPoolProps props{};
+      props.allocType = cudaMemAllocationTypePinned;
+      props.location.type = cudaMemLocationTypeDevice;
+      props.location.id = 0;
+      cudaMemPool_t doomed;
+      CK(cudaMemPoolCreate(&doomed, &props));
+      orphan_want.resize(3 << 20);
+      e2e::Fill(orphan_want.data(), orphan_want.size(), 77);
+      CK(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&orphan), orphan_want.size(), doomed, s));
+      CK(cudaMemcpyAsync(orphan, orphan_want.data(), orphan_want.size(), cudaMemcpyHostToDevice,
+                         s));
+      CK(cudaStreamSynchronize(s));
+      CK(cudaMemPoolDestroy(doomed));  // with `orphan` still allocated
+    }
+    if (orphan != nullptr) {
+      std::vector<unsigned char> got(orphan_want.size());
+      CK(cudaMemcpy(got.data(), orphan, got.size(), cudaMemcpyDeviceToHost));
+      EXPECT_SAME(got.data(), orphan_want.data(), got.size(), "memory of a destroyed pool");
+      if (i == 6) {
+        CK(cudaFreeAsync(orphan, s));
+        CK(cudaStreamSynchronize(s));
+        orphan = nullptr;
+      }
+    }
+    if (i == 11) {  // the pool that moved empty serves now
       unsigned char* x = nullptr;
       CK(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&x), 5000, idle, s));
       CK(cudaMemsetAsync(x, 0x3c, 5000, s));
