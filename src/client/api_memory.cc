@@ -345,21 +345,39 @@ FLYT_API CUresult cuMemAllocPitch_v2(CUdeviceptr* p, size_t* pitch, size_t w, si
 }
 
 // Stream-ordered allocations: tracked like cuMemAlloc's, and with the pool each came from
-// (null: the device's current pool, asked for when a pointer query needs it), which pointer
-// queries answer (CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE; such memory is neither legacy-IPC
-// nor GPUDirect RDMA capable).
+// (cuMemAllocAsync: the device's current pool then, which the client follows through
+// cuDeviceSetMemPool and cuMemPoolDestroy; null for the device's default pool, asked for
+// when a pointer query needs it), which pointer queries answer
+// (CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE; such memory is neither legacy-IPC nor GPUDirect
+// RDMA capable).
 namespace {
+struct PoolPlace {
+  CUmemoryPool pool = nullptr;  // null: the default pool of `device`
+  int device = 0;
+};
 std::mutex& PoolMutex() {
   static std::mutex mu;
   return mu;
 }
-std::map<uint64_t, CUmemoryPool>& PoolOf() {
-  static auto* map = new std::map<uint64_t, CUmemoryPool>;
+std::map<uint64_t, PoolPlace>& PoolOf() {
+  static auto* map = new std::map<uint64_t, PoolPlace>;
+  return *map;
+}
+// The pool each device's cuMemAllocAsync takes from where the app set one (under PoolMutex).
+std::map<int, CUmemoryPool>& CurrentPools() {
+  static auto* map = new std::map<int, CUmemoryPool>;
   return *map;
 }
 void NotePoolAlloc(uint64_t base, CUmemoryPool pool) {
+  PoolPlace place{pool, 0};
+  CUdevice dev = 0;
+  if (cuCtxGetDevice(&dev) == CUDA_SUCCESS) place.device = dev;
   std::lock_guard<std::mutex> lock(PoolMutex());
-  PoolOf()[base] = pool;
+  if (pool == nullptr) {  // the device's current pool
+    auto cur = CurrentPools().find(place.device);
+    if (cur != CurrentPools().end()) place.pool = cur->second;
+  }
+  PoolOf()[base] = place;
 }
 void ForgetPoolAlloc(uint64_t base) {
   std::lock_guard<std::mutex> lock(PoolMutex());
@@ -367,16 +385,36 @@ void ForgetPoolAlloc(uint64_t base) {
 }
 // True when the allocation at `base` came from a pool; *pool is that pool.
 bool PoolAlloc(uint64_t base, CUmemoryPool* pool) {
+  PoolPlace place;
   {
     std::lock_guard<std::mutex> lock(PoolMutex());
     auto it = PoolOf().find(base);
     if (it == PoolOf().end()) return false;
-    *pool = it->second;
+    place = it->second;
   }
-  if (*pool == nullptr && cuDeviceGetMemPool(pool, 0) != CUDA_SUCCESS) *pool = nullptr;
+  *pool = place.pool;
+  if (*pool == nullptr && cuDeviceGetDefaultMemPool(pool, place.device) != CUDA_SUCCESS)
+    *pool = nullptr;
   return true;
 }
 }  // namespace
+
+FLYT_API CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
+  CUresult rc = Forward<236, true, false>("cuDeviceSetMemPool", dev, pool);
+  if (rc == CUDA_SUCCESS) {
+    std::lock_guard<std::mutex> lock(PoolMutex());
+    CurrentPools()[dev] = pool;
+  }
+  return rc;
+}
+FLYT_API CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+  {  // a device whose current pool it was takes from its default pool again, as natively
+    std::lock_guard<std::mutex> lock(PoolMutex());
+    for (auto it = CurrentPools().begin(); it != CurrentPools().end();)
+      it = it->second == pool ? CurrentPools().erase(it) : std::next(it);
+  }
+  return Forward<238, false, false>("cuMemPoolDestroy", pool);
+}
 
 FLYT_API CUresult cuMemFree_v2(CUdeviceptr p) {
   if (p == 0) return CUDA_SUCCESS;

@@ -208,6 +208,8 @@
   X(cuMemAllocAsync)                                      \
   X(cuMemAllocFromPoolAsync)                              \
   X(cuMemFreeAsync)                                       \
+  X(cuDeviceSetMemPool)                                   \
+  X(cuMemPoolDestroy)                                     \
   X(cuFuncSetAttribute)                                   \
   X(cuKernelSetAttribute)                                 \
   X(cuStreamBeginCapture_v2)                              \

@@ -251,9 +251,10 @@ bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CU
     *rc = std::apply([&](auto&... sl) { return (s.*ThroughSession<Op>::kMethod)(sl.Get()...); },
                      slots);
   } else if constexpr (Op == 240) {  // cuMemAllocAsync: in movable memory where it can
+    uint64_t pool = 0;
     if (std::get<0>(slots).Get() != nullptr && std::get<1>(slots).v > 0 &&
-        s.ServesAsyncAlloc(std::get<2>(slots).Get())) {
-      *rc = s.MemAllocAsync(std::get<0>(slots).Get(), std::get<1>(slots).v);
+        s.ServesAsyncAlloc(std::get<2>(slots).Get(), &pool)) {
+      *rc = s.MemAllocAsync(std::get<0>(slots).Get(), std::get<1>(slots).v, pool);
     } else {
       *rc = std::apply([&](auto&... sl) { return fn(sl.Get()...); }, slots);
     }
@@ -854,7 +855,8 @@ void Session::ReleaseAll() {
   async_allocs_.clear();
   globals_.clear();
   // Pools: the device's default pool is shared and stays; pools this session
-  // created are not told apart yet and live until the server exits.
+  // created live until its worker exits (the memory of those it served went
+  // with ReleaseMappedMemory).
   handles_[static_cast<int>(HandleKind::kMemPool)].clear();
   for (auto& set : handles_) set.clear();
   FLYT_INFO("session %llu: released %zu handles", static_cast<unsigned long long>(id_), total);
@@ -1047,19 +1049,8 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       if (!in.Get(&pool) || !in.Get(&attr) || !in.Get(&set) || !in.Get(&value) ||
           in.remaining() != 0)
         return false;
-      auto fn = set ? a.cuMemPoolSetAttribute : a.cuMemPoolGetAttribute;
-      if (!Owns(HandleKind::kMemPool, pool)) {
-        *rc = CUDA_ERROR_INVALID_HANDLE;
-      } else if (fn == nullptr) {
-        *rc = CUDA_ERROR_NOT_SUPPORTED;
-      } else {
-        // The reuse policies are ints; thresholds and counters are 64-bit.
-        bool is_int = attr <= CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES;
-        int as_int = static_cast<int>(value);
-        void* p = is_int ? static_cast<void*>(&as_int) : static_cast<void*>(&value);
-        *rc = fn(reinterpret_cast<CUmemoryPool>(pool), static_cast<CUmemPool_attribute>(attr), p);
-        if (is_int) value = static_cast<uint64_t>(static_cast<int64_t>(as_int));
-      }
+      // The session answers for the pools it serves (session_pools.cc).
+      *rc = PoolAttribute(pool, static_cast<CUmemPool_attribute>(attr), set != 0, &value);
       out.Put(value);
       return true;
     }

@@ -31,6 +31,7 @@
 #include "server/driver_api.h"
 #include "server/image_cache.h"
 #include "server/managed_pager.h"
+#include "server/pool_ledger.h"
 #include "server/share.h"
 #include "server/worker_channel.h"
 #include "transport/transport.h"
@@ -676,8 +677,28 @@ class Session {
   // Stream-ordered allocations in movable memory: served so when the app
   // names no memory pool and the stream does not capture; freed once the
   // stream's earlier work is done (*kept: still allocated, on an error).
-  bool ServesAsyncAlloc(CUstream stream);
-  CUresult MemAllocAsync(CUdeviceptr* dptr, size_t bytes);
+  // *pool: the client's handle of the pool it is served from (the device's
+  // current pool, session_pools.cc).
+  bool ServesAsyncAlloc(CUstream stream, uint64_t* pool);
+  CUresult MemAllocAsync(CUdeviceptr* dptr, size_t bytes, uint64_t pool);
+  // --- stream-ordered memory pools the session serves (session_pools.cc)
+  // In place of the driver's calls (session_vmm.h), with their arguments.
+  CUresult MemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props);
+  CUresult MemPoolDestroy(CUmemoryPool pool);
+  CUresult MemPoolTrimTo(CUmemoryPool pool, size_t keep);
+  CUresult MemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool,
+                                 CUstream stream);
+  // cuMemPoolGetAttribute / SetAttribute of the client's pool handle
+  // (kOpMemPoolAttribute); *value in and out as 64 bits.
+  CUresult PoolAttribute(uint64_t pool, CUmemPool_attribute attr, bool set, uint64_t* value);
+  // The client's handle of the pool the session serves for the driver's
+  // `real` pool, adding a device's default pool at its first use; 0 when the
+  // driver serves it.
+  uint64_t ServedPool(uint64_t real);
+  // Gives idle regions of the session's pools back above their release thresholds.
+  void TrimPools();
+  // Gives back every idle region of every pool (the GPU is full); whether any was.
+  bool ReleaseIdlePoolMemory();
   CUresult FreeMappedAsync(uint64_t ptr, CUstream stream, bool* kept);
   // Frees what stream-ordered frees left whose streams got there (wait: all).
   void ReapFrees(bool wait);
@@ -692,12 +713,43 @@ class Session {
   struct RestoredAlloc {
     uint64_t base = 0, size = 0, charged = 0;
   };
-  Status RestoreMemoryLayout(SnapshotReader& in, std::vector<RestoredAlloc>* allocs);
+  struct RestoredPools;
+  Status RestoreMemoryLayout(SnapshotReader& in, std::vector<RestoredAlloc>* allocs,
+                             const RestoredPools& pools);
   Status RestoreMemoryContents(SnapshotReader& in, const std::vector<RestoredAlloc>& allocs);
   Status RestoreCode(SnapshotReader& in);
   // Sends a move or restore outcome to the main process (control socket).
   void ReportOutcome(channel::Report::Kind kind, bool ok, const std::string& message);
   void ReleaseMappedMemory();
+  // Pools in a snapshot (session_pools.cc): why they cannot move (empty: they
+  // can); the pools and their regions, written before the memory list; read
+  // back before the memory is mapped, and made again once it is.
+  std::string PoolsUnmovable();
+  Status WritePools(SnapshotWriter& out);
+  struct RestoredPool {
+    uint64_t client = 0;
+    uint8_t is_default = 0, destroyed = 0;
+    int32_t device = 0;
+    CUmemPoolProps props{};
+    uint64_t release_threshold = 0, used_high = 0, reserved_high = 0;
+    int32_t reuse[3] = {1, 1, 1};
+    struct Region {
+      uint64_t base = 0, size = 0;
+      uint8_t small = 0;
+    };
+    std::vector<Region> regions;
+  };
+  struct RestoredPools {
+    std::vector<RestoredPool> pools;
+    std::vector<std::pair<int32_t, uint64_t>> current;  // device, the client's pool
+  };
+  Status ReadPools(SnapshotReader& in, RestoredPools* pools);
+  // Maps the pools' regions at their addresses (before the memory list).
+  Status RestorePoolRegions(const RestoredPools& pools, uint64_t gran);
+  // After the memory list: an allocation inside a pool's region counted as its.
+  void RestorePoolAllocation(uint64_t base, uint64_t size);
+  // The driver's pools behind the client's handles, with their attributes.
+  Status RestorePools(const RestoredPools& pools);
   std::mutex move_mu_;
   channel::MoveOrder move_order_;  // under move_mu_
   std::atomic<bool> move_wanted_{false};
@@ -740,6 +792,7 @@ class Session {
     uint32_t live = 0;  // allocations still inside
     // Reserved for itself (a restore); else part of movable_.
     bool own_reservation = true;
+    uint64_t pool = 0;  // the client's handle of the pool it backs (pool_ledger_), or 0
   };
   // Physical memory mapped at `at` (reserved already), readable and writable
   // from `device`; recorded in mapped_regions_ with no allocation inside. On
@@ -759,7 +812,8 @@ class Session {
   // A restore: maps [lo, lo+size) in the reservation slot it came from, made
   // movable_ here; *handled false when lo is not movable memory.
   Status RestoreMovableRegion(uint64_t lo, uint64_t size, uint64_t gran, bool* handled);
-  CUresult MovableAlloc(uint64_t bytes, uint64_t* out);
+  // In the pool `pool` (the client's handle; pool_ledger_) when not 0.
+  CUresult MovableAlloc(uint64_t bytes, uint64_t* out, uint64_t pool = 0);
   std::map<uint64_t, MappedRegion> mapped_regions_;  // by base
   struct MappedPlace {
     uint64_t region = 0;  // base of its region
@@ -768,6 +822,10 @@ class Session {
   std::map<uint64_t, MappedPlace> mapped_allocs_;  // by allocation base
   // An allocation's place given back once its stream's work is done.
   CUresult ReleasePlace(uint64_t ptr, const MappedPlace& place);
+  // What one allocation counts in its pool's used bytes (session_pools.cc).
+  uint64_t PoolUse(const MappedPlace& place) const;
+  // Unmaps an idle region of a pool and takes it off the books.
+  CUresult ReleasePoolRegion(uint64_t base);
   struct PendingFree {
     CUevent done = nullptr;  // recorded on the freeing stream
     uint64_t ptr = 0;
@@ -778,6 +836,15 @@ class Session {
   std::map<uint64_t, AddressSpan> small_chunks_;  // by region base: room for small allocations
   uint64_t granularity_ = 0;
   bool movable_failed_ = false;  // no reservation could be made: the driver's cuMemAlloc
+  // Pools the session serves (session_pools.cc): their books, and what the
+  // driver does not tell of them afterwards, by the client's handle.
+  PoolLedger pool_ledger_;
+  struct PoolOrigin {
+    int device = 0;
+    bool is_default = false;
+    CUmemPoolProps props{};
+  };
+  std::map<uint64_t, PoolOrigin> pool_origin_;
   // --- end of moving the session ------------------------------------------------
 
   // --- graphs of a moved session (server/session_graph_move.cc) ----------------

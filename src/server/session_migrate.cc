@@ -10,7 +10,9 @@
 // reply, the framing of the snapshot (server/session_snapshot.h).
 //
 // What moves: device memory from cuMemAlloc/cuMemAllocPitch and, with
-// --movable-memory, cuMemAllocAsync (contents and addresses), the app's own
+// --movable-memory, stream-ordered allocations with the pools the session
+// serves (contents, addresses, pool handles and attributes;
+// session_pools.cc), the app's own
 // VMM (session_vmm_move.cc), modules and libraries with their functions and
 // kernels (and the attributes the app set on them), the globals the app looked
 // up (contents; the address must come out the same), streams (flags,
@@ -46,9 +48,9 @@ constexpr size_t kCopyChunk = 8u << 20;  // pinned bounce buffer of memory copie
 constexpr int kConnectTimeoutMs = 10000;
 constexpr int kRestoreTimeoutMs = 10 * 60 * 1000;  // the target restores at most this long
 // The lists a snapshot holds after its limits (all empty when the client had
-// not touched the GPU): memory, VMM (3), images, code, globals, streams,
-// events, graphs (3).
-constexpr int kListsAfterLimits = 12;
+// not touched the GPU): pools (2), memory, VMM (3), images, code, globals,
+// streams, events, graphs (3).
+constexpr int kListsAfterLimits = 14;
 
 int K(HandleKind k) { return static_cast<int>(k); }
 
@@ -144,13 +146,11 @@ std::string Session::Unmovable() {
   if (sticky_logged_) return "the process hit a sticky error";
   if (captures_.load() > 0) return "a stream capture is in progress";
   if (any(HandleKind::kArray)) return "it holds CUDA arrays (not movable yet)";
-  if (any(HandleKind::kMemPool))
-    return "it uses memory pools by handle (cuMemPoolCreate, cuDeviceGetDefaultMemPool; not "
-           "movable yet)";
+  if (std::string why = PoolsUnmovable(); !why.empty()) return why;  // session_pools.cc
   if (!async_allocs_.empty())
     return std::string("it holds stream-ordered allocations of the driver's pools") +
            (state_->movable_memory
-                ? " (made while it held a memory pool handle, or captured into a graph)"
+                ? " (captured into a graph, or from a pool the session does not serve)"
                 : " (a flyt-server with --movable-memory serves cudaMallocAsync from memory "
                   "that moves)");
   if (pager_.Any()) return "it holds managed memory (not movable yet)";
@@ -179,6 +179,8 @@ std::string Session::Unmovable() {
 // header: magic, version, key[2], client pid, device, primary context handle,
 //         deferred error
 // limits: count, {u32 limit, u64 value}
+// pools:  the pools the session serves and the device's current pool
+//         (session_pools.cc, WritePools)
 // memory:  count, {u64 base, u64 size, u64 charged} (contents at the end)
 // images: count, {u64 handle, u8 library, u64 h0, u64 h1, bytes}
 // code:   count, {u64 handle, u8 kernel, u64 image, string name, u64 from_kernel,
@@ -210,7 +212,8 @@ Status Session::WriteSnapshot(SnapshotWriter& out, const uint64_t key[2]) {
     out.Put(l);
     out.Put(v);
   }
-  std::vector<std::pair<uint64_t, uint64_t>> memory;  // base, size
+  if (Status st = WritePools(out); !st.ok()) return st;  // session_pools.cc
+  std::vector<std::pair<uint64_t, uint64_t>> memory;     // base, size
   for (uint64_t base : handles_[K(HandleKind::kMemory)]) {
     CUdeviceptr b = 0;
     size_t size = 0;
@@ -363,6 +366,7 @@ bool Session::Park(Reader& in, Writer& out, CUresult* rc) {
     }
   }
   ReapFrees(true);  // stream-ordered frees the drain completed
+  TrimPools();      // and the pools' idle memory beyond their thresholds, as a sync does
   std::string why = Unmovable();
   if (!why.empty()) return go_on("cannot move: " + why);
   uint64_t key[2] = {RandomWord(), RandomWord()};
@@ -486,14 +490,17 @@ void Session::ReportOutcome(channel::Report::Kind kind, bool ok, const std::stri
 
 // --- the restore -----------------------------------------------------------------
 
-Status Session::RestoreMemoryLayout(SnapshotReader& in, std::vector<RestoredAlloc>* allocs) {
+Status Session::RestoreMemoryLayout(SnapshotReader& in, std::vector<RestoredAlloc>* allocs,
+                                    const RestoredPools& pools) {
   DriverApi& a = state_->api;
   uint64_t n = 0;
   if (!in.Count(&n)) return in.status();
   allocs->resize(n);
   for (auto& x : *allocs)
     if (!in.Get(&x.base) || !in.Get(&x.size) || !in.Get(&x.charged)) return in.status();
-  if (allocs->empty()) return Status::Ok();
+  bool pool_regions = false;
+  for (const RestoredPool& p : pools.pools) pool_regions = pool_regions || !p.regions.empty();
+  if (allocs->empty() && !pool_regions) return Status::Ok();
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -502,10 +509,14 @@ Status Session::RestoreMemoryLayout(SnapshotReader& in, std::vector<RestoredAllo
   CUresult r = a.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
   if (r != CUDA_SUCCESS || gran == 0)
     return Status::Error("cuMemGetAllocationGranularity: " + Describe(r));
+  // The pools' regions first, whole and each on its own (idle ones too), as
+  // the pools' books had them (session_pools.cc).
+  if (Status st = RestorePoolRegions(pools, gran); !st.ok()) return st;
   // Regions: the allocations' granules, merged where they touch (the driver
   // packs small allocations into one granule).
   std::vector<std::pair<uint64_t, uint64_t>> regions;  // [lo, hi), sorted
   for (const auto& x : *allocs) {
+    if (InMappedRegion(x.base)) continue;  // in a pool's region
     if (x.size == 0 || x.base + x.size < x.base ||
         (!regions.empty() && x.base < regions.back().first))
       return Status::Error("a damaged snapshot (allocations out of order)");
@@ -550,6 +561,7 @@ Status Session::RestoreMemoryLayout(SnapshotReader& in, std::vector<RestoredAllo
     auto reg = std::prev(mapped_regions_.upper_bound(x.base));
     reg->second.live++;
     mapped_allocs_[x.base] = MappedPlace{reg->first, x.size};
+    RestorePoolAllocation(x.base, x.size);  // counted in its pool, if it has one
   }
   return Status::Ok();
 }
@@ -722,10 +734,15 @@ Status Session::Restore(SnapshotReader& in, uint64_t key[2]) {
   // Memory first: its addresses must be free, which gets less likely with
   // every other object made here (a larger stack limit reallocates the
   // context's local memory, code takes device memory). Its contents come last.
+  RestoredPools pools;
+  Status st = ReadPools(in, &pools);  // session_pools.cc
+  if (!st.ok()) return st;
   std::vector<RestoredAlloc> allocs;
-  Status st = RestoreMemoryLayout(in, &allocs);
+  st = RestoreMemoryLayout(in, &allocs, pools);
   if (!st.ok()) return st;
   st = RestoreVmmLayout(in);  // the app's own VMM (session_vmm_move.cc)
+  if (!st.ok()) return st;
+  st = RestorePools(pools);  // the driver's pools behind the client's handles
   if (!st.ok()) return st;
   for (auto& [l, v] : limits) {
     size_t now = 0;

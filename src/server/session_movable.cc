@@ -1,16 +1,20 @@
 // Device memory the session maps itself with the driver's VMM calls: memory
 // a restore put back at the client's old addresses (session_migrate.cc), and,
 // with `flyt-server --movable-memory`, every cuMemAlloc/cuMemAllocPitch and
-// the stream-ordered cuMemAllocAsync (its cuMemFreeAsync gives the addresses
+// the stream-ordered cuMemAllocAsync and cuMemAllocFromPoolAsync of the pools
+// the session serves (session_pools.cc; cuMemFreeAsync gives the addresses
 // back once the stream's earlier work is done: an event per free).
 //
 // Owns: the session's reservation of device addresses for movable memory,
 // the regions mapped in it or restored (physical handle, allocations inside),
-// small allocations packed into shared chunks, the address ranges it carves
+// small allocations packed into shared chunks (a pool's chunks its own; a
+// pool's regions stay mapped while idle until its books say to give them
+// back), the address ranges it carves
 // out of that reservation for the app's own cuMemAddressReserve (VmmCarve),
 // stream-ordered frees waiting for their streams, and freeing all of it.
 // Must not touch: memory the driver allocated itself (cuMemAlloc without
-// --movable-memory, pools, managed memory), the app's mappings and handles
+// --movable-memory, pools the driver serves, managed memory), a pool's
+// books beyond placing and freeing (session_pools.cc), the app's mappings and handles
 // (session_vmm.cc), other sessions.
 //
 // Why: the driver places cuMemAlloc memory inside address pools of its own
@@ -184,50 +188,61 @@ CUresult Session::ReserveMovable(int device, uint64_t prefer) {
   return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-CUresult Session::MovableAlloc(uint64_t bytes, uint64_t* out) {
+CUresult Session::MovableAlloc(uint64_t bytes, uint64_t* out, uint64_t pool) {
   CUdevice device = 0;
   CUresult rc = api().cuCtxGetDevice(&device);
   if (rc != CUDA_SUCCESS) return rc;
   rc = ReserveMovable(device);
   if (rc != CUDA_SUCCESS) return rc;
-  if (bytes <= granularity_ / 2) {  // shares a chunk with other small ones
-    uint64_t need = RoundUp(bytes, kSmallAlign);
-    for (auto& [chunk, span] : small_chunks_) {
-      uint64_t at = span.Take(need, kSmallAlign);
-      if (at == 0) continue;
-      mapped_regions_[chunk].live++;
-      mapped_allocs_[at] = MappedPlace{chunk, bytes};
-      *out = at;
-      return CUDA_SUCCESS;
-    }
-    uint64_t chunk = movable_.Take(granularity_, granularity_);
-    if (chunk == 0) return CUDA_ERROR_OUT_OF_MEMORY;
-    rc = MapNewRegion(chunk, granularity_, device, /*own_reservation=*/false);
-    if (rc != CUDA_SUCCESS) {
-      movable_.Give(chunk, granularity_);
-      return rc;
-    }
-    AddressSpan& span = small_chunks_[chunk];
-    span.Reset(chunk, granularity_);
-    uint64_t at = span.Take(need, kSmallAlign);
-    mapped_regions_[chunk].live = 1;
-    mapped_allocs_[at] = MappedPlace{chunk, bytes};
+  // Placed in region `region`: counted there (and in its pool).
+  auto place = [&](uint64_t at, uint64_t region) {
+    mapped_regions_[region].live++;
+    mapped_allocs_[at] = MappedPlace{region, bytes};
+    if (pool != 0) pool_ledger_.Place(pool, region, PoolUse(mapped_allocs_[at]));
     *out = at;
     return CUDA_SUCCESS;
+  };
+  // A new region of `size` for the pool: within its maximum size (idle
+  // regions of the pool go first to make room).
+  auto room_for = [&](uint64_t size) {
+    if (pool == 0 || !pool_ledger_.OverMax(pool, size)) return true;
+    for (uint64_t base : pool_ledger_.ToRelease(pool, 0)) ReleasePoolRegion(base);
+    return !pool_ledger_.OverMax(pool, size);
+  };
+  const bool small = bytes <= granularity_ / 2;  // shares a chunk with other small ones
+  if (small) {
+    uint64_t need = RoundUp(bytes, kSmallAlign);
+    for (auto& [chunk, span] : small_chunks_) {
+      if (mapped_regions_[chunk].pool != pool) continue;  // a pool's chunks are its own
+      uint64_t at = span.Take(need, kSmallAlign);
+      if (at != 0) return place(at, chunk);
+    }
   }
-  uint64_t size = RoundUp(bytes, granularity_);
+  const uint64_t size = small ? granularity_ : RoundUp(bytes, granularity_);
   if (size < bytes) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (!small && pool != 0) {  // an idle region of the pool that fits
+    uint64_t at = pool_ledger_.IdleFit(pool, size);
+    if (at != 0) return place(at, at);
+  }
+  if (!room_for(size)) return CUDA_ERROR_OUT_OF_MEMORY;
   uint64_t at = movable_.Take(size, granularity_);
   if (at == 0) return CUDA_ERROR_OUT_OF_MEMORY;
   rc = MapNewRegion(at, size, device, /*own_reservation=*/false);
+  if (rc == CUDA_ERROR_OUT_OF_MEMORY && ReleaseIdlePoolMemory()) {
+    // The GPU is full: idle memory of the pools (kept under a high release
+    // threshold, in sizes that did not fit) goes first, then once more.
+    rc = MapNewRegion(at, size, device, /*own_reservation=*/false);
+  }
   if (rc != CUDA_SUCCESS) {
     movable_.Give(at, size);
     return rc;
   }
-  mapped_regions_[at].live = 1;
-  mapped_allocs_[at] = MappedPlace{at, bytes};
-  *out = at;
-  return CUDA_SUCCESS;
+  mapped_regions_[at].pool = pool;
+  if (pool != 0) pool_ledger_.AddRegion(pool, at, size, small);
+  if (!small) return place(at, at);
+  AddressSpan& span = small_chunks_[at];
+  span.Reset(at, granularity_);
+  return place(span.Take(RoundUp(bytes, kSmallAlign), kSmallAlign), at);
 }
 
 CUresult Session::VmmCarve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
@@ -367,13 +382,27 @@ CUresult Session::FreeMapped(uint64_t ptr) {
   return rc == CUDA_SUCCESS ? r : rc;
 }
 
+uint64_t Session::PoolUse(const MappedPlace& place) const {
+  if (small_chunks_.count(place.region) != 0) return RoundUp(place.size, kSmallAlign);
+  auto reg = mapped_regions_.find(place.region);
+  return reg != mapped_regions_.end() ? reg->second.size : place.size;
+}
+
 CUresult Session::ReleasePlace(uint64_t ptr, const MappedPlace& place) {
   auto reg = mapped_regions_.find(place.region);
   if (reg == mapped_regions_.end()) return CUDA_SUCCESS;
   auto chunk = small_chunks_.find(place.region);
-  if (--reg->second.live > 0) {
-    if (chunk != small_chunks_.end()) chunk->second.Give(ptr, RoundUp(place.size, kSmallAlign));
-    return CUDA_SUCCESS;
+  const uint64_t pool = reg->second.pool;
+  if (pool != 0) pool_ledger_.Unplace(pool, place.region, PoolUse(place));
+  if (reg->second.live > 0) reg->second.live--;
+  if (chunk != small_chunks_.end()) chunk->second.Give(ptr, RoundUp(place.size, kSmallAlign));
+  if (reg->second.live > 0) return CUDA_SUCCESS;
+  if (pool != 0) {
+    // A pool keeps its idle memory for reuse until a trim or its release
+    // threshold gives it back (TrimPools); a destroyed pool's goes now.
+    const PoolLedger::Pool* p = pool_ledger_.Find(pool);
+    if (p != nullptr && !p->destroyed) return CUDA_SUCCESS;
+    return ReleasePoolRegion(place.region);
   }
   if (chunk != small_chunks_.end()) small_chunks_.erase(chunk);
   CUresult rc = ReleaseRegion(reg->first, reg->second);
@@ -383,19 +412,26 @@ CUresult Session::ReleasePlace(uint64_t ptr, const MappedPlace& place) {
 
 // --- stream-ordered allocations (cuMemAllocAsync / cuMemFreeAsync) in movable memory
 
-bool Session::ServesAsyncAlloc(CUstream stream) {
+bool Session::ServesAsyncAlloc(CUstream stream, uint64_t* pool) {
   if (!state_->movable_memory || movable_failed_) return false;
-  // Pools the app names may have properties of their own: the driver serves them.
-  if (!handles_[static_cast<int>(marshal::HandleKind::kMemPool)].empty()) return false;
   // Captured, an allocation is a graph's allocation node: the driver's.
-  return !Capturing(stream == nullptr && pt_call_ ? CU_STREAM_PER_THREAD : stream);
+  if (Capturing(stream == nullptr && pt_call_ ? CU_STREAM_PER_THREAD : stream)) return false;
+  // From the device's current pool, when the session serves it (session_pools.cc).
+  CUdevice device = 0;
+  CUmemoryPool current = nullptr;
+  if (api().cuCtxGetDevice(&device) != CUDA_SUCCESS ||
+      api().cuDeviceGetMemPool(&current, device) != CUDA_SUCCESS || current == nullptr)
+    return false;
+  *pool = ServedPool(reinterpret_cast<uintptr_t>(current));
+  return *pool != 0;
 }
 
-CUresult Session::MemAllocAsync(CUdeviceptr* dptr, size_t bytes) {
+CUresult Session::MemAllocAsync(CUdeviceptr* dptr, size_t bytes, uint64_t pool) {
   ReapFrees(false);
   uint64_t at = 0;
-  CUresult rc = MovableAlloc(bytes, &at);  // usable at once: before the stream needs it
+  CUresult rc = MovableAlloc(bytes, &at, pool);  // usable at once: before the stream needs it
   if (rc == CUDA_SUCCESS) *dptr = at;
+  TrimPools();  // what frees left beyond the pools' thresholds, once reuse had its chance
   return rc;
 }
 
@@ -464,6 +500,8 @@ void Session::ReleaseMappedMemory() {
     if (rc != CUDA_SUCCESS) FLYT_WARN("cuEventDestroy failed with error %d", rc);
   }
   pending_frees_.clear();
+  pool_ledger_.Clear();
+  pool_origin_.clear();
   for (auto& [base, reg] : mapped_regions_) ReleaseRegion(base, reg);
   mapped_regions_.clear();
   mapped_allocs_.clear();

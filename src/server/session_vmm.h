@@ -1,6 +1,7 @@
 // Generic calls that the session runs itself instead of handing them straight
-// to the driver: the virtual memory calls (server/session_vmm.cc) and kernel
-// node attributes that may name an event (server/session_driver_misc.cc).
+// to the driver: the virtual memory calls (server/session_vmm.cc), kernel
+// node attributes that may name an event (server/session_driver_misc.cc), and
+// the memory pool calls of pools the session serves (server/session_pools.cc).
 //
 // Owns: the table from a generic op id (protocol/api_list.h) to the Session
 // method that takes the driver function's place, with exactly its
@@ -62,6 +63,10 @@ FLYT_THROUGH_SESSION(cuGraphKernelNodeSetAttribute, KernelNodeSetAttribute)
 FLYT_THROUGH_SESSION(cuMemAlloc_v2, MemAlloc)
 FLYT_THROUGH_SESSION(cuMemAllocPitch_v2, MemAllocPitch)
 FLYT_THROUGH_SESSION(cuMemGetAddressRange_v2, MemGetAddressRange)
+FLYT_THROUGH_SESSION(cuMemPoolCreate, MemPoolCreate)
+FLYT_THROUGH_SESSION(cuMemPoolDestroy, MemPoolDestroy)
+FLYT_THROUGH_SESSION(cuMemPoolTrimTo, MemPoolTrimTo)
+FLYT_THROUGH_SESSION(cuMemAllocFromPoolAsync, MemAllocFromPoolAsync)
 
 #undef FLYT_THROUGH_SESSION
 

@@ -1328,17 +1328,130 @@ CUresult PoolAlloc(CUdeviceptr* p, size_t n) {
   return CUDA_SUCCESS;
 }
 CUresult simMemAllocAsync(CUdeviceptr* p, size_t n, CUstream) { return PoolAlloc(p, n); }
-CUresult simMemAllocFromPoolAsync(CUdeviceptr* p, size_t n, CUmemoryPool, CUstream) {
-  return PoolAlloc(p, n);
-}
 CUresult simMemFreeAsync(CUdeviceptr p, CUstream) { return simMemFree(p); }
-// The device's default pool (the one device): a handle that names it, nothing behind it.
+// The device's default pool (the one device): a handle that names it. Pools
+// (default and created) keep their properties and the attributes the app
+// sets; the sim's own pool allocations are plain sim memory, so the usage
+// figures it reports are 0 (a session that serves a pool itself reports its own).
 int g_default_pool = 0;
+CUmemoryPool DefaultPool() { return reinterpret_cast<CUmemoryPool>(&g_default_pool); }
+struct SimPool {
+  CUmemPoolProps props{};
+  uint64_t release_threshold = 0;
+  int reuse[3] = {1, 1, 1};  // follow event dependencies, opportunistic, internal dependencies
+};
+std::mutex g_pool_mu;
+std::map<CUmemoryPool, SimPool>& Pools() {
+  static std::map<CUmemoryPool, SimPool> pools = [] {
+    std::map<CUmemoryPool, SimPool> m;
+    SimPool& d = m[DefaultPool()];
+    d.props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    d.props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    return m;
+  }();
+  return pools;
+}
+CUmemoryPool g_current_pool = nullptr;  // cuDeviceSetMemPool (null: the default)
+uintptr_t g_next_pool = 0x9000;
 CUresult simDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice dev) {
   if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
-  *pool = reinterpret_cast<CUmemoryPool>(&g_default_pool);
+  *pool = DefaultPool();
   return CUDA_SUCCESS;
+}
+CUresult simDeviceGetMemPool(CUmemoryPool* pool, CUdevice dev) {
+  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+  std::lock_guard<std::mutex> lock(g_pool_mu);
+  *pool = g_current_pool != nullptr ? g_current_pool : DefaultPool();
+  return CUDA_SUCCESS;
+}
+CUresult simDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
+  if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+  std::lock_guard<std::mutex> lock(g_pool_mu);
+  if (Pools().count(pool) == 0) return CUDA_ERROR_INVALID_VALUE;
+  g_current_pool = pool;
+  return CUDA_SUCCESS;
+}
+CUresult simMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) {
+  if (pool == nullptr || props == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      props->location.type != CU_MEM_LOCATION_TYPE_DEVICE || props->win32SecurityAttributes)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (props->location.id != 0) return CUDA_ERROR_INVALID_DEVICE;
+  if (props->handleTypes != CU_MEM_HANDLE_TYPE_NONE &&
+      props->handleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  std::lock_guard<std::mutex> lock(g_pool_mu);
+  CUmemoryPool p = reinterpret_cast<CUmemoryPool>(g_next_pool);
+  g_next_pool += 0x10;
+  Pools()[p].props = *props;
+  *pool = p;
+  return CUDA_SUCCESS;
+}
+CUresult simMemPoolDestroy(CUmemoryPool pool) {
+  std::lock_guard<std::mutex> lock(g_pool_mu);
+  if (pool == DefaultPool() || Pools().count(pool) == 0) return CUDA_ERROR_INVALID_VALUE;
+  Pools().erase(pool);
+  if (g_current_pool == pool) g_current_pool = nullptr;
+  return CUDA_SUCCESS;
+}
+CUresult simMemPoolTrimTo(CUmemoryPool pool, size_t) {
+  std::lock_guard<std::mutex> lock(g_pool_mu);
+  return Pools().count(pool) != 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+CUresult simMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
+  std::lock_guard<std::mutex> lock(g_pool_mu);
+  auto it = Pools().find(pool);
+  if (it == Pools().end() || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  SimPool& p = it->second;
+  switch (attr) {
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+      p.reuse[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES] =
+          *static_cast<int*>(value) != 0 ? 1 : 0;
+      return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+      p.release_threshold = *static_cast<cuuint64_t*>(value);
+      return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:  // only a reset to 0
+      return *static_cast<cuuint64_t*>(value) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+CUresult simMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
+  std::lock_guard<std::mutex> lock(g_pool_mu);
+  auto it = Pools().find(pool);
+  if (it == Pools().end() || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const SimPool& p = it->second;
+  switch (attr) {
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+      *static_cast<int*>(value) = p.reuse[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES];
+      return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+      *static_cast<cuuint64_t*>(value) = p.release_threshold;
+      return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+      *static_cast<cuuint64_t*>(value) = 0;
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+CUresult simMemAllocFromPoolAsync(CUdeviceptr* p, size_t n, CUmemoryPool pool, CUstream) {
+  {
+    std::lock_guard<std::mutex> lock(g_pool_mu);
+    if (Pools().count(pool) == 0) return CUDA_ERROR_INVALID_VALUE;
+  }
+  return PoolAlloc(p, n);
 }
 
 // --- managed memory: ordinary sim memory that the range calls know. The
@@ -4121,7 +4234,13 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuSurfObjectGetResourceDesc = simSurfObjectGetResourceDesc;
   a->cuMemAllocAsync = simMemAllocAsync;
   a->cuDeviceGetDefaultMemPool = simDeviceGetDefaultMemPool;
-  a->cuDeviceGetMemPool = simDeviceGetDefaultMemPool;  // never set otherwise here
+  a->cuDeviceGetMemPool = simDeviceGetMemPool;
+  a->cuDeviceSetMemPool = simDeviceSetMemPool;
+  a->cuMemPoolCreate = simMemPoolCreate;
+  a->cuMemPoolDestroy = simMemPoolDestroy;
+  a->cuMemPoolTrimTo = simMemPoolTrimTo;
+  a->cuMemPoolSetAttribute = simMemPoolSetAttribute;
+  a->cuMemPoolGetAttribute = simMemPoolGetAttribute;
   a->cuMemAllocFromPoolAsync = simMemAllocFromPoolAsync;
   a->cuMemFreeAsync = simMemFreeAsync;
   a->cuMemGetAllocationGranularity = simMemGetAllocationGranularity;

@@ -1663,6 +1663,71 @@ class E2E(unittest.TestCase):
                 self.stop_server(b)
                 self.stop_server(restarted)
 
+    def test_migrate_pools(self):
+        """migrate_state's memory pools (the default pool and one it created, with
+        attributes; cudaMallocAsync and cudaMallocFromPoolAsync, frees in stream order, a
+        kernel counting down in pool memory, a trim, the device's current pool changed and
+        changed back) with its plain stream-ordered allocations, on servers with
+        --movable-memory, the client on tcp:// and on unix://: migrated A to B and back over
+        that transport, then checkpointed, its server restarted at the same address and
+        restored; its step lines equal an undisturbed run's (the program itself checks the
+        pool handles, attributes, the pool of a pointer and the used/reserved figures after
+        each move), and every server ends with nothing held."""
+        steps, pause = "12", "50"
+        variant = CFG.variants[0]
+        for transport in ("tcp", "unix"):
+            with self.subTest(transport=transport):
+                movable = ["--movable-memory"]
+                a = self.start_server(control=True, extra_args=movable)
+                b = self.start_server(control=True, extra_args=movable)
+                parts = ("pools", "async")
+                base = self.run_ok(a, transport, "migrate_state", variant,
+                                   args=(steps, "0") + parts)
+                expected = [l for l in base.lines() if l.startswith("step ")]
+                self.assertEqual(len(expected), int(steps), base.describe())
+                prog = RunningProgram(self.tmp, a, transport,
+                                      program_path("migrate_state", variant),
+                                      (steps, pause) + parts)
+                ckpt = os.path.join(self.tmp, "ckpt-pools-" + transport)
+                os.makedirs(ckpt)
+                restarted = None
+                try:
+                    def reach(pattern):
+                        if prog.wait_line(pattern) is None:
+                            self.fail("migrate_state never printed %s\n%s" % (
+                                pattern, prog.finish(5).describe()))
+                    reach(r"^step 2 ")
+                    n, answer = self._migrate_answer(a, "migrate", "moved",
+                                                     to=b.url(transport), token=TOKEN)
+                    self.assertEqual(n, 1, "%s\n%s\n%s" % (answer, a.logs(), b.logs()))
+                    reach(r"^step 5 ")
+                    n, answer = self._migrate_answer(b, "migrate", "moved",
+                                                     to=a.url(transport), token=TOKEN)
+                    self.assertEqual(n, 1, "%s\n%s\n%s" % (answer, a.logs(), b.logs()))
+                    reach(r"^step 8 ")  # its own pool is the device's current pool now
+                    n, answer = self._migrate_answer(a, "checkpoint", "checkpointed", dir=ckpt)
+                    self.assertEqual(n, 1, "%s\n%s" % (answer, a.logs()))
+                    port, name = a.port, a.name
+                    self.stop_server(a)
+                    # The same name: the same Unix socket, where the client waits.
+                    restarted = self.start_server(control=True, port=port, name=name,
+                                                  extra_args=movable)
+                    answer = restarted.control({"verb": "restore", "dir": ckpt,
+                                                "wait_ms": 20000}, timeout=30)
+                    self.assertEqual(answer.get("restored"), 1,
+                                     "%s\n%s" % (answer, restarted.logs()))
+                finally:
+                    res = prog.finish()
+                self.assert_passed(res, "migrate_state", restarted or a)
+                got = [l for l in res.lines() if l.startswith("step ")]
+                self.assertEqual(got, expected, res.describe())
+                self.assertEqual(res.client_log.count("now lives at flyt-server"), 3,
+                                 res.client_log)
+                for srv in (b, restarted):
+                    self.assert_stats(srv, sessions=0, memory_used=0)
+                self.stop_server(b)
+                self.stop_server(restarted)
+
     def test_restore_old_format(self):
         """A checkpoint written in another snapshot format (format 1, before graphs and VMM
         moved) is refused at restore with a message that names both formats; the server
@@ -1677,21 +1742,23 @@ class E2E(unittest.TestCase):
         self.assertEqual(answer.get("restored"), 0, answer)
         messages = json.dumps(answer) + srv.log_text()
         self.assertIn("format 1", messages, answer)
-        self.assertIn("reads only format 2", messages, answer)
+        self.assertIn("reads only format 3", messages, answer)
         self.assert_stats(srv, sessions=0, memory_used=0)
         self.stop_server(srv)
 
     def test_migrate_refusals(self):
         """What cannot move is refused at the park, saying why, and the program goes on
         where it is: a graph with a memory allocation node, a graph with a conditional
-        node, a VMM reservation at a fixed address outside the session's movable range
-        (--movable-memory); any VMM reservation and a
+        node, a VMM reservation at a fixed address outside the session's movable range, an
+        allocation from a memory pool made for export (--movable-memory); any VMM
+        reservation and a
         cudaMallocAsync allocation on a server without --movable-memory. Once that state
         is gone the same program moves, and ends well on the target."""
         variant = CFG.variants[0]
         cases = (
             (["--movable-memory"], (("graph-alloc", "memory allocation or free node"),
                                     ("graph-cond", "conditional node"),
+                                    ("pool-ipc", "made for export to other processes"),
                                     ("vmm-fixed", "outside its movable range"))),
             ([], (("vmm", "--movable-memory"), ("async", "--movable-memory"))),
         )

@@ -24,6 +24,8 @@
 #   PROGRAMS=""            only these programs (space-separated names)
 #   FLYT_TOKEN=""          pass --token to server and clients
 #   SERVER_BACKEND=cuda    --backend of the server (sim: plumbing checks without a GPU)
+#   SERVER_ARGS=""         more flyt-server options, e.g. --movable-memory (stream-ordered
+#                          pools served by the session, server/session_pools.cc)
 #   SERVER_LOG_LEVEL=info  FLYT_LOG of the server
 #   CLIENT_LOG_LEVEL=warn  FLYT_LOG of the clients (written to per-run files)
 #   FLYT_GPU_WORKDIR=      where logs and outputs go (default: a new temp dir, kept)
@@ -45,6 +47,7 @@ FLYT_TOKEN=${FLYT_TOKEN:-}
 # tcp and unix runs stay on their transport (the server also listens on shm://).
 export FLYT_SHM=off
 SERVER_BACKEND=${SERVER_BACKEND:-cuda}
+SERVER_ARGS=${SERVER_ARGS:-}
 SERVER_LOG_LEVEL=${SERVER_LOG_LEVEL:-info}
 CLIENT_LOG_LEVEL=${CLIENT_LOG_LEVEL:-warn}
 WORK=${FLYT_GPU_WORKDIR:-$(mktemp -d "${TMPDIR:-/tmp}/flyt-gpu-run.XXXXXX")}
@@ -108,12 +111,12 @@ start_server() {
   [[ -n "$FLYT_TOKEN" ]] && tokargs=(--token "$FLYT_TOKEN")
   {
     echo "# flyt-server #$n started $(date -u +%H:%M:%S) port $port socket $sock"
-    echo "# $SERVER_BIN --listen tcp://127.0.0.1:$port --listen unix://$sock --backend $SERVER_BACKEND ${tokargs[*]}"
+    echo "# $SERVER_BIN --listen tcp://127.0.0.1:$port --listen unix://$sock --backend $SERVER_BACKEND ${tokargs[*]} $SERVER_ARGS"
   } >"$logf"
   local shmargs=()
   [[ " $MODES " == *" shm "* ]] && shmargs=(--listen "shm://$WORK/flyt-$n-shm.sock")
   FLYT_LOG=$SERVER_LOG_LEVEL setsid "$SERVER_BIN" --listen "tcp://127.0.0.1:$port" --listen "unix://$sock" \
-    "${shmargs[@]}" --backend "$SERVER_BACKEND" "${tokargs[@]}" </dev/null >>"$logf" 2>&1 &
+    "${shmargs[@]}" --backend "$SERVER_BACKEND" "${tokargs[@]}" $SERVER_ARGS </dev/null >>"$logf" 2>&1 &
   pid=$!
   echo "$pid" >"$WORK/server.pid"
   echo "tcp://127.0.0.1:$port" >"$WORK/server.tcp"

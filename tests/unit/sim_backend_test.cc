@@ -1,7 +1,8 @@
 // Tests for server/sim_backend: the sticky fault that a launch of a kernel
 // named *flyt_sim_fault* leaves in its process, CUDA IPC of memory and events
 // between processes, with the driver's answers to misuse, context events
-// (cuCtxRecordEvent / cuCtxWaitEvent), and texture and surface objects.
+// (cuCtxRecordEvent / cuCtxWaitEvent), memory pools, and texture and surface
+// objects.
 //
 // Each case runs the sim in processes of its own (fork): a fault is sticky for
 // the whole process, and IPC needs two. A child reports its gtest failures on
@@ -423,6 +424,58 @@ TEST_F(SimBackend, ContextEventsFollowTheContextsStreams) {
 
 // ---------------------------------------------------------------------------
 // Texture and surface objects
+
+// ---------------------------------------------------------------------------
+// Memory pools: properties checked, attributes kept, the device's current pool
+
+TEST_F(SimBackend, MemoryPoolsKeepAttributesAndTheCurrentPool) {
+  InChild([&] {
+    CUmemoryPool def = nullptr, cur = nullptr, pool = nullptr;
+    ASSERT_EQ(api_.cuDeviceGetDefaultMemPool(&def, 0), CUDA_SUCCESS);
+    ASSERT_EQ(api_.cuDeviceGetMemPool(&cur, 0), CUDA_SUCCESS);
+    EXPECT_EQ(cur, def);
+    CUmemPoolProps props{};
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = 1;
+    EXPECT_EQ(api_.cuMemPoolCreate(&pool, &props), CUDA_ERROR_INVALID_DEVICE);
+    props.location.id = 0;
+    ASSERT_EQ(api_.cuMemPoolCreate(&pool, &props), CUDA_SUCCESS);
+    EXPECT_NE(pool, def);
+    cuuint64_t v = 12345;
+    EXPECT_EQ(api_.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v),
+              CUDA_SUCCESS);
+    v = 0;
+    EXPECT_EQ(api_.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v),
+              CUDA_SUCCESS);
+    EXPECT_EQ(v, 12345u);
+    int flag = 0;
+    EXPECT_EQ(api_.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &flag),
+              CUDA_SUCCESS);
+    flag = 7;
+    EXPECT_EQ(api_.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &flag),
+              CUDA_SUCCESS);
+    EXPECT_EQ(flag, 0);
+    v = 5;  // a high-water mark is only reset to 0
+    EXPECT_EQ(api_.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &v),
+              CUDA_ERROR_INVALID_VALUE);
+    ASSERT_EQ(api_.cuDeviceSetMemPool(0, pool), CUDA_SUCCESS);
+    ASSERT_EQ(api_.cuDeviceGetMemPool(&cur, 0), CUDA_SUCCESS);
+    EXPECT_EQ(cur, pool);
+    CUdeviceptr p = 0;
+    EXPECT_EQ(api_.cuMemAllocFromPoolAsync(&p, 4096, pool, nullptr), CUDA_SUCCESS);
+    EXPECT_EQ(api_.cuMemFreeAsync(p, nullptr), CUDA_SUCCESS);
+    EXPECT_EQ(api_.cuMemPoolTrimTo(pool, 0), CUDA_SUCCESS);
+    EXPECT_EQ(api_.cuMemPoolDestroy(def), CUDA_ERROR_INVALID_VALUE);  // never the default
+    EXPECT_EQ(api_.cuMemPoolDestroy(pool), CUDA_SUCCESS);
+    ASSERT_EQ(api_.cuDeviceGetMemPool(&cur, 0), CUDA_SUCCESS);
+    EXPECT_EQ(cur, def);  // the destroyed pool was current: the default is again
+    EXPECT_EQ(api_.cuMemAllocFromPoolAsync(&p, 4096, pool, nullptr), CUDA_ERROR_INVALID_VALUE);
+    props.handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;  // for export: made
+    ASSERT_EQ(api_.cuMemPoolCreate(&pool, &props), CUDA_SUCCESS);
+    EXPECT_EQ(api_.cuMemPoolDestroy(pool), CUDA_SUCCESS);
+  });
+}
 
 TEST_F(SimBackend, TextureObjectsKeepTheirDescriptors) {
   size_t width = 0;

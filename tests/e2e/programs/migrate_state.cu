@@ -18,8 +18,16 @@
 //            holds, and a second executable graph is made from it late in the run.
 //   async    stream-ordered allocations (cudaMallocAsync / cudaFreeAsync on a stream of
 //            its own), a few kept alive across steps, the oldest freed each step.
+//   pools    memory pools by handle: the device's default pool and a pool of its own
+//            (cudaMemPoolCreate), each with attributes set (release threshold, a reuse
+//            flag); every step allocates from both (cudaMallocAsync while the default
+//            pool is current, cudaMallocFromPoolAsync, then cudaMallocAsync again once
+//            its own pool is made the device's current pool), copies, counts down a
+//            counter in pool memory with a kernel, frees the oldest in stream order,
+//            trims once, and checks that the pool handles, the attributes, the pool a
+//            pointer belongs to and the used/reserved figures still hold.
 //
-//   migrate_state STEPS PAUSE_MS [vmm] [graphs] [async]   (none named: all three)
+//   migrate_state STEPS PAUSE_MS [vmm] [graphs] [async] [pools]   (none named: all four)
 //       prints "step N ..." per step (checksums and counters, no addresses), then PASS.
 //   migrate_state refuse DIR PHASE...
 //       per phase, sets up state that refuses a move, prints "phase P ready" and waits
@@ -27,7 +35,8 @@
 //       waits for DIR/end and passes. Phases: graph-alloc (a graph with a memory
 //       allocation node), graph-cond (a conditional node), vmm-fixed (a reservation at a
 //       fixed address outside the movable range), vmm (any reservation: on a server
-//       without --movable-memory), async (a cudaMallocAsync allocation: likewise).
+//       without --movable-memory), async (a cudaMallocAsync allocation: likewise),
+//       pool-ipc (an allocation from a pool made for export to other processes).
 //
 // What kernels compute is only checked through flyt_sim_countdown, which the sim models.
 #include <cuda.h>
@@ -35,6 +44,7 @@
 #include <unistd.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "e2e_driver.h"
@@ -509,6 +519,205 @@ struct Async {
   }
 };
 
+// --- memory pools by handle
+
+constexpr uint64_t kDefaultThreshold = 64ull << 20;
+constexpr uint64_t kMineThreshold = 32ull << 20;
+constexpr uint64_t kIdleThreshold = 16ull << 20;
+
+uint64_t PoolFigure(cudaMemPool_t pool, cudaMemPoolAttr attr) {
+  uint64_t v = 0;
+  CK(cudaMemPoolGetAttribute(pool, attr, &v));
+  return v;
+}
+
+struct Pools {
+  cudaStream_t s = nullptr;
+  cudaMemPool_t def = nullptr, mine = nullptr;
+  cudaMemPool_t idle = nullptr;  // holds no memory until the last step (moved empty)
+  // A pool destroyed at step 4 while an allocation of it lives on (moved so at step 5),
+  // freed at step 6: the driver releases the pool with its last allocation.
+  unsigned char* orphan = nullptr;
+  std::vector<unsigned char> orphan_want;
+  int* counter = nullptr;  // in `mine`, for the whole run
+  int count[2] = {400, 0};
+  struct Live {
+    unsigned char* p;
+    std::vector<unsigned char> want;
+    bool mine;
+  };
+  std::vector<Live> live;
+  decltype(&::cuPointerGetAttribute) pointer_attribute = nullptr;
+
+  void Setup() {
+    e2e::Step("pools setup");
+    e2e::ResolveDriver("cuPointerGetAttribute", &pointer_attribute);
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CK(cudaDeviceGetDefaultMemPool(&def, 0));
+    uint64_t threshold = kDefaultThreshold;
+    CK(cudaMemPoolSetAttribute(def, cudaMemPoolAttrReleaseThreshold, &threshold));
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.handleTypes = cudaMemHandleTypeNone;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = 0;
+    CK(cudaMemPoolCreate(&mine, &props));
+    threshold = kMineThreshold;
+    CK(cudaMemPoolSetAttribute(mine, cudaMemPoolAttrReleaseThreshold, &threshold));
+    int no = 0;
+    CK(cudaMemPoolSetAttribute(mine, cudaMemPoolReuseAllowOpportunistic, &no));
+    CK(cudaMemPoolCreate(&idle, &props));
+    threshold = kIdleThreshold;
+    CK(cudaMemPoolSetAttribute(idle, cudaMemPoolAttrReleaseThreshold, &threshold));
+    CK(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&counter), sizeof(count), mine, s));
+    CK(cudaMemcpyAsync(counter, count, sizeof(count), cudaMemcpyHostToDevice, s));
+    CK(cudaStreamSynchronize(s));
+  }
+
+  void Check(int i) {
+    e2e::Step("pools: handles and attributes");
+    cudaMemPool_t got = nullptr;
+    CK(cudaDeviceGetDefaultMemPool(&got, 0));
+    EXPECT(got == def, "the default pool's handle changed at step %d", i);
+    CK(cudaDeviceGetMemPool(&got, 0));
+    // Made current at step 6 and given back at step 10, after these checks.
+    EXPECT(got == (i > 6 && i <= 10 ? mine : def), "the device's current pool at step %d", i);
+    EXPECT(PoolFigure(def, cudaMemPoolAttrReleaseThreshold) == kDefaultThreshold,
+           "the default pool's release threshold");
+    EXPECT(PoolFigure(mine, cudaMemPoolAttrReleaseThreshold) == kMineThreshold,
+           "the pool's release threshold");
+    EXPECT(PoolFigure(idle, cudaMemPoolAttrReleaseThreshold) == kIdleThreshold,
+           "the empty pool's release threshold");
+    int flag = 9;
+    CK(cudaMemPoolGetAttribute(mine, cudaMemPoolReuseAllowOpportunistic, &flag));
+    EXPECT(flag == 0, "the pool's opportunistic reuse %d", flag);
+    CK(cudaMemPoolGetAttribute(mine, cudaMemPoolReuseFollowEventDependencies, &flag));
+    EXPECT(flag == 1, "the pool's event-dependency reuse %d", flag);
+  }
+
+  void Step(int i, std::string* line) {
+    Check(i);
+    e2e::Step("pools step");
+    if (i == 6) CK(cudaDeviceSetMemPool(0, mine));  // cudaMallocAsync from `mine` now
+    if (i == 10) CK(cudaDeviceSetMemPool(0, def));
+    const size_t big = (2u << 20) + 8192 * i + 3, small = 700 + 33 * i;
+    const bool current_is_mine = i >= 6 && i < 10;
+    unsigned char* a = nullptr;  // from the current pool
+    CK(cudaMallocAsync(reinterpret_cast<void**>(&a), i % 2 == 0 ? big : small, s));
+    unsigned char* b = nullptr;  // from `mine`, named
+    CK(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&b), i % 2 == 0 ? small : big, mine, s));
+    for (auto [p, n, from_mine] : {std::make_tuple(a, i % 2 == 0 ? big : small, current_is_mine),
+                                   std::make_tuple(b, i % 2 == 0 ? small : big, true)}) {
+      std::vector<unsigned char> host(n);
+      e2e::Fill(host.data(), n, 4000 + i * 2 + (p == b));
+      CK(cudaMemcpyAsync(p, host.data(), n, cudaMemcpyHostToDevice, s));
+      live.push_back(Live{p, std::move(host), from_mine});
+    }
+    CUmemoryPool of = nullptr;
+    CU(pointer_attribute(&of, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+                         reinterpret_cast<CUdeviceptr>(b)));
+    EXPECT(of == reinterpret_cast<CUmemoryPool>(mine), "the pool of an allocation from it");
+    CU(pointer_attribute(&of, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+                         reinterpret_cast<CUdeviceptr>(a)));
+    EXPECT(of == reinterpret_cast<CUmemoryPool>(current_is_mine ? mine : def),
+           "the pool of a cudaMallocAsync allocation at step %d", i);
+    flyt_sim_countdown<<<1, 32, 0, s>>>(0, counter);
+    CK(cudaGetLastError());
+    count[0] -= 1;
+    count[1] += 1;
+    while (live.size() > 5) {  // the oldest go, in stream order
+      CK(cudaFreeAsync(live.front().p, s));
+      live.erase(live.begin());
+    }
+    CK(cudaStreamSynchronize(s));
+    if (i == 7) CK(cudaMemPoolTrimTo(mine, 0));  // only idle memory goes
+    if (i == 3) {
+      cudaMemPoolProps props{};
+      props.allocType = cudaMemAllocationTypePinned;
+      props.location.type = cudaMemLocationTypeDevice;
+      props.location.id = 0;
+      cudaMemPool_t doomed;
+      CK(cudaMemPoolCreate(&doomed, &props));
+      orphan_want.resize(3 << 20);
+      e2e::Fill(orphan_want.data(), orphan_want.size(), 77);
+      CK(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&orphan), orphan_want.size(), doomed, s));
+      CK(cudaMemcpyAsync(orphan, orphan_want.data(), orphan_want.size(), cudaMemcpyHostToDevice,
+                         s));
+      CK(cudaStreamSynchronize(s));
+      CK(cudaMemPoolDestroy(doomed));  // with `orphan` still allocated
+    }
+    if (orphan != nullptr) {
+      std::vector<unsigned char> got(orphan_want.size());
+      CK(cudaMemcpy(got.data(), orphan, got.size(), cudaMemcpyDeviceToHost));
+      EXPECT_SAME(got.data(), orphan_want.data(), got.size(), "memory of a destroyed pool");
+      if (i == 6) {
+        CK(cudaFreeAsync(orphan, s));
+        CK(cudaStreamSynchronize(s));
+        orphan = nullptr;
+      }
+    }
+    if (i == 11) {  // the pool that moved empty serves now
+      unsigned char* x = nullptr;
+      CK(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&x), 5000, idle, s));
+      CK(cudaMemsetAsync(x, 0x3c, 5000, s));
+      unsigned char back[5000];
+      CK(cudaMemcpyAsync(back, x, sizeof(back), cudaMemcpyDeviceToHost, s));
+      CK(cudaFreeAsync(x, s));
+      CK(cudaStreamSynchronize(s));
+      EXPECT(e2e::FirstNot(back, 0x3c, sizeof(back)) < 0, "memory of the pool that moved empty");
+    }
+    uint64_t sum = Sum(nullptr, 0), in_mine = 0, in_def = 0;
+    for (const Live& l : live) {
+      std::vector<unsigned char> got(l.want.size());
+      CK(cudaMemcpy(got.data(), l.p, got.size(), cudaMemcpyDeviceToHost));
+      EXPECT_SAME(got.data(), l.want.data(), got.size(), "a pool allocation");
+      sum = Sum(got.data(), got.size(), sum);
+      (l.mine ? in_mine : in_def) += l.want.size();
+    }
+    int c[2];
+    CK(cudaMemcpy(c, counter, sizeof(c), cudaMemcpyDeviceToHost));
+    EXPECT(c[0] == count[0] && c[1] == count[1], "the pool counter %d,%d, want %d,%d", c[0], c[1],
+           count[0], count[1]);
+    // What the pool reports of its memory, as far as the driver promises it.
+    const uint64_t used = PoolFigure(mine, cudaMemPoolAttrUsedMemCurrent);
+    const uint64_t reserved = PoolFigure(mine, cudaMemPoolAttrReservedMemCurrent);
+    EXPECT(used >= in_mine + sizeof(count), "the pool's used memory %llu < %llu at step %d",
+           static_cast<unsigned long long>(used), static_cast<unsigned long long>(in_mine), i);
+    EXPECT(reserved >= used, "the pool reserves %llu < used %llu",
+           static_cast<unsigned long long>(reserved), static_cast<unsigned long long>(used));
+    EXPECT(PoolFigure(mine, cudaMemPoolAttrUsedMemHigh) >= used, "the pool's used high mark");
+    EXPECT(PoolFigure(mine, cudaMemPoolAttrReservedMemHigh) >= reserved,
+           "the pool's reserved high mark");
+    EXPECT(PoolFigure(def, cudaMemPoolAttrUsedMemCurrent) >= in_def,
+           "the default pool's used memory");
+    char buf[96];
+    snprintf(buf, sizeof(buf), " pools=%llu live=%zu pcounter=%d",
+             static_cast<unsigned long long>(sum), live.size(), c[1]);
+    *line += buf;
+  }
+
+  void Teardown() {
+    e2e::Step("pools teardown");
+    for (const Live& l : live) CK(cudaFreeAsync(l.p, s));
+    CK(cudaFreeAsync(counter, s));
+    CK(cudaStreamSynchronize(s));
+    EXPECT(PoolFigure(mine, cudaMemPoolAttrUsedMemCurrent) == 0,
+           "the pool's used memory at the end");
+    // Under its release threshold the pool keeps what was freed, until a trim.
+    EXPECT(PoolFigure(mine, cudaMemPoolAttrReservedMemCurrent) > 0,
+           "the pool's reserved memory under its threshold");
+    CK(cudaMemPoolTrimTo(mine, 0));
+    EXPECT(PoolFigure(mine, cudaMemPoolAttrReservedMemCurrent) == 0,
+           "the pool's reserved memory after a trim to 0");
+    uint64_t zero = 0;
+    CK(cudaMemPoolSetAttribute(mine, cudaMemPoolAttrUsedMemHigh, &zero));
+    EXPECT(PoolFigure(mine, cudaMemPoolAttrUsedMemHigh) == 0, "the used high mark after a reset");
+    CK(cudaMemPoolDestroy(mine));
+    CK(cudaMemPoolDestroy(idle));
+    CK(cudaStreamDestroy(s));
+  }
+};
+
 // --- refusals
 
 bool Exists(const std::string& path) {
@@ -569,6 +778,21 @@ int Refuse(const std::string& dir, int argc, char** argv) {
       Hold(dir, argv[k]);
       CK(cudaFreeAsync(p, 0));
       CK(cudaStreamSynchronize(0));
+    } else if (phase == "pool-ipc") {
+      cudaMemPoolProps props{};
+      props.allocType = cudaMemAllocationTypePinned;
+      props.handleTypes = cudaMemHandleTypePosixFileDescriptor;
+      props.location.type = cudaMemLocationTypeDevice;
+      props.location.id = 0;
+      cudaMemPool_t pool;
+      CK(cudaMemPoolCreate(&pool, &props));
+      void* p = nullptr;
+      CK(cudaMallocFromPoolAsync(&p, 1 << 20, pool, 0));
+      CK(cudaStreamSynchronize(0));
+      Hold(dir, argv[k]);
+      CK(cudaFreeAsync(p, 0));
+      CK(cudaStreamSynchronize(0));
+      CK(cudaMemPoolDestroy(pool));
     } else if (phase == "vmm-fixed" || phase == "vmm") {
       ResolveVmm();
       const CUmemAllocationProp prop = DeviceProp();
@@ -600,31 +824,37 @@ int main(int argc, char** argv) {
   }
   const int steps = argc > 1 ? atoi(argv[1]) : 12;
   const int pause_ms = argc > 2 ? atoi(argv[2]) : 0;
-  bool vmm_on = false, graphs_on = false, async_on = false;
+  bool vmm_on = false, graphs_on = false, async_on = false, pools_on = false;
   for (int k = 3; k < argc; ++k) {
     vmm_on = vmm_on || std::string(argv[k]) == "vmm";
     graphs_on = graphs_on || std::string(argv[k]) == "graphs";
     async_on = async_on || std::string(argv[k]) == "async";
+    pools_on = pools_on || std::string(argv[k]) == "pools";
   }
-  if (!vmm_on && !graphs_on && !async_on) vmm_on = graphs_on = async_on = true;
+  if (!vmm_on && !graphs_on && !async_on && !pools_on)
+    vmm_on = graphs_on = async_on = pools_on = true;
   cudaStream_t s;
   CK(cudaStreamCreate(&s));
   Vmm vmm;
   Graphs graphs;
   Async async;
+  Pools pools;
   if (vmm_on) vmm.Setup();
   if (graphs_on) graphs.Setup();
   if (async_on) async.Setup();
+  if (pools_on) pools.Setup();
   for (int i = 0; i < steps; ++i) {
     std::string line = "step " + std::to_string(i);
     if (vmm_on) vmm.Step(i, s, &line);
     if (graphs_on) graphs.Step(i, &line);
     if (async_on) async.Step(i, &line);
+    if (pools_on) pools.Step(i, &line);
     printf("%s\n", line.c_str());
     fflush(stdout);
     if (pause_ms > 0) usleep(pause_ms * 1000);
   }
-  if (async_on) async.Teardown();
+  if (async_on) async.Teardown();  // (its allocations of steps 6-9 came from `mine`)
+  if (pools_on) pools.Teardown();
   if (graphs_on) graphs.Teardown();
   if (vmm_on) vmm.Teardown();
   CK(cudaStreamDestroy(s));
