@@ -262,7 +262,7 @@ bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CU
   }
   if constexpr (ChargesMemory(Op)) {
     if (*rc != CUDA_SUCCESS) {
-      s.RefundMemory(charge);
+      s.RefundMemory(charge, -1);
       return true;
     }
     if constexpr (Op == 151) {  // the pitch is known now: charge what was really taken
@@ -273,7 +273,7 @@ bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CU
           CUresult freed = s.IsSessionMapped(p) ? s.FreeMapped(p) : s.api().cuMemFree_v2(p);
           if (freed != CUDA_SUCCESS)
             FLYT_WARN("cuMemFree of an allocation over quota failed with error %d", freed);
-          s.RefundMemory(charge);
+          s.RefundMemory(charge, -1);
           *rc = CUDA_ERROR_OUT_OF_MEMORY;
           return true;
         }
@@ -398,18 +398,38 @@ Session::~Session() {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
-bool Session::ChargeMemory(uint64_t bytes) {
-  if (!state_->share.Charge(bytes)) return false;
-  if (state_->slot != nullptr) state_->slot->charged += bytes;
+int Session::CurrentDevice() const {
+  if (current_ctx_ == 0 || current_ctx_ == primary_client_) return primary_device_;
+  for (const auto& [device, ctx] : more_primaries_)
+    if (reinterpret_cast<uintptr_t>(ctx) == current_ctx_) return device;
+  auto it = user_contexts_.find(current_ctx_);
+  return it != user_contexts_.end() ? it->second.device : primary_device_;
+}
+
+namespace {
+void SubtractSat(std::atomic<uint64_t>* v, uint64_t bytes) {
+  uint64_t c = v->load();
+  while (!v->compare_exchange_weak(c, c > bytes ? c - bytes : 0)) {
+  }
+}
+}  // namespace
+
+bool Session::ChargeMemory(uint64_t bytes, int device) {
+  if (device < 0) device = CurrentDevice();
+  if (!state_->share.Charge(device, bytes)) return false;
+  if (state_->slot != nullptr) {
+    state_->slot->charged += bytes;
+    state_->slot->charged_dev[BoardDevice(device)] += bytes;
+  }
   return true;
 }
 
-void Session::RefundMemory(uint64_t bytes) {
-  state_->share.Refund(bytes);
+void Session::RefundMemory(uint64_t bytes, int device) {
+  if (device < 0) device = CurrentDevice();
+  state_->share.Refund(device, bytes);
   if (state_->slot == nullptr) return;
-  uint64_t c = state_->slot->charged.load();
-  while (!state_->slot->charged.compare_exchange_weak(c, c > bytes ? c - bytes : 0)) {
-  }
+  SubtractSat(&state_->slot->charged, bytes);
+  SubtractSat(&state_->slot->charged_dev[BoardDevice(device)], bytes);
 }
 
 void Session::NoteCaptures(int delta) {
@@ -458,14 +478,20 @@ void Session::Forget(HandleKind kind, uint64_t value) {
   if (kind == HandleKind::kGraphExec) ExecForgotten(value);
   handles_[static_cast<int>(kind)].erase(value);
   if (!user_owned_.empty()) DropContextHandle(kind, value);
-  auto refund = [&](std::unordered_map<uint64_t, uint64_t>& sizes) {
+  auto refund = [&](std::unordered_map<uint64_t, uint64_t>& sizes,
+                    std::unordered_map<uint64_t, int>& devices) {
     auto it = sizes.find(value);
     if (it == sizes.end()) return;
-    RefundMemory(it->second);
+    int device = 0;
+    if (auto d = devices.find(value); d != devices.end()) {
+      device = d->second;
+      devices.erase(d);
+    }
+    RefundMemory(it->second, device);
     sizes.erase(it);
   };
-  if (kind == HandleKind::kMemory) refund(memory_bytes_);
-  if (kind == HandleKind::kArray) refund(array_bytes_);
+  if (kind == HandleKind::kMemory) refund(memory_bytes_, memory_device_);
+  if (kind == HandleKind::kArray) refund(array_bytes_, array_device_);
   // The stream it ran on now was destroyed with it; the client's handle value
   // stays taken by the retired stream object until the session ends.
   if (kind == HandleKind::kStream) stream_map_.erase(value);
@@ -491,11 +517,18 @@ void Session::Forget(HandleKind kind, uint64_t value) {
 
 void Session::NoteAllocation(HandleKind kind, uint64_t handle, uint64_t bytes) {
   auto& sizes = kind == HandleKind::kArray ? array_bytes_ : memory_bytes_;
+  auto& devices = kind == HandleKind::kArray ? array_device_ : memory_device_;
+  const int device = CurrentDevice();  // where ChargeMemory charged it
   auto [it, fresh] = sizes.emplace(handle, bytes);
   if (!fresh) {  // an address the driver reused before the session noticed the free
-    RefundMemory(it->second);
+    auto d = devices.find(handle);
+    RefundMemory(it->second, d != devices.end() ? d->second : 0);
     it->second = bytes;
   }
+  if (device != 0)
+    devices[handle] = device;
+  else
+    devices.erase(handle);
 }
 
 CUstream Session::RealStream(uint64_t raw) const {
@@ -518,6 +551,37 @@ CUstream Session::RealStream(uint64_t raw) const {
 CUcontext Session::RealContext(uint64_t raw) const {
   if (raw != 0 && raw == primary_client_) return exec_ != nullptr ? exec_ : primary_;
   return reinterpret_cast<CUcontext>(raw);
+}
+
+CUresult Session::RetainMorePrimary(int device, uint64_t* handle) {
+  DriverApi& a = state_->api;
+  *handle = 0;
+  auto it = more_primaries_.find(device);
+  if (it == more_primaries_.end()) {
+    // A green context is the share's SM limit on primary_device_ only; on a
+    // second device the session would run on the whole GPU, so that is refused.
+    ExecConfig config = state_->share.Exec();
+    if (device >= 0 && static_cast<size_t>(device) < config.desc.size() &&
+        config.desc[device] != nullptr) {
+      static std::atomic<bool> logged{false};
+      if (!logged.exchange(true))
+        FLYT_WARN(
+            "session %llu: a second GPU under an SM share made of green contexts is not "
+            "served yet; cuDevicePrimaryCtxRetain(%d) answers CUDA_ERROR_NOT_SUPPORTED",
+            static_cast<unsigned long long>(id_), device);
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    CUcontext ctx = nullptr;
+    CUresult rc = a.cuDevicePrimaryCtxRetain(&ctx, device);
+    if (rc != CUDA_SUCCESS) return rc;
+    it = more_primaries_.emplace(device, ctx).first;
+    Adopt(HandleKind::kContext, reinterpret_cast<uintptr_t>(ctx));
+  }
+  CUresult rc = a.cuCtxSetCurrent(it->second);
+  if (rc != CUDA_SUCCESS) return rc;
+  *handle = reinterpret_cast<uintptr_t>(it->second);
+  NoteCurrentContext(*handle);
+  return CUDA_SUCCESS;
 }
 
 int64_t SteadyNowNs() {
@@ -755,6 +819,13 @@ void Session::ReleaseEverything() {
   ReleaseExec();
   if (retained_primary_) state_->api.cuDevicePrimaryCtxRelease_v2(primary_device_);
   retained_primary_ = false;
+  for (const auto& [device, ctx] : more_primaries_) {
+    CUresult rc = state_->api.cuDevicePrimaryCtxRelease_v2(device);
+    if (rc != CUDA_SUCCESS)
+      FLYT_WARN("session %llu: releasing the primary context of device %d failed (error %d)",
+                static_cast<unsigned long long>(id_), device, rc);
+  }
+  more_primaries_.clear();
 }
 
 void Session::ReleaseStaging() {
@@ -828,12 +899,22 @@ void Session::ReleaseAll() {
   ReleaseVmm();           // unmaps, releases, frees; refunds its own charges
   ReleaseMappedMemory();  // unmapped and released here, then the movable range
   // The session's memory no longer counts against the tenant's quota.
-  uint64_t charged = 0;
-  for (auto& [h, bytes] : memory_bytes_) charged += bytes;
-  for (auto& [h, bytes] : array_bytes_) charged += bytes;
+  uint64_t charged[kBoardDevices] = {};
+  auto sum = [&](const std::unordered_map<uint64_t, uint64_t>& sizes,
+                 const std::unordered_map<uint64_t, int>& devices) {
+    for (auto& [h, bytes] : sizes) {
+      auto d = devices.find(h);
+      charged[BoardDevice(d != devices.end() ? d->second : 0)] += bytes;
+    }
+  };
+  sum(memory_bytes_, memory_device_);
+  sum(array_bytes_, array_device_);
   memory_bytes_.clear();
   array_bytes_.clear();
-  RefundMemory(charged);
+  memory_device_.clear();
+  array_device_.clear();
+  for (int d = 0; d < kBoardDevices; ++d)
+    if (charged[d] != 0) RefundMemory(charged[d], d);
   // Modules of libraries go with their libraries.
   for (auto& [m, lib] : library_modules_) handles_[static_cast<int>(HandleKind::kModule)].erase(m);
   library_modules_.clear();
@@ -871,6 +952,12 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
     case ops::kOpPrimaryCtxRetain: {
       int32_t dev = 0;
       if (!in.Get(&dev) || in.remaining() != 0) return false;
+      if (retained_primary_ && dev != primary_device_) {  // another GPU of this server
+        uint64_t handle = 0;
+        *rc = RetainMorePrimary(dev, &handle);
+        out.Put<uint64_t>(handle);
+        return true;
+      }
       CUcontext ctx = nullptr;
       *rc = a.cuDevicePrimaryCtxRetain(&ctx, dev);
       if (*rc == CUDA_SUCCESS) {
@@ -939,7 +1026,7 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       size_t free_bytes = 0, total_bytes = 0;
       *rc = info(&free_bytes, &total_bytes);
       if (*rc != CUDA_SUCCESS) return true;
-      state_->share.ClampMemInfo(&free_bytes, &total_bytes);
+      state_->share.ClampMemInfo(CurrentDevice(), &free_bytes, &total_bytes);
       if (want_free) out.Put(free_bytes);
       if (want_total) out.Put(total_bytes);
       return true;
@@ -956,6 +1043,8 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       pager_.Clear();  // its managed memory goes with the rest
       ReleaseAll();
       if (keep != nullptr) Adopt(HandleKind::kContext, keep_raw);
+      for (const auto& [device, ctx] : more_primaries_)  // other GPUs' primaries stay retained
+        Adopt(HandleKind::kContext, reinterpret_cast<uintptr_t>(ctx));
       RestoreUserHandles(user);
       *rc = CUDA_SUCCESS;
       return in.remaining() == 0;
