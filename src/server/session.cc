@@ -581,7 +581,16 @@ CUresult Session::RetainMorePrimary(int device, uint64_t* handle) {
   if (rc != CUDA_SUCCESS) return rc;
   *handle = reinterpret_cast<uintptr_t>(it->second);
   NoteCurrentContext(*handle);
+  StagingFollowsDevice();
   return CUDA_SUCCESS;
+}
+
+void Session::StagingFollowsDevice() {
+  if (more_primaries_.empty()) return;  // one GPU: one context for the staging
+  const int device = CurrentDevice();
+  const int before = staging_device_ < 0 ? primary_device_ : staging_device_;
+  staging_device_ = device;
+  if (device != before) ReleaseStaging();
 }
 
 int64_t SteadyNowNs() {
@@ -985,7 +994,10 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
         return true;
       }
       *rc = a.cuCtxSetCurrent(RealContext(ctx));
-      if (*rc == CUDA_SUCCESS) NoteCurrentContext(ctx);
+      if (*rc == CUDA_SUCCESS) {
+        NoteCurrentContext(ctx);
+        StagingFollowsDevice();
+      }
       return true;
     }
     case ops::kOpCtxCreate:  // contexts the client creates: server/session_contexts.cc
@@ -1045,6 +1057,13 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       if (keep != nullptr) Adopt(HandleKind::kContext, keep_raw);
       for (const auto& [device, ctx] : more_primaries_)  // other GPUs' primaries stay retained
         Adopt(HandleKind::kContext, reinterpret_cast<uintptr_t>(ctx));
+      // ReleaseAll made the first GPU's context current: the client's stays current.
+      if (!more_primaries_.empty() && current_ctx_ != 0) {
+        CUresult cur = a.cuCtxSetCurrent(RealContext(current_ctx_));
+        if (cur != CUDA_SUCCESS)
+          FLYT_WARN("session %llu: making the client's context current again failed (error %d)",
+                    static_cast<unsigned long long>(id_), cur);
+      }
       RestoreUserHandles(user);
       *rc = CUDA_SUCCESS;
       return in.remaining() == 0;

@@ -439,6 +439,11 @@ class Session {
   std::map<int, CUcontext> more_primaries_;
   // kOpPrimaryCtxRetain of a device other than primary_device_.
   CUresult RetainMorePrimary(int device, uint64_t* handle);
+  // After the current context changed: the staging buffers' events belong to
+  // the context they were made in, so moving to another GPU releases them
+  // (made again lazily there).
+  void StagingFollowsDevice();
+  int staging_device_ = -1;     // -1: primary_device_
   CUcontext exec_ = nullptr;    // what the session's thread has current: primary_ or green_'s
   CUgreenCtx green_ = nullptr;  // this session's green context, if the share has one
   int exec_device_ = -1;        // the device exec_ belongs to
