@@ -400,8 +400,8 @@ Session::~Session() {
 
 int Session::CurrentDevice() const {
   if (current_ctx_ == 0 || current_ctx_ == primary_client_) return primary_device_;
-  for (const auto& [device, ctx] : more_primaries_)
-    if (reinterpret_cast<uintptr_t>(ctx) == current_ctx_) return device;
+  for (const auto& [device, more] : more_primaries_)
+    if (reinterpret_cast<uintptr_t>(more.primary) == current_ctx_) return device;
   auto it = user_contexts_.find(current_ctx_);
   return it != user_contexts_.end() ? it->second.device : primary_device_;
 }
@@ -533,6 +533,22 @@ void Session::NoteAllocation(HandleKind kind, uint64_t handle, uint64_t bytes) {
 
 CUstream Session::RealStream(uint64_t raw) const {
   if (current_user_ != 0 && (raw == 2 || (raw == 0 && pt_call_))) return UserDefaultStream(raw);
+  if (const MorePrimary* more = CurrentMore(); more != nullptr) {
+    if (more->green == nullptr || !(raw == 2 || (raw == 0 && pt_call_))) {
+      if (raw > 2 && !stream_map_.empty()) {
+        auto it = stream_map_.find(raw);
+        if (it != stream_map_.end()) return it->second;
+      }
+      return reinterpret_cast<CUstream>(raw);
+    }
+    // Another GPU's green context: its own stand-in per-thread default stream.
+    if (more->pt_stream == nullptr &&
+        state_->api.cuStreamCreate(&more->pt_stream, CU_STREAM_DEFAULT) != CUDA_SUCCESS) {
+      more->pt_stream = nullptr;
+      return reinterpret_cast<CUstream>(raw);  // the driver's own error follows
+    }
+    return more->pt_stream;
+  }
   if (green_ != nullptr && (raw == 2 || (raw == 0 && pt_call_))) {
     if (pt_stream_ == nullptr &&
         state_->api.cuStreamCreate(&pt_stream_, CU_STREAM_DEFAULT) != CUDA_SUCCESS) {
@@ -550,7 +566,17 @@ CUstream Session::RealStream(uint64_t raw) const {
 
 CUcontext Session::RealContext(uint64_t raw) const {
   if (raw != 0 && raw == primary_client_) return exec_ != nullptr ? exec_ : primary_;
+  for (const auto& [device, more] : more_primaries_)
+    if (raw == reinterpret_cast<uintptr_t>(more.primary)) return more.exec;
   return reinterpret_cast<CUcontext>(raw);
+}
+
+const Session::MorePrimary* Session::CurrentMore() const {
+  if (more_primaries_.empty() || current_ctx_ == 0 || current_ctx_ == primary_client_)
+    return nullptr;
+  for (const auto& [device, more] : more_primaries_)
+    if (current_ctx_ == reinterpret_cast<uintptr_t>(more.primary)) return &more;
+  return nullptr;
 }
 
 CUresult Session::RetainMorePrimary(int device, uint64_t* handle) {
@@ -558,28 +584,32 @@ CUresult Session::RetainMorePrimary(int device, uint64_t* handle) {
   *handle = 0;
   auto it = more_primaries_.find(device);
   if (it == more_primaries_.end()) {
-    // A green context is the share's SM limit on primary_device_ only; on a
-    // second device the session would run on the whole GPU, so that is refused.
-    ExecConfig config = state_->share.Exec();
-    if (device >= 0 && static_cast<size_t>(device) < config.desc.size() &&
-        config.desc[device] != nullptr) {
-      static std::atomic<bool> logged{false};
-      if (!logged.exchange(true))
-        FLYT_WARN(
-            "session %llu: a second GPU under an SM share made of green contexts is not "
-            "served yet; cuDevicePrimaryCtxRetain(%d) answers CUDA_ERROR_NOT_SUPPORTED",
-            static_cast<unsigned long long>(id_), device);
-      return CUDA_ERROR_NOT_SUPPORTED;
-    }
-    CUcontext ctx = nullptr;
-    CUresult rc = a.cuDevicePrimaryCtxRetain(&ctx, device);
+    MorePrimary more;
+    CUresult rc = a.cuDevicePrimaryCtxRetain(&more.primary, device);
     if (rc != CUDA_SUCCESS) return rc;
-    it = more_primaries_.emplace(device, ctx).first;
-    Adopt(HandleKind::kContext, reinterpret_cast<uintptr_t>(ctx));
+    // Under an SM share of green contexts this device gets one of its own, as
+    // the first did (EnterExec): the share holds on every GPU.
+    rc = MakeExec(device, state_->share.Exec(), &more.green, &more.exec);
+    if (rc != CUDA_SUCCESS) {
+      CUresult released = a.cuDevicePrimaryCtxRelease_v2(device);
+      if (released != CUDA_SUCCESS)
+        FLYT_WARN("session %llu: releasing the primary context of device %d failed (error %d)",
+                  static_cast<unsigned long long>(id_), device, released);
+      FLYT_WARN("session %llu: cannot make a green context on device %d (error %d)",
+                static_cast<unsigned long long>(id_), device, rc);
+      return rc;
+    }
+    if (more.green == nullptr)
+      more.exec = more.primary;
+    else
+      FLYT_INFO("session %llu: green context of %d SMs on device %d",
+                static_cast<unsigned long long>(id_), state_->share.Exec().sm, device);
+    it = more_primaries_.emplace(device, more).first;
+    Adopt(HandleKind::kContext, reinterpret_cast<uintptr_t>(more.primary));
   }
-  CUresult rc = a.cuCtxSetCurrent(it->second);
+  CUresult rc = a.cuCtxSetCurrent(it->second.exec);
   if (rc != CUDA_SUCCESS) return rc;
-  *handle = reinterpret_cast<uintptr_t>(it->second);
+  *handle = reinterpret_cast<uintptr_t>(it->second.primary);
   NoteCurrentContext(*handle);
   StagingFollowsDevice();
   return CUDA_SUCCESS;
@@ -825,10 +855,12 @@ void Session::ReleaseEverything() {
   ReleaseUserContexts();  // their handles first, then each context
   ReleaseAll();
   ReleaseSharedHost();
+  for (const auto& [device, more] : more_primaries_)  // destroyed with the session's own
+    if (more.green != nullptr) old_greens_.push_back(more.green);
   ReleaseExec();
   if (retained_primary_) state_->api.cuDevicePrimaryCtxRelease_v2(primary_device_);
   retained_primary_ = false;
-  for (const auto& [device, ctx] : more_primaries_) {
+  for (const auto& [device, more] : more_primaries_) {
     CUresult rc = state_->api.cuDevicePrimaryCtxRelease_v2(device);
     if (rc != CUDA_SUCCESS)
       FLYT_WARN("session %llu: releasing the primary context of device %d failed (error %d)",
@@ -871,6 +903,10 @@ void Session::ReleaseAll() {
   ReleaseIpc();  // closed, not freed: the memory is the exporter's
   if (pt_stream_ != nullptr) retired_streams_.push_back(pt_stream_);
   pt_stream_ = nullptr;
+  for (auto& [device, more] : more_primaries_) {
+    if (more.pt_stream != nullptr) retired_streams_.push_back(more.pt_stream);
+    more.pt_stream = nullptr;
+  }
   auto each = [&](HandleKind k, auto&& fn) {
     for (uint64_t h : handles_[static_cast<int>(k)]) fn(h);
     handles_[static_cast<int>(k)].clear();
@@ -1055,8 +1091,8 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       pager_.Clear();  // its managed memory goes with the rest
       ReleaseAll();
       if (keep != nullptr) Adopt(HandleKind::kContext, keep_raw);
-      for (const auto& [device, ctx] : more_primaries_)  // other GPUs' primaries stay retained
-        Adopt(HandleKind::kContext, reinterpret_cast<uintptr_t>(ctx));
+      for (const auto& [device, more] : more_primaries_)  // other GPUs' primaries stay retained
+        Adopt(HandleKind::kContext, reinterpret_cast<uintptr_t>(more.primary));
       // ReleaseAll made the first GPU's context current: the client's stays current.
       if (!more_primaries_.empty() && current_ctx_ != 0) {
         CUresult cur = a.cuCtxSetCurrent(RealContext(current_ctx_));

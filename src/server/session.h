@@ -433,10 +433,20 @@ class Session {
   CUcontext primary_ = nullptr;  // the client's handle for its context
   int primary_device_ = 0;
   // Primary contexts of the server's other devices, retained after the first
-  // (primary_device_): by device, the context (it is also the client's handle).
-  // They run on the whole GPU; the session's execution context (green or
-  // not), live SM changes and moves concern primary_device_ only.
-  std::map<int, CUcontext> more_primaries_;
+  // (primary_device_): by device, the context (its value is also the client's
+  // handle) and, under an SM share of green contexts, the session's green
+  // context of that device, which RealContext gives for the handle, with its
+  // stand-in per-thread default stream. Live SM changes and moves concern
+  // primary_device_ only: another device keeps the size it was made with.
+  struct MorePrimary {
+    CUcontext primary = nullptr;
+    CUgreenCtx green = nullptr;
+    CUcontext exec = nullptr;  // green's context, else primary
+    mutable CUstream pt_stream = nullptr;
+  };
+  std::map<int, MorePrimary> more_primaries_;
+  // The entry of more_primaries_ whose context is current, or null.
+  const MorePrimary* CurrentMore() const;
   // kOpPrimaryCtxRetain of a device other than primary_device_.
   CUresult RetainMorePrimary(int device, uint64_t* handle);
   // After the current context changed: the staging buffers' events belong to

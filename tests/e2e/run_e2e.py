@@ -1872,6 +1872,23 @@ class E2E(unittest.TestCase):
         self.assert_stats(srv, sessions=0, memory_used=0)
         self.stop_server(srv)
 
+    def test_p2p_devices_green_share(self):
+        """Under an SM share made of green contexts (`--sim-green-contexts --sm-count 16`)
+        each GPU of the session gets a green context of the share: p2p_devices passes, and
+        the server logs a green context for each of the two devices."""
+        srv = self.start_server(extra_args=["--sim-devices", "2", "--sim-green-contexts",
+                                            "--sm-count", "16"])
+        res = self.run_ok(srv, CFG.transports[0], "p2p_devices", CFG.variants[0],
+                          log_level="warn")
+        kv = self.kv(res)
+        for key, want in self.P2P_EXPECTED:
+            self.assertEqual(kv.get(key), want, "%s\n%s" % (key, res.describe()))
+        res = self.run_ok(srv, CFG.transports[0], "p2p_devices", CFG.variants[0],
+                          args=("second",), log_level="warn")
+        self.assertEqual(self.kv(res).get("second_device"), "cudaSuccess", res.describe())
+        self.assertIn("green context of 16 SMs on device 1", srv.logs())
+        self.stop_server(srv)
+
     def test_p2p_devices_one_gpu(self):
         """p2p_devices against a one-GPU server (the default): it says it needs two GPUs
         ("skip=...") and passes, as it does natively on a one-GPU machine."""

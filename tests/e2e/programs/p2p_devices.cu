@@ -17,6 +17,8 @@
 // `p2p_devices quota BYTES` (a server with --memory-quota BYTES): the quota
 // holds per GPU: three quarters of it on each device both succeed, half more
 // on device 0 is out of memory, and cudaMemGetInfo shows each device's own use.
+// `p2p_devices second`: only makes device 1 current and initialises it, then
+// prints the runtime's answer (second_device=NAME).
 #include <vector>
 
 #include "e2e_common.h"
@@ -100,6 +102,16 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc > 2 && strcmp(argv[1], "quota") == 0) return QuotaMode(strtoull(argv[2], nullptr, 10));
+  if (argc > 1 && strcmp(argv[1], "second") == 0) {
+    e2e::Step("second device");
+    CK(cudaSetDevice(0));
+    CK(cudaFree(nullptr));  // device 0's context first, as most apps
+    CK(cudaSetDevice(1));
+    cudaError_t err = cudaFree(nullptr);  // device 1's primary context
+    printf("second_device=%s\n", cudaGetErrorName(err));
+    e2e::Pass();
+    return 0;
+  }
   printf("device_count=%d\n", count);
   for (int d = 0; d < 2; ++d) {
     cudaDeviceProp prop{};
