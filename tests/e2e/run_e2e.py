@@ -1889,6 +1889,28 @@ class E2E(unittest.TestCase):
         self.assertIn("green context of 16 SMs on device 1", srv.logs())
         self.stop_server(srv)
 
+    def test_p2p_devices_migrate_refused(self):
+        """A session that uses two GPUs of its server is not movable yet: a migrate is
+        refused at the park, saying so, and the program goes on where it is and passes."""
+        a = self.start_server(control=True, extra_args=["--sim-devices", "2"])
+        b = self.start_server(control=True, extra_args=["--sim-devices", "2"])
+        gate = os.path.join(tempfile.mkdtemp(dir=self.tmp), "release")
+        prog = RunningProgram(self.tmp, a, "tcp", program_path("p2p_devices", CFG.variants[0]),
+                              ("hold", gate))
+        try:
+            if prog.wait_line(r"^holding$") is None:
+                self.fail("p2p_devices never held\n" + prog.finish(5).describe())
+            n, answer = self._migrate_answer(a, "migrate", "moved", to=b.url("tcp"), token=TOKEN)
+            self.assertEqual((n, answer.get("stayed")), (0, 1), answer)
+            message = answer["sessions"][0]["message"]
+            self.assertIn("several GPUs", message, answer)
+        finally:
+            open(gate, "w").close()
+        res = prog.finish(60)
+        self.assert_passed(res, "p2p_devices", a)
+        self.stop_server(a)
+        self.stop_server(b)
+
     def test_p2p_devices_one_gpu(self):
         """p2p_devices against a one-GPU server (the default): it says it needs two GPUs
         ("skip=...") and passes, as it does natively on a one-GPU machine."""

@@ -19,6 +19,10 @@
 // on device 0 is out of memory, and cudaMemGetInfo shows each device's own use.
 // `p2p_devices second`: only makes device 1 current and initialises it, then
 // prints the runtime's answer (second_device=NAME).
+// `p2p_devices hold FILE`: memory on both devices, prints "holding" and keeps
+// calling CUDA until FILE exists (a move of the session is asked meanwhile).
+#include <sys/stat.h>
+
 #include <vector>
 
 #include "e2e_common.h"
@@ -102,6 +106,28 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc > 2 && strcmp(argv[1], "quota") == 0) return QuotaMode(strtoull(argv[2], nullptr, 10));
+  if (argc > 2 && strcmp(argv[1], "hold") == 0) {
+    e2e::Step("hold");
+    void* p[2] = {nullptr, nullptr};
+    for (int d = 0; d < 2; ++d) {
+      CK(cudaSetDevice(d));
+      CK(cudaMalloc(&p[d], 1 << 20));
+    }
+    printf("holding\n");
+    fflush(stdout);
+    struct stat st;
+    for (int i = 0; i < 3000 && stat(argv[2], &st) != 0; ++i) {
+      CK(cudaStreamQuery(0));
+      usleep(20000);
+    }
+    EXPECT(stat(argv[2], &st) == 0, "nobody released the hold");
+    for (int d = 0; d < 2; ++d) {
+      CK(cudaSetDevice(d));
+      CK(cudaFree(p[d]));
+    }
+    e2e::Pass();
+    return 0;
+  }
   if (argc > 1 && strcmp(argv[1], "second") == 0) {
     e2e::Step("second device");
     CK(cudaSetDevice(0));
