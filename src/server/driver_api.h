@@ -142,6 +142,7 @@ namespace flyt::server {
   X(cuGraphExecHostNodeSetParams)         \
   X(cuGraphInstantiateWithParams)         \
   X(cuDeviceGetHostAtomicCapabilities)    \
+  X(cuDeviceGetP2PAtomicCapabilities)     \
   X(cuPointerSetAttribute)                \
   X(cuOccupancyMaxPotentialClusterSize)   \
   X(cuCtxSetFlags)

@@ -4075,7 +4075,7 @@ CUresult simCtxSetFlags(unsigned flags) {
 // unsigned on 32 and 64 bits, float operations on 32 and 64 bits.
 CUresult simDeviceGetHostAtomicCapabilities(unsigned* caps, const CUatomicOperation* ops,
                                             unsigned count, CUdevice dev) {
-  if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+  if (!ValidDevice(dev)) return CUDA_ERROR_INVALID_DEVICE;
   if (caps == nullptr || ops == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
   for (unsigned i = 0; i < count; ++i)
     if (ops[i] < 0 || ops[i] >= CU_ATOMIC_OPERATION_MAX) return CUDA_ERROR_INVALID_VALUE;
@@ -4084,6 +4084,16 @@ CUresult simDeviceGetHostAtomicCapabilities(unsigned* caps, const CUatomicOperat
     caps[i] = CU_ATOMIC_CAPABILITY_SCALAR_32 | CU_ATOMIC_CAPABILITY_SCALAR_64 |
               (fp ? 0u : CU_ATOMIC_CAPABILITY_SIGNED | CU_ATOMIC_CAPABILITY_UNSIGNED);
   }
+  return CUDA_SUCCESS;
+}
+// Between two sim GPUs (a PCIe board): no peer atomics, as NATIVE_ATOMIC_SUPPORTED says.
+CUresult simDeviceGetP2PAtomicCapabilities(unsigned* caps, const CUatomicOperation* ops,
+                                           unsigned count, CUdevice src, CUdevice dst) {
+  if (!ValidDevice(src) || !ValidDevice(dst) || src == dst) return CUDA_ERROR_INVALID_DEVICE;
+  if (caps == nullptr || ops == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+  for (unsigned i = 0; i < count; ++i)
+    if (ops[i] < 0 || ops[i] >= CU_ATOMIC_OPERATION_MAX) return CUDA_ERROR_INVALID_VALUE;
+  for (unsigned i = 0; i < count; ++i) caps[i] = 0;
   return CUDA_SUCCESS;
 }
 CUresult simPointerSetAttribute(const void* value, CUpointer_attribute attr, CUdeviceptr ptr) {
@@ -4353,6 +4363,7 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuCtxGetExecAffinity = simCtxGetExecAffinity;
   a->cuCtxSetFlags = simCtxSetFlags;
   a->cuDeviceGetHostAtomicCapabilities = simDeviceGetHostAtomicCapabilities;
+  a->cuDeviceGetP2PAtomicCapabilities = simDeviceGetP2PAtomicCapabilities;
   a->cuPointerSetAttribute = simPointerSetAttribute;
   a->cuOccupancyMaxPotentialClusterSize = simOccupancyMaxPotentialClusterSize;
   a->cuLibraryGetModule = simLibraryGetModule;

@@ -1814,7 +1814,8 @@ class E2E(unittest.TestCase):
         ("device_count", "2"), ("device0.unified_addressing", "1"), ("distinct_uuid", "1"),
         ("distinct_pci", "1"), ("by_pci_bus_id", "1"), ("can_access.0_1", "1"),
         ("can_access.1_0", "1"), ("can_access.self", "0"), ("p2p_attr.access_supported", "1"),
-        ("p2p_attr.performance_rank", "0"), ("pointer_device.0", "0"),
+        ("p2p_attr.performance_rank", "0"), ("p2p_atomic_caps.int_add", "0"),
+        ("p2p_atomic_caps.float_add", "0"), ("pointer_device.0", "0"),
         ("pointer_device.1", "1"), ("current_after_switch", "1"), ("enable.both_ways", "1"),
         ("enable.self", "refused"), ("peer_copies", "20"), ("memcpy_default", "ok"),
         ("stream1_device", "1"), ("streams_events", "ok"), ("disable.not_enabled", "refused"))

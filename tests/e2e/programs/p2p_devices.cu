@@ -181,6 +181,13 @@ int main(int argc, char** argv) {
   EXPECT(access == can01, "access supported %d, canAccessPeer %d", access, can01);
   EXPECT_ERR(cudaDeviceGetP2PAttribute(&access, cudaDevP2PAttrAccessSupported, 0, 0),
              cudaErrorInvalidDevice);
+  {
+    const cudaAtomicOperation ops[2] = {cudaAtomicOperationIntegerAdd, cudaAtomicOperationFloatAdd};
+    unsigned caps[2] = {99, 99};
+    CK(cudaDeviceGetP2PAtomicCapabilities(caps, ops, 2, 0, 1));
+    printf("p2p_atomic_caps.int_add=%u\n", caps[0]);
+    printf("p2p_atomic_caps.float_add=%u\n", caps[1]);
+  }
 
   e2e::Step("allocate on both");
   const size_t kBytes = (3u << 20) + 4099;  // odd: not a multiple of any chunk
