@@ -140,7 +140,8 @@ flyt::server::ServerState* State() {
     if (flyt::server::TenantBoard::Create(&board).ok()) {
       s->board = board.get();
       s->slot = &board->layout().slots[0];
-      s->share.UseCounters(&board->layout().memory_used, &board->layout().memory_quota);
+      s->share.UseCounters(&board->layout().memory_used, &board->layout().memory_quota,
+                           board->layout().memory_used_dev);
     }
     return s;
   }();

@@ -8,6 +8,7 @@
 
 #include <strings.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 
@@ -210,10 +211,31 @@ FLYT_API CUresult cuDeviceGetByPCIBusId(CUdevice* dev, const char* id) {
   return CUDA_ERROR_INVALID_DEVICE;
 }
 
+// Peer capability is the server's driver's answer (NVLink or PCIe P2P between
+// two GPUs of the server), asked once per ordered pair and kept: it does not
+// change while the process runs. A device is never its own peer.
 FLYT_API CUresult cuDeviceCanAccessPeer(int* can, CUdevice a, CUdevice b) {
-  if (Dev(a) == nullptr || Dev(b) == nullptr) return CUDA_ERROR_INVALID_DEVICE;
   if (can == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *can = 0;
+  if (Dev(a) == nullptr || Dev(b) == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+  if (a == b) {
+    *can = 0;
+    return CUDA_SUCCESS;
+  }
+  constexpr int kPairs = 64;                          // ordinals below 64 are kept
+  static std::atomic<int8_t> known[kPairs * kPairs];  // 0 unknown, 1 no, 2 yes
+  const bool keep = a < kPairs && b < kPairs;
+  if (keep) {
+    int8_t k = known[a * kPairs + b].load(std::memory_order_relaxed);
+    if (k != 0) {
+      *can = k == 2 ? 1 : 0;
+      return CUDA_SUCCESS;
+    }
+  }
+  int answer = 0;
+  CUresult rc = Forward<283, true, false>("cuDeviceCanAccessPeer", &answer, a, b);
+  if (rc != CUDA_SUCCESS) return rc;
+  if (keep) known[a * kPairs + b].store(answer ? 2 : 1, std::memory_order_relaxed);
+  *can = answer;
   return CUDA_SUCCESS;
 }
 

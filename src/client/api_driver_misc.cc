@@ -2,8 +2,8 @@
 // library and the library of a kernel (answered here when this process knows
 // the answer exactly), a kernel node's parameters (in memory this library owns,
 // as the driver's are the node's), cuGraphInstantiateWithParams and the CUDA
-// 10/11 cuGraphInstantiate, context flags and execution affinity, host atomic
-// capabilities, cuPointerSetAttribute and the stream memory operations of the
+// 10/11 cuGraphInstantiate, context flags and execution affinity, host and
+// peer atomic capabilities, cuPointerSetAttribute and the stream memory operations of the
 // ABI before CUDA 11.7. They reach the server through kOpDriverMisc
 // (protocol/ops.h, server/session_driver_misc.cc) and kOpGraphNodeQuery.
 //
@@ -397,6 +397,37 @@ FLYT_API CUresult cuDeviceGetHostAtomicCapabilities(unsigned int* caps,
     for (unsigned i = 0; i < n; ++i) w.Put<uint32_t>(static_cast<uint32_t>(operations[at + i]));
     std::vector<uint8_t> reply;
     CUresult rc = Misc("cuDeviceGetHostAtomicCapabilities", w, &reply);
+    if (rc != CUDA_SUCCESS) return rc;
+    wire::Reader r(reply.data(), reply.size());
+    for (unsigned i = 0; i < n; ++i) {
+      uint32_t v = 0;
+      if (!r.Get(&v)) return CUDA_ERROR_UNKNOWN;
+      caps[at + i] = v;
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+// Atomic operations between two GPUs of the server, as its driver answers
+// (NVLink or PCIe); asked in pieces as the host's are.
+FLYT_API CUresult cuDeviceGetP2PAtomicCapabilities(unsigned int* caps,
+                                                   const CUatomicOperation* operations,
+                                                   unsigned int count, CUdevice src, CUdevice dst) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (src < 0 || src >= c.device_count() || dst < 0 || dst >= c.device_count())
+    return CUDA_ERROR_INVALID_DEVICE;
+  if (caps == nullptr || operations == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+  for (unsigned at = 0; at < count; at += ops::kMaxAtomicOps) {
+    const unsigned n = std::min<unsigned>(count - at, ops::kMaxAtomicOps);
+    wire::Writer w;
+    w.Put<uint8_t>(ops::kDriverMiscP2PAtomicCaps);
+    w.Put<int32_t>(src);
+    w.Put<int32_t>(dst);
+    w.Put<uint32_t>(n);
+    for (unsigned i = 0; i < n; ++i) w.Put<uint32_t>(static_cast<uint32_t>(operations[at + i]));
+    std::vector<uint8_t> reply;
+    CUresult rc = Misc("cuDeviceGetP2PAtomicCapabilities", w, &reply);
     if (rc != CUDA_SUCCESS) return rc;
     wire::Reader r(reply.data(), reply.size());
     for (unsigned i = 0; i < n; ++i) {

@@ -837,9 +837,12 @@ CUresult PointerAttribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr,
     size = hb.size;
   }
   CUcontext ctx = nullptr;
+  int ordinal = 0;  // the device of the allocation's context (several GPUs per server)
   if ((dev || host) && c.device_count() > 0) {
     CUcontext cur = flyt::client::CurrentContext();
     ctx = cur;
+    CUcontext owner = nullptr;
+    if (dev && c.DeviceRangeOwner(base, &owner, &ordinal) && owner != nullptr) ctx = owner;
   }
   switch (attr) {
     case CU_POINTER_ATTRIBUTE_CONTEXT:
@@ -896,7 +899,7 @@ CUresult PointerAttribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr,
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
       if (!dev && !host && !lenient) return CUDA_ERROR_INVALID_VALUE;
-      *static_cast<int*>(data) = (dev || host) ? 0 : -2;
+      *static_cast<int*>(data) = dev ? ordinal : (host ? 0 : -2);
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
       if (!dev && !host && !lenient) return CUDA_ERROR_INVALID_VALUE;

@@ -893,6 +893,7 @@ CUresult Client::ResetPrimary(CUdevice dev) {
   for (auto& [base, r] : device_ranges_)
     if (r.second) munmap(reinterpret_cast<void*>(base), r.first);
   device_ranges_.clear();
+  range_owner_.clear();
   ForgetVmmLocked();
   funcs_.clear();
   images_.clear();
@@ -1004,8 +1005,20 @@ bool HoldAddressRange(uint64_t base, uint64_t size) {
 
 void Client::AddDeviceRange(uint64_t base, uint64_t size, bool reserve_va) {
   const bool reserved = reserve_va && HoldAddressRange(base, size);
+  CUcontext ctx = CurrentContext();
+  const int dev = ContextDevice(ctx);
   std::lock_guard<std::mutex> lock(state_mu_);
   device_ranges_[base] = {size, reserved};
+  range_owner_[base] = {ctx, dev < 0 ? 0 : dev};
+}
+
+bool Client::DeviceRangeOwner(uint64_t base, CUcontext* ctx, int* device) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  auto it = range_owner_.find(base);
+  if (it == range_owner_.end()) return false;
+  *ctx = it->second.first;
+  *device = it->second.second;
+  return true;
 }
 
 bool Client::RemoveDeviceRange(uint64_t base) {
@@ -1014,6 +1027,7 @@ bool Client::RemoveDeviceRange(uint64_t base) {
   if (it == device_ranges_.end()) return false;
   if (it->second.second) munmap(reinterpret_cast<void*>(base), it->second.first);
   device_ranges_.erase(it);
+  range_owner_.erase(base);
   ForgetSyncMemops(base);
   return true;
 }

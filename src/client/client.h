@@ -174,6 +174,9 @@ class Client {
   bool RemoveDeviceRange(uint64_t base);
   // True when [p, p+n) lies in a known device range; *base/*size describe it.
   bool FindDeviceRange(uint64_t p, uint64_t n, uint64_t* base = nullptr, uint64_t* size = nullptr);
+  // The context current when the range at `base` was added, and its device
+  // (pointer attributes CONTEXT and DEVICE_ORDINAL); false for an unknown base.
+  bool DeviceRangeOwner(uint64_t base, CUcontext* ctx, int* device);
   struct HostBuffer {
     uintptr_t base = 0;
     size_t size = 0;
@@ -418,8 +421,10 @@ class Client {
   std::unordered_map<CUcontext, CreatedContext> created_contexts_;  // cuCtxCreate
   uint64_t next_context_id_ = 0;  // ids after the primaries' (1..device count)
   std::map<uint64_t, std::pair<uint64_t, bool>> device_ranges_;  // base -> size, reserved
-  std::map<uintptr_t, HostBuffer> host_buffers_;                 // by base
-  std::atomic<int64_t> unmapped_pinned_{0};  // host_buffers_ without a device pointer
+  // base -> the context current at its allocation, and that context's device.
+  std::map<uint64_t, std::pair<CUcontext, int>> range_owner_;
+  std::map<uintptr_t, HostBuffer> host_buffers_;  // by base
+  std::atomic<int64_t> unmapped_pinned_{0};       // host_buffers_ without a device pointer
   std::atomic<uint64_t> pinned_lo_{UINT64_MAX}, pinned_hi_{0};  // all buffers ever held
   // Virtual memory (client/api_vmm.cc).
   std::map<uint64_t, std::pair<uint64_t, bool>> vmm_reserved_;  // base -> size, host VA held

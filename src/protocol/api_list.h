@@ -53,6 +53,12 @@
 // attribute that names an event runs through the session, which lets only the
 // session's own events reach the driver (server/session_vmm.h).
 //
+// Peer access (283-286) is SYNC: apps check each answer at once (enabling
+// twice answers CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED). The server's driver
+// decides; the peer context travels as the client's handle and is translated.
+// cuDeviceCanAccessPeer is checked on the client for bad ordinals first
+// (client/api_device.cc). Peer copies (174-175) are generic ASYNC calls.
+//
 // Stream memory operations (259-262) are SYNC: the driver checks address, alignment
 // and flags at the call and apps test the result at once; the wait itself still
 // happens on the GPU, in stream order.
@@ -185,7 +191,11 @@
   X(279, cuGraphEventWaitNodeSetEvent, SYNC, None)                         \
   X(280, cuGraphExecEventRecordNodeSetEvent, SYNC, None)                   \
   X(281, cuGraphExecEventWaitNodeSetEvent, SYNC, None)                     \
-  X(282, cuCtxGetExecAffinity, SYNC, None)
+  X(282, cuCtxGetExecAffinity, SYNC, None)                                 \
+  X(283, cuDeviceCanAccessPeer, SYNC, None)                                \
+  X(284, cuCtxEnablePeerAccess, SYNC, None)                                \
+  X(285, cuCtxDisablePeerAccess, SYNC, None)                               \
+  X(286, cuDeviceGetP2PAttribute, SYNC, None)
 
 // Generic calls whose client entry point is hand-written because the client
 // keeps state about them (client/api_*.cc calls Forward<> itself).
@@ -246,4 +256,5 @@
   X(cuMemMap)                                             \
   X(cuMemUnmap)                                           \
   X(cuCtxGetExecAffinity)                                 \
+  X(cuDeviceCanAccessPeer)                                \
   X(cuGraphKernelNodeCopyAttributes)

@@ -384,6 +384,8 @@ enum : uint8_t {
   kDriverMiscStreamMemOpV1 = 6,
   kDriverMiscCtxSetFlags = 7,
   kDriverMiscCtxGetFlags = 8,  // reply: u32 the current context's flags, as the driver has them
+  // i32 src i32 dst u32 n, n x u32 operation -> n x u32 capabilities
+  kDriverMiscP2PAtomicCaps = 9,
 };
 enum : uint8_t {
   kMemOpV1Wait32 = 0,

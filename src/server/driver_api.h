@@ -142,6 +142,7 @@ namespace flyt::server {
   X(cuGraphExecHostNodeSetParams)         \
   X(cuGraphInstantiateWithParams)         \
   X(cuDeviceGetHostAtomicCapabilities)    \
+  X(cuDeviceGetP2PAtomicCapabilities)     \
   X(cuPointerSetAttribute)                \
   X(cuOccupancyMaxPotentialClusterSize)   \
   X(cuCtxSetFlags)
@@ -192,6 +193,11 @@ struct SimOptions {
   // context current at their creation), so that tests can drive the server's
   // live SM changes without a GPU.
   bool green_contexts = false;
+  // Devices the sim presents (--sim-devices N, at most 16), each with
+  // memory_bytes of its own; peer-capable among themselves unless `peer` is
+  // false (--sim-no-peer: as GPUs without P2P).
+  int devices = 1;
+  bool peer = true;
 };
 // Fills the table with the sim backend: host memory, recorded launches, no kernels.
 Status LoadSimDriver(const SimOptions& options, DriverApi* api);

@@ -38,7 +38,8 @@ void Usage() {
       stderr,
       "usage: flyt-server [--listen ADDR]... [--backend cuda|sim] [--token TOKEN]\n"
       "                   [--memory-quota BYTES] [--sm-count N] [--control unix:///PATH]\n"
-      "                   [--sim-record FILE] [--sim-green-contexts] [--emulate SPEC]\n"
+      "                   [--sim-record FILE] [--sim-green-contexts] [--sim-devices N]\n"
+      "                   [--sim-no-peer] [--emulate SPEC]\n"
       "                   [--shm-backing memfd|file:DIR] [--worker-pool N] [--movable-memory]\n"
       "                   [--tls-cert PEM --tls-key PEM [--tls-ca PEM]]\n"
       "  ADDR: tcp://HOST:PORT (default tcp://0.0.0.0:14833; port 0: the kernel picks),\n"
@@ -48,13 +49,14 @@ void Usage() {
       "  --shm-backing: where shm:// segments live: memfd (default, sealed) or file:DIR\n"
       "        (a file in DIR, unlinked at once; default: $FLYT_SHM_BACKING)\n"
       "  --token: credential clients must present (default: $FLYT_TOKEN, else none)\n"
-      "  --memory-quota: device memory all sessions together may allocate (suffix K, M, G,\n"
-      "        T: binary multiples); 0 (default) = no quota\n"
+      "  --memory-quota: device memory all sessions together may allocate on each GPU\n"
+      "        (suffix K, M, G, T: binary multiples); 0 (default) = no quota\n"
       "  --sm-count: SMs the tenant's kernels run on (green contexts, or MPS's\n"
       "        CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); 0 (default) = the whole GPU\n"
       "  --control: JSON control socket (stats, set-share), created 0600\n"
       "  --backend sim: host memory, records launches, runs no kernel (testing only);\n"
-      "        --sim-green-contexts gives it fake green contexts\n"
+      "        --sim-green-contexts gives it fake green contexts; --sim-devices N (1..16,\n"
+      "        default 1) presents N devices, peer-capable unless --sim-no-peer\n"
       "  --emulate: delay replies as a network would, e.g. rtt=100us,bandwidth=1gbit\n"
       "        (default: $FLYT_EMULATE or $FLYT_EMULATE_FILE; docs/emulator.md)\n"
       "  --worker-pool: workers kept started, CUDA initialised, for the next clients\n"
@@ -140,6 +142,18 @@ int main(int argc, char** argv) {
       options.sim.record_path = value("--sim-record");
     } else if (arg == "--sim-green-contexts") {
       options.sim.green_contexts = true;
+    } else if (arg == "--sim-devices") {
+      std::string v = value("--sim-devices");
+      char* end = nullptr;
+      long n = std::strtol(v.c_str(), &end, 10);
+      if (end == v.c_str() || *end != '\0' || n < 1 || n > 16) {
+        std::fprintf(stderr, "flyt-server: --sim-devices '%s' is not a count from 1 to 16\n",
+                     v.c_str());
+        return 2;
+      }
+      options.sim.devices = static_cast<int>(n);
+    } else if (arg == "--sim-no-peer") {
+      options.sim.peer = false;
     } else if (arg == "--memory-quota") {
       std::string v = value("--memory-quota");
       if (!server::ParseByteCount(v, &options.share.memory_quota)) {
@@ -242,7 +256,8 @@ int main(int argc, char** argv) {
     // The main process holds no context: the workers make (and probe) the
     // green contexts of the share.
     state->board = board.get();
-    state->share.UseCounters(&board->layout().memory_used, &board->layout().memory_quota);
+    state->share.UseCounters(&board->layout().memory_used, &board->layout().memory_quota,
+                             board->layout().memory_used_dev);
     server::ShareOptions share = options.share;
     share.probe = false;
     st = state->share.Init(&state->api, state->devices, share);

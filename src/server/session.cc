@@ -263,7 +263,7 @@ bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CU
   }
   if constexpr (ChargesMemory(Op)) {
     if (*rc != CUDA_SUCCESS) {
-      s.RefundMemory(charge);
+      s.RefundMemory(charge, -1);
       return true;
     }
     if constexpr (Op == 151) {  // the pitch is known now: charge what was really taken
@@ -274,7 +274,7 @@ bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CU
           CUresult freed = s.IsSessionMapped(p) ? s.FreeMapped(p) : s.api().cuMemFree_v2(p);
           if (freed != CUDA_SUCCESS)
             FLYT_WARN("cuMemFree of an allocation over quota failed with error %d", freed);
-          s.RefundMemory(charge);
+          s.RefundMemory(charge, -1);
           *rc = CUDA_ERROR_OUT_OF_MEMORY;
           return true;
         }
@@ -399,18 +399,38 @@ Session::~Session() {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
-bool Session::ChargeMemory(uint64_t bytes) {
-  if (!state_->share.Charge(bytes)) return false;
-  if (state_->slot != nullptr) state_->slot->charged += bytes;
+int Session::CurrentDevice() const {
+  if (current_ctx_ == 0 || current_ctx_ == primary_client_) return primary_device_;
+  for (const auto& [device, more] : more_primaries_)
+    if (reinterpret_cast<uintptr_t>(more.primary) == current_ctx_) return device;
+  auto it = user_contexts_.find(current_ctx_);
+  return it != user_contexts_.end() ? it->second.device : primary_device_;
+}
+
+namespace {
+void SubtractSat(std::atomic<uint64_t>* v, uint64_t bytes) {
+  uint64_t c = v->load();
+  while (!v->compare_exchange_weak(c, c > bytes ? c - bytes : 0)) {
+  }
+}
+}  // namespace
+
+bool Session::ChargeMemory(uint64_t bytes, int device) {
+  if (device < 0) device = CurrentDevice();
+  if (!state_->share.Charge(device, bytes)) return false;
+  if (state_->slot != nullptr) {
+    state_->slot->charged += bytes;
+    state_->slot->charged_dev[BoardDevice(device)] += bytes;
+  }
   return true;
 }
 
-void Session::RefundMemory(uint64_t bytes) {
-  state_->share.Refund(bytes);
+void Session::RefundMemory(uint64_t bytes, int device) {
+  if (device < 0) device = CurrentDevice();
+  state_->share.Refund(device, bytes);
   if (state_->slot == nullptr) return;
-  uint64_t c = state_->slot->charged.load();
-  while (!state_->slot->charged.compare_exchange_weak(c, c > bytes ? c - bytes : 0)) {
-  }
+  SubtractSat(&state_->slot->charged, bytes);
+  SubtractSat(&state_->slot->charged_dev[BoardDevice(device)], bytes);
 }
 
 void Session::NoteCaptures(int delta) {
@@ -459,14 +479,20 @@ void Session::Forget(HandleKind kind, uint64_t value) {
   if (kind == HandleKind::kGraphExec) ExecForgotten(value);
   handles_[static_cast<int>(kind)].erase(value);
   if (!user_owned_.empty()) DropContextHandle(kind, value);
-  auto refund = [&](std::unordered_map<uint64_t, uint64_t>& sizes) {
+  auto refund = [&](std::unordered_map<uint64_t, uint64_t>& sizes,
+                    std::unordered_map<uint64_t, int>& devices) {
     auto it = sizes.find(value);
     if (it == sizes.end()) return;
-    RefundMemory(it->second);
+    int device = 0;
+    if (auto d = devices.find(value); d != devices.end()) {
+      device = d->second;
+      devices.erase(d);
+    }
+    RefundMemory(it->second, device);
     sizes.erase(it);
   };
-  if (kind == HandleKind::kMemory) refund(memory_bytes_);
-  if (kind == HandleKind::kArray) refund(array_bytes_);
+  if (kind == HandleKind::kMemory) refund(memory_bytes_, memory_device_);
+  if (kind == HandleKind::kArray) refund(array_bytes_, array_device_);
   // The stream it ran on now was destroyed with it; the client's handle value
   // stays taken by the retired stream object until the session ends.
   if (kind == HandleKind::kStream) stream_map_.erase(value);
@@ -492,15 +518,38 @@ void Session::Forget(HandleKind kind, uint64_t value) {
 
 void Session::NoteAllocation(HandleKind kind, uint64_t handle, uint64_t bytes) {
   auto& sizes = kind == HandleKind::kArray ? array_bytes_ : memory_bytes_;
+  auto& devices = kind == HandleKind::kArray ? array_device_ : memory_device_;
+  const int device = CurrentDevice();  // where ChargeMemory charged it
   auto [it, fresh] = sizes.emplace(handle, bytes);
   if (!fresh) {  // an address the driver reused before the session noticed the free
-    RefundMemory(it->second);
+    auto d = devices.find(handle);
+    RefundMemory(it->second, d != devices.end() ? d->second : 0);
     it->second = bytes;
   }
+  if (device != 0)
+    devices[handle] = device;
+  else
+    devices.erase(handle);
 }
 
 CUstream Session::RealStream(uint64_t raw) const {
   if (current_user_ != 0 && (raw == 2 || (raw == 0 && pt_call_))) return UserDefaultStream(raw);
+  if (const MorePrimary* more = CurrentMore(); more != nullptr) {
+    if (more->green == nullptr || !(raw == 2 || (raw == 0 && pt_call_))) {
+      if (raw > 2 && !stream_map_.empty()) {
+        auto it = stream_map_.find(raw);
+        if (it != stream_map_.end()) return it->second;
+      }
+      return reinterpret_cast<CUstream>(raw);
+    }
+    // Another GPU's green context: its own stand-in per-thread default stream.
+    if (more->pt_stream == nullptr &&
+        state_->api.cuStreamCreate(&more->pt_stream, CU_STREAM_DEFAULT) != CUDA_SUCCESS) {
+      more->pt_stream = nullptr;
+      return reinterpret_cast<CUstream>(raw);  // the driver's own error follows
+    }
+    return more->pt_stream;
+  }
   if (green_ != nullptr && (raw == 2 || (raw == 0 && pt_call_))) {
     if (pt_stream_ == nullptr &&
         state_->api.cuStreamCreate(&pt_stream_, CU_STREAM_DEFAULT) != CUDA_SUCCESS) {
@@ -518,7 +567,61 @@ CUstream Session::RealStream(uint64_t raw) const {
 
 CUcontext Session::RealContext(uint64_t raw) const {
   if (raw != 0 && raw == primary_client_) return exec_ != nullptr ? exec_ : primary_;
+  for (const auto& [device, more] : more_primaries_)
+    if (raw == reinterpret_cast<uintptr_t>(more.primary)) return more.exec;
   return reinterpret_cast<CUcontext>(raw);
+}
+
+const Session::MorePrimary* Session::CurrentMore() const {
+  if (more_primaries_.empty() || current_ctx_ == 0 || current_ctx_ == primary_client_)
+    return nullptr;
+  for (const auto& [device, more] : more_primaries_)
+    if (current_ctx_ == reinterpret_cast<uintptr_t>(more.primary)) return &more;
+  return nullptr;
+}
+
+CUresult Session::RetainMorePrimary(int device, uint64_t* handle) {
+  DriverApi& a = state_->api;
+  *handle = 0;
+  auto it = more_primaries_.find(device);
+  if (it == more_primaries_.end()) {
+    MorePrimary more;
+    CUresult rc = a.cuDevicePrimaryCtxRetain(&more.primary, device);
+    if (rc != CUDA_SUCCESS) return rc;
+    // Under an SM share of green contexts this device gets one of its own, as
+    // the first did (EnterExec): the share holds on every GPU.
+    rc = MakeExec(device, state_->share.Exec(), &more.green, &more.exec);
+    if (rc != CUDA_SUCCESS) {
+      CUresult released = a.cuDevicePrimaryCtxRelease_v2(device);
+      if (released != CUDA_SUCCESS)
+        FLYT_WARN("session %llu: releasing the primary context of device %d failed (error %d)",
+                  static_cast<unsigned long long>(id_), device, released);
+      FLYT_WARN("session %llu: cannot make a green context on device %d (error %d)",
+                static_cast<unsigned long long>(id_), device, rc);
+      return rc;
+    }
+    if (more.green == nullptr)
+      more.exec = more.primary;
+    else
+      FLYT_INFO("session %llu: green context of %d SMs on device %d",
+                static_cast<unsigned long long>(id_), state_->share.Exec().sm, device);
+    it = more_primaries_.emplace(device, more).first;
+    Adopt(HandleKind::kContext, reinterpret_cast<uintptr_t>(more.primary));
+  }
+  CUresult rc = a.cuCtxSetCurrent(it->second.exec);
+  if (rc != CUDA_SUCCESS) return rc;
+  *handle = reinterpret_cast<uintptr_t>(it->second.primary);
+  NoteCurrentContext(*handle);
+  StagingFollowsDevice();
+  return CUDA_SUCCESS;
+}
+
+void Session::StagingFollowsDevice() {
+  if (more_primaries_.empty()) return;  // one GPU: one context for the staging
+  const int device = CurrentDevice();
+  const int before = staging_device_ < 0 ? primary_device_ : staging_device_;
+  staging_device_ = device;
+  if (device != before) ReleaseStaging();
 }
 
 int64_t SteadyNowNs() {
@@ -753,9 +856,18 @@ void Session::ReleaseEverything() {
   ReleaseUserContexts();  // their handles first, then each context
   ReleaseAll();
   ReleaseSharedHost();
+  for (const auto& [device, more] : more_primaries_)  // destroyed with the session's own
+    if (more.green != nullptr) old_greens_.push_back(more.green);
   ReleaseExec();
   if (retained_primary_) state_->api.cuDevicePrimaryCtxRelease_v2(primary_device_);
   retained_primary_ = false;
+  for (const auto& [device, more] : more_primaries_) {
+    CUresult rc = state_->api.cuDevicePrimaryCtxRelease_v2(device);
+    if (rc != CUDA_SUCCESS)
+      FLYT_WARN("session %llu: releasing the primary context of device %d failed (error %d)",
+                static_cast<unsigned long long>(id_), device, rc);
+  }
+  more_primaries_.clear();
 }
 
 void Session::ReleaseStaging() {
@@ -792,6 +904,10 @@ void Session::ReleaseAll() {
   ReleaseIpc();  // closed, not freed: the memory is the exporter's
   if (pt_stream_ != nullptr) retired_streams_.push_back(pt_stream_);
   pt_stream_ = nullptr;
+  for (auto& [device, more] : more_primaries_) {
+    if (more.pt_stream != nullptr) retired_streams_.push_back(more.pt_stream);
+    more.pt_stream = nullptr;
+  }
   auto each = [&](HandleKind k, auto&& fn) {
     for (uint64_t h : handles_[static_cast<int>(k)]) fn(h);
     handles_[static_cast<int>(k)].clear();
@@ -829,12 +945,22 @@ void Session::ReleaseAll() {
   ReleaseVmm();           // unmaps, releases, frees; refunds its own charges
   ReleaseMappedMemory();  // unmapped and released here, then the movable range
   // The session's memory no longer counts against the tenant's quota.
-  uint64_t charged = 0;
-  for (auto& [h, bytes] : memory_bytes_) charged += bytes;
-  for (auto& [h, bytes] : array_bytes_) charged += bytes;
+  uint64_t charged[kBoardDevices] = {};
+  auto sum = [&](const std::unordered_map<uint64_t, uint64_t>& sizes,
+                 const std::unordered_map<uint64_t, int>& devices) {
+    for (auto& [h, bytes] : sizes) {
+      auto d = devices.find(h);
+      charged[BoardDevice(d != devices.end() ? d->second : 0)] += bytes;
+    }
+  };
+  sum(memory_bytes_, memory_device_);
+  sum(array_bytes_, array_device_);
   memory_bytes_.clear();
   array_bytes_.clear();
-  RefundMemory(charged);
+  memory_device_.clear();
+  array_device_.clear();
+  for (int d = 0; d < kBoardDevices; ++d)
+    if (charged[d] != 0) RefundMemory(charged[d], d);
   // Modules of libraries go with their libraries.
   for (auto& [m, lib] : library_modules_) handles_[static_cast<int>(HandleKind::kModule)].erase(m);
   library_modules_.clear();
@@ -873,6 +999,12 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
     case ops::kOpPrimaryCtxRetain: {
       int32_t dev = 0;
       if (!in.Get(&dev) || in.remaining() != 0) return false;
+      if (retained_primary_ && dev != primary_device_) {  // another GPU of this server
+        uint64_t handle = 0;
+        *rc = RetainMorePrimary(dev, &handle);
+        out.Put<uint64_t>(handle);
+        return true;
+      }
       CUcontext ctx = nullptr;
       *rc = a.cuDevicePrimaryCtxRetain(&ctx, dev);
       if (*rc == CUDA_SUCCESS) {
@@ -900,7 +1032,10 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
         return true;
       }
       *rc = a.cuCtxSetCurrent(RealContext(ctx));
-      if (*rc == CUDA_SUCCESS) NoteCurrentContext(ctx);
+      if (*rc == CUDA_SUCCESS) {
+        NoteCurrentContext(ctx);
+        StagingFollowsDevice();
+      }
       return true;
     }
     case ops::kOpCtxCreate:  // contexts the client creates: server/session_contexts.cc
@@ -941,7 +1076,7 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       size_t free_bytes = 0, total_bytes = 0;
       *rc = info(&free_bytes, &total_bytes);
       if (*rc != CUDA_SUCCESS) return true;
-      state_->share.ClampMemInfo(&free_bytes, &total_bytes);
+      state_->share.ClampMemInfo(CurrentDevice(), &free_bytes, &total_bytes);
       if (want_free) out.Put(free_bytes);
       if (want_total) out.Put(total_bytes);
       return true;
@@ -958,6 +1093,15 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       pager_.Clear();  // its managed memory goes with the rest
       ReleaseAll();
       if (keep != nullptr) Adopt(HandleKind::kContext, keep_raw);
+      for (const auto& [device, more] : more_primaries_)  // other GPUs' primaries stay retained
+        Adopt(HandleKind::kContext, reinterpret_cast<uintptr_t>(more.primary));
+      // ReleaseAll made the first GPU's context current: the client's stays current.
+      if (!more_primaries_.empty() && current_ctx_ != 0) {
+        CUresult cur = a.cuCtxSetCurrent(RealContext(current_ctx_));
+        if (cur != CUDA_SUCCESS)
+          FLYT_WARN("session %llu: making the client's context current again failed (error %d)",
+                    static_cast<unsigned long long>(id_), cur);
+      }
       RestoreUserHandles(user);
       *rc = CUDA_SUCCESS;
       return in.remaining() == 0;

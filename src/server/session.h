@@ -100,6 +100,7 @@ struct VmmMapping {
 };
 struct VmmHandle {
   uint64_t charged = 0;      // bytes charged to the quota at cuMemCreate
+  int device = 0;            // on this device (its location)
   uint32_t refs = 0;         // references the client holds (create, retain - release)
   uint32_t driver_refs = 0;  // references held on the driver's handle (a restore holds one)
   uint32_t mappings = 0;     // this session's mappings of it
@@ -159,8 +160,12 @@ class Session {
   void NewTopLevelGraph(uint64_t graph) { subgraphs_.erase(graph); }
   // Memory quota bookkeeping of the generic allocation handlers: charged
   // before the driver allocates, recorded per handle, refunded when freed.
-  bool ChargeMemory(uint64_t bytes);
-  void RefundMemory(uint64_t bytes);
+  // The quota holds per GPU: `device` is where the memory is (-1: the device
+  // of the session's current context, where the driver allocates).
+  bool ChargeMemory(uint64_t bytes, int device = -1);
+  void RefundMemory(uint64_t bytes, int device);
+  // The device of the context the session's thread has current.
+  int CurrentDevice() const;
   void NoteAllocation(marshal::HandleKind kind, uint64_t handle, uint64_t bytes);
   // Virtual memory management (session_vmm.cc): the generic handlers of these
   // calls decode the arguments and call these instead of the driver. They
@@ -318,6 +323,7 @@ class Session {
   struct GraphAlloc {
     uint64_t graph = 0;  // the graph whose allocation node made it
     uint64_t bytes = 0;  // charged to the quota
+    int device = 0;      // on this device
   };
   bool GraphNode(wire::Reader& in, wire::Writer& out, CUresult* rc);
   bool GraphNodeQuery(wire::Reader& in, wire::Writer& out, CUresult* rc);
@@ -427,6 +433,28 @@ class Session {
   CUresult deferred_ = CUDA_SUCCESS;
   CUcontext primary_ = nullptr;  // the client's handle for its context
   int primary_device_ = 0;
+  // Primary contexts of the server's other devices, retained after the first
+  // (primary_device_): by device, the context (its value is also the client's
+  // handle) and, under an SM share of green contexts, the session's green
+  // context of that device, which RealContext gives for the handle, with its
+  // stand-in per-thread default stream. Live SM changes and moves concern
+  // primary_device_ only: another device keeps the size it was made with.
+  struct MorePrimary {
+    CUcontext primary = nullptr;
+    CUgreenCtx green = nullptr;
+    CUcontext exec = nullptr;  // green's context, else primary
+    mutable CUstream pt_stream = nullptr;
+  };
+  std::map<int, MorePrimary> more_primaries_;
+  // The entry of more_primaries_ whose context is current, or null.
+  const MorePrimary* CurrentMore() const;
+  // kOpPrimaryCtxRetain of a device other than primary_device_.
+  CUresult RetainMorePrimary(int device, uint64_t* handle);
+  // After the current context changed: the staging buffers' events belong to
+  // the context they were made in, so moving to another GPU releases them
+  // (made again lazily there).
+  void StagingFollowsDevice();
+  int staging_device_ = -1;     // -1: primary_device_
   CUcontext exec_ = nullptr;    // what the session's thread has current: primary_ or green_'s
   CUgreenCtx green_ = nullptr;  // this session's green context, if the share has one
   int exec_device_ = -1;        // the device exec_ belongs to
@@ -444,6 +472,8 @@ class Session {
   // Bytes charged to the quota per memory / array handle.
   std::unordered_map<uint64_t, uint64_t> memory_bytes_;
   std::unordered_map<uint64_t, uint64_t> array_bytes_;
+  // The device each of them was charged on, where it is not 0.
+  std::unordered_map<uint64_t, int> memory_device_, array_device_;
   // Shared pinned host regions: server address -> bytes (mapped and registered).
   std::map<uint64_t, uint64_t> shared_host_;
   // Those of them that are staging areas (ops::kHostShareStaging): a move leaves them.

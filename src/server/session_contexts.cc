@@ -248,6 +248,7 @@ bool Session::UserOwned(HandleKind kind, uint64_t value) const {
 }
 
 bool Session::CurrentIsGreen() const {
+  if (const MorePrimary* more = CurrentMore(); more != nullptr) return more->green != nullptr;
   if (current_user_ == 0) return green_ != nullptr;
   auto it = user_contexts_.find(current_user_);
   return it != user_contexts_.end() && it->second.green != nullptr;

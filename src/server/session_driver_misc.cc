@@ -1,5 +1,5 @@
 // kOpDriverMisc (protocol/ops.h): small driver calls of several kinds that the
-// generic path cannot carry: the module of a function or library, host atomic
+// generic path cannot carry: the module of a function or library, host and peer atomic
 // capabilities, cuPointerSetAttribute, cuGraphInstantiateWithParams,
 // cuOccupancyMaxPotentialClusterSize, cuCtxSetFlags and the stream memory
 // operations of the ABI before CUDA 11.7. Also a kernel node's parameters for
@@ -276,6 +276,27 @@ bool Session::DriverMisc(Reader& in, bool per_thread, Writer& out, CUresult* rc)
         return true;
       }
       *rc = a.cuDeviceGetHostAtomicCapabilities(caps.data(), ops.data(), n, dev);
+      for (unsigned c : caps) out.Put<uint32_t>(c);
+      return true;
+    }
+    case ops::kDriverMiscP2PAtomicCaps: {  // between two GPUs of this server
+      int32_t src = 0, dst = 0;
+      uint32_t n = 0;
+      if (!in.Get(&src) || !in.Get(&dst) || !in.Get(&n) || n == 0 || n > ops::kMaxAtomicOps ||
+          in.remaining() != n * sizeof(uint32_t))
+        return false;
+      std::vector<CUatomicOperation> ops(n);
+      for (auto& op : ops) {
+        uint32_t v = 0;
+        in.Get(&v);
+        op = static_cast<CUatomicOperation>(v);
+      }
+      std::vector<unsigned> caps(n, 0);
+      if (a.cuDeviceGetP2PAtomicCapabilities == nullptr) {
+        *rc = CUDA_ERROR_NOT_SUPPORTED;
+        return true;
+      }
+      *rc = a.cuDeviceGetP2PAtomicCapabilities(caps.data(), ops.data(), n, src, dst);
       for (unsigned c : caps) out.Put<uint32_t>(c);
       return true;
     }

@@ -400,7 +400,7 @@ bool Session::GraphNode(Reader& in, Writer& out, CUresult* rc) {
         *rc = CUDA_ERROR_INVALID_VALUE;  // natively not updatable
         break;
       }
-      if (!ChargeMemory(d.value)) {
+      if (!ChargeMemory(d.value, d.device)) {
         *rc = CUDA_ERROR_OUT_OF_MEMORY;
         break;
       }
@@ -413,10 +413,10 @@ bool Session::GraphNode(Reader& in, Writer& out, CUresult* rc) {
       p.bytesize = d.value;
       *rc = a.cuGraphAddMemAllocNode(&created, graph, deps.data(), deps.size(), &p);
       if (*rc != CUDA_SUCCESS) {
-        RefundMemory(d.value);
+        RefundMemory(d.value, d.device);
         break;
       }
-      graph_allocs_[p.dptr] = GraphAlloc{target, d.value};
+      graph_allocs_[p.dptr] = GraphAlloc{target, d.value, d.device};
       // As natively, memory a graph allocated may also be freed outside any
       // graph (cuMemFree, cuMemFreeAsync) once the graph has run.
       Adopt(HandleKind::kMemory, p.dptr);
@@ -760,7 +760,7 @@ void Session::GraphForgotten(uint64_t graph) {
   std::vector<uint64_t> gone;
   for (auto it = graph_allocs_.begin(); it != graph_allocs_.end();) {
     if (it->second.graph == graph) {
-      RefundMemory(it->second.bytes);
+      RefundMemory(it->second.bytes, it->second.device);
       gone.push_back(it->first);
       it = graph_allocs_.erase(it);
     } else {
@@ -781,10 +781,8 @@ void Session::ReleaseGraphNodes() {
   // Graphs owned by nodes go with their parents: never destroyed on their own.
   for (auto& [g, parent] : subgraphs_) handles_[static_cast<int>(HandleKind::kGraph)].erase(g);
   subgraphs_.clear();
-  uint64_t charged = 0;
-  for (auto& [ptr, alloc] : graph_allocs_) charged += alloc.bytes;
+  for (auto& [ptr, alloc] : graph_allocs_) RefundMemory(alloc.bytes, alloc.device);
   graph_allocs_.clear();
-  RefundMemory(charged);
   cond_handles_.clear();
 }
 

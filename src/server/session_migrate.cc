@@ -158,6 +158,7 @@ std::string Session::Unmovable() {
   if (!ipc_opened_.empty() || !ipc_exported_mem_.empty() || !ipc_exported_events_.empty())
     return "it shares memory or events with other processes over CUDA IPC";
   if (!user_contexts_.empty()) return "it created contexts of its own (not movable yet)";
+  if (!more_primaries_.empty()) return "it uses several GPUs (not movable yet)";
   if (!links_.empty()) return "a JIT link is in progress";
   // A staging area of device-to-host copies stays behind: the client makes another.
   if (shared_host_.size() > staging_host_.size())

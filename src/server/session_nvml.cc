@@ -311,18 +311,27 @@ const std::vector<ops::NvmlTopology>& HostTopology(const HostNvml* nv,
 
 // The sim's GPUs answer as a PCIe H200 without NVLink does (driver 580, measured): PCIe
 // 5.0 x16 (the max speed is NVML's enum, 5 = 32000 MB/s), P2P status "not supported" for
-// every caps index (toward itself too, with NVML_SUCCESS), no common ancestor with itself;
-// two sim GPUs share a host bridge and have no peer access (as GPUs of two servers).
-void SimTopology(size_t self, size_t count, ops::NvmlTopology* t) {
+// every caps index toward itself (with NVML_SUCCESS), no common ancestor with itself.
+// Two GPUs of one sim server share a host bridge; P2P read, write and PCI say OK
+// between them when the sim's driver answers cuDeviceCanAccessPeer with 1
+// (flyt-server --sim-devices N without --sim-no-peer), NVLink and atomics "not
+// supported" (a PCIe board); else "not supported" for all, as GPUs of two servers.
+void SimTopology(DriverApi& api, size_t self, size_t count, ops::NvmlTopology* t) {
   const uint32_t pcie[ops::kPcieCount] = {5, 16, 5, 16, 5};
   for (uint32_t k = 0; k < ops::kPcieCount; ++k) {
     t->pcie_rc[k] = NVML_SUCCESS;
     t->pcie[k] = pcie[k];
   }
   for (size_t j = 0; j < count && j < ops::kMaxNvmlDevices; ++j) {
+    int can = 0;
+    if (j != self && api.cuDeviceCanAccessPeer != nullptr &&
+        api.cuDeviceCanAccessPeer(&can, static_cast<CUdevice>(self), static_cast<CUdevice>(j)) !=
+            CUDA_SUCCESS)
+      can = 0;
     for (uint32_t k = 0; k < ops::kNvmlP2pIndices; ++k) {
+      const bool ok = can != 0 && (k == 0 || k == 1 || k == 4);  // read, write, PCI
       t->p2p_rc[k][j] = NVML_SUCCESS;
-      t->p2p[k][j] = NVML_P2P_STATUS_NOT_SUPPORTED;
+      t->p2p[k][j] = ok ? NVML_P2P_STATUS_OK : NVML_P2P_STATUS_NOT_SUPPORTED;
     }
     t->level_rc[j] = j == self ? NVML_ERROR_NOT_SUPPORTED : NVML_SUCCESS;
     t->level[j] = NVML_TOPOLOGY_HOSTBRIDGE / 10;
@@ -368,7 +377,6 @@ bool Session::NvmlSnapshot(wire::Reader& in, wire::Writer& out, CUresult* rc) {
   }
   std::vector<ops::DeviceInfo> view = state_->share.Devices(nullptr);
   if (view.size() > ops::kMaxNvmlDevices) view.resize(ops::kMaxNvmlDevices);
-  const uint64_t used = state_->share.memory_used();
 
   // One entry per client process with a context or memory, merged by (pid, device).
   std::map<std::pair<uint32_t, uint32_t>, uint64_t> procs;
@@ -376,10 +384,14 @@ bool Session::NvmlSnapshot(wire::Reader& in, wire::Writer& out, CUresult* rc) {
     if (w.state.load() != static_cast<uint32_t>(WorkerState::kServing)) continue;
     uint32_t pid = w.client_pid.load();
     int dev = w.device.load();
-    uint64_t bytes = w.charged.load();
-    if (pid == 0 || (dev < 0 && bytes == 0)) continue;
-    if (procs.size() >= ops::kMaxNvmlProcesses) break;
-    procs[{pid, static_cast<uint32_t>(dev < 0 ? 0 : dev)}] += bytes;
+    if (pid == 0) continue;
+    // A process appears on the device of its context and on each device it holds memory on.
+    for (int d = 0; d < kBoardDevices && d < static_cast<int>(view.size()); ++d) {
+      uint64_t bytes = w.charged_dev[d].load();
+      if (bytes == 0 && d != dev) continue;
+      if (procs.size() >= ops::kMaxNvmlProcesses) break;
+      procs[{pid, static_cast<uint32_t>(d)}] += bytes;
+    }
   }
 
   ops::NvmlHead head{};
@@ -416,15 +428,14 @@ bool Session::NvmlSnapshot(wire::Reader& in, wire::Writer& out, CUresult* rc) {
                      ? static_cast<uint32_t>(
                            state_->devices[i].attributes[CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT])
                      : d.sm_count;
-    // The quota (and its use) is the tenant's across its GPUs; a flyt-server
-    // normally has one.
+    // The quota holds per GPU: this GPU's use against it.
     d.memory_total = info.total_mem;
-    d.memory_used = std::min(used, d.memory_total);
+    d.memory_used = std::min(state_->share.memory_used(static_cast<int>(i)), d.memory_total);
     d.memory_free = d.memory_total - d.memory_used;
     NoTopology(&d.topology);
     if (sim) {
       SimTelemetry(info, &d);
-      SimTopology(i, view.size(), &d.topology);
+      SimTopology(state_->api, i, view.size(), &d.topology);
     } else if (nv != nullptr) {
       ReadHostNvml(*nv, info.uuid, &d);
     }

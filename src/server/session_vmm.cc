@@ -71,7 +71,7 @@ bool Session::VmmUnmappable(uint64_t ptr, uint64_t size,
 void Session::VmmDropHandleIfUnused(uint64_t handle) {
   auto it = vmm_handles_.find(handle);
   if (it == vmm_handles_.end() || it->second.refs > 0 || it->second.mappings > 0) return;
-  RefundMemory(it->second.charged);  // the driver has freed the physical memory
+  RefundMemory(it->second.charged, it->second.device);  // the driver has freed it
   vmm_handles_.erase(it);
   VmmForgetHandleValue(handle);
 }
@@ -136,19 +136,24 @@ CUresult Session::VmmAddressFree(CUdeviceptr ptr, size_t size) {
 
 CUresult Session::VmmCreate(CUmemGenericAllocationHandle* handle, size_t size,
                             const CUmemAllocationProp* prop, unsigned long long flags) {
-  if (!ChargeMemory(size)) {
+  // Charged to the device the memory is on.
+  const int device = prop != nullptr && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE
+                         ? prop->location.id
+                         : CurrentDevice();
+  if (!ChargeMemory(size, device)) {
     FLYT_INFO("session %llu: cuMemCreate of %zu bytes refused: over the tenant's memory quota",
               Id(id_), size);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   CUresult rc = api().cuMemCreate(handle, size, prop, flags);
   if (rc != CUDA_SUCCESS || handle == nullptr) {
-    RefundMemory(size);
+    RefundMemory(size, device);
     return rc;
   }
   *handle = VmmClient(*handle);
   VmmHandle& h = vmm_handles_[*handle];
   h.charged += size;  // (+=: were the driver to hand out a value still in the table)
+  h.device = device;
   h.refs++;
   h.driver_refs++;
   h.size = size;
@@ -409,7 +414,6 @@ void Session::ReleaseVmm() {
                 Id(id_), Id(base), rc);
   }
   vmm_mapped_.clear();
-  uint64_t charged = 0;
   for (auto& [handle, h] : vmm_handles_) {
     for (uint32_t i = 0; i < h.driver_refs; ++i) {
       CUresult rc = a.cuMemRelease(VmmReal(handle));
@@ -419,12 +423,11 @@ void Session::ReleaseVmm() {
         break;
       }
     }
-    charged += h.charged;
+    RefundMemory(h.charged, h.device);
   }
   vmm_handles_.clear();
   vmm_real_.clear();
   vmm_client_.clear();
-  RefundMemory(charged);
   for (auto& [base, size] : vmm_reserved_) {
     if (vmm_carved_.count(base) != 0) {  // the session's own range: freed with it
       movable_.Give(base, size);

@@ -272,7 +272,7 @@ Status Session::RestoreVmmLayout(SnapshotReader& in) {
     if (h.size == 0 || h.prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
         h.prop.location.id != primary_device_)
       return Status::Error("a damaged snapshot (a VMM allocation of another location)");
-    if (!ChargeMemory(h.charged))
+    if (!ChargeMemory(h.charged, primary_device_))
       return Status::Error("the tenant's memory quota here cannot take VMM memory of " +
                            std::to_string(h.charged) + " bytes");
     CUmemAllocationProp prop = h.prop;
@@ -280,13 +280,14 @@ Status Session::RestoreVmmLayout(SnapshotReader& in) {
     CUmemGenericAllocationHandle real = 0;
     rc = a.cuMemCreate(&real, h.size, &prop, 0);
     if (rc != CUDA_SUCCESS) {
-      RefundMemory(h.charged);
+      RefundMemory(h.charged, primary_device_);
       return Status::Error(Err("cuMemCreate", rc));
     }
     vmm_real_[h.client] = real;
     vmm_client_[real] = h.client;
     VmmHandle& mine = vmm_handles_[h.client];
     mine.charged = h.charged;
+    mine.device = primary_device_;
     mine.refs = h.refs;
     mine.driver_refs = 1;
     mine.size = h.size;

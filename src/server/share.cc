@@ -195,26 +195,38 @@ void Share::Republish() {
   PublishInfoLocked();
 }
 
-bool Share::Charge(uint64_t bytes) {
+namespace {
+// Subtracts down to 0 at most; returns what it took.
+uint64_t SubtractSat(std::atomic<uint64_t>* v, uint64_t bytes) {
+  uint64_t used = v->load();
+  while (!v->compare_exchange_weak(used, used > bytes ? used - bytes : 0)) {
+  }
+  return used > bytes ? bytes : used;
+}
+}  // namespace
+
+bool Share::Charge(int device, uint64_t bytes) {
   if (bytes == 0) return true;
-  uint64_t used = used_->load();
+  std::atomic<uint64_t>& dev = used_dev_[BoardDevice(device)];
+  uint64_t used = dev.load();
   for (;;) {
     uint64_t quota = quota_->load();
     if (quota != 0 && (used > quota || bytes > quota - used)) return false;
-    if (used_->compare_exchange_weak(used, used + bytes)) return true;
+    if (dev.compare_exchange_weak(used, used + bytes)) break;
   }
+  used_->fetch_add(bytes);
+  return true;
 }
 
-void Share::Refund(uint64_t bytes) {
-  uint64_t used = used_->load();
-  while (!used_->compare_exchange_weak(used, used > bytes ? used - bytes : 0)) {
-  }
+void Share::Refund(int device, uint64_t bytes) {
+  // The total loses what the device's count lost (never more than was charged there).
+  SubtractSat(used_, SubtractSat(&used_dev_[BoardDevice(device)], bytes));
 }
 
-void Share::ClampMemInfo(size_t* free_bytes, size_t* total_bytes) const {
+void Share::ClampMemInfo(int device, size_t* free_bytes, size_t* total_bytes) const {
   uint64_t quota = quota_->load();
   if (quota == 0) return;
-  uint64_t used = used_->load();
+  uint64_t used = memory_used(device);
   uint64_t left = used < quota ? quota - used : 0;
   if (free_bytes != nullptr && *free_bytes > left) *free_bytes = left;
   if (total_bytes != nullptr) *total_bytes = quota;

@@ -1,8 +1,9 @@
 // The tenant's share of the GPU, common to every session of one flyt-server.
 //
 // Owns: the memory quota and its accounting (each device allocation a session
-// makes is charged here before the driver sees it and refunded when it is
-// freed or its session ends), the SM count clients see, the mechanism that
+// makes is charged here, to the device it is on, before the driver sees it and
+// refunded when it is freed or its session ends; the quota holds for each GPU
+// of the server apart, as the SM count does), the SM count clients see, the mechanism that
 // enforces it (a green context descriptor from which each session makes its
 // own green context; MPS's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE set at server
 // start; or nothing), and live changes (set-share): a change publishes a new
@@ -21,11 +22,12 @@
 #include "common/status.h"
 #include "protocol/ops.h"
 #include "server/driver_api.h"
+#include "server/tenant_board.h"
 
 namespace flyt::server {
 
 struct ShareOptions {
-  uint64_t memory_quota = 0;  // bytes; 0 = no quota
+  uint64_t memory_quota = 0;  // bytes per GPU; 0 = no quota
   int sm_count = 0;           // 0 = the whole GPU
   // Make a green context from each new descriptor to see that the driver
   // accepts it. flyt-server's main process, which holds no CUDA context,
@@ -64,21 +66,27 @@ class Share {
 
   // Keeps the memory accounting in `used` and `quota` instead (the tenant
   // board, shared by all of a server's processes); call before Init.
-  void UseCounters(std::atomic<uint64_t>* used, std::atomic<uint64_t>* quota) {
+  // `used_dev` (kBoardDevices counters) is the same per device.
+  void UseCounters(std::atomic<uint64_t>* used, std::atomic<uint64_t>* quota,
+                   std::atomic<uint64_t>* used_dev) {
     used_ = used;
     quota_ = quota;
+    used_dev_ = used_dev;
   }
   // The quota may have changed elsewhere: recompute what clients see.
   void Republish();
 
   // --- memory
-  // Charges `bytes` against the quota; false (nothing charged) when over it.
-  bool Charge(uint64_t bytes);
-  void Refund(uint64_t bytes);
-  uint64_t memory_used() const { return used_->load(); }
+  // Charges `bytes` on `device` against the quota; false (nothing charged)
+  // when that device's use would go over it.
+  bool Charge(int device, uint64_t bytes);
+  void Refund(int device, uint64_t bytes);
+  uint64_t memory_used() const { return used_->load(); }  // all devices
+  uint64_t memory_used(int device) const { return used_dev_[BoardDevice(device)].load(); }
   uint64_t memory_quota() const { return quota_->load(); }
-  // cuMemGetInfo as the tenant sees it: free = min(free, quota - used), total = quota.
-  void ClampMemInfo(size_t* free_bytes, size_t* total_bytes) const;
+  // cuMemGetInfo as the tenant sees it on `device`: free = min(free, quota -
+  // used there), total = quota.
+  void ClampMemInfo(int device, size_t* free_bytes, size_t* total_bytes) const;
 
   // --- what clients see
   // The inventory with the share applied (SM count, memory); *generation
@@ -127,6 +135,8 @@ class Share {
   std::atomic<uint64_t> own_quota_{0};
   std::atomic<uint64_t>* used_ = &own_used_;
   std::atomic<uint64_t>* quota_ = &own_quota_;
+  std::atomic<uint64_t> own_used_dev_[kBoardDevices] = {};
+  std::atomic<uint64_t>* used_dev_ = own_used_dev_;
   bool probe_ = true;
   std::atomic<uint64_t> info_generation_{1};
   std::atomic<uint64_t> exec_generation_{1};

@@ -44,6 +44,16 @@
 // Texture and surface objects are numbers counting up from 1; each keeps the
 // descriptors it was made with, which the Get*Desc calls return.
 //
+// Several devices (--sim-devices N, default 1): each has its own primary
+// context, memory accounting (N x memory_bytes), UUID, PCI bus id and address
+// range (device d's allocations start at 0x600000000000 + d TiB, so pointers of
+// two devices never collide; device 0's are those of the one-device sim).
+// All sim devices of one server are peer-capable unless --sim-no-peer: peer
+// access is per (context, peer context) with the driver's errors (enabled
+// twice, disabled when not enabled, a peer of the same device, no P2P); peer
+// copies and copies between devices are plain copies of host pages. VMM and
+// pools stay on device 0.
+//
 // Stream capture (cuStreamBeginCapture on a stream the app made): what the
 // stream is given while it captures (launches, copies, memsets, host
 // functions, event records and waits) becomes nodes of the capture's graph,
@@ -87,7 +97,8 @@
 namespace flyt::server {
 namespace {
 
-uint64_t kSimMemory = 80ull << 30;  // set from SimOptions
+uint64_t kSimMemory = 80ull << 30;  // set from SimOptions (per device)
+constexpr int kSimMaxDevices = 16;
 
 struct SimLibrary;
 struct SimKernel {
@@ -249,7 +260,17 @@ struct Sim {
   std::map<uint64_t, Mapping> mapped;     // base -> mapping
   std::map<uint64_t, Physical> physical;  // handle -> allocation
   uint64_t next_handle = 0x10000;
-  uint64_t used = 0;
+  uint64_t used[kSimMaxDevices] = {};  // bytes allocated, per device
+  int devices = 1;                     // SimOptions::devices
+  bool peer = true;                    // devices are peer-capable (SimOptions::peer)
+  // Device of each allocation not on device 0 (base -> ordinal).
+  std::map<uint64_t, int> alloc_device;
+  // Primary contexts of devices 1.. (device 0's is ctx_token).
+  int primary_tokens[kSimMaxDevices] = {};
+  // Device of each context made with cuCtxCreate or from a green context.
+  std::map<CUcontext, int> ctx_device;
+  // Peer access enabled: (context, peer context).
+  std::set<std::pair<CUcontext, CUcontext>> peers;
   // Stream-ordered allocations (cuMemAllocAsync): not exportable over IPC.
   std::set<uint64_t> pool_allocs;
   // CUDA IPC. Exported allocations: base -> their memfd (the pages were moved
@@ -303,10 +324,28 @@ std::atomic<bool> g_faulted{false};
 constexpr const char* kFaultKernelMark = "flyt_sim_fault";
 bool Faulted() { return g_faulted.load(std::memory_order_relaxed); }
 
+// The device of a context (g_sim->mu held); -1 for one the sim never made.
+int CtxDeviceLocked(CUcontext c) {
+  if (c == reinterpret_cast<CUcontext>(&g_sim->ctx_token)) return 0;
+  for (int d = 1; d < g_sim->devices; ++d)
+    if (c == reinterpret_cast<CUcontext>(&g_sim->primary_tokens[d])) return d;
+  auto it = g_sim->ctx_device.find(c);
+  return it != g_sim->ctx_device.end() ? it->second : -1;
+}
+// The device of the calling thread's current context (0 with none).
+int CurrentDevice() {
+  if (t_current == nullptr) return 0;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  int d = CtxDeviceLocked(t_current);
+  return d < 0 ? 0 : d;
+}
+bool ValidDevice(CUdevice d) { return d >= 0 && d < g_sim->devices; }
+
 // Fake green contexts: an SM count, and a context token of their own.
 struct SimGreen {
   unsigned sms = 0;
   int token = 0;
+  int device = 0;
 };
 struct SimDesc {
   unsigned sms = 0;
@@ -350,19 +389,27 @@ CUresult Alloc(CUdeviceptr* out, size_t n) {
   if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (n == 0) return CUDA_ERROR_INVALID_VALUE;
+  const int dev = CurrentDevice();
   {
     std::lock_guard<std::mutex> lock(g_sim->mu);
-    if (n > kSimMemory - g_sim->used) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (n > kSimMemory - g_sim->used[dev]) return CUDA_ERROR_OUT_OF_MEMORY;
   }
   // Device memory lives in a range of its own, the same in every process (as
   // the driver's device addresses do): a session moved to another process
   // finds its client's addresses free there (server/session_migrate.cc).
+  // Each device has a range of 1 TiB of its own.
   constexpr uint64_t kSimDeviceBase = 0x600000000000ull, kSimAllocAlign = 2ull << 20;
-  static std::atomic<uint64_t> next{kSimDeviceBase};
+  constexpr uint64_t kSimDeviceSpan = 1ull << 40;
+  static std::atomic<uint64_t> next[kSimMaxDevices];
+  static std::once_flag bases;
+  std::call_once(bases, [] {
+    for (int d = 0; d < kSimMaxDevices; ++d)
+      next[d] = kSimDeviceBase + static_cast<uint64_t>(d) * kSimDeviceSpan;
+  });
   const uint64_t span = (n + kSimAllocAlign - 1) / kSimAllocAlign * kSimAllocAlign;
   void* p = MAP_FAILED;
   for (int tries = 0; tries < 4096 && p == MAP_FAILED; ++tries) {
-    void* want = reinterpret_cast<void*>(next.fetch_add(span));
+    void* want = reinterpret_cast<void*>(next[dev].fetch_add(span));
     p = mmap(want, n, PROT_READ | PROT_WRITE,
              MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
     if (p != MAP_FAILED && p != want) {  // a kernel that ignores the flag
@@ -376,7 +423,8 @@ CUresult Alloc(CUdeviceptr* out, size_t n) {
   if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
   std::lock_guard<std::mutex> lock(g_sim->mu);
   g_sim->allocs[reinterpret_cast<uint64_t>(p)] = n;
-  g_sim->used += n;
+  g_sim->used[dev] += n;
+  if (dev != 0) g_sim->alloc_device[reinterpret_cast<uint64_t>(p)] = dev;
   *out = reinterpret_cast<uint64_t>(p);
   return CUDA_SUCCESS;
 }
@@ -389,7 +437,9 @@ CUresult FreeAlloc(CUdeviceptr p) {
   auto it = g_sim->allocs.find(p);
   if (it == g_sim->allocs.end()) return CUDA_ERROR_INVALID_VALUE;
   munmap(reinterpret_cast<void*>(p), it->second);
-  g_sim->used -= it->second;
+  auto dev = g_sim->alloc_device.find(p);
+  g_sim->used[dev != g_sim->alloc_device.end() ? dev->second : 0] -= it->second;
+  if (dev != g_sim->alloc_device.end()) g_sim->alloc_device.erase(dev);
   g_sim->allocs.erase(it);
   g_sim->pool_allocs.erase(p);
   g_sim->managed.erase(p);
@@ -417,32 +467,43 @@ CUresult simDriverGetVersion(int* v) {
 }
 CUresult simDeviceGet(CUdevice* d, int ordinal) {
   if (d == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
-  *d = 0;
+  if (!ValidDevice(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+  *d = ordinal;
   return CUDA_SUCCESS;
 }
 CUresult simDeviceGetCount(int* n) {
   if (n == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *n = 1;
+  *n = g_sim->devices;
   return CUDA_SUCCESS;
 }
-CUresult simDeviceGetName(char* name, int len, CUdevice) {
+CUresult simDeviceGetName(char* name, int len, CUdevice d) {
   if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!ValidDevice(d)) return CUDA_ERROR_INVALID_DEVICE;
   std::snprintf(name, static_cast<size_t>(len), "Flyt Simulated GPU");
   return CUDA_SUCCESS;
 }
-CUresult simDeviceGetUuid(CUuuid* u, CUdevice) {
+// Device 0's UUID is f0f1..ff; device d's first byte is 0xe0 + d.
+CUresult simDeviceGetUuid(CUuuid* u, CUdevice d) {
   if (u == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!ValidDevice(d)) return CUDA_ERROR_INVALID_DEVICE;
   for (int i = 0; i < 16; ++i) u->bytes[i] = static_cast<char>(0xf0 + i);
+  if (d != 0) u->bytes[0] = static_cast<char>(0xe0 + d);
   return CUDA_SUCCESS;
 }
-CUresult simDeviceTotalMem(size_t* bytes, CUdevice) {
+CUresult simDeviceTotalMem(size_t* bytes, CUdevice d) {
   if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!ValidDevice(d)) return CUDA_ERROR_INVALID_DEVICE;
   *bytes = kSimMemory;
   return CUDA_SUCCESS;
 }
-CUresult simDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice) {
+// PCI bus ids as on an eight-GPU HGX board (device 0: 0x19, as before).
+int SimPciBus(CUdevice d) {
+  static const int kBus[] = {0x19, 0x3b, 0x4c, 0x5d, 0x9b, 0xbb, 0xcb, 0xdb};
+  return d < 8 ? kBus[d] : 0xdb + d - 7;
+}
+CUresult simDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice d) {
   if (v == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!ValidDevice(d)) return CUDA_ERROR_INVALID_DEVICE;
   static const std::unordered_map<int, int> kAttrs = {
       {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, 1024},
       {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X, 1024},
@@ -494,12 +555,13 @@ CUresult simDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice) {
   if (a <= 0 || a >= CU_DEVICE_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;  // as the driver
   auto it = kAttrs.find(a);
   *v = it == kAttrs.end() ? 0 : it->second;
+  if (a == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID) *v = SimPciBus(d);
   return CUDA_SUCCESS;
 }
 CUresult simPrimaryCtxRetain(CUcontext* c, CUdevice d) {
   if (c == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
-  *c = reinterpret_cast<CUcontext>(&g_sim->ctx_token);
+  if (!ValidDevice(d)) return CUDA_ERROR_INVALID_DEVICE;
+  *c = reinterpret_cast<CUcontext>(d == 0 ? &g_sim->ctx_token : &g_sim->primary_tokens[d]);
   return CUDA_SUCCESS;
 }
 CUresult simPrimaryCtxRelease(CUdevice) { return CUDA_SUCCESS; }
@@ -513,7 +575,7 @@ CUresult simCtxSetCurrent(CUcontext c) {
 // the session frees what a context owned before it destroys the context.
 CUresult simCtxCreate(CUcontext* out, CUctxCreateParams* params, unsigned flags, CUdevice d) {
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+  if (!ValidDevice(d)) return CUDA_ERROR_INVALID_DEVICE;
   const unsigned sched = flags & CU_CTX_SCHED_MASK;
   if ((flags & ~static_cast<unsigned>(CU_CTX_FLAGS_MASK)) != 0 ||
       (sched != CU_CTX_SCHED_AUTO && sched != CU_CTX_SCHED_SPIN && sched != CU_CTX_SCHED_YIELD &&
@@ -525,6 +587,7 @@ CUresult simCtxCreate(CUcontext* out, CUctxCreateParams* params, unsigned flags,
   auto ctx = reinterpret_cast<CUcontext>(token);
   std::lock_guard<std::mutex> lock(g_sim->mu);
   g_sim->user_contexts[ctx] = flags;
+  g_sim->ctx_device[ctx] = d;
   t_current = ctx;
   *out = ctx;
   return CUDA_SUCCESS;
@@ -534,6 +597,9 @@ CUresult simCtxDestroy(CUcontext c) {
   std::lock_guard<std::mutex> lock(g_sim->mu);
   if (g_sim->user_contexts.erase(c) == 0) return CUDA_ERROR_INVALID_CONTEXT;
   g_sim->ctx_waits.erase(c);
+  g_sim->ctx_device.erase(c);
+  for (auto it = g_sim->peers.begin(); it != g_sim->peers.end();)
+    it = it->first == c || it->second == c ? g_sim->peers.erase(it) : std::next(it);
   delete reinterpret_cast<int*>(c);
   if (t_current == c) t_current = nullptr;  // popped from the caller's stack
   return CUDA_SUCCESS;
@@ -546,11 +612,56 @@ CUresult simCtxGetFlags(unsigned* flags) {
   *flags = it != g_sim->user_contexts.end() ? it->second : g_sim->primary_flags;
   return CUDA_SUCCESS;
 }
-// The sim has one device.
 CUresult simCtxGetDevice(CUdevice* device) {
   if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (t_current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-  *device = 0;
+  *device = CurrentDevice();
+  return CUDA_SUCCESS;
+}
+
+// --- peer access between the sim's devices
+CUresult simDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer) {
+  if (can == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!ValidDevice(dev) || !ValidDevice(peer)) return CUDA_ERROR_INVALID_DEVICE;
+  *can = dev != peer && g_sim->peer ? 1 : 0;  // a device is not its own peer (as natively)
+  return CUDA_SUCCESS;
+}
+CUresult simDeviceGetP2PAttribute(int* v, CUdevice_P2PAttribute attr, CUdevice src, CUdevice dst) {
+  if (v == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!ValidDevice(src) || !ValidDevice(dst) || src == dst) return CUDA_ERROR_INVALID_DEVICE;
+  switch (attr) {
+    case CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK:
+      *v = 0;
+      return CUDA_SUCCESS;
+    case CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED:
+      *v = g_sim->peer ? 1 : 0;
+      return CUDA_SUCCESS;
+    case CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED:  // a PCIe board: no peer atomics
+    case CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED:
+      *v = 0;
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+CUresult simCtxEnablePeerAccess(CUcontext peer, unsigned flags) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (t_current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  const int self = CtxDeviceLocked(t_current), other = CtxDeviceLocked(peer);
+  if (self < 0 || other < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (self == other) return CUDA_ERROR_INVALID_DEVICE;
+  if (!g_sim->peer) return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+  if (!g_sim->peers.emplace(t_current, peer).second) return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+  return CUDA_SUCCESS;
+}
+CUresult simCtxDisablePeerAccess(CUcontext peer) {
+  if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (t_current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  if (CtxDeviceLocked(peer) < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (g_sim->peers.erase({t_current, peer}) == 0) return CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
   return CUDA_SUCCESS;
 }
 std::atomic<int> g_pending_host_funcs{0};
@@ -579,7 +690,7 @@ CUresult simCtxGetStreamPriorityRange(int* least, int* greatest) {
 // --- fake green contexts (SimOptions::green_contexts)
 CUresult simDeviceGetDevResource(CUdevice d, CUdevResource* r, CUdevResourceType type) {
   if (r == nullptr || type != CU_DEV_RESOURCE_TYPE_SM) return CUDA_ERROR_INVALID_VALUE;
-  if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+  if (!ValidDevice(d)) return CUDA_ERROR_INVALID_DEVICE;
   *r = CUdevResource{};
   r->type = CU_DEV_RESOURCE_TYPE_SM;
   r->sm.smCount = kSimSms;
@@ -626,20 +737,27 @@ CUresult simDevResourceGenerateDesc(CUdevResourceDesc* out, CUdevResource* r, un
 CUresult simGreenCtxCreate(CUgreenCtx* out, CUdevResourceDesc desc, CUdevice d, unsigned flags) {
   if (out == nullptr || desc == nullptr || !(flags & CU_GREEN_CTX_DEFAULT_STREAM))
     return CUDA_ERROR_INVALID_VALUE;
-  if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+  if (!ValidDevice(d)) return CUDA_ERROR_INVALID_DEVICE;
   auto* g = new SimGreen;
   g->sms = reinterpret_cast<SimDesc*>(desc)->sms;
+  g->device = d;
   *out = reinterpret_cast<CUgreenCtx>(g);
   return CUDA_SUCCESS;
 }
 CUresult simGreenCtxDestroy(CUgreenCtx g) {
   if (g == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  {
+    std::lock_guard<std::mutex> lock(g_sim->mu);
+    g_sim->ctx_device.erase(reinterpret_cast<CUcontext>(&reinterpret_cast<SimGreen*>(g)->token));
+  }
   delete reinterpret_cast<SimGreen*>(g);
   return CUDA_SUCCESS;
 }
 CUresult simCtxFromGreenCtx(CUcontext* out, CUgreenCtx g) {
   if (out == nullptr || g == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *out = reinterpret_cast<CUcontext>(&reinterpret_cast<SimGreen*>(g)->token);
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  g_sim->ctx_device[*out] = reinterpret_cast<SimGreen*>(g)->device;
   return CUDA_SUCCESS;
 }
 
@@ -915,7 +1033,8 @@ CUresult simMemAllocPitch(CUdeviceptr* p, size_t* pitch, size_t w, size_t h, uns
 CUresult simMemGetInfo(size_t* free_b, size_t* total) {
   if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   std::lock_guard<std::mutex> lock(g_sim->mu);
-  if (free_b) *free_b = kSimMemory - g_sim->used;
+  const int dev = t_current != nullptr ? CtxDeviceLocked(t_current) : 0;
+  if (free_b) *free_b = kSimMemory - g_sim->used[dev > 0 ? dev : 0];
   if (total) *total = kSimMemory;
   return CUDA_SUCCESS;
 }
@@ -997,10 +1116,20 @@ CUresult DtoDOn(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {
   });
 }
 CUresult simDtoD(CUdeviceptr d, CUdeviceptr s, size_t n) { return DtoDOn(d, s, n, nullptr); }
+// Peer copies: the bytes of two devices are host pages of this process.
+CUresult simMemcpyPeer(CUdeviceptr d, CUcontext, CUdeviceptr s, CUcontext, size_t n) {
+  return DtoDOn(d, s, n, nullptr);
+}
+CUresult simMemcpyPeerAsync(CUdeviceptr d, CUcontext, CUdeviceptr s, CUcontext, size_t n,
+                            CUstream st);
 CUresult simDtoDAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {
   if (SimStream* cap = CapturingStream(st))
     return CaptureCopy(cap, Copy1D(CU_MEMORYTYPE_DEVICE, d, CU_MEMORYTYPE_DEVICE, s, n));
   return DtoDOn(d, s, n, st);
+}
+CUresult simMemcpyPeerAsync(CUdeviceptr d, CUcontext, CUdeviceptr s, CUcontext, size_t n,
+                            CUstream st) {
+  return simDtoDAsync(d, s, n, st);
 }
 template <typename T>
 CUresult Fill2D(CUdeviceptr d, size_t pitch, T v, size_t w, size_t h, CUstream stream = nullptr) {
@@ -1638,7 +1767,7 @@ CUresult simMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
   if (CUresult rc = CheckProp(prop); rc != CUDA_SUCCESS) return rc;
   {
     std::lock_guard<std::mutex> lock(g_sim->mu);
-    if (size > kSimMemory - g_sim->used) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (size > kSimMemory - g_sim->used[0]) return CUDA_ERROR_OUT_OF_MEMORY;
   }
   int fd = memfd_create("flyt-sim-vmm", MFD_CLOEXEC);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1653,7 +1782,7 @@ CUresult simMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
   phys.size = size;
   phys.prop = *prop;
   phys.refs = 1;
-  g_sim->used += size;
+  g_sim->used[0] += size;
   *handle = h;
   return CUDA_SUCCESS;
 }
@@ -1662,7 +1791,7 @@ CUresult simMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
 void FreeIfUnused(std::map<uint64_t, Sim::Physical>::iterator it) {
   if (it->second.refs > 0 || it->second.mappings > 0) return;
   close(it->second.fd);
-  g_sim->used -= it->second.size;
+  g_sim->used[0] -= it->second.size;
   g_sim->physical.erase(it);
 }
 
@@ -1830,7 +1959,7 @@ CUresult simMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, v
   phys.prop.location.id = 0;
   phys.prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   phys.refs = 1;
-  g_sim->used += phys.size;
+  g_sim->used[0] += phys.size;
   *handle = h;
   return CUDA_SUCCESS;
 }
@@ -2010,10 +2139,14 @@ CUresult simStreamGetCtx(CUstream s, CUcontext* ctx) {
   *ctx = st != nullptr && st->ctx != nullptr ? st->ctx : t_current;
   return *ctx != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
-CUresult simStreamGetDevice(CUstream, CUdevice* dev) {
+CUresult simStreamGetDevice(CUstream s, CUdevice* dev) {
   if (Faulted()) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (dev == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *dev = 0;  // the sim's one GPU
+  SimStream* st = AsStream(s);
+  CUcontext ctx = st != nullptr && st->ctx != nullptr ? st->ctx : t_current;
+  std::lock_guard<std::mutex> lock(g_sim->mu);
+  int d = ctx != nullptr ? CtxDeviceLocked(ctx) : 0;
+  *dev = d < 0 ? 0 : d;
   return CUDA_SUCCESS;
 }
 CUresult simStreamCopyAttributes(CUstream dst, CUstream src) {
@@ -4055,7 +4188,7 @@ CUresult simCtxSetFlags(unsigned flags) {
 // unsigned on 32 and 64 bits, float operations on 32 and 64 bits.
 CUresult simDeviceGetHostAtomicCapabilities(unsigned* caps, const CUatomicOperation* ops,
                                             unsigned count, CUdevice dev) {
-  if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+  if (!ValidDevice(dev)) return CUDA_ERROR_INVALID_DEVICE;
   if (caps == nullptr || ops == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
   for (unsigned i = 0; i < count; ++i)
     if (ops[i] < 0 || ops[i] >= CU_ATOMIC_OPERATION_MAX) return CUDA_ERROR_INVALID_VALUE;
@@ -4064,6 +4197,16 @@ CUresult simDeviceGetHostAtomicCapabilities(unsigned* caps, const CUatomicOperat
     caps[i] = CU_ATOMIC_CAPABILITY_SCALAR_32 | CU_ATOMIC_CAPABILITY_SCALAR_64 |
               (fp ? 0u : CU_ATOMIC_CAPABILITY_SIGNED | CU_ATOMIC_CAPABILITY_UNSIGNED);
   }
+  return CUDA_SUCCESS;
+}
+// Between two sim GPUs (a PCIe board): no peer atomics, as NATIVE_ATOMIC_SUPPORTED says.
+CUresult simDeviceGetP2PAtomicCapabilities(unsigned* caps, const CUatomicOperation* ops,
+                                           unsigned count, CUdevice src, CUdevice dst) {
+  if (!ValidDevice(src) || !ValidDevice(dst) || src == dst) return CUDA_ERROR_INVALID_DEVICE;
+  if (caps == nullptr || ops == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+  for (unsigned i = 0; i < count; ++i)
+    if (ops[i] < 0 || ops[i] >= CU_ATOMIC_OPERATION_MAX) return CUDA_ERROR_INVALID_VALUE;
+  for (unsigned i = 0; i < count; ++i) caps[i] = 0;
   return CUDA_SUCCESS;
 }
 CUresult simPointerSetAttribute(const void* value, CUpointer_attribute attr, CUdeviceptr ptr) {
@@ -4095,6 +4238,8 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   static Sim sim;
   g_sim = &sim;
   kSimMemory = options.memory_bytes;
+  sim.devices = std::clamp(options.devices, 1, kSimMaxDevices);
+  sim.peer = options.peer;
   if (!options.record_path.empty()) {
     sim.record = std::fopen(options.record_path.c_str(), "a");
     if (sim.record == nullptr)
@@ -4117,6 +4262,12 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuCtxDestroy_v2 = simCtxDestroy;
   a->cuCtxGetFlags = simCtxGetFlags;
   a->cuCtxGetDevice = simCtxGetDevice;
+  a->cuDeviceCanAccessPeer = simDeviceCanAccessPeer;
+  a->cuDeviceGetP2PAttribute = simDeviceGetP2PAttribute;
+  a->cuCtxEnablePeerAccess = simCtxEnablePeerAccess;
+  a->cuCtxDisablePeerAccess = simCtxDisablePeerAccess;
+  a->cuMemcpyPeer = simMemcpyPeer;
+  a->cuMemcpyPeerAsync = simMemcpyPeerAsync;
   a->cuCtxSynchronize = simCtxSynchronize;
   a->cuCtxGetLimit = simCtxGetLimit;
   a->cuCtxSetLimit = simCtxSetLimit;
@@ -4331,6 +4482,7 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   a->cuCtxGetExecAffinity = simCtxGetExecAffinity;
   a->cuCtxSetFlags = simCtxSetFlags;
   a->cuDeviceGetHostAtomicCapabilities = simDeviceGetHostAtomicCapabilities;
+  a->cuDeviceGetP2PAtomicCapabilities = simDeviceGetP2PAtomicCapabilities;
   a->cuPointerSetAttribute = simPointerSetAttribute;
   a->cuOccupancyMaxPotentialClusterSize = simOccupancyMaxPotentialClusterSize;
   a->cuLibraryGetModule = simLibraryGetModule;

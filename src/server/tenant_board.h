@@ -3,12 +3,11 @@
 // flyt-server serves each client process from a worker process of its own
 // (server/worker_pool.h); what belongs to the tenant as a whole lives here, in
 // one shared-memory page set that the main process creates and every worker
-// maps: the memory charged against the quota (all workers together), the
-// quota, the SM share's generation, and one slot per worker with what stats
-// and NVML report about it (client pid, device, memory, calls).
-// Owns: the layout and its creation and mapping. Lock-free: every field is an
-// atomic, written by one side and read by the other. Must not know about CUDA,
-// sessions or the wire.
+// maps: the memory charged against the quota (all workers together, in all
+// and per device: the quota holds per GPU), the quota, the SM share's generation, and one slot per
+// worker with what stats and NVML report about it (client pid, device, memory, calls). Owns: the
+// layout and its creation and mapping. Lock-free: every field is an atomic, written by one side and
+// read by the other. Must not know about CUDA, sessions or the wire.
 #pragma once
 
 #include <atomic>
@@ -21,6 +20,12 @@ namespace flyt::server {
 
 // Workers at once (serving and idle); MPS allows 48 clients per device.
 constexpr int kMaxWorkers = 256;
+// Devices of one server whose memory is accounted apart (a larger ordinal
+// counts as the last one).
+constexpr int kBoardDevices = 16;
+inline int BoardDevice(int device) {
+  return device < 0 ? 0 : (device >= kBoardDevices ? kBoardDevices - 1 : device);
+}
 
 enum class WorkerState : uint32_t {
   kFree = 0,      // slot unused
@@ -36,7 +41,8 @@ struct WorkerSlot {
   std::atomic<uint32_t> client_pid{0};
   std::atomic<int32_t> device{-1};  // device of its context, -1: none yet
   std::atomic<uint64_t> session{0};
-  std::atomic<uint64_t> charged{0};  // bytes this worker charged to the quota
+  std::atomic<uint64_t> charged{0};                       // bytes this worker charged to the quota
+  std::atomic<uint64_t> charged_dev[kBoardDevices] = {};  // the same, per device
   std::atomic<uint64_t> calls{0};
   // Frame bytes over its client's connection (headers included): received
   // from the client, sent to it.
@@ -47,11 +53,12 @@ struct WorkerSlot {
 
 struct BoardLayout {
   static constexpr uint32_t kMagic = 0x42594c46;  // "FLYB"
-  static constexpr uint32_t kVersion = 1;
+  static constexpr uint32_t kVersion = 2;
   uint32_t magic = kMagic;
   uint32_t version = kVersion;
   std::atomic<uint64_t> memory_used{0};
-  std::atomic<uint64_t> memory_quota{0};
+  std::atomic<uint64_t> memory_quota{0};                      // per device (each GPU of the server)
+  std::atomic<uint64_t> memory_used_dev[kBoardDevices] = {};  // memory_used per device
   // Bumped by the main process after each live share change; workers adopt
   // sm_requested (and the quota above) at their next call.
   std::atomic<uint64_t> share_generation{1};

@@ -62,7 +62,7 @@ Status Boot(const WorkerArgs& args, const ServerOptions& options, ServerState* s
   if (st.ok() && options.backend != "sim") st = CaptureDeviceOutput(state);
   if (!st.ok()) return st;
   BoardLayout& b = state->board->layout();
-  state->share.UseCounters(&b.memory_used, &b.memory_quota);
+  state->share.UseCounters(&b.memory_used, &b.memory_quota, b.memory_used_dev);
   state->share_seen = b.share_generation.load();
   ShareOptions share;
   share.memory_quota = b.memory_quota.load();

@@ -276,6 +276,8 @@ void WorkerPool::Reap(Worker* w) {
   WorkerSlot& s = (*board_)->slots[w->slot];
   const uint64_t charged = s.charged.exchange(0);
   Subtract(&(*board_)->memory_used, charged);
+  for (int d = 0; d < kBoardDevices; ++d)
+    Subtract(&(*board_)->memory_used_dev[d], s.charged_dev[d].exchange(0));
   calls_ended_ += s.calls.exchange(0);
   bytes_in_ended_ += s.bytes_in.exchange(0);
   bytes_out_ended_ += s.bytes_out.exchange(0);

@@ -1881,6 +1881,141 @@ class E2E(unittest.TestCase):
                 self.assert_stats(srv, sessions=0, memory_used=0)
                 self.stop_server(srv)
 
+    P2P_EXPECTED = (
+        ("device_count", "2"), ("device0.unified_addressing", "1"), ("distinct_uuid", "1"),
+        ("distinct_pci", "1"), ("by_pci_bus_id", "1"), ("can_access.0_1", "1"),
+        ("can_access.1_0", "1"), ("can_access.self", "0"), ("p2p_attr.access_supported", "1"),
+        ("p2p_attr.performance_rank", "0"), ("p2p_atomic_caps.int_add", "0"),
+        ("p2p_atomic_caps.float_add", "0"), ("pointer_device.0", "0"),
+        ("pointer_device.1", "1"), ("current_after_switch", "1"), ("enable.both_ways", "1"),
+        ("enable.self", "refused"), ("peer_copies", "20"), ("memcpy_default", "ok"),
+        ("stream1_device", "1"), ("streams_events", "ok"), ("disable.not_enabled", "refused"))
+
+    def test_p2p_devices(self):
+        """Two GPUs of one server in one process (p2p_devices.cu, as NVIDIA's simpleP2P and
+        p2pBandwidthLatencyTest use them) against `--sim-devices 2` over every transport and
+        cudart: distinct UUIDs and PCI bus ids, peer capability and P2P attributes from the
+        server, peer access enabled both ways, cudaMemcpyPeer[Async] both directions at odd
+        sizes, cudaMemcpyDefault between the devices, per-device streams and events with a
+        cross-device wait, pointer attributes naming each allocation's device, the driver's
+        errors (enabled twice, disabled when not enabled, the device itself, a bad ordinal).
+        The server holds nothing of the client afterwards."""
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                srv = self.start_server(control=True, extra_args=["--sim-devices", "2"])
+                res = self.run_ok(srv, transport, "p2p_devices", variant, log_level="warn")
+                kv = self.kv(res)
+                where = res.describe()
+                for key, want in self.P2P_EXPECTED:
+                    self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
+                self.assertNotIn("not supported", res.stderr + res.client_log, where)
+                self.assert_stats(srv, sessions=0, memory_used=0)
+                self.stop_server(srv)
+
+    def test_p2p_devices_no_peer(self):
+        """Two sim GPUs without P2P (`--sim-no-peer`, as GPUs of a board without it):
+        cudaDeviceCanAccessPeer says 0, enabling answers cudaErrorPeerAccessUnsupported,
+        disabling cudaErrorPeerAccessNotEnabled, and peer copies still work."""
+        srv = self.start_server(extra_args=["--sim-devices", "2", "--sim-no-peer"])
+        res = self.run_ok(srv, CFG.transports[0], "p2p_devices", CFG.variants[0],
+                          log_level="warn")
+        kv = self.kv(res)
+        where = res.describe()
+        for key, want in (("can_access.0_1", "0"), ("can_access.1_0", "0"),
+                          ("p2p_attr.access_supported", "0"), ("enable.both_ways", "0"),
+                          ("peer_copies", "20"), ("pointer_device.1", "1")):
+            self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
+        self.stop_server(srv)
+
+    def test_p2p_devices_quota(self):
+        """The memory quota holds per GPU (`--memory-quota 64M --sim-devices 2`): 48 MiB on
+        each device both succeed, 32 MiB more on device 0 is cudaErrorMemoryAllocation, and
+        cudaMemGetInfo shows each device's own use against the quota."""
+        quota = 64 << 20
+        srv = self.start_server(control=True,
+                                extra_args=["--sim-devices", "2", "--memory-quota", "64M"])
+        res = self.run_ok(srv, CFG.transports[0], "p2p_devices", CFG.variants[0],
+                          args=("quota", str(quota)), log_level="warn")
+        kv = self.kv(res)
+        where = res.describe()
+        for key, want in (("quota.both_devices", "ok"), ("quota.total_equal", "1"),
+                          ("quota.free_each", "1"), ("quota.over_on_device0", "refused")):
+            self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
+        self.assert_stats(srv, sessions=0, memory_used=0)
+        self.stop_server(srv)
+
+    def test_p2p_devices_green_share(self):
+        """Under an SM share made of green contexts (`--sim-green-contexts --sm-count 16`)
+        each GPU of the session gets a green context of the share: p2p_devices passes, and
+        the server logs a green context for each of the two devices."""
+        srv = self.start_server(extra_args=["--sim-devices", "2", "--sim-green-contexts",
+                                            "--sm-count", "16"])
+        res = self.run_ok(srv, CFG.transports[0], "p2p_devices", CFG.variants[0],
+                          log_level="warn")
+        kv = self.kv(res)
+        for key, want in self.P2P_EXPECTED:
+            self.assertEqual(kv.get(key), want, "%s\n%s" % (key, res.describe()))
+        res = self.run_ok(srv, CFG.transports[0], "p2p_devices", CFG.variants[0],
+                          args=("second",), log_level="warn")
+        self.assertEqual(self.kv(res).get("second_device"), "cudaSuccess", res.describe())
+        self.assertIn("green context of 16 SMs on device 1", srv.logs())
+        self.stop_server(srv)
+
+    def test_p2p_devices_migrate_refused(self):
+        """A session that uses two GPUs of its server is not movable yet: a migrate is
+        refused at the park, saying so, and the program goes on where it is and passes."""
+        a = self.start_server(control=True, extra_args=["--sim-devices", "2"])
+        b = self.start_server(control=True, extra_args=["--sim-devices", "2"])
+        gate = os.path.join(tempfile.mkdtemp(dir=self.tmp), "release")
+        prog = RunningProgram(self.tmp, a, "tcp", program_path("p2p_devices", CFG.variants[0]),
+                              ("hold", gate))
+        try:
+            if prog.wait_line(r"^holding$") is None:
+                self.fail("p2p_devices never held\n" + prog.finish(5).describe())
+            n, answer = self._migrate_answer(a, "migrate", "moved", to=b.url("tcp"), token=TOKEN)
+            self.assertEqual((n, answer.get("stayed")), (0, 1), answer)
+            message = answer["sessions"][0]["message"]
+            self.assertIn("several GPUs", message, answer)
+        finally:
+            open(gate, "w").close()
+        res = prog.finish(60)
+        self.assert_passed(res, "p2p_devices", a)
+        self.stop_server(a)
+        self.stop_server(b)
+
+    def test_p2p_devices_one_gpu(self):
+        """p2p_devices against a one-GPU server (the default): it says it needs two GPUs
+        ("skip=...") and passes, as it does natively on a one-GPU machine."""
+        srv = self.start_server()
+        for variant in CFG.variants:
+            with self.subTest(variant=variant):
+                res = self.run_ok(srv, CFG.transports[0], "p2p_devices", variant,
+                                  log_level="warn")
+                self.assertEqual(self.kv(res).get("skip"), "needs 2 GPUs, found 1",
+                                 res.describe())
+        self.stop_server(srv)
+
+    def test_nvml_two_devices(self):
+        """Flyt's NVML with a two-GPU server (nvml_query peers 2, a plain C program): two
+        handles with their own index, UUID and PCI bus id (equal to CUDA's), P2P read and
+        write OK between them and NVLink not supported (the sim is a PCIe board), common
+        ancestor a host bridge; a GPU is not its own peer."""
+        prog = os.path.join(CFG.programs_dir, "nvml_query")
+        for transport in CFG.transports[:2]:
+            with self.subTest(transport=transport):
+                srv = self.start_server(extra_args=["--sim-devices", "2"])
+                res = run_program(self.tmp, srv, transport, prog, ("peers", "2"),
+                                  log_level="warn")
+                self.assert_passed(res, "nvml_query", srv)
+                kv = self.kv(res)
+                where = res.describe()
+                for key, want in (("device_count", "2"), ("p2p_read_0_1", "0"),
+                                  ("p2p_write_1_0", "0"), ("p2p_nvlink_0_1", "5"),
+                                  ("p2p_read_self", "5"), ("topology_0_1", "30")):
+                    self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
+                self.assertNotEqual(kv.get("bus_id.0"), kv.get("bus_id.1"), where)
+                self.stop_server(srv)
+
     def test_managed_memory(self):
         """Managed memory over every transport and cudart, against the sim (memsets and
         copies stand in for kernels): fresh memory reads zero, host writes reach the

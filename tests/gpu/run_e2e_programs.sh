@@ -33,7 +33,11 @@
 # offsets, in stream order with host functions and events; over ucx:// the server reads and
 # writes it one-sided), staged_copies (device-to-host copies into pageable memory at odd
 # sizes around the staging chunk, several threads, errors; over shm:// through the staging
-# area the GPU writes).
+# area the GPU writes), p2p_devices (two GPUs of the server: peer capability and
+# attributes, peer access both ways and its errors, peer copies both directions at odd
+# sizes, cudaMemcpyDefault between devices, per-device streams and events, pointer
+# devices; with one GPU it prints "skip=needs 2 GPUs, found 1" and passes, natively and
+# through Flyt alike).
 # Environment: CASES, RUN_TIMEOUT=60, MODES="tcp unix shm" (add ucx for ucx://, with UCX_TLS
 # as set, e.g. UCX_TLS=tcp), SERVER_BACKEND=cuda (sim: plumbing only, on a machine without a
 # GPU, where the native runs fail).
@@ -47,7 +51,7 @@ export CUDA_CACHE_DISABLE=1
 BUILD=$(cd "$1" && pwd) || exit 2
 PROGS=$(cd "$2" && pwd) || exit 2
 OUTFILE=$3
-CASES=${CASES:-"ipc vmm_share contexts isolation_fault stream_event_order jit_link module_functions graph_nodes cupti_activity cupti_activity_clock cupti_callbacks cupti_callbacks_driver cupti_callbacks_driver_all tensor_map stream_memops managed_memory mapped_host memory_roundtrip driver_queries migrate_state rma_copies staged_copies"}
+CASES=${CASES:-"ipc vmm_share contexts isolation_fault stream_event_order jit_link module_functions graph_nodes cupti_activity cupti_activity_clock cupti_callbacks cupti_callbacks_driver cupti_callbacks_driver_all tensor_map stream_memops managed_memory mapped_host memory_roundtrip driver_queries migrate_state rma_copies staged_copies p2p_devices"}
 MODES=${MODES:-"tcp unix shm"}
 RUN_TIMEOUT=${RUN_TIMEOUT:-60}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/flyt-e2e-gpu.XXXXXX")
@@ -78,6 +82,7 @@ cmd_of() {  # case -> program and arguments
     migrate_state) echo "$PROGS/migrate_state 12 0" ;;
     rma_copies) echo "$PROGS/rma_copies" ;;
     staged_copies) echo "$PROGS/staged_copies" ;;
+    p2p_devices) echo "$PROGS/p2p_devices" ;;
   esac
 }
 

@@ -25,7 +25,8 @@ inline ServerState* SimServerState(uint64_t memory_bytes) {
     if (TenantBoard::Create(&board).ok()) {
       s->board = board.get();
       s->slot = &board->layout().slots[0];
-      s->share.UseCounters(&board->layout().memory_used, &board->layout().memory_quota);
+      s->share.UseCounters(&board->layout().memory_used, &board->layout().memory_quota,
+                             board->layout().memory_used_dev);
     }
     return s;
   }();

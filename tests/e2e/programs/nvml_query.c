@@ -11,6 +11,9 @@
  *       PCI bus id, unsupported entry points, init/shutdown reference counting
  *   noserver      nvmlInit fails cleanly (no flyt-server listening)
  *   notflyt       nvmlInit fails with NVML_ERROR_LIBRARY_NOT_FOUND (another libcuda.so.1)
+ *   peers N       a server with N GPUs (flyt-server --sim-devices N): count, one
+ *                 handle per index with its own index, UUID and PCI bus id (equal
+ *                 to CUDA's), P2P status and common ancestor between GPUs 0 and 1
  *   gone          prints "ready", then polls memory until the server is killed:
  *                 NVML_ERROR_GPU_IS_LOST, names still answered
  * Prints key=value lines and ends with "nvml_query: PASS" (exit 0), or
@@ -438,6 +441,58 @@ static int check(int argc, char** argv) {
   return 0;
 }
 
+/* peers N: the GPUs of one server as NVML shows them, and how they reach each other. */
+static void peers(int argc, char** argv) {
+  if (argc < 3) FAIL("usage: nvml_query peers N");
+  unsigned want = (unsigned)strtoul(argv[2], NULL, 10);
+  open_libs(1);
+  g_step = "peers init";
+  NVML_OK(NV(Void_t, nvmlInit_v2)());
+  CU_OK(CU(CUresult(*)(unsigned), cuInit)(0));
+  unsigned count = 0;
+  NVML_OK(NV(Uint_t, nvmlDeviceGetCount_v2)(&count));
+  printf("device_count=%u\n", count);
+  CHECK(count == want, "device count %u, expected %u", count, want);
+  nvmlDevice_t dev[16] = {0};
+  char uuids[16][96];
+  for (unsigned i = 0; i < count && i < 16; ++i) {
+    g_step = "peers handle";
+    NVML_OK(NV(ByIndex_t, nvmlDeviceGetHandleByIndex_v2)(i, &dev[i]));
+    unsigned index = 99;
+    NVML_OK(NV(DevUint_t, nvmlDeviceGetIndex)(dev[i], &index));
+    CHECK(index == i, "index %u for handle %u", index, i);
+    NVML_OK(NV(DevText_t, nvmlDeviceGetUUID)(dev[i], uuids[i], sizeof(uuids[i])));
+    for (unsigned j = 0; j < i; ++j)
+      CHECK(strcmp(uuids[i], uuids[j]) != 0, "GPUs %u and %u share UUID %s", i, j, uuids[i]);
+    CUdevice cu_dev = 0;
+    CU_OK(CU(CUresult(*)(CUdevice*, int), cuDeviceGet)(&cu_dev, (int)i));
+    char cu_bus[32] = {0};
+    CU_OK(
+        CU(CUresult(*)(char*, int, CUdevice), cuDeviceGetPCIBusId)(cu_bus, sizeof(cu_bus), cu_dev));
+    PciInfo pci;
+    memset(&pci, 0, sizeof(pci));
+    NVML_OK(NV(DevPtr_t, nvmlDeviceGetPciInfo_v3)(dev[i], &pci));
+    CHECK(strcasecmp(pci.busId, cu_bus) == 0, "GPU %u: NVML bus id %s, CUDA %s", i, pci.busId,
+          cu_bus);
+    printf("bus_id.%u=%s\n", i, pci.busId);
+  }
+  if (count >= 2) {
+    g_step = "peers p2p";
+    unsigned st = 99;
+    NVML_OK(NV(DevDevUintUint_t, nvmlDeviceGetP2PStatus)(dev[0], dev[1], 0, &st));
+    printf("p2p_read_0_1=%u\n", st);
+    NVML_OK(NV(DevDevUintUint_t, nvmlDeviceGetP2PStatus)(dev[1], dev[0], 1, &st));
+    printf("p2p_write_1_0=%u\n", st);
+    NVML_OK(NV(DevDevUintUint_t, nvmlDeviceGetP2PStatus)(dev[0], dev[1], 2, &st));
+    printf("p2p_nvlink_0_1=%u\n", st);
+    NVML_OK(NV(DevDevUintUint_t, nvmlDeviceGetP2PStatus)(dev[0], dev[0], 0, &st));
+    printf("p2p_read_self=%u\n", st);
+    NVML_OK(NV(DevDevUint_t, nvmlDeviceGetTopologyCommonAncestor)(dev[0], dev[1], &st));
+    printf("topology_0_1=%u\n", st);
+  }
+  NVML_OK(NV(Void_t, nvmlShutdown)());
+}
+
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -463,6 +518,8 @@ int main(int argc, char** argv) {
     CHECK(NV(Uint_t, nvmlDeviceGetCount_v2)(&count) == kUninitialized,
           "a query after a failed nvmlInit");
     CHECK(NV(Void_t, nvmlShutdown)() == kUninitialized, "nvmlShutdown after a failed nvmlInit");
+  } else if (strcmp(mode, "peers") == 0) {
+    peers(argc, argv);
   } else if (strcmp(mode, "gone") == 0) {
     g_step = "gone";
     open_libs(0);
@@ -487,7 +544,7 @@ int main(int argc, char** argv) {
     NVML_OK(NV(DevText_t, nvmlDeviceGetName)(dev, name, sizeof(name)));  // cached
     NVML_OK(NV(Void_t, nvmlShutdown)());
   } else {
-    FAIL("usage: nvml_query check|noserver|notflyt|gone ...");
+    FAIL("usage: nvml_query check|noserver|notflyt|peers|gone ...");
   }
   printf("nvml_query: PASS\n");
   return 0;
