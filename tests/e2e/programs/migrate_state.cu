@@ -198,7 +198,16 @@ struct Vmm {
 constexpr size_t kCap = 48 << 10;   // the captured graph's buffers
 constexpr size_t kHand = 24 << 10;  // the hand-built graph's buffers
 
-void CountCall(void* p) { ++*static_cast<int*>(p); }
+// MIGRATE_STATE_HOSTFN_US: host functions take that long, as they do when a remote
+// client runs them (a diagnostic for timing-dependent driver behaviour).
+void CountCall(void* p) {
+  static const int slow_us = [] {
+    const char* v = getenv("MIGRATE_STATE_HOSTFN_US");
+    return v != nullptr ? atoi(v) : 0;
+  }();
+  if (slow_us > 0) usleep(slow_us);
+  ++*static_cast<int*>(p);
+}
 
 struct Graphs {
   cudaStream_t s = nullptr;
