@@ -983,6 +983,8 @@ void Session::ReleaseAll() {
   // Pools: the device's default pool is shared and stays; pools this session
   // created live until its worker exits (the memory of those it served went
   // with ReleaseMappedMemory).
+  for (CUmemoryPool p : doomed_pools_) a.cuMemPoolDestroy(p);  // their memory went above
+  doomed_pools_.clear();
   handles_[static_cast<int>(HandleKind::kMemPool)].clear();
   for (auto& set : handles_) set.clear();
   FLYT_INFO("session %llu: released %zu handles", static_cast<unsigned long long>(id_), total);
@@ -991,6 +993,7 @@ void Session::ReleaseAll() {
 bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUresult* rc) {
   DriverApi& a = state_->api;
   req_ = h;
+  if (!doomed_pools_.empty()) DestroyDrainedPools();
   bool per_thread = (h.flags & wire::kFlagPerThread) != 0;
   pt_call_ = per_thread;
   // In a green context the legacy entry points run on pt_stream_ (RealStream).

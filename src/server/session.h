@@ -715,6 +715,9 @@ class Session {
   // In place of the driver's calls (session_vmm.h), with their arguments.
   CUresult MemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props);
   CUresult MemPoolDestroy(CUmemoryPool pool);
+  // Pools the app destroyed while memory of theirs was still allocated: the
+  // driver's pool is destroyed once none is (session_pools.cc).
+  void DestroyDrainedPools();
   CUresult MemPoolTrimTo(CUmemoryPool pool, size_t keep);
   CUresult MemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool,
                                  CUstream stream);
@@ -875,6 +878,7 @@ class Session {
     CUmemPoolProps props{};
   };
   std::map<uint64_t, PoolOrigin> pool_origin_;
+  std::vector<CUmemoryPool> doomed_pools_;  // destroyed by the app, the driver's still live
   // --- end of moving the session ------------------------------------------------
 
   // --- graphs of a moved session (server/session_graph_move.cc) ----------------

@@ -94,6 +94,19 @@ CUresult Session::MemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props)
 
 CUresult Session::MemPoolDestroy(CUmemoryPool pool) {
   const uint64_t client = ClientHandle(HandleKind::kMemPool, reinterpret_cast<uintptr_t>(pool));
+  // A pool of the driver's with memory still allocated: the driver would
+  // release it with its last allocation, and that path of the driver kills
+  // the worker now and then inside a later cuStreamSynchronize (H200, driver
+  // 580; never natively). The session keeps the pool until its memory is
+  // freed, then destroys it; the app's handle is gone at once, as natively.
+  uint64_t used = 0;
+  if (ServedPool(reinterpret_cast<uintptr_t>(pool)) == 0 &&
+      api().cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) == CUDA_SUCCESS &&
+      used > 0) {
+    doomed_pools_.push_back(pool);
+    pool_origin_.erase(client);
+    return CUDA_SUCCESS;
+  }
   CUresult rc = api().cuMemPoolDestroy(pool);
   if (rc != CUDA_SUCCESS) return rc;
   pool_origin_.erase(client);
@@ -111,6 +124,23 @@ CUresult Session::MemPoolDestroy(CUmemoryPool pool) {
     mapped_regions_.erase(reg);
   }
   return CUDA_SUCCESS;
+}
+
+void Session::DestroyDrainedPools() {
+  DriverApi& a = state_->api;
+  for (auto it = doomed_pools_.begin(); it != doomed_pools_.end();) {
+    uint64_t used = 0;
+    CUresult rc = a.cuMemPoolGetAttribute(*it, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
+    if (rc == CUDA_SUCCESS && used > 0) {
+      ++it;
+      continue;
+    }
+    rc = a.cuMemPoolDestroy(*it);
+    if (rc != CUDA_SUCCESS)
+      FLYT_WARN("session %llu: destroying a pool the app destroyed failed with error %d",
+                static_cast<unsigned long long>(id_), rc);
+    it = doomed_pools_.erase(it);
+  }
 }
 
 CUresult Session::MemPoolTrimTo(CUmemoryPool pool, size_t keep) {

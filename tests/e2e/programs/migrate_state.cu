@@ -540,6 +540,16 @@ uint64_t PoolFigure(cudaMemPool_t pool, cudaMemPoolAttr attr) {
   return v;
 }
 
+// MIGRATE_STATE_POOLS_SKIP: words naming parts of the pools steps to leave out
+// (setpool, trim, doomed, early-destroy, idle, kernel), a diagnostic for narrowing a failure down.
+bool PoolsSkip(const char* what) {
+  static const std::string skip = [] {
+    const char* v = getenv("MIGRATE_STATE_POOLS_SKIP");
+    return std::string(v != nullptr ? v : "");
+  }();
+  return skip.find(what) != std::string::npos;
+}
+
 struct Pools {
   cudaStream_t s = nullptr;
   cudaMemPool_t def = nullptr, mine = nullptr;
@@ -548,7 +558,8 @@ struct Pools {
   // freed at step 6: the driver releases the pool with its last allocation.
   unsigned char* orphan = nullptr;
   std::vector<unsigned char> orphan_want;
-  int* counter = nullptr;  // in `mine`, for the whole run
+  cudaMemPool_t doomed_later = nullptr;  // MIGRATE_STATE_POOLS_SKIP=early-destroy
+  int* counter = nullptr;                // in `mine`, for the whole run
   int count[2] = {400, 0};
   struct Live {
     unsigned char* p;
@@ -607,8 +618,8 @@ struct Pools {
   void Step(int i, std::string* line) {
     Check(i);
     e2e::Step("pools step");
-    if (i == 6) CK(cudaDeviceSetMemPool(0, mine));  // cudaMallocAsync from `mine` now
-    if (i == 10) CK(cudaDeviceSetMemPool(0, def));
+    if (i == 6 && !PoolsSkip("setpool")) CK(cudaDeviceSetMemPool(0, mine));  // from `mine` now
+    if (i == 10 && !PoolsSkip("setpool")) CK(cudaDeviceSetMemPool(0, def));
     const size_t big = (2u << 20) + 8192 * i + 3, small = 700 + 33 * i;
     const bool current_is_mine = i >= 6 && i < 10;
     unsigned char* a = nullptr;  // from the current pool
@@ -630,7 +641,7 @@ struct Pools {
                          reinterpret_cast<CUdeviceptr>(a)));
     EXPECT(of == reinterpret_cast<CUmemoryPool>(current_is_mine ? mine : def),
            "the pool of a cudaMallocAsync allocation at step %d", i);
-    flyt_sim_countdown<<<1, 32, 0, s>>>(0, counter);
+    if (!PoolsSkip("kernel")) flyt_sim_countdown<<<1, 32, 0, s>>>(0, counter);
     CK(cudaGetLastError());
     count[0] -= 1;
     count[1] += 1;
@@ -639,8 +650,8 @@ struct Pools {
       live.erase(live.begin());
     }
     CK(cudaStreamSynchronize(s));
-    if (i == 7) CK(cudaMemPoolTrimTo(mine, 0));  // only idle memory goes
-    if (i == 3) {
+    if (i == 7 && !PoolsSkip("trim")) CK(cudaMemPoolTrimTo(mine, 0));  // only idle memory goes
+    if (i == 3 && !PoolsSkip("doomed")) {
       cudaMemPoolProps props{};
       props.allocType = cudaMemAllocationTypePinned;
       props.location.type = cudaMemLocationTypeDevice;
@@ -653,7 +664,11 @@ struct Pools {
       CK(cudaMemcpyAsync(orphan, orphan_want.data(), orphan_want.size(), cudaMemcpyHostToDevice,
                          s));
       CK(cudaStreamSynchronize(s));
-      CK(cudaMemPoolDestroy(doomed));  // with `orphan` still allocated
+      if (PoolsSkip("early-destroy")) {
+        doomed_later = doomed;
+      } else {
+        CK(cudaMemPoolDestroy(doomed));  // with `orphan` still allocated
+      }
     }
     if (orphan != nullptr) {
       std::vector<unsigned char> got(orphan_want.size());
@@ -663,9 +678,10 @@ struct Pools {
         CK(cudaFreeAsync(orphan, s));
         CK(cudaStreamSynchronize(s));
         orphan = nullptr;
+        if (doomed_later != nullptr) CK(cudaMemPoolDestroy(doomed_later));
       }
     }
-    if (i == 11) {  // the pool that moved empty serves now
+    if (i == 11 && !PoolsSkip("idle")) {  // the pool that moved empty serves now
       unsigned char* x = nullptr;
       CK(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&x), 5000, idle, s));
       CK(cudaMemsetAsync(x, 0x3c, 5000, s));
