@@ -12,6 +12,7 @@
 // CU_POINTER_ATTRIBUTE_SYNC_MEMOPS set. No stdout, no exit, no throwing.
 #include <algorithm>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -380,23 +381,22 @@ FLYT_API CUresult cuCtxGetExecAffinity(CUexecAffinityParam* p, CUexecAffinityTyp
   return ExecAffinity(p, type);
 }
 
-FLYT_API CUresult cuDeviceGetHostAtomicCapabilities(unsigned int* caps,
-                                                    const CUatomicOperation* operations,
-                                                    unsigned int count, CUdevice dev) {
-  Client& c = Client::Get();
-  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
-  if (dev < 0 || dev >= c.device_count()) return CUDA_ERROR_INVALID_DEVICE;
-  if (caps == nullptr || operations == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
-  // In pieces of at most kMaxAtomicOps; the answers are per operation.
+namespace {
+// Atomic capabilities the server's driver answers for `devices` (the host's: one
+// device; between two GPUs: both), asked in pieces of at most kMaxAtomicOps: the
+// answers are per operation.
+CUresult AskAtomicCaps(const char* name, uint8_t sub, std::initializer_list<int32_t> devices,
+                       unsigned int* caps, const CUatomicOperation* operations,
+                       unsigned int count) {
   for (unsigned at = 0; at < count; at += ops::kMaxAtomicOps) {
     const unsigned n = std::min<unsigned>(count - at, ops::kMaxAtomicOps);
     wire::Writer w;
-    w.Put<uint8_t>(ops::kDriverMiscHostAtomicCaps);
-    w.Put<int32_t>(dev);
+    w.Put<uint8_t>(sub);
+    for (int32_t d : devices) w.Put<int32_t>(d);
     w.Put<uint32_t>(n);
     for (unsigned i = 0; i < n; ++i) w.Put<uint32_t>(static_cast<uint32_t>(operations[at + i]));
     std::vector<uint8_t> reply;
-    CUresult rc = Misc("cuDeviceGetHostAtomicCapabilities", w, &reply);
+    CUresult rc = Misc(name, w, &reply);
     if (rc != CUDA_SUCCESS) return rc;
     wire::Reader r(reply.data(), reply.size());
     for (unsigned i = 0; i < n; ++i) {
@@ -407,9 +407,21 @@ FLYT_API CUresult cuDeviceGetHostAtomicCapabilities(unsigned int* caps,
   }
   return CUDA_SUCCESS;
 }
+}  // namespace
+
+FLYT_API CUresult cuDeviceGetHostAtomicCapabilities(unsigned int* caps,
+                                                    const CUatomicOperation* operations,
+                                                    unsigned int count, CUdevice dev) {
+  Client& c = Client::Get();
+  if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (dev < 0 || dev >= c.device_count()) return CUDA_ERROR_INVALID_DEVICE;
+  if (caps == nullptr || operations == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+  return AskAtomicCaps("cuDeviceGetHostAtomicCapabilities", ops::kDriverMiscHostAtomicCaps, {dev},
+                       caps, operations, count);
+}
 
 // Atomic operations between two GPUs of the server, as its driver answers
-// (NVLink or PCIe); asked in pieces as the host's are.
+// (NVLink or PCIe).
 FLYT_API CUresult cuDeviceGetP2PAtomicCapabilities(unsigned int* caps,
                                                    const CUatomicOperation* operations,
                                                    unsigned int count, CUdevice src, CUdevice dst) {
@@ -418,25 +430,8 @@ FLYT_API CUresult cuDeviceGetP2PAtomicCapabilities(unsigned int* caps,
   if (src < 0 || src >= c.device_count() || dst < 0 || dst >= c.device_count())
     return CUDA_ERROR_INVALID_DEVICE;
   if (caps == nullptr || operations == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
-  for (unsigned at = 0; at < count; at += ops::kMaxAtomicOps) {
-    const unsigned n = std::min<unsigned>(count - at, ops::kMaxAtomicOps);
-    wire::Writer w;
-    w.Put<uint8_t>(ops::kDriverMiscP2PAtomicCaps);
-    w.Put<int32_t>(src);
-    w.Put<int32_t>(dst);
-    w.Put<uint32_t>(n);
-    for (unsigned i = 0; i < n; ++i) w.Put<uint32_t>(static_cast<uint32_t>(operations[at + i]));
-    std::vector<uint8_t> reply;
-    CUresult rc = Misc("cuDeviceGetP2PAtomicCapabilities", w, &reply);
-    if (rc != CUDA_SUCCESS) return rc;
-    wire::Reader r(reply.data(), reply.size());
-    for (unsigned i = 0; i < n; ++i) {
-      uint32_t v = 0;
-      if (!r.Get(&v)) return CUDA_ERROR_UNKNOWN;
-      caps[at + i] = v;
-    }
-  }
-  return CUDA_SUCCESS;
+  return AskAtomicCaps("cuDeviceGetP2PAtomicCapabilities", ops::kDriverMiscP2PAtomicCaps,
+                       {src, dst}, caps, operations, count);
 }
 
 // Only CU_POINTER_ATTRIBUTE_SYNC_MEMOPS is settable; the server's driver

@@ -476,36 +476,12 @@ uint32_t ThreadIdLocked() {
   return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(pthread_self()));
 }
 
-// The app's buffer-request callback, timed: CUPTI records the time an app
-// spends giving it a buffer as an ACTIVITY_BUFFER_REQUEST overhead.
-// libcuda loaded a code image on this thread (start and end: CLOCK_REALTIME).
-// Inside a runtime call that is cudart loading a module the call needs (lazy
-// loading): CUPTI reports that as a RUNTIME_TRIGGERED_MODULE_LOADING overhead
-// of the call. An image the app loads itself is no overhead.
-void OnModuleLoad(uint64_t start_ns, uint64_t end_ns) {
-  if (t_runtime.depth == 0) return;
-  State& s = S();
-  std::lock_guard<std::mutex> lock(s.mu);
-  if (!s.enabled.count(CUPTI_ACTIVITY_KIND_OVERHEAD)) return;
+// An overhead of this thread's, part of the call it is in (start and end on
+// the app's clock).
+void PushThreadOverheadLocked(CUpti_ActivityOverheadKind kind, uint64_t start, uint64_t end) {
   CUpti_ActivityOverhead3 o{};
   o.kind = CUPTI_ACTIVITY_KIND_OVERHEAD;
-  o.overheadKind = CUPTI_ACTIVITY_OVERHEAD_RUNTIME_TRIGGERED_MODULE_LOADING;
-  o.objectKind = CUPTI_ACTIVITY_OBJECT_THREAD;
-  o.objectId.pt.processId = static_cast<uint32_t>(getpid());
-  o.objectId.pt.threadId = ThreadIdLocked();
-  // LocalTimeLocked takes the server's clock: this host's less the offset.
-  o.start =
-      LocalTimeLocked(static_cast<uint64_t>(static_cast<int64_t>(start_ns) - s.server_offset));
-  o.end = LocalTimeLocked(static_cast<uint64_t>(static_cast<int64_t>(end_ns) - s.server_offset));
-  o.correlationId = CurrentCorrelation();
-  PushLocked(o);
-}
-
-// An ACTIVITY_BUFFER_REQUEST overhead of this thread, part of the call it is in.
-void PushBufferRequestLocked(uint64_t start, uint64_t end) {
-  CUpti_ActivityOverhead3 o{};
-  o.kind = CUPTI_ACTIVITY_KIND_OVERHEAD;
-  o.overheadKind = CUPTI_ACTIVITY_OVERHEAD_ACTIVITY_BUFFER_REQUEST;
+  o.overheadKind = kind;
   o.objectKind = CUPTI_ACTIVITY_OBJECT_THREAD;
   o.objectId.pt.processId = static_cast<uint32_t>(getpid());
   o.objectId.pt.threadId = ThreadIdLocked();
@@ -515,6 +491,25 @@ void PushBufferRequestLocked(uint64_t start, uint64_t end) {
   PushLocked(o);
 }
 
+// libcuda loaded a code image on this thread (start and end: CLOCK_REALTIME).
+// Inside a runtime call that is cudart loading a module the call needs (lazy
+// loading): CUPTI reports that as a RUNTIME_TRIGGERED_MODULE_LOADING overhead
+// of the call. An image the app loads itself is no overhead.
+void OnModuleLoad(uint64_t start_ns, uint64_t end_ns) {
+  if (t_runtime.depth == 0) return;
+  State& s = S();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!s.enabled.count(CUPTI_ACTIVITY_KIND_OVERHEAD)) return;
+  // LocalTimeLocked takes the server's clock: this host's less the offset.
+  auto app_time = [&](uint64_t ns) {
+    return LocalTimeLocked(static_cast<uint64_t>(static_cast<int64_t>(ns) - s.server_offset));
+  };
+  PushThreadOverheadLocked(CUPTI_ACTIVITY_OVERHEAD_RUNTIME_TRIGGERED_MODULE_LOADING,
+                           app_time(start_ns), app_time(end_ns));
+}
+
+// The app's buffer-request callback, timed: CUPTI records the time an app
+// spends giving it a buffer as an ACTIVITY_BUFFER_REQUEST overhead.
 void RequestRecorded(uint8_t** buffer, size_t* size, size_t* max_records) {
   State& s = S();
   CUpti_BuffersCallbackRequestFunc req;
@@ -527,7 +522,8 @@ void RequestRecorded(uint8_t** buffer, size_t* size, size_t* max_records) {
   req(buffer, size, max_records);
   std::lock_guard<std::mutex> lock(s.mu);
   end = AppNowLocked();
-  if (s.enabled.count(CUPTI_ACTIVITY_KIND_OVERHEAD)) PushBufferRequestLocked(start, end);
+  if (s.enabled.count(CUPTI_ACTIVITY_KIND_OVERHEAD))
+    PushThreadOverheadLocked(CUPTI_ACTIVITY_OVERHEAD_ACTIVITY_BUFFER_REQUEST, start, end);
 }
 
 uint32_t ContextUidLocked(CUcontext ctx) {

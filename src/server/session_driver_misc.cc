@@ -22,6 +22,21 @@ using wire::Writer;
 
 namespace {
 uint64_t Raw(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+
+// The operations of an atomic-capabilities question, after its devices: u32 n,
+// n x u32 CUatomicOperation (the answer: n x u32 capability bits).
+bool ReadAtomicOps(wire::Reader& in, std::vector<CUatomicOperation>* asked) {
+  uint32_t n = 0;
+  if (!in.Get(&n) || n == 0 || n > ops::kMaxAtomicOps || in.remaining() != n * sizeof(uint32_t))
+    return false;
+  asked->resize(n);
+  for (auto& op : *asked) {
+    uint32_t v = 0;
+    in.Get(&v);
+    op = static_cast<CUatomicOperation>(v);
+  }
+  return true;
+}
 }  // namespace
 
 uint64_t Session::ClientContext(CUcontext real) const {
@@ -260,43 +275,29 @@ bool Session::DriverMisc(Reader& in, bool per_thread, Writer& out, CUresult* rc)
       return ModuleOf(sub, in, out, rc);
     case ops::kDriverMiscHostAtomicCaps: {
       int32_t dev = 0;
-      uint32_t n = 0;
-      if (!in.Get(&dev) || !in.Get(&n) || n == 0 || n > ops::kMaxAtomicOps ||
-          in.remaining() != n * sizeof(uint32_t))
-        return false;
-      std::vector<CUatomicOperation> ops(n);
-      for (auto& op : ops) {
-        uint32_t v = 0;
-        in.Get(&v);
-        op = static_cast<CUatomicOperation>(v);
-      }
-      std::vector<unsigned> caps(n, 0);
+      std::vector<CUatomicOperation> asked;
+      if (!in.Get(&dev) || !ReadAtomicOps(in, &asked)) return false;
       if (a.cuDeviceGetHostAtomicCapabilities == nullptr) {
         *rc = CUDA_ERROR_NOT_SUPPORTED;
         return true;
       }
-      *rc = a.cuDeviceGetHostAtomicCapabilities(caps.data(), ops.data(), n, dev);
+      std::vector<unsigned> caps(asked.size(), 0);
+      *rc = a.cuDeviceGetHostAtomicCapabilities(caps.data(), asked.data(),
+                                                static_cast<unsigned>(asked.size()), dev);
       for (unsigned c : caps) out.Put<uint32_t>(c);
       return true;
     }
     case ops::kDriverMiscP2PAtomicCaps: {  // between two GPUs of this server
       int32_t src = 0, dst = 0;
-      uint32_t n = 0;
-      if (!in.Get(&src) || !in.Get(&dst) || !in.Get(&n) || n == 0 || n > ops::kMaxAtomicOps ||
-          in.remaining() != n * sizeof(uint32_t))
-        return false;
-      std::vector<CUatomicOperation> ops(n);
-      for (auto& op : ops) {
-        uint32_t v = 0;
-        in.Get(&v);
-        op = static_cast<CUatomicOperation>(v);
-      }
-      std::vector<unsigned> caps(n, 0);
+      std::vector<CUatomicOperation> asked;
+      if (!in.Get(&src) || !in.Get(&dst) || !ReadAtomicOps(in, &asked)) return false;
       if (a.cuDeviceGetP2PAtomicCapabilities == nullptr) {
         *rc = CUDA_ERROR_NOT_SUPPORTED;
         return true;
       }
-      *rc = a.cuDeviceGetP2PAtomicCapabilities(caps.data(), ops.data(), n, src, dst);
+      std::vector<unsigned> caps(asked.size(), 0);
+      *rc = a.cuDeviceGetP2PAtomicCapabilities(caps.data(), asked.data(),
+                                               static_cast<unsigned>(asked.size()), src, dst);
       for (unsigned c : caps) out.Put<uint32_t>(c);
       return true;
     }

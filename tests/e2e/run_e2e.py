@@ -1599,6 +1599,60 @@ class E2E(unittest.TestCase):
         self.assertEqual(answer.get("asked"), 1, "%s\n%s" % (answer, srv.logs()))
         return answer.get(key), answer
 
+    def _move_there_and_back(self, transport, variant, parts, movable, ckpt_name,
+                             restart_name=None):
+        """migrate_state `parts` under way on server A (flyt-server `movable` options), the client
+        on `transport`: moved A to B at step 2 and back at step 5, checkpointed at step 8, A
+        stopped and restarted at its address (named `restart_name`, else A's name: the same
+        Unix socket, where a unix:// client waits) and the checkpoint restored there. Its
+        step lines must equal an undisturbed run's, the client must say three times where
+        it lives now, and B and the restarted server must end holding nothing."""
+        steps, pause = "12", "50"
+        a = self.start_server(control=True, extra_args=movable)
+        b = self.start_server(control=True, extra_args=movable)
+        base = self.run_ok(a, transport, "migrate_state", variant, args=(steps, "0") + parts)
+        expected = [l for l in base.lines() if l.startswith("step ")]
+        self.assertEqual(len(expected), int(steps), base.describe())
+        prog = RunningProgram(self.tmp, a, transport, program_path("migrate_state", variant),
+                              (steps, pause) + parts)
+        ckpt = os.path.join(self.tmp, ckpt_name)
+        os.makedirs(ckpt)
+        restarted = None
+        try:
+            def reach(pattern):
+                if prog.wait_line(pattern) is None:
+                    self.fail("migrate_state never printed %s\n%s" % (
+                        pattern, prog.finish(5).describe()))
+            reach(r"^step 2 ")
+            n, answer = self._migrate_answer(a, "migrate", "moved", to=b.url(transport),
+                                             token=TOKEN)
+            self.assertEqual(n, 1, "%s\n%s\n%s" % (answer, a.logs(), b.logs()))
+            reach(r"^step 5 ")
+            n, answer = self._migrate_answer(b, "migrate", "moved", to=a.url(transport),
+                                             token=TOKEN)
+            self.assertEqual(n, 1, "%s\n%s\n%s" % (answer, a.logs(), b.logs()))
+            reach(r"^step 8 ")
+            n, answer = self._migrate_answer(a, "checkpoint", "checkpointed", dir=ckpt)
+            self.assertEqual(n, 1, "%s\n%s" % (answer, a.logs()))
+            port, name = a.port, a.name
+            self.stop_server(a)
+            restarted = self.start_server(control=True, port=port,
+                                          name=restart_name if restart_name is not None else name,
+                                          extra_args=movable)
+            answer = restarted.control({"verb": "restore", "dir": ckpt, "wait_ms": 20000},
+                                       timeout=30)
+            self.assertEqual(answer.get("restored"), 1, "%s\n%s" % (answer, restarted.logs()))
+        finally:
+            res = prog.finish()
+        self.assert_passed(res, "migrate_state", restarted or a)
+        got = [l for l in res.lines() if l.startswith("step ")]
+        self.assertEqual(got, expected, res.describe())
+        self.assertEqual(res.client_log.count("now lives at flyt-server"), 3, res.client_log)
+        for srv in (b, restarted):
+            self.assert_stats(srv, sessions=0, memory_used=0)
+        self.stop_server(b)
+        self.stop_server(restarted)
+
     def test_migrate_state(self):
         """migrate_state keeps VMM memory (a growing reservation, a read-only chunk, an
         allocation mapped twice and released while mapped) and CUDA graphs (captured and
@@ -1611,122 +1665,30 @@ class E2E(unittest.TestCase):
         still answer queries, and every server ends with nothing held. With
         --movable-memory (the app's reservations and stream-ordered allocations move only
         from there), and once more for graphs alone without it."""
-        steps, pause = "12", "50"
         runs = [(variant, ["--movable-memory"], ()) for variant in CFG.variants]
         runs.append((CFG.variants[0], [], ("graphs",)))
         for variant, movable, parts in runs:
             with self.subTest(variant=variant, movable=bool(movable), parts=parts):
-                a = self.start_server(control=True, extra_args=movable)
-                b = self.start_server(control=True, extra_args=movable)
-                base = self.run_ok(a, "tcp", "migrate_state", variant, args=(steps, "0") + parts)
-                expected = [l for l in base.lines() if l.startswith("step ")]
-                self.assertEqual(len(expected), int(steps), base.describe())
-                prog = RunningProgram(self.tmp, a, "tcp", program_path("migrate_state", variant),
-                                      (steps, pause) + parts)
-                ckpt = os.path.join(self.tmp, "ckpt-state-%s-%d" % (variant, len(movable)))
-                os.makedirs(ckpt)
-                restarted = None
-                try:
-                    def reach(pattern):
-                        if prog.wait_line(pattern) is None:
-                            self.fail("migrate_state never printed %s\n%s" % (
-                                pattern, prog.finish(5).describe()))
-                    reach(r"^step 2 ")
-                    n, answer = self._migrate_answer(a, "migrate", "moved", to=b.url("tcp"),
-                                                     token=TOKEN)
-                    self.assertEqual(n, 1, "%s\n%s\n%s" % (answer, a.logs(), b.logs()))
-                    reach(r"^step 5 ")
-                    n, answer = self._migrate_answer(b, "migrate", "moved", to=a.url("tcp"),
-                                                     token=TOKEN)
-                    self.assertEqual(n, 1, "%s\n%s\n%s" % (answer, a.logs(), b.logs()))
-                    reach(r"^step 8 ")
-                    n, answer = self._migrate_answer(a, "checkpoint", "checkpointed", dir=ckpt)
-                    self.assertEqual(n, 1, "%s\n%s" % (answer, a.logs()))
-                    port = a.port
-                    self.stop_server(a)
-                    restarted = self.start_server(control=True, port=port,
-                                                  name="restarted-state-" + variant,
-                                                  extra_args=movable)
-                    answer = restarted.control({"verb": "restore", "dir": ckpt,
-                                                "wait_ms": 20000}, timeout=30)
-                    self.assertEqual(answer.get("restored"), 1,
-                                     "%s\n%s" % (answer, restarted.logs()))
-                finally:
-                    res = prog.finish()
-                self.assert_passed(res, "migrate_state", restarted or a)
-                got = [l for l in res.lines() if l.startswith("step ")]
-                self.assertEqual(got, expected, res.describe())
-                self.assertEqual(res.client_log.count("now lives at flyt-server"), 3,
-                                 res.client_log)
-                for srv in (b, restarted):
-                    self.assert_stats(srv, sessions=0, memory_used=0)
-                self.stop_server(b)
-                self.stop_server(restarted)
+                self._move_there_and_back(
+                    "tcp", variant, parts, movable,
+                    "ckpt-state-%s-%d" % (variant, len(movable)),
+                    restart_name="restarted-state-" + variant)
 
     def test_migrate_pools(self):
         """migrate_state's memory pools (the default pool and one it created, with
         attributes; cudaMallocAsync and cudaMallocFromPoolAsync, frees in stream order, a
         kernel counting down in pool memory, a trim, the device's current pool changed and
-        changed back) with its plain stream-ordered allocations, on servers with
-        --movable-memory, the client on tcp:// and on unix://: migrated A to B and back over
-        that transport, then checkpointed, its server restarted at the same address and
-        restored; its step lines equal an undisturbed run's (the program itself checks the
-        pool handles, attributes, the pool of a pointer and the used/reserved figures after
-        each move), and every server ends with nothing held."""
-        steps, pause = "12", "50"
-        variant = CFG.variants[0]
+        changed back, a pool destroyed while memory of it lives) with its plain
+        stream-ordered allocations, on servers with --movable-memory, the client on tcp://
+        and on unix://: migrated A to B and back over that transport, then checkpointed,
+        its server restarted at the same address (and name: the same Unix socket, where the
+        client waits) and restored; its step lines equal an undisturbed run's (the program
+        itself checks the pool handles, attributes, the pool of a pointer and the
+        used/reserved figures after each move), and every server ends with nothing held."""
         for transport in ("tcp", "unix"):
             with self.subTest(transport=transport):
-                movable = ["--movable-memory"]
-                a = self.start_server(control=True, extra_args=movable)
-                b = self.start_server(control=True, extra_args=movable)
-                parts = ("pools", "async")
-                base = self.run_ok(a, transport, "migrate_state", variant,
-                                   args=(steps, "0") + parts)
-                expected = [l for l in base.lines() if l.startswith("step ")]
-                self.assertEqual(len(expected), int(steps), base.describe())
-                prog = RunningProgram(self.tmp, a, transport,
-                                      program_path("migrate_state", variant),
-                                      (steps, pause) + parts)
-                ckpt = os.path.join(self.tmp, "ckpt-pools-" + transport)
-                os.makedirs(ckpt)
-                restarted = None
-                try:
-                    def reach(pattern):
-                        if prog.wait_line(pattern) is None:
-                            self.fail("migrate_state never printed %s\n%s" % (
-                                pattern, prog.finish(5).describe()))
-                    reach(r"^step 2 ")
-                    n, answer = self._migrate_answer(a, "migrate", "moved",
-                                                     to=b.url(transport), token=TOKEN)
-                    self.assertEqual(n, 1, "%s\n%s\n%s" % (answer, a.logs(), b.logs()))
-                    reach(r"^step 5 ")
-                    n, answer = self._migrate_answer(b, "migrate", "moved",
-                                                     to=a.url(transport), token=TOKEN)
-                    self.assertEqual(n, 1, "%s\n%s\n%s" % (answer, a.logs(), b.logs()))
-                    reach(r"^step 8 ")  # its own pool is the device's current pool now
-                    n, answer = self._migrate_answer(a, "checkpoint", "checkpointed", dir=ckpt)
-                    self.assertEqual(n, 1, "%s\n%s" % (answer, a.logs()))
-                    port, name = a.port, a.name
-                    self.stop_server(a)
-                    # The same name: the same Unix socket, where the client waits.
-                    restarted = self.start_server(control=True, port=port, name=name,
-                                                  extra_args=movable)
-                    answer = restarted.control({"verb": "restore", "dir": ckpt,
-                                                "wait_ms": 20000}, timeout=30)
-                    self.assertEqual(answer.get("restored"), 1,
-                                     "%s\n%s" % (answer, restarted.logs()))
-                finally:
-                    res = prog.finish()
-                self.assert_passed(res, "migrate_state", restarted or a)
-                got = [l for l in res.lines() if l.startswith("step ")]
-                self.assertEqual(got, expected, res.describe())
-                self.assertEqual(res.client_log.count("now lives at flyt-server"), 3,
-                                 res.client_log)
-                for srv in (b, restarted):
-                    self.assert_stats(srv, sessions=0, memory_used=0)
-                self.stop_server(b)
-                self.stop_server(restarted)
+                self._move_there_and_back(transport, CFG.variants[0], ("pools", "async"),
+                                          ["--movable-memory"], "ckpt-pools-" + transport)
 
     def test_restore_old_format(self):
         """A checkpoint written in another snapshot format (format 1, before graphs and VMM
