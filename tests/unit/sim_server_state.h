@@ -26,7 +26,7 @@ inline ServerState* SimServerState(uint64_t memory_bytes) {
       s->board = board.get();
       s->slot = &board->layout().slots[0];
       s->share.UseCounters(&board->layout().memory_used, &board->layout().memory_quota,
-                             board->layout().memory_used_dev);
+                           board->layout().memory_used_dev);
     }
     return s;
   }();
