@@ -271,12 +271,8 @@ void OnCall(uint64_t call_id) {
     if (correlate) EmitExternalLocked(static_cast<uint32_t>(call_id));
     return;
   }
-  uint32_t correlation;
-  if (t_driver.depth > 0) {
-    correlation = t_driver.correlation[std::min(t_driver.depth, kMaxDriverDepth) - 1];
-  } else if (t_runtime.depth > 0) {
-    correlation = t_runtime.correlation[std::min(t_runtime.depth, kMaxRuntimeDepth) - 1];
-  } else {
+  uint32_t correlation = CurrentCorrelation();  // ids start at 1: 0 is none
+  if (correlation == 0) {
     correlation = ++g_next_correlation;
     if (correlate) EmitExternalLocked(correlation);
   }

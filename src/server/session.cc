@@ -1296,8 +1296,17 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
 // driver loads the function for the first question: a failure to load is the
 // answer (nothing written).
 CUresult Session::DescribeFunction(uint64_t handle, bool is_kernel, Writer& out) {
-  DriverApi& a = state_->api;
   std::vector<ops::ParamSlot> slots;
+  if (CUresult r = DriverParamLayout(handle, is_kernel, &slots); r != CUDA_SUCCESS) return r;
+  out.Put<uint32_t>(static_cast<uint32_t>(slots.size()));
+  for (const auto& s : slots) out.Put(s);
+  return CUDA_SUCCESS;
+}
+
+CUresult Session::DriverParamLayout(uint64_t handle, bool is_kernel,
+                                    std::vector<ops::ParamSlot>* slots) {
+  DriverApi& a = state_->api;
+  slots->clear();
   for (size_t i = 0; i < ops::kMaxParams; ++i) {
     size_t off = 0, size = 0;
     CUresult r = is_kernel
@@ -1305,10 +1314,8 @@ CUresult Session::DescribeFunction(uint64_t handle, bool is_kernel, Writer& out)
                      : a.cuFuncGetParamInfo(reinterpret_cast<CUfunction>(handle), i, &off, &size);
     if (r == CUDA_ERROR_INVALID_VALUE) break;  // past the last parameter
     if (r != CUDA_SUCCESS) return r;
-    slots.push_back({static_cast<uint32_t>(off), static_cast<uint32_t>(size)});
+    slots->push_back({static_cast<uint32_t>(off), static_cast<uint32_t>(size)});
   }
-  out.Put<uint32_t>(static_cast<uint32_t>(slots.size()));
-  for (const auto& s : slots) out.Put(s);
   return CUDA_SUCCESS;
 }
 

@@ -399,6 +399,11 @@ class Session {
   // (session_staged_copy.cc).
   bool CopyFromDeviceStaged(wire::Reader& in, bool per_thread, CUresult* rc);
   CUresult DescribeFunction(uint64_t handle, bool is_kernel, wire::Writer& out);
+  // The parameters of a kernel or function as the server's driver lays them out,
+  // in order (at most ops::kMaxParams). Returns the driver's answer when one
+  // other than the end of the list (CUDA_ERROR_INVALID_VALUE) stopped it: under
+  // lazy loading, a failure to load the function; `slots` has those before it.
+  CUresult DriverParamLayout(uint64_t handle, bool is_kernel, std::vector<ops::ParamSlot>* slots);
   void DescribeImage(uint64_t image, uint64_t image_client, bool library, wire::Writer& out);
   // Loads an image as a library or a module (the driver's handle in *handle).
   CUresult LoadCode(const ImageBytes& image, bool library, uint64_t* handle);

@@ -92,15 +92,12 @@ CUresult Session::KernelNodeArgs(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS* out_
   const uint64_t func = Raw(p.func), kern = Raw(p.kern);
   std::vector<ops::ParamSlot>& slots = *out_slots;
   slots.clear();
+  if (func != 0 || kern != 0)  // those found before any failure
+    DriverParamLayout(func != 0 ? func : kern, func == 0, &slots);
   uint32_t bytes = 0;
-  for (size_t i = 0; i < ops::kMaxParams && (func != 0 || kern != 0); ++i) {
-    size_t off = 0, size = 0;
-    CUresult r = func != 0 ? a.cuFuncGetParamInfo(p.func, i, &off, &size)
-                           : a.cuKernelGetParamInfo(p.kern, i, &off, &size);
-    if (r != CUDA_SUCCESS) break;
-    if (off + size > ops::kMaxParamBytes) return CUDA_ERROR_UNKNOWN;
-    slots.push_back({static_cast<uint32_t>(off), static_cast<uint32_t>(size)});
-    bytes = std::max(bytes, static_cast<uint32_t>(off + size));
+  for (const ops::ParamSlot& slot : slots) {
+    if (slot.offset + slot.size > ops::kMaxParamBytes) return CUDA_ERROR_UNKNOWN;
+    bytes = std::max(bytes, slot.offset + slot.size);
   }
   std::vector<uint8_t>& blob = *out_blob;
   blob.clear();

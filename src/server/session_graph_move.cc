@@ -670,15 +670,12 @@ Status Session::ReadGraph(GraphReader& r, CUgraph g, bool visible, bool nested, 
           return Status::Error("a kernel node's code is not in the snapshot's code");
         const uint64_t fn = RealHandle(kind, code);
         std::vector<void*> pointers;
-        for (size_t k = 0; k < ops::kMaxParams; ++k) {
-          size_t off = 0, size = 0;
-          CUresult q = is_kernel
-                           ? a.cuKernelGetParamInfo(reinterpret_cast<CUkernel>(fn), k, &off, &size)
-                           : a.cuFuncGetParamInfo(reinterpret_cast<CUfunction>(fn), k, &off, &size);
-          if (q != CUDA_SUCCESS) break;
-          if (off + size > blob.size())
+        std::vector<ops::ParamSlot> slots;
+        DriverParamLayout(fn, is_kernel, &slots);  // those found before any failure
+        for (const ops::ParamSlot& slot : slots) {
+          if (slot.offset + slot.size > blob.size())
             return Status::Error("a kernel node's arguments do not fit its function here");
-          pointers.push_back(blob.data() + off);
+          pointers.push_back(blob.data() + slot.offset);
         }
         CUDA_KERNEL_NODE_PARAMS p{};
         if (is_kernel) {

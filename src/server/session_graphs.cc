@@ -373,16 +373,14 @@ bool Session::GraphKernelNode(Reader& in, Writer& out, CUresult* rc) {
   // Parameter pointers into the blob, laid out as the driver reports.
   std::vector<uint8_t> params(blob, blob + blob_len);
   std::vector<void*> pointers;
-  for (size_t i = 0; i < ops::kMaxParams; ++i) {
-    size_t off = 0, size = 0;
-    CUresult r = is_kernel ? a.cuKernelGetParamInfo(reinterpret_cast<CUkernel>(fn), i, &off, &size)
-                           : a.cuFuncGetParamInfo(reinterpret_cast<CUfunction>(fn), i, &off, &size);
-    if (r != CUDA_SUCCESS) break;
-    if (off + size > params.size()) {
+  std::vector<ops::ParamSlot> slots;
+  DriverParamLayout(fn, is_kernel, &slots);  // those found before any failure, as the driver has
+  for (const ops::ParamSlot& slot : slots) {
+    if (slot.offset + slot.size > params.size()) {
       *rc = CUDA_ERROR_INVALID_VALUE;
       return true;
     }
-    pointers.push_back(params.data() + off);
+    pointers.push_back(params.data() + slot.offset);
   }
   CUDA_KERNEL_NODE_PARAMS p{};
   if (is_kernel) {
