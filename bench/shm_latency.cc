@@ -2,8 +2,10 @@
 // device-to-host copies of 4 B, 4 KiB and 64 KiB into pageable memory (cuMemcpyDtoH), a 4-byte
 // host-to-device copy, an empty kernel launch + cuStreamSynchronize, cuStreamQuery and
 // cuCtxSynchronize with nothing pending (one bare round trip through Flyt), and the per-launch
-// cost of many asynchronous launches. Several libraries run in one invocation, each in a child
-// process of its own, so the real driver and Flyt's client library are compared in the same run.
+// cost of many asynchronous launches, back to back and paced by host work (launch_paced: a
+// decoder's launch every 15 us, which is what the client's message batching is tuned for). Several
+// libraries run in one invocation, each in a child process of its own, so the real driver and
+// Flyt's client library are compared in the same run.
 //
 // Owns: nothing but its own measurement. Driver API only (dlopen'd), the kernel is PTX text
 // (JIT-compiled by the driver; flyt-server --backend sim reads its .entry), so it needs neither
@@ -191,6 +193,31 @@ int RunOne(const Options& o, const char* label, const char* path, FILE* out) {
                  Percentile(per, 0.0), per.size());
     std::fflush(out);
   }
+  if (Wanted(o, "launch_paced")) {
+    // A decoder's pattern: a launch after every 15 us of host work, a 4-byte device-to-host
+    // copy after every 100 launches; the cost per launch above the host work, per round of 100.
+    constexpr double kWorkUs = 15.0;
+    std::vector<double> per;
+    const auto start = Clock::now();
+    for (int round = 0; round < 100000; ++round) {
+      const auto t0 = Clock::now();
+      for (int i = 0; i < 100; ++i) {
+        CHECK(a.LaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr));
+        const auto w = Clock::now();
+        while (std::chrono::duration<double, std::micro>(Clock::now() - w).count() < kWorkUs) {
+        }
+      }
+      CHECK(a.MemcpyDtoH(host.data(), d, 4));
+      const auto t1 = Clock::now();
+      if (round > 0)
+        per.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / 100 - kWorkUs);
+      if (std::chrono::duration<double>(t1 - start).count() > o.seconds) break;
+    }
+    std::fprintf(out, "RESULT %s launch_paced %.3f %.3f %.3f %.3f %zu\n", label,
+                 Percentile(per, 0.5), Percentile(per, 0.1), Percentile(per, 0.99),
+                 Percentile(per, 0.0), per.size());
+    std::fflush(out);
+  }
   CHECK(a.MemFree(d));
   return 0;
 }
@@ -234,7 +261,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: %s [--seconds S] [--iters N] [--only test,...] LABEL=LIBCUDA ...\n"
                  "tests: d2h_4b d2h_4k d2h_64k h2d_4b launch_sync stream_query ctx_sync "
-                 "launch_async\n",
+                 "launch_async launch_paced\n",
                  argv[0]);
     return 2;
   }

@@ -60,6 +60,10 @@ int EnvInt(const char* name, int fallback) {
 }
 
 constexpr size_t kQueueLimit = 256 << 10;
+// Sends may take at most about 1/kSendCostShare of a paced caller's time (see QueueAsync).
+constexpr uint64_t kSendCostShare = 8;
+constexpr size_t kSmallSendBytes = 16 << 10;  // sends that count towards that cost
+constexpr uint64_t kSendCostCapNs = 25000;    // one slow send (a preempted thread) counts so much
 
 }  // namespace
 
@@ -117,6 +121,7 @@ CUresult Client::Init() {
     flush_after_ns_ = flush_us != nullptr && std::strcmp(flush_us, "0") == 0
                           ? 0
                           : static_cast<uint64_t>(EnvInt("FLYT_FLUSH_US", 20)) * 1000;
+    flush_adaptive_ = flush_us == nullptr || flush_us[0] == '\0';
     // One-sided copies of pinned memory over ucx:// (client/rma.cc).
     const char* rma = std::getenv("FLYT_RMA");
     rma_enabled_ = rma == nullptr || std::strcmp(rma, "off") != 0;
@@ -294,9 +299,18 @@ CUresult Client::SendLocked(const wire::FrameHeader& h, const wire::Writer& req,
 }
 
 CUresult Client::SendMessageLocked(iovec* iov, int n) {
+  uint64_t t0 = NowNs();
   Status st = conn_->Send(iov, n);
   sends_.fetch_add(1, std::memory_order_relaxed);
   last_send_ns_ = NowNs();
+  // What a small send costs this thread, averaged over the last few (1/8 weight each);
+  // bulk payloads cost their bytes, not the transport's per-message price.
+  size_t bytes = 0;
+  for (int i = 0; i < n; ++i) bytes += iov[i].iov_len;
+  if (bytes <= kSmallSendBytes) {
+    uint64_t cost = std::min<uint64_t>(last_send_ns_ - t0, kSendCostCapNs);
+    send_cost_ns_ = send_cost_ns_ - send_cost_ns_ / 8 + cost / 8;
+  }
   queue_.clear();
   if (!st.ok()) return MarkLostLocked(nullptr, st.message());
   return CUDA_SUCCESS;
@@ -373,7 +387,11 @@ CUresult Client::Post(const char* name, uint16_t op, const wire::Writer& req, ui
     // Calls that come faster than flush_after_ns_ travel together; a call
     // after a pause goes at once, so the GPU starts on it while the app
     // prepares the next (a decoder's launches, one every ~15 us of Python).
-    if (NowNs() - last_send_ns_ >= flush_after_ns_) rc = FlushLocked();
+    // Where sends are dear (TCP: a system call through the network stack, ~10 us), the
+    // queue also waits until sending costs at most 1/kSendCostShare of the caller's time.
+    uint64_t wait_ns = flush_after_ns_;
+    if (flush_adaptive_) wait_ns = std::max(wait_ns, kSendCostShare * send_cost_ns_);
+    if (NowNs() - last_send_ns_ >= wait_ns) rc = FlushLocked();
   }
   if (t0 != 0) TraceCall(name, "ASYNC", t0);
   return rc;

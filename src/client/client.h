@@ -385,6 +385,12 @@ class Client {
   int reply_spin_us_ = 1000;         // FLYT_SHM_REPLY_SPIN_US
   uint64_t reply_spin_gen_ = 0;      // under mu_: the connection generation it was set for
   uint64_t flush_after_ns_ = 20000;  // FLYT_FLUSH_US
+  // Without FLYT_FLUSH_US, queued calls also wait until the time since the last send is
+  // kSendCostShare times what a send costs this thread (an average, under mu_), so that
+  // sending stays a small part of a paced caller's time on a transport whose sends are
+  // dear (a TCP send is a system call through the whole network stack).
+  bool flush_adaptive_ = true;
+  uint64_t send_cost_ns_ = 0;
   std::unordered_map<const char*, uint64_t> sync_by_name_, async_by_name_;  // under mu_
 
   std::mutex callback_mu_;  // the callback channel and the queued host functions
