@@ -470,6 +470,7 @@ bool Session::Owns(HandleKind kind, uint64_t value) const {
 }
 void Session::Adopt(HandleKind kind, uint64_t value) {
   handles_[static_cast<int>(kind)].insert(value);
+  if (kind == HandleKind::kStream) stream_origin_[value] = StreamOrigin{++stream_seq_, image_seq_};
   if (current_user_ != 0) NoteContextHandle(kind, value);  // session_contexts.cc
 }
 void Session::Forget(HandleKind kind, uint64_t value) {
@@ -495,7 +496,10 @@ void Session::Forget(HandleKind kind, uint64_t value) {
   if (kind == HandleKind::kArray) refund(array_bytes_, array_device_);
   // The stream it ran on now was destroyed with it; the client's handle value
   // stays taken by the retired stream object until the session ends.
-  if (kind == HandleKind::kStream) stream_map_.erase(value);
+  if (kind == HandleKind::kStream) {
+    stream_map_.erase(value);
+    stream_origin_.erase(value);
+  }
   if (kind == HandleKind::kGraph) GraphForgotten(value);
   auto& fwd = xlate_[static_cast<int>(kind)];
   if (!fwd.empty()) {

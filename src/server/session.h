@@ -755,7 +755,17 @@ class Session {
   Status RestoreMemoryLayout(SnapshotReader& in, std::vector<RestoredAlloc>* allocs,
                              const RestoredPools& pools);
   Status RestoreMemoryContents(SnapshotReader& in, const std::vector<RestoredAlloc>& allocs);
-  Status RestoreCode(SnapshotReader& in);
+  struct RestoredStream {
+    uint64_t client = 0;
+    uint32_t flags = 0;
+    int32_t priority = 0;
+    uint64_t after_images = 0;  // images the source had loaded before making it
+  };
+  // Code in load order, making each stream once as many images are loaded as on the source.
+  Status RestoreCode(SnapshotReader& in, const std::vector<RestoredStream>& streams,
+                     size_t* next_stream);
+  Status RestoreStreams(const std::vector<RestoredStream>& streams, uint64_t images_loaded,
+                        size_t* next);
   // Sends a move or restore outcome to the main process (control socket).
   void ReportOutcome(channel::Report::Kind kind, bool ok, const std::string& message);
   void ReleaseMappedMemory();
@@ -801,6 +811,15 @@ class Session {
   };
   std::map<uint64_t, ImageRecord> images_;  // by the client's handle
   uint64_t image_seq_ = 0;
+  // Where each live stream was made among the code loads: the driver gives a stream memory
+  // of its own in the range it also places code in, so a restore makes the streams between
+  // the same loads as the source did, or the code (and its globals) lands elsewhere.
+  struct StreamOrigin {
+    uint64_t seq = 0;          // creation order
+    uint64_t after_image = 0;  // image_seq_ when it was made
+  };
+  std::unordered_map<uint64_t, StreamOrigin> stream_origin_;  // by the client's handle
+  uint64_t stream_seq_ = 0;
   struct CodeName {
     uint64_t image = 0;  // client handle of the module or library
     std::string name;

@@ -180,6 +180,8 @@ std::string Session::Unmovable() {
 // header: magic, version, key[2], client pid, device, primary context handle,
 //         deferred error
 // limits: count, {u32 limit, u64 value}
+// streams: count, {u64 handle, u32 flags, i32 priority, u64 images loaded before it},
+//         in creation order
 // pools:  the pools the session serves and the device's current pool
 //         (session_pools.cc, WritePools)
 // memory:  count, {u64 base, u64 size, u64 charged} (contents at the end)
@@ -187,7 +189,6 @@ std::string Session::Unmovable() {
 // code:   count, {u64 handle, u8 kernel, u64 image, string name, u64 from_kernel,
 //                 count, {i32 attribute, i32 value}}
 // globals: count, {u64 ptr, u64 size, u64 image, string name, bytes}
-// streams: count, {u64 handle, u32 flags, i32 priority}
 // events:  count, {u64 handle, u32 flags}
 // memory contents, in the order of the list
 // trailer: magic
@@ -212,6 +213,35 @@ Status Session::WriteSnapshot(SnapshotWriter& out, const uint64_t key[2]) {
   for (auto& [l, v] : limits) {
     out.Put(l);
     out.Put(v);
+  }
+  // The code images in load order (written below, after the memory).
+  std::vector<std::pair<uint64_t, const ImageRecord*>> images;
+  for (auto& [h, rec] : images_) images.emplace_back(h, &rec);
+  std::sort(images.begin(), images.end(),
+            [](auto& x, auto& y) { return x.second->seq < y.second->seq; });
+  // Streams, in creation order, each with how many of those images were loaded before it
+  // (Session::StreamOrigin): the target makes them between the same loads.
+  std::vector<std::pair<StreamOrigin, uint64_t>> streams;
+  for (uint64_t h : handles_[K(HandleKind::kStream)]) {
+    auto o = stream_origin_.find(h);
+    streams.emplace_back(o != stream_origin_.end() ? o->second : StreamOrigin{}, h);
+  }
+  std::sort(streams.begin(), streams.end(),
+            [](auto& x, auto& y) { return x.first.seq < y.first.seq; });
+  out.Put<uint64_t>(streams.size());
+  for (const auto& [made, h] : streams) {
+    const uint64_t after_image = made.after_image;
+    unsigned flags = 0;
+    int priority = 0;
+    CUstream s = RealStream(h);
+    if (a.cuStreamGetFlags(s, &flags) != CUDA_SUCCESS) flags = CU_STREAM_DEFAULT;
+    if (a.cuStreamGetPriority(s, &priority) != CUDA_SUCCESS) priority = 0;
+    const uint64_t after = static_cast<uint64_t>(std::count_if(
+        images.begin(), images.end(), [&](auto& im) { return im.second->seq <= after_image; }));
+    out.Put(h);
+    out.Put<uint32_t>(flags);
+    out.Put<int32_t>(priority);
+    out.Put(after);
   }
   if (Status st = WritePools(out); !st.ok()) return st;  // session_pools.cc
   std::vector<std::pair<uint64_t, uint64_t>> memory;     // base, size
@@ -238,10 +268,6 @@ Status Session::WriteSnapshot(SnapshotWriter& out, const uint64_t key[2]) {
   }
   if (Status st = WriteVmmLayout(out); !st.ok()) return st;  // session_vmm_move.cc
   // Code, in load order.
-  std::vector<std::pair<uint64_t, const ImageRecord*>> images;
-  for (auto& [h, rec] : images_) images.emplace_back(h, &rec);
-  std::sort(images.begin(), images.end(),
-            [](auto& x, auto& y) { return x.second->seq < y.second->seq; });
   out.Put<uint64_t>(images.size());
   for (auto& [h, rec] : images) {
     out.Put(h);
@@ -297,17 +323,6 @@ Status Session::WriteSnapshot(SnapshotWriter& out, const uint64_t key[2]) {
     out.Put(g.image);
     out.String(g.name);
     if (Status st = put_bytes(ptr, g.size); !st.ok()) return st;
-  }
-  out.Put<uint64_t>(handles_[K(HandleKind::kStream)].size());
-  for (uint64_t h : handles_[K(HandleKind::kStream)]) {
-    unsigned flags = 0;
-    int priority = 0;
-    CUstream s = RealStream(h);
-    if (a.cuStreamGetFlags(s, &flags) != CUDA_SUCCESS) flags = CU_STREAM_DEFAULT;
-    if (a.cuStreamGetPriority(s, &priority) != CUDA_SUCCESS) priority = 0;
-    out.Put(h);
-    out.Put<uint32_t>(flags);
-    out.Put<int32_t>(priority);
   }
   // Events in the order they were last recorded (never recorded first): the
   // target records them again in this order.
@@ -583,7 +598,22 @@ Status Session::RestoreMemoryContents(SnapshotReader& in,
   return Status::Ok();
 }
 
-Status Session::RestoreCode(SnapshotReader& in) {
+Status Session::RestoreStreams(const std::vector<RestoredStream>& streams, uint64_t images_loaded,
+                               size_t* next) {
+  DriverApi& a = state_->api;
+  for (; *next < streams.size() && streams[*next].after_images <= images_loaded; ++*next) {
+    const RestoredStream& rs = streams[*next];
+    CUstream s = nullptr;
+    CUresult r = a.cuStreamCreateWithPriority(&s, rs.flags, rs.priority);
+    if (r != CUDA_SUCCESS) return Status::Error("cuStreamCreateWithPriority: " + Describe(r));
+    stream_map_[rs.client] = s;
+    Adopt(HandleKind::kStream, rs.client);
+  }
+  return Status::Ok();
+}
+
+Status Session::RestoreCode(SnapshotReader& in, const std::vector<RestoredStream>& streams,
+                            size_t* next_stream) {
   DriverApi& a = state_->api;
   uint64_t n = 0;
   if (!in.Count(&n)) return in.status();
@@ -597,6 +627,7 @@ Status Session::RestoreCode(SnapshotReader& in) {
     if (size > wire::kMaxPayload) return Status::Error("an image of " + std::to_string(size));
     std::vector<uint8_t> bytes(size);
     if (!in.Bytes(bytes.data(), size)) return in.status();
+    if (Status st = RestoreStreams(streams, i, next_stream); !st.ok()) return st;
     std::shared_ptr<const ImageBytes> image =
         state_->link != nullptr ? state_->link->PutImage(h0, h1, bytes.data(), size)
                                 : ImageBytes::Copy(bytes.data(), size);
@@ -612,6 +643,7 @@ Status Session::RestoreCode(SnapshotReader& in) {
     for (const auto& [handle, name] : CodeOf(real, library != 0))
       if (!name.empty()) names[name] = handle;
   }
+  if (Status st = RestoreStreams(streams, n, next_stream); !st.ok()) return st;  // the rest
   if (!in.Count(&n)) return in.status();
   for (uint64_t i = 0; i < n; ++i) {
     uint64_t client = 0, image = 0, from_kernel = 0, nattrs = 0;
@@ -656,8 +688,11 @@ Status Session::RestoreCode(SnapshotReader& in) {
                              Describe(r));
     }
   }
-  // Globals: the contents, at the address the client knows.
+  // Globals: the contents, at the address the client knows. Every one is checked before a
+  // move is refused, so that the message says how many moved and by how much.
   if (!in.Count(&n)) return in.status();
+  uint64_t misplaced = 0;
+  std::string first_misplaced;
   for (uint64_t i = 0; i < n; ++i) {
     uint64_t ptr = 0, size = 0, image = 0;
     std::string name;
@@ -674,14 +709,29 @@ Status Session::RestoreCode(SnapshotReader& in) {
             : a.cuModuleGetGlobal_v2(&got, &got_size, reinterpret_cast<CUmodule>(real),
                                      name.c_str());
     if (r != CUDA_SUCCESS) return Status::Error("the global " + name + ": " + Describe(r));
-    if (got != ptr || got_size != size)
-      return Status::Error("the global " + name + " lands at another address here");
     std::vector<uint8_t> bytes(size);
     if (size > (1ull << 30) || !in.Bytes(bytes.data(), size)) return in.status();
+    if (got != ptr || got_size != size) {
+      if (misplaced++ == 0) {
+        char where[160];
+        std::snprintf(where, sizeof(where),
+                      " (at 0x%llx, %llu bytes, on the source; 0x%llx, %zu bytes, here)",
+                      static_cast<unsigned long long>(ptr), static_cast<unsigned long long>(size),
+                      static_cast<unsigned long long>(got), got_size);
+        first_misplaced = name + where;
+      }
+      continue;
+    }
     r = a.cuMemcpyHtoD_v2(ptr, bytes.data(), size);
     if (r != CUDA_SUCCESS) return Status::Error("writing the global " + name + ": " + Describe(r));
     globals_[ptr] = GlobalRecord{size, image, name};
   }
+  if (misplaced != 0)
+    return Status::Error(std::to_string(misplaced) + " of " + std::to_string(n) +
+                         " globals the app looked up land at other addresses here, first " +
+                         first_misplaced +
+                         ": the driver placed this process's code differently; the app's "
+                         "pointers to them would be wrong");
   return Status::Ok();
 }
 
@@ -732,6 +782,16 @@ Status Session::Restore(SnapshotReader& in, uint64_t key[2]) {
   r = a.cuCtxSetCurrent(exec_);
   if (r != CUDA_SUCCESS) return Status::Error("cuCtxSetCurrent: " + Describe(r));
   NoteCurrentContext(primary_client_);
+  std::vector<RestoredStream> streams;
+  uint64_t n = 0;
+  if (!in.Count(&n)) return in.status();
+  for (uint64_t i = 0; i < n; ++i) {
+    RestoredStream s;
+    if (!in.Get(&s.client) || !in.Get(&s.flags) || !in.Get(&s.priority) || !in.Get(&s.after_images))
+      return in.status();
+    streams.push_back(s);
+  }
+  size_t next_stream = 0;  // RestoreCode makes them between the loads they came between
   // Memory first: its addresses must be free, which gets less likely with
   // every other object made here (a larger stack limit reallocates the
   // context's local memory, code takes device memory). Its contents come last.
@@ -752,21 +812,8 @@ Status Session::Restore(SnapshotReader& in, uint64_t key[2]) {
     if (r != CUDA_SUCCESS)
       return Status::Error("cuCtxSetLimit(" + std::to_string(l) + "): " + Describe(r));
   }
-  st = RestoreCode(in);
+  st = RestoreCode(in, streams, &next_stream);  // makes the streams between the same loads
   if (!st.ok()) return st;
-  uint64_t n = 0;
-  if (!in.Count(&n)) return in.status();
-  for (uint64_t i = 0; i < n; ++i) {
-    uint64_t client = 0;
-    uint32_t flags = 0;
-    int32_t priority = 0;
-    if (!in.Get(&client) || !in.Get(&flags) || !in.Get(&priority)) return in.status();
-    CUstream s = nullptr;
-    r = a.cuStreamCreateWithPriority(&s, flags, priority);
-    if (r != CUDA_SUCCESS) return Status::Error("cuStreamCreateWithPriority: " + Describe(r));
-    stream_map_[client] = s;
-    Adopt(HandleKind::kStream, client);
-  }
   if (!in.Count(&n)) return in.status();
   for (uint64_t i = 0; i < n; ++i) {
     uint64_t client = 0;

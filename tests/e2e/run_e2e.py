@@ -1704,7 +1704,7 @@ class E2E(unittest.TestCase):
         self.assertEqual(answer.get("restored"), 0, answer)
         messages = json.dumps(answer) + srv.log_text()
         self.assertIn("format 1", messages, answer)
-        self.assertIn("reads only format 3", messages, answer)
+        self.assertIn("reads only format 4", messages, answer)
         self.assert_stats(srv, sessions=0, memory_used=0)
         self.stop_server(srv)
 
