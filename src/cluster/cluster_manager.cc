@@ -131,11 +131,17 @@ Status ClusterManager::Start() {
     it->second.gpus.push_back(g);
     placement_.AddGpu({g.uuid, g.node_id, it->second.row.host_ip, g.sm_count, g.memory_bytes});
   }
+  std::vector<std::string> half_moved;  // targets of moves the last run did not finish
   for (auto& a : allocs) {
     AllocState& as = allocs_[a.alloc_id];
     as.row = a;
-    vm_allocs_[a.vm_ip].push_back(a.alloc_id);
     placement_.Reserve(a.gpu_uuid, a.sm, a.memory_bytes);
+    if (a.state == "migrating") {
+      as.busy = true;  // not a member of its VM until RecoverMove decides
+      half_moved.push_back(a.alloc_id);
+      continue;
+    }
+    vm_allocs_[a.vm_ip].push_back(a.alloc_id);
   }
   for (auto& [vm, ids] : vm_allocs_) {
     std::sort(ids.begin(), ids.end(), [this](const std::string& x, const std::string& y) {
@@ -143,10 +149,23 @@ Status ClusterManager::Start() {
     });
   }
   LoadCheckpointsLocked(checkpoints);
+  started_ms_ = NowMs();
   EventLocked("cluster-manager-start", "cluster",
               std::to_string(vms_.size()) + " VMs, " + std::to_string(nodes_.size()) + " nodes, " +
-                  std::to_string(allocs_.size()) + " allocations loaded from " + store_->dialect());
+                  std::to_string(allocs_.size()) + " allocations loaded from " + store_->dialect() +
+                  (half_moved.empty() ? std::string()
+                                      : "; " + std::to_string(half_moved.size()) +
+                                            " move(s) were half done: finishing or undoing them "
+                                            "once their nodes report"));
+  for (const std::string& id : half_moved) {
+    // The moved server's VM waits too: nothing else changes it until the move is settled.
+    for (AllocState* m : MembersLocked(allocs_[id].row.vm_ip)) m->busy = true;
+  }
   monitor_ = std::thread([this] { MonitorLoop(); });
+  if (!half_moved.empty()) {
+    std::lock_guard<std::mutex> bg(bg_mu_);
+    background_.emplace_back([this, half_moved] { RecoverMoves(half_moved); });
+  }
   return Status::Ok();
 }
 
@@ -352,6 +371,13 @@ Json ClusterManager::HandleVerb(const control::Peer& peer, const Json& req) {
   if (verb == "request-allocation") {
     if (!need({"client", "admin"})) return Error("bad_request", verb + " is for client managers");
     return RequestAllocation(Str(req, "vm_ip"));
+  }
+  if (verb == "locate-server") {
+    if (!need({"client", "admin"})) return Error("bad_request", verb + " is for client managers");
+    if (role == "client" && Str(req, "vm_ip") != peer.name) {
+      return Error("bad_request", "a client manager locates the servers of its own VM only");
+    }
+    return LocateServer(req);
   }
   if (!need({"admin"})) return Error("bad_request", "'" + verb + "' needs the admin role");
   if (verb == "allocate") {

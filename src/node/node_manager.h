@@ -99,6 +99,10 @@ class NodeManager {
   // migrate, checkpoint, restore: forwarded to the allocation's server.
   control::Json MoveSessions(const std::string& verb, const control::Json& request);
   control::Json ListServers();
+  // Shipping a checkpoint to another node (restore there): the source lists and reads its
+  // session files, the target writes them under <run_dir>/incoming/<transfer>/gpuN and
+  // drops that copy afterwards; spend-checkpoint marks the source's files restored.
+  control::Json CheckpointFilesVerb(const std::string& verb, const control::Json& request);
   const GpuInfo* FindGpu(const std::string& uuid) const;
   EnvList ServerEnv(const ServerParams& params) const;
 
