@@ -138,7 +138,7 @@ void Client::ResumeLocked(const std::string& where, const uint64_t key[2], int d
       std::string now;
       Status found = LocateWithClientManager(manager, given, kLocateTimeoutMs, &now);
       transport::Address moved;
-      if (found.ok() && !now.empty() && now != target &&
+      if (found.ok() && !now.empty() && now != given && now != target &&
           transport::ParseAddress(now, &moved).ok()) {
         FLYT_INFO("the checkpoint of this process was restored at flyt-server %s; going on there",
                   now.c_str());

@@ -6,7 +6,11 @@
 // answers are read; only when every session of every moved server arrived is the VM's
 // placement switched (store and client manager answers) and the old servers stopped.
 // Otherwise the sessions that did move are sent back to where they came from, the targets
-// are stopped and their shares freed, and the error says why.
+// are stopped and their shares freed, and the error says why. The targets are in the store
+// (state "migrating") while they move, so a cluster manager that dies mid-move finishes or
+// rolls it back when it starts again (RecoverMoves). A checkpoint is restored where it was
+// taken, or on another node with its files shipped there through the node managers
+// (RestoreElsewhere); its waiting processes then ask where to go (LocateServer).
 #include <algorithm>
 #include <cinttypes>
 #include <csignal>

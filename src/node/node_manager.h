@@ -2,8 +2,10 @@
 //
 // Owns: the node manager's settings and their derived defaults, the verbs it
 // answers for the cluster manager (start-server, stop-server, set-share,
-// list-servers, and migrate/checkpoint/restore forwarded to one server's control
-// socket; peers of any other role are refused), and its side of the
+// list-servers, migrate/checkpoint/restore forwarded to one server's control
+// socket, and the file side of shipping a checkpoint to another node: reading
+// this node's checkpoint files, writing a shipped copy under <run_dir>/incoming;
+// peers of any other role are refused), and its side of the
 // conversation with the cluster manager: register-node (GPUs and the servers
 // running now, so that a restarted cluster manager adopts them), a heartbeat
 // with ServerReports every heartbeat_ms, server-exited for each server that
