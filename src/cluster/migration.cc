@@ -346,7 +346,8 @@ Json ClusterManager::MoveVm(const std::string& vm_ip, PlacementFilter filter,
       return fail("bad_request", "cannot move VM " + vm_ip +
                                      ": its processes wait in a checkpoint; `flytctl restore "
                                      "--vm " +
-                                     vm_ip + "` first");
+                                     vm_ip +
+                                     "` first (with --node NODE it is restored on that node)");
     }
   }
   struct Move {
