@@ -133,6 +133,15 @@ Status ClusterManager::Start() {
   }
   std::vector<std::string> half_moved;  // targets of moves the last run did not finish
   for (auto& a : allocs) {
+    if (a.state == "stopping") {
+      // A server a finished move replaced (the last run died before it stopped it): gone from
+      // the VM; its node reports it at registration and it is stopped then.
+      replaced_[a.alloc_id] = a.vm_ip;
+      Status d = store_->DeleteAllocation(a.alloc_id);
+      if (!d.ok())
+        FLYT_ERROR("cannot delete allocation %s: %s", a.alloc_id.c_str(), d.message().c_str());
+      continue;
+    }
     AllocState& as = allocs_[a.alloc_id];
     as.row = a;
     placement_.Reserve(a.gpu_uuid, a.sm, a.memory_bytes);
@@ -651,8 +660,17 @@ void ClusterManager::ApplyReportsLocked(const std::string& node_id, const Json& 
   for (const auto& [alloc_id, report] : reported) {
     auto it = allocs_.find(alloc_id);
     if (it == allocs_.end() || it->second.row.node_id != node_id) {
-      EventLocked("orphan-server-stopped", alloc_id,
-                  "node " + node_id + " runs a server the cluster does not know; stopping it");
+      if (auto r = replaced_.find(alloc_id); r != replaced_.end()) {
+        EventLocked("replaced-server-stopped", r->second,
+                    "the cluster manager restarted while server " + alloc_id + " of VM " +
+                        r->second + " on node " + node_id +
+                        " was to stop (a move had replaced it, or the VM was deallocated): "
+                        "stopping it now");
+        replaced_.erase(r);
+      } else {
+        EventLocked("orphan-server-stopped", alloc_id,
+                    "node " + node_id + " runs a server the cluster does not know; stopping it");
+      }
       StopServerAsync(node_id, alloc_id);
       continue;
     }

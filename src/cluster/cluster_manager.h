@@ -221,6 +221,9 @@ class ClusterManager {
   // Checkpoints restored on another node: vm_ip -> {the endpoint its processes waited at ->
   // the server's endpoint now}, for LocateServer.
   std::map<std::string, std::map<std::string, std::string>> relocated_;
+  // Servers a move replaced that the last run did not stop (store state "stopping"):
+  // alloc_id -> vm_ip, until their node reports them and they are stopped.
+  std::map<std::string, std::string> replaced_;
   Clock::time_point last_rebalance_ = Clock::now();
   std::atomic<bool> rebalancing_{false};  // an automatic migrate-auto is running
   // Since start, for /metrics: events by kind, requests by (verb, outcome), and

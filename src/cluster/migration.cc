@@ -68,7 +68,7 @@ std::string Sessions(int64_t n) { return std::to_string(n) + (n == 1 ? " session
 // Test hook (FLYT_TEST_CRASH_AT=POINT): the cluster manager dies here as with kill -9, so a
 // test can restart it with a move half done. Points: "migrate-started" (the targets run,
 // no session was asked to move), "migrate-moved" (the sessions moved, the placement is not
-// switched yet).
+// switched yet), "migrate-switched" (switched, the old servers not stopped yet).
 void CrashPoint(const char* point) {
   const char* at = std::getenv("FLYT_TEST_CRASH_AT");
   if (at == nullptr || std::strcmp(at, point) != 0) return;
@@ -557,6 +557,12 @@ Json ClusterManager::MoveVm(const std::string& vm_ip, PlacementFilter filter,
   int64_t sessions = 0;
   std::string done;
   for (const Move& m : mv) {
+    // The old server is "stopping" in the store before the target is "running": a cluster
+    // manager that restarts in between finds one server of this GPU (and stops the other).
+    AllocState& from = allocs_[m.from_id];
+    from.row.state = "stopping";  // stays busy until stopped and freed
+    from.row.updated_ms = NowMs();
+    PersistAllocLocked(from);
     AllocState& t = allocs_[m.to_id];
     t.row.endpoint = m.to_endpoint;
     t.row.state = "running";
@@ -564,7 +570,6 @@ Json ClusterManager::MoveVm(const std::string& vm_ip, PlacementFilter filter,
     t.busy = false;
     std::replace(ids.begin(), ids.end(), m.from_id, m.to_id);
     PersistAllocLocked(t);
-    allocs_[m.from_id].row.state = "stopping";  // stays busy until stopped and freed
     sessions += Int(m.answer, "moved");
     moved.push_back(Json{{"ordinal", m.ordinal},
                          {"from_alloc_id", m.from_id},
@@ -596,6 +601,7 @@ Json ClusterManager::MoveVm(const std::string& vm_ip, PlacementFilter filter,
               {"allocation", VmAllocJsonLocked(vm_ip)}};
   changed_.notify_all();
   lock.unlock();
+  CrashPoint("migrate-switched");
   RunEach(k, [&](size_t j) {
     // A moved session's worker answers its client (go to the target) just after it
     // reported: stop the old server once it has no session left. A process that connected

@@ -1369,12 +1369,13 @@ class Control(unittest.TestCase):
     def migrate_loop(self):
         return os.path.join(CFG.e2e_programs_dir, "migrate_loop")
 
-    def undisturbed_steps(self, cmgr):
+    def undisturbed_steps(self, cmgr, steps=None):
         """migrate_loop's step lines from a run nobody touched (its checksums)."""
-        res = self.run_ok(cmgr, self.migrate_loop(), [self.MIGRATE_STEPS, 0])
-        steps = [l for l in res.stdout.splitlines() if l.startswith("step ")]
-        self.assertEqual(len(steps), self.MIGRATE_STEPS, res.describe())
-        return steps
+        steps = steps or self.MIGRATE_STEPS
+        res = self.run_ok(cmgr, self.migrate_loop(), [steps, 0])
+        lines = [l for l in res.stdout.splitlines() if l.startswith("step ")]
+        self.assertEqual(len(lines), steps, res.describe())
+        return lines
 
     def finish_and_compare(self, prog, expected, moves):
         """The moved program passes, prints what the undisturbed run printed, and its client
@@ -1598,9 +1599,10 @@ class Control(unittest.TestCase):
         """The cluster manager dies (FLYT_TEST_CRASH_AT, as kill -9) in the middle of a move
         and is started again: a move whose session had arrived at the target is finished
         (the VM on the target, the old server stopped), one whose target had no session yet
-        is rolled back (the target stopped, the VM where it was); either way the process
-        runs on exactly one server, no server is left over, shares add up, and event
-        migrate-recovered says what was decided. The program's output equals an undisturbed
+        is rolled back (the target stopped, the VM where it was), and one that had switched
+        but not stopped the old server stops it when its node reports; either way the
+        process runs on exactly one server, no server is left over, shares add up, and the
+        events (migrate-recovered, replaced-server-stopped) say what was decided. The program's output equals an undisturbed
         run's."""
         self.start_cluster_manager(policy="spread")
         self.start_node("n1", "10.0.0.1", movable=True)
@@ -1608,12 +1610,12 @@ class Control(unittest.TestCase):
         vm = "10.1.0.95"
         self.add_vm(vm, "10.0.0.1", 8, 1)
         cmgr = self.start_client_manager(vm)
-        expected = self.undisturbed_steps(cmgr)
+        steps = 2 * self.MIGRATE_STEPS  # long enough for three restarts of the manager
+        expected = self.undisturbed_steps(cmgr, steps)
         first = self.wait_server_running(vm)
         self.assertEqual(first["node_id"], "n1")
         before = self.last_event_id()
-        prog = self.start_client(cmgr, self.migrate_loop(),
-                                 [self.MIGRATE_STEPS, self.MIGRATE_PAUSE_MS])
+        prog = self.start_client(cmgr, self.migrate_loop(), [steps, self.MIGRATE_PAUSE_MS])
         prog.wait_line(r"^step 5 ")
 
         def crash_during(point, to):
@@ -1653,12 +1655,25 @@ class Control(unittest.TestCase):
         self.assertEqual(len(self.servers_of(vm)), 1, json.dumps(self.servers()))
         self.assertEqual(len(self.server_pids("n2")), 1, self.logs())
         self.assertEqual(shares(), {"n1": 0, "n2": 8})
+        # 3. Dies after the VM switched to n1, before the old server on n2 stopped: the VM
+        # stays on n1 and the server on n2 is stopped when n2 reports it.
+        mark = self.last_event_id()
+        crash_during("migrate-switched", "n1")
+        self.wait_event("the replaced server stopped", mark, "was to stop")
+        back = self.wait_server_running(vm, node_id="n1")
+        self.wait_for("the old server on n2 stopped", lambda: self.server_pids("n2") == [])
+        self.assertEqual(len(self.server_pids("n1")), 1, self.logs())
+        self.assertEqual(len(self.servers_of(vm)), 1, json.dumps(self.servers()))
+        self.assertEqual(shares(), {"n1": 8, "n2": 0})
+        answer = self.ask_client_manager(cmgr).split()
+        self.assertEqual(answer[:2], ["OK", back["endpoint"]], answer)
         # The VM still moves normally afterwards.
-        res = self.ctl("migrate", "--vm", vm, "--to", "n1")
+        res = self.ctl("migrate", "--vm", vm, "--to", "n2")
         self.assertEqual(res.json.get("sessions"), 1, res.describe())
         kinds = [e["kind"] for e in self.events_after(before)]
         self.assertEqual(kinds.count("migrate-recovered"), 2, kinds)
-        self.finish_and_compare(prog, expected, 2)
+        self.assertEqual(kinds.count("replaced-server-stopped"), 1, kinds)
+        self.finish_and_compare(prog, expected, 3)
 
     def make_server_certificates(self):
         """A test CA with certificates for each daemon and flytctl; the nodes' names
