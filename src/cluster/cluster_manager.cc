@@ -619,6 +619,8 @@ Json ClusterManager::RegisterNode(const control::Peer&, const Json& req) {
   ns.row = row;
   ns.gpus = gpus;
   ns.last_seen = Clock::now();
+  const std::string scheme = Str(req, "server_scheme");
+  ns.server_scheme = scheme == "tls" || scheme == "tcp" ? scheme + "://" : "";
   Status s = store_->UpsertNode(row);
   if (s.ok()) s = store_->ReplaceGpus(row.node_id, gpus);
   if (!s.ok()) return Error("internal", "cannot store node " + row.node_id + ": " + s.message());

@@ -80,6 +80,8 @@ class ClusterManager {
     store::Node row;
     std::vector<store::Gpu> gpus;
     Clock::time_point last_seen;
+    // What its servers listen on, "tcp://" or "tls://", as it registered ("" : not said).
+    std::string server_scheme;
     std::shared_ptr<std::mutex> call_mu = std::make_shared<std::mutex>();
     std::shared_ptr<std::unique_ptr<control::Channel>> channel =
         std::make_shared<std::unique_ptr<control::Channel>>();

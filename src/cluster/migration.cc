@@ -379,6 +379,22 @@ Json ClusterManager::MoveVm(const std::string& vm_ip, PlacementFilter filter,
   }
   const size_t n = members.size(), k = mv.size();
   const std::string gpu_of = n > 1 ? " of " + std::to_string(n) : "";
+  // Sessions move only between servers of one kind: nodes that said they start the other
+  // kind are left out (an explicit target among them is refused saying so).
+  const std::string kind = Scheme(mv[0].from_endpoint);
+  std::string other_kind;
+  for (const auto& [id, ns] : nodes_) {
+    if (kind.empty() || ns.server_scheme.empty() || ns.server_scheme == kind) continue;
+    filter.avoid_nodes.insert(id);
+    if (filter.nodes.count(id)) other_kind = id;
+  }
+  if (!other_kind.empty()) {
+    return fail("bad_request", "cannot move VM " + vm_ip + " to node " + other_kind +
+                                   ": its servers listen on " + nodes_[other_kind].server_scheme +
+                                   " and the VM's on " + kind +
+                                   "; sessions move only between servers of the same kind (set "
+                                   "server_tls alike on both nodes)");
+  }
   const store::VmRequirement& vm = vms_[vm_ip];
   PlacementRequest pr{vm_ip, vm.host_ip, members[0]->row.sm, members[0]->row.memory_bytes};
   std::vector<std::string> gpus;
@@ -1258,6 +1274,15 @@ Json ClusterManager::RestoreElsewhere(std::unique_lock<std::mutex>* lock, const 
     return refuse("bad_request", "cannot restore VM " + vm_ip + " on node " + node + ": it is " +
                                      nit->second.row.state + " and takes no new tenants");
   }
+  if (const std::string& theirs = nit->second.server_scheme;
+      !theirs.empty() && !Scheme(rec.endpoints[0]).empty() && theirs != Scheme(rec.endpoints[0])) {
+    return refuse("bad_request",
+                  "cannot restore VM " + vm_ip + " on node " + node + ": its servers listen on " +
+                      theirs + " and the checkpoint's processes talk " + Scheme(rec.endpoints[0]) +
+                      "; sessions move only between servers of the same kind (set "
+                      "server_tls alike on node " +
+                      from + " and node " + node + ")");
+  }
   std::string gpu;
   if (!gpu_asked.empty()) {
     std::string known;
@@ -1580,6 +1605,11 @@ Json ClusterManager::MigrateAuto(const Json& req) {
         f.avoid_gpus.insert(a->row.gpu_uuid);
       }
       if (!movable || movers == 0) continue;
+      for (const auto& [id, ns] : nodes_) {  // never to a node of the other kind of server
+        if (!ns.server_scheme.empty() && ns.server_scheme != Scheme(members[0]->row.endpoint)) {
+          f.avoid_nodes.insert(id);
+        }
+      }
       struct {
         int sm;
         int64_t memory_bytes;

@@ -660,8 +660,14 @@ Json NodeManager::RegisterRequest() {
   for (const auto& r : supervisor_->Reports()) servers.push_back(ToJson(r));
   char host[256] = {};
   if (::gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "?");
-  return Json{{"node_id", config_.node_id}, {"hostname", host},   {"address", AdvertisedAddress()},
-              {"host_ip", config_.host_ip}, {"mps", config_.mps}, {"gpus", gpus},
+  // "tls" or "tcp": the kind of server it starts (sessions move only between alike).
+  return Json{{"node_id", config_.node_id},
+              {"hostname", host},
+              {"address", AdvertisedAddress()},
+              {"host_ip", config_.host_ip},
+              {"mps", config_.mps},
+              {"server_scheme", config_.server_tls ? "tls" : "tcp"},
+              {"gpus", gpus},
               {"servers", servers}};
 }
 

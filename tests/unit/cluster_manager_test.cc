@@ -806,6 +806,24 @@ TEST_F(ClusterManagerTest, RestoreOnAnotherNodeShipsEveryServersFiles) {
   EXPECT_EQ(used["GPU-n2-0"] + used["GPU-n2-1"], 32);
 }
 
+TEST_F(ClusterManagerTest, SessionsMoveOnlyBetweenServersOfOneKind) {
+  AddNode("n1", "10.0.0.1", 1);
+  FakeNode& n2 = AddNode("n2", "10.0.0.2", 1);
+  Json tls = n2.Registration();
+  tls["server_scheme"] = "tls";  // a node with server_tls
+  ASSERT_TRUE(cm_->Handle({"node", "n2", ""}, tls).value("ok", false));
+  AddVm("10.1.0.32", "10.0.0.1", 64, 2, 1);
+  ASSERT_TRUE(Allocate("10.1.0.32").value("ok", false));
+  Json m = Admin({{"verb", "migrate"}, {"vm_ip", "10.1.0.32"}, {"node_id", "n2"}});
+  EXPECT_EQ(m["code"], "bad_request") << m.dump();
+  EXPECT_NE(m.dump().find("same kind"), std::string::npos) << m.dump();
+  EXPECT_TRUE(n2.starts().empty()) << "nothing is started on a node of the other kind";
+  // migrate-auto does not pick it either, although it would lower the peak.
+  Json a = Admin({{"verb", "migrate-auto"}});
+  EXPECT_EQ(a["moved"], false) << a.dump();
+  EXPECT_TRUE(n2.starts().empty());
+}
+
 TEST_F(ClusterManagerTest, RestoreStartsLostServersAgainAtTheirAddresses) {
   FakeNode& n1 = AddNode("n1", "10.0.0.1", 1);
   AddVm("10.1.0.31", "10.0.0.1", 16, 2, 1);
