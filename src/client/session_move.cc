@@ -2,8 +2,11 @@
 // a checkpoint that a restarted server restores).
 //
 // Owns: the park (ops::kOpPark) after the server asked for it, and the resume
-// on the new connection (ops::kOpResume): the app's handles and device
-// pointers stay what they were, because the server keeps them. Must not
+// on the new connection (ops::kOpResume; tls:// with the process's TLS
+// settings): the app's handles and device pointers stay what they were,
+// because the server keeps them. A checkpointed process also asks its client
+// manager, while it waits, whether the checkpoint was restored on another
+// node (LOCATE), and resumes there. Must not
 // touch: the app's calls in flight (there are none: the park happens while
 // this process's connection lock is held, after every call sent was
 // answered).
