@@ -2,8 +2,11 @@
 // a checkpoint that a restarted server restores).
 //
 // Owns: the park (ops::kOpPark) after the server asked for it, and the resume
-// on the new connection (ops::kOpResume): the app's handles and device
-// pointers stay what they were, because the server keeps them. Must not
+// on the new connection (ops::kOpResume; tls:// with the process's TLS
+// settings): the app's handles and device pointers stay what they were,
+// because the server keeps them. A checkpointed process also asks its client
+// manager, while it waits, whether the checkpoint was restored on another
+// node (LOCATE), and resumes there. Must not
 // touch: the app's calls in flight (there are none: the park happens while
 // this process's connection lock is held, after every call sent was
 // answered).
@@ -15,7 +18,9 @@
 #include <thread>
 
 #include "client/client.h"
+#include "client/client_manager_lookup.h"
 #include "client/query_cache.h"
+#include "client/tls_client.h"
 #include "common/log.h"
 #include "transport/emulated_transport.h"
 
@@ -27,6 +32,10 @@ namespace {
 constexpr int kCheckpointWaitMs = 10 * 60 * 1000;
 constexpr int kMigrateWaitMs = 60 * 1000;
 constexpr int kRetryMs = 200;
+// While a checkpointed process waits, how often it asks its client manager whether the
+// checkpoint was restored on another node (every this many attempts: about a second).
+constexpr int kLocateEvery = 5;
+constexpr int kLocateTimeoutMs = 5000;
 
 int64_t MonotonicMs() {
   timespec ts{};
@@ -102,12 +111,24 @@ void Client::ParkLocked() {
 }
 
 void Client::ResumeLocked(const std::string& where, const uint64_t key[2], int deadline_ms) {
+  std::string target = where;
   transport::Address addr;
-  Status st = transport::ParseAddress(where, &addr);
+  Status st = transport::ParseAddress(target, &addr);
   if (!st.ok()) {
     MarkLostLocked("resume", "the session moved to an unusable address: " + st.message());
     return;
   }
+  // A checkpointed process waits at its own server's address; the checkpoint may be
+  // restored on another node instead, which its client manager then knows (a process
+  // pointed at a server with FLYT_SERVER has none to ask).
+  // It asks by the endpoint its client manager gave it (server_ may be the shm:// path it
+  // moved to on the server's host).
+  std::string manager;
+  const char* fixed = std::getenv("FLYT_SERVER");
+  const std::string given = ClientManagerEndpoint();
+  const bool locate = where == server_ && (fixed == nullptr || fixed[0] == '\0') &&
+                      !given.empty() && given.find(',') == std::string::npos &&
+                      ClientManagerPresent(&manager);
   const int64_t t0 = MonotonicMs();
   const int64_t deadline = t0 + deadline_ms;
   std::string last_error;
@@ -116,8 +137,22 @@ void Client::ResumeLocked(const std::string& where, const uint64_t key[2], int d
       if (MonotonicMs() >= deadline) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(kRetryMs));
     }
+    if (locate && attempt > 0 && attempt % kLocateEvery == 0) {
+      std::string now;
+      Status found = LocateWithClientManager(manager, given, kLocateTimeoutMs, &now);
+      transport::Address moved;
+      if (found.ok() && !now.empty() && now != given && now != target &&
+          transport::ParseAddress(now, &moved).ok()) {
+        FLYT_INFO("the checkpoint of this process was restored at flyt-server %s; going on there",
+                  now.c_str());
+        target = now;
+        addr = moved;
+      }
+    }
     std::unique_ptr<transport::Connection> c;
-    st = transport::Dial(addr, liveness_, &c);
+    // A tls:// server is dialled with the trust the first one was (FLYT_TLS_CA, ...).
+    st = addr.kind == transport::Address::Kind::kTls ? DialTls(addr, liveness_, &c)
+                                                     : transport::Dial(addr, liveness_, &c);
     if (st.ok()) st = transport::WrapFromEnvironment(&c);
     if (!st.ok()) {
       last_error = st.message();
@@ -154,19 +189,20 @@ void Client::ResumeLocked(const std::string& where, const uint64_t key[2], int d
       continue;
     }
     if (rep.status != CUDA_SUCCESS) {
-      MarkLostLocked("resume", "flyt-server at " + where + " refused it: " + message);
+      MarkLostLocked("resume", "flyt-server at " + target + " refused it: " + message);
       return;
     }
     std::vector<ops::DeviceInfo> devices;
     if (!ReadDeviceList(r, &devices)) {
-      MarkLostLocked("resume", "malformed reply of flyt-server at " + where);
+      MarkLostLocked("resume", "malformed reply of flyt-server at " + target);
       return;
     }
     // The session is there: from now on every call goes to it.
     conn_->Shutdown();
     conn_ = std::move(c);
     ++conn_gen_;  // registrations of one-sided copies were the old connection's
-    server_ = where;
+    server_ = target;
+    NoteSessionEndpoint(target);  // what a later checkpoint's wait asks about
     address_ = addr;
     session_id_ = hello.session_id;
     session_secret_ = hello.session_secret;
@@ -202,11 +238,11 @@ void Client::ResumeLocked(const std::string& where, const uint64_t key[2], int d
     FLYT_INFO(
         "this process's GPU state now lives at flyt-server %s (session %llu); resumed after "
         "%lld ms",
-        where.c_str(), static_cast<unsigned long long>(session_id_),
+        target.c_str(), static_cast<unsigned long long>(session_id_),
         static_cast<long long>(MonotonicMs() - t0));
     return;
   }
-  MarkLostLocked("resume", "the session did not come back at " + where + " within " +
+  MarkLostLocked("resume", "the session did not come back at " + target + " within " +
                                std::to_string(deadline_ms) + " ms (" + last_error + ")");
 }
 

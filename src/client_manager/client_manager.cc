@@ -12,6 +12,37 @@ namespace flyt::client_manager {
 ClientManager::ClientManager(Options options, control::Credentials creds)
     : options_(std::move(options)), creds_(std::move(creds)) {}
 
+Status ClientManager::CallLocked(const std::string& verb, const control::Json& args,
+                                 control::Json* answer) {
+  Status s;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (!channel_) {
+      s = control::Channel::Dial(options_.cluster_manager, creds_, "client", options_.vm_ip, 5000,
+                                 &channel_);
+      if (!s.ok()) {
+        return Status::Error("cannot reach the cluster manager at " + options_.cluster_manager +
+                             ": " + s.message());
+      }
+    }
+    *answer = control::Json();
+    s = channel_->Call(verb, args, answer, static_cast<int>(options_.request_timeout_ms));
+    if (s.ok() || answer->contains("ok")) break;
+    channel_.reset();  // the manager restarted: dial again once
+  }
+  return s;
+}
+
+std::string ClientManager::Locate(const std::string& endpoint) {
+  std::lock_guard<std::mutex> lock(mu_);
+  control::Json answer;
+  Status s = CallLocked("locate-server",
+                        control::Json{{"vm_ip", options_.vm_ip}, {"endpoint", endpoint}}, &answer);
+  if (!s.ok()) return "ERR " + s.message();
+  const std::string now = answer.value("endpoint", "");
+  if (now.empty()) return "WAIT " + answer.value("reason", std::string("not restored yet"));
+  return "OK " + now;
+}
+
 std::string ClientManager::Allocate() {
   std::lock_guard<std::mutex> lock(mu_);
   control::Json answer;
@@ -56,8 +87,10 @@ void ClientManager::ServeOne(std::unique_ptr<transport::Connection> conn) {
   std::string reply;
   if (line == "ALLOCATE") {
     reply = Allocate();
+  } else if (line.rfind("LOCATE ", 0) == 0) {
+    reply = Locate(line.substr(7));
   } else {
-    reply = "ERR unknown request '" + line + "' (expected ALLOCATE)";
+    reply = "ERR unknown request '" + line + "' (expected ALLOCATE or LOCATE ENDPOINT)";
   }
   reply += "\n";
   iovec iov{reply.data(), reply.size()};

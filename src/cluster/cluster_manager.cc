@@ -131,11 +131,26 @@ Status ClusterManager::Start() {
     it->second.gpus.push_back(g);
     placement_.AddGpu({g.uuid, g.node_id, it->second.row.host_ip, g.sm_count, g.memory_bytes});
   }
+  std::vector<std::string> half_moved;  // targets of moves the last run did not finish
   for (auto& a : allocs) {
+    if (a.state == "stopping") {
+      // A server a finished move replaced (the last run died before it stopped it): gone from
+      // the VM; its node reports it at registration and it is stopped then.
+      replaced_[a.alloc_id] = a.vm_ip;
+      Status d = store_->DeleteAllocation(a.alloc_id);
+      if (!d.ok())
+        FLYT_ERROR("cannot delete allocation %s: %s", a.alloc_id.c_str(), d.message().c_str());
+      continue;
+    }
     AllocState& as = allocs_[a.alloc_id];
     as.row = a;
-    vm_allocs_[a.vm_ip].push_back(a.alloc_id);
     placement_.Reserve(a.gpu_uuid, a.sm, a.memory_bytes);
+    if (a.state == "migrating") {
+      as.busy = true;  // not a member of its VM until RecoverMove decides
+      half_moved.push_back(a.alloc_id);
+      continue;
+    }
+    vm_allocs_[a.vm_ip].push_back(a.alloc_id);
   }
   for (auto& [vm, ids] : vm_allocs_) {
     std::sort(ids.begin(), ids.end(), [this](const std::string& x, const std::string& y) {
@@ -143,10 +158,23 @@ Status ClusterManager::Start() {
     });
   }
   LoadCheckpointsLocked(checkpoints);
+  started_ms_ = NowMs();
   EventLocked("cluster-manager-start", "cluster",
               std::to_string(vms_.size()) + " VMs, " + std::to_string(nodes_.size()) + " nodes, " +
-                  std::to_string(allocs_.size()) + " allocations loaded from " + store_->dialect());
+                  std::to_string(allocs_.size()) + " allocations loaded from " + store_->dialect() +
+                  (half_moved.empty() ? std::string()
+                                      : "; " + std::to_string(half_moved.size()) +
+                                            " move(s) were half done: finishing or undoing them "
+                                            "once their nodes report"));
+  for (const std::string& id : half_moved) {
+    // The moved server's VM waits too: nothing else changes it until the move is settled.
+    for (AllocState* m : MembersLocked(allocs_[id].row.vm_ip)) m->busy = true;
+  }
   monitor_ = std::thread([this] { MonitorLoop(); });
+  if (!half_moved.empty()) {
+    std::lock_guard<std::mutex> bg(bg_mu_);
+    background_.emplace_back([this, half_moved] { RecoverMoves(half_moved); });
+  }
   return Status::Ok();
 }
 
@@ -352,6 +380,13 @@ Json ClusterManager::HandleVerb(const control::Peer& peer, const Json& req) {
   if (verb == "request-allocation") {
     if (!need({"client", "admin"})) return Error("bad_request", verb + " is for client managers");
     return RequestAllocation(Str(req, "vm_ip"));
+  }
+  if (verb == "locate-server") {
+    if (!need({"client", "admin"})) return Error("bad_request", verb + " is for client managers");
+    if (role == "client" && Str(req, "vm_ip") != peer.name) {
+      return Error("bad_request", "a client manager locates the servers of its own VM only");
+    }
+    return LocateServer(req);
   }
   if (!need({"admin"})) return Error("bad_request", "'" + verb + "' needs the admin role");
   if (verb == "allocate") {
@@ -584,6 +619,8 @@ Json ClusterManager::RegisterNode(const control::Peer&, const Json& req) {
   ns.row = row;
   ns.gpus = gpus;
   ns.last_seen = Clock::now();
+  const std::string scheme = Str(req, "server_scheme");
+  ns.server_scheme = scheme == "tls" || scheme == "tcp" ? scheme + "://" : "";
   Status s = store_->UpsertNode(row);
   if (s.ok()) s = store_->ReplaceGpus(row.node_id, gpus);
   if (!s.ok()) return Error("internal", "cannot store node " + row.node_id + ": " + s.message());
@@ -625,8 +662,17 @@ void ClusterManager::ApplyReportsLocked(const std::string& node_id, const Json& 
   for (const auto& [alloc_id, report] : reported) {
     auto it = allocs_.find(alloc_id);
     if (it == allocs_.end() || it->second.row.node_id != node_id) {
-      EventLocked("orphan-server-stopped", alloc_id,
-                  "node " + node_id + " runs a server the cluster does not know; stopping it");
+      if (auto r = replaced_.find(alloc_id); r != replaced_.end()) {
+        EventLocked("replaced-server-stopped", r->second,
+                    "the cluster manager restarted while server " + alloc_id + " of VM " +
+                        r->second + " on node " + node_id +
+                        " was to stop (a move had replaced it, or the VM was deallocated): "
+                        "stopping it now");
+        replaced_.erase(r);
+      } else {
+        EventLocked("orphan-server-stopped", alloc_id,
+                    "node " + node_id + " runs a server the cluster does not know; stopping it");
+      }
       StopServerAsync(node_id, alloc_id);
       continue;
     }

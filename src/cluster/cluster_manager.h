@@ -17,7 +17,9 @@
 // source node managers tell the old servers to move their sessions there, and only when
 // every session of every moved server arrived is the VM's placement switched and the old
 // servers stopped; otherwise the sessions that did move are sent back, the targets are
-// stopped and the VM runs where it was. A VM moves whole or not at all.
+// stopped and the VM runs where it was. A VM moves whole or not at all. The targets are in
+// the store (state "migrating") while they move: a cluster manager that restarts mid-move
+// finishes or undoes it (RecoverMoves).
 // Verbs and fields: docs/control_plane.md.
 #pragma once
 
@@ -47,6 +49,9 @@ struct ClusterOptions {
   int64_t node_call_timeout_ms = 30000;    // start-server waits for readiness
   int64_t migrate_wait_ms = 30000;         // a move waits this long for sessions to park
   int64_t rebalance_interval_ms = 0;       // migrate-auto this often; 0 = only when asked
+  // A restore on another node ships the checkpoint's files through the cluster manager:
+  // at most this many bytes (all servers of the VM together).
+  int64_t checkpoint_ship_max_bytes = int64_t{16} << 30;
   PlacementOptions placement;
 };
 
@@ -75,6 +80,8 @@ class ClusterManager {
     store::Node row;
     std::vector<store::Gpu> gpus;
     Clock::time_point last_seen;
+    // What its servers listen on, "tcp://" or "tls://", as it registered ("" : not said).
+    std::string server_scheme;
     std::shared_ptr<std::mutex> call_mu = std::make_shared<std::mutex>();
     std::shared_ptr<std::unique_ptr<control::Channel>> channel =
         std::make_shared<std::unique_ptr<control::Channel>>();
@@ -119,12 +126,30 @@ class ClusterManager {
   control::Json Checkpoint(const control::Json& req);
   control::Json Restore(const control::Json& req);
   control::Json MigrateAuto(const control::Json& req);
+  // A checkpointed process asks (through its client manager) where the server it waits at
+  // runs now: {endpoint} ("" while its checkpoint waits for a restore).
+  control::Json LocateServer(const control::Json& req);
+  // Restore of the recorded checkpoint `rec` on `node` (GPU `gpu`, or any), another node than
+  // the one it was taken on: new servers there, the files shipped from the checkpoint's
+  // node(s) into the target node manager's run folder, the waiting processes told the new
+  // address (LocateServer), the VM switched there once restored. mu_ held, VM not busy.
+  control::Json RestoreElsewhere(std::unique_lock<std::mutex>* lock, const std::string& vm_ip,
+                                 const CheckpointRecord& rec, const std::string& node,
+                                 const std::string& gpu, int64_t wait_ms);
   // Moves the VM's servers for which `moves` is true to GPUs that `filter` allows (the
   // VM's own GPUs are always avoided), all or none: Ok({vm_ip, moved:[...], ...}) or an
   // Error that says why; the VM then runs where it was. `why` goes into the events.
   control::Json MoveVm(const std::string& vm_ip, PlacementFilter filter,
                        const std::function<bool(const store::Allocation&)>& moves,
                        const std::string& why, int64_t wait_ms);
+  // Forgets a move's target allocation (its share, its row in the store); the caller stops
+  // its server.
+  void DropMoveTargetLocked(const std::string& alloc_id);
+  // After a restart with moves half done (targets in the store as "migrating"): once their
+  // nodes registered again, each move is finished (the target has sessions, or the source is
+  // gone) or undone (event migrate-recovered), so the VM runs on exactly one server per GPU.
+  void RecoverMoves(std::vector<std::string> targets);
+  void RecoverMove(const std::string& target_id);
   // Before a server that gave its sessions away stops: waits (a few seconds at most) until
   // it has none left, and moves those that came late (a pending order, a process that
   // connected meanwhile) to `to` as well.
@@ -194,6 +219,13 @@ class ClusterManager {
   std::map<std::string, std::vector<std::string>> vm_allocs_;  // vm_ip -> alloc_ids, by ordinal
   Placement placement_;
   std::map<std::string, CheckpointRecord> checkpoints_;  // by vm_ip, until restored
+  int64_t started_ms_ = 0;                               // Start(), wall clock
+  // Checkpoints restored on another node: vm_ip -> {the endpoint its processes waited at ->
+  // the server's endpoint now}, for LocateServer.
+  std::map<std::string, std::map<std::string, std::string>> relocated_;
+  // Servers a move replaced that the last run did not stop (store state "stopping"):
+  // alloc_id -> vm_ip, until their node reports them and they are stopped.
+  std::map<std::string, std::string> replaced_;
   Clock::time_point last_rebalance_ = Clock::now();
   std::atomic<bool> rebalancing_{false};  // an automatic migrate-auto is running
   // Since start, for /metrics: events by kind, requests by (verb, outcome), and

@@ -51,6 +51,9 @@ int main(int argc, char** argv) {
                "how long a node manager may take to start a server");
   settings.Add("migrate_wait_ms", &opt.migrate_wait_ms,
                "how long a migration, checkpoint or restore waits for a server's sessions");
+  settings.Add("checkpoint_ship_max_bytes", &opt.checkpoint_ship_max_bytes,
+               "the largest checkpoint (bytes, all its files) that a restore on another node "
+               "ships from the node it was taken on");
   settings.Add("rebalance_interval_ms", &opt.rebalance_interval_ms,
                "run migrate-auto this often (move a VM off the most loaded node); 0 = never");
   settings.Add("placement_policy", &policy, "spread (most free GPU) or pack (fullest that fits)");

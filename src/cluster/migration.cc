@@ -6,11 +6,17 @@
 // answers are read; only when every session of every moved server arrived is the VM's
 // placement switched (store and client manager answers) and the old servers stopped.
 // Otherwise the sessions that did move are sent back to where they came from, the targets
-// are stopped and their shares freed, and the error says why.
+// are stopped and their shares freed, and the error says why. The targets are in the store
+// (state "migrating") while they move, so a cluster manager that dies mid-move finishes or
+// rolls it back when it starts again (RecoverMoves). A checkpoint is restored where it was
+// taken, or on another node with its files shipped there through the node managers
+// (RestoreElsewhere); its waiting processes then ask where to go (LocateServer).
 #include <algorithm>
 #include <cinttypes>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <set>
 #include <thread>
 
@@ -58,6 +64,25 @@ std::string Percent(double load) {
 }
 
 std::string Sessions(int64_t n) { return std::to_string(n) + (n == 1 ? " session" : " sessions"); }
+
+// Test hook (FLYT_TEST_CRASH_AT=POINT): the cluster manager dies here as with kill -9, so a
+// test can restart it with a move half done. Points: "migrate-started" (the targets run,
+// no session was asked to move), "migrate-moved" (the sessions moved, the placement is not
+// switched yet), "migrate-switched" (switched, the old servers not stopped yet).
+void CrashPoint(const char* point) {
+  const char* at = std::getenv("FLYT_TEST_CRASH_AT");
+  if (at == nullptr || std::strcmp(at, point) != 0) return;
+  FLYT_ERROR("FLYT_TEST_CRASH_AT=%s: the cluster manager dies here (test hook)", point);
+  std::raise(SIGKILL);
+}
+
+// "tcp://" or "tls://" (the kinds of server a session moves between), else empty.
+std::string Scheme(const std::string& endpoint) {
+  for (const char* s : {"tcp://", "tls://"}) {
+    if (endpoint.rfind(s, 0) == 0) return s;
+  }
+  return "";
+}
 
 // The folder of a checkpoint that holds the sessions of the VM's server of this ordinal.
 std::string GpuDir(const std::string& dir, int ordinal) {
@@ -321,7 +346,8 @@ Json ClusterManager::MoveVm(const std::string& vm_ip, PlacementFilter filter,
       return fail("bad_request", "cannot move VM " + vm_ip +
                                      ": its processes wait in a checkpoint; `flytctl restore "
                                      "--vm " +
-                                     vm_ip + "` first");
+                                     vm_ip +
+                                     "` first (with --node NODE it is restored on that node)");
     }
   }
   struct Move {
@@ -353,6 +379,22 @@ Json ClusterManager::MoveVm(const std::string& vm_ip, PlacementFilter filter,
   }
   const size_t n = members.size(), k = mv.size();
   const std::string gpu_of = n > 1 ? " of " + std::to_string(n) : "";
+  // Sessions move only between servers of one kind: nodes that said they start the other
+  // kind are left out (an explicit target among them is refused saying so).
+  const std::string kind = Scheme(mv[0].from_endpoint);
+  std::string other_kind;
+  for (const auto& [id, ns] : nodes_) {
+    if (kind.empty() || ns.server_scheme.empty() || ns.server_scheme == kind) continue;
+    filter.avoid_nodes.insert(id);
+    if (filter.nodes.count(id)) other_kind = id;
+  }
+  if (!other_kind.empty()) {
+    return fail("bad_request", "cannot move VM " + vm_ip + " to node " + other_kind +
+                                   ": its servers listen on " + nodes_[other_kind].server_scheme +
+                                   " and the VM's on " + kind +
+                                   "; sessions move only between servers of the same kind (set "
+                                   "server_tls alike on both nodes)");
+  }
   const store::VmRequirement& vm = vms_[vm_ip];
   PlacementRequest pr{vm_ip, vm.host_ip, members[0]->row.sm, members[0]->row.memory_bytes};
   std::vector<std::string> gpus;
@@ -363,9 +405,10 @@ Json ClusterManager::MoveVm(const std::string& vm_ip, PlacementFilter filter,
                                    "; nothing was started, the VM stays where it is");
   }
   for (const Move& m : mv) {
-    if (m.from_endpoint.rfind("tcp://", 0) != 0) {
+    if (Scheme(m.from_endpoint).empty()) {
       return fail("bad_request", "cannot move VM " + vm_ip + ": its server at " + m.from_endpoint +
-                                     " is not a tcp:// server (sessions move over tcp:// only)");
+                                     " is neither a tcp:// nor a tls:// server (sessions move "
+                                     "over tcp:// or tls:// only)");
     }
   }
   // The target allocations: the VM's share and token, the moved server's ordinal. They join
@@ -395,6 +438,10 @@ Json ClusterManager::MoveVm(const std::string& vm_ip, PlacementFilter filter,
                      {"sm", t.row.sm},
                      {"memory_bytes", t.row.memory_bytes},
                      {"token", token}};
+    // In the store as "migrating" (not a member of the VM yet): a cluster manager that
+    // restarts with the move half done finds it there and finishes or undoes it
+    // (RecoverMoves).
+    PersistAllocLocked(t);
     allocs_[t.row.alloc_id] = std::move(t);
     plan += (plan.empty() ? "" : "; ") +
             (n > 1 ? "GPU " + std::to_string(m.ordinal) + gpu_of + ": " : std::string()) + "node " +
@@ -410,15 +457,28 @@ Json ClusterManager::MoveVm(const std::string& vm_ip, PlacementFilter filter,
     Json a = CallNode(mv[j].to_node, "start-server", starts[j], &mv[j].start);
     mv[j].to_endpoint = Str(a, "endpoint");
   });
+  lock.lock();
+  for (const Move& m : mv) {
+    if (auto it = allocs_.find(m.to_id); it != allocs_.end() && m.start.ok()) {
+      it->second.row.endpoint = m.to_endpoint;  // where a recovery sends sessions back from
+      PersistAllocLocked(it->second);
+    }
+  }
+  lock.unlock();
+  CrashPoint("migrate-started");
   std::string failure;
   for (const Move& m : mv) {
     if (!failure.empty()) break;
     if (!m.start.ok()) {
       failure = "the target server on node " + m.to_node + " did not start: " + m.start.message();
-    } else if (m.to_endpoint.rfind("tcp://", 0) != 0) {
-      failure = "the target server's endpoint " + m.to_endpoint +
-                " is not tcp:// (sessions move over tcp:// only; nodes with server_tls cannot "
-                "take a migration yet)";
+    } else if (Scheme(m.to_endpoint) != Scheme(m.from_endpoint)) {
+      // A process that talks TLS to its server must not go on in the clear, and one that
+      // talks plain TCP may have no CA to check a TLS server with.
+      failure = "the target server listens at " + m.to_endpoint + " but the VM's server at " +
+                m.from_endpoint + " is " + Scheme(m.from_endpoint) +
+                ": sessions move only between servers of the same kind (set server_tls alike "
+                "on node " +
+                m.from_node + " and node " + m.to_node + ")";
     }
   }
   // 2. Each source server moves its sessions to its target.
@@ -443,6 +503,7 @@ Json ClusterManager::MoveVm(const std::string& vm_ip, PlacementFilter filter,
                 " did not move all its sessions: " + m.migrate.message();
       break;
     }
+    if (failure.empty()) CrashPoint("migrate-moved");
   }
   if (!failure.empty()) {
     // 3a. Undo: the sessions that did move go back, then the targets are stopped.
@@ -480,12 +541,7 @@ Json ClusterManager::MoveVm(const std::string& vm_ip, PlacementFilter filter,
               (m.back.ok() ? " went back" : " could not go back (" + m.back.message() + ")");
     }
     lock.lock();
-    for (const Move& m : mv) {
-      auto it = allocs_.find(m.to_id);
-      if (it == allocs_.end()) continue;
-      placement_.Release(it->second.row.gpu_uuid, it->second.row.sm, it->second.row.memory_bytes);
-      allocs_.erase(it);
-    }
+    for (const Move& m : mv) DropMoveTargetLocked(m.to_id);
     for (const std::string& id : member_ids) {
       if (auto it = allocs_.find(id); it != allocs_.end()) it->second.busy = false;
     }
@@ -503,10 +559,7 @@ Json ClusterManager::MoveVm(const std::string& vm_ip, PlacementFilter filter,
   if (!intact) {
     // The VM was freed meanwhile (a server died for good): the new servers go too.
     for (const Move& m : mv) {
-      if (auto it = allocs_.find(m.to_id); it != allocs_.end()) {
-        placement_.Release(it->second.row.gpu_uuid, it->second.row.sm, it->second.row.memory_bytes);
-        allocs_.erase(it);
-      }
+      DropMoveTargetLocked(m.to_id);
       StopServerAsync(m.to_node, m.to_id);
     }
     for (const std::string& id : member_ids) {
@@ -520,6 +573,12 @@ Json ClusterManager::MoveVm(const std::string& vm_ip, PlacementFilter filter,
   int64_t sessions = 0;
   std::string done;
   for (const Move& m : mv) {
+    // The old server is "stopping" in the store before the target is "running": a cluster
+    // manager that restarts in between finds one server of this GPU (and stops the other).
+    AllocState& from = allocs_[m.from_id];
+    from.row.state = "stopping";  // stays busy until stopped and freed
+    from.row.updated_ms = NowMs();
+    PersistAllocLocked(from);
     AllocState& t = allocs_[m.to_id];
     t.row.endpoint = m.to_endpoint;
     t.row.state = "running";
@@ -527,7 +586,6 @@ Json ClusterManager::MoveVm(const std::string& vm_ip, PlacementFilter filter,
     t.busy = false;
     std::replace(ids.begin(), ids.end(), m.from_id, m.to_id);
     PersistAllocLocked(t);
-    allocs_[m.from_id].row.state = "stopping";  // stays busy until stopped and freed
     sessions += Int(m.answer, "moved");
     moved.push_back(Json{{"ordinal", m.ordinal},
                          {"from_alloc_id", m.from_id},
@@ -559,6 +617,7 @@ Json ClusterManager::MoveVm(const std::string& vm_ip, PlacementFilter filter,
               {"allocation", VmAllocJsonLocked(vm_ip)}};
   changed_.notify_all();
   lock.unlock();
+  CrashPoint("migrate-switched");
   RunEach(k, [&](size_t j) {
     // A moved session's worker answers its client (go to the target) just after it
     // reported: stop the old server once it has no session left. A process that connected
@@ -581,6 +640,170 @@ Json ClusterManager::MoveVm(const std::string& vm_ip, PlacementFilter filter,
   migration_seconds_.Observe(seconds);
   result["seconds"] = seconds;
   return Ok(result);
+}
+
+// ---------------------------------------------------------------- a restart mid-move
+
+void ClusterManager::DropMoveTargetLocked(const std::string& alloc_id) {
+  auto it = allocs_.find(alloc_id);
+  if (it == allocs_.end()) return;
+  placement_.Release(it->second.row.gpu_uuid, it->second.row.sm, it->second.row.memory_bytes);
+  Status s = store_->DeleteAllocation(alloc_id);
+  if (!s.ok()) FLYT_ERROR("cannot delete allocation %s: %s", alloc_id.c_str(), s.message().c_str());
+  allocs_.erase(it);
+  changed_.notify_all();
+}
+
+void ClusterManager::RecoverMoves(std::vector<std::string> targets) {
+  for (const std::string& id : targets) {
+    if (stopping_.load()) return;
+    RecoverMove(id);
+  }
+}
+
+void ClusterManager::RecoverMove(const std::string& target_id) {
+  std::string vm_ip, from_id, from_node, from_endpoint, to_node, to_endpoint, token;
+  int ordinal = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto t = allocs_.find(target_id);
+    if (t == allocs_.end()) return;
+    vm_ip = t->second.row.vm_ip;
+    ordinal = t->second.row.ordinal;
+    to_node = t->second.row.node_id;
+    to_endpoint = t->second.row.endpoint;
+    token = t->second.row.token;
+    for (AllocState* a : MembersLocked(vm_ip)) {
+      if (a->row.ordinal != ordinal) continue;
+      from_id = a->row.alloc_id;
+      from_node = a->row.node_id;
+      from_endpoint = a->row.endpoint;
+    }
+  }
+  // Both nodes report first (a node that registered again lists its servers); one that does
+  // not within the usual deadline counts as having lost its server.
+  const int64_t deadline_ms = NowMs() +
+                              options_.heartbeat_ms * options_.node_dead_after_heartbeats +
+                              options_.node_call_timeout_ms;
+  auto reported = [&](const std::string& node) {
+    auto it = nodes_.find(node);
+    return node.empty() || (it != nodes_.end() && it->second.row.last_heartbeat_ms >= started_ms_);
+  };
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (reported(to_node) && reported(from_node)) break;
+    }
+    if (stopping_.load()) return;
+    if (NowMs() >= deadline_ms) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  // What each side holds now: the server's state, endpoint and sessions.
+  struct Side {
+    bool alive = false;
+    int64_t sessions = 0;
+    std::string endpoint;
+  };
+  auto look = [&](const std::string& node, const std::string& alloc_id) {
+    Side side;
+    if (node.empty()) return side;
+    Status ls;
+    Json servers = CallNode(node, "list-servers", Json::object(), &ls);
+    for (const Json& r : servers.value("servers", Json::array())) {
+      if (Str(r, "alloc_id") != alloc_id) continue;
+      side.alive = Str(r, "state") == "running" || Str(r, "state") == "starting";
+      side.sessions = Int(r, "sessions");
+      side.endpoint = Str(r, "endpoint");
+    }
+    return side;
+  };
+  Side to = look(to_node, target_id), from = look(from_node, from_id);
+  if (to_endpoint.empty()) to_endpoint = to.endpoint;
+  // The sessions that arrived at the target keep running there (their processes were told
+  // to go on there); with none there, the source keeps the VM.
+  // (A restore's target with no old server left to fall back on keeps nothing unless it has
+  // sessions: the checkpoint then waits for another restore.)
+  const bool forward =
+      to.alive && !to_endpoint.empty() && (to.sessions > 0 || (!from.alive && !from_id.empty()));
+  const int64_t wait_ms = options_.migrate_wait_ms;
+  std::string detail;
+  if (forward) {
+    if (from.alive) {
+      // Sessions still at the source (their order was pending) follow; then it stops.
+      SettleServer(vm_ip, from_node, from_id, to_endpoint, token, wait_ms);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (auto f = allocs_.find(from_id); f != allocs_.end()) f->second.row.state = "stopping";
+      }
+      Status st;
+      CallNode(from_node, "stop-server", Json{{"alloc_id", from_id}}, &st);
+    }
+  } else if (to.alive) {
+    // A session whose order was pending may still arrive at the target: it goes back.
+    if (!from_endpoint.empty() && from.alive) {
+      SettleServer(vm_ip, to_node, target_id, from_endpoint, token, wait_ms);
+    }
+    Status st;
+    CallNode(to_node, "stop-server", Json{{"alloc_id", target_id}}, &st);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto t = allocs_.find(target_id);
+  if (t == allocs_.end()) return;
+  if (forward) {
+    t->second.row.state = "running";
+    t->second.row.endpoint = to_endpoint;
+    t->second.row.updated_ms = NowMs();
+    t->second.busy = false;
+    std::vector<std::string>& ids = vm_allocs_[vm_ip];
+    if (std::find(ids.begin(), ids.end(), from_id) != ids.end() && !from_id.empty()) {
+      std::replace(ids.begin(), ids.end(), from_id, target_id);
+    } else {
+      ids.push_back(target_id);
+      std::sort(ids.begin(), ids.end(), [this](const std::string& x, const std::string& y) {
+        return allocs_[x].row.ordinal < allocs_[y].row.ordinal;
+      });
+    }
+    PersistAllocLocked(t->second);
+    if (!from_id.empty()) {
+      if (auto f = allocs_.find(from_id); f != allocs_.end()) {
+        placement_.Release(f->second.row.gpu_uuid, f->second.row.sm, f->second.row.memory_bytes);
+        Status s = store_->DeleteAllocation(from_id);
+        if (!s.ok())
+          FLYT_ERROR("cannot delete allocation %s: %s", from_id.c_str(), s.message().c_str());
+        allocs_.erase(f);
+      }
+    }
+    detail = "the cluster manager restarted while VM " + vm_ip + " moved from node " +
+             (from_node.empty() ? std::string("?") : from_node) + " to node " + to_node +
+             ": finished the move, " + Sessions(to.sessions) + " at " + to_endpoint +
+             (from.alive ? " (the old server " + from_id + " was stopped)"
+                         : " (the old server was gone)") +
+             "; new processes get " + VmAllocJsonLocked(vm_ip).value("endpoint", "");
+  } else {
+    DropMoveTargetLocked(target_id);
+    detail = "the cluster manager restarted while VM " + vm_ip + " moved from node " +
+             (from_node.empty() ? std::string("?") : from_node) + " to node " + to_node +
+             ": rolled back, " +
+             (to.alive ? "no session had arrived at the target " + target_id + ", stopped"
+                       : std::string("the target server ") + target_id + " is gone") +
+             (from.alive
+                  ? "; the VM runs on node " + from_node + " at " + from_endpoint + " (" +
+                        Sessions(from.sessions) + ")"
+                  : "; the VM's server on node " + from_node + " is gone too: its share is freed");
+    if (!from.alive && !from_id.empty()) {
+      for (AllocState* m : MembersLocked(vm_ip)) m->busy = false;
+      FreeVmLocked(vm_ip, "");
+    }
+  }
+  for (AllocState* m : MembersLocked(vm_ip)) {
+    bool other_move = false;  // another half-done move of this VM still settles
+    for (const auto& [id, a] : allocs_) {
+      other_move = other_move || (a.row.vm_ip == vm_ip && a.row.state == "migrating");
+    }
+    if (!other_move) m->busy = false;
+  }
+  changed_.notify_all();
+  EventLocked("migrate-recovered", vm_ip, detail);
 }
 
 // ---------------------------------------------------------------- verbs
@@ -876,6 +1099,7 @@ Json ClusterManager::Restore(const Json& req) {
   const std::string vm_ip = Str(req, "vm_ip");
   std::string dir = Str(req, "dir");
   const std::string node = Str(req, "node_id");
+  const std::string gpu = Str(req, "gpu");
   const int64_t wait_ms = WaitMsOf(req, options_.migrate_wait_ms);
   if (vm_ip.empty()) return Error("bad_request", "restore needs vm_ip");
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
@@ -904,17 +1128,19 @@ Json ClusterManager::Restore(const Json& req) {
                        " waits for a restore (its record says where to start the servers again: "
                        "a checkpointed process reconnects only to its server's old address)");
     }
-    if (!node.empty() && std::find(rec->second.node_ids.begin(), rec->second.node_ids.end(),
-                                   node) == rec->second.node_ids.end()) {
-      return Error("bad_request", "VM " + vm_ip + "'s checkpoint was taken on node " +
-                                      rec->second.node_ids[0] +
-                                      ": its processes reconnect only to their servers' "
-                                      "addresses there; restore there, then `flytctl migrate`");
-    }
     const CheckpointRecord copy = rec->second;
+    if (!node.empty() &&
+        std::find(copy.node_ids.begin(), copy.node_ids.end(), node) == copy.node_ids.end()) {
+      return RestoreElsewhere(&lock, vm_ip, copy, node, gpu, wait_ms);
+    }
     Json refused = StartAtCheckpointLocked(&lock, vm_ip, copy);
     if (!refused.is_null()) return refused;
     members = MembersLocked(vm_ip);
+  } else if (recorded && !node.empty() &&
+             std::find(rec->second.node_ids.begin(), rec->second.node_ids.end(), node) ==
+                 rec->second.node_ids.end()) {
+    const CheckpointRecord copy = rec->second;
+    return RestoreElsewhere(&lock, vm_ip, copy, node, gpu, wait_ms);
   } else if (recorded) {
     for (const AllocState* a : members) {
       const size_t i = static_cast<size_t>(a->row.ordinal);
@@ -933,9 +1159,9 @@ Json ClusterManager::Restore(const Json& req) {
     if (!node.empty() && a->row.node_id != node) {
       return Error("bad_request",
                    "VM " + vm_ip + "'s server" + (members.size() > 1 ? "s are" : " is") +
-                       " on node " + a->row.node_id +
-                       ": a checkpoint is restored where it was taken, because a checkpointed "
-                       "process reconnects only to its server's address; restore there, then "
+                       " on node " + a->row.node_id + " and the checkpoint in " + dir +
+                       " is not the one recorded for it (only the recorded checkpoint, whose "
+                       "processes wait, can be restored on another node); restore there, then "
                        "`flytctl migrate --vm " +
                        vm_ip + " --to " + node + "`");
     }
@@ -997,6 +1223,352 @@ Json ClusterManager::Restore(const Json& req) {
   return Ok({{"vm_ip", vm_ip}, {"dir", dir}, {"restored", restored}, {"servers", servers}});
 }
 
+Json ClusterManager::LocateServer(const Json& req) {
+  const std::string vm_ip = Str(req, "vm_ip");
+  const std::string endpoint = Str(req, "endpoint");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!vms_.count(vm_ip)) return Error("unknown_vm", "unknown VM " + vm_ip);
+  if (auto v = relocated_.find(vm_ip); v != relocated_.end()) {
+    if (auto e = v->second.find(endpoint); e != v->second.end()) {
+      return Ok({{"endpoint", e->second}, {"relocated", true}});
+    }
+  }
+  for (const AllocState* a : MembersLocked(vm_ip)) {
+    if (a->row.endpoint == endpoint) return Ok({{"endpoint", endpoint}, {"relocated", false}});
+  }
+  // A checkpoint's server that moved on after a restart mid-restore: the VM's server of the
+  // same ordinal.
+  if (auto rec = checkpoints_.find(vm_ip); rec != checkpoints_.end()) {
+    const auto& eps = rec->second.endpoints;
+    const auto at = std::find(eps.begin(), eps.end(), endpoint);
+    if (at != eps.end()) {
+      const int ordinal = static_cast<int>(at - eps.begin());
+      for (const AllocState* a : MembersLocked(vm_ip)) {
+        if (a->row.ordinal == ordinal && !a->checkpointed && a->row.state == "running") {
+          return Ok({{"endpoint", a->row.endpoint}, {"relocated", true}});
+        }
+      }
+      return Ok({{"endpoint", ""}, {"reason", "its checkpoint waits for `flytctl restore`"}});
+    }
+  }
+  return Ok({{"endpoint", ""}, {"reason", "no server of VM " + vm_ip + " was at " + endpoint}});
+}
+
+Json ClusterManager::RestoreElsewhere(std::unique_lock<std::mutex>* lock, const std::string& vm_ip,
+                                      const CheckpointRecord& rec, const std::string& node,
+                                      const std::string& gpu_asked, int64_t wait_ms) {
+  const size_t n = rec.endpoints.size();
+  const std::string from = JoinEndpoints(DistinctNodes(rec.node_ids));
+  auto refuse = [&](const std::string& code, const std::string& message) {  // mu_ held
+    EventLocked("restore-failed", vm_ip, message);
+    return Error(code, message);
+  };
+  if (rec.leave_running) {
+    return refuse("bad_request", "cannot restore VM " + vm_ip + " on node " + node +
+                                     ": its checkpoint in " + rec.dir +
+                                     " was taken with --leave-running, so no process waits for it");
+  }
+  auto nit = nodes_.find(node);
+  if (nit == nodes_.end()) return refuse("unknown_node", "unknown node " + node);
+  if (nit->second.row.state != "up") {
+    return refuse("bad_request", "cannot restore VM " + vm_ip + " on node " + node + ": it is " +
+                                     nit->second.row.state + " and takes no new tenants");
+  }
+  if (const std::string& theirs = nit->second.server_scheme;
+      !theirs.empty() && !Scheme(rec.endpoints[0]).empty() && theirs != Scheme(rec.endpoints[0])) {
+    return refuse("bad_request",
+                  "cannot restore VM " + vm_ip + " on node " + node + ": its servers listen on " +
+                      theirs + " and the checkpoint's processes talk " + Scheme(rec.endpoints[0]) +
+                      "; sessions move only between servers of the same kind (set "
+                      "server_tls alike on node " +
+                      from + " and node " + node + ")");
+  }
+  std::string gpu;
+  if (!gpu_asked.empty()) {
+    std::string known;
+    for (const auto& g : nit->second.gpus) {
+      if (g.uuid == gpu_asked || std::to_string(g.index) == gpu_asked) gpu = g.uuid;
+      known += (known.empty() ? "" : ", ") + std::to_string(g.index) + " " + g.uuid;
+    }
+    if (gpu.empty()) {
+      return refuse("bad_request", "node " + node + " has no GPU '" + gpu_asked +
+                                       "' (it has: " + (known.empty() ? "none" : known) + ")");
+    }
+    if (n > 1) {
+      return refuse("bad_request", "VM " + vm_ip + " has " + std::to_string(n) +
+                                       " GPUs: give a node, not one GPU");
+    }
+  }
+  for (const std::string& src : DistinctNodes(rec.node_ids)) {
+    auto s = nodes_.find(src);
+    if (s == nodes_.end() || s->second.row.state == "down") {
+      return refuse("node_unreachable",
+                    "cannot restore VM " + vm_ip + " on node " + node +
+                        ": its checkpoint's files " + "are on node " + src +
+                        ", which is down, so they cannot be shipped; bring the node back (or "
+                        "copy " +
+                        rec.dir + " to the same path on a node and restore there)");
+    }
+  }
+  // The VM's old servers (still running, idle, while their processes wait) must be the
+  // checkpoint's; they stop once the VM runs on the new ones.
+  std::vector<std::string> old_ids;
+  for (AllocState* a : MembersLocked(vm_ip)) {
+    const size_t i = static_cast<size_t>(a->row.ordinal);
+    if (i >= n || rec.endpoints[i] != a->row.endpoint) {
+      return refuse("bad_request", "VM " + vm_ip + "'s server " + std::to_string(i) +
+                                       " is now at " + a->row.endpoint + ", not at " +
+                                       (i < n ? rec.endpoints[i] : "?") +
+                                       " where the processes of the checkpoint in " + rec.dir +
+                                       " wait; deallocate the VM, then restore");
+    }
+    old_ids.push_back(a->row.alloc_id);
+  }
+  const store::VmRequirement& vm = vms_[vm_ip];
+  PlacementRequest pr{vm_ip, vm.host_ip, rec.sm, rec.memory_bytes};
+  PlacementFilter filter;
+  filter.nodes = {node};
+  filter.gpu = gpu;
+  std::vector<std::string> gpus;
+  bool one_node = false;
+  Status placed = placement_.PlaceGroup(pr, static_cast<int>(n), &gpus, &one_node, &filter);
+  if (!placed.ok()) {
+    return refuse("no_capacity", "cannot restore VM " + vm_ip + " on node " + node + ": " +
+                                     placed.message() + "; its processes still wait");
+  }
+  // The new servers: the checkpoint's share and token, in the store as "migrating" until the
+  // VM switches to them (a restart meanwhile finishes or undoes it, RecoverMoves).
+  struct Target {
+    std::string id, gpu, endpoint, src_dir, dir;
+    bool started = false;
+    Status start, restore;
+    Json answer;
+  };
+  std::vector<Target> t(n);
+  std::vector<Json> starts(n);
+  const int64_t now = NowMs();
+  for (size_t i = 0; i < n; ++i) {
+    AllocState a;
+    a.busy = true;
+    a.row.alloc_id = "a-" + control::RandomHex(6);
+    a.row.vm_ip = vm_ip;
+    a.row.node_id = node;
+    a.row.gpu_uuid = gpus[i];
+    a.row.ordinal = static_cast<int>(i);
+    a.row.token = rec.token;
+    a.row.state = "migrating";
+    a.row.sm = rec.sm;
+    a.row.memory_bytes = rec.memory_bytes;
+    a.row.created_ms = a.row.updated_ms = now;
+    placement_.Reserve(a.row.gpu_uuid, a.row.sm, a.row.memory_bytes);
+    PersistAllocLocked(a);
+    t[i].id = a.row.alloc_id;
+    t[i].gpu = gpus[i];
+    t[i].src_dir = GpuDir(rec.dir, static_cast<int>(i));
+    starts[i] = Json{{"alloc_id", a.row.alloc_id},
+                     {"gpu_uuid", a.row.gpu_uuid},
+                     {"sm", a.row.sm},
+                     {"memory_bytes", a.row.memory_bytes},
+                     {"token", rec.token}};
+    allocs_[a.row.alloc_id] = std::move(a);
+  }
+  for (AllocState* a : MembersLocked(vm_ip)) a->busy = true;
+  const std::string transfer = "r-" + control::RandomHex(6);
+  EventLocked("restore-ship", vm_ip,
+              "restoring VM " + vm_ip + "'s checkpoint " + rec.dir + " (taken on node " + from +
+                  ") on node " + node + ": starting " + std::to_string(n) +
+                  " server(s) there and shipping the checkpoint's files");
+  lock->unlock();
+
+  std::string failure;
+  int64_t shipped = 0;
+  // 1. What is to ship, and whether it may.
+  std::vector<Json> lists(n);
+  for (size_t i = 0; i < n && failure.empty(); ++i) {
+    Status ls;
+    lists[i] = CallNodeAlone(rec.node_ids[i], "list-checkpoint", Json{{"dir", t[i].src_dir}},
+                             kAnswerMarginMs, &ls);
+    if (!ls.ok()) {
+      failure = "cannot list " + t[i].src_dir + " on node " + rec.node_ids[i] + ": " + ls.message();
+    }
+    shipped += Int(lists[i], "bytes");
+  }
+  if (failure.empty() && shipped > options_.checkpoint_ship_max_bytes) {
+    failure = "the checkpoint is " + std::to_string(shipped) +
+              " bytes, more than checkpoint_ship_max_bytes (" +
+              std::to_string(options_.checkpoint_ship_max_bytes) +
+              ") allows to ship; restore it on node " + from +
+              " and `flytctl migrate` it, or raise checkpoint_ship_max_bytes";
+  }
+  // 2. The new servers start.
+  if (failure.empty()) {
+    RunEach(n, [&](size_t i) {
+      Json a = CallNode(node, "start-server", starts[i], &t[i].start);
+      t[i].started = t[i].start.ok();
+      t[i].endpoint = Str(a, "endpoint");
+    });
+    for (size_t i = 0; i < n && failure.empty(); ++i) {
+      if (!t[i].start.ok()) {
+        failure = "the new server on node " + node + " did not start: " + t[i].start.message();
+      } else if (Scheme(t[i].endpoint) != Scheme(rec.endpoints[i])) {
+        failure = "the new server listens at " + t[i].endpoint + " but the processes waited at " +
+                  rec.endpoints[i] + " (set server_tls alike on node " + rec.node_ids[i] +
+                  " and node " + node + ")";
+      }
+    }
+  }
+  // 3. The files go to the target node manager, chunk by chunk over the control connections.
+  for (size_t i = 0; i < n && failure.empty(); ++i) {
+    for (const Json& f : lists[i].value("files", Json::array())) {
+      const std::string file = Str(f, "file");
+      int64_t offset = 0;
+      for (bool last = false; !last && failure.empty();) {
+        Status rs, ws;
+        Json chunk = CallNodeAlone(rec.node_ids[i], "read-checkpoint",
+                                   Json{{"dir", t[i].src_dir}, {"file", file}, {"offset", offset}},
+                                   kAnswerMarginMs, &rs);
+        if (!rs.ok()) {
+          failure = "reading " + t[i].src_dir + "/" + file + " on node " + rec.node_ids[i] +
+                    " failed: " + rs.message();
+          break;
+        }
+        last = Bool(chunk, "eof", true);
+        Json w = CallNodeAlone(node, "write-checkpoint",
+                               Json{{"transfer", transfer},
+                                    {"sub", "gpu" + std::to_string(i)},
+                                    {"file", file},
+                                    {"offset", offset},
+                                    {"data", Str(chunk, "data")},
+                                    {"last", last}},
+                               kAnswerMarginMs, &ws);
+        if (!ws.ok()) {
+          failure = "writing " + file + " on node " + node + " failed: " + ws.message();
+          break;
+        }
+        t[i].dir = Str(w, "dir") + "/gpu" + std::to_string(i);
+        offset += Int(chunk, "bytes");
+      }
+    }
+  }
+  // 4. The waiting processes learn the new addresses (they ask while they wait), and each
+  // new server restores its files.
+  int64_t restored = 0;
+  if (failure.empty()) {
+    lock->lock();
+    for (size_t i = 0; i < n; ++i) {
+      // Processes that waited at an earlier server of this one follow too.
+      for (auto& [old, now] : relocated_[vm_ip]) {
+        if (now == rec.endpoints[i]) now = t[i].endpoint;
+      }
+      relocated_[vm_ip][rec.endpoints[i]] = t[i].endpoint;
+    }
+    lock->unlock();
+    RunEach(n, [&](size_t i) {
+      if (t[i].dir.empty()) return;  // a server without sessions wrote no file
+      t[i].answer = CallNodeAlone(
+          node, "restore", Json{{"alloc_id", t[i].id}, {"dir", t[i].dir}, {"wait_ms", wait_ms}},
+          wait_ms + kAnswerMarginMs, &t[i].restore);
+      if (t[i].restore.ok()) {
+        std::string p = RestoreProblem(t[i].answer);
+        if (!p.empty()) t[i].restore = Status::Error(p);
+      }
+    });
+    for (size_t i = 0; i < n; ++i) {
+      restored += Int(t[i].answer, "restored");
+      if (!t[i].restore.ok() && failure.empty()) {
+        failure = "the new server on node " + node +
+                  (n > 1 ? " (GPU " + std::to_string(i) + ")" : std::string()) + ": " +
+                  t[i].restore.message();
+      }
+    }
+  }
+  Status dropped;
+  CallNode(node, "drop-checkpoint-copy", Json{{"transfer", transfer}}, &dropped);
+  // Nothing restored: the new servers go, the processes still wait for the checkpoint, which
+  // is intact. Something restored: those processes already run there, so the VM switches.
+  const bool keep = restored > 0;
+  if (!failure.empty() && !keep) {
+    RunEach(n, [&](size_t i) {
+      if (!t[i].started) return;
+      Status st;
+      CallNode(node, "stop-server", Json{{"alloc_id", t[i].id}}, &st);
+    });
+    lock->lock();
+    relocated_.erase(vm_ip);
+    for (const Target& x : t) DropMoveTargetLocked(x.id);
+    for (AllocState* a : MembersLocked(vm_ip)) a->busy = false;
+    changed_.notify_all();
+    const std::string message = "restore of VM " + vm_ip + " from " + rec.dir + " (node " + from +
+                                ") on node " + node + " failed: " + failure +
+                                "; nothing changed, its processes still wait for the checkpoint";
+    EventLocked("restore-failed", vm_ip, message);
+    return Error("server_failed", message);
+  }
+  if (failure.empty()) {
+    // The source's files are spent (their one-time keys were used).
+    for (size_t i = 0; i < n; ++i) {
+      Status sp;
+      CallNode(rec.node_ids[i], "spend-checkpoint", Json{{"dir", t[i].src_dir}}, &sp);
+    }
+  }
+  lock->lock();
+  std::vector<std::string>& ids = vm_allocs_[vm_ip];
+  ids.clear();
+  Json servers = Json::array();
+  std::string where;
+  for (size_t i = 0; i < n; ++i) {
+    auto it = allocs_.find(t[i].id);
+    if (it == allocs_.end()) continue;
+    it->second.row.state = "running";
+    it->second.row.endpoint = t[i].endpoint;
+    it->second.row.updated_ms = NowMs();
+    it->second.busy = false;
+    PersistAllocLocked(it->second);
+    ids.push_back(t[i].id);
+    servers.push_back(Json{{"ordinal", static_cast<int>(i)},
+                           {"alloc_id", t[i].id},
+                           {"node_id", node},
+                           {"endpoint", t[i].endpoint},
+                           {"dir", t[i].dir},
+                           {"from_node", rec.node_ids[i]},
+                           {"from_dir", t[i].src_dir},
+                           {"restored", Int(t[i].answer, "restored")}});
+    where += (where.empty() ? "" : ", ") + t[i].endpoint;
+  }
+  for (const std::string& id : old_ids) {
+    auto it = allocs_.find(id);
+    if (it == allocs_.end()) continue;
+    StopServerAsync(it->second.row.node_id, id);
+    placement_.Release(it->second.row.gpu_uuid, it->second.row.sm, it->second.row.memory_bytes);
+    Status s = store_->DeleteAllocation(id);
+    if (!s.ok()) FLYT_ERROR("cannot delete allocation %s: %s", id.c_str(), s.message().c_str());
+    allocs_.erase(it);
+  }
+  DropCheckpointLocked(vm_ip);
+  changed_.notify_all();
+  if (!failure.empty()) {
+    const std::string message = "restore of VM " + vm_ip + " from " + rec.dir + " on node " + node +
+                                " failed in part: " + failure + " (" + Sessions(restored) +
+                                " restored there; the VM now runs on node " + node + ")";
+    EventLocked("restore-failed", vm_ip, message);
+    return Error("server_failed", message);
+  }
+  EventLocked("restore", vm_ip,
+              "VM " + vm_ip + ": " + Sessions(restored) + " restored on node " + node + " at " +
+                  where + " from checkpoint " + rec.dir + " taken on node " + from + " (" +
+                  std::to_string(shipped) +
+                  " bytes shipped); its processes were told the new address, new processes "
+                  "get " +
+                  VmAllocJsonLocked(vm_ip).value("endpoint", ""));
+  return Ok({{"vm_ip", vm_ip},
+             {"dir", rec.dir},
+             {"node_id", node},
+             {"from_node", from},
+             {"shipped_bytes", shipped},
+             {"restored", restored},
+             {"servers", servers}});
+}
+
 Json ClusterManager::MigrateAuto(const Json& req) {
   const bool dry_run = Bool(req, "dry_run", false);
   const bool automatic = Bool(req, "automatic", false);  // the monitor's: quiet when idle
@@ -1028,11 +1600,16 @@ Json ClusterManager::MigrateAuto(const Json& req) {
       f.avoid_nodes = {source};
       for (const AllocState* a : members) {
         movable = movable && !a->busy && !a->checkpointed && a->row.state == "running" &&
-                  a->row.endpoint.rfind("tcp://", 0) == 0;
+                  !Scheme(a->row.endpoint).empty();
         movers += a->row.node_id == source;
         f.avoid_gpus.insert(a->row.gpu_uuid);
       }
       if (!movable || movers == 0) continue;
+      for (const auto& [id, ns] : nodes_) {  // never to a node of the other kind of server
+        if (!ns.server_scheme.empty() && ns.server_scheme != Scheme(members[0]->row.endpoint)) {
+          f.avoid_nodes.insert(id);
+        }
+      }
       struct {
         int sm;
         int64_t memory_bytes;

@@ -7,12 +7,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <set>
 
 #include "common/log.h"
@@ -73,6 +75,69 @@ std::vector<std::string> CheckpointFiles(const std::string& dir) {
       out.push_back(dir + "/" + name);
   }
   return out;
+}
+
+// Checkpoint shipping: bytes per read-checkpoint answer (base64 keeps it under the 16 MiB
+// of a control message).
+constexpr int64_t kShipChunk = 4 << 20;
+
+constexpr char kBase64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+std::string Base64(const uint8_t* p, size_t n) {
+  std::string out;
+  out.reserve((n + 2) / 3 * 4);
+  for (size_t i = 0; i < n; i += 3) {
+    const uint32_t v = static_cast<uint32_t>(p[i]) << 16 |
+                       (i + 1 < n ? static_cast<uint32_t>(p[i + 1]) << 8 : 0) |
+                       (i + 2 < n ? p[i + 2] : 0);
+    out += kBase64[v >> 18 & 63];
+    out += kBase64[v >> 12 & 63];
+    out += i + 1 < n ? kBase64[v >> 6 & 63] : '=';
+    out += i + 2 < n ? kBase64[v & 63] : '=';
+  }
+  return out;
+}
+
+bool Unbase64(const std::string& in, std::vector<uint8_t>* out) {
+  if (in.size() % 4 != 0) return false;
+  out->clear();
+  out->reserve(in.size() / 4 * 3);
+  auto value = [](char c) -> int {
+    const char* at = std::strchr(kBase64, c);
+    return c != '\0' && at != nullptr ? static_cast<int>(at - kBase64) : -1;
+  };
+  for (size_t i = 0; i < in.size(); i += 4) {
+    int v[4];
+    int pad = 0;
+    for (int k = 0; k < 4; ++k) {
+      if (in[i + k] == '=' && i + 4 == in.size() && k >= 2) {
+        v[k] = 0;
+        ++pad;
+      } else if (pad > 0 || (v[k] = value(in[i + k])) < 0) {
+        return false;
+      }
+    }
+    const uint32_t w = static_cast<uint32_t>(v[0] << 18 | v[1] << 12 | v[2] << 6 | v[3]);
+    out->push_back(static_cast<uint8_t>(w >> 16));
+    if (pad < 2) out->push_back(static_cast<uint8_t>(w >> 8));
+    if (pad < 1) out->push_back(static_cast<uint8_t>(w));
+  }
+  return true;
+}
+
+// A file name a checkpoint may hold: session-N.flyt, nothing with a path in it.
+bool SessionFileName(const std::string& name) {
+  return name.size() > 5 && name.size() < 256 && name.find('/') == std::string::npos &&
+         name[0] != '.' && name.compare(name.size() - 5, 5, ".flyt") == 0;
+}
+
+// A transfer id or a gpuN folder: letters, digits and '-' only.
+bool PlainName(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-') return false;
+  }
+  return true;
 }
 
 // A refusal is an answer with ok:false; anything else is a dead channel.
@@ -223,6 +288,7 @@ Status NodeManager::Start() {
   if (config_.server_tls) {
     so.tls_cert = config_.tls.cert;
     so.tls_key = config_.tls.key;
+    so.tls_peer_ca = config_.tls.ca;  // the CA of every node's certificate
   }
   so.extra_env = [this](const ServerParams& p) { return ServerEnv(p); };
   so.on_exit = [this] {
@@ -306,10 +372,15 @@ Json NodeManager::Handle(const control::Peer& peer, const Json& request) {
     if (verb == "list-servers") return ListServers();
     if (verb == "migrate" || verb == "checkpoint" || verb == "restore")
       return MoveSessions(verb, request);
+    if (verb == "list-checkpoint" || verb == "read-checkpoint" || verb == "write-checkpoint" ||
+        verb == "drop-checkpoint-copy" || verb == "spend-checkpoint")
+      return CheckpointFilesVerb(verb, request);
     return control::Error("bad_request", "unknown verb '" + verb +
                                              "': the node manager answers start-server, "
                                              "stop-server, set-share, list-servers, migrate, "
-                                             "checkpoint, restore");
+                                             "checkpoint, restore, list-checkpoint, "
+                                             "read-checkpoint, write-checkpoint, "
+                                             "drop-checkpoint-copy, spend-checkpoint");
   } catch (const Json::exception& e) {
     return control::Error("bad_request", std::string("malformed request: ") + e.what());
   }
@@ -462,6 +533,120 @@ Json NodeManager::MoveSessions(const std::string& verb, const Json& req) {
   return control::Ok(fields);
 }
 
+Json NodeManager::CheckpointFilesVerb(const std::string& verb, const Json& req) {
+  namespace fs = std::filesystem;
+  const std::string incoming = config_.run_dir + "/incoming";
+  std::string dir, file, transfer, sub;
+  if (verb == "list-checkpoint" || verb == "read-checkpoint" || verb == "spend-checkpoint") {
+    Status st = GetString(req, "dir", &dir);
+    if (!st.ok() || dir.empty() || dir[0] != '/' || dir.find("/../") != std::string::npos)
+      return control::Error("bad_request",
+                            verb + ": \"dir\" must be an absolute path on node " + config_.node_id);
+  }
+  if (verb == "list-checkpoint") {
+    Json files = Json::array();
+    int64_t total = 0;
+    std::vector<std::string> paths = CheckpointFiles(dir);
+    std::sort(paths.begin(), paths.end());
+    for (const std::string& path : paths) {
+      std::error_code ec;
+      const auto size = fs::file_size(path, ec);
+      if (ec) continue;
+      files.push_back(Json{{"file", path.substr(path.rfind('/') + 1)}, {"bytes", size}});
+      total += static_cast<int64_t>(size);
+    }
+    return control::Ok(Json{{"files", files}, {"bytes", total}});
+  }
+  if (verb == "spend-checkpoint") {
+    // Restored elsewhere: their one-time keys are spent, as after a restore here.
+    int64_t n = 0;
+    for (const std::string& path : CheckpointFiles(dir)) {
+      std::error_code ec;
+      fs::rename(path, path + ".restored", ec);
+      n += !ec;
+    }
+    return control::Ok(Json{{"spent", n}});
+  }
+  if (verb == "read-checkpoint") {
+    int64_t offset = 0;
+    Status st = GetString(req, "file", &file);
+    if (st.ok()) st = GetCount(req, "offset", &offset);
+    if (!st.ok() || !SessionFileName(file))
+      return control::Error("bad_request",
+                            "read-checkpoint: needs a session file name (*.flyt) "
+                            "and an offset");
+    const std::string path = dir + "/" + file;
+    std::ifstream in(path, std::ios::binary);
+    std::error_code ec;
+    const auto size = fs::file_size(path, ec);
+    if (!in || ec)
+      return control::Error("bad_request",
+                            "read-checkpoint: cannot read " + path + " on node " + config_.node_id);
+    std::vector<uint8_t> buf(static_cast<size_t>(
+        std::max<int64_t>(0, std::min<int64_t>(kShipChunk, static_cast<int64_t>(size) - offset))));
+    in.seekg(offset);
+    in.read(reinterpret_cast<char*>(buf.data()), static_cast<std::streamsize>(buf.size()));
+    if (!in && !buf.empty())
+      return control::Error("internal", "read-checkpoint: reading " + path + " failed");
+    return control::Ok(
+        Json{{"data", Base64(buf.data(), buf.size())},
+             {"bytes", buf.size()},
+             {"size", size},
+             {"eof", offset + static_cast<int64_t>(buf.size()) >= static_cast<int64_t>(size)}});
+  }
+  Status st = GetString(req, "transfer", &transfer);
+  if (!st.ok() || !PlainName(transfer))
+    return control::Error("bad_request", verb + ": needs a transfer id (letters, digits, '-')");
+  const std::string root = incoming + "/" + transfer;
+  if (verb == "drop-checkpoint-copy") {
+    std::error_code ec;
+    fs::remove_all(root, ec);
+    return control::Ok();
+  }
+  // write-checkpoint {transfer, sub, file, offset, data, last}
+  int64_t offset = 0;
+  std::string data;
+  st = GetString(req, "sub", &sub);
+  if (st.ok()) st = GetString(req, "file", &file);
+  if (st.ok()) st = GetCount(req, "offset", &offset);
+  if (st.ok()) st = GetString(req, "data", &data);
+  if (!st.ok() || !PlainName(sub) || !SessionFileName(file))
+    return control::Error(
+        "bad_request",
+        "write-checkpoint: " + (st.ok() ? std::string("bad folder or file name") : st.message()));
+  std::vector<uint8_t> bytes;
+  if (!Unbase64(data, &bytes))
+    return control::Error("bad_request", "write-checkpoint: \"data\" is not base64");
+  const std::string folder = root + "/" + sub;
+  std::error_code ec;
+  fs::create_directories(folder, ec);
+  if (ec)
+    return control::Error("internal", "write-checkpoint: cannot make " + folder + " on node " +
+                                          config_.node_id + ": " + ec.message());
+  fs::permissions(root, fs::perms::owner_all, fs::perm_options::replace, ec);
+  const std::string partial = folder + "/" + file + ".partial";
+  {
+    std::fstream out(partial, std::ios::binary | std::ios::in | std::ios::out |
+                                  (offset == 0 ? std::ios::trunc : std::ios::openmode{}));
+    if (!out)
+      return control::Error(
+          "internal", "write-checkpoint: cannot write " + partial + " on node " + config_.node_id);
+    out.seekp(offset);
+    out.write(reinterpret_cast<const char*>(bytes.data()),
+              static_cast<std::streamsize>(bytes.size()));
+    out.flush();
+    if (!out)
+      return control::Error("internal", "write-checkpoint: writing " + partial + " on node " +
+                                            config_.node_id + " failed (disk full?)");
+  }
+  auto last = req.find("last");
+  if (last != req.end() && last->is_boolean() && last->get<bool>()) {
+    fs::rename(partial, folder + "/" + file, ec);
+    if (ec) return control::Error("internal", "write-checkpoint: " + ec.message());
+  }
+  return control::Ok(Json{{"dir", root}});
+}
+
 Json NodeManager::ListServers() {
   Json list = Json::array();
   for (const auto& r : supervisor_->Reports()) list.push_back(ToJson(r));
@@ -475,8 +660,14 @@ Json NodeManager::RegisterRequest() {
   for (const auto& r : supervisor_->Reports()) servers.push_back(ToJson(r));
   char host[256] = {};
   if (::gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "?");
-  return Json{{"node_id", config_.node_id}, {"hostname", host},   {"address", AdvertisedAddress()},
-              {"host_ip", config_.host_ip}, {"mps", config_.mps}, {"gpus", gpus},
+  // "tls" or "tcp": the kind of server it starts (sessions move only between alike).
+  return Json{{"node_id", config_.node_id},
+              {"hostname", host},
+              {"address", AdvertisedAddress()},
+              {"host_ip", config_.host_ip},
+              {"mps", config_.mps},
+              {"server_scheme", config_.server_tls ? "tls" : "tcp"},
+              {"gpus", gpus},
               {"servers", servers}};
 }
 

@@ -2,8 +2,10 @@
 //
 // Owns: the node manager's settings and their derived defaults, the verbs it
 // answers for the cluster manager (start-server, stop-server, set-share,
-// list-servers, and migrate/checkpoint/restore forwarded to one server's control
-// socket; peers of any other role are refused), and its side of the
+// list-servers, migrate/checkpoint/restore forwarded to one server's control
+// socket, and the file side of shipping a checkpoint to another node: reading
+// this node's checkpoint files, writing a shipped copy under <run_dir>/incoming;
+// peers of any other role are refused), and its side of the
 // conversation with the cluster manager: register-node (GPUs and the servers
 // running now, so that a restarted cluster manager adopts them), a heartbeat
 // with ServerReports every heartbeat_ms, server-exited for each server that
@@ -99,6 +101,10 @@ class NodeManager {
   // migrate, checkpoint, restore: forwarded to the allocation's server.
   control::Json MoveSessions(const std::string& verb, const control::Json& request);
   control::Json ListServers();
+  // Shipping a checkpoint to another node (restore there): the source lists and reads its
+  // session files, the target writes them under <run_dir>/incoming/<transfer>/gpuN and
+  // drops that copy afterwards; spend-checkpoint marks the source's files restored.
+  control::Json CheckpointFilesVerb(const std::string& verb, const control::Json& request);
   const GpuInfo* FindGpu(const std::string& uuid) const;
   EnvList ServerEnv(const ServerParams& params) const;
 

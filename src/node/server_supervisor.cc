@@ -209,6 +209,12 @@ Status ServerSupervisor::SpawnLocked(const EntryPtr& e) {
     for (const std::string& a :
          {std::string("--tls-cert"), options_.tls_cert, std::string("--tls-key"), options_.tls_key})
       spawn.argv.push_back(a);
+    // Sessions moved to another node's tls:// server: its certificate is checked against
+    // the cluster's CA.
+    if (!options_.tls_peer_ca.empty()) {
+      spawn.argv.push_back("--tls-peer-ca");
+      spawn.argv.push_back(options_.tls_peer_ca);
+    }
   }
   if (options_.shared_memory) {
     // Clients on this host learn it in the handshake and move to it.

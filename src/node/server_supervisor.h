@@ -74,6 +74,7 @@ struct SupervisorOptions {
   bool shared_memory = true;                 // also --listen shm://<run_dir>/<id>.shm
   bool movable_memory = false;               // --movable-memory (server/session_movable.cc)
   std::string tls_cert, tls_key;             // set: tls://HOST:0 instead of tcp://HOST:0
+  std::string tls_peer_ca;                   // --tls-peer-ca: checks a migration's target
   // Extra environment of one server (MPS variables), asked at every (re)start.
   std::function<EnvList(const ServerParams&)> extra_env;
   // Called from the monitor thread after a server exited on its own

@@ -177,9 +177,10 @@ Json Move(ServerState* state, const Json& request, channel::MoveOrder::Mode mode
     transport::Address addr;
     Status st = transport::ParseAddress(order.where, &addr);
     if (!st.ok()) return control::Error("bad_request", "migrate: " + st.message());
-    if (addr.kind != transport::Address::Kind::kTcp && addr.kind != transport::Address::Kind::kUnix)
+    if (addr.kind != transport::Address::Kind::kTcp &&
+        addr.kind != transport::Address::Kind::kUnix && addr.kind != transport::Address::Kind::kTls)
       return control::Error("bad_request",
-                            "migrate: the target must be a tcp:// or unix:// address");
+                            "migrate: the target must be a tcp://, tls:// or unix:// address");
     order.token = request.contains("token") && request["token"].is_string()
                       ? request["token"].get<std::string>()
                       : state->token;

@@ -41,7 +41,7 @@ void Usage() {
       "                   [--sim-record FILE] [--sim-green-contexts] [--sim-devices N]\n"
       "                   [--sim-no-peer] [--emulate SPEC]\n"
       "                   [--shm-backing memfd|file:DIR] [--worker-pool N] [--movable-memory]\n"
-      "                   [--tls-cert PEM --tls-key PEM [--tls-ca PEM]]\n"
+      "                   [--tls-cert PEM --tls-key PEM [--tls-ca PEM]] [--tls-peer-ca PEM]\n"
       "  ADDR: tcp://HOST:PORT (default tcp://0.0.0.0:14833; port 0: the kernel picks),\n"
       "        tls://HOST:PORT (TCP with TLS 1.3: needs --tls-cert and --tls-key),\n"
       "        unix:///PATH or shm:///PATH (shared memory for clients on this host, which\n"
@@ -67,7 +67,9 @@ void Usage() {
       "        memory are refused, and modules load eagerly (CUDA_MODULE_LOADING=EAGER\n"
       "        unless set) (default: $FLYT_MOVABLE_MEMORY=1)\n"
       "  --tls-cert, --tls-key: the server's certificate chain and key for tls:// listeners;\n"
-      "        --tls-ca: only clients with a certificate this CA signed are accepted\n"
+      "        --tls-ca: only clients with a certificate this CA signed are accepted;\n"
+      "        --tls-peer-ca: the CA that signed other servers' certificates, checked when a\n"
+      "        session migrates to a tls:// server (default: the system's trust store)\n"
       "  logging: FLYT_LOG=error|warn|info|debug|trace, FLYT_LOG_FILE=PATH\n");
 }
 
@@ -186,6 +188,8 @@ int main(int argc, char** argv) {
       tls_files.key = value("--tls-key");
     } else if (arg == "--tls-ca") {
       tls_files.ca = value("--tls-ca");
+    } else if (arg == "--tls-peer-ca") {
+      options.migrate_tls.ca = value("--tls-peer-ca");
     } else if (arg == "--shm-backing") {
       setenv("FLYT_SHM_BACKING", value("--shm-backing").c_str(), 1);
     } else if (arg == "--worker") {
@@ -213,6 +217,10 @@ int main(int argc, char** argv) {
   // CUDA_MODULE_LOADING stays as it is.
   if (options.movable_memory && std::getenv("CUDA_MODULE_LOADING") == nullptr)
     setenv("CUDA_MODULE_LOADING", "EAGER", 1);
+  // A session moved to a tls:// server: this server's certificate, where it has one, is
+  // its client certificate there.
+  options.migrate_tls.cert = tls_files.cert;
+  options.migrate_tls.key = tls_files.key;
   if (is_worker) return server::RunWorker(worker, options);
   log::SetProcessTag("flyt-server");
   auto state = std::make_unique<server::ServerState>();

@@ -34,6 +34,7 @@
 #include "server/pool_ledger.h"
 #include "server/share.h"
 #include "server/worker_channel.h"
+#include "transport/tls_server.h"
 #include "transport/transport.h"
 
 namespace flyt::server {
@@ -76,6 +77,9 @@ struct ServerState {
   // --movable-memory: cuMemAlloc memory at addresses another server can take
   // over (server/session_movable.cc).
   bool movable_memory = false;
+  // How a worker dials a tls:// target when it moves a session there (--tls-peer-ca, and
+  // --tls-cert/--tls-key as its client certificate).
+  transport::TlsDialFiles migrate_tls;
 };
 
 // Builds the device inventory (the share is applied to it when sent).

@@ -408,13 +408,18 @@ bool Session::Park(Reader& in, Writer& out, CUresult* rc) {
     transport::Address addr;
     Status st = transport::ParseAddress(order.where, &addr);
     if (st.ok() && addr.kind != transport::Address::Kind::kTcp &&
-        addr.kind != transport::Address::Kind::kUnix)
-      st = Status::Error("migration goes over tcp:// or unix:// only");
+        addr.kind != transport::Address::Kind::kUnix && addr.kind != transport::Address::Kind::kTls)
+      st = Status::Error("migration goes over tcp://, tls:// or unix:// only");
     std::unique_ptr<transport::Connection> target;
     transport::Liveness live;
     live.connect_timeout_ms = kConnectTimeoutMs;
     live.dead_peer_timeout_ms = kRestoreTimeoutMs;
-    if (st.ok()) st = transport::Dial(addr, live, &target);
+    // A tls:// target is checked against --tls-peer-ca, as a client checks its server.
+    if (st.ok()) {
+      st = addr.kind == transport::Address::Kind::kTls
+               ? transport::DialTls(addr, live, state_->migrate_tls, &target)
+               : transport::Dial(addr, live, &target);
+    }
     uint64_t written = 0;
     if (st.ok()) {
       Writer hello;

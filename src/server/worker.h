@@ -24,6 +24,7 @@
 #include "server/share.h"
 #include "server/worker_channel.h"
 #include "transport/emulated_transport.h"
+#include "transport/tls_server.h"
 
 namespace flyt::server {
 
@@ -36,6 +37,9 @@ struct ServerOptions {
   // cuMemAlloc memory placed so that another server can take it over
   // (server/session_movable.cc); legacy CUDA IPC of it is refused.
   bool movable_memory = false;
+  // A live migration to a tls:// server: the CA its certificate must be signed by
+  // (--tls-peer-ca; empty: the system's trust store) and this server's certificate.
+  transport::TlsDialFiles migrate_tls;
 };
 
 // The descriptors a worker inherits: "--worker CTL,REQ,BOARD,SLOT".

@@ -71,8 +71,8 @@ const VerbHelp kVerbs[] = {
      "move a running VM's servers and their processes to another node (all or nothing)"},
     {"checkpoint", "--vm IP --to PATH [--leave-running] [--wait-ms N]",
      "write the GPU state of every process of a VM to PATH on its node(s)"},
-    {"restore", "--vm IP [--from PATH] [--node NODE] [--wait-ms N]",
-     "restore a VM's checkpoint where it was taken; its processes go on"},
+    {"restore", "--vm IP [--from PATH] [--node NODE[/GPU]] [--wait-ms N]",
+     "restore a VM's checkpoint, where it was taken or on another node; its processes go on"},
     {"migrate-auto", "[--dry-run]",
      "move one VM off the most loaded node to where it lowers the peak load"},
 };
@@ -150,9 +150,11 @@ void PrintVerbUsage(FILE* out, const std::string& verb) {
                      "  waits (up to 10 min) until restore; if one server fails, the processes\n"
                      "  already written resume at once. restore takes the last checkpoint\n"
                      "  (or --from PATH) into the VM's servers where it was taken, started\n"
-                     "  again at the same addresses if they are gone: a waiting process\n"
-                     "  reconnects only to its server's address, so --node must be that\n"
-                     "  node; move the VM afterwards with migrate.\n");
+                     "  again at the same addresses if they are gone. With --node NODE[/GPU]\n"
+                     "  on another node, the last checkpoint's files are shipped there (at\n"
+                     "  most the cluster manager's checkpoint_ship_max_bytes), new servers\n"
+                     "  restore them, the waiting processes learn the new address from\n"
+                     "  their client manager, and the VM's old servers stop.\n");
       } else if (verb == "drain-node") {
         std::fprintf(out,
                      "\n"
@@ -1107,12 +1109,25 @@ int RunRestore(Context& ctx) {
   if (!va.Has("--vm")) return Usage("restore", "--vm IP is required");
   Json request = {{"vm_ip", va.Get("--vm")}};
   if (va.Has("--from")) request["dir"] = va.Get("--from");
-  if (va.Has("--node")) request["node_id"] = va.Get("--node");
+  if (va.Has("--node")) {
+    const std::string to = va.Get("--node");
+    const size_t slash = to.find('/');
+    if (to.empty() || slash == 0) return Usage("restore", "--node NODE[/GPU] needs a node");
+    if (slash != std::string::npos && slash + 1 >= to.size())
+      return Usage("restore", "--node NODE/GPU needs a GPU after '/'");
+    request["node_id"] = to.substr(0, slash);
+    if (slash != std::string::npos) request["gpu"] = to.substr(slash + 1);
+  }
   int rc = kExitOk;
   if (!WaitMs("restore", va, &request, &rc)) return rc;
   return Simple(ctx, "restore", request, [&](const Json& a) {
-    std::printf("VM %s: %s process session(s) restored from %s; they go on\n",
-                Str(a, "vm_ip").c_str(), Int(a, "restored").c_str(), Str(a, "dir").c_str());
+    std::printf("VM %s: %s process session(s) restored from %s%s; they go on\n",
+                Str(a, "vm_ip").c_str(), Int(a, "restored").c_str(), Str(a, "dir").c_str(),
+                a.contains("from_node")
+                    ? (" (node " + Str(a, "from_node") + ", " + Int(a, "shipped_bytes") +
+                       " bytes shipped to node " + Str(a, "node_id") + ")")
+                          .c_str()
+                    : "");
     for (const Json& s : Array(a, "servers")) {
       std::printf("  GPU %s: node %s at %s, %s restored\n", Int(s, "ordinal").c_str(),
                   Str(s, "node_id").c_str(), Str(s, "endpoint").c_str(),

@@ -3,7 +3,8 @@
 # at run time instead (client/tls_client.h): Debian's static OpenSSL is not PIC.
 find_library(FLYT_CRYPTO_STATIC NAMES libcrypto.a REQUIRED)
 find_library(FLYT_SSL_STATIC NAMES libssl.a REQUIRED)
-add_library(flyt_tls_server STATIC ${CMAKE_CURRENT_LIST_DIR}/tls_server.cc)
+add_library(flyt_tls_server STATIC ${CMAKE_CURRENT_LIST_DIR}/tls_server.cc
+                                   ${CMAKE_CURRENT_LIST_DIR}/tls_dial.cc)
 target_link_libraries(flyt_tls_server PUBLIC flyt_common
                       PRIVATE ${FLYT_SSL_STATIC} ${FLYT_CRYPTO_STATIC} ${CMAKE_DL_LIBS}
                               Threads::Threads)

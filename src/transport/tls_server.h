@@ -11,8 +11,9 @@
 // record layer does not know.
 //
 // Owns: the server's TLS context (certificate, key, optional client CA), the handshake and
-// the record layer. Must not know about frames or CUDA. The client's side is
-// client/tls_client.h (OpenSSL loaded at run time).
+// the record layer, and a worker's dial to another server's tls:// listener when it moves a
+// session there (tls_dial.cc). Must not know about frames or CUDA. The client library's side
+// is client/tls_client.h (OpenSSL loaded at run time).
 #pragma once
 
 #include <memory>
@@ -40,5 +41,15 @@ Status AcceptTls(const TlsServerContext& ctx, int timeout_ms, std::unique_ptr<Co
 
 // Continues a connection AcceptTls made and another process detached (Kind::kTls).
 Status ReattachTls(DetachedConnection&& d, std::unique_ptr<Connection>* out);
+
+// flyt-server dialling another flyt-server's tls:// listener (a session's live migration,
+// tls_dial.cc): the target's certificate must be signed by `ca` (empty: the system's trust
+// store) and name `server_name` (empty: the address's host); `cert`/`key` (optional) are
+// presented to a target that asks for a client certificate.
+struct TlsDialFiles {
+  std::string ca, cert, key, server_name;
+};
+Status DialTls(const Address& address, const Liveness& liveness, const TlsDialFiles& files,
+               std::unique_ptr<Connection>* out);
 
 }  // namespace flyt::transport

@@ -519,7 +519,7 @@ class Control(unittest.TestCase):
             return r.read().decode()
 
     def start_node(self, node_id, host_ip, inventory="sim:2", secret=SECRET, wait=True,
-                   movable=False):
+                   movable=False, extra=()):
         """Starts flyt-node-manager `node_id` and (wait=True) waits until list-nodes shows
         it up with its GPUs."""
         run_dir = os.path.join(self.tmp, node_id)
@@ -539,7 +539,7 @@ class Control(unittest.TestCase):
                 "--server-backend", "sim",
                 "--server-binary", binary("flyt-server"),
                 "--run-dir", run_dir,
-            ] + (["--server-movable-memory", "true"] if movable else [])
+            ] + (["--server-movable-memory", "true"] if movable else []) + list(extra)
         d = Daemon(self.tmp, "node-" + node_id, command(free_tcp_port()), self.daemon_env())
         d.run_dir = run_dir
         d.node_id = node_id
@@ -703,6 +703,7 @@ class Control(unittest.TestCase):
             "FLYT_LOG_FILE": log_path,
             "FLYT_TIMEOUT_MS": client_timeout_ms,
             "E2E_WATCHDOG_S": max(10, timeout - 20),
+            **getattr(self, "client_env", {}),  # e.g. FLYT_TLS_CA for tls:// servers
         })
         cmd = [binary("flyt"), "run", "--", program] + [str(a) for a in args]
         return run(cmd, env, timeout, log_path)
@@ -720,6 +721,7 @@ class Control(unittest.TestCase):
             "FLYT_LOG_FILE": log_path,
             "FLYT_TIMEOUT_MS": CLIENT_TIMEOUT_MS,
             "E2E_WATCHDOG_S": max(10, timeout - 20),
+            **getattr(self, "client_env", {}),
         })
         cmd = [binary("flyt"), "run", "--", program] + [str(a) for a in args]
         start = time.monotonic()
@@ -1367,12 +1369,13 @@ class Control(unittest.TestCase):
     def migrate_loop(self):
         return os.path.join(CFG.e2e_programs_dir, "migrate_loop")
 
-    def undisturbed_steps(self, cmgr):
+    def undisturbed_steps(self, cmgr, steps=None):
         """migrate_loop's step lines from a run nobody touched (its checksums)."""
-        res = self.run_ok(cmgr, self.migrate_loop(), [self.MIGRATE_STEPS, 0])
-        steps = [l for l in res.stdout.splitlines() if l.startswith("step ")]
-        self.assertEqual(len(steps), self.MIGRATE_STEPS, res.describe())
-        return steps
+        steps = steps or self.MIGRATE_STEPS
+        res = self.run_ok(cmgr, self.migrate_loop(), [steps, 0])
+        lines = [l for l in res.stdout.splitlines() if l.startswith("step ")]
+        self.assertEqual(len(lines), steps, res.describe())
+        return lines
 
     def finish_and_compare(self, prog, expected, moves):
         """The moved program passes, prints what the undisturbed run printed, and its client
@@ -1450,8 +1453,8 @@ class Control(unittest.TestCase):
 
     def test_checkpoint_restore_vm(self):
         """flytctl checkpoint parks and writes the VM's running process (it waits), restore
-        brings it back at the same server; a restore on another node is refused with the
-        reason; --leave-running writes it while it runs; after a checkpoint, a deallocate (the
+        brings it back at the same server; a folder other than the recorded checkpoint is
+        not restored on another node; --leave-running writes it while it runs; after a checkpoint, a deallocate (the
         server gone) and a kill -9 and restart of the cluster manager, restore starts a server
         at the same address and the process goes on there. Its output equals an undisturbed
         run's."""
@@ -1479,9 +1482,10 @@ class Control(unittest.TestCase):
         self.assertEqual(prog.stdout().count("\nstep "), steps_then, prog.stdout()[-500:])
         self.assertTrue(prog.alive())
         self.wait_event("the checkpoint", before, "checkpoint")
-        # Another node cannot take it (the process reconnects to its server's address only).
-        other = self.ctl_fails("restore", "--vm", vm, "--node", "n2", json_out=False)
-        self.assertIn("reconnects only", other.stderr, other.describe())
+        # A folder that is not the recorded checkpoint cannot go to another node.
+        other = self.ctl_fails("restore", "--vm", vm, "--from", ckpt + "-other", "--node", "n2",
+                               json_out=False)
+        self.assertIn("not the one recorded", other.stderr, other.describe())
         res = self.ctl("restore", "--vm", vm)
         self.assertEqual(res.json.get("restored"), 1, res.describe())
         self.assertEqual(self.server_of(vm)["alloc_id"], server["alloc_id"])
@@ -1514,6 +1518,231 @@ class Control(unittest.TestCase):
         self.assertEqual(again["alloc_id"], server["alloc_id"])
         self.wait_event("the servers started again", before, "restore-servers")
         self.finish_and_compare(prog, expected, 2)
+
+    def test_restore_on_another_node(self):
+        """flytctl restore --vm IP --node NODE[/GPU] on another node than the checkpoint's:
+        the files are shipped there through the node managers (a checkpoint larger than
+        checkpoint_ship_max_bytes is refused, nothing changes and the process still waits),
+        a new server restores them, the waiting process learns the new address from its
+        client manager and goes on there; the old server is stopped, the source files are
+        spent, the client manager answers the new endpoint, and the events say so. Its
+        output equals an undisturbed run's."""
+        self.start_cluster_manager(policy="spread")
+        self.start_node("n1", "10.0.0.1")
+        self.start_node("n2", "10.0.0.2")
+        vm = "10.1.0.94"
+        self.add_vm(vm, "10.0.0.1", 8, 1)
+        cmgr = self.start_client_manager(vm)
+        expected = self.undisturbed_steps(cmgr)
+        first = self.wait_server_running(vm)
+        self.assertEqual(first["node_id"], "n1")
+        ckpt = os.path.join(self.tmp, "ckpt-elsewhere")
+        before = self.last_event_id()
+        prog = self.start_client(cmgr, self.migrate_loop(),
+                                 [self.MIGRATE_STEPS, self.MIGRATE_PAUSE_MS])
+        prog.wait_line(r"^step 5 ")
+        res = self.ctl("checkpoint", "--vm", vm, "--to", ckpt)
+        self.assertEqual(res.json.get("sessions"), 1, res.describe())
+        files = os.listdir(os.path.join(ckpt, "gpu0"))
+        self.assertEqual(len(files), 1, files)
+        # Unknown node, unknown GPU: refused with the reason, nothing changes.
+        bad = self.ctl_fails("restore", "--vm", vm, "--node", "n9", json_out=False)
+        self.assertIn("unknown node n9", bad.stderr, bad.describe())
+        bad = self.ctl_fails("restore", "--vm", vm, "--node", "n2/7", json_out=False)
+        self.assertIn("has no GPU '7'", bad.stderr, bad.describe())
+        # Over the shipping limit (the cluster manager restarted with a tiny one): refused,
+        # the VM's server stays on n1, the process still waits.
+        self.cm.kill9()
+        self.start_cluster_manager(extra=["--checkpoint-ship-max-bytes", "10"])
+        self.wait_node_state("n1", NODE_UP)
+        self.wait_node_state("n2", NODE_UP)
+        big = self.ctl_fails("restore", "--vm", vm, "--node", "n2", json_out=False)
+        self.assertIn("checkpoint_ship_max_bytes", big.stderr, big.describe())
+        self.assertEqual(self.server_of(vm)["alloc_id"], first["alloc_id"])
+        self.assertEqual(self.server_pids("n2"), [], self.logs())
+        self.assertEqual(len(os.listdir(os.path.join(ckpt, "gpu0"))), 1)
+        self.assertTrue(prog.alive(), prog.stdout()[-500:])
+        self.wait_event("the refused restore", before, "checkpoint_ship_max_bytes")
+        # With the usual limit it goes to n2's GPU 1.
+        self.cm.kill9()
+        self.start_cluster_manager()
+        self.wait_node_state("n1", NODE_UP)
+        self.wait_node_state("n2", NODE_UP)
+        res = self.ctl("restore", "--vm", vm, "--node", "n2/1")
+        self.assertEqual(res.json.get("restored"), 1, res.describe())
+        self.assertEqual(res.json.get("node_id"), "n2", res.describe())
+        self.assertGreater(res.json.get("shipped_bytes", 0), 0, res.describe())
+        moved = self.wait_server_running(vm)
+        self.assertEqual(moved["node_id"], "n2", json.dumps(moved))
+        self.assertNotEqual(moved["endpoint"], first["endpoint"])
+        gpu1 = [g["uuid"] for g in self.node_list()["n2"]["gpus"] if g.get("index") == 1]
+        self.assertEqual([moved["gpu_uuid"]], gpu1, json.dumps(moved))
+        self.wait_for("the old server on n1 stopped", lambda: self.server_pids("n1") == [])
+        self.assertEqual(len(self.server_pids("n2")), 1, self.logs())
+        answer = self.ask_client_manager(cmgr).split()
+        self.assertEqual(answer[:2], ["OK", moved["endpoint"]], answer)
+        # The source's file is spent; the copy on n2 is gone.
+        self.assertEqual(sorted(os.listdir(os.path.join(ckpt, "gpu0"))),
+                         [files[0] + ".restored"])
+        self.assertEqual(os.listdir(os.path.join(self.nodes["n2"].run_dir, "incoming")), [])
+        used = {n: sum(g.get("sm_used", 0) for g in v["gpus"]) for n, v in
+                self.node_list().items()}
+        self.assertEqual((used["n1"], used["n2"]), (0, 8), used)
+        self.wait_event("the restore on n2", before, "restored on node n2")
+        kinds = [e["kind"] for e in self.events_after(before)]
+        for k in ("checkpoint", "restore-ship", "restore-failed", "restore"):
+            self.assertIn(k, kinds, kinds)
+        res = self.finish_and_compare(prog, expected, 1)
+        self.assertIn("was restored at flyt-server " + moved["endpoint"], res.log, tail(res.log))
+
+    def test_migrate_cluster_manager_crash(self):
+        """The cluster manager dies (FLYT_TEST_CRASH_AT, as kill -9) in the middle of a move
+        and is started again: a move whose session had arrived at the target is finished
+        (the VM on the target, the old server stopped), one whose target had no session yet
+        is rolled back (the target stopped, the VM where it was), and one that had switched
+        but not stopped the old server stops it when its node reports; either way the
+        process runs on exactly one server, no server is left over, shares add up, and the
+        events (migrate-recovered, replaced-server-stopped) say what was decided. The program's output equals an undisturbed
+        run's."""
+        self.start_cluster_manager(policy="spread")
+        self.start_node("n1", "10.0.0.1", movable=True)
+        self.start_node("n2", "10.0.0.2", movable=True)
+        vm = "10.1.0.95"
+        self.add_vm(vm, "10.0.0.1", 8, 1)
+        cmgr = self.start_client_manager(vm)
+        steps = 2 * self.MIGRATE_STEPS  # long enough for three restarts of the manager
+        expected = self.undisturbed_steps(cmgr, steps)
+        first = self.wait_server_running(vm)
+        self.assertEqual(first["node_id"], "n1")
+        before = self.last_event_id()
+        prog = self.start_client(cmgr, self.migrate_loop(), [steps, self.MIGRATE_PAUSE_MS])
+        prog.wait_line(r"^step 5 ")
+
+        def crash_during(point, to):
+            self.cm.env = dict(self.cm.env, FLYT_TEST_CRASH_AT=point)
+            self.cm.kill9()
+            self.start_cluster_manager()
+            self.ctl("migrate", "--vm", vm, "--to", to, check=False)
+            self.wait_for("the cluster manager to die at " + point, lambda: not self.cm.alive())
+            self.assertIn("FLYT_TEST_CRASH_AT=" + point, self.cm.output())
+            self.cm.env = {k: v for k, v in self.cm.env.items() if k != "FLYT_TEST_CRASH_AT"}
+            self.start_cluster_manager()
+
+        def shares():
+            return {n: sum(g.get("sm_used", 0) for g in v["gpus"]) for n, v in
+                    self.node_list().items()}
+
+        # 1. Dies after the session arrived on n2: the move is finished.
+        crash_during("migrate-moved", "n2")
+        self.wait_event("the finished move", before, "finished the move")
+        moved = self.wait_server_running(vm, node_id="n2")
+        self.assertNotEqual(moved["alloc_id"], first["alloc_id"])
+        self.wait_for("the old server on n1 stopped", lambda: self.server_pids("n1") == [])
+        self.assertEqual(len(self.server_pids("n2")), 1, self.logs())
+        self.assertEqual(len(self.servers_of(vm)), 1, json.dumps(self.servers()))
+        self.assertEqual(shares(), {"n1": 0, "n2": 8})
+        answer = self.ask_client_manager(cmgr).split()
+        self.assertEqual(answer[:2], ["OK", moved["endpoint"]], answer)
+        prog.wait_line(r"^step %d " % 40)
+        self.assertTrue(prog.alive(), prog.stdout()[-500:])
+        # 2. Dies after the target started, before any session was asked to move: rolled
+        # back, the target on n1 stopped.
+        mark = self.last_event_id()
+        crash_during("migrate-started", "n1")
+        self.wait_event("the rolled-back move", mark, "rolled back")
+        self.wait_for("the target on n1 stopped", lambda: self.server_pids("n1") == [])
+        self.assertEqual(self.server_of(vm)["alloc_id"], moved["alloc_id"])
+        self.assertEqual(len(self.servers_of(vm)), 1, json.dumps(self.servers()))
+        self.assertEqual(len(self.server_pids("n2")), 1, self.logs())
+        self.assertEqual(shares(), {"n1": 0, "n2": 8})
+        # 3. Dies after the VM switched to n1, before the old server on n2 stopped: the VM
+        # stays on n1 and the server on n2 is stopped when n2 reports it.
+        mark = self.last_event_id()
+        crash_during("migrate-switched", "n1")
+        self.wait_event("the replaced server stopped", mark, "was to stop")
+        back = self.wait_server_running(vm, node_id="n1")
+        self.wait_for("the old server on n2 stopped", lambda: self.server_pids("n2") == [])
+        self.assertEqual(len(self.server_pids("n1")), 1, self.logs())
+        self.assertEqual(len(self.servers_of(vm)), 1, json.dumps(self.servers()))
+        self.assertEqual(shares(), {"n1": 8, "n2": 0})
+        answer = self.ask_client_manager(cmgr).split()
+        self.assertEqual(answer[:2], ["OK", back["endpoint"]], answer)
+        # The VM still moves normally afterwards.
+        res = self.ctl("migrate", "--vm", vm, "--to", "n2")
+        self.assertEqual(res.json.get("sessions"), 1, res.describe())
+        kinds = [e["kind"] for e in self.events_after(before)]
+        self.assertEqual(kinds.count("migrate-recovered"), 2, kinds)
+        self.assertEqual(kinds.count("replaced-server-stopped"), 1, kinds)
+        self.finish_and_compare(prog, expected, 3)
+
+    def make_server_certificates(self):
+        """A test CA with certificates for each daemon and flytctl; the nodes' names
+        127.0.0.1 (their advertise_host), so that it serves as the servers' certificate."""
+        d = os.path.join(self.tmp, "tls")
+        os.makedirs(d)
+
+        def openssl(*args):
+            res = subprocess.run(["openssl"] + list(args), cwd=d, capture_output=True, text=True)
+            self.assertEqual(res.returncode, 0, res.stderr)
+
+        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+                "-subj", "/CN=flyt test ca")
+        with open(os.path.join(d, "san.ext"), "w") as f:
+            f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+        for name in ("cm", "node", "ctl", "clm"):
+            openssl("req", *ec, "-keyout", name + ".key", "-out", name + ".csr", "-subj",
+                    "/CN=" + name)
+            openssl("x509", "-req", "-in", name + ".csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                    "-CAcreateserial", "-out", name + ".pem", "-days", "2", "-extfile", "san.ext")
+        return d
+
+    def test_migrate_tls_servers(self):
+        """Nodes with server_tls: a running VM's process moves n1 -> n2 between tls://
+        servers (the worker dials the target over TLS, checked against the cluster's CA; the
+        process resumes over TLS with its own FLYT_TLS_CA) and goes on with an undisturbed
+        run's output; a target node without server_tls is refused with the reason and the VM
+        stays where it is."""
+        d = self.make_server_certificates()
+        env = {}
+        for prefix, name in (("CM", "cm"), ("NM", "node"), ("CTL", "ctl"), ("CLM", "clm")):
+            env["FLYT_%s_TLS_CA" % prefix] = os.path.join(d, "ca.pem")
+            env["FLYT_%s_TLS_CERT" % prefix] = os.path.join(d, name + ".pem")
+            env["FLYT_%s_TLS_KEY" % prefix] = os.path.join(d, name + ".key")
+        self.env_for_all = env
+        # The process trusts the CA; FLYT_SHM=off keeps it on TLS (not shared memory).
+        self.client_env = {"FLYT_TLS_CA": os.path.join(d, "ca.pem"), "FLYT_SHM": "off"}
+        self.start_cluster_manager(policy="spread")
+        tls = ["--server-tls", "true"]
+        self.start_node("n1", "10.0.0.1", movable=True, extra=tls)
+        self.start_node("n2", "10.0.0.2", movable=True, extra=tls)
+        self.start_node("n3", "10.0.0.3", movable=True)
+        vm = "10.1.0.96"
+        self.add_vm(vm, "10.0.0.1", 8, 1)
+        cmgr = self.start_client_manager(vm)
+        expected = self.undisturbed_steps(cmgr)
+        first = self.wait_server_running(vm)
+        self.assertEqual(first["node_id"], "n1")
+        self.assertTrue(first["endpoint"].startswith("tls://"), json.dumps(first))
+        before = self.last_event_id()
+        prog = self.start_client(cmgr, self.migrate_loop(),
+                                 [self.MIGRATE_STEPS, self.MIGRATE_PAUSE_MS])
+        prog.wait_line(r"^step 5 ")
+        res = self.ctl("migrate", "--vm", vm, "--to", "n2")
+        self.assertEqual(res.json.get("sessions"), 1, res.describe())
+        moved = self.wait_server_running(vm)
+        self.assertEqual(moved["node_id"], "n2", json.dumps(moved))
+        self.assertTrue(moved["endpoint"].startswith("tls://"), json.dumps(moved))
+        self.assertEqual(self.server_pids("n1"), [], self.logs())
+        self.wait_event("the migration", before, "migrate-done")
+        prog.wait_line(r"^step %d " % 40)
+        # n3 serves tcp://: a process that talks TLS does not move there.
+        bad = self.ctl_fails("migrate", "--vm", vm, "--to", "n3", json_out=False)
+        self.assertIn("same kind", bad.stderr, bad.describe())
+        self.assertEqual(self.server_of(vm)["alloc_id"], moved["alloc_id"])
+        self.assertEqual(self.server_pids("n3"), [], self.logs())
+        res = self.finish_and_compare(prog, expected, 1)
+        self.assertIn("now lives at flyt-server " + moved["endpoint"], res.log, tail(res.log))
 
     def test_migrate_multi_gpu_vm(self):
         """A VM with two GPUs on n1 moves to n2 with one flytctl migrate: both servers, in

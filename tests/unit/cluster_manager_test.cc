@@ -83,6 +83,8 @@ class FakeNode {
       if (r.value("verb", "") == verb) out.push_back(r);
     return out;
   }
+  // Answers the checkpoint shipping verbs: each checkpoint folder holds two session files.
+  std::atomic<bool> ship{false};
   int set_share_failures = 0;  // the next this many set-share calls fail (under mu_)
   void FailSetShares(int n) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -134,6 +136,24 @@ class FakeNode {
                             {{"session", 2},
                              {"ok", !fail},
                              {"message", fail ? "simulated: cannot move: a graph" : "done"}}}}});
+    }
+    if (ship && verb == "list-checkpoint") {
+      return control::Ok({{"files",
+                           {{{"file", "session-1.flyt"}, {"bytes", 6}},
+                            {{"file", "session-2.flyt"}, {"bytes", 6}}}},
+                          {"bytes", 12}});
+    }
+    if (ship && verb == "read-checkpoint") {
+      return control::Ok({{"data", "QUJDREVG"}, {"bytes", 6}, {"size", 6}, {"eof", true}});
+    }
+    if (ship && verb == "write-checkpoint") {
+      calls_.push_back("write " + req.value("sub", "") + "/" + req.value("file", "") + " " +
+                       req.value("data", ""));
+      return control::Ok({{"dir", "/run/incoming/" + req.value("transfer", "")}});
+    }
+    if (ship && (verb == "drop-checkpoint-copy" || verb == "spend-checkpoint")) {
+      calls_.push_back(verb + " " + req.value("dir", req.value("transfer", "")));
+      return control::Ok({{"spent", 2}});
     }
     if (verb == "restore") {
       calls_.push_back("restore " + alloc + " " + req.value("dir", ""));
@@ -693,10 +713,14 @@ TEST_F(ClusterManagerTest, CheckpointAndRestoreEveryServerOfTheVm) {
   AddNode("n2", "10.0.0.2", 2);
   EXPECT_EQ(Admin({{"verb", "migrate"}, {"vm_ip", "10.1.0.29"}, {"node_id", "n2"}})["code"],
             "bad_request");
-  // Restore on another node is refused with the reason; where it was taken it works.
+  // A restore on another node whose files cannot be shipped (this fake node lists none)
+  // fails with the reason and changes nothing; where it was taken it works.
   Json elsewhere = Admin({{"verb", "restore"}, {"vm_ip", "10.1.0.29"}, {"node_id", "n2"}});
-  EXPECT_EQ(elsewhere["code"], "bad_request");
-  EXPECT_NE(elsewhere.dump().find("reconnects only"), std::string::npos) << elsewhere.dump();
+  EXPECT_EQ(elsewhere["code"], "server_failed");
+  EXPECT_NE(elsewhere.dump().find("nothing changed"), std::string::npos) << elsewhere.dump();
+  EXPECT_EQ(Events("restore-failed").size(), 1u);
+  Json still = Admin({{"verb", "show"}, {"id", "10.1.0.29"}})["vm"];
+  EXPECT_EQ(still["checkpoint"]["dir"], "/ckpt/x") << still.dump();
   Json r = Admin({{"verb", "restore"}, {"vm_ip", "10.1.0.29"}});
   ASSERT_TRUE(r.value("ok", false)) << r.dump();
   EXPECT_EQ(r["restored"], 4);
@@ -714,6 +738,90 @@ TEST_F(ClusterManagerTest, CheckpointAndRestoreEveryServerOfTheVm) {
   // Not parked: the VM moves again.
   Json m = Admin({{"verb", "migrate"}, {"vm_ip", "10.1.0.29"}, {"node_id", "n2"}});
   EXPECT_TRUE(m.value("ok", false)) << m.dump();
+}
+
+TEST_F(ClusterManagerTest, RestoreOnAnotherNodeShipsEveryServersFiles) {
+  FakeNode& n1 = AddNode("n1", "10.0.0.1", 2);
+  FakeNode& n2 = AddNode("n2", "10.0.0.2", 2);
+  n1.ship = true;
+  n2.ship = true;
+  AddVm("10.1.0.31", "10.0.0.1", 16, 2, 2);
+  Json a = Allocate("10.1.0.31");
+  ASSERT_TRUE(a.value("ok", false)) << a.dump();
+  const std::string old0 = a["servers"][0]["endpoint"], old1 = a["servers"][1]["endpoint"];
+  ASSERT_TRUE(Admin({{"verb", "checkpoint"}, {"vm_ip", "10.1.0.31"}, {"dir", "/ckpt/m"}})
+                  .value("ok", false));
+  // One GPU of two, a node that is not there: refused, nothing changes.
+  Json one = Admin({{"verb", "restore"}, {"vm_ip", "10.1.0.31"}, {"node_id", "n2"}, {"gpu", "0"}});
+  EXPECT_EQ(one["code"], "bad_request") << one.dump();
+  EXPECT_EQ(Admin({{"verb", "restore"}, {"vm_ip", "10.1.0.31"}, {"node_id", "n9"}})["code"],
+            "unknown_node");
+  EXPECT_TRUE(n2.starts().empty());
+  // While it waits, its processes are told to wait (no new address yet).
+  Json wait = cm_->Handle({"client", "10.1.0.31", ""},
+                          {{"verb", "locate-server"}, {"vm_ip", "10.1.0.31"}, {"endpoint", old0}});
+  EXPECT_TRUE(wait.value("ok", false)) << wait.dump();
+  EXPECT_EQ(wait["endpoint"], old0) << "the checkpointed server still runs there";
+  Json r = Admin({{"verb", "restore"}, {"vm_ip", "10.1.0.31"}, {"node_id", "n2"}});
+  ASSERT_TRUE(r.value("ok", false)) << r.dump();
+  EXPECT_EQ(r["restored"], 4);
+  EXPECT_EQ(r["shipped_bytes"], 24);
+  EXPECT_EQ(r["from_node"], "n1");
+  // Both servers' files went to n2, each into its own gpuN folder; each new server restored
+  // its own; the old servers stopped and the source was marked spent.
+  EXPECT_EQ(Count(n2.calls(), "write gpu0/session-"), 2u);
+  EXPECT_EQ(Count(n2.calls(), "write gpu1/session-"), 2u);
+  EXPECT_EQ(Count(n2.calls(), "write gpu0/session-1.flyt QUJDREVG"), 1u);
+  std::set<std::string> dirs;
+  for (const Json& q : n2.requests("restore")) dirs.insert(q["dir"]);
+  ASSERT_EQ(dirs.size(), 2u);
+  EXPECT_NE(dirs.begin()->find("/run/incoming/r-"), std::string::npos) << *dirs.begin();
+  EXPECT_EQ(Count(n2.calls(), "drop-checkpoint-copy r-"), 1u);
+  EXPECT_EQ(Count(n1.calls(), "spend-checkpoint /ckpt/m/gpu"), 2u);
+  for (int i = 0; i < 50 && !n1.running().empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(n1.running().empty()) << "the old servers stop";
+  Json servers = Servers();
+  ASSERT_EQ(servers.size(), 2u) << servers.dump();
+  for (const Json& srv : servers) EXPECT_EQ(srv["node_id"], "n2") << srv.dump();
+  EXPECT_FALSE(Admin({{"verb", "show"}, {"id", "10.1.0.31"}})["vm"].contains("checkpoint"));
+  // The waiting processes are told their server's new address, ordinal by ordinal.
+  Json b = Allocate("10.1.0.31");
+  for (const auto& [old, ordinal] : {std::pair{old0, 0}, std::pair{old1, 1}}) {
+    Json where =
+        cm_->Handle({"client", "10.1.0.31", ""},
+                    {{"verb", "locate-server"}, {"vm_ip", "10.1.0.31"}, {"endpoint", old}});
+    EXPECT_EQ(where["endpoint"], b["servers"][ordinal]["endpoint"]) << where.dump();
+    EXPECT_EQ(where["relocated"], true);
+  }
+  // A client manager asks for its own VM only.
+  Json other = cm_->Handle({"client", "10.1.0.99", ""},
+                           {{"verb", "locate-server"}, {"vm_ip", "10.1.0.31"}, {"endpoint", old0}});
+  EXPECT_EQ(other["code"], "bad_request") << other.dump();
+  EXPECT_EQ(Events("restore-ship").size(), 1u);
+  EXPECT_EQ(Events("restore").size(), 1u);
+  std::map<std::string, int> used = SmUsed();
+  EXPECT_EQ(used["GPU-n1-0"] + used["GPU-n1-1"], 0);
+  EXPECT_EQ(used["GPU-n2-0"] + used["GPU-n2-1"], 32);
+}
+
+TEST_F(ClusterManagerTest, SessionsMoveOnlyBetweenServersOfOneKind) {
+  AddNode("n1", "10.0.0.1", 1);
+  FakeNode& n2 = AddNode("n2", "10.0.0.2", 1);
+  Json tls = n2.Registration();
+  tls["server_scheme"] = "tls";  // a node with server_tls
+  ASSERT_TRUE(cm_->Handle({"node", "n2", ""}, tls).value("ok", false));
+  AddVm("10.1.0.32", "10.0.0.1", 64, 2, 1);
+  ASSERT_TRUE(Allocate("10.1.0.32").value("ok", false));
+  Json m = Admin({{"verb", "migrate"}, {"vm_ip", "10.1.0.32"}, {"node_id", "n2"}});
+  EXPECT_EQ(m["code"], "bad_request") << m.dump();
+  EXPECT_NE(m.dump().find("same kind"), std::string::npos) << m.dump();
+  EXPECT_TRUE(n2.starts().empty()) << "nothing is started on a node of the other kind";
+  // migrate-auto does not pick it either, although it would lower the peak.
+  Json a = Admin({{"verb", "migrate-auto"}});
+  EXPECT_EQ(a["moved"], false) << a.dump();
+  EXPECT_TRUE(n2.starts().empty());
 }
 
 TEST_F(ClusterManagerTest, RestoreStartsLostServersAgainAtTheirAddresses) {

@@ -11,6 +11,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <mutex>
 #include <thread>
 
@@ -345,6 +346,83 @@ TEST_F(NodeManagerTest, HandlerRefusesPeersThatAreNotTheClusterManager) {
   Json answer = nm.Handle(peer, Json{{"verb", "list-servers"}});
   EXPECT_EQ(answer["ok"], false);
   EXPECT_EQ(answer["code"], "bad_request");
+}
+
+TEST_F(NodeManagerTest, ShipsCheckpointFilesPieceByPiece) {
+  ASSERT_TRUE(ResolveDefaults(&config_).ok());
+  NodeManager nm(config_);  // the file verbs need no server
+  control::Peer peer;
+  peer.role = "cluster";
+  peer.name = "cluster-manager";
+  // A session file of three pieces (4 MiB each) with every byte value in it.
+  const std::string src = dir_ + "/ckpt/gpu0";
+  ASSERT_EQ(std::system(("mkdir -p " + src).c_str()), 0);
+  std::string bytes(9 * 1024 * 1024 + 7, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>((i * 7919) >> 3);
+  {
+    std::ofstream f(src + "/session-3.flyt", std::ios::binary);
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  Json list = nm.Handle(peer, Json{{"verb", "list-checkpoint"}, {"dir", src}});
+  ASSERT_TRUE(list.value("ok", false)) << list.dump();
+  EXPECT_EQ(list["bytes"], bytes.size());
+  ASSERT_EQ(list["files"].size(), 1u);
+  EXPECT_EQ(list["files"][0]["file"], "session-3.flyt");
+  int64_t offset = 0;
+  int pieces = 0;
+  std::string copy_dir;
+  for (bool last = false; !last; ++pieces) {
+    Json piece = nm.Handle(peer, Json{{"verb", "read-checkpoint"},
+                                      {"dir", src},
+                                      {"file", "session-3.flyt"},
+                                      {"offset", offset}});
+    ASSERT_TRUE(piece.value("ok", false)) << piece.dump().substr(0, 300);
+    last = piece["eof"].get<bool>();
+    Json w = nm.Handle(peer, Json{{"verb", "write-checkpoint"},
+                                  {"transfer", "r-1"},
+                                  {"sub", "gpu0"},
+                                  {"file", "session-3.flyt"},
+                                  {"offset", offset},
+                                  {"data", piece["data"]},
+                                  {"last", last}});
+    ASSERT_TRUE(w.value("ok", false)) << w.dump();
+    copy_dir = w["dir"];
+    offset += piece["bytes"].get<int64_t>();
+  }
+  EXPECT_EQ(pieces, 3);
+  EXPECT_EQ(copy_dir, config_.run_dir + "/incoming/r-1");
+  std::ifstream in(copy_dir + "/gpu0/session-3.flyt", std::ios::binary);
+  std::string shipped((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(shipped == bytes) << "the copy differs (" << shipped.size() << " bytes)";
+  // Names with a path in them, and data that is not base64, are refused.
+  for (const Json& bad : {Json{{"transfer", "../x"}, {"sub", "gpu0"}, {"file", "a.flyt"}},
+                          Json{{"transfer", "r-2"}, {"sub", "../gpu0"}, {"file", "a.flyt"}},
+                          Json{{"transfer", "r-2"}, {"sub", "gpu0"}, {"file", "../a.flyt"}},
+                          Json{{"transfer", "r-2"}, {"sub", "gpu0"}, {"file", "a.txt"}}}) {
+    Json req = bad;
+    req["verb"] = "write-checkpoint";
+    req["offset"] = 0;
+    req["data"] = "AAAA";
+    Json a = nm.Handle(peer, req);
+    EXPECT_EQ(a["code"], "bad_request") << req.dump() << " -> " << a.dump();
+  }
+  Json garbage = nm.Handle(peer, Json{{"verb", "write-checkpoint"},
+                                      {"transfer", "r-2"},
+                                      {"sub", "gpu0"},
+                                      {"file", "a.flyt"},
+                                      {"offset", 0},
+                                      {"data", "not*base64"}});
+  EXPECT_EQ(garbage["code"], "bad_request") << garbage.dump();
+  Json outside = nm.Handle(
+      peer, Json{{"verb", "read-checkpoint"}, {"dir", src}, {"file", "../x.flyt"}, {"offset", 0}});
+  EXPECT_EQ(outside["code"], "bad_request") << outside.dump();
+  // The copy goes; the source is marked spent.
+  EXPECT_TRUE(nm.Handle(peer, Json{{"verb", "drop-checkpoint-copy"}, {"transfer", "r-1"}})
+                  .value("ok", false));
+  EXPECT_FALSE(std::ifstream(copy_dir + "/gpu0/session-3.flyt").good());
+  Json spent = nm.Handle(peer, Json{{"verb", "spend-checkpoint"}, {"dir", src}});
+  EXPECT_EQ(spent["spent"], 1) << spent.dump();
+  EXPECT_TRUE(std::ifstream(src + "/session-3.flyt.restored").good());
 }
 
 constexpr const char* kFakeMpsControl = R"(#!/bin/sh
