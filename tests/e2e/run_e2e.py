@@ -1874,6 +1874,69 @@ class E2E(unittest.TestCase):
                 self.assert_stats(srv, sessions=0, memory_used=0)
                 self.stop_server(srv)
 
+    class _Servers:
+        """Several servers reached as one comma-separated list (FLYT_SERVER "A,B")."""
+
+        def __init__(self, servers):
+            self.servers = servers
+
+        def url(self, transport):
+            return ",".join(s.url(transport) for s in self.servers)
+
+        def __getattr__(self, name):
+            return getattr(self.servers[0], name)
+
+    MULTI_EXPECTED = (("device_count", "2"), ("bus_ids_distinct", "1"),
+                      ("can_access.0_1", "0"), ("can_access.1_0", "0"),
+                      ("p2p_attr.access", "0"), ("enable_peer", "refused"),
+                      ("addresses_distinct", "1"), ("pointer_devices", "ok"),
+                      ("host_copies", "ok"), ("kernels", "ok"),
+                      ("other_device_handles", "ok"), ("copies_across", "ok"),
+                      ("memory_back", "ok"))
+
+    def test_multi_server(self):
+        """The GPUs of two sim servers as one ordinal list (FLYT_SERVER "A,B", issue 19):
+        multi_server.cu over every transport and cudart sees 2 devices with distinct PCI bus
+        ids, peer capability 0 and peer access refused between them (as between GPUs without
+        P2P), memory on each at distinct addresses, host copies and a kernel on each, the
+        other device's streams, events and memory used while this one is current, and
+        copies between the servers both ways (cudaMemcpyPeer[Async], cudaMemcpy[Async] with
+        cudaMemcpyDefault) checked byte for byte. No call was refused, and neither server
+        holds anything of the client afterwards."""
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                a = self.start_server(control=True)
+                b = self.start_server(control=True)
+                both = self._Servers([a, b])
+                res = self.run_ok(both, transport, "multi_server", variant, log_level="info")
+                kv = self.kv(res)
+                where = res.describe() + "\n" + b.logs()
+                for key, want in self.MULTI_EXPECTED:
+                    self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
+                self.assertNotIn("not supported", res.stderr + res.client_log, where)
+                self.assertIn("2 servers, 2 GPU(s) in all", res.client_log, where)
+                for srv in (a, b):
+                    self.assert_stats(srv, sessions=0, memory_used=0)
+                    self.stop_server(srv)
+
+    def test_multi_server_three_gpus(self):
+        """A two-GPU sim server and a one-GPU one as one list: ordinals 0 and 1 are the
+        first server's and peers of each other (peer access enabled, a peer copy through the
+        server's driver), 2 is the second's and no peer of either; copies between the servers
+        both ways with each device current."""
+        a = self.start_server(extra_args=["--sim-devices", "2"])
+        b = self.start_server()
+        both = self._Servers([a, b])
+        res = self.run_ok(both, CFG.transports[0], "multi_server", CFG.variants[0], ["three"],
+                          log_level="warn")
+        kv = self.kv(res)
+        where = res.describe()
+        for key, want in (("device_count", "3"), ("can_access.0_1", "1"),
+                          ("can_access.1_0", "1"), ("can_access.0_2", "0"),
+                          ("can_access.2_1", "0"), ("copies", "ok")):
+            self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
+        self.assertNotIn("not supported", res.stderr + res.client_log, where)
+
     def test_p2p_devices_no_peer(self):
         """Two sim GPUs without P2P (`--sim-no-peer`, as GPUs of a board without it):
         cudaDeviceCanAccessPeer says 0, enabling answers cudaErrorPeerAccessUnsupported,
