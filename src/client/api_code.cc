@@ -140,7 +140,7 @@ std::shared_ptr<const FuncInfo> flyt::client::FuncLayout(uint64_t f, CUresult* w
   for (uint8_t is_kernel = 0; is_kernel < 2; ++is_kernel) {
     if (seen != nullptr && is_kernel != (seen->is_kernel ? 1 : 0)) continue;
     wire::Writer w;
-    w.Put(Client::Untag(f));
+    w.Put(Client::WireValue(f));
     w.Put(is_kernel);
     std::vector<uint8_t> reply;
     Client::RouteScope scope(c.multi() ? Client::TagOf(f) : -1);  // the function's server

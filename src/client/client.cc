@@ -403,11 +403,10 @@ void Client::TraceCall(const char* name, const char* cls, uint64_t t0_ns) {
 CUresult Client::Post(const char* name, uint16_t op, const wire::Writer& req, uint16_t flags,
                       const void* bulk, size_t bulk_len) {
   if (!peers_.empty()) [[unlikely]] {
-    const int k = RouteNow();
-    t_last_route = k;
-    if (k != 0)
-      return k < server_count() ? peers_[k - 1]->Post(name, op, req, flags, bulk, bulk_len)
-                                : CUDA_ERROR_INVALID_HANDLE;
+    const int k = RouteCall(name, op, req);
+    t_last_route = k < 0 ? 0 : k;
+    if (k < 0) return static_cast<CUresult>(-k);
+    if (k != 0) return peers_[k - 1]->Post(name, op, req, flags, bulk, bulk_len);
   }
   if (managed::Any()) managed::BeforeDeviceWork();  // the host's writes reach the GPU first
   uint64_t t0 = log::TraceCalls() ? NowNs() : 0;
@@ -521,11 +520,10 @@ bool WaitsOnly(uint16_t op) {
 CUresult Client::Call(const char* name, uint16_t op, const wire::Writer& req, ReplySink sink,
                       uint16_t flags) {
   if (!peers_.empty()) [[unlikely]] {  // several servers: the call goes where it is routed
-    const int k = RouteNow();
-    t_last_route = k;
-    if (k != 0)
-      return k < server_count() ? peers_[k - 1]->Call(name, op, req, sink, flags)
-                                : CUDA_ERROR_INVALID_HANDLE;
+    const int k = RouteCall(name, op, req);
+    t_last_route = k < 0 ? 0 : k;
+    if (k < 0) return static_cast<CUresult>(-k);
+    if (k != 0) return peers_[k - 1]->Call(name, op, req, sink, flags);
   }
   CUresult rc = CallManaged(name, op, req, sink, flags);
   // After the first call was answered (the session has its worker then):

@@ -94,9 +94,12 @@ class Client {
   static H TagHandle(H h, int server) {
     return reinterpret_cast<H>(Tag(reinterpret_cast<uintptr_t>(h), server));
   }
+  // A handle as the wire carries it: without its tag with several servers, as it
+  // is with one (a moved session's handles may use the top byte themselves).
+  static uint64_t WireValue(uint64_t h) { return several_ ? Untag(h) : h; }
   template <typename H>
   static uint64_t WireHandle(H h) {
-    return Untag(reinterpret_cast<uintptr_t>(h));
+    return WireValue(reinterpret_cast<uintptr_t>(h));
   }
   // More than one server: calls are routed.
   bool multi() const { return !peers_.empty(); }
@@ -401,6 +404,8 @@ class Client {
   // --- several servers (client/multi_server.cc)
   // Connects this link to `server` and shakes hands; fills devices_ etc.
   CUresult Open();
+  // Set once by Init when the process has several servers.
+  static inline bool several_ = false;
   // The peers' links (server k at peers_[k-1]), made by Init, never destroyed.
   std::vector<Client*> peers_;
   std::vector<int> dev_server_, dev_local_;  // by global ordinal (empty: one server)
@@ -412,6 +417,9 @@ class Client {
   // The host another server dials for a copy to this one (the host this
   // process named for it; 127.0.0.1 for a server on this host's sockets).
   std::string dial_host_;
+  // Where a call goes with several servers: its server, or -(CUresult) when it
+  // is refused (a call not served yet for a later server's GPU: logged once).
+  int RouteCall(const char* name, uint16_t op, const wire::Writer& req);
   // Opens the links to servers 1.. of `list` and merges their devices.
   CUresult OpenPeers(const std::vector<std::string>& list);
   // The server made `raw` (its own handle) current (primary retain).

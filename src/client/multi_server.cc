@@ -52,6 +52,83 @@ CUresult RefuseAcross(const char* name) {
 
 }  // namespace
 
+int Client::RouteCall(const char* name, uint16_t op, const wire::Writer& req) {
+  int k = RouteNow();
+  switch (op) {
+    // Host memory shared with, registered with or mapped by a server, managed
+    // memory's channels, NVML and the profiler: server 0's (the fast copy paths
+    // take them only for server 0's memory).
+    case ops::kOpHostShare:
+    case ops::kOpHostUnshare:
+    case ops::kOpHostMap:
+    case ops::kOpCopyShared:
+    case ops::kOpCopyRma:
+    case ops::kOpRmaAttach:
+    case ops::kOpRmaRegister:
+    case ops::kOpRmaUnregister:
+    case ops::kOpCopyFromDeviceStaged:
+    case ops::kOpNvmlSnapshot:
+    case ops::kOpProfiler:
+    case ops::kOpManagedFetch:
+    case ops::kOpManagedPush:
+    case ops::kOpManagedShare:
+    case ops::kOpMemRangeAttribute:
+      return 0;
+    default:
+      break;
+  }
+  if (k == 0) return 0;
+  if (k >= server_count()) return -static_cast<int>(CUDA_ERROR_INVALID_HANDLE);
+  bool served = false;
+  switch (op) {
+    // Hand-written calls whose handles and pointers are translated for server k.
+    case ops::kOpPrimaryCtxRetain:
+    case ops::kOpPrimaryCtxReset:
+    case ops::kOpCtxCreate:
+    case ops::kOpCtxDestroy:
+    case ops::kOpDeviceInfo:
+    case ops::kOpLoadImage:
+    case ops::kOpKernelGetFunction:
+    case ops::kOpFuncParamLayout:
+    case ops::kOpLaunch:
+    case ops::kOpCopyToDevice:
+    case ops::kOpCopyFromDevice:
+    case ops::kOpCopy3D:
+    case ops::kOpHostFunc:
+    case ops::kOpMovePoll:
+    case ops::kOpPlaceMemory:
+    case ops::kOpPeerListen:
+    case ops::kOpPeerReceive:
+    case ops::kOpPeerSend:
+    case ops::kOpPeerDone:
+      served = true;
+      break;
+    case ops::kOpDriverMisc:  // the current context's flags only
+      served = req.size() > 0 && req.data()[0] == ops::kDriverMiscCtxGetFlags;
+      break;
+    case 263:  // managed memory (cuMemAllocManaged, attach, advise, prefetch): server 0's
+    case 264:
+    case 265:
+    case 266:
+      served = false;
+      break;
+    default:  // generic calls: their handles, ordinals and pointers translated (Forward)
+      served = op >= 100 && op < 300;
+      break;
+  }
+  if (served) return k;
+  static auto* seen = new std::set<std::string>();
+  {
+    std::lock_guard<std::mutex> lock(RefusedMutex());
+    if (seen->insert(name).second)
+      FLYT_WARN(
+          "%s: not served yet for a GPU of the second or a later server of FLYT_SERVER "
+          "(CUDA_ERROR_NOT_SUPPORTED)",
+          name);
+  }
+  return -static_cast<int>(CUDA_ERROR_NOT_SUPPORTED);
+}
+
 void RouteArg(ArgRoute* route, int server) {
   if (route->server == -2 || server < 0) return;
   if (route->server == -1 || route->server == server) {
@@ -105,6 +182,7 @@ CUresult Client::OpenPeers(const std::vector<std::string>& list) {
     peers.push_back(p);
   }
   member_ = true;
+  several_ = true;
   dev_server_.assign(devices_.size(), 0);
   dev_local_.clear();
   for (size_t i = 0; i < devices_.size(); ++i) dev_local_.push_back(static_cast<int>(i));
