@@ -1937,6 +1937,23 @@ class E2E(unittest.TestCase):
             self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
         self.assertNotIn("not supported", res.stderr + res.client_log, where)
 
+    def test_multi_server_refused(self):
+        """A call not served yet for the second server's GPU (managed memory): the program
+        gets cudaErrorNotSupported each time, the client logs the entry point once, and the
+        process goes on with that GPU."""
+        a = self.start_server()
+        b = self.start_server()
+        both = self._Servers([a, b])
+        res = self.run_ok(both, CFG.transports[0], "multi_server", CFG.variants[0], ["refused"],
+                          log_level="warn")
+        kv = self.kv(res)
+        where = res.describe()
+        self.assertEqual(kv.get("managed_on_second"), "refused", where)
+        self.assertEqual(kv.get("goes_on"), "ok", where)
+        log = res.stderr + res.client_log
+        self.assertEqual(log.count("cuMemAllocManaged: not served yet for a GPU of the second"),
+                         1, where)
+
     def test_p2p_devices_no_peer(self):
         """Two sim GPUs without P2P (`--sim-no-peer`, as GPUs of a board without it):
         cudaDeviceCanAccessPeer says 0, enabling answers cudaErrorPeerAccessUnsupported,

@@ -20,6 +20,10 @@
 // 0 and 1 are the first server's (peers of each other, peer access enabled and
 // a peer copy through the driver's path), 2 the second's (no peer of either),
 // and a copy from 1 to 2 and back goes between the servers.
+//
+// `multi_server refused`: managed memory on the second server's GPU is not
+// served yet: cudaMallocManaged answers cudaErrorNotSupported (twice, logged
+// once), and the process goes on (memory and a copy on that GPU still work).
 #include <cstring>
 #include <vector>
 
@@ -112,9 +116,30 @@ int Three() {
   return 0;
 }
 
+int Refused() {
+  e2e::Step("refused on the second server");
+  CK(cudaSetDevice(1));
+  void* managed = nullptr;
+  EXPECT_ERR(cudaMallocManaged(&managed, 4096), cudaErrorNotSupported);
+  EXPECT_ERR(cudaMallocManaged(&managed, 4096), cudaErrorNotSupported);
+  printf("managed_on_second=refused\n");
+  char* p = nullptr;
+  CK(cudaMalloc(&p, 4096));
+  std::vector<unsigned char> in(4096), out(4096, 0);
+  e2e::Fill(in.data(), in.size(), 5);
+  CK(cudaMemcpy(p, in.data(), in.size(), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(out.data(), p, out.size(), cudaMemcpyDeviceToHost));
+  EXPECT_SAME(out.data(), in.data(), in.size(), "after a refused call");
+  CK(cudaFree(p));
+  printf("goes_on=ok\n");
+  e2e::Pass();
+  return 0;
+}
+
 int main(int argc, char** argv) {
   e2e::Init("multi_server");
   if (argc > 1 && strcmp(argv[1], "three") == 0) return Three();
+  if (argc > 1 && strcmp(argv[1], "refused") == 0) return Refused();
 
   e2e::Step("enumerate");
   int count = 0;
