@@ -273,6 +273,26 @@ CUresult Copy3D(const char* name, CUDA_MEMCPY3D d, CUstream stream, bool async, 
     return CUDA_SUCCESS;
   }
   if (w > wire::kMaxPayload) return CUDA_ERROR_NOT_SUPPORTED;
+  // Several servers: the copy goes to the server of its device memory or arrays
+  // (their handles without the server's tag); between two servers it is refused.
+  int route = -1;
+  if (c.multi()) {
+    flyt::client::ArgRoute where;
+    auto side = [&](CUmemorytype t, uint64_t device, CUarray* array) {
+      if (t == CU_MEMORYTYPE_DEVICE) {
+        flyt::client::RouteArg(&where, c.ServerOfPointer(device));
+      } else if (t == CU_MEMORYTYPE_ARRAY && *array != nullptr) {
+        flyt::client::RouteArg(&where, Client::TagOf(reinterpret_cast<uintptr_t>(*array)));
+        *array = reinterpret_cast<CUarray>(Client::Untag(reinterpret_cast<uintptr_t>(*array)));
+      }
+    };
+    side(d.srcMemoryType, d.srcDevice, &d.srcArray);
+    side(d.dstMemoryType, d.dstDevice, &d.dstArray);
+    if (where.server == -2) return flyt::client::RefuseAcrossServers(name);
+    route = where.server;
+    if (route < 0) route = CopyRoute(0, stream);
+  }
+  Client::RouteScope scope(route);
   size_t rows_per_chunk = std::max<size_t>(1, wire::kMaxPayload / w);
   std::vector<uint8_t> dense;
   for (size_t z = 0; z < depth; ++z) {
@@ -545,6 +565,14 @@ FLYT_API CUresult cuModuleGetGlobal_v2(CUdeviceptr* p, size_t* size, CUmodule m,
 FLYT_API CUresult cuLibraryGetGlobal(CUdeviceptr* p, size_t* size, CUlibrary l, const char* name) {
   size_t local = 0;
   CUdeviceptr d = 0;
+  // Several servers: the global of the current context's device, in the
+  // library's copy on that device's server.
+  if (Client::Get().multi()) {
+    const uint64_t there =
+        flyt::client::LibraryOnServer(reinterpret_cast<uintptr_t>(l), Client::Get().RouteNow());
+    if (there == 0) return CUDA_ERROR_INVALID_HANDLE;
+    l = reinterpret_cast<CUlibrary>(there);
+  }
   CUresult rc = Forward<202, true, false>("cuLibraryGetGlobal", &d, &local, l, name);
   return KnowGlobal(rc, d, local, reinterpret_cast<uintptr_t>(l), p, size);
 }

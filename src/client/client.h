@@ -601,6 +601,10 @@ void SetCurrentContext(CUcontext ctx);
 void NoteLibraryImage(uint64_t library, const void* bytes, size_t n);
 void ForgetLibraryImage(uint64_t library);
 uint64_t KernelOnServer(uint64_t kernel, int server);
+uint64_t LibraryOnServer(uint64_t library, int server);
+// A call whose arguments belong to GPUs of two servers that is not served yet:
+// its name logged once, CUDA_ERROR_NOT_SUPPORTED.
+CUresult RefuseAcrossServers(const char* name);
 CUresult LoadImageOn(const void* image, bool library, uint64_t* handle);
 
 // Which arguments of generic op `op` are device ordinals (CUdevice) or device

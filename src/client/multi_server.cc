@@ -38,8 +38,9 @@ std::mutex& RefusedMutex() {
   return *mu;
 }
 
-// Logs once per entry point that a call naming two servers is not served yet.
-CUresult RefuseAcross(const char* name) {
+}  // namespace
+
+CUresult RefuseAcrossServers(const char* name) {
   static auto* seen = new std::set<std::string>();
   std::lock_guard<std::mutex> lock(RefusedMutex());
   if (seen->insert(name).second)
@@ -49,8 +50,6 @@ CUresult RefuseAcross(const char* name) {
         name);
   return CUDA_ERROR_NOT_SUPPORTED;
 }
-
-}  // namespace
 
 int Client::RouteCall(const char* name, uint16_t op, const wire::Writer& req) {
   int k = RouteNow();
@@ -250,7 +249,7 @@ CUresult Client::CopyAcrossServers(const char* name, uint64_t dst, int dst_serve
   Client& source = Link(src_server);
   if ((target.server_features_.load() & ops::kServerFeaturePeers) == 0 ||
       (source.server_features_.load() & ops::kServerFeaturePeers) == 0)
-    return RefuseAcross(name);
+    return RefuseAcrossServers(name);
   const uint64_t raw_stream = reinterpret_cast<uintptr_t>(stream);
   const int stream_server = raw_stream > 2 ? TagOf(raw_stream) : -1;
   // 1. The target opens a one-time listener.
@@ -314,6 +313,8 @@ struct LibraryImage {
   std::map<int, uint64_t> on;  // server -> the library's handle there
 };
 
+thread_local bool t_loading_copy = false;  // LibraryOnServer is loading a copy
+
 std::mutex& KernelMutex() {
   static auto* mu = new std::mutex();
   return *mu;
@@ -330,6 +331,7 @@ std::map<std::pair<uint64_t, int>, uint64_t>& KernelsOn() {  // (kernel, server)
 }  // namespace
 
 void NoteLibraryImage(uint64_t library, const void* bytes, size_t n) {
+  if (t_loading_copy) return;  // a copy on another server: the original keeps the bytes
   std::lock_guard<std::mutex> lock(KernelMutex());
   LibraryImage& img = Libraries()[library];
   img.bytes.assign(static_cast<const uint8_t*>(bytes), static_cast<const uint8_t*>(bytes) + n);
@@ -349,33 +351,45 @@ void ForgetLibraryImage(uint64_t library) {
   }
 }
 
+uint64_t LibraryOnServer(uint64_t library, int server) {
+  if (Client::TagOf(library) == server) return library;
+  std::vector<uint8_t> bytes;
+  {
+    std::lock_guard<std::mutex> lock(KernelMutex());
+    auto lib = Libraries().find(library);
+    if (lib == Libraries().end()) return 0;
+    auto on = lib->second.on.find(server);
+    if (on != lib->second.on.end()) return on->second;
+    bytes = lib->second.bytes;
+  }
+  // The library's first use there: load it there (its kernels become known).
+  uint64_t there = 0;
+  {
+    Client::RouteScope route(server);
+    t_loading_copy = true;
+    const CUresult rc = LoadImageOn(bytes.data(), true, &there);
+    t_loading_copy = false;
+    if (rc != CUDA_SUCCESS) return 0;
+  }
+  std::lock_guard<std::mutex> lock(KernelMutex());
+  auto lib = Libraries().find(library);
+  if (lib == Libraries().end()) return there;
+  auto [it, fresh] = lib->second.on.emplace(server, there);
+  return it->second;  // another thread's load, if it came first (this one stays loaded)
+}
+
 uint64_t KernelOnServer(uint64_t kernel, int server) {
   Client& c = Client::Get();
   if (Client::TagOf(kernel) == server) return kernel;
   auto info = c.Func(kernel);
   if (info == nullptr || !info->is_kernel) return 0;
-  std::vector<uint8_t> bytes;
-  uint64_t there = 0;
   {
     std::lock_guard<std::mutex> lock(KernelMutex());
     auto k = KernelsOn().find({kernel, server});
     if (k != KernelsOn().end()) return k->second;
-    auto lib = Libraries().find(info->image);
-    if (lib == Libraries().end()) return 0;
-    auto on = lib->second.on.find(server);
-    if (on != lib->second.on.end()) {
-      there = on->second;
-    } else {
-      bytes = lib->second.bytes;
-    }
   }
-  if (there == 0) {  // the library's first kernel used there: load it there
-    Client::RouteScope route(server);
-    if (LoadImageOn(bytes.data(), true, &there) != CUDA_SUCCESS) return 0;
-    std::lock_guard<std::mutex> lock(KernelMutex());
-    auto lib = Libraries().find(info->image);
-    if (lib != Libraries().end()) lib->second.on[server] = there;
-  }
+  const uint64_t there = LibraryOnServer(info->image, server);
+  if (there == 0) return 0;
   const uint64_t found = c.FindInImage(there, info->name);
   if (found != 0) {
     std::lock_guard<std::mutex> lock(KernelMutex());
@@ -435,9 +449,18 @@ CUresult ForwardAcross(const char* name, uint16_t op, const ArgRoute& route, con
                                         static_cast<int>(values[1]), reinterpret_cast<CUkernel>(k),
                                         static_cast<CUdevice>(dev));
     }
+    case 195: {  // cuKernelSetCacheConfig (kernel, config, dev)
+      if (n < 3) return CUDA_ERROR_INVALID_VALUE;
+      const int dev = static_cast<int>(values[2]);
+      const uint64_t k = KernelOnServer(values[0], c.DeviceServer(dev));
+      if (k == 0) return CUDA_ERROR_INVALID_HANDLE;
+      return Forward<195, false, false>(name, reinterpret_cast<CUkernel>(k),
+                                        static_cast<CUfunc_cache>(values[1]),
+                                        static_cast<CUdevice>(dev));
+    }
     default:
       (void)route;
-      return RefuseAcross(name);
+      return RefuseAcrossServers(name);
   }
 }
 

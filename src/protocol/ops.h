@@ -260,7 +260,8 @@ enum : uint16_t {
   kOpHostMap = 326,
   // Several servers for one client process (server/session_peer_copy.cc, client/
   // multi_server.cc). kOpPlaceMemory: u32 slot -> the session places its
-  // cuMemAlloc/cuMemAllocPitch memory in that movable-memory slot, so that the
+  // cuMemAlloc/cuMemAllocPitch memory, the stream-ordered pools it serves and the
+  // app's cuMemAddressReserve ranges in that movable-memory slot, so that the
   // client's servers give out disjoint addresses. A copy between two servers:
   // kOpPeerListen (target; u64 bytes -> u64 transfer id, u16 port, u64 key[2]) opens a
   // one-time TCP listener; kOpPeerReceive (target; u64 transfer id, u64 dst, u64 bytes,

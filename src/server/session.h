@@ -875,7 +875,8 @@ class Session {
   uint64_t granularity_ = 0;
   bool movable_failed_ = false;  // no reservation could be made: the driver's cuMemAlloc
   // The movable-memory slot a client of several servers asked for (kOpPlaceMemory;
-  // -1: none): its cuMemAlloc memory goes there even without --movable-memory.
+  // -1: none): its cuMemAlloc/Pitch memory, the pools the session serves and the
+  // app's own reservations go there even without --movable-memory.
   int placed_slot_ = -1;
   bool PlacesMemory() const { return state_->movable_memory || placed_slot_ >= 0; }
   // Copies between two servers of one client (session_peer_copy.cc): one-time

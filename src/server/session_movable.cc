@@ -431,7 +431,7 @@ CUresult Session::ReleasePlace(uint64_t ptr, const MappedPlace& place) {
 // --- stream-ordered allocations (cuMemAllocAsync / cuMemFreeAsync) in movable memory
 
 bool Session::ServesAsyncAlloc(CUstream stream, uint64_t* pool) {
-  if (!state_->movable_memory || movable_failed_) return false;
+  if (!PlacesMemory() || movable_failed_) return false;
   // Captured, an allocation is a graph's allocation node: the driver's.
   if (Capturing(stream == nullptr && pt_call_ ? CU_STREAM_PER_THREAD : stream)) return false;
   // From the device's current pool, when the session serves it (session_pools.cc).

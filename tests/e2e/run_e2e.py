@@ -1890,7 +1890,7 @@ class E2E(unittest.TestCase):
                       ("can_access.0_1", "0"), ("can_access.1_0", "0"),
                       ("p2p_attr.access", "0"), ("enable_peer", "refused"),
                       ("addresses_distinct", "1"), ("pointer_devices", "ok"),
-                      ("host_copies", "ok"), ("kernels", "ok"),
+                      ("host_copies", "ok"), ("kernels", "ok"), ("per_device_extras", "ok"),
                       ("other_device_handles", "ok"), ("copies_across", "ok"),
                       ("memory_back", "ok"))
 
