@@ -51,8 +51,8 @@
 // All sim devices of one server are peer-capable unless --sim-no-peer: peer
 // access is per (context, peer context) with the driver's errors (enabled
 // twice, disabled when not enabled, a peer of the same device, no P2P); peer
-// copies and copies between devices are plain copies of host pages. VMM and
-// pools stay on device 0.
+// copies and copies between devices are plain copies of host pages. VMM
+// allocations are any device's (counted on it); pools stay on device 0.
 //
 // Stream capture (cuStreamBeginCapture on a stream the app made): what the
 // stream is given while it captures (launches, copies, memsets, host
