@@ -172,7 +172,10 @@ CUresult Client::Init() {
       size_t at = 0;
       for (;;) {
         size_t comma = server_.find(',', at);
-        list.push_back(server_.substr(at, comma == std::string::npos ? comma : comma - at));
+        std::string one = server_.substr(at, comma == std::string::npos ? comma : comma - at);
+        const size_t first = one.find_first_not_of(" \t");  // "A, B" as "A,B"
+        const size_t last = one.find_last_not_of(" \t");
+        list.push_back(first == std::string::npos ? "" : one.substr(first, last - first + 1));
         if (comma == std::string::npos) break;
         at = comma + 1;
       }

@@ -1908,6 +1908,8 @@ class E2E(unittest.TestCase):
                 a = self.start_server(control=True)
                 b = self.start_server(control=True)
                 both = self._Servers([a, b])
+                if transport == CFG.transports[0]:  # "A, B" is taken as "A,B"
+                    both.url = lambda t, a=a, b=b: "%s, %s" % (a.url(t), b.url(t))
                 res = self.run_ok(both, transport, "multi_server", variant, log_level="info")
                 kv = self.kv(res)
                 where = res.describe() + "\n" + b.logs()

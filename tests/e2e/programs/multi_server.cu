@@ -24,6 +24,7 @@
 // `multi_server refused`: managed memory on the second server's GPU is not
 // served yet: cudaMallocManaged answers cudaErrorNotSupported (twice, logged
 // once), and the process goes on (memory and a copy on that GPU still work).
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -288,6 +289,12 @@ int main(int argc, char** argv) {
   CK(cudaEventRecord(stop[0], stream[0]));
   CK(cudaStreamWaitEvent(stream[1], stop[0], 0));  // across the servers: the host waits
   CK(cudaStreamSynchronize(stream[1]));
+  // A host function behind device 1's stream, queued with device 0 current.
+  static std::atomic<int> ran{0};
+  CK(cudaLaunchHostFunc(
+      stream[1], [](void*) { ran.fetch_add(1); }, nullptr));
+  CK(cudaStreamSynchronize(stream[1]));
+  EXPECT(ran.load() == 1, "the host function on device 1's stream ran %d times", ran.load());
   printf("other_device_handles=ok\n");
 
   e2e::Step("copies between the servers");
