@@ -1077,9 +1077,11 @@ CUresult PoolAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value,
     v = PoolAttrIsInt(attr) ? static_cast<uint64_t>(*static_cast<int*>(value))
                             : *static_cast<cuuint64_t*>(value);
   wire::Writer w;
-  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(pool));
+  w.Put<uint64_t>(Client::WireHandle(pool));
   w.Put<int32_t>(attr);
   w.Put<uint8_t>(set ? 1 : 0);
+  // Several servers: the pool's server.
+  Client::RouteScope scope(c.multi() ? Client::TagOf(reinterpret_cast<uintptr_t>(pool)) : -1);
   w.Put<uint64_t>(v);
   std::vector<uint8_t> reply;
   CUresult rc = c.Call(set ? "cuMemPoolSetAttribute" : "cuMemPoolGetAttribute",

@@ -607,9 +607,10 @@ uint64_t LibraryOnServer(uint64_t library, int server);
 CUresult RefuseAcrossServers(const char* name);
 CUresult LoadImageOn(const void* image, bool library, uint64_t* handle);
 
-// Which arguments of generic op `op` are device ordinals (CUdevice) or device
-// pointers (CUdeviceptr): a bit per argument (generated from cuda.h).
-uint32_t GenericArgMask(uint16_t op, bool device_ordinals);
+// Which arguments of generic op `op` are device pointers (kind 0: CUdeviceptr),
+// device ordinals (1: CUdevice) or device ordinals it answers (2: CUdevice*): a
+// bit per argument (generated from cuda.h).
+uint32_t GenericArgMask(uint16_t op, int kind);
 
 // With several servers: where a generic call goes, from its handles, device
 // ordinals and device pointers (client/multi_server.cc). -1: the current
@@ -656,10 +657,14 @@ void EncodeRouted(wire::Writer& w, T v, bool device_ordinal) {
   }
 }
 
-// An output: a handle the server made gets the server's tag.
+// An output: a handle the server made gets the server's tag, a device ordinal
+// it answers is the process's.
 template <typename T>
-bool DecodeRouted(wire::Reader& r, T v, int server) {
+bool DecodeRouted(wire::Reader& r, T v, int server, bool device_ordinal) {
   if (!marshal::DecodeOut(r, v)) return false;
+  if constexpr (std::is_same_v<T, CUdevice*>) {
+    if (device_ordinal && v != nullptr) *v = Client::Get().GlobalDevice(server, *v);
+  }
   if constexpr (std::is_pointer_v<T>) {
     using P = std::remove_cv_t<std::remove_pointer_t<T>>;
     if constexpr (marshal::kIsHandle<P>) {
@@ -673,7 +678,8 @@ template <uint16_t Op, bool Sync, bool PerThread, typename... Args, size_t... I>
 CUresult ForwardMulti(Client& c, const char* name, std::index_sequence<I...>, Args... args) {
   const uint64_t values[] = {ArgBits(args)..., 0};
   const bool handles[] = {marshal::kIsHandle<Args>..., false};
-  const uint32_t devs = GenericArgMask(Op, true), ptrs = GenericArgMask(Op, false);
+  const uint32_t ptrs = GenericArgMask(Op, 0), devs = GenericArgMask(Op, 1);
+  [[maybe_unused]] const uint32_t dev_outs = GenericArgMask(Op, 2);
   ArgRoute route;
   // Peer access acts on the current context; the argument is the peer's.
   if constexpr (Op == 284 || Op == 285) RouteArg(&route, c.RouteNow());
@@ -701,7 +707,7 @@ CUresult ForwardMulti(Client& c, const char* name, std::index_sequence<I...>, Ar
     CUresult rc = c.Call(name, Op, w, ReplySink{&reply}, flags);
     if (rc != CUDA_SUCCESS) return rc;
     wire::Reader r(reply.data(), reply.size());
-    bool ok = (DecodeRouted(r, args, server) && ...);
+    bool ok = (DecodeRouted(r, args, server, ((dev_outs >> I) & 1u) != 0) && ...);
     return ok ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN;
   }
 }

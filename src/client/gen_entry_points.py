@@ -87,15 +87,18 @@ def main():
     # Which arguments of each generic op are device ordinals and device pointers:
     # with several servers (client/multi_server.cc) they say where a call goes.
     lines.append("namespace flyt::client {")
-    lines.append("uint32_t GenericArgMask(uint16_t op, bool device_ordinals);")
-    lines.append("uint32_t GenericArgMask(uint16_t op, bool device_ordinals) {")
+    lines.append("uint32_t GenericArgMask(uint16_t op, int kind);")
+    lines.append("uint32_t GenericArgMask(uint16_t op, int kind) {")
     lines.append("  switch (op) {")
     for op, sym, cls, _ in ops:
         params = split_params(legacy[sym])
-        dev = sum(1 << i for i, (t, _) in enumerate(params) if t == "CUdevice")
         ptr = sum(1 << i for i, (t, _) in enumerate(params) if t == "CUdeviceptr")
-        if dev or ptr:
-            lines.append("    case %s: return device_ordinals ? %du : %du;  // %s" % (op, dev, ptr, sym))
+        dev = sum(1 << i for i, (t, _) in enumerate(params) if t == "CUdevice")
+        dev_out = sum(1 << i for i, (t, _) in enumerate(params)
+                      if re.sub(r"\s+", "", t) == "CUdevice*")
+        if dev or ptr or dev_out:
+            lines.append("    case %s: return kind == 0 ? %du : kind == 1 ? %du : %du;  // %s"
+                         % (op, ptr, dev, dev_out, sym))
     lines.append("    default: return 0;")
     lines.append("  }")
     lines.append("}")

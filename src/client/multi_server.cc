@@ -100,6 +100,7 @@ int Client::RouteCall(const char* name, uint16_t op, const wire::Writer& req) {
     case ops::kOpPeerReceive:
     case ops::kOpPeerSend:
     case ops::kOpPeerDone:
+    case ops::kOpMemPoolAttribute:
       served = true;
       break;
     case ops::kOpDriverMisc:  // the current context's flags only

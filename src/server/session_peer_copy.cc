@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -186,9 +187,14 @@ bool Session::PeerReceive(wire::Reader& in, bool per_thread, CUresult* rc) {
   CUresult result = CUDA_ERROR_OPERATING_SYSTEM;
   int fd = -1;
   // The sender proves it is the one the client told with the transfer's key; a
-  // connection without it is dropped and the next one waited for.
+  // connection without it is dropped and the next one waited for, until the
+  // timeout in all.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout);
   for (int tries = 0; tries < 4 && fd < 0; ++tries) {
-    if (!WaitFd(l.fd, POLLIN, timeout)) break;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now())
+                          .count();
+    if (left <= 0 || !WaitFd(l.fd, POLLIN, static_cast<int>(left))) break;
     fd = accept4(l.fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) continue;
     uint64_t key[2] = {0, 0};

@@ -279,6 +279,11 @@ int main(int argc, char** argv) {
 
   e2e::Step("streams and events of the other device");
   CK(cudaSetDevice(0));  // device 1's handles with device 0 current
+  for (int d = 0; d < 2; ++d) {
+    int dev = -1;
+    CK(cudaStreamGetDevice(stream[d], &dev));
+    EXPECT(dev == d, "stream of device %d says device %d", d, dev);
+  }
   CK(cudaStreamSynchronize(stream[1]));
   CK(cudaEventSynchronize(stop[1]));
   CK(cudaEventQuery(stop[1]));
