@@ -1055,7 +1055,7 @@ CUresult Client::DestroyContext(CUcontext ctx) {
     std::lock_guard<std::mutex> lock(state_mu_);
     if (created_contexts_.count(ctx) == 0) return CUDA_ERROR_INVALID_CONTEXT;
   }
-  const int server = TagOf(reinterpret_cast<uintptr_t>(ctx));
+  const int server = multi() ? TagOf(reinterpret_cast<uintptr_t>(ctx)) : 0;
   wire::Writer w;
   w.Put<uint64_t>(WireHandle(ctx));
   std::vector<uint8_t> reply;
