@@ -330,7 +330,8 @@ int main(int argc, char** argv) {
     CK(cudaSetDevice(d));
     size_t free_after = 0, t = 0;
     CK(cudaMemGetInfo(&free_after, &t));
-    EXPECT(free_after >= free_mid[d] + kBytes + kLarge && free_after <= free_before[d],
+    // (Two servers may share one GPU: device-wide readings move with the other's use.)
+    EXPECT(free_after >= free_mid[d] + kBytes + kLarge,
            "device %d: %zu bytes free, %zu with the buffers, %zu before", d, free_after,
            free_mid[d], free_before[d]);
   }
