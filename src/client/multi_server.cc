@@ -253,6 +253,11 @@ CUresult Client::CopyAcrossServers(const char* name, uint64_t dst, int dst_serve
     return RefuseAcrossServers(name);
   const uint64_t raw_stream = reinterpret_cast<uintptr_t>(stream);
   const int stream_server = raw_stream > 2 ? TagOf(raw_stream) : -1;
+  // One copy between servers at a time in this process: a target's session
+  // waits for its sender, so two threads copying opposite ways at once would
+  // each hold up the other's sender behind its own receive.
+  static auto* across_mu = new std::mutex();
+  std::lock_guard<std::mutex> one_at_a_time(*across_mu);
   // 1. The target opens a one-time listener.
   std::vector<uint8_t> reply;
   CUresult rc;

@@ -1892,6 +1892,7 @@ class E2E(unittest.TestCase):
                       ("addresses_distinct", "1"), ("pointer_devices", "ok"),
                       ("host_copies", "ok"), ("kernels", "ok"), ("per_device_extras", "ok"),
                       ("other_device_handles", "ok"), ("copies_across", "ok"),
+                      ("copies_two_threads", "ok"),
                       ("memory_back", "ok"))
 
     def test_multi_server(self):

@@ -26,6 +26,7 @@
 // once), and the process goes on (memory and a copy on that GPU still work).
 #include <atomic>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "e2e_common.h"
@@ -316,6 +317,20 @@ int main(int argc, char** argv) {
   Across(0, 0, 1, 1, large[0], large[1], 5, kLarge - 5, stream[1], seed++);
   Across(3, 1, 0, 1, large[1], large[0], 0, kLarge, stream[0], seed++);
   printf("copies_across=ok\n");
+
+  e2e::Step("copies both ways at once from two threads");
+  {
+    auto worker = [&](int from, int to, char* src, char* dst, uint32_t seed) {
+      for (int i = 0; i < 6; ++i)
+        Across(i % 4, from, to, from, src, dst, i, kBytes - 16, 0, seed + i);
+    };
+    // Halves of the large buffers: one thread's source is never the other's target.
+    std::thread t1(worker, 0, 1, large[0], large[1], 1000u);
+    std::thread t2(worker, 1, 0, large[1] + kBytes, large[0] + kBytes, 2000u);
+    t1.join();
+    t2.join();
+  }
+  printf("copies_two_threads=ok\n");
 
   e2e::Step("free");
   CK(cudaSetDevice(0));
