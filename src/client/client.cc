@@ -212,6 +212,7 @@ CUresult Client::Open() {
                          addr.kind == transport::Address::Kind::kTls ||
                          addr.kind == transport::Address::Kind::kUcx;
   dial_host_ = networked ? addr.host : "127.0.0.1";
+  tls_link_ = addr.kind == transport::Address::Kind::kTls;
   st = DialServer(addr, live, &conn_);
   if (!st.ok())
     return Fail("cannot reach flyt-server at " + server_ + ": " + st.message() +

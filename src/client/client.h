@@ -417,6 +417,7 @@ class Client {
   // The host another server dials for a copy to this one (the host this
   // process named for it; 127.0.0.1 for a server on this host's sockets).
   std::string dial_host_;
+  bool tls_link_ = false;  // this process named the server with tls:// (before any move to shm)
   // Where a call goes with several servers: its server, or -(CUresult) when it
   // is refused (a call not served yet for a later server's GPU: logged once).
   int RouteCall(const char* name, uint16_t op, const wire::Writer& req);

@@ -251,6 +251,17 @@ CUresult Client::CopyAcrossServers(const char* name, uint64_t dst, int dst_serve
   if ((target.server_features_.load() & ops::kServerFeaturePeers) == 0 ||
       (source.server_features_.load() & ops::kServerFeaturePeers) == 0)
     return RefuseAcrossServers(name);
+  // The servers' own connection is plain TCP: bytes of a process that reaches its
+  // servers over tls:// do not travel between them in the clear.
+  if (target.tls_link_ || source.tls_link_) {
+    static std::once_flag said;
+    std::call_once(said, [] {
+      FLYT_WARN(
+          "copies between servers reached over tls:// are refused (CUDA_ERROR_NOT_SUPPORTED): "
+          "the servers' connection to each other is not encrypted yet");
+    });
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
   const uint64_t raw_stream = reinterpret_cast<uintptr_t>(stream);
   const int stream_server = raw_stream > 2 ? TagOf(raw_stream) : -1;
   // One copy between servers at a time in this process: a target's session

@@ -268,7 +268,8 @@ enum : uint16_t {
   // u64 stream) takes the bytes from it into device memory; kOpPeerSend (source; string
   // host, u16 port, u64 key[2], u64 src, u64 bytes, u64 stream) sends them there, after
   // the stream's (or, for another server's stream, the session's) earlier work;
-  // kOpPeerDone (target; u64 transfer id) answers with the receive's result.
+  // kOpPeerDone (target; u64 transfer id) answers with the receive's result. The
+  // copies are served only to a session that was placed first (else NOT_PERMITTED).
   kOpPlaceMemory = 327,
   kOpPeerListen = 328,
   kOpPeerReceive = 329,

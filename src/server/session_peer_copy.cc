@@ -111,6 +111,10 @@ int DialPeer(const std::string& host, uint16_t port, int timeout_ms) {
 bool Session::PeerListen(wire::Reader& in, wire::Writer& out, CUresult* rc) {
   uint64_t bytes = 0;
   if (!in.Get(&bytes) || in.remaining() != 0) return false;
+  if (placed_slot_ < 0) {  // only a client of several servers (kOpPlaceMemory first)
+    *rc = CUDA_ERROR_NOT_PERMITTED;
+    return true;
+  }
   // Listeners no client took, and results no client asked for: a few are
   // kept, the oldest go first.
   while (peer_results_.size() >= 64) peer_results_.erase(peer_results_.begin());
@@ -243,6 +247,10 @@ bool Session::PeerSend(wire::Reader& in, bool per_thread, CUresult* rc) {
       !in.Get(&src) || !in.Get(&bytes) || !in.Get(&stream) || in.remaining() != 0)
     return false;
   (void)per_thread;
+  if (placed_slot_ < 0) {  // only a client of several servers (kOpPlaceMemory first)
+    *rc = CUDA_ERROR_NOT_PERMITTED;
+    return true;
+  }
   if (stream > 2 && !Owns(HandleKind::kStream, stream)) {
     *rc = CUDA_ERROR_INVALID_HANDLE;
     return true;

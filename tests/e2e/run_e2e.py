@@ -1957,6 +1957,36 @@ class E2E(unittest.TestCase):
         self.assertEqual(log.count("cuMemAllocManaged: not served yet for a GPU of the second"),
                          1, where)
 
+    def test_multi_server_tls(self):
+        """Two servers reached over tls://: the client's links are encrypted, the servers'
+        connection to each other would not be, so copies between them are refused
+        (cudaErrorNotSupported, said once in the log) and each GPU goes on working."""
+        f = self.make_tls_files()
+        servers = []
+        for _ in range(2):
+            port = free_tcp_port()
+            url = "tls://127.0.0.1:%d" % port
+            srv = self.start_server(extra_args=["--listen", url, "--tls-cert", f("server.pem"),
+                                                "--tls-key", f("server.key")])
+            servers.append((srv, url))
+
+        class Over:
+            def url(self, transport):
+                return ",".join(u for _, u in servers)
+
+            def __getattr__(self, name):
+                return getattr(servers[0][0], name)
+
+        res = self.run_ok(Over(), "tls", "multi_server", CFG.variants[0], ["tls"],
+                          extra={"FLYT_TLS_CA": f("ca.pem")}, log_level="warn")
+        kv = self.kv(res)
+        where = res.describe()
+        for key, want in (("device_count", "2"), ("copies_across", "refused"),
+                          ("own_devices", "ok")):
+            self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
+        self.assertEqual(res.client_log.count("copies between servers reached over tls://"), 1,
+                         where)
+
     def test_p2p_devices_no_peer(self):
         """Two sim GPUs without P2P (`--sim-no-peer`, as GPUs of a board without it):
         cudaDeviceCanAccessPeer says 0, enabling answers cudaErrorPeerAccessUnsupported,

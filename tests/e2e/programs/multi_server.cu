@@ -24,6 +24,9 @@
 // `multi_server refused`: managed memory on the second server's GPU is not
 // served yet: cudaMallocManaged answers cudaErrorNotSupported (twice, logged
 // once), and the process goes on (memory and a copy on that GPU still work).
+//
+// `multi_server tls`: servers reached over tls://: copies between them are
+// refused with cudaErrorNotSupported, each GPU goes on working.
 #include <atomic>
 #include <cstring>
 #include <thread>
@@ -140,10 +143,40 @@ int Refused() {
   return 0;
 }
 
+// Over tls:// the servers' own connection would carry the bytes unencrypted:
+// copies between them are refused, each GPU works on its own.
+int Tls() {
+  e2e::Step("tls");
+  int count = 0;
+  CK(cudaGetDeviceCount(&count));
+  printf("device_count=%d\n", count);
+  char* buf[2] = {};
+  std::vector<unsigned char> in(4099), out(4099, 0);
+  e2e::Fill(in.data(), in.size(), 9);
+  for (int d = 0; d < 2; ++d) {
+    CK(cudaSetDevice(d));
+    CK(cudaMalloc(&buf[d], in.size()));
+    CK(cudaMemcpy(buf[d], in.data(), in.size(), cudaMemcpyHostToDevice));
+  }
+  EXPECT_ERR(cudaMemcpyPeer(buf[1], 1, buf[0], 0, in.size()), cudaErrorNotSupported);
+  EXPECT_ERR(cudaMemcpy(buf[0], buf[1], in.size(), cudaMemcpyDefault), cudaErrorNotSupported);
+  printf("copies_across=refused\n");
+  for (int d = 0; d < 2; ++d) {
+    CK(cudaSetDevice(d));
+    CK(cudaMemcpy(out.data(), buf[d], out.size(), cudaMemcpyDeviceToHost));
+    EXPECT_SAME(out.data(), in.data(), in.size(), "own device after a refused copy");
+    CK(cudaFree(buf[d]));
+  }
+  printf("own_devices=ok\n");
+  e2e::Pass();
+  return 0;
+}
+
 int main(int argc, char** argv) {
   e2e::Init("multi_server");
   if (argc > 1 && strcmp(argv[1], "three") == 0) return Three();
   if (argc > 1 && strcmp(argv[1], "refused") == 0) return Refused();
+  if (argc > 1 && strcmp(argv[1], "tls") == 0) return Tls();
 
   e2e::Step("enumerate");
   int count = 0;
