@@ -421,6 +421,9 @@ CUresult ForwardAcross(const char* name, uint16_t op, const ArgRoute& route, con
                        size_t n) {
   Client& c = Client::Get();
   auto out_int = [&](size_t i) { return reinterpret_cast<int*>(values[i]); };
+  // Work between servers cannot go into a graph being captured.
+  const bool across_work = op == 115 || op == 167 || op == 168 || op == 174 || op == 175;
+  if (across_work && c.AnyCapture()) return RefuseAcrossServers(name);
   switch (op) {
     case 283:  // cuDeviceCanAccessPeer: as between two GPUs without P2P
     case 286:  // cuDeviceGetP2PAttribute: every attribute 0
