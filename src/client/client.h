@@ -402,7 +402,7 @@ class Client {
   void TraceCall(const char* name, const char* cls, uint64_t t0_ns);
 
   // --- several servers (client/multi_server.cc)
-  // Connects this link to `server` and shakes hands; fills devices_ etc.
+  // Connects this link to server_ and shakes hands; fills devices_ etc.
   CUresult Open();
   // Set once by Init when the process has several servers.
   static inline bool several_ = false;
@@ -615,7 +615,7 @@ uint32_t GenericArgMask(uint16_t op, int kind);
 
 // With several servers: where a generic call goes, from its handles, device
 // ordinals and device pointers (client/multi_server.cc). -1: the current
-// context's server; -2: its arguments name two servers (*two_servers gets them).
+// context's server; -2: its arguments name two servers (`other` is the second).
 struct ArgRoute {
   int server = -1;
   int other = -1;
