@@ -607,6 +607,11 @@ uint64_t LibraryOnServer(uint64_t library, int server);
 // its name logged once, CUDA_ERROR_NOT_SUPPORTED.
 CUresult RefuseAcrossServers(const char* name);
 CUresult LoadImageOn(const void* image, bool library, uint64_t* handle);
+// A GPU's UUID as this process shows it: a later server's GPU whose UUID an
+// earlier one in the list already has (two servers on one GPU) gets a UUID of
+// its own, one byte changed, so CUDA and NVML show distinct devices alike.
+// `earlier`: the UUIDs shown for the GPUs before it (16 bytes each).
+void DistinctUuid(uint8_t uuid[16], int server, const std::vector<const uint8_t*>& earlier);
 
 // Which arguments of generic op `op` are device pointers (kind 0: CUdeviceptr),
 // device ordinals (1: CUdevice) or device ordinals it answers (2: CUdevice*): a

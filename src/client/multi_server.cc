@@ -139,6 +139,16 @@ void RouteArg(ArgRoute* route, int server) {
   }
 }
 
+void DistinctUuid(uint8_t uuid[16], int server, const std::vector<const uint8_t*>& earlier) {
+  auto taken = [&] {
+    for (const uint8_t* e : earlier)
+      if (std::memcmp(e, uuid, 16) == 0) return true;
+    return false;
+  };
+  for (int round = 0; round < 256 && taken(); ++round)
+    uuid[15] ^= static_cast<uint8_t>(0x40 + server + round);
+}
+
 int Client::GlobalDevice(int server, int local) const {
   for (size_t i = 0; i < dev_server_.size(); ++i)
     if (dev_server_[i] == server && dev_local_[i] == local) return static_cast<int>(i);
@@ -198,6 +208,11 @@ CUresult Client::OpenPeers(const std::vector<std::string>& list) {
     if (peers[k]->driver_version_ < driver_version_) driver_version_ = peers[k]->driver_version_;
   }
   if (devices_.size() > kMaxDevices) return Fail("FLYT_SERVER: more than 64 GPUs in all");
+  for (size_t g = 1; g < devices_.size(); ++g) {  // two servers on one GPU: distinct UUIDs
+    std::vector<const uint8_t*> earlier;
+    for (size_t e = 0; e < g; ++e) earlier.push_back(devices_[e].uuid);
+    DistinctUuid(devices_[g].uuid, dev_server_[g], earlier);
+  }
   primaries_.resize(devices_.size());
   peers_ = std::move(peers);
   // Disjoint device addresses: each server places its memory in a slot of its own.

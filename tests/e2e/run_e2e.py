@@ -1886,7 +1886,7 @@ class E2E(unittest.TestCase):
         def __getattr__(self, name):
             return getattr(self.servers[0], name)
 
-    MULTI_EXPECTED = (("device_count", "2"), ("bus_ids_distinct", "1"),
+    MULTI_EXPECTED = (("device_count", "2"), ("bus_ids_distinct", "1"), ("uuids_distinct", "1"),
                       ("can_access.0_1", "0"), ("can_access.1_0", "0"),
                       ("p2p_attr.access", "0"), ("enable_peer", "refused"),
                       ("addresses_distinct", "1"), ("pointer_devices", "ok"),
@@ -1986,6 +1986,25 @@ class E2E(unittest.TestCase):
             self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
         self.assertEqual(res.client_log.count("copies between servers reached over tls://"), 1,
                          where)
+
+    def test_multi_server_nvml(self):
+        """Flyt's NVML with two servers as one list (nvml_query peers 2): both servers' GPUs
+        in CUDA's order with CUDA's PCI bus ids and distinct UUIDs (two sims, like two
+        servers on one GPU, report the same one), P2P not supported and common ancestor
+        "system" between them, as NVML says of GPUs of two machines."""
+        prog = os.path.join(CFG.programs_dir, "nvml_query")
+        a = self.start_server()
+        b = self.start_server()
+        res = run_program(self.tmp, self._Servers([a, b]), CFG.transports[0], prog,
+                          ("peers", "2"), log_level="warn")
+        self.assert_passed(res, "nvml_query", a)
+        kv = self.kv(res)
+        where = res.describe()
+        for key, want in (("device_count", "2"), ("p2p_read_0_1", "5"),
+                          ("p2p_write_1_0", "5"), ("p2p_nvlink_0_1", "5"),
+                          ("topology_0_1", "50")):
+            self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
+        self.assertNotEqual(kv.get("bus_id.0"), kv.get("bus_id.1"), where)
 
     def test_p2p_devices_no_peer(self):
         """Two sim GPUs without P2P (`--sim-no-peer`, as GPUs of a board without it):

@@ -184,9 +184,11 @@ int main(int argc, char** argv) {
   printf("device_count=%d\n", count);
   EXPECT(count == 2, "expected 2 devices, found %d", count);
   char bus[2][32];
+  cudaUUID_t uuid[2];
   for (int d = 0; d < 2; ++d) {
     cudaDeviceProp prop{};
     CK(cudaGetDeviceProperties(&prop, d));
+    uuid[d] = prop.uuid;
     EXPECT(prop.major >= 1 && prop.totalGlobalMem > 0, "device %d has no properties", d);
     CK(cudaDeviceGetPCIBusId(bus[d], sizeof(bus[d]), d));
     int again = -1;
@@ -195,6 +197,8 @@ int main(int argc, char** argv) {
     printf("device.%d.name=%s\n", d, prop.name);
   }
   printf("bus_ids_distinct=%d\n", strcmp(bus[0], bus[1]) != 0 ? 1 : 0);
+  // Two servers on one GPU (or two sims) still show two devices.
+  printf("uuids_distinct=%d\n", memcmp(&uuid[0], &uuid[1], sizeof(uuid[0])) != 0 ? 1 : 0);
 
   e2e::Step("peer capability");
   int can = -1;
