@@ -44,6 +44,14 @@ void Hash(const uint8_t* p, size_t n, uint64_t* h0, uint64_t* h1) {
 }
 
 CUresult LoadImage(const void* image, bool library, uint64_t* handle) {
+  return flyt::client::LoadImageOn(image, library, handle);
+}
+
+}  // namespace
+
+// Loads on the calling thread's route (the current context's server, or a
+// RouteScope's); with several servers the handles carry that server's tag.
+CUresult flyt::client::LoadImageOn(const void* image, bool library, uint64_t* handle) {
   Client& c = Client::Get();
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   flyt::ImageSpan span{};
@@ -68,15 +76,24 @@ CUresult LoadImage(const void* image, bool library, uint64_t* handle) {
     rc = c.Call(name, ops::kOpLoadImage, w, ReplySink{&reply});
   }
   if (rc != CUDA_SUCCESS) return rc;
+  const int server = c.multi() ? Client::LastRoute() : 0;
   wire::Reader r(reply.data(), reply.size());
   uint64_t h = 0;
   std::vector<std::pair<uint64_t, FuncInfo>> fns;
   if (!r.Get(&h) || !flyt::client::ReadFunctionList(r, library, &fns)) return CUDA_ERROR_UNKNOWN;
+  if (server != 0) {
+    h = Client::Tag(h, server);
+    for (auto& f : fns) f.first = Client::Tag(f.first, server);
+  }
   c.AddImage(h, library, std::move(fns));
+  // Several servers: a library's kernels may be launched on another server's GPU.
+  if (library && c.multi()) flyt::client::NoteLibraryImage(h, bytes, span.size);
   if (load_hook != nullptr) load_hook(load_start, flyt::cupti_records::RealtimeNs());
   *handle = h;
   return CUDA_SUCCESS;
 }
+
+namespace {
 
 bool ReadFile(const char* path, std::vector<char>* out) {
   std::ifstream f(path, std::ios::binary);
@@ -123,9 +140,10 @@ std::shared_ptr<const FuncInfo> flyt::client::FuncLayout(uint64_t f, CUresult* w
   for (uint8_t is_kernel = 0; is_kernel < 2; ++is_kernel) {
     if (seen != nullptr && is_kernel != (seen->is_kernel ? 1 : 0)) continue;
     wire::Writer w;
-    w.Put(f);
+    w.Put(Client::WireValue(f));
     w.Put(is_kernel);
     std::vector<uint8_t> reply;
+    Client::RouteScope scope(c.multi() ? Client::TagOf(f) : -1);  // the function's server
     last = c.Call("paramLayout", ops::kOpFuncParamLayout, w, ReplySink{&reply});
     if (last != CUDA_SUCCESS) continue;
     wire::Reader r(reply.data(), reply.size());
@@ -156,12 +174,12 @@ namespace {
 void EncodeLaunchHead(wire::Writer& w, CUfunction f, uint32_t flags, const unsigned grid[3],
                       const unsigned block[3], unsigned shmem, CUstream stream,
                       const CUlaunchAttribute* attrs, unsigned nattrs) {
-  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(f));
+  w.Put<uint64_t>(Client::WireHandle(f));
   w.Put(flags);
   w.PutBytes(grid, 12);
   w.PutBytes(block, 12);
   w.Put<uint32_t>(shmem);
-  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(stream));
+  w.Put<uint64_t>(Client::WireHandle(stream));
   w.Put<uint32_t>(nattrs);
   if (nattrs > 0) w.PutBytes(attrs, sizeof(CUlaunchAttribute) * nattrs);
 }
@@ -235,6 +253,23 @@ CUresult Launch(const char* name, CUfunction f, const unsigned grid[3], const un
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (nattrs > 64) return CUDA_ERROR_INVALID_VALUE;
+  // Several servers: the launch goes to its stream's server (the current
+  // context's for a default stream); a library's kernel is that server's copy,
+  // a module's function must be of that server, as of that context natively.
+  int route = -1;
+  if (c.multi()) {
+    const uint64_t s = reinterpret_cast<uintptr_t>(stream);
+    route = s > 2 ? Client::TagOf(s) : c.RouteNow();
+    const uint64_t fraw = reinterpret_cast<uintptr_t>(f);
+    if (Client::TagOf(fraw) != route) {
+      auto seen = c.Func(fraw);
+      const uint64_t there =
+          seen != nullptr && seen->is_kernel ? flyt::client::KernelOnServer(fraw, route) : 0;
+      if (there == 0) return CUDA_ERROR_INVALID_HANDLE;
+      f = reinterpret_cast<CUfunction>(there);
+    }
+  }
+  Client::RouteScope scope(route);
   CUresult unknown = CUDA_ERROR_INVALID_HANDLE;
   auto info = FuncLayout(reinterpret_cast<uintptr_t>(f), &unknown);
   if (info == nullptr) return unknown;
@@ -323,6 +358,7 @@ FLYT_API CUresult cuModuleUnload(CUmodule m) {
 
 FLYT_API CUresult cuLibraryUnload(CUlibrary l) {
   Client::Get().RemoveImage(reinterpret_cast<uintptr_t>(l));
+  if (Client::Get().multi()) flyt::client::ForgetLibraryImage(reinterpret_cast<uintptr_t>(l));
   flyt::client::managed::UnmapOwnedBy(reinterpret_cast<uintptr_t>(l));  // its __managed__ variables
   return Forward<205, false, false>("cuLibraryUnload", l);
 }
@@ -373,6 +409,15 @@ FLYT_API CUresult cuKernelGetFunction(CUfunction* f, CUkernel k) {
   if (f == nullptr) return CUDA_ERROR_INVALID_VALUE;
   auto info = c.Func(reinterpret_cast<uintptr_t>(k));
   if (info == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  // Several servers: the kernel's copy on the current context's server.
+  int server = -1;
+  if (c.multi()) {
+    server = c.RouteNow();
+    const uint64_t there = flyt::client::KernelOnServer(reinterpret_cast<uintptr_t>(k), server);
+    if (there == 0) return CUDA_ERROR_INVALID_HANDLE;
+    k = reinterpret_cast<CUkernel>(there);
+  }
+  Client::RouteScope scope(server);
   // cudart asks before every launch of a CUkernel; the answer is fixed per context.
   const uint64_t ctx = reinterpret_cast<uintptr_t>(flyt::client::CurrentContext());
   uint64_t h = 0;
@@ -381,12 +426,13 @@ FLYT_API CUresult cuKernelGetFunction(CUfunction* f, CUkernel k) {
     return CUDA_SUCCESS;
   }
   wire::Writer w;
-  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(k));
+  w.Put<uint64_t>(Client::WireHandle(k));
   std::vector<uint8_t> reply;
   CUresult rc = c.Call("cuKernelGetFunction", ops::kOpKernelGetFunction, w, ReplySink{&reply});
   if (rc != CUDA_SUCCESS) return rc;
   wire::Reader r(reply.data(), reply.size());
   if (!r.Get(&h)) return CUDA_ERROR_UNKNOWN;
+  h = Client::Tag(h, server);
   FuncInfo copy = *info;
   copy.is_kernel = false;
   c.AliasFunc(h, std::make_shared<const FuncInfo>(std::move(copy)));

@@ -33,7 +33,24 @@ namespace ops = flyt::ops;
 namespace {
 
 uint16_t Flags(bool per_thread) { return per_thread ? wire::kFlagPerThread : 0; }
-uint64_t StreamRaw(CUstream s) { return reinterpret_cast<uintptr_t>(s); }
+uint64_t StreamRaw(CUstream s) { return Client::WireHandle(s); }
+
+// Several servers: a copy goes to the server of its device memory (else its
+// stream's, else the current context's); -1 with one server.
+int CopyRoute(uint64_t device, CUstream stream) {
+  Client& c = Client::Get();
+  if (!c.multi()) return -1;
+  int server = c.ServerOfPointer(device);
+  if (server >= 0) return server;
+  const uint64_t s = reinterpret_cast<uintptr_t>(stream);
+  return s > 2 ? Client::TagOf(s) : -1;
+}
+
+// A free goes to the server of the memory, found before the range is forgotten.
+int FreeRoute(uint64_t p) {
+  Client& c = Client::Get();
+  return c.multi() ? c.ServerOfPointer(p) : -1;
+}
 
 bool IsDevice(uint64_t p, uint64_t n = 1) { return Client::Get().FindDeviceRange(p, n); }
 
@@ -121,15 +138,19 @@ CUresult CopyHtoD(const char* name, CUdeviceptr dst, const void* src, size_t n, 
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (n == 0) return CUDA_SUCCESS;
   if (src == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const int route = CopyRoute(dst, stream);
+  Client::RouteScope scope(route);
+  // Pinned buffers shared or registered with server 0 serve only its copies.
+  const bool fast = !c.multi() || c.RouteNow() == 0;
   if (managed::Overlaps(reinterpret_cast<uintptr_t>(src), n))
     return ManagedDeviceCopy(name, dst, reinterpret_cast<uintptr_t>(src), n, stream, async, pt);
   if (!async && managed::Overlaps(dst, n)) {  // the host reads the managed bytes next
     CUresult rc = CopyHtoD(name, dst, src, n, stream, true, pt);
     return SettleManagedCopy(rc, stream, pt);
   }
-  if (Client::HostBuffer b; SharedBuffer(src, n, &b))
+  if (Client::HostBuffer b; fast && SharedBuffer(src, n, &b))
     return CopyShared(name, true, dst, b, src, n, stream, async, pt);
-  if (uint64_t key = 0; RmaKeyFor(src, n, true, async, &key))
+  if (uint64_t key = 0; fast && RmaKeyFor(src, n, true, async, &key))
     return CopyRma(name, true, dst, key, src, n, stream, async, pt);
   // A destination we know is valid: the copy can be fire-and-forget, its
   // bytes are on the wire when we return. Otherwise wait for the verdict.
@@ -162,15 +183,18 @@ CUresult CopyDtoH(const char* name, void* dst, CUdeviceptr src, size_t n, CUstre
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (n == 0) return CUDA_SUCCESS;
   if (dst == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const int route = CopyRoute(src, stream);
+  Client::RouteScope scope(route);
+  const bool fast = !c.multi() || c.RouteNow() == 0;
   if (managed::Overlaps(reinterpret_cast<uintptr_t>(dst), n))
     return ManagedDeviceCopy(name, reinterpret_cast<uintptr_t>(dst), src, n, stream, async, pt);
-  if (Client::HostBuffer b; SharedBuffer(dst, n, &b))
+  if (Client::HostBuffer b; fast && SharedBuffer(dst, n, &b))
     return CopyShared(name, false, src, b, dst, n, stream, async, pt);
-  if (uint64_t key = 0; RmaKeyFor(dst, n, false, async, &key))
+  if (uint64_t key = 0; fast && RmaKeyFor(dst, n, false, async, &key))
     return CopyRma(name, false, src, key, dst, n, stream, async, pt);
   // Over shm://: the GPU writes into a staging area this process shares with the
   // server, and the chunks are copied out here as they land (client/staged_copy.cc).
-  if (CUresult rc; c.StagedDownload(name, dst, src, n, stream, async, pt, &rc)) {
+  if (CUresult rc; fast && c.StagedDownload(name, dst, src, n, stream, async, pt, &rc)) {
     if (rc == CUDA_SUCCESS && async) c.NoteStreamDrained(stream, pt);
     return rc;
   }
@@ -249,6 +273,26 @@ CUresult Copy3D(const char* name, CUDA_MEMCPY3D d, CUstream stream, bool async, 
     return CUDA_SUCCESS;
   }
   if (w > wire::kMaxPayload) return CUDA_ERROR_NOT_SUPPORTED;
+  // Several servers: the copy goes to the server of its device memory or arrays
+  // (their handles without the server's tag); between two servers it is refused.
+  int route = -1;
+  if (c.multi()) {
+    flyt::client::ArgRoute where;
+    auto side = [&](CUmemorytype t, uint64_t device, CUarray* array) {
+      if (t == CU_MEMORYTYPE_DEVICE) {
+        flyt::client::RouteArg(&where, c.ServerOfPointer(device));
+      } else if (t == CU_MEMORYTYPE_ARRAY && *array != nullptr) {
+        flyt::client::RouteArg(&where, Client::TagOf(reinterpret_cast<uintptr_t>(*array)));
+        *array = reinterpret_cast<CUarray>(Client::Untag(reinterpret_cast<uintptr_t>(*array)));
+      }
+    };
+    side(d.srcMemoryType, d.srcDevice, &d.srcArray);
+    side(d.dstMemoryType, d.dstDevice, &d.dstArray);
+    if (where.server == -2) return flyt::client::RefuseAcrossServers(name);
+    route = where.server;
+    if (route < 0) route = CopyRoute(0, stream);
+  }
+  Client::RouteScope scope(route);
   size_t rows_per_chunk = std::max<size_t>(1, wire::kMaxPayload / w);
   std::vector<uint8_t> dense;
   for (size_t z = 0; z < depth; ++z) {
@@ -332,7 +376,24 @@ CUDA_MEMCPY3D From2D(const CUDA_MEMCPY2D* p) {
 
 FLYT_API CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t n) {
   CUresult rc = Forward<150, true, false>("cuMemAlloc_v2", p, n);
-  if (rc == CUDA_SUCCESS && p != nullptr) Client::Get().AddDeviceRange(*p, n, true);
+  Client& c = Client::Get();
+  if (rc == CUDA_SUCCESS && p != nullptr && c.multi()) {
+    // Several servers place memory apart (kOpPlaceMemory); one that could not
+    // (an older server) may give out another server's addresses: refused.
+    const int server = Client::LastRoute();
+    if (c.CollidesAcrossServers(*p, n, server)) {
+      FLYT_ERROR(
+          "cuMemAlloc: server %d gave out device addresses another server of this process "
+          "uses (0x%llx, %zu bytes); refused (CUDA_ERROR_OUT_OF_MEMORY): run the same "
+          "flyt-server version on every server",
+          server, static_cast<unsigned long long>(*p), n);
+      Client::RouteScope scope(server);
+      Forward<152, true, false>("cuMemFree_v2", *p);
+      *p = 0;
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  }
+  if (rc == CUDA_SUCCESS && p != nullptr) c.AddDeviceRange(*p, n, true);
   return rc;
 }
 
@@ -422,6 +483,7 @@ FLYT_API CUresult cuMemFree_v2(CUdeviceptr p) {
   if (flyt::client::IsIpcMapping(p)) return CUDA_ERROR_INVALID_VALUE;
   managed::Unmap(p);  // managed memory: its host view goes first
   ForgetPoolAlloc(p);
+  Client::RouteScope scope(FreeRoute(p));
   if (Client::Get().RemoveDeviceRange(p)) return Forward<152, false, false>("cuMemFree_v2", p);
   return Forward<152, true, false>("cuMemFree_v2", p);  // unknown: let the server judge now
 }
@@ -452,11 +514,13 @@ FLYT_POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz, true)
 FLYT_API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
   if (flyt::client::IsIpcMapping(p)) return CUDA_ERROR_INVALID_VALUE;
   ForgetPoolAlloc(p);
+  Client::RouteScope scope(FreeRoute(p));
   if (Client::Get().RemoveDeviceRange(p)) return Forward<242, false, false>("cuMemFreeAsync", p, s);
   return Forward<242, true, false>("cuMemFreeAsync", p, s);
 }
 FLYT_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) {
   if (flyt::client::IsIpcMapping(p)) return CUDA_ERROR_INVALID_VALUE;
+  Client::RouteScope scope(FreeRoute(p));
   if (Client::Get().RemoveDeviceRange(p))
     return Forward<242, false, true>("cuMemFreeAsync_ptsz", p, s);
   return Forward<242, true, true>("cuMemFreeAsync_ptsz", p, s);
@@ -501,6 +565,14 @@ FLYT_API CUresult cuModuleGetGlobal_v2(CUdeviceptr* p, size_t* size, CUmodule m,
 FLYT_API CUresult cuLibraryGetGlobal(CUdeviceptr* p, size_t* size, CUlibrary l, const char* name) {
   size_t local = 0;
   CUdeviceptr d = 0;
+  // Several servers: the global of the current context's device, in the
+  // library's copy on that device's server.
+  if (Client::Get().multi()) {
+    const uint64_t there =
+        flyt::client::LibraryOnServer(reinterpret_cast<uintptr_t>(l), Client::Get().RouteNow());
+    if (there == 0) return CUDA_ERROR_INVALID_HANDLE;
+    l = reinterpret_cast<CUlibrary>(there);
+  }
   CUresult rc = Forward<202, true, false>("cuLibraryGetGlobal", &d, &local, l, name);
   return KnowGlobal(rc, d, local, reinterpret_cast<uintptr_t>(l), p, size);
 }
@@ -1005,9 +1077,11 @@ CUresult PoolAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value,
     v = PoolAttrIsInt(attr) ? static_cast<uint64_t>(*static_cast<int*>(value))
                             : *static_cast<cuuint64_t*>(value);
   wire::Writer w;
-  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(pool));
+  w.Put<uint64_t>(Client::WireHandle(pool));
   w.Put<int32_t>(attr);
   w.Put<uint8_t>(set ? 1 : 0);
+  // Several servers: the pool's server.
+  Client::RouteScope scope(c.multi() ? Client::TagOf(reinterpret_cast<uintptr_t>(pool)) : -1);
   w.Put<uint64_t>(v);
   std::vector<uint8_t> reply;
   CUresult rc = c.Call(set ? "cuMemPoolSetAttribute" : "cuMemPoolGetAttribute",

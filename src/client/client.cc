@@ -36,6 +36,10 @@ thread_local CUcontext t_current = nullptr;
 thread_local uint32_t t_last_reply_info = 0;
 thread_local CUstreamCaptureMode t_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 thread_local uint64_t t_last_call_seq = 0;  // CallsLocked() at this thread's last Call
+// Several servers (client/multi_server.cc): a RouteScope's server (-1: none), and
+// the server of the thread's last call or post.
+thread_local int t_route = -1;
+thread_local int t_last_route = 0;
 
 // One name per stream: the per-thread default stream as CU_STREAM_PER_THREAD,
 // the legacy one as 0.
@@ -73,6 +77,17 @@ void SetCaptureMode(CUstreamCaptureMode mode) { t_capture_mode = mode; }
 uint32_t Client::LastReplyInfo() { return t_last_reply_info; }
 void SetCurrentContext(CUcontext ctx) { t_current = ctx; }
 
+int Client::RouteNow() const {
+  return t_route >= 0 ? t_route : TagOf(reinterpret_cast<uintptr_t>(t_current));
+}
+int Client::LastRoute() { return t_last_route; }
+Client::RouteScope::RouteScope(int server) : saved_(t_route), set_(server >= 0) {
+  if (set_) t_route = server;
+}
+Client::RouteScope::~RouteScope() {
+  if (set_) t_route = saved_;
+}
+
 void AfterForkInChild() {
   // The child shares the parent's socket: it must never speak on it. As with
   // NVIDIA's driver, CUDA is unusable in a child forked after initialisation.
@@ -93,6 +108,19 @@ void AfterForkInChild() {
   c.queue_.clear();
   c.broken_ = CUDA_ERROR_NOT_INITIALIZED;
   c.init_rc_ = CUDA_ERROR_NOT_INITIALIZED;
+  for (Client* p : c.peers_) {  // the other servers' links: the same
+    new (&p->mu_) std::mutex();
+    new (&p->state_mu_) std::mutex();
+    new (&p->callback_mu_) std::mutex();
+    new (&p->rma_mu_) std::mutex();
+    new (&p->stage_mu_) std::mutex();
+    p->stage_ = Client::StageArea{};
+    p->rma_enabled_ = false;
+    if (p->conn_ != nullptr) p->conn_->AbandonAfterFork();
+    (void)p->conn_.release();
+    p->queue_.clear();
+    p->broken_ = CUDA_ERROR_NOT_INITIALIZED;
+  }
   managed::AfterForkInChild();
 }
 
@@ -140,64 +168,91 @@ CUresult Client::Init() {
     } else {
       server_ = "tcp://127.0.0.1:14833";
     }
-    transport::Address addr;
-    Status st = transport::ParseAddress(server_, &addr);
-    if (!st.ok()) {
-      init_rc_ = Fail("FLYT_SERVER: " + st.message());
-      return;
-    }
-    transport::Liveness live;
-    live.dead_peer_timeout_ms = EnvInt("FLYT_TIMEOUT_MS", 30000);
-    live.connect_timeout_ms = live.dead_peer_timeout_ms < 10000 ? live.dead_peer_timeout_ms : 10000;
-    address_ = addr;
-    liveness_ = live;
-    st = DialServer(addr, live, &conn_);
-    if (!st.ok()) {
-      init_rc_ = Fail("cannot reach flyt-server: " + st.message() +
-                      ". Start flyt-server there or point FLYT_SERVER (flyt run --server) at it");
-      return;
-    }
-    st = transport::WrapFromEnvironment(&conn_);  // FLYT_EMULATE: network emulator
-    if (!st.ok()) {
-      init_rc_ = Fail(st.message());
-      return;
-    }
     const char* token = std::getenv("FLYT_TOKEN");
     token_ = !manager_token.empty() ? manager_token : token ? token : "";
+    // Several servers, "A,B,...": one ordinal list, server 0's GPUs first
+    // (client/multi_server.cc). One address is the single server, as always.
+    std::vector<std::string> list;
+    if (server_.find(',') != std::string::npos) {
+      size_t at = 0;
+      for (;;) {
+        size_t comma = server_.find(',', at);
+        std::string one = server_.substr(at, comma == std::string::npos ? comma : comma - at);
+        const size_t first = one.find_first_not_of(" \t");  // "A, B" as "A,B"
+        const size_t last = one.find_last_not_of(" \t");
+        list.push_back(first == std::string::npos ? "" : one.substr(first, last - first + 1));
+        if (comma == std::string::npos) break;
+        at = comma + 1;
+      }
+      for (const auto& one : list) {
+        if (one.empty()) {
+          init_rc_ = Fail("FLYT_SERVER: an empty address in the list '" + server_ + "'");
+          return;
+        }
+      }
+      server_ = list[0];
+    }
     init_done_ = true;  // lets Call() run the handshake
     init_rc_ = CUDA_SUCCESS;
-    Hello hello;
-    CUresult rc = SayHello(&hello);
+    CUresult rc = Open();
+    if (rc == CUDA_SUCCESS && list.size() > 1) rc = OpenPeers(list);
     if (rc != CUDA_SUCCESS) {
       init_done_ = false;
       init_rc_ = rc;
-      if (hello.answered) {
-        FLYT_ERROR("flyt-server at %s refused this client: %s", server_.c_str(),
-                   hello.message.c_str());
-        conn_.reset();
-        broken_ = rc;
-      } else {
-        FLYT_ERROR("handshake with flyt-server at %s failed (error %d)", server_.c_str(), rc);
-      }
-      return;
     }
-    MoveToSharedMemory(&hello);
-    devices_ = std::move(hello.devices);
-    driver_version_ =
-        hello.rep.driver_version < CUDA_VERSION ? hello.rep.driver_version : CUDA_VERSION;
-    session_id_ = hello.rep.session_id;
-    session_secret_ = hello.rep.session_secret;
-    primaries_.resize(devices_.size());
-    FLYT_INFO("connected to flyt-server at %s: session %llu, %zu GPU(s), driver %d",
-              server_.c_str(), static_cast<unsigned long long>(hello.rep.session_id),
-              devices_.size(), hello.rep.driver_version);
-    // A server whose sessions move may ask an idle process to park: that
-    // request comes on the callback channel (kOpParkNudge), opened after the
-    // first call (the server hands the session to its worker only then).
-    if ((hello.features & ops::kServerFeatureMovable) != 0) callback_wanted_.store(true);
-    server_features_.store(hello.features);
   });
   return init_rc_;
+}
+
+CUresult Client::Open() {
+  transport::Address addr;
+  Status st = transport::ParseAddress(server_, &addr);
+  if (!st.ok()) return Fail("FLYT_SERVER: " + st.message());
+  transport::Liveness live;
+  live.dead_peer_timeout_ms = EnvInt("FLYT_TIMEOUT_MS", 30000);
+  live.connect_timeout_ms = live.dead_peer_timeout_ms < 10000 ? live.dead_peer_timeout_ms : 10000;
+  address_ = addr;
+  liveness_ = live;
+  const bool networked = addr.kind == transport::Address::Kind::kTcp ||
+                         addr.kind == transport::Address::Kind::kTls ||
+                         addr.kind == transport::Address::Kind::kUcx;
+  dial_host_ = networked ? addr.host : "127.0.0.1";
+  tls_link_ = addr.kind == transport::Address::Kind::kTls;
+  st = DialServer(addr, live, &conn_);
+  if (!st.ok())
+    return Fail("cannot reach flyt-server at " + server_ + ": " + st.message() +
+                ". Start flyt-server there or point FLYT_SERVER (flyt run --server) at it");
+  st = transport::WrapFromEnvironment(&conn_);  // FLYT_EMULATE: network emulator
+  if (!st.ok()) return Fail(st.message());
+  Hello hello;
+  CUresult rc = SayHello(&hello);
+  if (rc != CUDA_SUCCESS) {
+    if (hello.answered) {
+      FLYT_ERROR("flyt-server at %s refused this client: %s", server_.c_str(),
+                 hello.message.c_str());
+      conn_.reset();
+      broken_ = rc;
+    } else {
+      FLYT_ERROR("handshake with flyt-server at %s failed (error %d)", server_.c_str(), rc);
+    }
+    return rc;
+  }
+  MoveToSharedMemory(&hello);
+  devices_ = std::move(hello.devices);
+  driver_version_ =
+      hello.rep.driver_version < CUDA_VERSION ? hello.rep.driver_version : CUDA_VERSION;
+  session_id_ = hello.rep.session_id;
+  session_secret_ = hello.rep.session_secret;
+  primaries_.resize(devices_.size());
+  FLYT_INFO("connected to flyt-server at %s: session %llu, %zu GPU(s), driver %d", server_.c_str(),
+            static_cast<unsigned long long>(hello.rep.session_id), devices_.size(),
+            hello.rep.driver_version);
+  // A server whose sessions move may ask an idle process to park: that
+  // request comes on the callback channel (kOpParkNudge), opened after the
+  // first call (the server hands the session to its worker only then).
+  if ((hello.features & ops::kServerFeatureMovable) != 0) callback_wanted_.store(true);
+  server_features_.store(hello.features);
+  return CUDA_SUCCESS;
 }
 
 bool Client::ReadDeviceList(wire::Reader& r, std::vector<ops::DeviceInfo>* out) {
@@ -333,6 +388,11 @@ CUresult Client::SyncContextLocked() {
   // The server runs a session's calls on one thread: before a call, that
   // thread takes on the calling client thread's context and capture mode.
   CUcontext cur = t_current;
+  if (member_) {  // several servers: this server's own handle, or one of its contexts
+    const uint64_t raw = reinterpret_cast<uintptr_t>(cur);
+    cur =
+        raw != 0 && TagOf(raw) == index_ ? reinterpret_cast<CUcontext>(Untag(raw)) : fallback_ctx_;
+  }
   if (cur != nullptr && cur != sent_ctx_) {
     sent_ctx_ = cur;
     uint64_t raw = reinterpret_cast<uintptr_t>(cur);
@@ -360,6 +420,12 @@ void Client::TraceCall(const char* name, const char* cls, uint64_t t0_ns) {
 
 CUresult Client::Post(const char* name, uint16_t op, const wire::Writer& req, uint16_t flags,
                       const void* bulk, size_t bulk_len) {
+  if (!peers_.empty()) [[unlikely]] {
+    const int k = RouteCall(name, op, req);
+    t_last_route = k < 0 ? 0 : k;
+    if (k < 0) return static_cast<CUresult>(-k);
+    if (k != 0) return peers_[k - 1]->Post(name, op, req, flags, bulk, bulk_len);
+  }
   if (managed::Any()) managed::BeforeDeviceWork();  // the host's writes reach the GPU first
   uint64_t t0 = log::TraceCalls() ? NowNs() : 0;
   std::lock_guard<std::mutex> lock(mu_);
@@ -404,12 +470,14 @@ void Client::CaptureEnded() {
 }
 
 void Client::NoteStreamDrained(CUstream stream, bool per_thread) {
+  if (!peers_.empty()) return;  // several servers: the calls are not all counted here
   std::lock_guard<std::mutex> lock(mu_);
   if (CallsLocked() != t_last_call_seq) return;  // another call came in between
   drained_ = Drained{true, StreamKey(stream, per_thread), t_last_call_seq};
 }
 
 bool Client::StreamDrained(CUstream stream, bool per_thread) {
+  if (!peers_.empty()) return false;
   std::lock_guard<std::mutex> lock(mu_);
   return drained_.valid && drained_.seq == CallsLocked() &&
          drained_.stream == StreamKey(stream, per_thread) && broken_ == CUDA_SUCCESS;
@@ -459,6 +527,7 @@ uint64_t Client::NextAppCallIdLocked() {
 }
 
 CUresult Client::Flush() {
+  for (Client* p : peers_) p->Flush();
   std::lock_guard<std::mutex> lock(mu_);
   return FlushLocked();
 }
@@ -472,6 +541,12 @@ bool WaitsOnly(uint16_t op) {
 
 CUresult Client::Call(const char* name, uint16_t op, const wire::Writer& req, ReplySink sink,
                       uint16_t flags) {
+  if (!peers_.empty()) [[unlikely]] {  // several servers: the call goes where it is routed
+    const int k = RouteCall(name, op, req);
+    t_last_route = k < 0 ? 0 : k;
+    if (k < 0) return static_cast<CUresult>(-k);
+    if (k != 0) return peers_[k - 1]->Call(name, op, req, sink, flags);
+  }
   CUresult rc = CallManaged(name, op, req, sink, flags);
   // After the first call was answered (the session has its worker then):
   // the callback channel of a movable server's client (see Init).
@@ -779,6 +854,12 @@ uint64_t Client::RegisterGraphHostFunc(std::function<void()> fn) {
 }
 
 void Client::WaitHostFuncs(CUstream stream) {
+  if (!peers_.empty()) [[unlikely]] {
+    const uint64_t raw = reinterpret_cast<uintptr_t>(stream);
+    const int k = raw > 2 ? TagOf(raw) : RouteNow();
+    if (k > 0 && k < server_count())
+      return peers_[k - 1]->WaitHostFuncs(reinterpret_cast<CUstream>(Untag(raw)));
+  }
   uint64_t key = reinterpret_cast<uintptr_t>(stream);
   {
     std::lock_guard<std::mutex> lock(callback_mu_);
@@ -794,6 +875,14 @@ void Client::WaitHostFuncs(CUstream stream) {
 
 CUresult Client::EnqueueHostFunc(CUstream stream, std::function<void()> fn, bool per_thread) {
   if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!peers_.empty()) [[unlikely]] {  // the stream's server runs it through its own channel
+    const uint64_t raw = reinterpret_cast<uintptr_t>(stream);
+    const int k = raw > 2 ? TagOf(raw) : RouteNow();
+    if (k >= server_count()) return CUDA_ERROR_INVALID_HANDLE;
+    if (k > 0)
+      return peers_[k - 1]->EnqueueHostFunc(reinterpret_cast<CUstream>(Untag(raw)), std::move(fn),
+                                            per_thread);
+  }
   CUresult rc = EnsureCallbackChannel();
   if (rc != CUDA_SUCCESS) return rc;
   uint64_t id = 0;
@@ -833,21 +922,23 @@ CUresult Client::RetainPrimary(CUdevice dev, CUcontext* out) {
       return CUDA_SUCCESS;
     }
   }
+  const int server = DeviceServer(dev);
   wire::Writer w;
-  w.Put<int32_t>(dev);
+  w.Put<int32_t>(DeviceLocal(dev));
   std::vector<uint8_t> reply;
-  CUresult rc = Call("cuDevicePrimaryCtxRetain", ops::kOpPrimaryCtxRetain, w, ReplySink{&reply});
+  CUresult rc;
+  {
+    RouteScope route(multi() ? server : -1);
+    rc = Call("cuDevicePrimaryCtxRetain", ops::kOpPrimaryCtxRetain, w, ReplySink{&reply});
+  }
   uint64_t raw = 0;
   wire::Reader r(reply.data(), reply.size());
   if (rc != CUDA_SUCCESS) return rc;
   if (!r.Get(&raw) || raw == 0) return CUDA_ERROR_UNKNOWN;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    sent_ctx_ = reinterpret_cast<CUcontext>(raw);  // the server made it current
-  }
+  Link(server).NoteServerMadeCurrent(raw);  // the server made it current
   std::lock_guard<std::mutex> lock(state_mu_);
   Primary& p = primaries_[dev];
-  p.ctx = reinterpret_cast<CUcontext>(raw);
+  p.ctx = reinterpret_cast<CUcontext>(Tag(raw, server));
   ++p.refs;
   *out = p.ctx;
   return CUDA_SUCCESS;
@@ -904,8 +995,27 @@ void Client::SetPrimaryFlags(CUdevice dev, unsigned flags) {
 CUresult Client::ResetPrimary(CUdevice dev) {
   if (dev < 0 || dev >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
   wire::Writer w;
-  CUresult rc = Call("cuDevicePrimaryCtxReset", ops::kOpPrimaryCtxReset, w, ReplySink{});
+  CUresult rc;
+  {
+    RouteScope route(multi() ? DeviceServer(dev) : -1);
+    rc = Call("cuDevicePrimaryCtxReset", ops::kOpPrimaryCtxReset, w, ReplySink{});
+  }
   QueryCache::Get().Clear();
+  if (multi()) {  // several servers: only that server's memory went
+    std::lock_guard<std::mutex> lock(state_mu_);
+    for (auto it = device_ranges_.begin(); it != device_ranges_.end();) {
+      auto owner = range_owner_.find(it->first);
+      if (owner == range_owner_.end() || DeviceServer(owner->second.second) != DeviceServer(dev)) {
+        ++it;
+        continue;
+      }
+      if (it->second.second) munmap(reinterpret_cast<void*>(it->first), it->second.first);
+      range_owner_.erase(owner);
+      it = device_ranges_.erase(it);
+    }
+    primaries_[dev].refs = 0;
+    return rc;
+  }
   managed::UnmapAll();
   std::lock_guard<std::mutex> lock(state_mu_);
   for (auto& [base, r] : device_ranges_)
@@ -936,17 +1046,22 @@ int Client::ContextDevice(CUcontext ctx) {
 
 CUresult Client::CreateContext(CUdevice dev, unsigned flags, CUcontext* out) {
   if (dev < 0 || dev >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
+  const int server = DeviceServer(dev);
   wire::Writer w;
-  w.Put<int32_t>(dev);
+  w.Put<int32_t>(DeviceLocal(dev));
   w.Put<uint32_t>(flags);
   std::vector<uint8_t> reply;
-  CUresult rc = Call("cuCtxCreate", ops::kOpCtxCreate, w, ReplySink{&reply});
+  CUresult rc;
+  {
+    RouteScope route(multi() ? server : -1);
+    rc = Call("cuCtxCreate", ops::kOpCtxCreate, w, ReplySink{&reply});
+  }
   if (rc != CUDA_SUCCESS) return rc;
   uint64_t raw = 0;
   uint32_t got_flags = 0;
   wire::Reader r(reply.data(), reply.size());
   if (!r.Get(&raw) || !r.Get(&got_flags) || raw == 0) return CUDA_ERROR_UNKNOWN;
-  auto ctx = reinterpret_cast<CUcontext>(raw);
+  auto ctx = reinterpret_cast<CUcontext>(Tag(raw, server));
   std::lock_guard<std::mutex> lock(state_mu_);
   if (next_context_id_ == 0) next_context_id_ = static_cast<uint64_t>(device_count()) + 1;
   created_contexts_[ctx] = CreatedContext{dev, got_flags, next_context_id_++};
@@ -959,10 +1074,15 @@ CUresult Client::DestroyContext(CUcontext ctx) {
     std::lock_guard<std::mutex> lock(state_mu_);
     if (created_contexts_.count(ctx) == 0) return CUDA_ERROR_INVALID_CONTEXT;
   }
+  const int server = multi() ? TagOf(reinterpret_cast<uintptr_t>(ctx)) : 0;
   wire::Writer w;
-  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(ctx));
+  w.Put<uint64_t>(WireHandle(ctx));
   std::vector<uint8_t> reply;
-  CUresult rc = Call("cuCtxDestroy", ops::kOpCtxDestroy, w, ReplySink{&reply});
+  CUresult rc;
+  {
+    RouteScope route(multi() ? server : -1);
+    rc = Call("cuCtxDestroy", ops::kOpCtxDestroy, w, ReplySink{&reply});
+  }
   // Whatever the driver answered, a server that replied has forgotten the
   // context and says which handles went with it; without a reply (the
   // connection is lost) nothing changed.
@@ -982,7 +1102,7 @@ CUresult Client::DestroyContext(CUcontext ctx) {
     managed::Unmap(m);
     RemoveDeviceRange(m);
   }
-  for (uint64_t m : modules) RemoveImage(m);
+  for (uint64_t m : modules) RemoveImage(Tag(m, server));
   QueryCache::Get().Clear();  // answers keyed by this context's handle
   std::lock_guard<std::mutex> lock(state_mu_);
   created_contexts_.erase(ctx);

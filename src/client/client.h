@@ -23,7 +23,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "protocol/codec.h"
@@ -72,8 +74,73 @@ struct ReplySink {
 
 class Client {
  public:
-  // The process-wide client; never destroyed.
+  // The process-wide client; never destroyed. With several servers (FLYT_SERVER
+  // "A,B,..."; client/multi_server.cc) it is server 0's link and holds all local
+  // state; Call and Post send each call to the server it is routed to.
   static Client& Get();
+
+  // --- several servers (client/multi_server.cc)
+  // Handles of server k >= 1 (streams, events, contexts, modules, functions, ...)
+  // carry k in their top byte, so that handles of two servers never collide and
+  // say where they belong; the wire carries them without it. Server 0's handles
+  // are the server's own values (a single server is unchanged).
+  static constexpr int kTagShift = 56;
+  static uint64_t Tag(uint64_t h, int server) {
+    return h == 0 || server <= 0 ? h : h | (static_cast<uint64_t>(server) << kTagShift);
+  }
+  static int TagOf(uint64_t h) { return static_cast<int>(h >> kTagShift); }
+  static uint64_t Untag(uint64_t h) { return h & ((uint64_t{1} << kTagShift) - 1); }
+  template <typename H>
+  static H TagHandle(H h, int server) {
+    return reinterpret_cast<H>(Tag(reinterpret_cast<uintptr_t>(h), server));
+  }
+  // A handle as the wire carries it: without its tag with several servers, as it
+  // is with one (a moved session's handles may use the top byte themselves).
+  static uint64_t WireValue(uint64_t h) { return several_ ? Untag(h) : h; }
+  template <typename H>
+  static uint64_t WireHandle(H h) {
+    return WireValue(reinterpret_cast<uintptr_t>(h));
+  }
+  // More than one server: calls are routed.
+  bool multi() const { return !peers_.empty(); }
+  int server_count() const { return 1 + static_cast<int>(peers_.size()); }
+  // The server of a global device ordinal, and the ordinal on that server.
+  int DeviceServer(int dev) const {
+    return dev >= 0 && static_cast<size_t>(dev) < dev_server_.size() ? dev_server_[dev] : 0;
+  }
+  int DeviceLocal(int dev) const {
+    return dev >= 0 && static_cast<size_t>(dev) < dev_local_.size() ? dev_local_[dev] : dev;
+  }
+  // The global ordinal of server `server`'s device `local` (-1: none).
+  int GlobalDevice(int server, int local) const;
+  // The link to server k (0: this object).
+  Client& Link(int server) { return server <= 0 ? *this : *peers_[server - 1]; }
+  // The server the calling thread's calls go to now: a RouteScope's, else the
+  // current context's.
+  int RouteNow() const;
+  // The server the calling thread's last call or post went to.
+  static int LastRoute();
+  // The server whose device memory holds p (-1: no known device range).
+  int ServerOfPointer(uint64_t p);
+  // Routes the calling thread's calls to `server` while it lives (-1: no change).
+  class RouteScope {
+   public:
+    explicit RouteScope(int server);
+    ~RouteScope();
+    RouteScope(const RouteScope&) = delete;
+    RouteScope& operator=(const RouteScope&) = delete;
+
+   private:
+    int saved_;
+    bool set_;
+  };
+  // [base, base+size) of `server` overlaps device memory of another server.
+  bool CollidesAcrossServers(uint64_t base, uint64_t size, int server);
+  // A copy between device memory of two servers, server to server (never
+  // through this process): ordered after the source's and the target's
+  // earlier work (client/multi_server.cc).
+  CUresult CopyAcrossServers(const char* name, uint64_t dst, int dst_server, uint64_t src,
+                             int src_server, size_t n, CUstream stream, bool async, bool pt);
 
   // Connects and shakes hands once (cuInit). Later calls return the same result.
   CUresult Init();
@@ -334,6 +401,31 @@ class Client {
   void RunHostFunc(uint64_t id, bool persistent);
   void TraceCall(const char* name, const char* cls, uint64_t t0_ns);
 
+  // --- several servers (client/multi_server.cc)
+  // Connects this link to server_ and shakes hands; fills devices_ etc.
+  CUresult Open();
+  // Set once by Init when the process has several servers.
+  static inline bool several_ = false;
+  // The peers' links (server k at peers_[k-1]), made by Init, never destroyed.
+  std::vector<Client*> peers_;
+  std::vector<int> dev_server_, dev_local_;  // by global ordinal (empty: one server)
+  int index_ = 0;                            // this link's server
+  bool member_ = false;                      // a link of several (contexts are translated)
+  // The server's own handle of a context of this link made current last by
+  // this link, sent when the calling thread's context belongs to another server.
+  CUcontext fallback_ctx_ = nullptr;  // under mu_
+  // The host another server dials for a copy to this one (the host this
+  // process named for it; 127.0.0.1 for a server on this host's sockets).
+  std::string dial_host_;
+  bool tls_link_ = false;  // this process named the server with tls:// (before any move to shm)
+  // Where a call goes with several servers: its server, or -(CUresult) when it
+  // is refused (a call not served yet for a later server's GPU: logged once).
+  int RouteCall(const char* name, uint16_t op, const wire::Writer& req);
+  // Opens the links to servers 1.. of `list` and merges their devices.
+  CUresult OpenPeers(const std::vector<std::string>& list);
+  // The server made `raw` (its own handle) current (primary retain).
+  void NoteServerMadeCurrent(uint64_t raw);
+
   std::mutex mu_;  // the connection, the queue, call ids
   std::unique_ptr<transport::Connection> conn_;
   // Counts the connections conn_ has had (under mu_): what one-sided registrations
@@ -509,11 +601,138 @@ bool FindGraphHostNode(uint64_t id, CUhostFn* fn, void** data);
 CUcontext CurrentContext();
 void SetCurrentContext(CUcontext ctx);
 
+// Several servers (client/multi_server.cc): a library's image, kept to load it
+// on another server when one of its kernels is first used there; its kernel's
+// handle on `server` (0: none); the image loaded on the calling thread's route
+// (client/api_code.cc).
+void NoteLibraryImage(uint64_t library, const void* bytes, size_t n);
+void ForgetLibraryImage(uint64_t library);
+uint64_t KernelOnServer(uint64_t kernel, int server);
+uint64_t LibraryOnServer(uint64_t library, int server);
+// A call whose arguments belong to GPUs of two servers that is not served yet:
+// its name logged once, CUDA_ERROR_NOT_SUPPORTED.
+CUresult RefuseAcrossServers(const char* name);
+CUresult LoadImageOn(const void* image, bool library, uint64_t* handle);
+// A GPU's UUID as this process shows it: a later server's GPU whose UUID an
+// earlier one in the list already has (two servers on one GPU) gets a UUID of
+// its own, one byte changed, so CUDA and NVML show distinct devices alike.
+// `earlier`: the UUIDs shown for the GPUs before it (16 bytes each).
+void DistinctUuid(uint8_t uuid[16], int server, const std::vector<const uint8_t*>& earlier);
+
+// Which arguments of generic op `op` are device pointers (kind 0: CUdeviceptr),
+// device ordinals (1: CUdevice) or device ordinals it answers (2: CUdevice*): a
+// bit per argument (generated from cuda.h).
+uint32_t GenericArgMask(uint16_t op, int kind);
+
+// With several servers: where a generic call goes, from its handles, device
+// ordinals and device pointers (client/multi_server.cc). -1: the current
+// context's server; -2: its arguments name two servers (`other` is the second).
+struct ArgRoute {
+  int server = -1;
+  int other = -1;
+};
+void RouteArg(ArgRoute* route, int server);
+// A generic call whose arguments name two servers: the few that have an
+// answer (peer attributes, a stream waiting for another server's event,
+// copies between servers) get it; every other one is refused once in the log.
+CUresult ForwardAcross(const char* name, uint16_t op, const ArgRoute& route, const uint64_t* values,
+                       size_t n);
+
+namespace detail {
+template <typename T>
+uint64_t ArgBits(T v) {
+  if constexpr (marshal::kIsHandle<T>) {
+    return reinterpret_cast<uintptr_t>(v);
+  } else if constexpr (std::is_integral_v<T>) {
+    return static_cast<uint64_t>(v);
+  } else if constexpr (std::is_pointer_v<T>) {
+    return reinterpret_cast<uintptr_t>(v);  // an output (ForwardAcross answers some)
+  } else {
+    return 0;
+  }
+}
+
+// One argument on the wire of server `server`: handles without their tag,
+// device ordinals as that server's.
+template <typename T>
+void EncodeRouted(wire::Writer& w, T v, bool device_ordinal) {
+  if constexpr (marshal::kIsHandle<T>) {
+    w.Put<uint64_t>(Client::Untag(reinterpret_cast<uintptr_t>(v)));
+  } else if constexpr (std::is_integral_v<T>) {
+    if (device_ordinal) {
+      w.Put(static_cast<T>(Client::Get().DeviceLocal(static_cast<int>(v))));
+    } else {
+      marshal::EncodeArg(w, v);
+    }
+  } else {
+    marshal::EncodeArg(w, v);
+  }
+}
+
+// An output: a handle the server made gets the server's tag, a device ordinal
+// it answers is the process's.
+template <typename T>
+bool DecodeRouted(wire::Reader& r, T v, int server, bool device_ordinal) {
+  if (!marshal::DecodeOut(r, v)) return false;
+  if constexpr (std::is_same_v<T, CUdevice*>) {
+    if (device_ordinal && v != nullptr) *v = Client::Get().GlobalDevice(server, *v);
+  }
+  if constexpr (std::is_pointer_v<T>) {
+    using P = std::remove_cv_t<std::remove_pointer_t<T>>;
+    if constexpr (marshal::kIsHandle<P>) {
+      if (v != nullptr) *v = Client::TagHandle(*v, server);
+    }
+  }
+  return true;
+}
+
+template <uint16_t Op, bool Sync, bool PerThread, typename... Args, size_t... I>
+CUresult ForwardMulti(Client& c, const char* name, std::index_sequence<I...>, Args... args) {
+  const uint64_t values[] = {ArgBits(args)..., 0};
+  const bool handles[] = {marshal::kIsHandle<Args>..., false};
+  const uint32_t ptrs = GenericArgMask(Op, 0), devs = GenericArgMask(Op, 1);
+  [[maybe_unused]] const uint32_t dev_outs = GenericArgMask(Op, 2);
+  ArgRoute route;
+  // Peer access acts on the current context; the argument is the peer's.
+  if constexpr (Op == 284 || Op == 285) RouteArg(&route, c.RouteNow());
+  for (size_t i = 0; i < sizeof...(Args); ++i) {
+    if (handles[i] && values[i] > 2) {  // not null, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
+      RouteArg(&route, Client::TagOf(values[i]));
+    } else if ((devs >> i) & 1u) {
+      RouteArg(&route, c.DeviceServer(static_cast<int>(values[i])));
+    } else if ((ptrs >> i) & 1u) {
+      int s = c.ServerOfPointer(values[i]);
+      if (s >= 0) RouteArg(&route, s);
+    }
+  }
+  if (route.server == -2) return ForwardAcross(name, Op, route, values, sizeof...(Args));
+  if (route.server >= c.server_count()) return CUDA_ERROR_INVALID_HANDLE;
+  Client::RouteScope scope(route.server);
+  const int server = c.RouteNow();
+  wire::Writer w;
+  (EncodeRouted(w, args, ((devs >> I) & 1u) != 0), ...);
+  uint16_t flags = PerThread ? wire::kFlagPerThread : 0;
+  if constexpr (!Sync) {
+    return c.Post(name, Op, w, flags);
+  } else {
+    std::vector<uint8_t> reply;
+    CUresult rc = c.Call(name, Op, w, ReplySink{&reply}, flags);
+    if (rc != CUDA_SUCCESS) return rc;
+    wire::Reader r(reply.data(), reply.size());
+    bool ok = (DecodeRouted(r, args, server, ((dev_outs >> I) & 1u) != 0) && ...);
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN;
+  }
+}
+}  // namespace detail
+
 // A generic remoted call: arguments marshalled from the prototype (protocol/marshal.h).
 template <uint16_t Op, bool Sync, bool PerThread, typename... Args>
 CUresult Forward(const char* name, Args... args) {
   Client& c = Client::Get();
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (c.multi()) [[unlikely]]
+    return detail::ForwardMulti<Op, Sync, PerThread>(c, name, std::index_sequence_for<Args...>{},
+                                                     args...);
   wire::Writer w;
   (marshal::EncodeArg(w, args), ...);
   uint16_t flags = PerThread ? wire::kFlagPerThread : 0;

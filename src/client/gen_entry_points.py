@@ -84,6 +84,25 @@ def main():
                 'FLYT_API CUresult %s(%s) {\n  return Forward<%s, %s, %s>("%s"%s);\n}'
                 % (name, decl, op, "true" if cls == "SYNC" else "false",
                    "true" if pt else "false", name, args))
+    # Which arguments of each generic op are device ordinals and device pointers:
+    # with several servers (client/multi_server.cc) they say where a call goes.
+    lines.append("namespace flyt::client {")
+    lines.append("uint32_t GenericArgMask(uint16_t op, int kind);")
+    lines.append("uint32_t GenericArgMask(uint16_t op, int kind) {")
+    lines.append("  switch (op) {")
+    for op, sym, cls, _ in ops:
+        params = split_params(legacy[sym])
+        ptr = sum(1 << i for i, (t, _) in enumerate(params) if t == "CUdeviceptr")
+        dev = sum(1 << i for i, (t, _) in enumerate(params) if t == "CUdevice")
+        dev_out = sum(1 << i for i, (t, _) in enumerate(params)
+                      if re.sub(r"\s+", "", t) == "CUdevice*")
+        if dev or ptr or dev_out:
+            lines.append("    case %s: return kind == 0 ? %du : kind == 1 ? %du : %du;  // %s"
+                         % (op, ptr, dev, dev_out, sym))
+    lines.append("    default: return 0;")
+    lines.append("  }")
+    lines.append("}")
+    lines.append("}  // namespace flyt::client")
     # CUresult names and messages.
     enum = re.search(r"typedef enum cudaError_enum \{(.*?)\} CUresult;", open(cuda_h).read(), re.S)
     lines.append("namespace flyt::client {")

@@ -17,6 +17,8 @@ enum : uint32_t {
   kServerFeatureMovable = 1,
   // kOpCopyFromDeviceStaged is served (pageable device-to-host copies over shm://).
   kServerFeatureStagedDownload = 2,
+  // kOpPlaceMemory and the copies between servers (kOpPeer*) are served.
+  kServerFeaturePeers = 4,
 };
 
 // What a client does after kOpPark.
@@ -256,6 +258,23 @@ enum : uint16_t {
   // names it to the paging channel, which keeps the client's view of it coherent as it does
   // managed memory's. kOpHostUnshare with that address frees it.
   kOpHostMap = 326,
+  // Several servers for one client process (server/session_peer_copy.cc, client/
+  // multi_server.cc). kOpPlaceMemory: u32 slot -> the session places its
+  // cuMemAlloc/cuMemAllocPitch memory, the stream-ordered pools it serves and the
+  // app's cuMemAddressReserve ranges in that movable-memory slot, so that the
+  // client's servers give out disjoint addresses. A copy between two servers:
+  // kOpPeerListen (target; u64 bytes -> u64 transfer id, u16 port, u64 key[2]) opens a
+  // one-time TCP listener; kOpPeerReceive (target; u64 transfer id, u64 dst, u64 bytes,
+  // u64 stream) takes the bytes from it into device memory; kOpPeerSend (source; string
+  // host, u16 port, u64 key[2], u64 src, u64 bytes, u64 stream) sends them there, after
+  // the stream's (or, for another server's stream, the session's) earlier work;
+  // kOpPeerDone (target; u64 transfer id) answers with the receive's result. The
+  // copies are served only to a session that was placed first (else NOT_PERMITTED).
+  kOpPlaceMemory = 327,
+  kOpPeerListen = 328,
+  kOpPeerReceive = 329,
+  kOpPeerSend = 330,
+  kOpPeerDone = 331,
   // CUPTI activity of a profiled client (server/session_profiler.cc, src/cupti/):
   // u8 kProfiler*, then Start: u32 GpuActivity kinds (bit 1 << kind) -> u32 kinds
   // enabled, u64 server timestamp (ns), string why the others are not; Stop: u32

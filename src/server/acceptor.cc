@@ -178,7 +178,7 @@ void Acceptor::PutWelcome(wire::Writer& out) const {
   out.PutString(state_->shm_offer);
   out.PutString(state_->boot_id);
   out.Put<uint32_t>((state_->movable_memory ? ops::kServerFeatureMovable : 0u) |
-                    ops::kServerFeatureStagedDownload);
+                    ops::kServerFeatureStagedDownload | ops::kServerFeaturePeers);
 }
 
 void Acceptor::Moved(std::unique_ptr<transport::Connection> conn, const wire::FrameHeader& h,

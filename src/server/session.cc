@@ -390,6 +390,7 @@ Session::Session(ServerState* state, std::unique_ptr<transport::Connection> conn
 }
 
 Session::~Session() {
+  ClosePeerListeners();
   {
     std::lock_guard<std::mutex> lock(callback_mu_);
     if (callback_conn_ != nullptr) callback_conn_->Shutdown();
@@ -1264,6 +1265,16 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       return StreamBatchMemOp(in, per_thread, rc);
     case ops::kOpDriverMisc:
       return DriverMisc(in, per_thread, out, rc);
+    case ops::kOpPlaceMemory:  // several servers: server/session_peer_copy.cc
+      return PlaceMemory(in, rc);
+    case ops::kOpPeerListen:
+      return PeerListen(in, out, rc);
+    case ops::kOpPeerReceive:
+      return PeerReceive(in, per_thread, rc);
+    case ops::kOpPeerSend:
+      return PeerSend(in, per_thread, rc);
+    case ops::kOpPeerDone:
+      return PeerDone(in, rc);
     case 100:  // cuCtxSynchronize: this client's work, not other sessions'
       if (in.remaining() != 0) return false;
       *rc = SynchronizeSession();

@@ -897,6 +897,27 @@ class Session {
   std::map<uint64_t, AddressSpan> small_chunks_;  // by region base: room for small allocations
   uint64_t granularity_ = 0;
   bool movable_failed_ = false;  // no reservation could be made: the driver's cuMemAlloc
+  // The movable-memory slot a client of several servers asked for (kOpPlaceMemory;
+  // -1: none): its cuMemAlloc/Pitch memory, the pools the session serves and the
+  // app's own reservations go there even without --movable-memory.
+  int placed_slot_ = -1;
+  bool PlacesMemory() const { return state_->movable_memory || placed_slot_ >= 0; }
+  // Copies between two servers of one client (session_peer_copy.cc): one-time
+  // listeners by transfer id, and the results of receives by transfer id.
+  struct PeerListener {
+    int fd = -1;
+    uint64_t key[2] = {0, 0};
+    uint64_t bytes = 0;
+  };
+  std::map<uint64_t, PeerListener> peer_listeners_;
+  std::map<uint64_t, CUresult> peer_results_;
+  uint64_t next_transfer_ = 1;
+  bool PlaceMemory(wire::Reader& in, CUresult* rc);
+  bool PeerListen(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  bool PeerReceive(wire::Reader& in, bool per_thread, CUresult* rc);
+  bool PeerSend(wire::Reader& in, bool per_thread, CUresult* rc);
+  bool PeerDone(wire::Reader& in, CUresult* rc);
+  void ClosePeerListeners();
   // Pools the session serves (session_pools.cc): their books, and what the
   // driver does not tell of them afterwards, by the client's handle.
   PoolLedger pool_ledger_;

@@ -159,6 +159,7 @@ std::string Session::Unmovable() {
     return "it shares memory or events with other processes over CUDA IPC";
   if (!user_contexts_.empty()) return "it created contexts of its own (not movable yet)";
   if (!more_primaries_.empty()) return "it uses several GPUs (not movable yet)";
+  if (placed_slot_ >= 0) return "its process uses GPUs of several servers (not movable yet)";
   if (!links_.empty()) return "a JIT link is in progress";
   // A staging area of device-to-host copies stays behind: the client makes another.
   if (shared_host_.size() > staging_host_.size())

@@ -164,6 +164,9 @@ CUresult Session::ReserveMovable(int device, uint64_t prefer) {
     int want = static_cast<int>((SlotBase(prefer) - kFirstSlot) / kSlotBytes);
     std::iter_swap(slots.begin(), std::find(slots.begin(), slots.end(), want));
   }
+  // A client of several servers chose the slot (kOpPlaceMemory): that one only,
+  // so that its servers' addresses never meet.
+  if (placed_slot_ >= 0 && placed_slot_ < kSlots) slots.assign(1, placed_slot_);
   int tries = 0;
   for (int slot : slots) {
     uint64_t base = kFirstSlot + static_cast<uint64_t>(slot) * kSlotBytes;
@@ -307,8 +310,23 @@ CUresult Session::VmmCarve(CUdeviceptr* ptr, size_t size, size_t alignment, CUde
   return CUDA_SUCCESS;
 }
 
+bool Session::PlaceMemory(wire::Reader& in, CUresult* rc) {
+  uint32_t slot = 0;
+  if (!in.Get(&slot) || in.remaining() != 0) return false;
+  if (slot >= static_cast<uint32_t>(kSlots)) {
+    *rc = CUDA_ERROR_INVALID_VALUE;
+  } else if (movable_.size() != 0 &&
+             movable_.base() != kFirstSlot + static_cast<uint64_t>(slot) * kSlotBytes) {
+    *rc = CUDA_ERROR_ALREADY_MAPPED;  // memory was placed elsewhere already
+  } else {
+    placed_slot_ = static_cast<int>(slot);
+    *rc = CUDA_SUCCESS;
+  }
+  return true;
+}
+
 CUresult Session::MemAlloc(CUdeviceptr* dptr, size_t bytes) {
-  if (!state_->movable_memory || movable_failed_ || dptr == nullptr || bytes == 0)
+  if (!PlacesMemory() || movable_failed_ || dptr == nullptr || bytes == 0)
     return api().cuMemAlloc_v2(dptr, bytes);
   uint64_t at = 0;
   CUresult rc = MovableAlloc(bytes, &at);
@@ -319,7 +337,7 @@ CUresult Session::MemAlloc(CUdeviceptr* dptr, size_t bytes) {
 CUresult Session::MemAllocPitch(CUdeviceptr* dptr, size_t* pitch, size_t width, size_t height,
                                 unsigned element) {
   DriverApi& a = api();
-  if (!state_->movable_memory || movable_failed_ || dptr == nullptr || pitch == nullptr)
+  if (!PlacesMemory() || movable_failed_ || dptr == nullptr || pitch == nullptr)
     return a.cuMemAllocPitch_v2(dptr, pitch, width, height, element);
   // The driver's own pitch (and its checks of the arguments), then the same
   // bytes as movable memory.
@@ -413,7 +431,7 @@ CUresult Session::ReleasePlace(uint64_t ptr, const MappedPlace& place) {
 // --- stream-ordered allocations (cuMemAllocAsync / cuMemFreeAsync) in movable memory
 
 bool Session::ServesAsyncAlloc(CUstream stream, uint64_t* pool) {
-  if (!state_->movable_memory || movable_failed_) return false;
+  if (!PlacesMemory() || movable_failed_) return false;
   // Captured, an allocation is a graph's allocation node: the driver's.
   if (Capturing(stream == nullptr && pt_call_ ? CU_STREAM_PER_THREAD : stream)) return false;
   // From the device's current pool, when the session serves it (session_pools.cc).

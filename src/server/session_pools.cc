@@ -55,7 +55,7 @@ uint64_t Session::ServedPool(uint64_t real) {
     const PoolLedger::Pool* p = pool_ledger_.Find(client);
     return p != nullptr && !p->destroyed ? client : 0;
   }
-  if (!state_->movable_memory || movable_failed_ || pool_origin_.count(client) != 0) return 0;
+  if (!PlacesMemory() || movable_failed_ || pool_origin_.count(client) != 0) return 0;
   // A device's default pool, at its first use.
   DriverApi& a = state_->api;
   for (int dev = 0; dev < static_cast<int>(state_->devices.size()); ++dev) {
@@ -84,8 +84,7 @@ CUresult Session::MemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props)
   // Device memory that is not for export: the session serves it. A pool
   // for export needs memory the driver can hand to another process: the
   // driver's (and it does not move).
-  if (state_->movable_memory && !movable_failed_ &&
-      props->allocType == CU_MEM_ALLOCATION_TYPE_PINNED &&
+  if (PlacesMemory() && !movable_failed_ && props->allocType == CU_MEM_ALLOCATION_TYPE_PINNED &&
       props->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
       props->handleTypes == CU_MEM_HANDLE_TYPE_NONE && props->usage == 0)
     pool_ledger_.AddPool(client, props->maxSize);

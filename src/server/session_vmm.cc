@@ -97,7 +97,7 @@ void Session::VmmForgetHandleValue(uint64_t client) {
 
 CUresult Session::VmmAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment,
                                     CUdeviceptr addr, unsigned long long flags) {
-  if (state_->movable_memory && ptr != nullptr) {
+  if (PlacesMemory() && ptr != nullptr) {
     bool handled = false;
     CUresult rc = VmmCarve(ptr, size, alignment, addr, flags, &handled);
     if (handled || rc != CUDA_SUCCESS) return rc;

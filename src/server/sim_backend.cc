@@ -51,8 +51,8 @@
 // All sim devices of one server are peer-capable unless --sim-no-peer: peer
 // access is per (context, peer context) with the driver's errors (enabled
 // twice, disabled when not enabled, a peer of the same device, no P2P); peer
-// copies and copies between devices are plain copies of host pages. VMM and
-// pools stay on device 0.
+// copies and copies between devices are plain copies of host pages. VMM
+// allocations are any device's (counted on it); pools stay on device 0.
 //
 // Stream capture (cuStreamBeginCapture on a stream the app made): what the
 // stream is given while it captures (launches, copies, memsets, host
@@ -1707,7 +1707,8 @@ CUresult CheckProp(const CUmemAllocationProp* prop) {
   if (prop == nullptr || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
       prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
     return CUDA_ERROR_INVALID_VALUE;
-  return prop->location.id == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+  return prop->location.id >= 0 && prop->location.id < g_sim->devices ? CUDA_SUCCESS
+                                                                      : CUDA_ERROR_INVALID_DEVICE;
 }
 
 CUresult simMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp* prop,
@@ -1767,7 +1768,7 @@ CUresult simMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
   if (CUresult rc = CheckProp(prop); rc != CUDA_SUCCESS) return rc;
   {
     std::lock_guard<std::mutex> lock(g_sim->mu);
-    if (size > kSimMemory - g_sim->used[0]) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (size > kSimMemory - g_sim->used[prop->location.id]) return CUDA_ERROR_OUT_OF_MEMORY;
   }
   int fd = memfd_create("flyt-sim-vmm", MFD_CLOEXEC);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1782,7 +1783,7 @@ CUresult simMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
   phys.size = size;
   phys.prop = *prop;
   phys.refs = 1;
-  g_sim->used[0] += size;
+  g_sim->used[prop->location.id] += size;
   *handle = h;
   return CUDA_SUCCESS;
 }
@@ -1791,7 +1792,7 @@ CUresult simMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
 void FreeIfUnused(std::map<uint64_t, Sim::Physical>::iterator it) {
   if (it->second.refs > 0 || it->second.mappings > 0) return;
   close(it->second.fd);
-  g_sim->used[0] -= it->second.size;
+  g_sim->used[it->second.prop.location.id] -= it->second.size;
   g_sim->physical.erase(it);
 }
 
@@ -1858,7 +1859,8 @@ CUresult simMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* de
   unsigned long long access = CU_MEM_ACCESS_FLAGS_PROT_NONE;
   for (size_t i = 0; i < count; ++i) {
     if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
-    if (desc[i].location.id != 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (desc[i].location.id < 0 || desc[i].location.id >= g_sim->devices)
+      return CUDA_ERROR_INVALID_DEVICE;
     if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
         desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
         desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)

@@ -16,9 +16,11 @@ namespace {
 
 void Usage() {
   std::fprintf(stderr,
-               "usage: flyt run [--server ADDR] [--token TOKEN] [--timeout-ms N] -- APP [ARGS...]\n"
+               "usage: flyt run [--server ADDR[,ADDR...]] [--token TOKEN] [--timeout-ms N] -- APP "
+               "[ARGS...]\n"
                "  ADDR: tcp://HOST:PORT, HOST:PORT or unix:///PATH (default: $FLYT_SERVER,\n"
-               "        else tcp://127.0.0.1:14833)\n"
+               "        else tcp://127.0.0.1:14833); several, comma-separated: the GPUs of\n"
+               "        all of them as one ordinal list, in that order\n"
                "  logging: FLYT_LOG=error|warn|info|debug|trace, FLYT_LOG_FILE, FLYT_TRACE=1\n");
 }
 

@@ -1874,6 +1874,138 @@ class E2E(unittest.TestCase):
                 self.assert_stats(srv, sessions=0, memory_used=0)
                 self.stop_server(srv)
 
+    class _Servers:
+        """Several servers reached as one comma-separated list (FLYT_SERVER "A,B")."""
+
+        def __init__(self, servers):
+            self.servers = servers
+
+        def url(self, transport):
+            return ",".join(s.url(transport) for s in self.servers)
+
+        def __getattr__(self, name):
+            return getattr(self.servers[0], name)
+
+    MULTI_EXPECTED = (("device_count", "2"), ("bus_ids_distinct", "1"), ("uuids_distinct", "1"),
+                      ("can_access.0_1", "0"), ("can_access.1_0", "0"),
+                      ("p2p_attr.access", "0"), ("enable_peer", "refused"),
+                      ("addresses_distinct", "1"), ("pointer_devices", "ok"),
+                      ("host_copies", "ok"), ("kernels", "ok"), ("per_device_extras", "ok"),
+                      ("other_device_handles", "ok"), ("copies_across", "ok"),
+                      ("copies_two_threads", "ok"),
+                      ("memory_back", "ok"))
+
+    def test_multi_server(self):
+        """The GPUs of two sim servers as one ordinal list (FLYT_SERVER "A,B", issue 19):
+        multi_server.cu over every transport and cudart sees 2 devices with distinct PCI bus
+        ids, peer capability 0 and peer access refused between them (as between GPUs without
+        P2P), memory on each at distinct addresses, host copies and a kernel on each, the
+        other device's streams, events and memory used while this one is current, and
+        copies between the servers both ways (cudaMemcpyPeer[Async], cudaMemcpy[Async] with
+        cudaMemcpyDefault) checked byte for byte. No call was refused, and neither server
+        holds anything of the client afterwards."""
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                a = self.start_server(control=True)
+                b = self.start_server(control=True)
+                both = self._Servers([a, b])
+                if transport == CFG.transports[0]:  # "A, B" is taken as "A,B"
+                    both.url = lambda t, a=a, b=b: "%s, %s" % (a.url(t), b.url(t))
+                res = self.run_ok(both, transport, "multi_server", variant, log_level="info")
+                kv = self.kv(res)
+                where = res.describe() + "\n" + b.logs()
+                for key, want in self.MULTI_EXPECTED:
+                    self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
+                self.assertNotIn("not supported", res.stderr + res.client_log, where)
+                self.assertIn("2 servers, 2 GPU(s) in all", res.client_log, where)
+                for srv in (a, b):
+                    self.assert_stats(srv, sessions=0, memory_used=0)
+                    self.stop_server(srv)
+
+    def test_multi_server_three_gpus(self):
+        """A two-GPU sim server and a one-GPU one as one list: ordinals 0 and 1 are the
+        first server's and peers of each other (peer access enabled, a peer copy through the
+        server's driver), 2 is the second's and no peer of either; copies between the servers
+        both ways with each device current."""
+        a = self.start_server(extra_args=["--sim-devices", "2"])
+        b = self.start_server()
+        both = self._Servers([a, b])
+        res = self.run_ok(both, CFG.transports[0], "multi_server", CFG.variants[0], ["three"],
+                          log_level="warn")
+        kv = self.kv(res)
+        where = res.describe()
+        for key, want in (("device_count", "3"), ("can_access.0_1", "1"),
+                          ("can_access.1_0", "1"), ("can_access.0_2", "0"),
+                          ("can_access.2_1", "0"), ("copies", "ok")):
+            self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
+        self.assertNotIn("not supported", res.stderr + res.client_log, where)
+
+    def test_multi_server_refused(self):
+        """A call not served yet for the second server's GPU (managed memory): the program
+        gets cudaErrorNotSupported each time, the client logs the entry point once, and the
+        process goes on with that GPU."""
+        a = self.start_server()
+        b = self.start_server()
+        both = self._Servers([a, b])
+        res = self.run_ok(both, CFG.transports[0], "multi_server", CFG.variants[0], ["refused"],
+                          log_level="warn")
+        kv = self.kv(res)
+        where = res.describe()
+        self.assertEqual(kv.get("managed_on_second"), "refused", where)
+        self.assertEqual(kv.get("goes_on"), "ok", where)
+        log = res.stderr + res.client_log
+        self.assertEqual(log.count("cuMemAllocManaged: not served yet for a GPU of the second"),
+                         1, where)
+
+    def test_multi_server_tls(self):
+        """Two servers reached over tls://: the client's links are encrypted, the servers'
+        connection to each other would not be, so copies between them are refused
+        (cudaErrorNotSupported, said once in the log) and each GPU goes on working."""
+        f = self.make_tls_files()
+        servers = []
+        for _ in range(2):
+            port = free_tcp_port()
+            url = "tls://127.0.0.1:%d" % port
+            srv = self.start_server(extra_args=["--listen", url, "--tls-cert", f("server.pem"),
+                                                "--tls-key", f("server.key")])
+            servers.append((srv, url))
+
+        class Over:
+            def url(self, transport):
+                return ",".join(u for _, u in servers)
+
+            def __getattr__(self, name):
+                return getattr(servers[0][0], name)
+
+        res = self.run_ok(Over(), "tls", "multi_server", CFG.variants[0], ["tls"],
+                          extra={"FLYT_TLS_CA": f("ca.pem")}, log_level="warn")
+        kv = self.kv(res)
+        where = res.describe()
+        for key, want in (("device_count", "2"), ("copies_across", "refused"),
+                          ("own_devices", "ok")):
+            self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
+        self.assertEqual(res.client_log.count("copies between servers reached over tls://"), 1,
+                         where)
+
+    def test_multi_server_nvml(self):
+        """Flyt's NVML with two servers as one list (nvml_query peers 2): both servers' GPUs
+        in CUDA's order with CUDA's PCI bus ids and distinct UUIDs (two sims, like two
+        servers on one GPU, report the same one), P2P not supported and common ancestor
+        "system" between them, as NVML says of GPUs of two machines."""
+        prog = os.path.join(CFG.programs_dir, "nvml_query")
+        a = self.start_server()
+        b = self.start_server()
+        res = run_program(self.tmp, self._Servers([a, b]), CFG.transports[0], prog,
+                          ("peers", "2"), log_level="warn")
+        self.assert_passed(res, "nvml_query", a)
+        kv = self.kv(res)
+        where = res.describe()
+        for key, want in (("device_count", "2"), ("p2p_read_0_1", "5"),
+                          ("p2p_write_1_0", "5"), ("p2p_nvlink_0_1", "5"),
+                          ("topology_0_1", "50")):
+            self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
+        self.assertNotEqual(kv.get("bus_id.0"), kv.get("bus_id.1"), where)
+
     def test_p2p_devices_no_peer(self):
         """Two sim GPUs without P2P (`--sim-no-peer`, as GPUs of a board without it):
         cudaDeviceCanAccessPeer says 0, enabling answers cudaErrorPeerAccessUnsupported,

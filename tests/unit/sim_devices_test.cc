@@ -126,6 +126,44 @@ TEST_F(SimDevices, PeerAccessWithTheDriversErrors) {
   EXPECT_EQ(api_.cuCtxDisablePeerAccess(ctx_[1]), CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
 }
 
+// VMM memory of any device, counted on it (a client of several servers has a
+// two-GPU server place its memory with cuMemCreate/cuMemMap, server/session_movable.cc).
+TEST_F(SimDevices, VmmMemoryOfEachDevice) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 1;
+  size_t gran = 0;
+  ASSERT_EQ(api_.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+            CUDA_SUCCESS);
+  size_t free_before = 0, free_now = 0, total = 0;
+  ASSERT_EQ(api_.cuCtxSetCurrent(ctx_[1]), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuMemGetInfo_v2(&free_before, &total), CUDA_SUCCESS);
+  CUmemGenericAllocationHandle h = 0;
+  ASSERT_EQ(api_.cuMemCreate(&h, gran, &prop, 0), CUDA_SUCCESS);
+  CUdeviceptr va = 0;
+  ASSERT_EQ(api_.cuMemAddressReserve(&va, gran, 0, 0, 0), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuMemMap(va, gran, 0, h, 0), CUDA_SUCCESS);
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  ASSERT_EQ(api_.cuMemSetAccess(va, gran, &access, 1), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuMemGetInfo_v2(&free_now, &total), CUDA_SUCCESS);
+  EXPECT_EQ(free_before - free_now, gran);
+  const uint32_t word = 0x1234abcd;
+  uint32_t back = 0;
+  ASSERT_EQ(api_.cuMemcpyHtoD_v2(va, &word, sizeof(word)), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuMemcpyDtoH_v2(&back, va, sizeof(back)), CUDA_SUCCESS);
+  EXPECT_EQ(back, word);
+  EXPECT_EQ(api_.cuMemUnmap(va, gran), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuMemRelease(h), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuMemAddressFree(va, gran), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuMemGetInfo_v2(&free_now, &total), CUDA_SUCCESS);
+  EXPECT_EQ(free_now, free_before);
+  prop.location.id = 2;  // past the last device
+  EXPECT_EQ(api_.cuMemCreate(&h, gran, &prop, 0), CUDA_ERROR_INVALID_DEVICE);
+}
+
 TEST_F(SimDevices, PeerCopies) {
   CUdeviceptr p[2] = {0, 0};
   for (int d = 0; d < 2; ++d) {

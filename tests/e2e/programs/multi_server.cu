@@ -1,0 +1,393 @@
+// multi_server: the GPUs of two servers seen by one process as one ordinal list
+// (FLYT_SERVER "A,B"; docs/architecture.md §8.4), used as a local machine with
+// two GPUs without P2P is used: enumerate (distinct PCI bus ids that
+// cudaDeviceGetByPCIBusId finds again), peer capability and P2P attributes 0
+// and enabling peer access cudaErrorPeerAccessUnsupported, memory on each
+// device at distinct addresses, host copies to and from each, a kernel
+// launched on each (flyt_sim_affine, which the sim models), per-device streams
+// and events (elapsed time, a stream waiting for the other device's event),
+// calls naming the other device's stream, event and memory while this device
+// is current, and copies between the two devices both ways: cudaMemcpyPeer,
+// cudaMemcpyPeerAsync and cudaMemcpy/cudaMemcpyAsync with cudaMemcpyDefault,
+// at odd sizes and offsets (3 MiB + 4099 B crosses the servers' 8 MiB chunk
+// only with the larger size below), all checked byte for byte.
+//
+// Natively on a machine with two GPUs with P2P the peer answers differ; the
+// program is for Flyt's two servers (or two GPUs without P2P). Prints
+// "key=value" lines, then "multi_server: PASS".
+//
+// `multi_server three`: a server with two GPUs, then one with one: ordinals
+// 0 and 1 are the first server's (peers of each other, peer access enabled and
+// a peer copy through the driver's path), 2 the second's (no peer of either),
+// and a copy from 1 to 2 and back goes between the servers.
+//
+// `multi_server refused`: managed memory on the second server's GPU is not
+// served yet: cudaMallocManaged answers cudaErrorNotSupported (twice, logged
+// once), and the process goes on (memory and a copy on that GPU still work).
+//
+// `multi_server tls`: servers reached over tls://: copies between them are
+// refused with cudaErrorNotSupported, each GPU goes on working.
+#include <atomic>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "e2e_common.h"
+
+__global__ void flyt_sim_affine(const unsigned* in, unsigned* out, unsigned long long n,
+                                unsigned mul, unsigned add) {
+  for (unsigned long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<unsigned long long>(gridDim.x) * blockDim.x)
+    out[i] = in[i] * mul + add;
+}
+
+__device__ unsigned char g_sym[4099];  // one per device, as natively
+
+namespace {
+
+#define EXPECT_ERR(call, want)                                                           \
+  do {                                                                                   \
+    cudaError_t got_ = (call);                                                           \
+    EXPECT(got_ == (want), "%s returned %s, expected %s", #call, cudaGetErrorName(got_), \
+           cudaGetErrorName(want));                                                      \
+    cudaGetLastError();                                                                  \
+  } while (0)
+
+constexpr size_t kBytes = (3 << 20) + 4099;
+constexpr size_t kLarge = (17 << 20) + 12345;  // more than two 8 MiB chunks
+
+// Copies n bytes at `off` from device `from` (src) to device `to` (dst) in one
+// of four ways, with device `current` current, and checks them.
+void Across(int way, int from, int to, int current, char* src, char* dst, size_t off, size_t n,
+            cudaStream_t stream, uint32_t seed) {
+  std::vector<unsigned char> in(n), out(n, 0);
+  e2e::Fill(in.data(), n, seed);
+  CK(cudaSetDevice(from));
+  CK(cudaMemcpy(src + off, in.data(), n, cudaMemcpyHostToDevice));
+  CK(cudaSetDevice(current));
+  switch (way) {
+    case 0:
+      CK(cudaMemcpyPeer(dst + off, to, src + off, from, n));
+      break;
+    case 1:
+      CK(cudaMemcpyPeerAsync(dst + off, to, src + off, from, n, stream));
+      CK(cudaStreamSynchronize(stream));
+      break;
+    case 2:
+      CK(cudaMemcpy(dst + off, src + off, n, cudaMemcpyDefault));
+      break;
+    default:
+      CK(cudaMemcpyAsync(dst + off, src + off, n, cudaMemcpyDeviceToDevice, stream));
+      CK(cudaStreamSynchronize(stream));
+      break;
+  }
+  CK(cudaSetDevice(to));
+  CK(cudaMemcpy(out.data(), dst + off, n, cudaMemcpyDeviceToHost));
+  EXPECT_SAME(out.data(), in.data(), n, "copy between the servers");
+}
+
+}  // namespace
+
+int Three() {
+  e2e::Step("three devices");
+  int count = 0;
+  CK(cudaGetDeviceCount(&count));
+  printf("device_count=%d\n", count);
+  EXPECT(count == 3, "expected 3 devices, found %d", count);
+  int can[3][3] = {};
+  for (int x = 0; x < 3; ++x)
+    for (int y = 0; y < 3; ++y)
+      if (x != y) CK(cudaDeviceCanAccessPeer(&can[x][y], x, y));
+  printf("can_access.0_1=%d\ncan_access.1_0=%d\ncan_access.0_2=%d\ncan_access.2_1=%d\n", can[0][1],
+         can[1][0], can[0][2], can[2][1]);
+  char* buf[3] = {};
+  cudaStream_t stream[3];
+  for (int d = 0; d < 3; ++d) {
+    CK(cudaSetDevice(d));
+    CK(cudaMalloc(&buf[d], kBytes));
+    CK(cudaStreamCreate(&stream[d]));
+  }
+  CK(cudaSetDevice(0));
+  CK(cudaDeviceEnablePeerAccess(1, 0));  // the same server: the driver's peer path
+  EXPECT_ERR(cudaDeviceEnablePeerAccess(2, 0), cudaErrorPeerAccessUnsupported);
+  Across(0, 0, 1, 0, buf[0], buf[1], 5, kBytes - 5, stream[1], 77);
+  Across(1, 1, 2, 0, buf[1], buf[2], 0, kBytes, stream[2], 78);
+  Across(2, 2, 1, 2, buf[2], buf[1], 9, 4099, stream[1], 79);
+  Across(3, 2, 0, 1, buf[2], buf[0], 1, kBytes - 1, stream[0], 80);
+  printf("copies=ok\n");
+  for (int d = 0; d < 3; ++d) {
+    CK(cudaFree(buf[d]));
+    CK(cudaStreamDestroy(stream[d]));
+  }
+  e2e::Pass();
+  return 0;
+}
+
+int Refused() {
+  e2e::Step("refused on the second server");
+  CK(cudaSetDevice(1));
+  void* managed = nullptr;
+  EXPECT_ERR(cudaMallocManaged(&managed, 4096), cudaErrorNotSupported);
+  EXPECT_ERR(cudaMallocManaged(&managed, 4096), cudaErrorNotSupported);
+  printf("managed_on_second=refused\n");
+  char* p = nullptr;
+  CK(cudaMalloc(&p, 4096));
+  std::vector<unsigned char> in(4096), out(4096, 0);
+  e2e::Fill(in.data(), in.size(), 5);
+  CK(cudaMemcpy(p, in.data(), in.size(), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(out.data(), p, out.size(), cudaMemcpyDeviceToHost));
+  EXPECT_SAME(out.data(), in.data(), in.size(), "after a refused call");
+  CK(cudaFree(p));
+  printf("goes_on=ok\n");
+  e2e::Pass();
+  return 0;
+}
+
+// Over tls:// the servers' own connection would carry the bytes unencrypted:
+// copies between them are refused, each GPU works on its own.
+int Tls() {
+  e2e::Step("tls");
+  int count = 0;
+  CK(cudaGetDeviceCount(&count));
+  printf("device_count=%d\n", count);
+  char* buf[2] = {};
+  std::vector<unsigned char> in(4099), out(4099, 0);
+  e2e::Fill(in.data(), in.size(), 9);
+  for (int d = 0; d < 2; ++d) {
+    CK(cudaSetDevice(d));
+    CK(cudaMalloc(&buf[d], in.size()));
+    CK(cudaMemcpy(buf[d], in.data(), in.size(), cudaMemcpyHostToDevice));
+  }
+  EXPECT_ERR(cudaMemcpyPeer(buf[1], 1, buf[0], 0, in.size()), cudaErrorNotSupported);
+  EXPECT_ERR(cudaMemcpy(buf[0], buf[1], in.size(), cudaMemcpyDefault), cudaErrorNotSupported);
+  printf("copies_across=refused\n");
+  for (int d = 0; d < 2; ++d) {
+    CK(cudaSetDevice(d));
+    CK(cudaMemcpy(out.data(), buf[d], out.size(), cudaMemcpyDeviceToHost));
+    EXPECT_SAME(out.data(), in.data(), in.size(), "own device after a refused copy");
+    CK(cudaFree(buf[d]));
+  }
+  printf("own_devices=ok\n");
+  e2e::Pass();
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  e2e::Init("multi_server");
+  if (argc > 1 && strcmp(argv[1], "three") == 0) return Three();
+  if (argc > 1 && strcmp(argv[1], "refused") == 0) return Refused();
+  if (argc > 1 && strcmp(argv[1], "tls") == 0) return Tls();
+
+  e2e::Step("enumerate");
+  int count = 0;
+  CK(cudaGetDeviceCount(&count));
+  printf("device_count=%d\n", count);
+  EXPECT(count == 2, "expected 2 devices, found %d", count);
+  char bus[2][32];
+  cudaUUID_t uuid[2];
+  for (int d = 0; d < 2; ++d) {
+    cudaDeviceProp prop{};
+    CK(cudaGetDeviceProperties(&prop, d));
+    uuid[d] = prop.uuid;
+    EXPECT(prop.major >= 1 && prop.totalGlobalMem > 0, "device %d has no properties", d);
+    CK(cudaDeviceGetPCIBusId(bus[d], sizeof(bus[d]), d));
+    int again = -1;
+    CK(cudaDeviceGetByPCIBusId(&again, bus[d]));
+    EXPECT(again == d, "bus id %s names device %d, not %d", bus[d], again, d);
+    printf("device.%d.name=%s\n", d, prop.name);
+  }
+  printf("bus_ids_distinct=%d\n", strcmp(bus[0], bus[1]) != 0 ? 1 : 0);
+  // Two servers on one GPU (or two sims) still show two devices.
+  printf("uuids_distinct=%d\n", memcmp(&uuid[0], &uuid[1], sizeof(uuid[0])) != 0 ? 1 : 0);
+
+  e2e::Step("peer capability");
+  int can = -1;
+  CK(cudaDeviceCanAccessPeer(&can, 0, 1));
+  printf("can_access.0_1=%d\n", can);
+  CK(cudaDeviceCanAccessPeer(&can, 1, 0));
+  printf("can_access.1_0=%d\n", can);
+  int attr = -1;
+  CK(cudaDeviceGetP2PAttribute(&attr, cudaDevP2PAttrAccessSupported, 0, 1));
+  printf("p2p_attr.access=%d\n", attr);
+  CK(cudaSetDevice(0));
+  EXPECT_ERR(cudaDeviceEnablePeerAccess(1, 0), cudaErrorPeerAccessUnsupported);
+  CK(cudaSetDevice(1));
+  EXPECT_ERR(cudaDeviceEnablePeerAccess(0, 0), cudaErrorPeerAccessUnsupported);
+  EXPECT_ERR(cudaDeviceDisablePeerAccess(0), cudaErrorPeerAccessNotEnabled);
+  printf("enable_peer=refused\n");
+
+  e2e::Step("memory on each device");
+  char* buf[2] = {nullptr, nullptr};
+  char* large[2] = {nullptr, nullptr};
+  cudaStream_t stream[2];
+  cudaEvent_t start[2], stop[2];
+  size_t free_before[2] = {0, 0}, total[2] = {0, 0};
+  for (int d = 0; d < 2; ++d) {
+    CK(cudaSetDevice(d));
+    CK(cudaMemGetInfo(&free_before[d], &total[d]));
+    CK(cudaMalloc(&buf[d], kBytes));
+    CK(cudaMalloc(&large[d], kLarge));
+    CK(cudaStreamCreate(&stream[d]));
+    CK(cudaEventCreate(&start[d]));
+    CK(cudaEventCreate(&stop[d]));
+  }
+  const uintptr_t a = reinterpret_cast<uintptr_t>(buf[0]), b = reinterpret_cast<uintptr_t>(buf[1]);
+  printf("addresses_distinct=%d\n", (a + kBytes <= b || b + kBytes <= a) ? 1 : 0);
+  // Pointer attributes name each allocation's device whichever device is current.
+  CK(cudaSetDevice(0));
+  for (int d = 0; d < 2; ++d) {
+    cudaPointerAttributes pa{};
+    CK(cudaPointerGetAttributes(&pa, buf[d]));
+    EXPECT(pa.type == cudaMemoryTypeDevice && pa.device == d,
+           "pointer of device %d: type %d device %d", d, pa.type, pa.device);
+  }
+  printf("pointer_devices=ok\n");
+
+  e2e::Step("host copies");
+  for (int d = 0; d < 2; ++d) {
+    CK(cudaSetDevice(d));
+    std::vector<unsigned char> in(kBytes), out(kBytes, 0);
+    e2e::Fill(in.data(), kBytes, 100 + d);
+    CK(cudaMemcpy(buf[d], in.data(), kBytes, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(out.data(), buf[d], kBytes, cudaMemcpyDeviceToHost));
+    EXPECT_SAME(out.data(), in.data(), kBytes, "host round trip");
+    std::fill(out.begin(), out.end(), 0);
+    CK(cudaMemcpyAsync(buf[d] + 1, in.data(), kBytes - 1, cudaMemcpyHostToDevice, stream[d]));
+    CK(cudaMemcpyAsync(out.data(), buf[d] + 1, kBytes - 1, cudaMemcpyDeviceToHost, stream[d]));
+    CK(cudaStreamSynchronize(stream[d]));
+    EXPECT_SAME(out.data(), in.data(), kBytes - 1, "async host round trip");
+  }
+  printf("host_copies=ok\n");
+
+  e2e::Step("a kernel on each device");
+  const size_t words = kBytes / 4;
+  for (int d = 0; d < 2; ++d) {
+    CK(cudaSetDevice(d));
+    std::vector<unsigned> in(words), out(words, 0);
+    for (size_t i = 0; i < words; ++i) in[i] = static_cast<unsigned>(i * 7 + d);
+    CK(cudaMemcpy(buf[d], in.data(), words * 4, cudaMemcpyHostToDevice));
+    CK(cudaEventRecord(start[d], stream[d]));
+    flyt_sim_affine<<<64, 256, 0, stream[d]>>>(
+        reinterpret_cast<unsigned*>(buf[d]), reinterpret_cast<unsigned*>(buf[d]), words, 3 + d, 11);
+    CK(cudaGetLastError());
+    CK(cudaEventRecord(stop[d], stream[d]));
+    CK(cudaMemcpyAsync(out.data(), buf[d], words * 4, cudaMemcpyDeviceToHost, stream[d]));
+    CK(cudaStreamSynchronize(stream[d]));
+    size_t bad = 0;
+    for (size_t i = 0; i < words; ++i) bad += out[i] != in[i] * (3 + d) + 11;
+    EXPECT(bad == 0, "device %d: %zu words wrong after the kernel", d, bad);
+  }
+  printf("kernels=ok\n");
+
+  e2e::Step("symbols, pitched copies and stream-ordered memory on each device");
+  for (int d = 0; d < 2; ++d) {
+    CK(cudaSetDevice(d));
+    std::vector<unsigned char> in(sizeof(g_sym)), out(sizeof(g_sym), 0);
+    e2e::Fill(in.data(), in.size(), 300 + d);
+    CK(cudaMemcpyToSymbol(g_sym, in.data(), in.size()));
+    CK(cudaMemcpyFromSymbol(out.data(), g_sym, out.size()));
+    EXPECT_SAME(out.data(), in.data(), in.size(), "symbol");
+    size_t pitch = 0;
+    char* pitched = nullptr;
+    const size_t width = 1000, height = 7;
+    CK(cudaMallocPitch(reinterpret_cast<void**>(&pitched), &pitch, width, height));
+    std::vector<unsigned char> rows(width * height), back(width * height, 0);
+    e2e::Fill(rows.data(), rows.size(), 400 + d);
+    CK(cudaMemcpy2D(pitched, pitch, rows.data(), width, width, height, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy2D(back.data(), width, pitched, pitch, width, height, cudaMemcpyDeviceToHost));
+    EXPECT_SAME(back.data(), rows.data(), rows.size(), "pitched rows");
+    CK(cudaFree(pitched));
+    char* async_mem = nullptr;
+    CK(cudaMallocAsync(reinterpret_cast<void**>(&async_mem), 1 << 20, stream[d]));
+    CK(cudaMemsetAsync(async_mem, 0x5a + d, 1 << 20, stream[d]));
+    std::vector<unsigned char> got(1 << 20, 0);
+    CK(cudaMemcpyAsync(got.data(), async_mem, got.size(), cudaMemcpyDeviceToHost, stream[d]));
+    CK(cudaFreeAsync(async_mem, stream[d]));
+    CK(cudaStreamSynchronize(stream[d]));
+    EXPECT(e2e::FirstNot(got.data(), static_cast<unsigned char>(0x5a + d), got.size()) < 0,
+           "device %d: stream-ordered memory not set", d);
+  }
+  printf("per_device_extras=ok\n");
+  size_t free_mid[2] = {0, 0};  // the pools' idle memory may stay theirs a while
+  for (int d = 0; d < 2; ++d) {
+    CK(cudaSetDevice(d));
+    size_t t = 0;
+    CK(cudaMemGetInfo(&free_mid[d], &t));
+  }
+
+  e2e::Step("streams and events of the other device");
+  CK(cudaSetDevice(0));  // device 1's handles with device 0 current
+  for (int d = 0; d < 2; ++d) {
+    int dev = -1;
+    CK(cudaStreamGetDevice(stream[d], &dev));
+    EXPECT(dev == d, "stream of device %d says device %d", d, dev);
+  }
+  CK(cudaStreamSynchronize(stream[1]));
+  CK(cudaEventSynchronize(stop[1]));
+  CK(cudaEventQuery(stop[1]));
+  CK(cudaStreamQuery(stream[1]));
+  float ms = -1;
+  CK(cudaEventElapsedTime(&ms, start[1], stop[1]));
+  EXPECT(ms >= 0, "elapsed time %f", ms);
+  CK(cudaEventRecord(stop[0], stream[0]));
+  CK(cudaStreamWaitEvent(stream[1], stop[0], 0));  // across the servers: the host waits
+  CK(cudaStreamSynchronize(stream[1]));
+  // A host function behind device 1's stream, queued with device 0 current.
+  static std::atomic<int> ran{0};
+  CK(cudaLaunchHostFunc(
+      stream[1], [](void*) { ran.fetch_add(1); }, nullptr));
+  CK(cudaStreamSynchronize(stream[1]));
+  EXPECT(ran.load() == 1, "the host function on device 1's stream ran %d times", ran.load());
+  printf("other_device_handles=ok\n");
+
+  e2e::Step("copies between the servers");
+  const size_t sizes[] = {1, 4099, kBytes - 3};
+  uint32_t seed = 1;
+  for (int way = 0; way < 4; ++way) {
+    for (size_t n : sizes) {
+      const size_t off = n == 1 ? 7 : 3;
+      Across(way, 0, 1, 0, buf[0], buf[1], off, n, stream[1], seed++);
+      Across(way, 1, 0, 1, buf[1], buf[0], off, n, stream[0], seed++);
+    }
+  }
+  // Larger than the servers' chunks, each way, with the other device current.
+  Across(0, 0, 1, 1, large[0], large[1], 5, kLarge - 5, stream[1], seed++);
+  Across(3, 1, 0, 1, large[1], large[0], 0, kLarge, stream[0], seed++);
+  printf("copies_across=ok\n");
+
+  e2e::Step("copies both ways at once from two threads");
+  {
+    auto worker = [&](int from, int to, char* src, char* dst, uint32_t seed) {
+      for (int i = 0; i < 6; ++i)
+        Across(i % 4, from, to, from, src, dst, i, kBytes - 16, 0, seed + i);
+    };
+    // Halves of the large buffers: one thread's source is never the other's target.
+    std::thread t1(worker, 0, 1, large[0], large[1], 1000u);
+    std::thread t2(worker, 1, 0, large[1] + kBytes, large[0] + kBytes, 2000u);
+    t1.join();
+    t2.join();
+  }
+  printf("copies_two_threads=ok\n");
+
+  e2e::Step("free");
+  CK(cudaSetDevice(0));
+  for (int d = 0; d < 2; ++d) {  // device 1's with device 0 current, as natively
+    CK(cudaFree(buf[d]));
+    CK(cudaFree(large[d]));
+    CK(cudaEventDestroy(start[d]));
+    CK(cudaEventDestroy(stop[d]));
+    CK(cudaStreamDestroy(stream[d]));
+  }
+  for (int d = 0; d < 2; ++d) {
+    CK(cudaSetDevice(d));
+    size_t free_after = 0, t = 0;
+    CK(cudaMemGetInfo(&free_after, &t));
+    // (Two servers may share one GPU: device-wide readings move with the other's use.)
+    EXPECT(free_after >= free_mid[d] + kBytes + kLarge,
+           "device %d: %zu bytes free, %zu with the buffers, %zu before", d, free_after,
+           free_mid[d], free_before[d]);
+  }
+  printf("memory_back=ok\n");
+  e2e::Pass();
+  return 0;
+}
