@@ -145,6 +145,11 @@ CUresult Client::Init() {
     if (const char* v = std::getenv("FLYT_SHM_REPLY_SPIN_US");
         v != nullptr && std::strcmp(v, "0") == 0)
       reply_spin_us_ = 0;
+    // Over tcp:// and unix://, the same for the socket (0: block at once).
+    socket_spin_us_ = std::min(EnvInt("FLYT_SOCKET_SPIN_US", 200), 1000000);
+    if (const char* v = std::getenv("FLYT_SOCKET_SPIN_US");
+        v != nullptr && std::strcmp(v, "0") == 0)
+      socket_spin_us_ = 0;
     const char* flush_us = std::getenv("FLYT_FLUSH_US");  // 0: every call goes at once
     flush_after_ns_ = flush_us != nullptr && std::strcmp(flush_us, "0") == 0
                           ? 0
@@ -612,6 +617,7 @@ CUresult Client::CallLocked(const char* name, uint16_t op, const wire::Writer& r
   if (reply_spin_gen_ != conn_gen_.load(std::memory_order_relaxed)) {
     reply_spin_gen_ = conn_gen_.load(std::memory_order_relaxed);
     transport::SetShmReceiveSpin(conn_.get(), reply_spin_us_);
+    conn_->SetSocketSpin(socket_spin_us_);
   }
   if (sink.staged != nullptr) {
     rc = ReceiveStagedLocked(name, sink);

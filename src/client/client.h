@@ -475,6 +475,7 @@ class Client {
   bool count_calls_ = false;         // FLYT_CALL_COUNTS=1, read once by Init()
   uint64_t last_send_ns_ = 0;        // under mu_
   int reply_spin_us_ = 1000;         // FLYT_SHM_REPLY_SPIN_US
+  int socket_spin_us_ = 200;         // FLYT_SOCKET_SPIN_US
   uint64_t reply_spin_gen_ = 0;      // under mu_: the connection generation it was set for
   uint64_t flush_after_ns_ = 20000;  // FLYT_FLUSH_US
   // Without FLYT_FLUSH_US, queued calls also wait until the time since the last send is

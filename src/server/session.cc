@@ -774,6 +774,12 @@ void Session::FetchFromClient(uint64_t client_src, void* bytes, size_t n) {
 
 void Session::Run() {
   Writer out;
+  // Over a socket, the wait for the client's next call polls for FLYT_SOCKET_SPIN_US (200)
+  // before it sleeps: a client's calls often come a few microseconds apart, and a sleeping
+  // worker pays a wake-up for each (transport.h, SetSocketSpin).
+  const char* spin = std::getenv("FLYT_SOCKET_SPIN_US");
+  long spin_us = spin != nullptr && spin[0] != '\0' ? std::strtol(spin, nullptr, 10) : 200;
+  conn_->SetSocketSpin(static_cast<int>(std::clamp(spin_us, 0L, 1000000L)));
   for (;;) {
     wire::FrameHeader h{};
     Status s = conn_->Receive(&h, sizeof(h));

@@ -240,6 +240,7 @@ class EmulatedConnection final : public Connection {
 
   void AbandonAfterFork() override { inner_->AbandonAfterFork(); }
   void SetReceiveTimeout(int timeout_ms) override { inner_->SetReceiveTimeout(timeout_ms); }
+  void SetSocketSpin(int spin_us) override { inner_->SetSocketSpin(spin_us); }
   std::string Peer() const override { return inner_->Peer(); }
 
  private:

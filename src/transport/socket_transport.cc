@@ -77,7 +77,7 @@ class SocketConnection final : public Connection {
         n -= static_cast<size_t>(r);
         continue;
       }
-      ssize_t r = ::recv(fd_, buf_.data(), buf_.size(), 0);
+      ssize_t r = RecvSpinning(buf_.data(), buf_.size());
       if (r < 0 && errno == EINTR) continue;
       if (r <= 0) return Failed(r);
       size_t take = static_cast<size_t>(r) < n ? static_cast<size_t>(r) : n;
@@ -97,6 +97,9 @@ class SocketConnection final : public Connection {
     ::close(fd_);
     fd_ = -1;
   }
+  void SetSocketSpin(int spin_us) override {
+    spin_ns_ = spin_us > 0 ? static_cast<int64_t>(spin_us) * 1000 : 0;
+  }
   void SetReceiveTimeout(int timeout_ms) override {
     timeval tv{};
     tv.tv_sec = timeout_ms / 1000;
@@ -106,6 +109,19 @@ class SocketConnection final : public Connection {
   std::string Peer() const override { return peer_; }
 
  private:
+  // recv() of what is there, polling without blocking for up to spin_ns_ first.
+  ssize_t RecvSpinning(void* dst, size_t n) {
+    if (spin_ns_ > 0) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(spin_ns_);
+      for (;;) {
+        ssize_t r = ::recv(fd_, dst, n, MSG_DONTWAIT);
+        if (r >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return r;
+        if (std::chrono::steady_clock::now() >= until) break;
+      }
+    }
+    return ::recv(fd_, dst, n, 0);
+  }
+
   Status Failed(ssize_t r) {
     if (r == 0) return Status::Error("connection closed by " + peer_);
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
@@ -118,6 +134,7 @@ class SocketConnection final : public Connection {
   std::string peer_;
   std::vector<uint8_t> buf_;
   size_t begin_ = 0, end_ = 0;
+  int64_t spin_ns_ = 0;  // SetSocketSpin
 };
 
 class SocketListener final : public Listener {

@@ -111,6 +111,12 @@ class Connection {
   virtual void AbandonAfterFork() = 0;
   // A Receive that waits longer than this fails ("timed out"); 0 = wait forever.
   virtual void SetReceiveTimeout(int timeout_ms) = 0;
+  // Sockets: a Receive with nothing buffered polls the socket for up to this many
+  // microseconds before it blocks, so that an answer that comes within that time does not
+  // pay the wake-up of a sleeping thread (on a VM, tens to hundreds of microseconds when
+  // the host parked the idle vCPU). 0 (the default) blocks at once. Other transports spin
+  // by their own settings and ignore it.
+  virtual void SetSocketSpin(int spin_us) { (void)spin_us; }
   virtual std::string Peer() const = 0;
   // Server side: gives up the connection's descriptors and state so that
   // another process can continue it (Reattach) exactly where this one
