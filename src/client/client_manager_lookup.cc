@@ -20,9 +20,9 @@ namespace {
 std::mutex g_endpoint_mu;
 std::string g_endpoint;  // the first endpoint ALLOCATE answered
 
-// One request line, one answer line.
+// One request line, one answer line; *unreachable tells a manager that is not there.
 Status AskLine(const std::string& socket_path, int timeout_ms, const std::string& request,
-               std::string* line) {
+               std::string* line, bool* unreachable = nullptr) {
   transport::Address addr;
   addr.kind = transport::Address::Kind::kUnix;
   addr.path = socket_path;
@@ -31,6 +31,7 @@ Status AskLine(const std::string& socket_path, int timeout_ms, const std::string
   live.refused_retry_ms = 0;
   std::unique_ptr<transport::Connection> conn;
   Status s = transport::Dial(addr, live, &conn);
+  if (unreachable != nullptr) *unreachable = !s.ok();
   if (!s.ok())
     return Status::Error("cannot reach flyt-client-manager at " + socket_path + ": " + s.message());
   conn->SetReceiveTimeout(timeout_ms);
@@ -73,29 +74,11 @@ Status LocateWithClientManager(const std::string& socket_path, const std::string
 
 Status AskClientManager(const std::string& socket_path, int timeout_ms, std::string* endpoint,
                         std::string* token) {
-  transport::Address addr;
-  addr.kind = transport::Address::Kind::kUnix;
-  addr.path = socket_path;
-  transport::Liveness live;
-  live.connect_timeout_ms = 5000;
-  live.refused_retry_ms = 0;
-  std::unique_ptr<transport::Connection> conn;
-  Status s = transport::Dial(addr, live, &conn);
-  if (!s.ok()) {
-    return Status::Error("cannot reach flyt-client-manager at " + socket_path + ": " + s.message() +
-                         ". Start it, or set FLYT_SERVER to use a server directly");
-  }
-  conn->SetReceiveTimeout(timeout_ms);
-  static const char kAsk[] = "ALLOCATE\n";
-  iovec iov{const_cast<char*>(kAsk), sizeof(kAsk) - 1};
-  s = conn->Send(&iov, 1);
   std::string line;
-  char c = 0;
-  while (s.ok() && line.size() < 4096) {
-    s = conn->Receive(&c, 1);
-    if (!s.ok() || c == '\n') break;
-    line += c;
-  }
+  bool unreachable = false;
+  Status s = AskLine(socket_path, timeout_ms, "ALLOCATE\n", &line, &unreachable);
+  if (unreachable)
+    return Status::Error(s.message() + ". Start it, or set FLYT_SERVER to use a server directly");
   if (!s.ok()) return Status::Error("flyt-client-manager at " + socket_path + ": " + s.message());
   if (line.rfind("OK ", 0) == 0) {
     size_t sp = line.find(' ', 3);

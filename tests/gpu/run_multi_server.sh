@@ -53,7 +53,7 @@ failed=0
 {
   echo "# multi_server: two flyt-servers as one list"
   echo
-  echo "backend $BACKEND, GPU_A=$GPU_A GPU_B=$GPU_B, $(date -u +%Y-%m-%dT%H:%MZ), commit $(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null)"
+  echo "backend $BACKEND, GPU_A=$GPU_A GPU_B=$GPU_B, $(date -u +%Y-%m-%dT%H:%MZ), commit $(cat "$BUILD/COMMIT" 2>/dev/null || git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null)"
   echo
   echo "| program | transport | result | key lines |"
   echo "|---|---|---|---|"
@@ -62,7 +62,9 @@ for prog in multi_server multi_server_shared; do
   for mode in $MODES; do
     if [[ $mode == tcp ]]; then list="${TCP[a]},${TCP[b]}"; else list="${UNIX[a]},${UNIX[b]}"; fi
     out="$WORK/$prog-$mode.out"
-    FLYT_SHM=off FLYT_LOG=warn FLYT_LOG_FILE="$WORK/$prog-$mode.log" \
+    shared_gpu=0
+    [[ $BACKEND == cuda && $GPU_A == "$GPU_B" ]] && shared_gpu=1
+    MULTI_SERVER_SHARED_GPU=$shared_gpu FLYT_SHM=off FLYT_LOG=warn FLYT_LOG_FILE="$WORK/$prog-$mode.log" \
       timeout "$RUN_TIMEOUT" "$BUILD/bin/flyt" run --server "$list" -- "$PROGS/$prog" >"$out" 2>&1
     rc=$?
     keys=$(grep -E '=' "$out" | grep -v '^device\.' | tr '\n' ' ')

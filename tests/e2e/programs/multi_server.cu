@@ -378,16 +378,23 @@ int main(int argc, char** argv) {
     CK(cudaEventDestroy(stop[d]));
     CK(cudaStreamDestroy(stream[d]));
   }
-  for (int d = 0; d < 2; ++d) {
-    CK(cudaSetDevice(d));
-    size_t free_after = 0, t = 0;
-    CK(cudaMemGetInfo(&free_after, &t));
-    // (Two servers may share one GPU: device-wide readings move with the other's use.)
-    EXPECT(free_after >= free_mid[d] + kBytes + kLarge,
-           "device %d: %zu bytes free, %zu with the buffers, %zu before", d, free_after,
-           free_mid[d], free_before[d]);
+  // Two servers on one physical GPU (MULTI_SERVER_SHARED_GPU=1, set by
+  // tests/gpu/run_multi_server.sh): a device-wide reading moves with the other server's
+  // contexts and staging buffers, so it cannot show this device's memory coming back.
+  const char* shared_gpu = getenv("MULTI_SERVER_SHARED_GPU");
+  if (shared_gpu != nullptr && strcmp(shared_gpu, "1") == 0) {
+    printf("memory_back=skipped (one physical GPU)\n");
+  } else {
+    for (int d = 0; d < 2; ++d) {
+      CK(cudaSetDevice(d));
+      size_t free_after = 0, t = 0;
+      CK(cudaMemGetInfo(&free_after, &t));
+      EXPECT(free_after >= free_mid[d] + kBytes + kLarge,
+             "device %d: %zu bytes free, %zu with the buffers, %zu before", d, free_after,
+             free_mid[d], free_before[d]);
+    }
+    printf("memory_back=ok\n");
   }
-  printf("memory_back=ok\n");
   e2e::Pass();
   return 0;
 }
