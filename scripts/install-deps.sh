@@ -13,7 +13,7 @@ $SUDO apt-get install -y -qq --no-install-recommends \
   clang libclang-rt-14-dev clang-format procps \
   nlohmann-json3-dev libtoml11-dev libssl-dev libsqlite3-dev libpq-dev postgresql \
   libcpp-httplib-dev libxxhash-dev prometheus chromium debootstrap dpkg-dev \
-  libucx-dev >/dev/null
+  libucx-dev openssl >/dev/null
 if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
   echo "install-deps: the CUDA toolkit (nvcc, cuda.h) was not found under /usr/local/cuda;" >&2
   echo "install CUDA 13 from NVIDIA and re-run" >&2
