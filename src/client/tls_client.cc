@@ -2,6 +2,8 @@
 #include "client/tls_client.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -9,6 +11,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <mutex>
 #include <vector>
 
@@ -238,7 +241,42 @@ class TlsClientConnection final : public transport::Connection {
  private:
   static constexpr size_t kGather = 16384;
 
+  // OpenSSL writes with write(2), which raises SIGPIPE when the server has closed (it went
+  // away, or a moved session's old server let go): that signal would kill the application.
+  // This thread blocks it while writing and takes back one the write raised; the write
+  // itself then fails with EPIPE, which is reported like any lost connection.
+  class QuietPipe {
+   public:
+    QuietPipe() {
+      sigset_t pipe;
+      sigemptyset(&pipe);
+      sigaddset(&pipe, SIGPIPE);
+      sigset_t pending;
+      sigpending(&pending);
+      was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+      pthread_sigmask(SIG_BLOCK, &pipe, &old_);
+    }
+    ~QuietPipe() {
+      if (!was_pending_) {
+        sigset_t pipe;
+        sigemptyset(&pipe);
+        sigaddset(&pipe, SIGPIPE);
+        const timespec none{0, 0};
+        while (sigtimedwait(&pipe, nullptr, &none) < 0 && errno == EINTR) {
+        }
+      }
+      pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+    }
+    QuietPipe(const QuietPipe&) = delete;
+    QuietPipe& operator=(const QuietPipe&) = delete;
+
+   private:
+    sigset_t old_;
+    bool was_pending_ = false;
+  };
+
   Status WriteAll(const uint8_t* p, size_t n) {
+    QuietPipe quiet;
     while (n > 0) {
       int chunk = n > (1u << 30) ? (1 << 30) : static_cast<int>(n);
       int w = o_.SSL_write(ssl_, p, chunk);
