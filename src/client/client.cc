@@ -63,6 +63,14 @@ int EnvInt(const char* name, int fallback) {
   return (*end == '\0' && n > 0 && n < (1 << 30)) ? static_cast<int>(n) : fallback;
 }
 
+// A duration setting in microseconds: "0" turns the behaviour off, a value that is not a
+// positive number gives the default, and larger values are capped at `max`.
+int EnvMicros(const char* name, int fallback, int max) {
+  const char* v = std::getenv(name);
+  if (v != nullptr && std::strcmp(v, "0") == 0) return 0;
+  return std::min(EnvInt(name, fallback), max);
+}
+
 constexpr size_t kQueueLimit = 256 << 10;
 // Sends may take at most about 1/kSendCostShare of a paced caller's time (see QueueAsync).
 constexpr uint64_t kSendCostShare = 8;
@@ -141,19 +149,12 @@ CUresult Client::Init() {
     count_calls_ = counts != nullptr && std::strcmp(counts, "1") == 0;
     // Over shm://, how long the wait for a reply busy-polls before it sleeps (the server
     // then has to wake this thread: a futex call there, a wake-up latency here).
-    reply_spin_us_ = std::min(EnvInt("FLYT_SHM_REPLY_SPIN_US", 1000), 1000000);
-    if (const char* v = std::getenv("FLYT_SHM_REPLY_SPIN_US");
-        v != nullptr && std::strcmp(v, "0") == 0)
-      reply_spin_us_ = 0;
+    reply_spin_us_ = EnvMicros("FLYT_SHM_REPLY_SPIN_US", 1000, 1000000);
     // Over tcp:// and unix://, the same for the socket (0: block at once).
-    socket_spin_us_ = std::min(EnvInt("FLYT_SOCKET_SPIN_US", 200), 1000000);
-    if (const char* v = std::getenv("FLYT_SOCKET_SPIN_US");
-        v != nullptr && std::strcmp(v, "0") == 0)
-      socket_spin_us_ = 0;
-    const char* flush_us = std::getenv("FLYT_FLUSH_US");  // 0: every call goes at once
-    flush_after_ns_ = flush_us != nullptr && std::strcmp(flush_us, "0") == 0
-                          ? 0
-                          : static_cast<uint64_t>(EnvInt("FLYT_FLUSH_US", 20)) * 1000;
+    socket_spin_us_ = EnvMicros("FLYT_SOCKET_SPIN_US", 200, 1000000);
+    // 0: every call goes at once.
+    flush_after_ns_ = static_cast<uint64_t>(EnvMicros("FLYT_FLUSH_US", 20, 1 << 30)) * 1000;
+    const char* flush_us = std::getenv("FLYT_FLUSH_US");
     flush_adaptive_ = flush_us == nullptr || flush_us[0] == '\0';
     // One-sided copies of pinned memory over ucx:// (client/rma.cc).
     const char* rma = std::getenv("FLYT_RMA");
