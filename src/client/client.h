@@ -687,6 +687,23 @@ bool DecodeRouted(wire::Reader& r, T v, int server, bool device_ordinal) {
   return true;
 }
 
+// Sends a generic call's marshalled arguments: queued (ASYNC) or answered (SYNC), whose
+// reply `decode_outs` reads into the output arguments.
+template <uint16_t Op, bool Sync, bool PerThread, typename DecodeOuts>
+CUresult SendForwarded(Client& c, const char* name, const wire::Writer& w,
+                       DecodeOuts&& decode_outs) {
+  uint16_t flags = PerThread ? wire::kFlagPerThread : 0;
+  if constexpr (!Sync) {
+    return c.Post(name, Op, w, flags);
+  } else {
+    std::vector<uint8_t> reply;
+    CUresult rc = c.Call(name, Op, w, ReplySink{&reply}, flags);
+    if (rc != CUDA_SUCCESS) return rc;
+    wire::Reader r(reply.data(), reply.size());
+    return decode_outs(r) ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN;
+  }
+}
+
 template <uint16_t Op, bool Sync, bool PerThread, typename... Args, size_t... I>
 CUresult ForwardMulti(Client& c, const char* name, std::index_sequence<I...>, Args... args) {
   const uint64_t values[] = {ArgBits(args)..., 0};
@@ -712,17 +729,9 @@ CUresult ForwardMulti(Client& c, const char* name, std::index_sequence<I...>, Ar
   const int server = c.RouteNow();
   wire::Writer w;
   (EncodeRouted(w, args, ((devs >> I) & 1u) != 0), ...);
-  uint16_t flags = PerThread ? wire::kFlagPerThread : 0;
-  if constexpr (!Sync) {
-    return c.Post(name, Op, w, flags);
-  } else {
-    std::vector<uint8_t> reply;
-    CUresult rc = c.Call(name, Op, w, ReplySink{&reply}, flags);
-    if (rc != CUDA_SUCCESS) return rc;
-    wire::Reader r(reply.data(), reply.size());
-    bool ok = (DecodeRouted(r, args, server, ((dev_outs >> I) & 1u) != 0) && ...);
-    return ok ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN;
-  }
+  return SendForwarded<Op, Sync, PerThread>(c, name, w, [&](wire::Reader& r) {
+    return (DecodeRouted(r, args, server, ((dev_outs >> I) & 1u) != 0) && ...);
+  });
 }
 }  // namespace detail
 
@@ -736,17 +745,8 @@ CUresult Forward(const char* name, Args... args) {
                                                      args...);
   wire::Writer w;
   (marshal::EncodeArg(w, args), ...);
-  uint16_t flags = PerThread ? wire::kFlagPerThread : 0;
-  if constexpr (!Sync) {
-    return c.Post(name, Op, w, flags);
-  } else {
-    std::vector<uint8_t> reply;
-    CUresult rc = c.Call(name, Op, w, ReplySink{&reply}, flags);
-    if (rc != CUDA_SUCCESS) return rc;
-    wire::Reader r(reply.data(), reply.size());
-    bool ok = (marshal::DecodeOut(r, args) && ...);
-    return ok ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN;
-  }
+  return detail::SendForwarded<Op, Sync, PerThread>(
+      c, name, w, [&](wire::Reader& r) { return (marshal::DecodeOut(r, args) && ...); });
 }
 
 }  // namespace flyt::client
