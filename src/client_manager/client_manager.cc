@@ -46,22 +46,7 @@ std::string ClientManager::Locate(const std::string& endpoint) {
 std::string ClientManager::Allocate() {
   std::lock_guard<std::mutex> lock(mu_);
   control::Json answer;
-  Status s;
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    if (!channel_) {
-      s = control::Channel::Dial(options_.cluster_manager, creds_, "client", options_.vm_ip, 5000,
-                                 &channel_);
-      if (!s.ok()) {
-        return "ERR cannot reach the cluster manager at " + options_.cluster_manager + ": " +
-               s.message();
-      }
-    }
-    answer = control::Json();
-    s = channel_->Call("request-allocation", control::Json{{"vm_ip", options_.vm_ip}}, &answer,
-                       static_cast<int>(options_.request_timeout_ms));
-    if (s.ok() || answer.contains("ok")) break;
-    channel_.reset();  // the manager restarted: dial again once
-  }
+  Status s = CallLocked("request-allocation", control::Json{{"vm_ip", options_.vm_ip}}, &answer);
   if (!s.ok()) return "ERR " + s.message();
   std::string endpoint = answer.value("endpoint", "");
   std::string token = answer.value("token", "");
