@@ -27,6 +27,19 @@
 namespace flyt::cluster {
 namespace {
 
+// The UUID of a node's GPU given by UUID or index; otherwise why not, naming the node's GPUs.
+std::string FindNodeGpu(const std::vector<store::Gpu>& gpus, const std::string& node,
+                        const std::string& asked, std::string* uuid) {
+  std::string known;
+  for (const auto& g : gpus) {
+    if (g.uuid == asked || std::to_string(g.index) == asked) *uuid = g.uuid;
+    known += (known.empty() ? "" : ", ") + std::to_string(g.index) + " " + g.uuid;
+  }
+  if (!uuid->empty()) return "";
+  return "node " + node + " has no GPU '" + asked +
+         "' (it has: " + (known.empty() ? "none" : known) + ")";
+}
+
 using control::Error;
 using control::Json;
 using control::Ok;
@@ -827,15 +840,9 @@ Json ClusterManager::Migrate(const Json& req) {
                                        it->second.row.state + " and takes no new tenants");
     }
     if (!gpu.empty()) {
-      std::string uuid, known;
-      for (const auto& g : it->second.gpus) {
-        if (g.uuid == gpu || std::to_string(g.index) == gpu) uuid = g.uuid;
-        known += (known.empty() ? "" : ", ") + std::to_string(g.index) + " " + g.uuid;
-      }
-      if (uuid.empty()) {
-        return refuse("bad_request", "node " + node + " has no GPU '" + gpu +
-                                         "' (it has: " + (known.empty() ? "none" : known) + ")");
-      }
+      std::string uuid;
+      if (std::string why = FindNodeGpu(it->second.gpus, node, gpu, &uuid); !why.empty())
+        return refuse("bad_request", why);
       gpu = uuid;
       if (MembersLocked(vm_ip).size() > 1) {
         return refuse("bad_request", "VM " + vm_ip + " has " +
@@ -1285,15 +1292,8 @@ Json ClusterManager::RestoreElsewhere(std::unique_lock<std::mutex>* lock, const 
   }
   std::string gpu;
   if (!gpu_asked.empty()) {
-    std::string known;
-    for (const auto& g : nit->second.gpus) {
-      if (g.uuid == gpu_asked || std::to_string(g.index) == gpu_asked) gpu = g.uuid;
-      known += (known.empty() ? "" : ", ") + std::to_string(g.index) + " " + g.uuid;
-    }
-    if (gpu.empty()) {
-      return refuse("bad_request", "node " + node + " has no GPU '" + gpu_asked +
-                                       "' (it has: " + (known.empty() ? "none" : known) + ")");
-    }
+    if (std::string why = FindNodeGpu(nit->second.gpus, node, gpu_asked, &gpu); !why.empty())
+      return refuse("bad_request", why);
     if (n > 1) {
       return refuse("bad_request", "VM " + vm_ip + " has " + std::to_string(n) +
                                        " GPUs: give a node, not one GPU");
