@@ -147,6 +147,15 @@ inline std::string Hex(const void* p, size_t n) {
     }                                                                         \
   } while (0)
 
+// An expected runtime error, then the runtime's last error cleared as the samples do.
+#define EXPECT_ERR(call, want)                                                           \
+  do {                                                                                   \
+    cudaError_t got_ = (call);                                                           \
+    EXPECT(got_ == (want), "%s returned %s, expected %s", #call, cudaGetErrorName(got_), \
+           cudaGetErrorName(want));                                                      \
+    cudaGetLastError();                                                                  \
+  } while (0)
+
 // Checks that two host buffers are byte-identical.
 #define EXPECT_SAME(a, b, n, what)                                                           \
   do {                                                                                       \

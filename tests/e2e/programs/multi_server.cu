@@ -45,14 +45,6 @@ __device__ unsigned char g_sym[4099];  // one per device, as natively
 
 namespace {
 
-#define EXPECT_ERR(call, want)                                                           \
-  do {                                                                                   \
-    cudaError_t got_ = (call);                                                           \
-    EXPECT(got_ == (want), "%s returned %s, expected %s", #call, cudaGetErrorName(got_), \
-           cudaGetErrorName(want));                                                      \
-    cudaGetLastError();                                                                  \
-  } while (0)
-
 constexpr size_t kBytes = (3 << 20) + 4099;
 constexpr size_t kLarge = (17 << 20) + 12345;  // more than two 8 MiB chunks
 

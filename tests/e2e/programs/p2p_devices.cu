@@ -29,15 +29,6 @@
 
 namespace {
 
-// An expected error, then the runtime's last error cleared as the samples do.
-#define EXPECT_ERR(call, want)                                                           \
-  do {                                                                                   \
-    cudaError_t got_ = (call);                                                           \
-    EXPECT(got_ == (want), "%s returned %s, expected %s", #call, cudaGetErrorName(got_), \
-           cudaGetErrorName(want));                                                      \
-    cudaGetLastError();                                                                  \
-  } while (0)
-
 // Copies `n` bytes at offset `off` from device `from` to device `to` with
 // cudaMemcpyPeer (or its async form on a stream of `to`), and checks them.
 void PeerRoundTrip(int from, int to, char* src, char* dst, size_t off, size_t n, bool async,
