@@ -275,6 +275,10 @@ enum : uint16_t {
   kOpPeerReceive = 329,
   kOpPeerSend = 330,
   kOpPeerDone = 331,
+  // NCCL, run by the server for its client (client's libnccl.so.2: src/nccl/;
+  // server/session_nccl.cc): u8 NcclOp, then its arguments (below). Reply: i32
+  // ncclResult_t, string NCCL's last error when not success, then the outputs.
+  kOpNccl = 332,
   // CUPTI activity of a profiled client (server/session_profiler.cc, src/cupti/):
   // u8 kProfiler*, then Start: u32 GpuActivity kinds (bit 1 << kind) -> u32 kinds
   // enabled, u64 server timestamp (ns), string why the others are not; Stop: u32
@@ -391,6 +395,46 @@ enum GraphMisc : uint8_t {
   kGraphMiscMemTrim = 5,
   kGraphMiscDotPrint = 6,  // u64 graph, u32 flags -> the DOT file's bytes
 };
+
+// kOpNccl sub-operations. A config is u32 bytes, those bytes (ncclConfig_t as
+// the app filled it; 0 bytes: none), string netName, string commName.
+enum NcclOp : uint8_t {
+  kNcclVersion = 1,     // -> i32 version
+  kNcclUniqueId = 2,    // -> 128 bytes
+  kNcclInit = 3,        // i32 nranks, i32 rank, u32 n ids, n x 128 bytes, config -> comm info
+  kNcclInitAll = 4,     // i32 n, n x i32 device (the server's ordinals) -> n x comm info
+  kNcclSplit = 5,       // u64 comm, i32 color, i32 key, config -> comm info (comm 0: none)
+  kNcclShrink = 6,      // u64 comm, u32 n, n x i32 rank, config, i32 flags -> comm info
+  kNcclFinalize = 7,    // u64 comm
+  kNcclDestroy = 8,     // u64 comm
+  kNcclAbort = 9,       // u64 comm
+  kNcclAsyncError = 10, // u64 comm -> i32 the communicator's asynchronous result
+  kNcclLastError = 11,  // u64 comm (0: none) -> string
+  // u8 NcclCollective, u64 send, u64 recv, u64 count, i32 type, i32 op, i32 root or
+  // peer, u64 comm, u64 stream (the server's value)
+  kNcclCollective = 12,
+  kNcclGroupStart = 13,
+  kNcclGroupEnd = 14,
+  kNcclRedOpCreate = 15,   // u64 comm, i32 type, i32 residence, u64 scalar (bytes or pointer) -> i32 op
+  kNcclRedOpDestroy = 16,  // u64 comm, i32 op
+  kNcclRegister = 17,      // u64 comm, u64 buffer, u64 bytes -> u64 handle
+  kNcclDeregister = 18,    // u64 comm, u64 handle
+};
+// A communicator as a reply describes it: u64 comm, i32 nranks, i32 rank, i32 device
+// (the server's ordinal).
+enum NcclCollective : uint8_t {
+  kNcclAllReduce = 1,
+  kNcclBroadcast = 2,
+  kNcclReduce = 3,
+  kNcclAllGather = 4,
+  kNcclReduceScatter = 5,
+  kNcclAlltoAll = 6,
+  kNcclSend = 7,
+  kNcclRecv = 8,
+};
+inline constexpr uint32_t kMaxNcclIds = 64;     // ncclCommInitRankScalable's ids
+inline constexpr uint32_t kMaxNcclDevices = 64;     // ncclCommInitAll's devices
+inline constexpr uint32_t kMaxNcclRanks = 1u << 20;  // ncclCommShrink's excluded ranks
 
 // kOpDriverMisc sub-operations.
 enum : uint8_t {
