@@ -9,6 +9,7 @@
 // may block on the network except through the public driver API calls it makes.
 #include "client/export_tables.h"
 #include "client/compile_cache.h"
+#include "common/nccl_abi.h"
 #include "common/profiler_abi.h"
 #include "driver_impl_names.h"
 
@@ -871,6 +872,10 @@ CUresult GetExportTable(const void** table, const CUuuid* id) {
   if (table == nullptr || id == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (std::memcmp(id->bytes, profiler::kTableUuid, sizeof(id->bytes)) == 0) {
     *table = ProfilerTable();  // Flyt's libcupti (client/api_profiler.cc)
+    return CUDA_SUCCESS;
+  }
+  if (std::memcmp(id->bytes, nccl::kTableUuid, sizeof(id->bytes)) == 0) {
+    *table = NcclTable();  // Flyt's libnccl (client/api_nccl.cc)
     return CUDA_SUCCESS;
   }
   if (std::memcmp(id->bytes, kCompileCacheUuid, sizeof(id->bytes)) == 0) {

@@ -21,6 +21,8 @@ namespace flyt::client {
 CUresult GetExportTable(const void** table, const CUuuid* id);
 // Flyt's profiler table for its libcupti (client/api_profiler.cc).
 const void* ProfilerTable();
+// Flyt's libnccl.so.2 (client/api_nccl.cc).
+const void* NcclTable();
 
 // Turns cudart's reports of runtime calls (tools-callback table a094798c) on, delivered to
 // `each_call`, or off when either hook is null (Flyt's libcupti, through its profiler table).

@@ -101,6 +101,7 @@ int Client::RouteCall(const char* name, uint16_t op, const wire::Writer& req) {
     case ops::kOpPeerSend:
     case ops::kOpPeerDone:
     case ops::kOpMemPoolAttribute:
+    case ops::kOpNccl:  // communicators of this server's GPUs (src/nccl/)
       served = true;
       break;
     case ops::kOpDriverMisc:  // the current context's flags only

@@ -399,29 +399,31 @@ enum GraphMisc : uint8_t {
 // kOpNccl sub-operations. A config is u32 bytes, those bytes (ncclConfig_t as
 // the app filled it; 0 bytes: none), string netName, string commName.
 enum NcclOp : uint8_t {
-  kNcclVersion = 1,     // -> i32 version
-  kNcclUniqueId = 2,    // -> 128 bytes
-  kNcclInit = 3,        // i32 nranks, i32 rank, u32 n ids, n x 128 bytes, config -> comm info
-  kNcclInitAll = 4,     // i32 n, n x i32 device (the server's ordinals) -> n x comm info
-  kNcclSplit = 5,       // u64 comm, i32 color, i32 key, config -> comm info (comm 0: none)
-  kNcclShrink = 6,      // u64 comm, u32 n, n x i32 rank, config, i32 flags -> comm info
-  kNcclFinalize = 7,    // u64 comm
-  kNcclDestroy = 8,     // u64 comm
-  kNcclAbort = 9,       // u64 comm
-  kNcclAsyncError = 10, // u64 comm -> i32 the communicator's asynchronous result
-  kNcclLastError = 11,  // u64 comm (0: none) -> string
+  kNcclVersion = 1,      // -> i32 version
+  kNcclUniqueId = 2,     // -> 128 bytes
+  kNcclInit = 3,         // i32 nranks, i32 rank, u32 n ids, n x 128 bytes, config -> comm info
+  kNcclInitAll = 4,      // i32 n, n x i32 device (the server's ordinals) -> n x comm info
+  kNcclSplit = 5,        // u64 comm, i32 color, i32 key, config -> comm info (comm 0: none)
+  kNcclShrink = 6,       // u64 comm, u32 n, n x i32 rank, config, i32 flags -> comm info
+  kNcclFinalize = 7,     // u64 comm
+  kNcclDestroy = 8,      // u64 comm
+  kNcclAbort = 9,        // u64 comm
+  kNcclAsyncError = 10,  // u64 comm -> i32 the communicator's asynchronous result
+  kNcclLastError = 11,   // u64 comm (0: none) -> string
   // u8 NcclCollective, u64 send, u64 recv, u64 count, i32 type, i32 op, i32 root or
   // peer, u64 comm, u64 stream (the server's value)
   kNcclCollective = 12,
   kNcclGroupStart = 13,
   kNcclGroupEnd = 14,
-  kNcclRedOpCreate = 15,   // u64 comm, i32 type, i32 residence, u64 scalar (bytes or pointer) -> i32 op
+  kNcclRedOpCreate =
+      15,  // u64 comm, i32 type, i32 residence, u64 scalar (bytes or pointer) -> i32 op
   kNcclRedOpDestroy = 16,  // u64 comm, i32 op
   kNcclRegister = 17,      // u64 comm, u64 buffer, u64 bytes -> u64 handle
   kNcclDeregister = 18,    // u64 comm, u64 handle
+  kNcclCommInfo = 19,      // u64 comm -> comm info (count and rank as NCCL answers them now)
 };
-// A communicator as a reply describes it: u64 comm, i32 nranks, i32 rank, i32 device
-// (the server's ordinal).
+// A communicator as a reply describes it (comm info): u64 comm, i32 nranks, i32 rank,
+// i32 device (the server's ordinal); nranks 0 while NCCL has not finished making it.
 enum NcclCollective : uint8_t {
   kNcclAllReduce = 1,
   kNcclBroadcast = 2,
@@ -432,8 +434,8 @@ enum NcclCollective : uint8_t {
   kNcclSend = 7,
   kNcclRecv = 8,
 };
-inline constexpr uint32_t kMaxNcclIds = 64;     // ncclCommInitRankScalable's ids
-inline constexpr uint32_t kMaxNcclDevices = 64;     // ncclCommInitAll's devices
+inline constexpr uint32_t kMaxNcclIds = 64;          // ncclCommInitRankScalable's ids
+inline constexpr uint32_t kMaxNcclDevices = 64;      // ncclCommInitAll's devices
 inline constexpr uint32_t kMaxNcclRanks = 1u << 20;  // ncclCommShrink's excluded ranks
 
 // kOpDriverMisc sub-operations.

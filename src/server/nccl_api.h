@@ -42,8 +42,8 @@ struct NcclApi {
   int (*ncclCommCount)(NcclComm comm, int* count) = nullptr;
   int (*ncclCommCuDevice)(NcclComm comm, int* device) = nullptr;
   int (*ncclCommUserRank)(NcclComm comm, int* rank) = nullptr;
-  int (*ncclAllReduce)(const void* send, void* recv, size_t count, int type, int op,
-                       NcclComm comm, CUstream stream) = nullptr;
+  int (*ncclAllReduce)(const void* send, void* recv, size_t count, int type, int op, NcclComm comm,
+                       CUstream stream) = nullptr;
   int (*ncclBroadcast)(const void* send, void* recv, size_t count, int type, int root,
                        NcclComm comm, CUstream stream) = nullptr;
   int (*ncclReduce)(const void* send, void* recv, size_t count, int type, int op, int root,

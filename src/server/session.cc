@@ -864,6 +864,7 @@ void Session::Run() {
 void Session::ReleaseEverything() {
   if (profiling_) ProfilerStop(profiled_kinds_);
   pager_.Stop();          // before the managed memory goes
+  ReleaseNccl();          // its communicators use the client's memory and streams
   ReleaseUserContexts();  // their handles first, then each context
   ReleaseAll();
   ReleaseSharedHost();
@@ -1281,6 +1282,8 @@ bool Session::Dispatch(const wire::FrameHeader& h, Reader& in, Writer& out, CUre
       return PeerSend(in, per_thread, rc);
     case ops::kOpPeerDone:
       return PeerDone(in, rc);
+    case ops::kOpNccl:  // NCCL run here for the client: server/session_nccl.cc
+      return Nccl(in, out, rc);
     case 100:  // cuCtxSynchronize: this client's work, not other sessions'
       if (in.remaining() != 0) return false;
       *rc = SynchronizeSession();

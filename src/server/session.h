@@ -31,6 +31,7 @@
 #include "server/driver_api.h"
 #include "server/image_cache.h"
 #include "server/managed_pager.h"
+#include "server/nccl_api.h"
 #include "server/pool_ledger.h"
 #include "server/share.h"
 #include "server/worker_channel.h"
@@ -74,6 +75,12 @@ struct ServerState {
   std::string shm_offer;
   std::string boot_id;
   int64_t start_ns = 0;  // steady clock at the server's start
+  // NCCL for the clients (server/session_nccl.cc): loaded at a session's first
+  // NCCL call; the sim backend's own under --backend sim.
+  bool sim_backend = false;
+  NcclApi nccl;
+  bool nccl_tried = false;
+  std::string nccl_error;  // why NCCL could not be loaded ("": it was)
   // --movable-memory: cuMemAlloc memory at addresses another server can take
   // over (server/session_movable.cc).
   bool movable_memory = false;
@@ -917,6 +924,16 @@ class Session {
   bool PeerReceive(wire::Reader& in, bool per_thread, CUresult* rc);
   bool PeerSend(wire::Reader& in, bool per_thread, CUresult* rc);
   bool PeerDone(wire::Reader& in, CUresult* rc);
+
+  // --- NCCL run for the client (session_nccl.cc) -------------------------------
+  bool Nccl(wire::Reader& in, wire::Writer& out, CUresult* rc);
+  // Aborts the communicators the client left (it exited or died).
+  void ReleaseNccl();
+  // The client's communicators (NCCL's pointers), with their device.
+  std::map<uint64_t, int> nccl_comms_;
+  std::set<std::pair<uint64_t, uint64_t>> nccl_registrations_;  // (comm, handle)
+  std::set<std::pair<uint64_t, int>> nccl_ops_;                 // (comm, PreMulSum op)
+  int nccl_group_depth_ = 0;
   void ClosePeerListeners();
   // Pools the session serves (session_pools.cc): their books, and what the
   // driver does not tell of them afterwards, by the client's handle.

@@ -158,6 +158,8 @@ std::string Session::Unmovable() {
   if (!ipc_opened_.empty() || !ipc_exported_mem_.empty() || !ipc_exported_events_.empty())
     return "it shares memory or events with other processes over CUDA IPC";
   if (!user_contexts_.empty()) return "it created contexts of its own (not movable yet)";
+  if (!nccl_comms_.empty())
+    return "it holds NCCL communicators (their peers would have to move with it; not movable yet)";
   if (!more_primaries_.empty()) return "it uses several GPUs (not movable yet)";
   if (placed_slot_ >= 0) return "its process uses GPUs of several servers (not movable yet)";
   if (!links_.empty()) return "a JIT link is in progress";

@@ -55,6 +55,7 @@ Status Boot(const WorkerArgs& args, const ServerOptions& options, ServerState* s
   if (!st.ok()) return st;
   state->board = board->get();
   state->movable_memory = options.movable_memory;
+  state->sim_backend = options.backend == "sim";
   state->migrate_tls = options.migrate_tls;
   state->slot = &(*board)->layout().slots[args.slot];
   st = options.backend == "sim" ? LoadSimDriver(options.sim, &state->api)

@@ -2,8 +2,8 @@
 // driver, without root and without changing the system.
 //
 // Owns: the `flyt run` command line. It sets LD_LIBRARY_PATH (Flyt's library
-// folder first), LD_PRELOAD (Flyt's libcupti), FLYT_SERVER and FLYT_TOKEN, then replaces itself
-// with the application, so the app's output and exit code are its own.
+// folder first), LD_PRELOAD (Flyt's libcupti and libnccl), FLYT_SERVER and FLYT_TOKEN, then
+// replaces itself with the application, so the app's output and exit code are its own.
 #include <limits.h>
 #include <unistd.h>
 
@@ -87,10 +87,14 @@ int main(int argc, char** argv) {
   // Flyt's CUPTI is preloaded: frameworks find NVIDIA's libcupti.so.13 through
   // their RPATH, ahead of LD_LIBRARY_PATH, and NVIDIA's cannot work without a
   // local GPU. A preloaded library answers for its soname.
-  if (std::string cupti = lib + "/libcupti.so.13"; access(cupti.c_str(), R_OK) == 0) {
-    const char* pre = std::getenv("LD_PRELOAD");
-    std::string all = cupti + (pre != nullptr && pre[0] != '\0' ? ":" + std::string(pre) : "");
-    setenv("LD_PRELOAD", all.c_str(), 1);
+  // Flyt's NCCL likewise (the GPU servers run the collectives).
+  for (const char* name : {"/libcupti.so.13", "/libnccl.so.2"}) {
+    if (std::string preloaded = lib + name; access(preloaded.c_str(), R_OK) == 0) {
+      const char* pre = std::getenv("LD_PRELOAD");
+      std::string all =
+          preloaded + (pre != nullptr && pre[0] != '\0' ? ":" + std::string(pre) : "");
+      setenv("LD_PRELOAD", all.c_str(), 1);
+    }
   }
   if (!server.empty()) setenv("FLYT_SERVER", server.c_str(), 1);
   if (!token.empty()) setenv("FLYT_TOKEN", token.c_str(), 1);

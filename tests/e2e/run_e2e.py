@@ -1987,6 +1987,54 @@ class E2E(unittest.TestCase):
         self.assertEqual(res.client_log.count("copies between servers reached over tls://"), 1,
                          where)
 
+    def _nccl_run(self, servers, transport, variant, args):
+        """nccl_ranks through `flyt run` (Flyt's libnccl.so.2 preloaded); the run passed, said
+        NCCL's version as the servers' NCCL gives it, refused nothing, and no server holds
+        anything of the client afterwards."""
+        res = self.run_ok(servers, transport, "nccl_ranks", variant, args, log_level="warn")
+        where = res.describe()
+        self.assertEqual(self.kv(res).get("version"), "22809", where)  # the sim's NCCL 2.28.9
+        self.assertNotIn("not served", res.stderr + res.client_log, where)
+        self.assertNotIn("ncclInvalidUsage", res.stderr + res.client_log, where)
+        for srv in getattr(servers, "servers", [servers]):
+            self.assert_stats(srv, sessions=0, memory_used=0)
+        return res
+
+    def test_nccl_ranks(self):
+        """NCCL across the GPUs of two servers (issue 19): two rank processes, one per server,
+        run every collective (all-reduce of each op and several types at odd sizes, broadcast,
+        reduce, all-gather, reduce-scatter), a send/recv ring in a group, a PreMulSum op, a
+        split and argument errors through Flyt's libnccl.so.2; the servers' NCCL (the sim's,
+        whose ranks meet over TCP) computes them, and each rank checks every result. Over
+        every transport and cudart."""
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                a = self.start_server()
+                b = self.start_server()
+                res = self._nccl_run(self._Servers([a, b]), transport, variant, ["ranks", "2"])
+                kv = self.kv(res)
+                self.assertEqual(kv.get("rank0.count"), "2", res.describe())
+                self.assertEqual(kv.get("rank1.count"), "2", res.describe())
+                for srv in (a, b):
+                    self.stop_server(srv)
+
+    def test_nccl_ranks_one_server(self):
+        """Three rank processes on one two-GPU server (ranks 0 and 2 share a GPU), and one
+        process driving both GPUs with ncclCommInitAll and one group."""
+        srv = self.start_server(extra_args=["--sim-devices", "2"])
+        transport, variant = CFG.transports[0], CFG.variants[0]
+        self._nccl_run(srv, transport, variant, ["ranks", "3"])
+        self._nccl_run(srv, transport, variant, ["single", "2"])
+
+    def test_nccl_single_across_servers(self):
+        """One process driving the GPUs of two servers: ncclCommInitAll makes one rank on
+        each (an id, then a rank per device in one group, as NCCL does), and one group
+        all-reduces on both."""
+        a = self.start_server()
+        b = self.start_server()
+        self._nccl_run(self._Servers([a, b]), CFG.transports[0], CFG.variants[0],
+                       ["single", "2"])
+
     def test_multi_server_nvml(self):
         """Flyt's NVML with two servers as one list (nvml_query peers 2): both servers' GPUs
         in CUDA's order with CUDA's PCI bus ids and distinct UUIDs (two sims, like two
