@@ -683,23 +683,25 @@ bool Handle(Hub* hub, const std::shared_ptr<HubConn>& c, const std::vector<uint8
     x.data.assign(in.p, in.p + in.n);
     std::optional<CollSlot> done;
     std::vector<std::shared_ptr<HubConn>> members;
+    bool broken = false;
     {
       std::lock_guard<std::mutex> lock(hub->mu);
       if (!comm->ready) return false;
       if (comm->broken) {
-        c->Reply(req, kRemoteError);
-        return true;
-      }
-      CollSlot& slot = comm->colls[seq];
-      if (slot.by_rank.empty()) slot.by_rank.resize(comm->nranks);
-      if (slot.by_rank[rank]) return false;
-      slot.by_rank[rank] = std::move(x);
-      if (++slot.arrived == comm->nranks) {
-        done = std::move(slot);
-        comm->colls.erase(seq);
-        members = comm->members;
+        broken = true;
+      } else {
+        CollSlot& slot = comm->colls[seq];
+        if (slot.by_rank.empty()) slot.by_rank.resize(comm->nranks);
+        if (slot.by_rank[rank]) return false;
+        slot.by_rank[rank] = std::move(x);
+        if (++slot.arrived == comm->nranks) {
+          done = std::move(slot);
+          comm->colls.erase(seq);
+          members = comm->members;
+        }
       }
     }
+    if (broken) c->Reply(req, kRemoteError);  // outside the lock: it may block
     if (done) Complete(hub, std::move(members), std::move(*done));
     return true;
   }
@@ -728,24 +730,24 @@ bool Handle(Hub* hub, const std::shared_ptr<HubConn>& c, const std::vector<uint8
     {
       std::lock_guard<std::mutex> lock(hub->mu);
       if (comm->broken) {
-        c->Reply(req, kRemoteError);
-        return true;
-      }
-      auto key = msg == kSend ? std::make_tuple(rank, static_cast<int>(peer), seq)
-                              : std::make_tuple(static_cast<int>(peer), rank, seq);
-      P2PSlot& slot = comm->p2p[key];
-      std::optional<Contribution>& mine = msg == kSend ? slot.send : slot.recv;
-      if (mine) return false;
-      mine = std::move(x);
-      if (slot.send && slot.recv) {
-        const int from = std::get<0>(key), to = std::get<1>(key);
-        const bool agree =
-            slot.send->count == slot.recv->count && slot.send->type == slot.recv->type;
-        const int rc = agree ? kSuccess : kInvalidUsage;
-        outs.push_back({comm->members[from], slot.send->req, rc, {}});
-        outs.push_back({comm->members[to], slot.recv->req, rc,
-                        agree ? std::move(slot.send->data) : std::vector<uint8_t>{}});
-        comm->p2p.erase(key);
+        outs.push_back({c, req, kRemoteError, {}});
+      } else {
+        auto key = msg == kSend ? std::make_tuple(rank, static_cast<int>(peer), seq)
+                                : std::make_tuple(static_cast<int>(peer), rank, seq);
+        P2PSlot& slot = comm->p2p[key];
+        std::optional<Contribution>& mine = msg == kSend ? slot.send : slot.recv;
+        if (mine) return false;
+        mine = std::move(x);
+        if (slot.send && slot.recv) {
+          const int from = std::get<0>(key), to = std::get<1>(key);
+          const bool agree =
+              slot.send->count == slot.recv->count && slot.send->type == slot.recv->type;
+          const int rc = agree ? kSuccess : kInvalidUsage;
+          outs.push_back({comm->members[from], slot.send->req, rc, {}});
+          outs.push_back({comm->members[to], slot.recv->req, rc,
+                          agree ? std::move(slot.send->data) : std::vector<uint8_t>{}});
+          comm->p2p.erase(key);
+        }
       }
     }
     Send(outs);

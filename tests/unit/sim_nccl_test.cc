@@ -3,7 +3,10 @@
 // ordinary host memory (what the sim's device memory is).
 //
 // Owns: nothing but these tests.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -375,6 +378,38 @@ TEST_F(SimNccl, ArgumentErrors) {
   EXPECT_EQ(bad, nullptr);
   EXPECT_EQ(api_.ncclCommDestroy(nullptr), nccl::kSuccess);
   EXPECT_EQ(api_.ncclCommDestroy(&not_a_comm), nccl::kInvalidArgument);
+}
+
+// Garbage to the hub (a huge length, a truncated join, an unknown message)
+// closes that connection only: the id still works.
+TEST_F(SimNccl, HubSurvivesMalformedMessages) {
+  nccl::UniqueId id;
+  ASSERT_EQ(api_.ncclGetUniqueId(&id), nccl::kSuccess);
+  uint32_t port = 0;
+  std::memcpy(&port, id.internal + 4, sizeof port);
+  auto blast = [port](const std::vector<uint8_t>& bytes) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    ASSERT_EQ(send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(bytes.size()));
+    char c;
+    EXPECT_LE(recv(fd, &c, 1, 0), 0);  // the hub closes it
+    close(fd);
+  };
+  blast({0xff, 0xff, 0xff, 0xff, 1, 2, 3});
+  blast({3, 0, 0, 0, 1, 0, 0});
+  blast({9, 0, 0, 0, 77, 1, 0, 0, 0, 0, 0, 0, 0});
+  blast({9, 0, 0, 0, 2, 1, 0, 0, 0, 0, 0, 0, 0});  // a collective before any join
+  comms_.assign(1, nullptr);
+  ASSERT_EQ(api_.ncclCommInitRankConfig(&comms_[0], 1, id, 0, nullptr), nccl::kSuccess);
+  int x = 7, y = 0;
+  EXPECT_EQ(api_.ncclAllReduce(&x, &y, 1, kInt32, kSum, comms_[0], nullptr), nccl::kSuccess);
+  EXPECT_EQ(y, 7);
 }
 
 TEST_F(SimNccl, DuplicateRankAndInitTimeout) {
