@@ -72,5 +72,9 @@ struct NcclApi {
 Status LoadRealNccl(NcclApi* api);
 // The sim backend's NCCL (server/sim_nccl.cc).
 void LoadSimNccl(NcclApi* api);
+// The sim backend's device of the calling thread's current context (0 with none,
+// or before LoadSimDriver; server/sim_backend.cc), which the sim's NCCL records
+// in a communicator at its init.
+int SimCurrentDevice();
 
 }  // namespace flyt::server

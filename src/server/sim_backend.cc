@@ -4236,6 +4236,8 @@ CUresult simStreamBatchMemOpV1(CUstream s, unsigned count, CUstreamBatchMemOpPar
 
 }  // namespace
 
+int SimCurrentDevice() { return g_sim == nullptr ? 0 : CurrentDevice(); }
+
 Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   static Sim sim;
   g_sim = &sim;
