@@ -320,8 +320,11 @@ int InitComm(void** out, int nranks, const UniqueId* ids, int nids, int rank, vo
   w.Put<uint32_t>(static_cast<uint32_t>(nids));
   w.PutBytes(ids, static_cast<size_t>(nids) * sizeof(UniqueId));
   PutConfig(w, config);
+  // The current device's server (a default stream's).
+  uint64_t unused = 0;
+  const int server = Driver() != nullptr ? Driver()->stream_server(nullptr, &unused) : 0;
   Reply r;
-  int rc = SendInGroup(-1, w, &r, name, nullptr);
+  int rc = SendInGroup(server, w, &r, name, nullptr);
   if (rc != kSuccess && rc != kInProgress) return rc;
   Reader o = r.Outs();
   int bad = 0;
@@ -754,17 +757,29 @@ FLYT_NCCL_API int ncclGroupEnd() {
   if (--t_group.depth > 0) return kSuccess;
   Group g = std::move(t_group);
   t_group = Group{};
-  // Every server's part is issued before any is waited for: each is non-blocking
-  // there, so ranks of one process on several servers meet.
-  int rc = kSuccess;
-  for (int server : g.servers) {
+  // Each server's part of the group ends at once, from a thread of its own when
+  // there are several: ranks of this process on two servers must meet, and a
+  // server's NCCL may wait for the others' ranks in its group end.
+  std::vector<int> servers(g.servers.begin(), g.servers.end());
+  std::vector<int> ends(servers.size(), kSuccess);
+  std::vector<std::string> errors(servers.size());
+  auto end_on = [&](size_t i) {
     Writer w;
     w.Put<uint8_t>(ops::kNcclGroupEnd);
     Reply r;
-    int end = Send(server, w, &r, "ncclGroupEnd");
-    if (end != kSuccess && end != kInProgress && rc == kSuccess) rc = end;
+    ends[i] = Send(servers[i], w, &r, "ncclGroupEnd");
+    errors[i] = t_last_error;
+  };
+  std::vector<std::thread> threads;
+  for (size_t i = 1; i < servers.size(); ++i) threads.emplace_back(end_on, i);
+  if (!servers.empty()) end_on(0);
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < servers.size(); ++i) {
+    if (ends[i] != kSuccess && ends[i] != kInProgress) {
+      t_last_error = errors[i];
+      return ends[i];
+    }
   }
-  if (rc != kSuccess) return rc;
   std::set<Comm*> waited;
   for (Comm* c : g.comms) {
     if (!c->blocking || !waited.insert(c).second) continue;
