@@ -2009,8 +2009,8 @@ class E2E(unittest.TestCase):
         every transport and cudart."""
         for variant, transport in self.matrix():
             with self.subTest(variant=variant, transport=transport):
-                a = self.start_server()
-                b = self.start_server()
+                a = self.start_server(control=True)
+                b = self.start_server(control=True)
                 res = self._nccl_run(self._Servers([a, b]), transport, variant, ["ranks", "2"])
                 kv = self.kv(res)
                 self.assertEqual(kv.get("rank0.count"), "2", res.describe())
@@ -2021,7 +2021,7 @@ class E2E(unittest.TestCase):
     def test_nccl_ranks_one_server(self):
         """Three rank processes on one two-GPU server (ranks 0 and 2 share a GPU), and one
         process driving both GPUs with ncclCommInitAll and one group."""
-        srv = self.start_server(extra_args=["--sim-devices", "2"])
+        srv = self.start_server(control=True, extra_args=["--sim-devices", "2"])
         transport, variant = CFG.transports[0], CFG.variants[0]
         self._nccl_run(srv, transport, variant, ["ranks", "3"])
         self._nccl_run(srv, transport, variant, ["single", "2"])
@@ -2030,8 +2030,8 @@ class E2E(unittest.TestCase):
         """One process driving the GPUs of two servers: ncclCommInitAll makes one rank on
         each (an id, then a rank per device in one group, as NCCL does), and one group
         all-reduces on both."""
-        a = self.start_server()
-        b = self.start_server()
+        a = self.start_server(control=True)
+        b = self.start_server(control=True)
         self._nccl_run(self._Servers([a, b]), CFG.transports[0], CFG.variants[0],
                        ["single", "2"])
 
