@@ -53,6 +53,14 @@ struct Comm {
   int nranks = 0, rank = 0;
   int device = 0;        // this process's ordinal of its GPU
   bool blocking = true;  // the app's mode; the server's is non-blocking
+  // Splits and shrinks of this communicator NCCL is still making: the server's token
+  // and the app's variable that gets the new communicator when it is made.
+  struct Child {
+    uint64_t token;
+    void** out;
+    bool blocking;
+  };
+  std::vector<Child> children;
 };
 
 void VLog(const char* fmt, va_list ap) {
@@ -212,6 +220,8 @@ int SendInGroup(int server, const Writer& req, Reply* reply, const char* name, C
   return rc;
 }
 
+void ResolveChildren(Comm* parent);
+
 int AsyncError(Comm* c, int* async) {
   Writer w;
   w.Put<uint8_t>(ops::kNcclAsyncError);
@@ -223,6 +233,7 @@ int AsyncError(Comm* c, int* async) {
   int32_t v = 0;
   if (!o.Get(&v)) return Fail(kInternalError, "ncclCommGetAsyncError: malformed reply");
   *async = v;
+  if (v != kInProgress && !c->children.empty()) ResolveChildren(c);
   return kSuccess;
 }
 
@@ -294,6 +305,25 @@ Comm* MadeComm(Reader& o, int server, bool blocking, int* bad) {
   c->blocking = blocking;
   c->device = device;
   return c;
+}
+
+// The parent is no longer busy: the communicators it was splitting are made (or
+// failed), and each reaches the app's variable, as NCCL writes it when done.
+void ResolveChildren(Comm* parent) {
+  std::vector<Comm::Child> children;
+  children.swap(parent->children);
+  for (const Comm::Child& child : children) {
+    Writer w;
+    w.Put<uint8_t>(ops::kNcclResolve);
+    w.Put<uint64_t>(child.token);
+    Reply r;
+    if (Send(parent->server, w, &r, "ncclCommSplit") != kSuccess) continue;
+    Reader o = r.Outs();
+    int bad = 0;
+    Comm* made = MadeComm(o, parent->server, child.blocking, &bad);
+    if (made != nullptr) made->device = parent->device;
+    *child.out = made;
+  }
 }
 
 // The app's ordinal of the server's device `local` on `server`.
@@ -412,13 +442,16 @@ int SplitOrShrink(void* comm, int color, int key, const int* exclude, int nexclu
   Reader o = r.Outs();
   int bad = 0;
   Comm* made = MadeComm(o, c->server, blocking, &bad);
-  if (bad != 0) return Fail(kInternalError, "%s: malformed reply", name);
+  uint64_t token = 0;
+  if (bad != 0 || !o.Get(&token)) return Fail(kInternalError, "%s: malformed reply", name);
   if (made != nullptr) made->device = c->device;
   *out = made;
-  if (t_group.depth == 0 && rc == kInProgress && made != nullptr && made->blocking)
-    return WaitReady(made, name);
-  if (made != nullptr && t_group.depth > 0) t_group.comms.push_back(made);
-  return t_group.depth > 0 ? kSuccess : rc;
+  // NCCL makes it in the background and names it when done: the parent's state says
+  // when (a blocking parent is waited for here, a group's at its end).
+  if (made == nullptr && token != 0) c->children.push_back({token, out, blocking});
+  if (t_group.depth > 0) return kSuccess;
+  if (rc == kInProgress && c->blocking) return WaitReady(c, name);
+  return rc;
 }
 
 void LogUnsupportedOnce(const char* name) {

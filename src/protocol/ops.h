@@ -421,6 +421,9 @@ enum NcclOp : uint8_t {
   kNcclRegister = 17,      // u64 comm, u64 buffer, u64 bytes -> u64 handle
   kNcclDeregister = 18,    // u64 comm, u64 handle
   kNcclCommInfo = 19,      // u64 comm -> comm info (count and rank as NCCL answers them now)
+  // u64 token (a split or shrink NCCL was still making) -> comm info (comm 0: none, or
+  // not made yet)
+  kNcclResolve = 20,
 };
 // A communicator as a reply describes it (comm info): u64 comm, i32 nranks, i32 rank,
 // i32 device (the server's ordinal); nranks 0 while NCCL has not finished making it.

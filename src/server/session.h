@@ -934,6 +934,10 @@ class Session {
   std::set<std::pair<uint64_t, uint64_t>> nccl_registrations_;  // (comm, handle)
   std::set<std::pair<uint64_t, int>> nccl_ops_;                 // (comm, PreMulSum op)
   int nccl_group_depth_ = 0;
+  // Where NCCL writes the communicators it splits or shrinks in the background (it
+  // writes when done): kept for the session's life. Token (index + 1) -> the slot.
+  std::vector<std::unique_ptr<NcclComm>> nccl_child_slots_;
+  std::map<uint64_t, int> nccl_child_device_;  // token -> the parent's device
   void ClosePeerListeners();
   // Pools the session serves (session_pools.cc): their books, and what the
   // driver does not tell of them afterwards, by the client's handle.

@@ -193,7 +193,8 @@ bool Session::Nccl(wire::Reader& in, wire::Writer& out, CUresult* rc) {
         }
         result = n.ncclCommInitAll(comms.data(), count, devices.data());
         for (size_t i = 0; i < comms.size(); ++i)
-          made(result == nccl::kSuccess ? comms[i] : nullptr, devices[i]);
+          made(result == nccl::kSuccess || result == nccl::kInProgress ? comms[i] : nullptr,
+               devices[i]);
         break;
       }
       case ops::kNcclSplit:
@@ -215,7 +216,11 @@ bool Session::Nccl(wire::Reader& in, wire::Writer& out, CUresult* rc) {
         if (!config.Read(in)) return false;
         if (sub == ops::kNcclShrink && !in.Get(&flags)) return false;
         if (in.remaining() != 0) return false;
-        NcclComm parent = comm_of(v), c = nullptr;
+        NcclComm parent = comm_of(v);
+        // NCCL writes the child here when it is made, maybe after this call returns.
+        nccl_child_slots_.push_back(std::make_unique<NcclComm>(nullptr));
+        NcclComm& c = *nccl_child_slots_.back();
+        const uint64_t token = nccl_child_slots_.size();
         if (parent == nullptr) {
           fail(nccl::kInvalidArgument, "not a communicator of this process");
         } else if (sub == ops::kNcclSplit) {
@@ -229,8 +234,24 @@ bool Session::Nccl(wire::Reader& in, wire::Writer& out, CUresult* rc) {
           result = n.ncclCommShrink(parent, exclude.data(), static_cast<int>(exclude.size()), &c,
                                     config.Get(), flags);
         }
-        made(result == nccl::kSuccess || result == nccl::kInProgress ? c : nullptr,
-             parent != nullptr ? nccl_comms_[v] : -1);
+        const int device = parent != nullptr ? nccl_comms_[v] : -1;
+        made(result == nccl::kSuccess || result == nccl::kInProgress ? c : nullptr, device);
+        const bool pending = result == nccl::kInProgress && c == nullptr;
+        if (pending) nccl_child_device_[token] = device;
+        outs.Put<uint64_t>(pending ? token : 0);
+        break;
+      }
+      case ops::kNcclResolve: {
+        uint64_t token = 0;
+        if (!in.Get(&token) || in.remaining() != 0) return false;
+        auto it = nccl_child_device_.find(token);
+        if (it == nccl_child_device_.end()) {
+          fail(nccl::kInvalidArgument, "not a split or shrink of this process in progress");
+          break;
+        }
+        NcclComm c = *nccl_child_slots_[token - 1];
+        made(c, it->second);
+        if (c != nullptr) nccl_child_device_.erase(it);
         break;
       }
       case ops::kNcclCommInfo: {

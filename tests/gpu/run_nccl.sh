@@ -72,7 +72,7 @@ verdict() {  # name mode rc out log pattern
     row "$name" "$mode" "FAIL (exit $rc)" "$(tail -3 "$out" | tr '\n|' '  ')"
     failed=1
     echo "--- $name over $mode:" >&2
-    tail -30 "$out" "$log" >&2
+    tail -n 30 "$out" "$log" >&2
   fi
 }
 
@@ -130,7 +130,7 @@ for mode in $MODES; do
       row "$name" "$mode" "FAIL (exit $rc)" "$(grep -v '^\s*$' "$out" | tail -3 | tr '\n|' '  ')"
       failed=1
       echo "--- $name over $mode:" >&2
-      tail -40 "$out" "$log" >&2
+      tail -n 60 "$out" "$log" >&2
     fi
   done
 done
