@@ -246,6 +246,27 @@ CUresult flyt::client::PackKernelParams(const FuncInfo& info, void** params, voi
 namespace {
 using flyt::client::FuncLayout;
 
+constexpr int kNoRoute = -2;
+
+// Several servers: a launch (or a query about one) goes to its stream's server (the
+// current context's for a default stream); a library's kernel is that server's copy,
+// a module's function must be of that server, as of that context natively. -1: one
+// server; kNoRoute: the function has no copy there.
+int LaunchRoute(Client& c, CUstream stream, CUfunction* f) {
+  if (!c.multi()) return -1;
+  const uint64_t s = reinterpret_cast<uintptr_t>(stream);
+  const int route = s > 2 ? Client::TagOf(s) : c.RouteNow();
+  const uint64_t fraw = reinterpret_cast<uintptr_t>(*f);
+  if (Client::TagOf(fraw) != route) {
+    auto seen = c.Func(fraw);
+    const uint64_t there =
+        seen != nullptr && seen->is_kernel ? flyt::client::KernelOnServer(fraw, route) : 0;
+    if (there == 0) return kNoRoute;
+    *f = reinterpret_cast<CUfunction>(there);
+  }
+  return route;
+}
+
 CUresult Launch(const char* name, CUfunction f, const unsigned grid[3], const unsigned block[3],
                 unsigned shmem, CUstream stream, void** params, void** extra,
                 const CUlaunchAttribute* attrs, unsigned nattrs, uint32_t flags, bool pt) {
@@ -253,22 +274,8 @@ CUresult Launch(const char* name, CUfunction f, const unsigned grid[3], const un
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (nattrs > 64) return CUDA_ERROR_INVALID_VALUE;
-  // Several servers: the launch goes to its stream's server (the current
-  // context's for a default stream); a library's kernel is that server's copy,
-  // a module's function must be of that server, as of that context natively.
-  int route = -1;
-  if (c.multi()) {
-    const uint64_t s = reinterpret_cast<uintptr_t>(stream);
-    route = s > 2 ? Client::TagOf(s) : c.RouteNow();
-    const uint64_t fraw = reinterpret_cast<uintptr_t>(f);
-    if (Client::TagOf(fraw) != route) {
-      auto seen = c.Func(fraw);
-      const uint64_t there =
-          seen != nullptr && seen->is_kernel ? flyt::client::KernelOnServer(fraw, route) : 0;
-      if (there == 0) return CUDA_ERROR_INVALID_HANDLE;
-      f = reinterpret_cast<CUfunction>(there);
-    }
-  }
+  int route = LaunchRoute(c, stream, &f);
+  if (route == kNoRoute) return CUDA_ERROR_INVALID_HANDLE;
   Client::RouteScope scope(route);
   CUresult unknown = CUDA_ERROR_INVALID_HANDLE;
   auto info = FuncLayout(reinterpret_cast<uintptr_t>(f), &unknown);
@@ -538,6 +545,9 @@ namespace {
 // (one i32): its launch head, after the sub-operation byte when `misc` is set.
 CUresult AskClusterQuery(const char* name, uint16_t op, const uint8_t* misc, CUfunction f,
                          const CUlaunchConfig* cfg, int* out) {
+  const int route = LaunchRoute(Client::Get(), cfg->hStream, &f);
+  if (route == kNoRoute) return CUDA_ERROR_INVALID_HANDLE;
+  Client::RouteScope scope(route);
   auto info = FuncLayout(reinterpret_cast<uintptr_t>(f));
   if (info == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   unsigned grid[3] = {cfg->gridDimX, cfg->gridDimY, cfg->gridDimZ};

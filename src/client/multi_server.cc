@@ -101,11 +101,13 @@ int Client::RouteCall(const char* name, uint16_t op, const wire::Writer& req) {
     case ops::kOpPeerSend:
     case ops::kOpPeerDone:
     case ops::kOpMemPoolAttribute:
+    case ops::kOpMaxActiveClusters:
     case ops::kOpNccl:  // communicators of this server's GPUs (src/nccl/)
       served = true;
       break;
-    case ops::kOpDriverMisc:  // the current context's flags only
-      served = req.size() > 0 && req.data()[0] == ops::kDriverMiscCtxGetFlags;
+    case ops::kOpDriverMisc:  // the current context's flags, a function's cluster size
+      served = req.size() > 0 && (req.data()[0] == ops::kDriverMiscCtxGetFlags ||
+                                  req.data()[0] == ops::kDriverMiscMaxPotentialClusterSize);
       break;
     case 263:  // managed memory (cuMemAllocManaged, attach, advise, prefetch): server 0's
     case 264:

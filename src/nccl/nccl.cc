@@ -233,7 +233,7 @@ int AsyncError(Comm* c, int* async) {
   int32_t v = 0;
   if (!o.Get(&v)) return Fail(kInternalError, "ncclCommGetAsyncError: malformed reply");
   *async = v;
-  if (v != kInProgress && !c->children.empty()) ResolveChildren(c);
+  if (!c->children.empty()) ResolveChildren(c);
   return kSuccess;
 }
 
@@ -307,23 +307,56 @@ Comm* MadeComm(Reader& o, int server, bool blocking, int* bad) {
   return c;
 }
 
-// The parent is no longer busy: the communicators it was splitting are made (or
-// failed), and each reaches the app's variable, as NCCL writes it when done.
+// A split or shrink NCCL makes in the background: the new communicator once NCCL
+// has named it (nullptr while it has not; *failed when the server cannot say).
+Comm* ResolveChild(Comm* parent, const Comm::Child& child, int* failed) {
+  Writer w;
+  w.Put<uint8_t>(ops::kNcclResolve);
+  w.Put<uint64_t>(child.token);
+  Reply r;
+  *failed = Send(parent->server, w, &r, "ncclCommSplit");
+  if (*failed != kSuccess) return nullptr;
+  Reader o = r.Outs();
+  int bad = 0;
+  Comm* made = MadeComm(o, parent->server, child.blocking, &bad);
+  if (bad != 0) *failed = Fail(kInternalError, "ncclCommSplit: malformed reply");
+  if (made != nullptr) made->device = parent->device;
+  return made;
+}
+
+// The parent is no longer busy: the communicators NCCL has named since reach the
+// app's variables, as NCCL writes them when done; the others stay pending.
 void ResolveChildren(Comm* parent) {
-  std::vector<Comm::Child> children;
-  children.swap(parent->children);
-  for (const Comm::Child& child : children) {
-    Writer w;
-    w.Put<uint8_t>(ops::kNcclResolve);
-    w.Put<uint64_t>(child.token);
-    Reply r;
-    if (Send(parent->server, w, &r, "ncclCommSplit") != kSuccess) continue;
-    Reader o = r.Outs();
-    int bad = 0;
-    Comm* made = MadeComm(o, parent->server, child.blocking, &bad);
-    if (made != nullptr) made->device = parent->device;
-    *child.out = made;
+  std::vector<Comm::Child> pending;
+  for (const Comm::Child& child : parent->children) {
+    int failed = kSuccess;
+    Comm* made = ResolveChild(parent, child, &failed);
+    if (made != nullptr)
+      *child.out = made;
+    else if (failed == kSuccess)
+      pending.push_back(child);
   }
+  parent->children.swap(pending);
+}
+
+// A blocking split: waits until NCCL has named the new communicator or the parent
+// failed, as NCCL's blocking split returns only then.
+int WaitChild(Comm* parent, const char* name) {
+  auto pause = std::chrono::microseconds(20);
+  while (!parent->children.empty()) {
+    int async = kSuccess;
+    int rc = AsyncError(parent, &async);  // resolves what NCCL has named
+    if (rc != kSuccess) return rc;
+    if (async != kSuccess && async != kInProgress) {
+      parent->children.clear();
+      if (t_last_error.empty()) Fail(async, "%s: the communicator failed on the GPU server", name);
+      return async;
+    }
+    if (parent->children.empty()) break;
+    std::this_thread::sleep_for(pause);
+    if (pause < std::chrono::milliseconds(2)) pause *= 2;
+  }
+  return kSuccess;
 }
 
 // The app's ordinal of the server's device `local` on `server`.
@@ -450,6 +483,7 @@ int SplitOrShrink(void* comm, int color, int key, const int* exclude, int nexclu
   // when (a blocking parent is waited for here, a group's at its end).
   if (made == nullptr && token != 0) c->children.push_back({token, out, blocking});
   if (t_group.depth > 0) return kSuccess;
+  if (c->blocking && !c->children.empty()) return WaitChild(c, name);
   if (rc == kInProgress && c->blocking) return WaitReady(c, name);
   return rc;
 }
@@ -817,6 +851,7 @@ FLYT_NCCL_API int ncclGroupEnd() {
   for (Comm* c : g.comms) {
     if (!c->blocking || !waited.insert(c).second) continue;
     if (int w = WaitReady(c, "ncclGroupEnd"); w != kSuccess) return w;
+    if (int w = WaitChild(c, "ncclGroupEnd"); w != kSuccess) return w;
   }
   return kSuccess;
 }

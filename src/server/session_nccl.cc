@@ -236,7 +236,10 @@ bool Session::Nccl(wire::Reader& in, wire::Writer& out, CUresult* rc) {
         }
         const int device = parent != nullptr ? nccl_comms_[v] : -1;
         made(result == nccl::kSuccess || result == nccl::kInProgress ? c : nullptr, device);
-        const bool pending = result == nccl::kInProgress && c == nullptr;
+        // Not named yet: NCCL names it when done (a rank with NCCL_SPLIT_NOCOLOR gets none).
+        const bool pending = (result == nccl::kSuccess || result == nccl::kInProgress) &&
+                             c == nullptr && parent != nullptr &&
+                             (sub == ops::kNcclShrink || color != -1);
         if (pending) nccl_child_device_[token] = device;
         outs.Put<uint64_t>(pending ? token : 0);
         break;
