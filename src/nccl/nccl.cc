@@ -61,7 +61,13 @@ struct Comm {
     bool blocking;
   };
   std::vector<Child> children;
+  std::set<int> ops;  // its PreMulSum ops
 };
+
+// NCCL's data types (ncclInt8 .. ncclFloat8e5m2) and built-in reductions (ncclSum ..
+// ncclAvg).
+constexpr int kNumTypes = 12;
+constexpr int kNumOps = 5;
 
 void VLog(const char* fmt, va_list ap) {
   const char* level = std::getenv("FLYT_LOG");
@@ -405,10 +411,40 @@ int InitComm(void** out, int nranks, const UniqueId* ids, int nids, int rank, vo
   return rc;
 }
 
+// NCCL's own argument checks, made here: on the servers' non-blocking communicators
+// NCCL would also record such an error as the communicator's (sticky) state, where a
+// blocking one only returns it.
+int CheckArgs(uint8_t kind, const void* send, const void* recv, size_t count, int type, int op,
+              int root, Comm* c, const char* name) {
+  if (type < 0 || type >= kNumTypes)
+    return Fail(kInvalidArgument, "%s: invalid type %d", name, type);
+  const bool reduces =
+      kind == ops::kNcclAllReduce || kind == ops::kNcclReduce || kind == ops::kNcclReduceScatter;
+  if (reduces && (op < 0 || (op >= kNumOps && c->ops.count(op) == 0)))
+    return Fail(kInvalidArgument, "%s: invalid reduction operation %d", name, op);
+  const bool p2p = kind == ops::kNcclSend || kind == ops::kNcclRecv;
+  const bool rooted = kind == ops::kNcclBroadcast || kind == ops::kNcclReduce || p2p;
+  if (rooted && c->nranks > 0 && (root < 0 || root >= c->nranks))
+    return Fail(kInvalidArgument, "%s: invalid %s %d (communicator of %d ranks)", name,
+                p2p ? "peer" : "root", root, c->nranks);
+  if (count > 0) {
+    const bool needs_send =
+        kind != ops::kNcclRecv && !(kind == ops::kNcclBroadcast && root != c->rank);
+    const bool needs_recv =
+        kind != ops::kNcclSend && !(kind == ops::kNcclReduce && root != c->rank);
+    if ((needs_send && send == nullptr) || (needs_recv && recv == nullptr))
+      return Fail(kInvalidArgument, "%s: %s is NULL", name,
+                  needs_send && send == nullptr ? "sendbuff" : "recvbuff");
+  }
+  return kSuccess;
+}
+
 int Collective(uint8_t kind, const void* send, void* recv, size_t count, int type, int op, int root,
                void* comm, CUstream stream, const char* name) {
   Comm* c = CommOf(comm);
   if (c == nullptr) return Fail(kInvalidArgument, "%s: invalid communicator", name);
+  if (int bad = CheckArgs(kind, send, recv, count, type, op, root, c, name); bad != kSuccess)
+    return bad;
   const Table* t = Driver();
   if (t == nullptr) return Fail(kSystemError, "%s: Flyt's libcuda.so.1 is not loaded", name);
   uint64_t wire_stream = 0;
@@ -883,6 +919,7 @@ FLYT_NCCL_API int ncclRedOpCreatePreMulSum(int* op, void* scalar, int type, int 
   Reader o = r.Outs();
   int32_t v = 0;
   if (!o.Get(&v)) return Fail(kInternalError, "ncclRedOpCreatePreMulSum: malformed reply");
+  c->ops.insert(v);
   *op = v;
   return kSuccess;
 }
@@ -895,7 +932,9 @@ FLYT_NCCL_API int ncclRedOpDestroy(int op, void* comm) {
   w.Put<uint64_t>(c->remote);
   w.Put<int32_t>(op);
   Reply r;
-  return Send(c->server, w, &r, "ncclRedOpDestroy");
+  int rc = Send(c->server, w, &r, "ncclRedOpDestroy");
+  if (rc == kSuccess) c->ops.erase(op);
+  return rc;
 }
 
 FLYT_NCCL_API int ncclCommRegister(const void* comm, void* buff, size_t size, void** handle) {

@@ -246,6 +246,14 @@ void RunRank(int rank, int n, const ncclUniqueId& id) {
     ncclResult_t async = ncclInternalError;
     NK(ncclCommGetAsyncError(comm, &async));
     EXPECT(async == ncclSuccess, "async error %d", async);
+    // The communicator goes on working after refused calls, as a blocking one does.
+    std::vector<int32_t> v(5, rank + 1);
+    int32_t* dv = DeviceCopy(v);
+    NK(ncclAllReduce(dv, dv, v.size(), ncclInt32, ncclSum, comm, s));
+    CK(cudaStreamSynchronize(s));
+    std::vector<int32_t> got = HostCopy(dv, v.size());
+    EXPECT(got[4] == n * (n + 1) / 2, "after the errors: %d", got[4]);
+    CK(cudaFree(dv));
     CK(cudaFree(d));
   }
   snprintf(step, sizeof step, "destroy (rank %d)", rank);
