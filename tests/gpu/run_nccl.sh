@@ -8,7 +8,8 @@
 #   2. torchrun --nproc-per-node 2 with the nccl backend across the two servers:
 #      collectives with known results and DDP steps of an MLP (tests/gpu/nccl/ddp_check.py),
 #      compared with the same training in one process natively (losses and parameters);
-#   3. the same with one server and --nproc-per-node 1.
+#   3. the same with one server and --nproc-per-node 1;
+#   4. one process driving both servers' GPUs with nn.DataParallel, against the same.
 # The servers get distinct NCCL_HOSTIDs: on one GPU, NCCL would otherwise refuse two ranks on
 # one device; so their ranks meet over NCCL's socket transport, as on two hosts.
 #
@@ -102,10 +103,12 @@ diff = (a - b).abs().max().item()
 ldiff = max(abs(x - y) for x, y in zip(ref["losses"], got["losses"]))
 ok = all(got["checks"].values()) and diff < 1e-4 and ldiff < 1e-4
 print("DETAILS checks %s; losses %s vs native %s (max diff %.2e); parameters max diff %.2e; "
-      "init %.1f s, step %.1f ms; NCCL %s" % (
+      "init %.1f s, step %.1f ms; 256 MiB all-reduce %.1f ms, %.2g bytes through the client's "
+      "sockets per byte reduced; NCCL %s" % (
           ",".join(k for k, v in got["checks"].items() if v) or "none",
           ["%.5f" % x for x in got["losses"]], ["%.5f" % x for x in ref["losses"]], ldiff, diff,
-          got["init_s"], got["step_s"] * 1e3, got["nccl_version"]))
+          got["init_s"], got["step_s"] * 1e3, got["allreduce_256mib_s"] * 1e3,
+          got["client_bytes_per_allreduced_byte"], got["nccl_version"]))
 sys.exit(0 if ok else 1)
 PY
 }
@@ -134,7 +137,24 @@ for mode in $MODES; do
     fi
   done
 done
-for name in a b; do
-  grep -i 'nccl' "$WORK/server-$name.log" | tail -3 >&2
+# 4. One process driving both servers' GPUs: nn.DataParallel (NCCL broadcast and reduce).
+for mode in $MODES; do
+  if [[ $mode == tcp ]]; then list="${TCP[a]},${TCP[b]}"; else list="${UNIX[a]},${UNIX[b]}"; fi
+  tag="dataparallel-$mode"
+  out="$WORK/$tag.out"
+  log="$WORK/$tag.log"
+  FLYT_LOG=warn FLYT_LOG_FILE="$log" timeout "$RUN_TIMEOUT" "$BUILD/bin/flyt" run --server "$list" -- \
+    python3 "$HERE/nccl/ddp_check.py" --dataparallel --out "$WORK/$tag.json" >"$out" 2>&1
+  rc=$?
+  [[ $rc -eq 0 ]] && { compare "$tag" "$mode" "$WORK/$tag.json" "$out"; rc=$?; }
+  name="nn.DataParallel over both servers' GPUs (one process) vs one native process"
+  if [[ $rc -eq 0 ]] && ! grep -q 'not served\|not supported' "$log" 2>/dev/null; then
+    row "$name" "$mode" pass "$(grep '^DETAILS' "$out" | sed 's/^DETAILS //' | tr '|' ' ')"
+  else
+    row "$name" "$mode" "FAIL (exit $rc)" "$(grep -v '^\s*$' "$out" | tail -3 | tr '\n|' '  ')"
+    failed=1
+    echo "--- $name over $mode:" >&2
+    tail -n 40 "$out" "$log" >&2
+  fi
 done
 exit $failed

@@ -81,9 +81,34 @@ def collectives(rank, world, device):
     return checks
 
 
+def io_bytes():
+    """This process's bytes through read/write-like system calls (its sockets included)."""
+    fields = dict(line.split(": ") for line in open("/proc/self/io").read().splitlines())
+    return int(fields["rchar"]) + int(fields["wchar"])
+
+
+def link_bytes(device, mib=256, reps=3):
+    """Bytes this process moved through its sockets per byte all-reduced: a collective's
+    bytes that went through the client would show here (at least 1 per byte)."""
+    t = torch.ones(mib << 18, device=device)
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
+    before = io_bytes()
+    t0 = time.monotonic()
+    for _ in range(reps):
+        dist.all_reduce(t)
+    torch.cuda.synchronize()
+    seconds = (time.monotonic() - t0) / reps
+    moved = io_bytes() - before
+    return moved / (reps * t.numel() * 4), seconds
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reference", action="store_true")
+    ap.add_argument("--dataparallel", action="store_true",
+                    help="one process, nn.DataParallel over cuda:0 and cuda:1 (NCCL broadcast "
+                         "and reduce between the two GPUs)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     if args.reference:
@@ -96,6 +121,23 @@ def main():
                    "params_sha": hashlib.sha256(flat.numpy().tobytes()).hexdigest()},
                   open(args.out, "w"), indent=1)
         return 0
+    if args.dataparallel:
+        device = torch.device("cuda:0")
+        model, x, y = model_and_data(device)
+        dp = nn.DataParallel(model, device_ids=[0, 1])
+        t0 = time.monotonic()
+        losses = train(dp, x, y, device, 0, BATCH)
+        torch.cuda.synchronize()
+        step_s = (time.monotonic() - t0) / STEPS
+        flat = params_of(dp)
+        torch.save(flat, args.out + ".pt")
+        json.dump({"mode": "dataparallel", "checks": {"two_devices": torch.cuda.device_count() == 2},
+                   "losses": losses, "init_s": 0.0, "step_s": step_s,
+                   "client_bytes_per_allreduced_byte": float("nan"), "allreduce_256mib_s": 0.0,
+                   "nccl_version": ".".join(map(str, torch.cuda.nccl.version())),
+                   "params_sha": hashlib.sha256(flat.numpy().tobytes()).hexdigest()},
+                  open(args.out, "w"), indent=1)
+        return 0
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     local = int(os.environ["LOCAL_RANK"])
@@ -105,6 +147,7 @@ def main():
     dist.init_process_group("nccl", device_id=device)
     init_s = time.monotonic() - t0
     checks = collectives(rank, world, device)
+    per_byte, allreduce_s = link_bytes(device)
     model, x, y = model_and_data(device)
     ddp = nn.parallel.DistributedDataParallel(model, device_ids=[local])
     per = BATCH // world
@@ -118,6 +161,7 @@ def main():
     flat = params_of(ddp)
     summary = {"mode": "ddp", "rank": rank, "world": world, "checks": checks,
                "losses": lt.cpu().tolist(), "init_s": init_s, "step_s": step_s,
+               "client_bytes_per_allreduced_byte": per_byte, "allreduce_256mib_s": allreduce_s,
                "nccl_version": ".".join(map(str, torch.cuda.nccl.version())),
                "params_sha": hashlib.sha256(flat.numpy().tobytes()).hexdigest()}
     if rank == 0:
