@@ -1,8 +1,8 @@
 # Debian packages (CPack) and the daemons' systemd units.
 #
 # Owns: the install components and the three packages built from them:
-#   flyt-client   the `flyt` launcher, Flyt's libcuda.so.1, libnvidia-ml.so.1 and
-#                 libcupti.so.13 (in /usr/lib/flyt, never on the loader's default path) and
+#   flyt-client   the `flyt` launcher, Flyt's libcuda.so.1, libnvidia-ml.so.1,
+#                 libcupti.so.13 and libnccl.so.2 (in /usr/lib/flyt, never on the loader's default path) and
 #                 flyt-client-manager with its unit: what a VM without a GPU installs;
 #   flyt-server   flyt-server and flyt-node-manager with its unit: for GPU hosts;
 #   flyt-manager  flyt-cluster-manager with its unit, and flytctl.

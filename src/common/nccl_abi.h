@@ -62,6 +62,45 @@ inline size_t DataTypeBytes(int type) {
 inline constexpr int kScalarDevice = 0;
 inline constexpr int kScalarHostImmediate = 1;
 
+// The app's NCCL_* settings that the server's NCCL takes (set in the client's worker
+// before NCCL is loaded there): debugging, algorithm and tuning knobs. Those that
+// describe the client's machine (network interfaces, host identity, topology files,
+// a rendezvous address) or that Flyt sets itself (NCCL_COMM_BLOCKING) are not.
+inline bool ForwardedEnv(const char* name) {
+  static constexpr const char* kNames[] = {"NCCL_DEBUG",
+                                           "NCCL_DEBUG_SUBSYS",
+                                           "NCCL_ALGO",
+                                           "NCCL_PROTO",
+                                           "NCCL_MIN_NCHANNELS",
+                                           "NCCL_MAX_NCHANNELS",
+                                           "NCCL_MIN_CTAS",
+                                           "NCCL_MAX_CTAS",
+                                           "NCCL_BUFFSIZE",
+                                           "NCCL_NTHREADS",
+                                           "NCCL_LAUNCH_MODE",
+                                           "NCCL_CHECK_POINTERS",
+                                           "NCCL_RUNTIME_CONNECT",
+                                           "NCCL_NVLS_ENABLE",
+                                           "NCCL_CUMEM_ENABLE",
+                                           "NCCL_P2P_LEVEL",
+                                           "NCCL_P2P_DISABLE",
+                                           "NCCL_SHM_DISABLE",
+                                           "NCCL_GRAPH_MIXING_SUPPORT",
+                                           "NCCL_WORK_FIFO_BYTES",
+                                           "NCCL_CTA_POLICY"};
+  for (const char* n : kNames) {
+    const char* a = n;
+    const char* b = name;
+    while (*a != 0 && *a == *b) {
+      ++a;
+      ++b;
+    }
+    if (*a == 0 && *b == 0) return true;
+  }
+  return false;
+}
+inline constexpr uint32_t kMaxForwardedEnv = 64;
+
 // ---- libnccl <-> libcuda --------------------------------------------------
 
 // "flyt-nccl-abi-v1"

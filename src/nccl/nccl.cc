@@ -17,6 +17,8 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+extern char** environ;  // NOLINT: POSIX
+
 #include <atomic>
 #include <chrono>
 #include <climits>
@@ -169,11 +171,47 @@ struct Reply {
   Reader Outs() const { return Reader(bytes.data() + outs_at, bytes.size() - outs_at); }
 };
 
+int SendOnce(int server, const Writer& req, Reply* reply, const char* name);
+
+// The app's NCCL settings go to each server before its first NCCL call
+// (nccl::ForwardedEnv says which), so that its NCCL runs as the app asked.
+void SendEnvOnce(int server) {
+  static std::atomic<uint64_t> sent{0};
+  if (server < 0 || server >= 64 || (sent.load() >> server & 1) != 0) return;
+  Writer w;
+  w.Put<uint8_t>(ops::kNcclEnv);
+  std::vector<std::pair<std::string, std::string>> vars;
+  for (char** e = environ; e != nullptr && *e != nullptr && vars.size() < kMaxForwardedEnv; ++e) {
+    const char* eq = std::strchr(*e, '=');
+    if (eq == nullptr || eq - *e > 63) continue;
+    std::string var(*e, static_cast<size_t>(eq - *e));
+    if (ForwardedEnv(var.c_str()) && std::strlen(eq + 1) <= 1024) vars.emplace_back(var, eq + 1);
+  }
+  w.Put<uint32_t>(static_cast<uint32_t>(vars.size()));
+  for (const auto& [var, value] : vars) {
+    w.PutString(var);
+    w.PutString(value);
+  }
+  Reply r;
+  // Sent again with the next call when this one did not reach the server.
+  if (SendOnce(server, w, &r, "ncclGetVersion") == kSuccess) sent.fetch_or(uint64_t{1} << server);
+}
+
 int Send(int server, const Writer& req, Reply* reply, const char* name) {
   const Table* t = Driver();
   if (t == nullptr)
     return Fail(kSystemError, "%s: Flyt's libnccl.so.2 was loaded without Flyt's libcuda.so.1",
                 name);
+  if (server < 0) {  // the current device's: a default stream's server
+    uint64_t unused = 0;
+    server = t->stream_server(nullptr, &unused);
+  }
+  SendEnvOnce(server);
+  return SendOnce(server, req, reply, name);
+}
+
+int SendOnce(int server, const Writer& req, Reply* reply, const char* name) {
+  const Table* t = Driver();
   reply->bytes.clear();
   CUresult rc = t->call(server, req.data(), req.size(), Append, &reply->bytes, &reply->server);
   if (rc != CUDA_SUCCESS)

@@ -424,6 +424,9 @@ enum NcclOp : uint8_t {
   // u64 token (a split or shrink NCCL was still making) -> comm info (comm 0: none, or
   // not made yet)
   kNcclResolve = 20,
+  // u32 n, n x (string name, string value): the app's NCCL settings (nccl::ForwardedEnv),
+  // set before the server loads NCCL for this client (ignored once it has).
+  kNcclEnv = 21,
 };
 // A communicator as a reply describes it (comm info): u64 comm, i32 nranks, i32 rank,
 // i32 device (the server's ordinal); nranks 0 while NCCL has not finished making it.

@@ -12,6 +12,7 @@
 // device's primary context current on this thread).
 // Must not touch other sessions' communicators; NCCL's own memory is not
 // charged to the tenant's quota (not known to Flyt).
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -88,6 +89,21 @@ bool Session::Nccl(wire::Reader& in, wire::Writer& out, CUresult* rc) {
   uint8_t sub = 0;
   if (!in.Get(&sub)) return false;
   *rc = CUDA_SUCCESS;
+  if (sub == ops::kNcclEnv) {
+    // The app's NCCL settings, for this client's worker, before NCCL reads them.
+    uint32_t count = 0;
+    if (!in.Get(&count) || count > nccl::kMaxForwardedEnv) return false;
+    for (uint32_t i = 0; i < count; ++i) {
+      std::string name, value;
+      if (!in.GetString(&name, 64) || !in.GetString(&value, 1024)) return false;
+      if (!nccl::ForwardedEnv(name.c_str())) return false;  // never another variable
+      if (!state_->nccl_tried) setenv(name.c_str(), value.c_str(), 1);
+    }
+    if (in.remaining() != 0) return false;
+    out.Put<int32_t>(nccl::kSuccess);
+    out.PutString("");
+    return true;
+  }
   if (!state_->nccl_tried) {
     state_->nccl_tried = true;
     if (state_->sim_backend) {

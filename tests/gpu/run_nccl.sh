@@ -85,9 +85,11 @@ for mode in $MODES; do
   for args in "ranks 2" "single 2"; do
     out="$WORK/ranks-${args// /-}-$mode.out"
     log="$WORK/ranks-${args// /-}-$mode.log"
-    FLYT_LOG=warn FLYT_LOG_FILE="$log" timeout "$RUN_TIMEOUT" \
+    # The app's NCCL_DEBUG reaches the servers' NCCL, whose output reaches the app.
+    NCCL_DEBUG=VERSION FLYT_LOG=warn FLYT_LOG_FILE="$log" timeout "$RUN_TIMEOUT" \
       "$BUILD/bin/flyt" run --server "$list" -- "$PROGS/nccl_ranks" $args >"$out" 2>&1
-    verdict "nccl_ranks $args, two servers" "$mode" $? "$out" "$log" '^nccl_ranks: PASS'
+    rc=$?
+    verdict "nccl_ranks $args, two servers (NCCL_DEBUG=VERSION: $(grep -c 'NCCL version' "$out") version lines)" "$mode" $rc "$out" "$log" '^nccl_ranks: PASS'
   done
 done
 

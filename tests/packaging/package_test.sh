@@ -68,7 +68,7 @@ in_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-r
   "${debs[@]}" >>"$WORK/apt.log" 2>&1 || fail "apt-get install of the packages"
 for f in /usr/bin/flyt /usr/bin/flyt-server /usr/bin/flyt-node-manager /usr/bin/flyt-client-manager \
   /usr/bin/flyt-cluster-manager /usr/bin/flytctl /usr/lib/flyt/libcuda.so.1 \
-  /usr/lib/flyt/libnvidia-ml.so.1 /usr/lib/flyt/libcupti.so.13; do
+  /usr/lib/flyt/libnvidia-ml.so.1 /usr/lib/flyt/libcupti.so.13 /usr/lib/flyt/libnccl.so.2; do
   [ -x "$ROOT$f" ] || [ -f "$ROOT$f" ] || fail "$f is not installed"
 done
 
