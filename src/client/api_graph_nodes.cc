@@ -183,6 +183,11 @@ CUresult CopyNode(const char* name, uint8_t which, uint64_t target, uint64_t nod
   if (CUresult rc = Client::Get().EnsureCallbackChannel(); rc != CUDA_SUCCESS) return rc;
   wire::Writer w = NodeRequest(which, target, node, deps, ndeps);
   if (CUresult rc = PutCopy(w, p, ctx); rc != CUDA_SUCCESS) return rc;
+  // A later server reaches the host sides over its own link's channel.
+  Client& c = Client::Get();
+  if (c.multi() && t_node_route.server > 0 && t_node_route.server < c.server_count())
+    if (CUresult rc = c.Link(t_node_route.server).EnsureCallbackChannel(); rc != CUDA_SUCCESS)
+      return rc;
   return SendNode(name, which, w, created);
 }
 

@@ -33,12 +33,11 @@
 // with device 0 current, its cubin loaded on device 1 and its kernel
 // launched), graphs built by hand on device 1 (memset, memcpy, kernel, host and
 // empty nodes, their list, types, dependencies, roots and kernel parameters,
-// set again, instantiated and launched: the copies and the memset checked byte
-// for byte, the host node ran once; a node of device 0's graph as a dependency
-// is refused), TMA descriptors of device 1's memory (with either device
-// current: the same descriptor) and 2D/3D copies between the two devices'
-// memory both ways (pitched, odd widths and heights, offsets; packed rows; a
-// 3D box), all checked byte for byte.
+// set again, instantiated and launched: the copies (one from host memory) and
+// the memset checked byte for byte, the host node ran once; a node of device 0's graph as a
+// dependency is refused), TMA descriptors of device 1's memory (with either device current: the
+// same descriptor) and 2D/3D copies between the two devices' memory both ways (pitched, odd widths
+// and heights, offsets; packed rows; a 3D box), all checked byte for byte.
 #include <atomic>
 #include <cstring>
 #include <thread>
@@ -263,10 +262,16 @@ void LaterGraph(const LaterDriver& cu, char* src1, char* dst1, size_t n) {
   hp.fn = [](void*) { g_host_node_runs.fetch_add(1); };
   CK(cudaGraphAddHostNode(&host, g, &kn, 1, &hp));
   CK(cudaGraphAddEmptyNode(&empty, g, &host, 1));
+  // Host memory in a graph of device 1: its server reads it over its own channel.
+  std::vector<unsigned char> from_host(n);
+  e2e::Fill(from_host.data(), n, 4343);
+  cudaGraphNode_t up = nullptr;
+  CK(cudaGraphAddMemcpyNode1D(&up, g, &empty, 1, src1 + n, from_host.data(), n,
+                              cudaMemcpyHostToDevice));
   size_t count_nodes = 0;
   CK(cudaGraphGetNodes(g, nullptr, &count_nodes));
-  EXPECT(count_nodes == 5, "%zu nodes", count_nodes);
-  cudaGraphNode_t nodes[5] = {};
+  EXPECT(count_nodes == 6, "%zu nodes", count_nodes);
+  cudaGraphNode_t nodes[6] = {};
   CK(cudaGraphGetNodes(g, nodes, &count_nodes));
   int kinds = 0;
   for (auto node : nodes) {
@@ -305,6 +310,8 @@ void LaterGraph(const LaterDriver& cu, char* src1, char* dst1, size_t n) {
   CK(cudaMemcpy(out.data(), dst1 + n, n, cudaMemcpyDeviceToHost));
   EXPECT(e2e::FirstNot(out.data(), static_cast<unsigned char>(0x5a), n) < 0, "the graph's memset");
   EXPECT(g_host_node_runs.load() == 1, "the host node ran %d times", g_host_node_runs.load());
+  CK(cudaMemcpy(out.data(), src1 + n, n, cudaMemcpyDeviceToHost));
+  EXPECT_SAME(out.data(), from_host.data(), n, "the graph's copy from host memory");
   printf("graph_launch_on_second=ok\n");
   // A node of device 0's graph as a dependency: two servers in one graph.
   CK(cudaSetDevice(0));
