@@ -1961,8 +1961,9 @@ class E2E(unittest.TestCase):
         """Calls once refused for a GPU of the second server, served there (multi_server.cu
         `later`): the JIT linker (a state stays on its server whichever device is current,
         its cubin loaded there), graphs built by hand on device 1 (memset, memcpy, kernel,
-        host and empty nodes; list, types, dependencies, roots, kernel parameters; launched,
-        the copy and memset checked byte for byte, the host node ran once), TMA descriptors
+        host and empty nodes; list, types, dependencies, roots, kernel parameters; a child
+        graph, event nodes, edges added and removed, a clone, nodes destroyed; launched, the
+        copies and memset checked byte for byte, the host node ran once), TMA descriptors
         of device 1's memory, and 2D/3D copies between the two servers' memory both ways
         (pitched, odd sizes, offsets, packed rows, a 3D box), byte for byte. Only a graph
         mixing the two servers is refused, once in the log."""

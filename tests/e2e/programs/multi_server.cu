@@ -32,7 +32,8 @@
 // the JIT linker (a state made with device 1 current, completed and destroyed
 // with device 0 current, its cubin loaded on device 1 and its kernel
 // launched), graphs built by hand on device 1 (memset, memcpy, kernel, host and
-// empty nodes, their list, types, dependencies, roots and kernel parameters,
+// empty nodes, their list, types, dependencies, roots and kernel parameters;
+// a child graph, event nodes, edges added and removed, a clone, nodes destroyed;
 // set again, instantiated and launched: the copies (one from host memory) and
 // the memset checked byte for byte, the host node ran once; a node of device 0's graph as a
 // dependency is refused), TMA descriptors of device 1's memory (with either device current: the
@@ -300,6 +301,47 @@ void LaterGraph(const LaterDriver& cu, char* src1, char* dst1, size_t n) {
   EXPECT(got.gridDimX == 3 && got.blockDimX == 64 && got.sharedMemBytes == 0,
          "kernel node params: grid %u block %u", got.gridDimX, got.blockDimX);
   CK(cudaSetDevice(1));
+  // Child graph, event nodes, edges, clones and a node destroyed, on device 1.
+  {
+    cudaGraph_t child = nullptr, clone = nullptr;
+    cudaGraphNode_t ce = nullptr, cn = nullptr, rec = nullptr, wait = nullptr, found = nullptr;
+    cudaEvent_t ev;
+    CK(cudaEventCreate(&ev));
+    CK(cudaGraphCreate(&child, 0));
+    CK(cudaGraphAddEmptyNode(&ce, child, nullptr, 0));
+    CK(cudaGraphAddChildGraphNode(&cn, g, &up, 1, child));
+    cudaGraph_t got_child = nullptr;
+    CK(cudaGraphChildGraphNodeGetGraph(cn, &got_child));
+    size_t child_nodes = 0;
+    CK(cudaGraphGetNodes(got_child, nullptr, &child_nodes));
+    EXPECT(child_nodes == 1, "the child graph has %zu nodes", child_nodes);
+    CK(cudaGraphAddEventRecordNode(&rec, g, &cn, 1, ev));
+    CK(cudaGraphAddEventWaitNode(&wait, g, nullptr, 0, ev));
+    cudaEvent_t got_ev = nullptr;
+    CK(cudaGraphEventRecordNodeGetEvent(rec, &got_ev));
+    EXPECT(got_ev == ev, "the event record node's event");
+    CK(cudaGraphAddDependencies(g, &rec, &wait, nullptr, 1));
+    size_t nout = 0;
+    CK(cudaGraphNodeGetDependentNodes(rec, nullptr, nullptr, &nout));
+    EXPECT(nout == 1, "the record node has %zu dependents", nout);
+    CK(cudaGraphRemoveDependencies(g, &rec, &wait, nullptr, 1));
+    CK(cudaGraphNodeGetDependentNodes(rec, nullptr, nullptr, &nout));
+    EXPECT(nout == 0, "the record node has %zu dependents after removal", nout);
+    CK(cudaGraphClone(&clone, g));
+    CK(cudaGraphNodeFindInClone(&found, kn, clone));
+    cudaGraphNodeType t{};
+    CK(cudaGraphNodeGetType(found, &t));
+    EXPECT(t == cudaGraphNodeTypeKernel, "the clone's kernel node has type %d", t);
+    CK(cudaGraphDestroy(clone));
+    CK(cudaGraphDestroyNode(wait));
+    CK(cudaGraphDestroyNode(rec));
+    CK(cudaGraphDestroyNode(cn));
+    CK(cudaGraphDestroy(child));
+    CK(cudaEventDestroy(ev));
+    size_t left = 0;
+    CK(cudaGraphGetNodes(g, nullptr, &left));
+    EXPECT(left == 6, "%zu nodes left", left);
+  }
   printf("graph_nodes_on_second=ok\n");
   cudaGraphExec_t exec = nullptr;
   CK(cudaGraphInstantiate(&exec, g, 0));
