@@ -105,8 +105,11 @@ CUresult KernelNodeParams(const char* name, CUgraphNode node, CUDA_KERNEL_NODE_P
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
   wire::Writer w;
-  w.Put<uint64_t>(Raw(node));
+  w.Put<uint64_t>(Client::WireHandle(node));
   std::vector<uint8_t> reply;
+  // Several servers: the node's server; the handles it answers get its tag.
+  const int server = flyt::client::GraphServer({Raw(node)});
+  flyt::client::GraphRoute route(server);
   CUresult rc = c.Call(name, ops::kOpGraphNodeQuery, w, ReplySink{&reply});
   if (rc != CUDA_SUCCESS) return rc;
   wire::Reader r(reply.data(), reply.size());
@@ -118,6 +121,11 @@ CUresult KernelNodeParams(const char* name, CUgraphNode node, CUDA_KERNEL_NODE_P
   if (!r.Get(&func) || !r.Get(&kern) || !r.Get(&ctx) || !r.GetBytes(dims, sizeof(dims)) ||
       !r.Get(&shmem) || !r.Get(&n) || n > ops::kMaxParams)
     return CUDA_ERROR_UNKNOWN;
+  if (server > 0) {
+    func = Client::Tag(func, server);
+    kern = Client::Tag(kern, server);
+    ctx = Client::Tag(ctx, server);
+  }
   std::vector<ops::ParamSlot> slots(n);
   if (n > 0 && !r.GetBytes(slots.data(), n * sizeof(ops::ParamSlot))) return CUDA_ERROR_UNKNOWN;
   const uint8_t* blob = nullptr;

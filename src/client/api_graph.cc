@@ -1,7 +1,10 @@
 // Graph entry points that need the client's knowledge: stream capture start
 // (which opens the callback channel graphs use to reach host memory), node
 // lists, and kernel/memset nodes built by hand (parameters packed with the
-// kernel's layout, as for launches).
+// kernel's layout, as for launches). With several servers (client/multi_server.cc)
+// these go to the server of their graph, node or executable graph (its handles
+// sent without their tags, the nodes it answers tagged), a kernel node's
+// function is that server's copy, and handles of two servers are refused.
 #include <cstring>
 
 #include "client/client.h"
@@ -30,17 +33,21 @@ CUresult BeginCapture(const char* name, CUstream s, CUstreamCaptureMode mode, bo
 
 void PutNodeList(wire::Writer& w, const CUgraphNode* deps, size_t n) {
   w.Put<uint32_t>(static_cast<uint32_t>(n));
-  for (size_t i = 0; i < n; ++i) w.Put<uint64_t>(reinterpret_cast<uintptr_t>(deps[i]));
+  for (size_t i = 0; i < n; ++i) w.Put<uint64_t>(Client::WireHandle(deps[i]));
 }
 
-// Sends a request whose reply is one node handle.
+// Sends a request whose reply is one node handle (the server's, tagged with
+// its index with several servers).
 CUresult CallForNode(const char* name, uint16_t op, const wire::Writer& w, CUgraphNode* node) {
   std::vector<uint8_t> reply;
-  CUresult rc = Client::Get().Call(name, op, w, ReplySink{&reply});
+  Client& c = Client::Get();
+  CUresult rc = c.Call(name, op, w, ReplySink{&reply});
   if (rc != CUDA_SUCCESS || node == nullptr) return rc;
   wire::Reader r(reply.data(), reply.size());
   uint64_t h = 0;
   if (!r.Get(&h)) return CUDA_ERROR_UNKNOWN;
+  if (c.multi()) [[unlikely]]
+    h = Client::Tag(h, Client::LastRoute());
   *node = reinterpret_cast<CUgraphNode>(h);
   return CUDA_SUCCESS;
 }
@@ -54,14 +61,25 @@ CUresult KernelNode(const char* name, uint8_t which, uint64_t target, uint64_t n
   if (p == nullptr || (ndeps > 0 && deps == nullptr)) return CUDA_ERROR_INVALID_VALUE;
   uint64_t fn = reinterpret_cast<uintptr_t>(p->func != nullptr ? static_cast<void*>(p->func)
                                                                : static_cast<void*>(p->kern));
+  // Several servers: the graph's server, and the function's copy there.
+  const int server = flyt::client::GraphServer({target, node}, which == 0 ? deps : nullptr, ndeps);
+  if (server == -2) return flyt::client::RefuseAcrossServers(name);
+  if (server >= 0 && Client::TagOf(fn) != server) {
+    auto seen = c.Func(fn);
+    const uint64_t there =
+        seen != nullptr && seen->is_kernel ? flyt::client::KernelOnServer(fn, server) : 0;
+    if (there == 0) return CUDA_ERROR_INVALID_HANDLE;  // a module's function of another server
+    fn = there;
+  }
+  flyt::client::GraphRoute route(server);
   auto info = flyt::client::FuncLayout(fn);
   if (info == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   wire::Writer w;
   w.Put(which);
-  w.Put(target);
-  w.Put(node);
+  w.Put(Client::WireValue(target));
+  w.Put(Client::WireValue(node));
   if (which == 0) PutNodeList(w, deps, ndeps);
-  w.Put(fn);
+  w.Put(Client::WireValue(fn));
   w.Put<uint8_t>(info->is_kernel ? 1 : 0);
   unsigned dims[6] = {p->gridDimX,  p->gridDimY,  p->gridDimZ,
                       p->blockDimX, p->blockDimY, p->blockDimZ};
@@ -138,8 +156,10 @@ FLYT_API CUresult cuGraphGetNodes(CUgraph g, CUgraphNode* nodes, size_t* count) 
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
   wire::Writer w;
-  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(g));
+  w.Put<uint64_t>(Client::WireHandle(g));
   std::vector<uint8_t> reply;
+  const int server = flyt::client::GraphServer({reinterpret_cast<uintptr_t>(g)});
+  flyt::client::GraphRoute route(server);
   CUresult rc = c.Call("cuGraphGetNodes", ops::kOpGraphGetNodes, w, ReplySink{&reply});
   if (rc != CUDA_SUCCESS) return rc;
   wire::Reader r(reply.data(), reply.size());
@@ -149,7 +169,7 @@ FLYT_API CUresult cuGraphGetNodes(CUgraph g, CUgraphNode* nodes, size_t* count) 
     for (uint64_t i = 0; i < n && i < *count; ++i) {
       uint64_t h = 0;
       r.Get(&h);
-      nodes[i] = reinterpret_cast<CUgraphNode>(h);
+      nodes[i] = reinterpret_cast<CUgraphNode>(server > 0 ? Client::Tag(h, server) : h);
     }
     if (*count > n)
       for (size_t i = n; i < *count; ++i) nodes[i] = nullptr;
@@ -208,12 +228,18 @@ FLYT_API CUresult cuGraphAddHostNode(CUgraphNode* node, CUgraph g, const CUgraph
     return CUDA_ERROR_INVALID_VALUE;
   CUresult rc = c.EnsureCallbackChannel();
   if (rc != CUDA_SUCCESS) return rc;
+  const int server = flyt::client::GraphServer({reinterpret_cast<uintptr_t>(g)}, deps, n);
+  if (server == -2) return flyt::client::RefuseAcrossServers("cuGraphAddHostNode");
+  flyt::client::GraphRoute route(server);
+  // A later server calls back over its own link's channel, with that link's ids.
+  Client& link = server > 0 ? c.Link(server) : c;
+  if (server > 0 && (rc = link.EnsureCallbackChannel()) != CUDA_SUCCESS) return rc;
   CUhostFn fn = p->fn;
   void* data = p->userData;
-  uint64_t id = c.RegisterGraphHostFunc([fn, data] { fn(data); });
-  flyt::client::NoteGraphHostNode(id, fn, data);
+  uint64_t id = link.RegisterGraphHostFunc([fn, data] { fn(data); });
+  flyt::client::NoteGraphHostNode(server > 0 ? Client::Tag(id, server) : id, fn, data);
   wire::Writer w;
-  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(g));
+  w.Put<uint64_t>(Client::WireHandle(g));
   PutNodeList(w, deps, n);
   w.Put(id);
   return CallForNode("cuGraphAddHostNode", ops::kOpGraphHostNode, w, node);
@@ -225,10 +251,16 @@ FLYT_API CUresult cuGraphAddMemsetNode(CUgraphNode* node, CUgraph g, const CUgra
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (node == nullptr || p == nullptr || (n > 0 && deps == nullptr))
     return CUDA_ERROR_INVALID_VALUE;
+  const int server = flyt::client::GraphServer(
+      {reinterpret_cast<uintptr_t>(g), reinterpret_cast<uintptr_t>(ctx)}, deps, n);
+  if (server == -2 ||
+      (server > 0 && c.ServerOfPointer(p->dst) >= 0 && c.ServerOfPointer(p->dst) != server))
+    return flyt::client::RefuseAcrossServers("cuGraphAddMemsetNode");
+  flyt::client::GraphRoute route(server);
   wire::Writer w;
-  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(g));
+  w.Put<uint64_t>(Client::WireHandle(g));
   PutNodeList(w, deps, n);
   w.Put(*p);
-  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(ctx));
+  w.Put<uint64_t>(Client::WireHandle(ctx));
   return CallForNode("cuGraphAddMemsetNode", ops::kOpGraphMemsetNode, w, node);
 }

@@ -6,8 +6,13 @@
 // conditional handles and the graph memory attributes.
 //
 // Owns: the host node registry (what the app gave for each callback id) and
-// the packing of kOpGraphNode / kOpGraphNodeQuery / kOpGraphMisc. Must not
-// touch streams, captures or the callback channel's protocol; no stdout.
+// the packing of kOpGraphNode / kOpGraphNodeQuery / kOpGraphMisc. With several
+// servers (client/multi_server.cc) a request goes to the server of its graph,
+// node or executable graph: its handles (dependencies, contexts, events, child
+// graphs, arrays) must be that server's and go without their tags, device
+// memory must be that server's, and the handles answered get its tag; handles
+// of two servers are refused. Must not touch streams, captures or the callback
+// channel's protocol; no stdout.
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -54,6 +59,19 @@ namespace {
 
 uint64_t Raw(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
+// Several servers: where the kOpGraphNode request being built goes, from the
+// handles and device memory it names (NodeRequest starts it over).
+thread_local flyt::client::ArgRoute t_node_route;
+void NoteHandle(uint64_t h) {
+  if (h != 0 && Client::Get().multi()) flyt::client::RouteArg(&t_node_route, Client::TagOf(h));
+}
+void NotePointer(uint64_t p) {
+  Client& c = Client::Get();
+  if (c.multi()) flyt::client::RouteArg(&t_node_route, c.ServerOfPointer(p));
+}
+// A handle the node's server answered, as the app holds it.
+uint64_t Answered(uint64_t h, int server) { return server > 0 ? Client::Tag(h, server) : h; }
+
 // Arrays of conditional nodes' body graphs (CUDA_CONDITIONAL_NODE_PARAMS::phGraph_out).
 std::mutex g_bodies_mu;
 std::vector<std::unique_ptr<CUgraph[]>>& BodyArrays() {
@@ -63,16 +81,22 @@ std::vector<std::unique_ptr<CUgraph[]>>& BodyArrays() {
 
 void PutNodeList(wire::Writer& w, const CUgraphNode* deps, size_t n) {
   w.Put<uint32_t>(static_cast<uint32_t>(n));
-  for (size_t i = 0; i < n; ++i) w.Put<uint64_t>(Raw(deps[i]));
+  for (size_t i = 0; i < n; ++i) {
+    NoteHandle(Raw(deps[i]));
+    w.Put<uint64_t>(Client::WireHandle(deps[i]));
+  }
 }
 
 // Head of a kOpGraphNode request.
 wire::Writer NodeRequest(uint8_t which, uint64_t target, uint64_t node, const CUgraphNode* deps,
                          size_t ndeps) {
+  t_node_route = flyt::client::ArgRoute{};
+  NoteHandle(target);
+  NoteHandle(node);
   wire::Writer w;
   w.Put(which);
-  w.Put(target);
-  w.Put(node);
+  w.Put(Client::WireValue(target));
+  w.Put(Client::WireValue(node));
   if (which == ops::kGraphNodeAdd) PutNodeList(w, deps, ndeps);
   return w;
 }
@@ -88,12 +112,15 @@ CUresult Check(size_t ndeps, const CUgraphNode* deps) {
 // and the rest of the reply stays in *reply for the caller.
 CUresult SendNode(const char* name, uint8_t which, const wire::Writer& w, CUgraphNode* node,
                   std::vector<uint8_t>* reply, wire::Reader* rest) {
+  const int server = Client::Get().multi() ? t_node_route.server : -1;
+  if (server == -2) return flyt::client::RefuseAcrossServers(name);
+  flyt::client::GraphRoute route(server);
   CUresult rc = Client::Get().Call(name, ops::kOpGraphNode, w, ReplySink{reply});
   if (rc != CUDA_SUCCESS || which != ops::kGraphNodeAdd) return rc;
   *rest = wire::Reader(reply->data(), reply->size());
   uint64_t h = 0;
   if (!rest->Get(&h)) return CUDA_ERROR_UNKNOWN;
-  if (node != nullptr) *node = reinterpret_cast<CUgraphNode>(h);
+  if (node != nullptr) *node = reinterpret_cast<CUgraphNode>(Answered(h, server));
   return CUDA_SUCCESS;
 }
 CUresult SendNode(const char* name, uint8_t which, const wire::Writer& w, CUgraphNode* node) {
@@ -128,9 +155,21 @@ CUresult PutCopy(wire::Writer& w, const CUDA_MEMCPY3D* p, CUcontext ctx) {
   bool dst_client = c.dstMemoryType == CU_MEMORYTYPE_HOST;
   if ((src_client && c.srcHost == nullptr) || (dst_client && c.dstHost == nullptr))
     return CUDA_ERROR_INVALID_VALUE;
+  if (Client::Get().multi()) {  // device memory and arrays of the node's server
+    auto side = [](CUmemorytype t, CUdeviceptr device, CUarray* array) {
+      if (t == CU_MEMORYTYPE_DEVICE) NotePointer(device);
+      if (t == CU_MEMORYTYPE_ARRAY) {
+        NoteHandle(Raw(*array));
+        *array = reinterpret_cast<CUarray>(Client::WireHandle(*array));
+      }
+    };
+    side(c.srcMemoryType, c.srcDevice, &c.srcArray);
+    side(c.dstMemoryType, c.dstDevice, &c.dstArray);
+  }
+  NoteHandle(Raw(ctx));
   w.Put<uint32_t>(CU_GRAPH_NODE_TYPE_MEMCPY);
   w.Put(c);
-  w.Put<uint64_t>(Raw(ctx));
+  w.Put<uint64_t>(Client::WireHandle(ctx));
   w.Put<uint8_t>(src_client ? 1 : 0);
   w.Put<uint8_t>(dst_client ? 1 : 0);
   return CUDA_SUCCESS;
@@ -144,6 +183,11 @@ CUresult CopyNode(const char* name, uint8_t which, uint64_t target, uint64_t nod
   if (CUresult rc = Client::Get().EnsureCallbackChannel(); rc != CUDA_SUCCESS) return rc;
   wire::Writer w = NodeRequest(which, target, node, deps, ndeps);
   if (CUresult rc = PutCopy(w, p, ctx); rc != CUDA_SUCCESS) return rc;
+  // A later server reaches the host sides over its own link's channel.
+  Client& c = Client::Get();
+  if (c.multi() && t_node_route.server > 0 && t_node_route.server < c.server_count())
+    if (CUresult rc = c.Link(t_node_route.server).EnsureCallbackChannel(); rc != CUDA_SUCCESS)
+      return rc;
   return SendNode(name, which, w, created);
 }
 
@@ -153,9 +197,11 @@ CUresult MemsetNode(const char* name, uint8_t which, uint64_t target, uint64_t n
   if (CUresult rc = Check(ndeps, deps); rc != CUDA_SUCCESS) return rc;
   if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
   wire::Writer w = NodeRequest(which, target, node, deps, ndeps);
+  NotePointer(p->dst);
+  NoteHandle(Raw(ctx));
   w.Put<uint32_t>(CU_GRAPH_NODE_TYPE_MEMSET);
   w.Put(*p);
-  w.Put<uint64_t>(Raw(ctx));
+  w.Put<uint64_t>(Client::WireHandle(ctx));
   return SendNode(name, which, w, created);
 }
 
@@ -166,6 +212,19 @@ CUresult ValueNode(const char* name, uint8_t which, uint64_t target, uint64_t no
   if (CUresult rc = Check(ndeps, deps); rc != CUDA_SUCCESS) return rc;
   wire::Writer w = NodeRequest(which, target, node, deps, ndeps);
   w.Put<uint32_t>(type);
+  switch (type) {
+    case CU_GRAPH_NODE_TYPE_GRAPH:  // handles of the node's server
+    case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
+    case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
+      NoteHandle(value);
+      value = Client::WireValue(value);
+      break;
+    case CU_GRAPH_NODE_TYPE_MEM_FREE:
+      NotePointer(value);
+      break;
+    default:
+      break;
+  }
   if (type != CU_GRAPH_NODE_TYPE_EMPTY) w.Put(value);
   return SendNode(name, which, w, created);
 }
@@ -177,10 +236,16 @@ CUresult HostNode(const char* name, uint8_t which, uint64_t target, uint64_t nod
   if (CUresult rc = Check(ndeps, deps); rc != CUDA_SUCCESS) return rc;
   if (p == nullptr || p->fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult rc = c.EnsureCallbackChannel(); rc != CUDA_SUCCESS) return rc;
+  // A later server calls back over its own link's channel, with that link's ids.
+  const int server = flyt::client::GraphServer({target, node}, deps, ndeps);
+  if (server == -2) return flyt::client::RefuseAcrossServers(name);
+  Client& link = server > 0 ? c.Link(server) : c;
+  if (server > 0)
+    if (CUresult rc = link.EnsureCallbackChannel(); rc != CUDA_SUCCESS) return rc;
   CUhostFn fn = p->fn;
   void* data = p->userData;
-  uint64_t id = c.RegisterGraphHostFunc([fn, data] { fn(data); });
-  flyt::client::NoteGraphHostNode(id, fn, data);
+  uint64_t id = link.RegisterGraphHostFunc([fn, data] { fn(data); });
+  flyt::client::NoteGraphHostNode(Answered(id, server), fn, data);
   return ValueNode(name, which, target, node, deps, ndeps, CU_GRAPH_NODE_TYPE_HOST, id, created);
 }
 
@@ -196,10 +261,20 @@ CUresult AllocNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t
       props->handleTypes != CU_MEM_HANDLE_TYPE_NONE)
     return CUDA_ERROR_INVALID_VALUE;
   wire::Writer w = NodeRequest(ops::kGraphNodeAdd, Raw(g), 0, deps, ndeps);
+  Client& c = Client::Get();
+  const bool multi = c.multi();
+  if (multi) flyt::client::RouteArg(&t_node_route, c.DeviceServer(props->location.id));
   w.Put<uint32_t>(CU_GRAPH_NODE_TYPE_MEM_ALLOC);
-  w.Put<int32_t>(props->location.id);
+  w.Put<int32_t>(multi ? c.DeviceLocal(props->location.id) : props->location.id);
   w.Put<uint32_t>(static_cast<uint32_t>(naccess));
-  for (size_t i = 0; i < naccess; ++i) w.Put(access[i]);
+  for (size_t i = 0; i < naccess; ++i) {
+    CUmemAccessDesc a = access[i];
+    if (multi && a.location.type == CU_MEM_LOCATION_TYPE_DEVICE) {  // that server's ordinals
+      flyt::client::RouteArg(&t_node_route, c.DeviceServer(a.location.id));
+      a.location.id = c.DeviceLocal(a.location.id);
+    }
+    w.Put(a);
+  }
   w.Put<uint64_t>(bytes);
   std::vector<uint8_t> reply;
   wire::Reader rest(nullptr, 0);
@@ -219,11 +294,13 @@ CUresult ConditionalNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, 
   if (node == nullptr || p == nullptr || p->size == 0 || p->size > ops::kMaxConditionalBodies)
     return CUDA_ERROR_INVALID_VALUE;
   wire::Writer w = NodeRequest(ops::kGraphNodeAdd, Raw(g), 0, deps, ndeps);
+  NoteHandle(Raw(p->ctx));
+  const int server = Client::Get().multi() ? t_node_route.server : -1;
   w.Put<uint32_t>(CU_GRAPH_NODE_TYPE_CONDITIONAL);
   w.Put<uint64_t>(p->handle);
   w.Put<uint32_t>(p->type);
   w.Put<uint32_t>(p->size);
-  w.Put<uint64_t>(Raw(p->ctx));
+  w.Put<uint64_t>(Client::WireHandle(p->ctx));
   std::vector<uint8_t> reply;
   wire::Reader rest(nullptr, 0);
   CUresult rc = SendNode("cuGraphAddNode", ops::kGraphNodeAdd, w, node, &reply, &rest);
@@ -236,7 +313,7 @@ CUresult ConditionalNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, 
   for (uint32_t i = 0; i < n; ++i) {
     uint64_t b = 0;
     if (!rest.Get(&b)) return CUDA_ERROR_UNKNOWN;
-    bodies[i] = reinterpret_cast<CUgraph>(b);
+    bodies[i] = reinterpret_cast<CUgraph>(Answered(b, server));
   }
   p->phGraph_out = bodies.get();
   std::lock_guard<std::mutex> lock(g_bodies_mu);
@@ -244,13 +321,15 @@ CUresult ConditionalNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, 
   return CUDA_SUCCESS;
 }
 
-// kOpGraphNodeQuery: the node's type and the rest of the reply.
+// kOpGraphNodeQuery: the node's type and the rest of the reply (handles in it
+// are the node's server's, without its tag: see Answered).
 CUresult Query(const char* name, CUgraphNode node, CUgraphNodeType* type,
                std::vector<uint8_t>* reply, wire::Reader* rest) {
   Client& c = Client::Get();
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   wire::Writer w;
-  w.Put<uint64_t>(Raw(node));
+  w.Put<uint64_t>(Client::WireHandle(node));
+  flyt::client::GraphRoute route(flyt::client::GraphServer({Raw(node)}));
   CUresult rc = c.Call(name, ops::kOpGraphNodeQuery, w, ReplySink{reply});
   if (rc != CUDA_SUCCESS) return rc;
   *rest = wire::Reader(reply->data(), reply->size());
@@ -273,9 +352,12 @@ CUresult QueryValue(const char* name, CUgraphNode node, CUgraphNodeType want, T*
   return rest.Get(out) ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN;
 }
 
-CUresult Misc(const char* name, const wire::Writer& w, uint64_t* out) {
+// `server`: where it goes (GraphServer; -1 with one server).
+CUresult Misc(const char* name, const wire::Writer& w, uint64_t* out, int server = -1) {
   Client& c = Client::Get();
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (server == -2) return flyt::client::RefuseAcrossServers(name);
+  flyt::client::GraphRoute route(server);
   std::vector<uint8_t> reply;
   CUresult rc = c.Call(name, ops::kOpGraphMisc, w, ReplySink{&reply});
   if (rc != CUDA_SUCCESS || out == nullptr) return rc;
@@ -350,7 +432,15 @@ FLYT_API CUresult cuGraphExecMemcpyNodeSetParams(CUgraphExec exec, CUgraphNode n
                   nullptr, 0, p, ctx, nullptr);
 }
 FLYT_API CUresult cuGraphMemcpyNodeGetParams(CUgraphNode node, CUDA_MEMCPY3D* p) {
-  return QueryValue("cuGraphMemcpyNodeGetParams", node, CU_GRAPH_NODE_TYPE_MEMCPY, p);
+  CUresult rc = QueryValue("cuGraphMemcpyNodeGetParams", node, CU_GRAPH_NODE_TYPE_MEMCPY, p);
+  if (rc == CUDA_SUCCESS && Client::Get().multi()) {  // arrays as the app holds them
+    const int server = flyt::client::GraphServer({Raw(node)});
+    if (p->srcMemoryType == CU_MEMORYTYPE_ARRAY)
+      p->srcArray = reinterpret_cast<CUarray>(Answered(Raw(p->srcArray), server));
+    if (p->dstMemoryType == CU_MEMORYTYPE_ARRAY)
+      p->dstArray = reinterpret_cast<CUarray>(Answered(Raw(p->dstArray), server));
+  }
+  return rc;
 }
 
 FLYT_API CUresult cuGraphMemsetNodeSetParams(CUgraphNode node, const CUDA_MEMSET_NODE_PARAMS* p) {
@@ -382,6 +472,7 @@ FLYT_API CUresult cuGraphHostNodeGetParams(CUgraphNode node, CUDA_HOST_NODE_PARA
   if (rc != CUDA_SUCCESS) return rc;
   CUhostFn fn = nullptr;
   void* data = nullptr;
+  id = Answered(id, flyt::client::GraphServer({Raw(node)}));
   if (!flyt::client::FindGraphHostNode(id, &fn, &data)) return CUDA_ERROR_INVALID_VALUE;
   p->fn = fn;
   p->userData = data;
@@ -401,7 +492,8 @@ FLYT_API CUresult cuGraphAddChildGraphNode(CUgraphNode* node, CUgraph g, const C
 FLYT_API CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph* out) {
   uint64_t g = 0;
   CUresult rc = QueryValue("cuGraphChildGraphNodeGetGraph", node, CU_GRAPH_NODE_TYPE_GRAPH, &g);
-  if (rc == CUDA_SUCCESS) *out = reinterpret_cast<CUgraph>(g);
+  if (rc == CUDA_SUCCESS)
+    *out = reinterpret_cast<CUgraph>(Answered(g, flyt::client::GraphServer({Raw(node)})));
   return rc;
 }
 FLYT_API CUresult cuGraphExecChildGraphNodeSetParams(CUgraphExec exec, CUgraphNode node,
@@ -431,13 +523,15 @@ FLYT_API CUresult cuGraphEventRecordNodeGetEvent(CUgraphNode node, CUevent* out)
   uint64_t e = 0;
   CUresult rc =
       QueryValue("cuGraphEventRecordNodeGetEvent", node, CU_GRAPH_NODE_TYPE_EVENT_RECORD, &e);
-  if (rc == CUDA_SUCCESS) *out = reinterpret_cast<CUevent>(e);
+  if (rc == CUDA_SUCCESS)
+    *out = reinterpret_cast<CUevent>(Answered(e, flyt::client::GraphServer({Raw(node)})));
   return rc;
 }
 FLYT_API CUresult cuGraphEventWaitNodeGetEvent(CUgraphNode node, CUevent* out) {
   uint64_t e = 0;
   CUresult rc = QueryValue("cuGraphEventWaitNodeGetEvent", node, CU_GRAPH_NODE_TYPE_WAIT_EVENT, &e);
-  if (rc == CUDA_SUCCESS) *out = reinterpret_cast<CUevent>(e);
+  if (rc == CUDA_SUCCESS)
+    *out = reinterpret_cast<CUevent>(Answered(e, flyt::client::GraphServer({Raw(node)})));
   return rc;
 }
 
@@ -491,12 +585,13 @@ FLYT_API CUresult cuGraphConditionalHandleCreate(CUgraphConditionalHandle* out, 
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   wire::Writer w;
   w.Put<uint8_t>(ops::kGraphMiscCondHandle);
-  w.Put<uint64_t>(Raw(g));
-  w.Put<uint64_t>(Raw(ctx));
+  w.Put<uint64_t>(Client::WireHandle(g));
+  w.Put<uint64_t>(Client::WireHandle(ctx));
   w.Put<uint32_t>(def);
   w.Put<uint32_t>(flags);
   uint64_t h = 0;
-  CUresult rc = Misc("cuGraphConditionalHandleCreate", w, &h);
+  CUresult rc =
+      Misc("cuGraphConditionalHandleCreate", w, &h, flyt::client::GraphServer({Raw(g), Raw(ctx)}));
   if (rc == CUDA_SUCCESS) *out = h;
   return rc;
 }
@@ -505,10 +600,11 @@ FLYT_API CUresult cuGraphClone(CUgraph* out, CUgraph g) {
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   wire::Writer w;
   w.Put<uint8_t>(ops::kGraphMiscClone);
-  w.Put<uint64_t>(Raw(g));
+  w.Put<uint64_t>(Client::WireHandle(g));
   uint64_t c = 0;
-  CUresult rc = Misc("cuGraphClone", w, &c);
-  if (rc == CUDA_SUCCESS) *out = reinterpret_cast<CUgraph>(c);
+  const int server = flyt::client::GraphServer({Raw(g)});
+  CUresult rc = Misc("cuGraphClone", w, &c, server);
+  if (rc == CUDA_SUCCESS) *out = reinterpret_cast<CUgraph>(Answered(c, server));
   if (rc == CUDA_SUCCESS && flyt::client::user_objects::Any())
     flyt::client::user_objects::GraphCloned(g, *out);
   return rc;
@@ -517,11 +613,12 @@ FLYT_API CUresult cuGraphNodeFindInClone(CUgraphNode* out, CUgraphNode node, CUg
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   wire::Writer w;
   w.Put<uint8_t>(ops::kGraphMiscFindInClone);
-  w.Put<uint64_t>(Raw(node));
-  w.Put<uint64_t>(Raw(clone));
+  w.Put<uint64_t>(Client::WireHandle(node));
+  w.Put<uint64_t>(Client::WireHandle(clone));
   uint64_t n = 0;
-  CUresult rc = Misc("cuGraphNodeFindInClone", w, &n);
-  if (rc == CUDA_SUCCESS) *out = reinterpret_cast<CUgraphNode>(n);
+  const int server = flyt::client::GraphServer({Raw(node), Raw(clone)});
+  CUresult rc = Misc("cuGraphNodeFindInClone", w, &n, server);
+  if (rc == CUDA_SUCCESS) *out = reinterpret_cast<CUgraphNode>(Answered(n, server));
   return rc;
 }
 
@@ -533,9 +630,10 @@ FLYT_API CUresult cuGraphDebugDotPrint(CUgraph g, const char* path, unsigned int
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   wire::Writer w;
   w.Put<uint8_t>(ops::kGraphMiscDotPrint);
-  w.Put<uint64_t>(Raw(g));
+  w.Put<uint64_t>(Client::WireHandle(g));
   w.Put<uint32_t>(flags);
   std::vector<uint8_t> dot;
+  flyt::client::GraphRoute route(flyt::client::GraphServer({Raw(g)}));
   CUresult rc = c.Call("cuGraphDebugDotPrint", ops::kOpGraphMisc, w, ReplySink{&dot});
   if (rc != CUDA_SUCCESS) return rc;
   FILE* f = std::fopen(path, "we");
@@ -548,11 +646,12 @@ FLYT_API CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, CUgraphMem_attribut
                                                void* value) {
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
   wire::Writer w;
+  Client& c = Client::Get();
   w.Put<uint8_t>(ops::kGraphMiscMemAttrGet);
-  w.Put<int32_t>(dev);
+  w.Put<int32_t>(c.multi() ? c.DeviceLocal(dev) : dev);
   w.Put<int32_t>(attr);
   uint64_t v = 0;
-  CUresult rc = Misc("cuDeviceGetGraphMemAttribute", w, &v);
+  CUresult rc = Misc("cuDeviceGetGraphMemAttribute", w, &v, c.multi() ? c.DeviceServer(dev) : -1);
   if (rc == CUDA_SUCCESS) *static_cast<cuuint64_t*>(value) = v;
   return rc;
 }
@@ -560,11 +659,12 @@ FLYT_API CUresult cuDeviceSetGraphMemAttribute(CUdevice dev, CUgraphMem_attribut
                                                void* value) {
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
   wire::Writer w;
+  Client& c = Client::Get();
   w.Put<uint8_t>(ops::kGraphMiscMemAttrSet);
-  w.Put<int32_t>(dev);
+  w.Put<int32_t>(c.multi() ? c.DeviceLocal(dev) : dev);
   w.Put<int32_t>(attr);
   w.Put<uint64_t>(*static_cast<cuuint64_t*>(value));
-  return Misc("cuDeviceSetGraphMemAttribute", w, nullptr);
+  return Misc("cuDeviceSetGraphMemAttribute", w, nullptr, c.multi() ? c.DeviceServer(dev) : -1);
 }
 
 // The generic node entry points.

@@ -6,7 +6,10 @@
 // Owns: the packing of kOpGraphTopology (protocol/ops.h) and the output conventions the
 // driver documents: a null array asks for the count, entries past the end are set to
 // NULL, and a query without edge data of an edge that has some is
-// CUDA_ERROR_LOSSY_QUERY. Must not touch node contents (api_graph_nodes.cc); no stdout.
+// CUDA_ERROR_LOSSY_QUERY. With several servers (client/multi_server.cc) a request goes
+// to the server of its graph, node or executable graph (handles sent without their tags,
+// nodes answered with it); handles of two servers are refused. Must not touch node
+// contents (api_graph_nodes.cc); no stdout.
 #include <cstring>
 #include <vector>
 
@@ -20,15 +23,25 @@ namespace ops = flyt::ops;
 namespace {
 
 uint64_t Raw(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+uint64_t Wire(const void* p) { return Client::WireHandle(p); }
+
+// Several servers: the server the calling thread's last list came from (AskList).
+thread_local int t_list_server = -1;
+CUgraphNode Answered(uint64_t h) {
+  return reinterpret_cast<CUgraphNode>(t_list_server > 0 ? Client::Tag(h, t_list_server) : h);
+}
 
 bool DataSet(const CUgraphEdgeData& d) {
   static const CUgraphEdgeData kZero{};
   return std::memcmp(&d, &kZero, sizeof(d)) != 0;
 }
 
-CUresult Ask(const char* name, const wire::Writer& w, std::vector<uint8_t>* reply) {
+// `server`: where it goes (GraphServer; -1 with one server).
+CUresult Ask(const char* name, const wire::Writer& w, std::vector<uint8_t>* reply, int server) {
   Client& c = Client::Get();
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (server == -2) return flyt::client::RefuseAcrossServers(name);
+  flyt::client::GraphRoute route(server);
   return c.Call(name, ops::kOpGraphTopology, w, ReplySink{reply});
 }
 
@@ -38,9 +51,10 @@ CUresult AskList(const char* name, uint8_t which, uint64_t target, const uint8_t
                  size_t entry, std::vector<uint8_t>* reply, wire::Reader* r, uint32_t* n) {
   wire::Writer w;
   w.Put<uint8_t>(which);
-  w.Put<uint64_t>(target);
+  w.Put<uint64_t>(Client::WireValue(target));
   if (extra != nullptr) w.Put<uint8_t>(*extra);
-  CUresult rc = Ask(name, w, reply);
+  t_list_server = flyt::client::GraphServer({target});
+  CUresult rc = Ask(name, w, reply, t_list_server);
   if (rc != CUDA_SUCCESS) return rc;
   *r = wire::Reader(reply->data(), reply->size());
   if (!r->Get(n) || *n > r->remaining() / entry) return CUDA_ERROR_UNKNOWN;
@@ -84,8 +98,8 @@ CUresult Edges(CUgraph g, CUgraphNode* from, CUgraphNode* to, CUgraphEdgeData* d
   for (uint32_t i = 0; i < n; ++i) {
     uint64_t a = 0, b = 0;
     if (!r.Get(&a) || !r.Get(&b) || !r.Get(&d[i])) return CUDA_ERROR_UNKNOWN;
-    f[i] = reinterpret_cast<CUgraphNode>(a);
-    t[i] = reinterpret_cast<CUgraphNode>(b);
+    f[i] = Answered(a);
+    t[i] = Answered(b);
   }
   return Deliver(f, &t, d, from, to, data, count);
 }
@@ -104,7 +118,7 @@ CUresult Neighbours(const char* name, CUgraphNode node, bool dependents, CUgraph
   for (uint32_t i = 0; i < n; ++i) {
     uint64_t a = 0;
     if (!r.Get(&a) || !r.Get(&d[i])) return CUDA_ERROR_UNKNOWN;
-    list[i] = reinterpret_cast<CUgraphNode>(a);
+    list[i] = Answered(a);
   }
   return Deliver(list, nullptr, d, out, nullptr, data, count);
 }
@@ -115,26 +129,33 @@ CUresult ChangeEdges(const char* name, uint8_t which, CUgraph g, const CUgraphNo
   if (n > (1u << 16)) return CUDA_ERROR_INVALID_VALUE;
   wire::Writer w;
   w.Put<uint8_t>(which);
-  w.Put<uint64_t>(Raw(g));
+  w.Put<uint64_t>(Wire(g));
   w.Put<uint32_t>(static_cast<uint32_t>(n));
+  flyt::client::ArgRoute where;
+  const bool multi = Client::Get().multi();
+  if (multi) flyt::client::RouteArg(&where, Client::TagOf(Raw(g)));
   for (size_t i = 0; i < n; ++i) {
-    w.Put<uint64_t>(Raw(from[i]));
-    w.Put<uint64_t>(Raw(to[i]));
+    if (multi) {
+      flyt::client::RouteArg(&where, Client::TagOf(Raw(from[i])));
+      flyt::client::RouteArg(&where, Client::TagOf(Raw(to[i])));
+    }
+    w.Put<uint64_t>(Wire(from[i]));
+    w.Put<uint64_t>(Wire(to[i]));
     w.Put(data != nullptr ? data[i] : CUgraphEdgeData{});
   }
   std::vector<uint8_t> reply;
-  return Ask(name, w, &reply);
+  return Ask(name, w, &reply, multi ? where.server : -1);
 }
 
 CUresult Enabled(const char* name, uint8_t which, CUgraphExec exec, CUgraphNode node, unsigned set,
                  unsigned* get) {
   wire::Writer w;
   w.Put<uint8_t>(which);
-  w.Put<uint64_t>(Raw(exec));
-  w.Put<uint64_t>(Raw(node));
+  w.Put<uint64_t>(Wire(exec));
+  w.Put<uint64_t>(Wire(node));
   if (which == ops::kGraphTopoSetEnabled) w.Put<uint32_t>(set);
   std::vector<uint8_t> reply;
-  CUresult rc = Ask(name, w, &reply);
+  CUresult rc = Ask(name, w, &reply, flyt::client::GraphServer({Raw(exec), Raw(node)}));
   if (rc != CUDA_SUCCESS || get == nullptr) return rc;
   wire::Reader r(reply.data(), reply.size());
   uint32_t v = 0;
@@ -172,7 +193,7 @@ FLYT_API CUresult cuGraphGetRootNodes(CUgraph g, CUgraphNode* roots, size_t* cou
   for (uint32_t i = 0; i < n; ++i) {
     uint64_t a = 0;
     if (!r.Get(&a)) return CUDA_ERROR_UNKNOWN;
-    list[i] = reinterpret_cast<CUgraphNode>(a);
+    list[i] = Answered(a);
   }
   return Deliver(list, nullptr, std::vector<CUgraphEdgeData>(n), roots, nullptr, nullptr, count);
 }
@@ -212,9 +233,9 @@ FLYT_API CUresult cuGraphRemoveDependencies(CUgraph g, const CUgraphNode* from,
 FLYT_API CUresult cuGraphDestroyNode(CUgraphNode node) {
   wire::Writer w;
   w.Put<uint8_t>(ops::kGraphTopoDestroyNode);
-  w.Put<uint64_t>(Raw(node));
+  w.Put<uint64_t>(Wire(node));
   std::vector<uint8_t> reply;
-  return Ask("cuGraphDestroyNode", w, &reply);
+  return Ask("cuGraphDestroyNode", w, &reply, flyt::client::GraphServer({Raw(node)}));
 }
 FLYT_API CUresult cuGraphNodeSetEnabled(CUgraphExec exec, CUgraphNode node, unsigned enabled) {
   return Enabled("cuGraphNodeSetEnabled", ops::kGraphTopoSetEnabled, exec, node, enabled, nullptr);

@@ -11,7 +11,10 @@
 // replies and are written here into the app's memory. cuLinkAddFile reads the
 // app's file here and sends it as data. Options that point into the app's
 // memory other than the log buffers are refused with CUDA_ERROR_NOT_SUPPORTED
-// (logged once). Must not touch the code images of api_code.cc.
+// (logged once). With several servers (client/multi_server.cc) a state is
+// made on the current context's server, its server handle carries that
+// server's tag, and every later call on it goes there, whichever context is
+// current then. Must not touch the code images of api_code.cc.
 #include <cuda.h>
 
 #include <cstdio>
@@ -37,7 +40,7 @@ namespace ops = flyt::ops;
 namespace {
 
 struct Link {
-  uint64_t server = 0;
+  uint64_t server = 0;  // the server's handle (with several servers: tagged with its index)
   std::vector<CUjit_option> options;  // as given to cuLinkCreate
   void** values = nullptr;            // the app's array: outputs are written there
   char* info_log = nullptr;           // the app's log buffers and their sizes
@@ -51,6 +54,10 @@ struct Link {
 // not go away while another thread uses it.
 std::mutex g_mu;
 std::unordered_map<Link*, std::unique_ptr<Link>> g_links;
+
+// With several servers: routes the calling thread's calls to the state's server
+// (-1 with one server: no change).
+int LinkRoute(const Link& link) { return Client::Get().multi() ? Client::TagOf(link.server) : -1; }
 
 Link* FindLocked(CUlinkState state) {
   auto it = g_links.find(reinterpret_cast<Link*>(state));
@@ -166,7 +173,7 @@ CUresult Create(const char* name, unsigned n, CUjit_option* options, void** valu
   uint64_t server = 0;
   rc = c.Call(name, ops::kOpLinkCreate, w, ReplySink{nullptr, &server, sizeof(server)});
   if (rc != CUDA_SUCCESS) return rc;
-  link->server = server;
+  link->server = c.multi() ? Client::Tag(server, Client::LastRoute()) : server;
   std::lock_guard<std::mutex> lock(g_mu);
   Link* key = link.get();
   g_links.emplace(key, std::move(link));
@@ -190,7 +197,7 @@ CUresult AddBytes(const char* name, CUlinkState state, CUjitInputType type, cons
   size_t name_len = input_name != nullptr ? strnlen(input_name, ops::kMaxNameLen) : 0;
   if (name_len >= ops::kMaxNameLen) return CUDA_ERROR_INVALID_VALUE;
   wire::Writer w;
-  w.Put<uint64_t>(link->server);
+  w.Put<uint64_t>(Client::WireValue(link->server));
   w.Put<uint32_t>(static_cast<uint32_t>(type));
   w.Put<uint8_t>(input_name != nullptr ? 1 : 0);
   w.PutBlob(input_name, name_len);
@@ -198,6 +205,7 @@ CUresult AddBytes(const char* name, CUlinkState state, CUjitInputType type, cons
   CUresult rc = PutOptions(n, options, values, false, w);
   if (rc != CUDA_SUCCESS) return rc;
   std::vector<uint8_t> reply;
+  Client::RouteScope route(LinkRoute(*link));
   rc = c.Call(name, ops::kOpLinkAddData, w, ReplySink{&reply});
   // A failing add still brings the logs (the error log says why).
   if (!reply.empty()) {
@@ -287,8 +295,9 @@ FLYT_API CUresult cuLinkComplete(CUlinkState state, void** cubinOut, size_t* siz
   if (link == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (cubinOut == nullptr || sizeOut == nullptr) return CUDA_ERROR_INVALID_VALUE;
   wire::Writer w;
-  w.Put<uint64_t>(link->server);
+  w.Put<uint64_t>(Client::WireValue(link->server));
   std::vector<uint8_t> reply;
+  Client::RouteScope route(LinkRoute(*link));
   CUresult rc = c.Call("cuLinkComplete", ops::kOpLinkComplete, w, ReplySink{&reply});
   if (reply.empty()) return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_UNKNOWN;
   wire::Reader r(reply.data(), reply.size());
@@ -310,7 +319,8 @@ FLYT_API CUresult cuLinkDestroy(CUlinkState state) {
   auto it = g_links.find(reinterpret_cast<Link*>(state));
   if (it == g_links.end()) return CUDA_ERROR_INVALID_HANDLE;
   wire::Writer w;
-  w.Put<uint64_t>(it->second->server);
+  w.Put<uint64_t>(Client::WireValue(it->second->server));
+  Client::RouteScope route(LinkRoute(*it->second));
   CUresult rc = c.Call("cuLinkDestroy", ops::kOpLinkDestroy, w, ReplySink{});
   g_links.erase(it);  // gone on the server too (or the server is)
   return rc;

@@ -274,21 +274,30 @@ CUresult Copy3D(const char* name, CUDA_MEMCPY3D d, CUstream stream, bool async, 
   }
   if (w > wire::kMaxPayload) return CUDA_ERROR_NOT_SUPPORTED;
   // Several servers: the copy goes to the server of its device memory or arrays
-  // (their handles without the server's tag); between two servers it is refused.
+  // (their handles without the server's tag); between two servers' device
+  // memory it goes server to server, piece by piece; with an array of one of
+  // them it is refused.
   int route = -1;
   if (c.multi()) {
     flyt::client::ArgRoute where;
-    auto side = [&](CUmemorytype t, uint64_t device, CUarray* array) {
+    int server_of[2] = {-1, -1};  // dst, src
+    auto side = [&](CUmemorytype t, uint64_t device, CUarray* array, int* server) {
       if (t == CU_MEMORYTYPE_DEVICE) {
-        flyt::client::RouteArg(&where, c.ServerOfPointer(device));
+        *server = c.ServerOfPointer(device);
+        flyt::client::RouteArg(&where, *server);
       } else if (t == CU_MEMORYTYPE_ARRAY && *array != nullptr) {
         flyt::client::RouteArg(&where, Client::TagOf(reinterpret_cast<uintptr_t>(*array)));
         *array = reinterpret_cast<CUarray>(Client::Untag(reinterpret_cast<uintptr_t>(*array)));
       }
     };
-    side(d.srcMemoryType, d.srcDevice, &d.srcArray);
-    side(d.dstMemoryType, d.dstDevice, &d.dstArray);
-    if (where.server == -2) return flyt::client::RefuseAcrossServers(name);
+    side(d.srcMemoryType, d.srcDevice, &d.srcArray, &server_of[1]);
+    side(d.dstMemoryType, d.dstDevice, &d.dstArray, &server_of[0]);
+    if (where.server == -2) {
+      if (d.srcMemoryType == CU_MEMORYTYPE_DEVICE && d.dstMemoryType == CU_MEMORYTYPE_DEVICE)
+        return flyt::client::Copy3DAcrossServers(name, d, server_of[0], server_of[1], stream, async,
+                                                 pt);
+      return flyt::client::RefuseAcrossServers(name);
+    }
     route = where.server;
     if (route < 0) route = CopyRoute(0, stream);
   }

@@ -7,8 +7,10 @@
 // a context), and libraries encode the same descriptors again and again (cuDNN
 // before each launch of its fused attention), so an argument list seen before
 // is answered here without a round trip. Failures are never cached: the
-// server's driver gives each its own error. Must not touch code images or
-// launches (api_code.cc).
+// server's driver gives each its own error. With several servers
+// (client/multi_server.cc) a descriptor is encoded by the server whose memory
+// holds its global address (else the current context's), and the cache keys
+// on that server too. Must not touch code images or launches (api_code.cc).
 #include <cuda.h>
 
 #include <cstring>
@@ -45,6 +47,14 @@ CUresult Encode(const char* name, const tmap::Request& q, CUtensorMap* out) {
   wire::Writer w;
   tmap::Put(w, q);
   std::string key(reinterpret_cast<const char*>(w.data()), w.size());
+  // Several servers: the server of the tensor's memory encodes it.
+  int route = -1;
+  if (c.multi()) [[unlikely]] {
+    route = c.ServerOfPointer(q.address);
+    if (route < 0) route = c.RouteNow();
+    key.push_back(static_cast<char>(route));
+  }
+  Client::RouteScope scope(route);
   Cache& cache = TheCache();
   if (out != nullptr) {
     std::lock_guard<std::mutex> lock(cache.mu);

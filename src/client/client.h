@@ -19,6 +19,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -638,6 +639,31 @@ void RouteArg(ArgRoute* route, int server);
 // copies between servers) get it; every other one is refused once in the log.
 CUresult ForwardAcross(const char* name, uint16_t op, const ArgRoute& route, const uint64_t* values,
                        size_t n);
+// Several servers: the server of a hand-built graph op's handles (graphs,
+// nodes, executable graphs, contexts, events; 0 values ignored): -1 with one
+// server or none tagged (the current context's), -2 when they name two servers.
+int GraphServer(std::initializer_list<uint64_t> handles, const CUgraphNode* deps = nullptr,
+                size_t ndeps = 0);
+// While it lives, the calling thread's hand-built graph ops (kOpGraph*), whose
+// handles its caller sent without their tags, go to `server` (-1: no change,
+// as with one server); a graph op outside one is refused for a later server.
+class GraphRoute {
+ public:
+  explicit GraphRoute(int server);
+  ~GraphRoute();
+  GraphRoute(const GraphRoute&) = delete;
+  GraphRoute& operator=(const GraphRoute&) = delete;
+
+ private:
+  Client::RouteScope route_;
+  bool saved_;
+  bool set_;
+};
+// A 2D/3D copy between device memory of two servers (both sides
+// CU_MEMORYTYPE_DEVICE): its rows, or its slices when the rows are packed,
+// each copied server to server (Client::CopyAcrossServers).
+CUresult Copy3DAcrossServers(const char* name, const CUDA_MEMCPY3D& d, int dst_server,
+                             int src_server, CUstream stream, bool async, bool pt);
 
 namespace detail {
 template <typename T>

@@ -33,6 +33,9 @@ constexpr uint32_t kFirstPlacedSlot = 1;
 // share one physical GPU still show two distinct bus ids (NCCL keys GPUs by them).
 constexpr int kDomainStep = 0x1000;
 
+// Set while a GraphRoute lives: the thread's graph ops were translated for their server.
+thread_local bool t_graph_routed = false;
+
 std::mutex& RefusedMutex() {
   static auto* mu = new std::mutex();
   return *mu;
@@ -102,12 +105,27 @@ int Client::RouteCall(const char* name, uint16_t op, const wire::Writer& req) {
     case ops::kOpPeerDone:
     case ops::kOpMemPoolAttribute:
     case ops::kOpMaxActiveClusters:
-    case ops::kOpNccl:  // communicators of this server's GPUs (src/nccl/)
+    case ops::kOpNccl:        // communicators of this server's GPUs (src/nccl/)
+    case ops::kOpLinkCreate:  // the JIT linker: a state stays on its server (api_link.cc)
+    case ops::kOpLinkAddData:
+    case ops::kOpLinkComplete:
+    case ops::kOpLinkDestroy:
+    case ops::kOpTensorMap:  // the server of the tensor's memory (api_tensor_map.cc)
       served = true;
       break;
     case ops::kOpDriverMisc:  // the current context's flags, a function's cluster size
       served = req.size() > 0 && (req.data()[0] == ops::kDriverMiscCtxGetFlags ||
                                   req.data()[0] == ops::kDriverMiscMaxPotentialClusterSize);
+      break;
+    case ops::kOpGraphGetNodes:  // hand-built graphs: their handles sent for this server
+    case ops::kOpGraphKernelNode:
+    case ops::kOpGraphMemsetNode:
+    case ops::kOpGraphHostNode:
+    case ops::kOpGraphNode:
+    case ops::kOpGraphNodeQuery:
+    case ops::kOpGraphMisc:
+    case ops::kOpGraphTopology:
+      served = t_graph_routed;
       break;
     case 263:  // managed memory (cuMemAllocManaged, attach, advise, prefetch): server 0's
     case 264:
@@ -130,6 +148,23 @@ int Client::RouteCall(const char* name, uint16_t op, const wire::Writer& req) {
           name);
   }
   return -static_cast<int>(CUDA_ERROR_NOT_SUPPORTED);
+}
+
+int GraphServer(std::initializer_list<uint64_t> handles, const CUgraphNode* deps, size_t ndeps) {
+  if (!Client::Get().multi()) return -1;
+  ArgRoute route;
+  for (uint64_t h : handles)
+    if (h != 0) RouteArg(&route, Client::TagOf(h));
+  for (size_t i = 0; deps != nullptr && i < ndeps; ++i)
+    if (deps[i] != nullptr) RouteArg(&route, Client::TagOf(reinterpret_cast<uintptr_t>(deps[i])));
+  return route.server;
+}
+
+GraphRoute::GraphRoute(int server) : route_(server), saved_(t_graph_routed), set_(server >= 0) {
+  if (set_) t_graph_routed = true;
+}
+GraphRoute::~GraphRoute() {
+  if (set_) t_graph_routed = saved_;
 }
 
 void RouteArg(ArgRoute* route, int server) {
@@ -337,6 +372,36 @@ CUresult Client::CopyAcrossServers(const char* name, uint64_t dst, int dst_serve
     if (rc == CUDA_SUCCESS) rc = done;
   }
   return rc;
+}
+
+CUresult Copy3DAcrossServers(const char* name, const CUDA_MEMCPY3D& d, int dst_server,
+                             int src_server, CUstream stream, bool async, bool pt) {
+  Client& c = Client::Get();
+  if (c.AnyCapture()) return RefuseAcrossServers(name);  // not into a graph being captured
+  const size_t w = d.WidthInBytes;
+  // As the driver checks them: rows fit their pitch, slices their height.
+  if (d.Height * d.Depth > 1 && (d.srcPitch < w || d.dstPitch < w)) return CUDA_ERROR_INVALID_VALUE;
+  if (d.Depth > 1 && (d.srcHeight < d.Height || d.dstHeight < d.Height))
+    return CUDA_ERROR_INVALID_VALUE;
+  auto at = [&](bool src, size_t y, size_t z) {
+    const uint64_t base = src ? d.srcDevice : d.dstDevice;
+    const size_t x0 = src ? d.srcXInBytes : d.dstXInBytes, y0 = src ? d.srcY : d.dstY,
+                 z0 = src ? d.srcZ : d.dstZ, pitch = src ? d.srcPitch : d.dstPitch,
+                 height = src ? d.srcHeight : d.dstHeight;
+    return base + ((z0 + z) * height + y0 + y) * pitch + x0;
+  };
+  // Rows packed on both sides (pitch == width) go as one copy per slice,
+  // others row by row: each piece a copy server to server, in order.
+  const bool packed = d.srcPitch == w && d.dstPitch == w;
+  const size_t rows = packed ? d.Height : 1;
+  for (size_t z = 0; z < d.Depth; ++z) {
+    for (size_t y = 0; y < d.Height; y += rows) {
+      CUresult rc = c.CopyAcrossServers(name, at(false, y, z), dst_server, at(true, y, z),
+                                        src_server, w * rows, stream, async, pt);
+      if (rc != CUDA_SUCCESS) return rc;
+    }
+  }
+  return CUDA_SUCCESS;
 }
 
 // --- kernels of libraries on other servers

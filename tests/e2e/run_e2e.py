@@ -1957,6 +1957,35 @@ class E2E(unittest.TestCase):
         self.assertEqual(log.count("cuMemAllocManaged: not served yet for a GPU of the second"),
                          1, where)
 
+    def test_multi_server_later_gpu(self):
+        """Calls once refused for a GPU of the second server, served there (multi_server.cu
+        `later`): the JIT linker (a state stays on its server whichever device is current,
+        its cubin loaded there), graphs built by hand on device 1 (memset, memcpy, kernel,
+        host and empty nodes; list, types, dependencies, roots, kernel parameters; a child
+        graph, event nodes, edges added and removed, a clone, nodes destroyed; launched, the
+        copies and memset checked byte for byte, the host node ran once), TMA descriptors
+        of device 1's memory, and 2D/3D copies between the two servers' memory both ways
+        (pitched, odd sizes, offsets, packed rows, a 3D box), byte for byte. Only a graph
+        mixing the two servers is refused, once in the log."""
+        a = self.start_server(control=True)
+        b = self.start_server(control=True)
+        both = self._Servers([a, b])
+        res = self.run_ok(both, CFG.transports[0], "multi_server", CFG.variants[0], ["later"],
+                          log_level="warn")
+        kv = self.kv(res)
+        where = res.describe() + "\n" + b.logs()
+        for key, want in (("link_on_second", "ok"), ("graph_nodes_on_second", "ok"),
+                          ("graph_launch_on_second", "ok"), ("graph_two_servers", "refused"),
+                          ("tensor_map_on_second", "ok"), ("copies_2d_across", "ok")):
+            self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
+        log = res.stderr + res.client_log
+        self.assertNotIn("not served yet", log, where)
+        self.assertEqual(log.count("cuGraphAddEmptyNode: its arguments belong to GPUs of two"), 1,
+                         where)
+        for srv in (a, b):
+            self.assert_stats(srv, sessions=0, memory_used=0)
+            self.stop_server(srv)
+
     def test_multi_server_tls(self):
         """Two servers reached over tls://: the client's links are encrypted, the servers'
         connection to each other would not be, so copies between them are refused

@@ -27,12 +27,24 @@
 //
 // `multi_server tls`: servers reached over tls://: copies between them are
 // refused with cudaErrorNotSupported, each GPU goes on working.
+//
+// `multi_server later`: calls once refused for the second server's GPU, there:
+// the JIT linker (a state made with device 1 current, completed and destroyed
+// with device 0 current, its cubin loaded on device 1 and its kernel
+// launched), graphs built by hand on device 1 (memset, memcpy, kernel, host and
+// empty nodes, their list, types, dependencies, roots and kernel parameters;
+// a child graph, event nodes, edges added and removed, a clone, nodes destroyed;
+// set again, instantiated and launched: the copies (one from host memory) and
+// the memset checked byte for byte, the host node ran once; a node of device 0's graph as a
+// dependency is refused), TMA descriptors of device 1's memory (with either device current: the
+// same descriptor) and 2D/3D copies between the two devices' memory both ways (pitched, odd widths
+// and heights, offsets; packed rows; a 3D box), all checked byte for byte.
 #include <atomic>
 #include <cstring>
 #include <thread>
 #include <vector>
 
-#include "e2e_common.h"
+#include "e2e_driver.h"
 
 __global__ void flyt_sim_affine(const unsigned* in, unsigned* out, unsigned long long n,
                                 unsigned mul, unsigned add) {
@@ -164,11 +176,359 @@ int Tls() {
   return 0;
 }
 
+namespace {
+
+struct LaterDriver {
+  decltype(&::cuLinkCreate_v2) link_create;
+  decltype(&::cuLinkAddData_v2) link_add_data;
+  decltype(&::cuLinkComplete) link_complete;
+  decltype(&::cuLinkDestroy) link_destroy;
+  decltype(&::cuModuleLoadData) module_load;
+  decltype(&::cuModuleUnload) module_unload;
+  decltype(&::cuModuleGetFunction) module_function;
+  decltype(&::cuLaunchKernel) launch;
+  decltype(&::cuTensorMapEncodeTiled) encode_tiled;
+  decltype(&::cuTensorMapReplaceAddress) replace_address;
+  decltype(&::cuGraphKernelNodeGetParams) kernel_node_params;
+};
+
+void LaterLink(const LaterDriver& cu, unsigned* buf1) {
+  e2e::Step("the JIT linker on device 1");
+  CK(cudaSetDevice(1));
+  CK(cudaFree(nullptr));
+  char info[1024] = {}, error[1024] = {};
+  CUjit_option opts[] = {CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+                         CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+  void* vals[] = {info, reinterpret_cast<void*>(sizeof(info)), error,
+                  reinterpret_cast<void*>(sizeof(error))};
+  CUlinkState state = nullptr;
+  CU(cu.link_create(4, opts, vals, &state));
+  CU(cu.link_add_data(state, CU_JIT_INPUT_PTX, const_cast<char*>(e2e::kAddOnePtx),
+                      sizeof(e2e::kAddOnePtx), "add_one.ptx", 0, nullptr, nullptr));
+  CK(cudaSetDevice(0));  // the state stays the second server's
+  void* cubin = nullptr;
+  size_t cubin_size = 0;
+  CU(cu.link_complete(state, &cubin, &cubin_size));
+  EXPECT(cubin != nullptr && cubin_size > 0, "cuLinkComplete gave %p, %zu bytes", cubin,
+         cubin_size);
+  CK(cudaSetDevice(1));
+  CUmodule mod = nullptr;
+  CU(cu.module_load(&mod, cubin));
+  CUfunction f = nullptr;
+  CU(cu.module_function(&f, mod, "add_one"));
+  unsigned n = 256;
+  void* args[] = {&buf1, &n};
+  CU(cu.launch(f, 1, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr));
+  CK(cudaDeviceSynchronize());
+  CK(cudaSetDevice(0));
+  CU(cu.link_destroy(state));
+  EXPECT_CU(cu.link_destroy(state), CUDA_ERROR_INVALID_HANDLE);
+  CK(cudaSetDevice(1));
+  CU(cu.module_unload(mod));
+  printf("link_on_second=ok\n");
+}
+
+std::atomic<int> g_host_node_runs{0};
+
+void LaterGraph(const LaterDriver& cu, char* src1, char* dst1, size_t n) {
+  e2e::Step("graphs built by hand on device 1");
+  CK(cudaSetDevice(1));
+  cudaStream_t stream;
+  CK(cudaStreamCreate(&stream));
+  std::vector<unsigned char> in(n), out(n, 0);
+  e2e::Fill(in.data(), n, 4242);
+  CK(cudaMemcpy(src1, in.data(), n, cudaMemcpyHostToDevice));
+  cudaGraph_t g = nullptr;
+  CK(cudaGraphCreate(&g, 0));
+  cudaGraphNode_t ms = nullptr, cp = nullptr, kn = nullptr, host = nullptr, empty = nullptr;
+  cudaMemsetParams mp{};
+  mp.dst = dst1 + n;  // the second half: set to 0x5a
+  mp.value = 0x5a;
+  mp.elementSize = 1;
+  mp.width = n;
+  mp.height = 1;
+  CK(cudaGraphAddMemsetNode(&ms, g, nullptr, 0, &mp));
+  CK(cudaGraphAddMemcpyNode1D(&cp, g, &ms, 1, dst1, src1, n, cudaMemcpyDeviceToDevice));
+  unsigned* words = reinterpret_cast<unsigned*>(src1);
+  unsigned long long count = 16;
+  unsigned mul = 3, add = 1;
+  void* kargs[] = {&words, &words, &count, &mul, &add};
+  cudaKernelNodeParams kp{};
+  kp.func = reinterpret_cast<void*>(flyt_sim_affine);
+  kp.gridDim = dim3(2, 1, 1);
+  kp.blockDim = dim3(64, 1, 1);
+  kp.kernelParams = kargs;
+  CK(cudaGraphAddKernelNode(&kn, g, &cp, 1, &kp));
+  cudaHostNodeParams hp{};
+  hp.fn = [](void*) { g_host_node_runs.fetch_add(1); };
+  CK(cudaGraphAddHostNode(&host, g, &kn, 1, &hp));
+  CK(cudaGraphAddEmptyNode(&empty, g, &host, 1));
+  // Host memory in a graph of device 1: its server reads it over its own channel.
+  std::vector<unsigned char> from_host(n);
+  e2e::Fill(from_host.data(), n, 4343);
+  cudaGraphNode_t up = nullptr;
+  CK(cudaGraphAddMemcpyNode1D(&up, g, &empty, 1, src1 + n, from_host.data(), n,
+                              cudaMemcpyHostToDevice));
+  size_t count_nodes = 0;
+  CK(cudaGraphGetNodes(g, nullptr, &count_nodes));
+  EXPECT(count_nodes == 6, "%zu nodes", count_nodes);
+  cudaGraphNode_t nodes[6] = {};
+  CK(cudaGraphGetNodes(g, nodes, &count_nodes));
+  int kinds = 0;
+  for (auto node : nodes) {
+    cudaGraphNodeType t{};
+    CK(cudaGraphNodeGetType(node, &t));
+    kinds |= 1 << static_cast<int>(t);
+  }
+  const int want = 1 << cudaGraphNodeTypeKernel | 1 << cudaGraphNodeTypeMemcpy |
+                   1 << cudaGraphNodeTypeMemset | 1 << cudaGraphNodeTypeHost |
+                   1 << cudaGraphNodeTypeEmpty;
+  EXPECT(kinds == want, "node types %#x, want %#x", kinds, want);
+  cudaGraphNode_t dep = nullptr;
+  size_t ndep = 1;
+  CK(cudaGraphNodeGetDependencies(kn, &dep, nullptr, &ndep));
+  EXPECT(ndep == 1 && dep == cp, "the kernel node's dependency: %zu, %p", ndep,
+         static_cast<void*>(dep));
+  cudaGraphNode_t root = nullptr;
+  size_t nroot = 1;
+  CK(cudaGraphGetRootNodes(g, &root, &nroot));
+  EXPECT(nroot == 1 && root == ms, "roots: %zu, %p", nroot, static_cast<void*>(root));
+  kp.gridDim = dim3(3, 1, 1);
+  CK(cudaGraphKernelNodeSetParams(kn, &kp));
+  CUDA_KERNEL_NODE_PARAMS got{};
+  CK(cudaSetDevice(0));  // the node's server answers whichever device is current
+  CU(cu.kernel_node_params(reinterpret_cast<CUgraphNode>(kn), &got));
+  EXPECT(got.gridDimX == 3 && got.blockDimX == 64 && got.sharedMemBytes == 0,
+         "kernel node params: grid %u block %u", got.gridDimX, got.blockDimX);
+  CK(cudaSetDevice(1));
+  // Child graph, event nodes, edges, clones and a node destroyed, on device 1.
+  {
+    cudaGraph_t child = nullptr, clone = nullptr;
+    cudaGraphNode_t ce = nullptr, cn = nullptr, rec = nullptr, wait = nullptr, found = nullptr;
+    cudaEvent_t ev;
+    CK(cudaEventCreate(&ev));
+    CK(cudaGraphCreate(&child, 0));
+    CK(cudaGraphAddEmptyNode(&ce, child, nullptr, 0));
+    CK(cudaGraphAddChildGraphNode(&cn, g, &up, 1, child));
+    cudaGraph_t got_child = nullptr;
+    CK(cudaGraphChildGraphNodeGetGraph(cn, &got_child));
+    size_t child_nodes = 0;
+    CK(cudaGraphGetNodes(got_child, nullptr, &child_nodes));
+    EXPECT(child_nodes == 1, "the child graph has %zu nodes", child_nodes);
+    CK(cudaGraphAddEventRecordNode(&rec, g, &cn, 1, ev));
+    CK(cudaGraphAddEventWaitNode(&wait, g, nullptr, 0, ev));
+    cudaEvent_t got_ev = nullptr;
+    CK(cudaGraphEventRecordNodeGetEvent(rec, &got_ev));
+    EXPECT(got_ev == ev, "the event record node's event");
+    CK(cudaGraphAddDependencies(g, &rec, &wait, nullptr, 1));
+    size_t nout = 0;
+    CK(cudaGraphNodeGetDependentNodes(rec, nullptr, nullptr, &nout));
+    EXPECT(nout == 1, "the record node has %zu dependents", nout);
+    CK(cudaGraphRemoveDependencies(g, &rec, &wait, nullptr, 1));
+    CK(cudaGraphNodeGetDependentNodes(rec, nullptr, nullptr, &nout));
+    EXPECT(nout == 0, "the record node has %zu dependents after removal", nout);
+    CK(cudaGraphClone(&clone, g));
+    CK(cudaGraphNodeFindInClone(&found, kn, clone));
+    cudaGraphNodeType t{};
+    CK(cudaGraphNodeGetType(found, &t));
+    EXPECT(t == cudaGraphNodeTypeKernel, "the clone's kernel node has type %d", t);
+    CK(cudaGraphDestroy(clone));
+    CK(cudaGraphDestroyNode(wait));
+    CK(cudaGraphDestroyNode(rec));
+    CK(cudaGraphDestroyNode(cn));
+    CK(cudaGraphDestroy(child));
+    CK(cudaEventDestroy(ev));
+    size_t left = 0;
+    CK(cudaGraphGetNodes(g, nullptr, &left));
+    EXPECT(left == 6, "%zu nodes left", left);
+  }
+  printf("graph_nodes_on_second=ok\n");
+  cudaGraphExec_t exec = nullptr;
+  CK(cudaGraphInstantiate(&exec, g, 0));
+  CK(cudaGraphLaunch(exec, stream));
+  CK(cudaStreamSynchronize(stream));
+  CK(cudaMemcpy(out.data(), dst1, n, cudaMemcpyDeviceToHost));
+  EXPECT_SAME(out.data(), in.data(), n, "the graph's copy");
+  CK(cudaMemcpy(out.data(), dst1 + n, n, cudaMemcpyDeviceToHost));
+  EXPECT(e2e::FirstNot(out.data(), static_cast<unsigned char>(0x5a), n) < 0, "the graph's memset");
+  EXPECT(g_host_node_runs.load() == 1, "the host node ran %d times", g_host_node_runs.load());
+  CK(cudaMemcpy(out.data(), src1 + n, n, cudaMemcpyDeviceToHost));
+  EXPECT_SAME(out.data(), from_host.data(), n, "the graph's copy from host memory");
+  printf("graph_launch_on_second=ok\n");
+  // A node of device 0's graph as a dependency: two servers in one graph.
+  CK(cudaSetDevice(0));
+  cudaGraph_t g0 = nullptr;
+  cudaGraphNode_t e0 = nullptr, mixed = nullptr;
+  CK(cudaGraphCreate(&g0, 0));
+  CK(cudaGraphAddEmptyNode(&e0, g0, nullptr, 0));
+  EXPECT_ERR(cudaGraphAddEmptyNode(&mixed, g, &e0, 1), cudaErrorNotSupported);
+  CK(cudaGraphDestroy(g0));
+  printf("graph_two_servers=refused\n");
+  CK(cudaSetDevice(1));
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(g));
+  CK(cudaStreamDestroy(stream));
+}
+
+void LaterTensorMap(const LaterDriver& cu, char* buf1, char* other1) {
+  e2e::Step("TMA descriptors of device 1's memory");
+  cuuint64_t dims[2] = {64, 32};
+  cuuint64_t strides[1] = {64 * 4};
+  cuuint32_t box[2] = {16, 8};
+  cuuint32_t elem[2] = {1, 1};
+  CUtensorMap maps[2];
+  for (int current = 1; current >= 0; --current) {
+    CK(cudaSetDevice(current));
+    CU(cu.encode_tiled(&maps[current], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, buf1, dims, strides, box,
+                       elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+  }
+  EXPECT(memcmp(&maps[0], &maps[1], sizeof(maps[0])) == 0,
+         "device 1's descriptor differs with device 0 current");
+  CK(cudaSetDevice(1));
+  CU(cu.replace_address(&maps[1], other1));
+  printf("tensor_map_on_second=ok\n");
+}
+
+// cudaMemcpy2D / 2DAsync / 3D between device 0's and device 1's memory.
+void Later2D(int from, int to, cudaStream_t stream, uint32_t seed) {
+  const size_t width = 1001, height = 7, xoff = 3, yoff = 1;
+  char* p[2] = {};
+  size_t pitch[2] = {};
+  for (int d : {from, to}) {
+    CK(cudaSetDevice(d));
+    CK(cudaMallocPitch(reinterpret_cast<void**>(&p[d]), &pitch[d], width + xoff, height + yoff));
+  }
+  std::vector<unsigned char> rows(width * height), back(width * height, 0);
+  e2e::Fill(rows.data(), rows.size(), seed);
+  CK(cudaSetDevice(from));
+  char* src = p[from] + yoff * pitch[from] + xoff;
+  char* dst = p[to] + yoff * pitch[to] + xoff;
+  CK(cudaMemcpy2D(src, pitch[from], rows.data(), width, width, height, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy2D(dst, pitch[to], src, pitch[from], width, height, cudaMemcpyDeviceToDevice));
+  CK(cudaSetDevice(to));
+  CK(cudaMemcpy2D(back.data(), width, dst, pitch[to], width, height, cudaMemcpyDeviceToHost));
+  EXPECT_SAME(back.data(), rows.data(), rows.size(), "2D copy between the servers");
+  // Asynchronous, on the target's stream, with the default kind.
+  e2e::Fill(rows.data(), rows.size(), seed + 1);
+  CK(cudaMemcpy2D(src, pitch[from], rows.data(), width, width, height, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy2DAsync(dst, pitch[to], src, pitch[from], width - 2, height, cudaMemcpyDefault,
+                       stream));
+  CK(cudaStreamSynchronize(stream));
+  CK(cudaMemcpy2D(back.data(), width, dst, pitch[to], width - 2, height, cudaMemcpyDeviceToHost));
+  for (size_t y = 0; y < height; ++y)
+    EXPECT_SAME(back.data() + y * width, rows.data() + y * width, width - 2, "2D async row");
+  for (int d : {from, to}) {
+    CK(cudaSetDevice(d));
+    CK(cudaFree(p[d]));
+  }
+}
+
+int Later() {
+  LaterDriver cu{};
+  e2e::ResolveDriver("cuLinkCreate", &cu.link_create);
+  e2e::ResolveDriver("cuLinkAddData", &cu.link_add_data);
+  e2e::ResolveDriver("cuLinkComplete", &cu.link_complete);
+  e2e::ResolveDriver("cuLinkDestroy", &cu.link_destroy);
+  e2e::ResolveDriver("cuModuleLoadData", &cu.module_load);
+  e2e::ResolveDriver("cuModuleUnload", &cu.module_unload);
+  e2e::ResolveDriver("cuModuleGetFunction", &cu.module_function);
+  e2e::ResolveDriver("cuLaunchKernel", &cu.launch);
+  e2e::ResolveDriver("cuTensorMapEncodeTiled", &cu.encode_tiled);
+  e2e::ResolveDriver("cuTensorMapReplaceAddress", &cu.replace_address);
+  e2e::ResolveDriver("cuGraphKernelNodeGetParams", &cu.kernel_node_params);
+  int count = 0;
+  CK(cudaGetDeviceCount(&count));
+  EXPECT(count == 2, "expected 2 devices, found %d", count);
+  const size_t n = 64 * 1024 + 7;
+  char* buf[2] = {};
+  char* other[2] = {};
+  cudaStream_t stream[2];
+  for (int d = 0; d < 2; ++d) {
+    CK(cudaSetDevice(d));
+    CK(cudaMalloc(&buf[d], 2 * n));
+    CK(cudaMalloc(&other[d], 2 * n));
+    CK(cudaStreamCreate(&stream[d]));
+  }
+  LaterLink(cu, reinterpret_cast<unsigned*>(buf[1]));
+  LaterGraph(cu, other[1], buf[1], n);
+  LaterTensorMap(cu, buf[1], other[1]);
+
+  e2e::Step("2D and 3D copies between the servers");
+  Later2D(0, 1, stream[1], 600);
+  Later2D(1, 0, stream[0], 700);
+  // Packed rows (pitch == width): a slice at a time.
+  {
+    const size_t width = 333, height = 5;
+    std::vector<unsigned char> in(width * height), out(width * height, 0);
+    e2e::Fill(in.data(), in.size(), 800);
+    CK(cudaSetDevice(1));
+    CK(cudaMemcpy(buf[1] + 1, in.data(), in.size(), cudaMemcpyHostToDevice));
+    CK(cudaSetDevice(0));
+    CK(cudaMemcpy2D(buf[0] + 5, width, buf[1] + 1, width, width, height, cudaMemcpyDeviceToDevice));
+    CK(cudaMemcpy(out.data(), buf[0] + 5, out.size(), cudaMemcpyDeviceToHost));
+    EXPECT_SAME(out.data(), in.data(), in.size(), "packed 2D copy between the servers");
+  }
+  // A 3D box of odd sizes from device 1's pitched volume into device 0's.
+  {
+    const size_t w = 77, h = 5, depth = 3;
+    cudaExtent ext = make_cudaExtent(w + 2, h + 1, depth + 1);
+    cudaPitchedPtr vol[2];
+    for (int d = 0; d < 2; ++d) {
+      CK(cudaSetDevice(d));
+      CK(cudaMalloc3D(&vol[d], ext));
+    }
+    std::vector<unsigned char> in(w * h * depth), out(w * h * depth, 0);
+    e2e::Fill(in.data(), in.size(), 900);
+    cudaMemcpy3DParms up{};
+    up.srcPtr = make_cudaPitchedPtr(in.data(), w, w, h);
+    up.dstPtr = vol[1];
+    up.dstPos = make_cudaPos(1, 1, 1);
+    up.extent = make_cudaExtent(w, h, depth);
+    up.kind = cudaMemcpyHostToDevice;
+    CK(cudaSetDevice(1));
+    CK(cudaMemcpy3D(&up));
+    cudaMemcpy3DParms across{};
+    across.srcPtr = vol[1];
+    across.srcPos = make_cudaPos(1, 1, 1);
+    across.dstPtr = vol[0];
+    across.dstPos = make_cudaPos(2, 0, 0);
+    across.extent = make_cudaExtent(w, h, depth);
+    across.kind = cudaMemcpyDeviceToDevice;
+    CK(cudaMemcpy3D(&across));
+    cudaMemcpy3DParms down{};
+    down.srcPtr = vol[0];
+    down.srcPos = make_cudaPos(2, 0, 0);
+    down.dstPtr = make_cudaPitchedPtr(out.data(), w, w, h);
+    down.extent = make_cudaExtent(w, h, depth);
+    down.kind = cudaMemcpyDeviceToHost;
+    CK(cudaSetDevice(0));
+    CK(cudaMemcpy3D(&down));
+    EXPECT_SAME(out.data(), in.data(), in.size(), "3D copy between the servers");
+    for (int d = 0; d < 2; ++d) {
+      CK(cudaSetDevice(d));
+      CK(cudaFree(vol[d].ptr));
+    }
+  }
+  printf("copies_2d_across=ok\n");
+  for (int d = 0; d < 2; ++d) {
+    CK(cudaSetDevice(d));
+    CK(cudaFree(buf[d]));
+    CK(cudaFree(other[d]));
+    CK(cudaStreamDestroy(stream[d]));
+  }
+  e2e::Pass();
+  return 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   e2e::Init("multi_server");
   if (argc > 1 && strcmp(argv[1], "three") == 0) return Three();
   if (argc > 1 && strcmp(argv[1], "refused") == 0) return Refused();
   if (argc > 1 && strcmp(argv[1], "tls") == 0) return Tls();
+  if (argc > 1 && strcmp(argv[1], "later") == 0) return Later();
 
   e2e::Step("enumerate");
   int count = 0;
