@@ -58,14 +58,16 @@ failed=0
   echo "| program | transport | result | key lines |"
   echo "|---|---|---|---|"
 } >"$OUTFILE"
-for prog in multi_server multi_server_shared; do
+for run in multi_server multi_server_shared "multi_server later"; do
+  prog=${run%% *}
+  args=${run#"$prog"}
   for mode in $MODES; do
     if [[ $mode == tcp ]]; then list="${TCP[a]},${TCP[b]}"; else list="${UNIX[a]},${UNIX[b]}"; fi
-    out="$WORK/$prog-$mode.out"
+    out="$WORK/$prog${args// /-}-$mode.out"
     shared_gpu=0
     [[ $BACKEND == cuda && $GPU_A == "$GPU_B" ]] && shared_gpu=1
-    MULTI_SERVER_SHARED_GPU=$shared_gpu FLYT_SHM=off FLYT_LOG=warn FLYT_LOG_FILE="$WORK/$prog-$mode.log" \
-      timeout "$RUN_TIMEOUT" "$BUILD/bin/flyt" run --server "$list" -- "$PROGS/$prog" >"$out" 2>&1
+    MULTI_SERVER_SHARED_GPU=$shared_gpu FLYT_SHM=off FLYT_LOG=warn FLYT_LOG_FILE="$WORK/$prog${args// /-}-$mode.log" \
+      timeout "$RUN_TIMEOUT" "$BUILD/bin/flyt" run --server "$list" -- "$PROGS/$prog" $args >"$out" 2>&1
     rc=$?
     keys=$(grep -E '=' "$out" | grep -v '^device\.' | tr '\n' ' ')
     if [[ $rc -eq 0 ]] && grep -q '^multi_server: PASS' "$out" &&
@@ -77,7 +79,7 @@ for prog in multi_server multi_server_shared; do
       echo "--- $prog over $mode:" >&2
       tail -20 "$out" "$WORK/$prog-$mode.log" >&2
     fi
-    echo "| $prog | $mode | $verdict | $keys |" >>"$OUTFILE"
+    echo "| $prog$args | $mode | $verdict | $keys |" >>"$OUTFILE"
   done
 done
 for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null || { echo "a server died" >&2; failed=1; }; done
