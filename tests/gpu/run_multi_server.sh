@@ -71,13 +71,13 @@ for run in multi_server multi_server_shared "multi_server later"; do
     rc=$?
     keys=$(grep -E '=' "$out" | grep -v '^device\.' | tr '\n' ' ')
     if [[ $rc -eq 0 ]] && grep -q '^multi_server: PASS' "$out" &&
-       ! grep -q 'not supported\|not served' "$out" "$WORK/$prog-$mode.log"; then
+       ! grep -q 'not supported\|not served' "$out" "$WORK/$prog${args// /-}-$mode.log"; then
       verdict=pass
     else
       verdict="FAIL (exit $rc)"
       failed=1
       echo "--- $prog over $mode:" >&2
-      tail -20 "$out" "$WORK/$prog-$mode.log" >&2
+      tail -n 20 "$out" "$WORK/$prog${args// /-}-$mode.log" >&2
     fi
     echo "| $prog$args | $mode | $verdict | $keys |" >>"$OUTFILE"
   done
