@@ -545,8 +545,21 @@ namespace {
 // (one i32): its launch head, after the sub-operation byte when `misc` is set.
 CUresult AskClusterQuery(const char* name, uint16_t op, const uint8_t* misc, CUfunction f,
                          const CUlaunchConfig* cfg, int* out) {
-  const int route = LaunchRoute(Client::Get(), cfg->hStream, &f);
-  if (route == kNoRoute) return CUDA_ERROR_INVALID_HANDLE;
+  // Several servers: asked where the function lives (a kernel: the current context's
+  // copy), whatever the config's stream, which the answer does not depend on (cuBLAS
+  // asks with a stream of the device it started on).
+  Client& c = Client::Get();
+  CUstream stream = cfg->hStream;
+  int route = -1;
+  if (c.multi()) {
+    auto seen = c.Func(reinterpret_cast<uintptr_t>(f));
+    route = seen != nullptr && seen->is_kernel
+                ? LaunchRoute(c, nullptr, &f)  // as with a default stream: the current context's
+                : Client::TagOf(reinterpret_cast<uintptr_t>(f));
+    if (route == kNoRoute) return CUDA_ERROR_INVALID_HANDLE;
+    const uint64_t s = reinterpret_cast<uintptr_t>(stream);
+    if (s > 2 && Client::TagOf(s) != route) stream = nullptr;
+  }
   Client::RouteScope scope(route);
   auto info = FuncLayout(reinterpret_cast<uintptr_t>(f));
   if (info == nullptr) return CUDA_ERROR_INVALID_HANDLE;
@@ -555,9 +568,9 @@ CUresult AskClusterQuery(const char* name, uint16_t op, const uint8_t* misc, CUf
   wire::Writer w;
   if (misc != nullptr) w.Put<uint8_t>(*misc);
   EncodeLaunchHead(w, f, info->is_kernel ? uint32_t{ops::kLaunchIsKernel} : 0u, grid, block,
-                   cfg->sharedMemBytes, cfg->hStream, cfg->attrs, cfg->numAttrs);
+                   cfg->sharedMemBytes, stream, cfg->attrs, cfg->numAttrs);
   std::vector<uint8_t> reply;
-  CUresult rc = Client::Get().Call(name, op, w, ReplySink{&reply});
+  CUresult rc = c.Call(name, op, w, ReplySink{&reply});
   wire::Reader r(reply.data(), reply.size());
   int32_t v = 0;
   if (rc == CUDA_SUCCESS && !r.Get(&v)) rc = CUDA_ERROR_UNKNOWN;

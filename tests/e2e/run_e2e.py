@@ -1976,7 +1976,8 @@ class E2E(unittest.TestCase):
         where = res.describe() + "\n" + b.logs()
         for key, want in (("link_on_second", "ok"), ("graph_nodes_on_second", "ok"),
                           ("graph_launch_on_second", "ok"), ("graph_two_servers", "refused"),
-                          ("tensor_map_on_second", "ok"), ("copies_2d_across", "ok")):
+                          ("tensor_map_on_second", "ok"), ("copies_2d_across", "ok"),
+                          ("occupancy_other_stream", "ok")):
             self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
         log = res.stderr + res.client_log
         self.assertNotIn("not served yet", log, where)

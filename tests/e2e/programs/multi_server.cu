@@ -190,6 +190,7 @@ struct LaterDriver {
   decltype(&::cuTensorMapEncodeTiled) encode_tiled;
   decltype(&::cuTensorMapReplaceAddress) replace_address;
   decltype(&::cuGraphKernelNodeGetParams) kernel_node_params;
+  decltype(&::cuOccupancyMaxActiveClusters) max_active_clusters;
 };
 
 void LaterLink(const LaterDriver& cu, unsigned* buf1) {
@@ -437,6 +438,7 @@ int Later() {
   e2e::ResolveDriver("cuTensorMapEncodeTiled", &cu.encode_tiled);
   e2e::ResolveDriver("cuTensorMapReplaceAddress", &cu.replace_address);
   e2e::ResolveDriver("cuGraphKernelNodeGetParams", &cu.kernel_node_params);
+  e2e::ResolveDriver("cuOccupancyMaxActiveClusters", &cu.max_active_clusters);
   int count = 0;
   CK(cudaGetDeviceCount(&count));
   EXPECT(count == 2, "expected 2 devices, found %d", count);
@@ -453,6 +455,33 @@ int Later() {
   LaterLink(cu, reinterpret_cast<unsigned*>(buf[1]));
   LaterGraph(cu, other[1], buf[1], n);
   LaterTensorMap(cu, buf[1], other[1]);
+
+  // An occupancy question about device 1's function whose config names a stream of
+  // device 0 (cuBLAS asks so with the stream it made on the device it started on): the
+  // driver answers for the function; the stream does not matter.
+  e2e::Step("cluster occupancy with another device's stream");
+  {
+    CK(cudaSetDevice(1));
+    cudaFunction_t fn = nullptr;
+    CK(cudaGetFuncBySymbol(&fn, reinterpret_cast<const void*>(flyt_sim_affine)));
+    CUlaunchAttribute attr = {};
+    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim.x = 1;
+    attr.value.clusterDim.y = 1;
+    attr.value.clusterDim.z = 1;
+    CUlaunchConfig cfg = {};
+    cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = 32;
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.hStream = reinterpret_cast<CUstream>(stream[0]);
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int clusters = -1;
+    CUresult rc = cu.max_active_clusters(&clusters, reinterpret_cast<CUfunction>(fn), &cfg);
+    EXPECT(rc == CUDA_SUCCESS && clusters >= 0, "cuOccupancyMaxActiveClusters: %d, %d",
+           static_cast<int>(rc), clusters);
+    printf("occupancy_other_stream=ok\n");
+  }
 
   e2e::Step("2D and 3D copies between the servers");
   Later2D(0, 1, stream[1], 600);
