@@ -440,9 +440,12 @@ FLYT_API CUresult cuKernelGetFunction(CUfunction* f, CUkernel k) {
   wire::Reader r(reply.data(), reply.size());
   if (!r.Get(&h)) return CUDA_ERROR_UNKNOWN;
   h = Client::Tag(h, server);
-  FuncInfo copy = *info;
-  copy.is_kernel = false;
-  c.AliasFunc(h, std::make_shared<const FuncInfo>(std::move(copy)));
+  // A driver may answer with the kernel's own value (the sim does): it stays the kernel.
+  if (h != reinterpret_cast<uintptr_t>(k)) {
+    FuncInfo copy = *info;
+    copy.is_kernel = false;
+    c.AliasFunc(h, std::make_shared<const FuncInfo>(std::move(copy)));
+  }
   QueryCache::Get().PutFunction(reinterpret_cast<uintptr_t>(k), ctx, h);
   *f = reinterpret_cast<CUfunction>(h);
   return CUDA_SUCCESS;
@@ -614,8 +617,16 @@ FLYT_API CUresult cuKernelSetAttribute(CUfunction_attribute attr, int value, CUk
                                        CUdevice dev) {
   QueryCache::Get().AttributeSet(reinterpret_cast<uintptr_t>(k), true, attr, dev, value);
   CUresult rc = Forward<194, false, false>("cuKernelSetAttribute", attr, value, k, dev);
-  if (rc == CUDA_SUCCESS && attr == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
-    Client::Get().SetMaxDynamicShared(reinterpret_cast<uintptr_t>(k), value);
+  if (rc == CUDA_SUCCESS && attr == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) {
+    Client& c = Client::Get();
+    c.SetMaxDynamicShared(reinterpret_cast<uintptr_t>(k), value);
+    // Several servers: launches on that device use the kernel's copy on its server.
+    if (c.multi()) {
+      const uint64_t there =
+          flyt::client::KernelOnServer(reinterpret_cast<uintptr_t>(k), c.DeviceServer(dev));
+      if (there != 0) c.SetMaxDynamicShared(there, value);
+    }
+  }
   return rc;
 }
 FLYT_API CUresult cuFuncGetAttribute(int* value, CUfunction_attribute attr, CUfunction f) {

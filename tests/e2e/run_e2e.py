@@ -1977,7 +1977,7 @@ class E2E(unittest.TestCase):
         for key, want in (("link_on_second", "ok"), ("graph_nodes_on_second", "ok"),
                           ("graph_launch_on_second", "ok"), ("graph_two_servers", "refused"),
                           ("tensor_map_on_second", "ok"), ("copies_2d_across", "ok"),
-                          ("occupancy_other_stream", "ok")):
+                          ("occupancy_other_stream", "ok"), ("shared_opt_in_other_copy", "ok")):
             self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
         log = res.stderr + res.client_log
         self.assertNotIn("not served yet", log, where)

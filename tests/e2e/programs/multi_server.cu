@@ -456,6 +456,25 @@ int Later() {
   LaterGraph(cu, other[1], buf[1], n);
   LaterTensorMap(cu, buf[1], other[1]);
 
+  // A kernel the other server loaded first (cudart loaded this program's kernels while
+  // device 1 was current), given more than 48 KiB of dynamic shared memory on device 0
+  // and launched there: the opt-in holds for that server's copy (cuBLAS's first use of
+  // its second GPU does so).
+  e2e::Step("dynamic shared memory opt-in on the other server's copy");
+  {
+    CK(cudaSetDevice(1));
+    cudaFuncAttributes fa;
+    CK(cudaFuncGetAttributes(&fa, flyt_sim_affine));
+    CK(cudaSetDevice(0));
+    const int big = 64 * 1024;
+    CK(cudaFuncSetAttribute(flyt_sim_affine, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+    flyt_sim_affine<<<1, 32, big>>>(reinterpret_cast<const unsigned*>(buf[0]),
+                                     reinterpret_cast<unsigned*>(other[0]), 0, 1, 0);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    printf("shared_opt_in_other_copy=ok\n");
+  }
+
   // An occupancy question about device 1's function whose config names a stream of
   // device 0 (cuBLAS asks so with the stream it made on the device it started on): the
   // driver answers for the function; the stream does not matter.
