@@ -442,6 +442,7 @@ FLYT_API CUresult cuKernelGetFunction(CUfunction* f, CUkernel k) {
   h = Client::Tag(h, server);
   // A driver may answer with the kernel's own value (the sim does): it stays the kernel.
   if (h != reinterpret_cast<uintptr_t>(k)) {
+    if (c.multi()) c.LinkKernelHandles(reinterpret_cast<uintptr_t>(k), h);
     FuncInfo copy = *info;
     copy.is_kernel = false;
     c.AliasFunc(h, std::make_shared<const FuncInfo>(std::move(copy)));
@@ -559,13 +560,23 @@ CUresult AskClusterQuery(const char* name, uint16_t op, const uint8_t* misc, CUf
     route = seen != nullptr && seen->is_kernel
                 ? LaunchRoute(c, nullptr, &f)  // as with a default stream: the current context's
                 : Client::TagOf(reinterpret_cast<uintptr_t>(f));
+    FLYT_DEBUG("%s: function %llx (%s) goes to server %d", name,
+               static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(f)),
+               seen == nullptr   ? "unknown"
+               : seen->is_kernel ? "kernel"
+                                 : "function",
+               route);
     if (route == kNoRoute) return CUDA_ERROR_INVALID_HANDLE;
     const uint64_t s = reinterpret_cast<uintptr_t>(stream);
     if (s > 2 && Client::TagOf(s) != route) stream = nullptr;
   }
   Client::RouteScope scope(route);
   auto info = FuncLayout(reinterpret_cast<uintptr_t>(f));
-  if (info == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (info == nullptr) {
+    FLYT_DEBUG("%s: no parameter layout for function %llx", name,
+               static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(f)));
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
   unsigned grid[3] = {cfg->gridDimX, cfg->gridDimY, cfg->gridDimZ};
   unsigned block[3] = {cfg->blockDimX, cfg->blockDimY, cfg->blockDimZ};
   wire::Writer w;
@@ -619,13 +630,11 @@ FLYT_API CUresult cuKernelSetAttribute(CUfunction_attribute attr, int value, CUk
   CUresult rc = Forward<194, false, false>("cuKernelSetAttribute", attr, value, k, dev);
   if (rc == CUDA_SUCCESS && attr == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) {
     Client& c = Client::Get();
+    // Several servers: launches on that device use the kernel's copy on its server,
+    // linked to this handle when it is made.
+    if (c.multi())
+      flyt::client::KernelOnServer(reinterpret_cast<uintptr_t>(k), c.DeviceServer(dev));
     c.SetMaxDynamicShared(reinterpret_cast<uintptr_t>(k), value);
-    // Several servers: launches on that device use the kernel's copy on its server.
-    if (c.multi()) {
-      const uint64_t there =
-          flyt::client::KernelOnServer(reinterpret_cast<uintptr_t>(k), c.DeviceServer(dev));
-      if (there != 0) c.SetMaxDynamicShared(there, value);
-    }
   }
   return rc;
 }

@@ -1331,15 +1331,39 @@ std::shared_ptr<const FuncInfo> Client::Func(uint64_t handle) {
   return it == funcs_.end() ? nullptr : it->second;
 }
 
+namespace {
+uint64_t LinkRoot(const std::unordered_map<uint64_t, uint64_t>& links, uint64_t h) {
+  for (int hops = 0; hops < 64; ++hops) {
+    auto it = links.find(h);
+    if (it == links.end() || it->second == h) return h;
+    h = it->second;
+  }
+  return h;
+}
+}  // namespace
+
 void Client::SetMaxDynamicShared(uint64_t func, int bytes) {
   std::lock_guard<std::mutex> lock(state_mu_);
-  max_dynamic_shared_[func] = bytes;
+  max_dynamic_shared_[LinkRoot(kernel_link_, func)] = bytes;
 }
 
 int Client::MaxDynamicShared(uint64_t func) {
   std::lock_guard<std::mutex> lock(state_mu_);
-  auto it = max_dynamic_shared_.find(func);
+  auto it = max_dynamic_shared_.find(LinkRoot(kernel_link_, func));
   return it == max_dynamic_shared_.end() ? -1 : it->second;
+}
+
+void Client::LinkKernelHandles(uint64_t a, uint64_t b) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  const uint64_t ra = LinkRoot(kernel_link_, a), rb = LinkRoot(kernel_link_, b);
+  if (ra == rb) return;
+  kernel_link_[rb] = ra;
+  auto it = max_dynamic_shared_.find(rb);
+  if (it != max_dynamic_shared_.end()) {
+    auto& v = max_dynamic_shared_[ra];
+    v = std::max(v, it->second);
+    max_dynamic_shared_.erase(rb);
+  }
 }
 
 void Client::AliasFunc(uint64_t alias, std::shared_ptr<const FuncInfo> info) {

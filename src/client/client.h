@@ -332,8 +332,12 @@ class Client {
   void AliasFunc(uint64_t alias, std::shared_ptr<const FuncInfo> info);
   size_t ImageFuncCount(uint64_t image, std::vector<uint64_t>* out);
   // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as the app set it; -1 if never.
+  // Handles of one kernel (a library's kernel, its copy on another server, the
+  // functions got from them) share the value once linked: the app may set it on one
+  // and launch another (this check only spares a round trip; the driver has the last word).
   void SetMaxDynamicShared(uint64_t func, int bytes);
   int MaxDynamicShared(uint64_t func);
+  void LinkKernelHandles(uint64_t a, uint64_t b);
 
  private:
   Client() = default;
@@ -534,7 +538,8 @@ class Client {
   bool FindMappedLocked(uint64_t p, uint64_t n, uint64_t* base, uint64_t* size);
   std::unordered_map<uint64_t, std::shared_ptr<const FuncInfo>> funcs_;
   std::unordered_map<uint64_t, ImageInfo> images_;
-  std::unordered_map<uint64_t, int> max_dynamic_shared_;
+  std::unordered_map<uint64_t, int> max_dynamic_shared_;  // by the root of its handles
+  std::unordered_map<uint64_t, uint64_t> kernel_link_;    // a handle -> its root's way
 
   friend void AfterForkInChild();
 };

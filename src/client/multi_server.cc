@@ -492,6 +492,7 @@ uint64_t KernelOnServer(uint64_t kernel, int server) {
   if (there == 0) return 0;
   const uint64_t found = c.FindInImage(there, info->name);
   if (found != 0) {
+    c.LinkKernelHandles(kernel, found);
     std::lock_guard<std::mutex> lock(KernelMutex());
     KernelsOn()[{kernel, server}] = found;
   }

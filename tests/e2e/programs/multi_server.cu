@@ -499,6 +499,19 @@ int Later() {
     CUresult rc = cu.max_active_clusters(&clusters, reinterpret_cast<CUfunction>(fn), &cfg);
     EXPECT(rc == CUDA_SUCCESS && clusters >= 0, "cuOccupancyMaxActiveClusters: %d, %d",
            static_cast<int>(rc), clusters);
+    // The kernel itself where a function is expected (cuBLAS asks so), with the other
+    // device current: the answer is for that device's copy.
+    cudaKernel_t kernel = nullptr;
+    CK(cudaGetKernel(&kernel, flyt_sim_affine));
+    for (int d : {0, 1}) {
+      CK(cudaSetDevice(d));
+      cfg.hStream = nullptr;
+      clusters = -1;
+      rc = cu.max_active_clusters(&clusters, reinterpret_cast<CUfunction>(kernel), &cfg);
+      EXPECT(rc == CUDA_SUCCESS && clusters >= 0,
+             "cuOccupancyMaxActiveClusters of the kernel on device %d: %d, %d", d,
+             static_cast<int>(rc), clusters);
+    }
     printf("occupancy_other_stream=ok\n");
   }
 
