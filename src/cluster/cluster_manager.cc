@@ -158,6 +158,14 @@ Status ClusterManager::Start() {
     });
   }
   LoadCheckpointsLocked(checkpoints);
+  // Restores on another node the last run did not finish (their checkpoint's record says
+  // how far they got): RecoverRestore finishes or undoes them.
+  size_t half_restored = 0;
+  for (const auto& [vm_ip, rec] : checkpoints_) {
+    if (rec.restoring.stage.empty()) continue;
+    ++half_restored;
+    for (AllocState* m : MembersLocked(vm_ip)) m->busy = true;
+  }
   started_ms_ = NowMs();
   EventLocked("cluster-manager-start", "cluster",
               std::to_string(vms_.size()) + " VMs, " + std::to_string(nodes_.size()) + " nodes, " +
@@ -165,13 +173,17 @@ Status ClusterManager::Start() {
                   (half_moved.empty() ? std::string()
                                       : "; " + std::to_string(half_moved.size()) +
                                             " move(s) were half done: finishing or undoing them "
-                                            "once their nodes report"));
+                                            "once their nodes report") +
+                  (half_restored == 0 ? std::string()
+                                      : "; " + std::to_string(half_restored) +
+                                            " restore(s) on another node were half done: "
+                                            "finishing or undoing them once their nodes report"));
   for (const std::string& id : half_moved) {
     // The moved server's VM waits too: nothing else changes it until the move is settled.
     for (AllocState* m : MembersLocked(allocs_[id].row.vm_ip)) m->busy = true;
   }
   monitor_ = std::thread([this] { MonitorLoop(); });
-  if (!half_moved.empty()) {
+  if (!half_moved.empty() || half_restored > 0) {
     std::lock_guard<std::mutex> bg(bg_mu_);
     background_.emplace_back([this, half_moved] { RecoverMoves(half_moved); });
   }

@@ -55,6 +55,13 @@ struct ClusterOptions {
   PlacementOptions placement;
 };
 
+// A restore on another node that the cluster manager's last run left at `stage` (see
+// CheckpointRecord::Restoring): true when the restart finishes it, false when it rolls it
+// back. Once the waiting processes may have been told the new addresses ("told",
+// "restored") it goes on if every target server still runs (a told process does not go back
+// to its old server); before that, nothing was promised and it is rolled back.
+bool RestoreRecoveryGoesOn(const std::string& stage, bool targets_alive);
+
 class ClusterManager {
  public:
   ClusterManager(ClusterOptions options, std::unique_ptr<store::Store> store,
@@ -102,6 +109,16 @@ class ClusterManager {
     std::string token;  // to start the servers again at the same addresses
     int sm = 0;
     int64_t memory_bytes = 0;
+    // A restore of it on another node in flight (RestoreElsewhere), in the store with the
+    // record (field "restoring") so that a cluster manager that dies mid-restore finishes or
+    // undoes it when it starts again (RecoverRestore). stage: "" (none), then "chosen" (the
+    // target allocations recorded), "started" (their servers run), "shipped" (the files are
+    // in the target node manager's incoming/<transfer>), "told" (the waiting processes may
+    // have been told the new addresses: no way back), "restored" (the new servers restored).
+    struct Restoring {
+      std::string stage, node, transfer;
+      std::vector<std::string> target_ids, target_endpoints, copy_dirs;  // by ordinal
+    } restoring;
   };
 
   // Verbs.
@@ -150,6 +167,15 @@ class ClusterManager {
   // gone) or undone (event migrate-recovered), so the VM runs on exactly one server per GPU.
   void RecoverMoves(std::vector<std::string> targets);
   void RecoverMove(const std::string& target_id);
+  // After a restart with a restore on another node half done (its checkpoint record's
+  // "restoring"): once the nodes reported, finishes it (the waiting processes may have been
+  // told the new addresses and the target servers run) or rolls it back (the target servers
+  // stopped, their allocations and the shipped copy dropped, the checkpoint waits as before);
+  // event restore-recovered.
+  void RecoverRestore(const std::string& vm_ip);
+  // Waits until each of `nodes` reported since this run started (or the usual deadline
+  // passed); false when stopping.
+  bool WaitNodesReported(const std::vector<std::string>& nodes);
   // Before a server that gave its sessions away stops: waits (a few seconds at most) until
   // it has none left, and moves those that came late (a pending order, a process that
   // connected meanwhile) to `to` as well.

@@ -81,7 +81,12 @@ std::string Sessions(int64_t n) { return std::to_string(n) + (n == 1 ? " session
 // Test hook (FLYT_TEST_CRASH_AT=POINT): the cluster manager dies here as with kill -9, so a
 // test can restart it with a move half done. Points: "migrate-started" (the targets run,
 // no session was asked to move), "migrate-moved" (the sessions moved, the placement is not
-// switched yet), "migrate-switched" (switched, the old servers not stopped yet).
+// switched yet), "migrate-switched" (switched, the old servers not stopped yet). A restore
+// on another node (RestoreElsewhere): "restore-chosen" (the target allocations recorded,
+// nothing started), "restore-started" (the target servers run, no file shipped),
+// "restore-shipped" (the files are on the target node, no process told),
+// "restore-told" (the waiting processes may ask and get the new addresses, nothing restored
+// yet), "restore-restored" (the new servers restored the files, the VM not switched yet).
 void CrashPoint(const char* point) {
   const char* at = std::getenv("FLYT_TEST_CRASH_AT");
   if (at == nullptr || std::strcmp(at, point) != 0) return;
@@ -252,6 +257,17 @@ void ClusterManager::LoadCheckpointsLocked(const std::vector<store::Checkpoint>&
         r.gpu_uuids.push_back(Str(srv, "gpu_uuid"));
         r.endpoints.push_back(Str(srv, "endpoint"));
       }
+      const Json rs = j.value("restoring", Json::object());
+      if (rs.is_object() && !Str(rs, "stage").empty()) {
+        r.restoring.stage = Str(rs, "stage");
+        r.restoring.node = Str(rs, "node_id");
+        r.restoring.transfer = Str(rs, "transfer");
+        for (const Json& t : rs.value("targets", Json::array())) {
+          r.restoring.target_ids.push_back(Str(t, "alloc_id"));
+          r.restoring.target_endpoints.push_back(Str(t, "endpoint"));
+          r.restoring.copy_dirs.push_back(Str(t, "dir"));
+        }
+      }
     }
     if (r.endpoints.empty()) {
       FLYT_WARN("ignoring the stored checkpoint of VM %s: unreadable record", row.vm_ip.c_str());
@@ -280,6 +296,18 @@ void ClusterManager::PersistCheckpointLocked(const std::string& vm_ip, const Che
               {"sm", r.sm},
               {"memory_bytes", r.memory_bytes},
               {"servers", servers}};
+  if (!r.restoring.stage.empty()) {
+    const CheckpointRecord::Restoring& rs = r.restoring;
+    Json targets = Json::array();
+    for (size_t i = 0; i < rs.target_ids.size(); ++i) {
+      targets.push_back(
+          Json{{"alloc_id", rs.target_ids[i]},
+               {"endpoint", i < rs.target_endpoints.size() ? rs.target_endpoints[i] : ""},
+               {"dir", i < rs.copy_dirs.size() ? rs.copy_dirs[i] : ""}});
+    }
+    record["restoring"] = Json{
+        {"stage", rs.stage}, {"node_id", rs.node}, {"transfer", rs.transfer}, {"targets", targets}};
+  }
   Status s = store_->PutCheckpoint({vm_ip, r.dir, record.dump(), r.time_ms});
   if (!s.ok()) {
     FLYT_ERROR("cannot store the checkpoint of VM %s: %s", vm_ip.c_str(), s.message().c_str());
@@ -667,11 +695,211 @@ void ClusterManager::DropMoveTargetLocked(const std::string& alloc_id) {
   changed_.notify_all();
 }
 
+bool RestoreRecoveryGoesOn(const std::string& stage, bool targets_alive) {
+  return targets_alive && (stage == "told" || stage == "restored");
+}
+
 void ClusterManager::RecoverMoves(std::vector<std::string> targets) {
+  // Restores on another node first (their targets are theirs to settle, all at once).
+  std::vector<std::string> restoring;
+  std::set<std::string> theirs;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [vm_ip, rec] : checkpoints_) {
+      if (rec.restoring.stage.empty()) continue;
+      restoring.push_back(vm_ip);
+      theirs.insert(rec.restoring.target_ids.begin(), rec.restoring.target_ids.end());
+    }
+  }
+  for (const std::string& vm_ip : restoring) {
+    if (stopping_.load()) return;
+    RecoverRestore(vm_ip);
+  }
   for (const std::string& id : targets) {
     if (stopping_.load()) return;
-    RecoverMove(id);
+    if (!theirs.count(id)) RecoverMove(id);
   }
+}
+
+bool ClusterManager::WaitNodesReported(const std::vector<std::string>& nodes) {
+  // A node that registered again lists its servers; one that does not within the usual
+  // deadline counts as having lost them.
+  const int64_t deadline_ms = NowMs() +
+                              options_.heartbeat_ms * options_.node_dead_after_heartbeats +
+                              options_.node_call_timeout_ms;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      bool all = true;
+      for (const std::string& node : nodes) {
+        auto it = nodes_.find(node);
+        all = all && (node.empty() ||
+                      (it != nodes_.end() && it->second.row.last_heartbeat_ms >= started_ms_));
+      }
+      if (all) return true;
+    }
+    if (stopping_.load()) return false;
+    if (NowMs() >= deadline_ms) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+void ClusterManager::RecoverRestore(const std::string& vm_ip) {
+  CheckpointRecord rec;
+  std::vector<std::string> old_ids;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto r = checkpoints_.find(vm_ip);
+    if (r == checkpoints_.end() || r->second.restoring.stage.empty()) return;
+    rec = r->second;
+    for (AllocState* a : MembersLocked(vm_ip)) old_ids.push_back(a->row.alloc_id);
+  }
+  const CheckpointRecord::Restoring& rs = rec.restoring;
+  const std::string& node = rs.node;
+  const size_t n = rs.target_ids.size();
+  std::vector<std::string> nodes = DistinctNodes(rec.node_ids);
+  nodes.push_back(node);
+  if (!WaitNodesReported(nodes)) return;
+  // What the target node runs of the restore's servers.
+  struct Side {
+    bool alive = false;
+    int64_t sessions = 0;
+    std::string endpoint;
+  };
+  std::vector<Side> to(n);
+  {
+    Status ls;
+    Json servers = CallNode(node, "list-servers", Json::object(), &ls);
+    for (const Json& srv : servers.value("servers", Json::array())) {
+      for (size_t i = 0; i < n; ++i) {
+        if (Str(srv, "alloc_id") != rs.target_ids[i]) continue;
+        to[i].alive = Str(srv, "state") == "running" || Str(srv, "state") == "starting";
+        to[i].sessions = Int(srv, "sessions");
+        to[i].endpoint = Str(srv, "endpoint");
+      }
+    }
+  }
+  bool alive = n == rec.endpoints.size() && n > 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < n; ++i) {
+      if (to[i].endpoint.empty() && i < rs.target_endpoints.size())
+        to[i].endpoint = rs.target_endpoints[i];
+      alive = alive && to[i].alive && !to[i].endpoint.empty() && allocs_.count(rs.target_ids[i]);
+    }
+  }
+  const bool on = RestoreRecoveryGoesOn(rs.stage, alive);
+  const int64_t wait_ms = options_.migrate_wait_ms;
+  const std::string from = JoinEndpoints(DistinctNodes(rec.node_ids));
+  const std::string head = "the cluster manager restarted while VM " + vm_ip + "'s checkpoint " +
+                           rec.dir + " (node " + from + ") was being restored on node " + node +
+                           " (stage " + rs.stage + ")";
+  std::string detail;
+  if (on) {
+    // The processes may have been told: they go on there. Those that ask now are told too,
+    // and a server that had not restored its files yet restores them now.
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t i = 0; i < n; ++i) {
+        for (auto& [old, now] : relocated_[vm_ip]) {
+          if (now == rec.endpoints[i]) now = to[i].endpoint;
+        }
+        relocated_[vm_ip][rec.endpoints[i]] = to[i].endpoint;
+      }
+    }
+    int64_t sessions = 0, restored = 0;
+    std::string problems;
+    for (size_t i = 0; i < n; ++i) {
+      sessions += to[i].sessions;
+      const std::string dir = i < rs.copy_dirs.size() ? rs.copy_dirs[i] : "";
+      if (to[i].sessions > 0 || dir.empty()) continue;
+      Status st;
+      Json answer = CallNodeAlone(
+          node, "restore", Json{{"alloc_id", rs.target_ids[i]}, {"dir", dir}, {"wait_ms", wait_ms}},
+          wait_ms + kAnswerMarginMs, &st);
+      if (st.ok()) {
+        if (std::string p = RestoreProblem(answer); !p.empty()) st = Status::Error(p);
+      }
+      restored += Int(answer, "restored");
+      if (!st.ok()) problems += "; server " + rs.target_ids[i] + ": " + st.message();
+    }
+    for (size_t i = 0; i < rec.node_ids.size(); ++i) {
+      Status sp;
+      CallNode(rec.node_ids[i], "spend-checkpoint",
+               Json{{"dir", GpuDir(rec.dir, static_cast<int>(i))}}, &sp);
+    }
+    Status dropped;
+    CallNode(node, "drop-checkpoint-copy", Json{{"transfer", rs.transfer}}, &dropped);
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::string>& ids = vm_allocs_[vm_ip];
+    ids.clear();
+    std::string where;
+    for (size_t i = 0; i < n; ++i) {
+      auto it = allocs_.find(rs.target_ids[i]);
+      if (it == allocs_.end()) continue;
+      it->second.row.state = "running";
+      it->second.row.endpoint = to[i].endpoint;
+      it->second.row.updated_ms = NowMs();
+      it->second.busy = false;
+      PersistAllocLocked(it->second);
+      ids.push_back(rs.target_ids[i]);
+      where += (where.empty() ? "" : ", ") + to[i].endpoint;
+    }
+    for (const std::string& id : old_ids) {
+      auto it = allocs_.find(id);
+      if (it == allocs_.end()) continue;
+      StopServerAsync(it->second.row.node_id, id);
+      placement_.Release(it->second.row.gpu_uuid, it->second.row.sm, it->second.row.memory_bytes);
+      Status s = store_->DeleteAllocation(id);
+      if (!s.ok()) FLYT_ERROR("cannot delete allocation %s: %s", id.c_str(), s.message().c_str());
+      allocs_.erase(it);
+    }
+    DropCheckpointLocked(vm_ip);
+    detail = head + ": finished the restore, the VM runs on node " + node + " at " + where + " (" +
+             Sessions(sessions) + " there, " + Sessions(restored) +
+             " restored now); the old server(s) stopped, the source files spent, the "
+             "shipped copy dropped; its processes are told the new address, new processes "
+             "get " +
+             VmAllocJsonLocked(vm_ip).value("endpoint", "") + problems;
+    changed_.notify_all();
+    EventLocked("restore-recovered", vm_ip, detail);
+    return;
+  }
+  // Nothing was promised (or a target server is gone): the targets go, the copy too, and the
+  // checkpoint waits as before, intact on its node.
+  int stopped = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!to[i].alive) continue;
+    Status st;
+    CallNode(node, "stop-server", Json{{"alloc_id", rs.target_ids[i]}}, &st);
+    stopped += st.ok();
+    if (!st.ok()) {
+      FLYT_WARN("stop-server %s on %s: %s", rs.target_ids[i].c_str(), node.c_str(),
+                st.message().c_str());
+    }
+  }
+  Status dropped;
+  CallNode(node, "drop-checkpoint-copy", Json{{"transfer", rs.transfer}}, &dropped);
+  std::lock_guard<std::mutex> lock(mu_);
+  relocated_.erase(vm_ip);
+  for (const std::string& id : rs.target_ids) DropMoveTargetLocked(id);
+  if (auto r = checkpoints_.find(vm_ip); r != checkpoints_.end()) {
+    r->second.restoring = CheckpointRecord::Restoring();
+    PersistCheckpointLocked(vm_ip, r->second);
+  }
+  for (AllocState* m : MembersLocked(vm_ip)) m->busy = false;
+  changed_.notify_all();
+  detail = head + ": rolled back, " + std::to_string(stopped) +
+           " target server(s) stopped and their allocation(s) released, the shipped copy (" +
+           (rs.transfer.empty() ? std::string("none") : "incoming/" + rs.transfer) + ") dropped" +
+           (dropped.ok() ? std::string() : " (could not drop it: " + dropped.message() + ")") +
+           "; the checkpoint's files stay on node " + from +
+           " and its processes still wait for `flytctl restore`" +
+           (RestoreRecoveryGoesOn(rs.stage, true)
+                ? " (a target server was gone: a process already told its address waits "
+                  "there in vain)"
+                : "");
+  EventLocked("restore-recovered", vm_ip, detail);
 }
 
 void ClusterManager::RecoverMove(const std::string& target_id) {
@@ -1347,6 +1575,24 @@ Json ClusterManager::RestoreElsewhere(std::unique_lock<std::mutex>* lock, const 
   std::vector<Target> t(n);
   std::vector<Json> starts(n);
   const int64_t now = NowMs();
+  const std::string transfer = "r-" + control::RandomHex(6);
+  // The restore's progress, in the checkpoint's record in the store (mu_ held): a cluster
+  // manager that dies meanwhile finds it there and finishes or undoes it (RecoverRestore).
+  auto mark = [&](const std::string& stage) {
+    auto r = checkpoints_.find(vm_ip);
+    if (r == checkpoints_.end()) return;
+    CheckpointRecord::Restoring& rs = r->second.restoring;
+    rs = CheckpointRecord::Restoring();
+    rs.stage = stage;
+    rs.node = node;
+    rs.transfer = transfer;
+    for (const Target& x : t) {
+      rs.target_ids.push_back(x.id);
+      rs.target_endpoints.push_back(x.endpoint);
+      rs.copy_dirs.push_back(x.dir);
+    }
+    PersistCheckpointLocked(vm_ip, r->second);
+  };
   for (size_t i = 0; i < n; ++i) {
     AllocState a;
     a.busy = true;
@@ -1361,7 +1607,6 @@ Json ClusterManager::RestoreElsewhere(std::unique_lock<std::mutex>* lock, const 
     a.row.memory_bytes = rec.memory_bytes;
     a.row.created_ms = a.row.updated_ms = now;
     placement_.Reserve(a.row.gpu_uuid, a.row.sm, a.row.memory_bytes);
-    PersistAllocLocked(a);
     t[i].id = a.row.alloc_id;
     t[i].gpu = gpus[i];
     t[i].src_dir = GpuDir(rec.dir, static_cast<int>(i));
@@ -1372,13 +1617,17 @@ Json ClusterManager::RestoreElsewhere(std::unique_lock<std::mutex>* lock, const 
                      {"token", rec.token}};
     allocs_[a.row.alloc_id] = std::move(a);
   }
+  // The record first, then the targets as "migrating": a restart finds either no target or
+  // targets that its record explains.
+  mark("chosen");
+  for (const Target& x : t) PersistAllocLocked(allocs_[x.id]);
   for (AllocState* a : MembersLocked(vm_ip)) a->busy = true;
-  const std::string transfer = "r-" + control::RandomHex(6);
   EventLocked("restore-ship", vm_ip,
               "restoring VM " + vm_ip + "'s checkpoint " + rec.dir + " (taken on node " + from +
                   ") on node " + node + ": starting " + std::to_string(n) +
                   " server(s) there and shipping the checkpoint's files");
   lock->unlock();
+  CrashPoint("restore-chosen");
 
   std::string failure;
   int64_t shipped = 0;
@@ -1416,6 +1665,16 @@ Json ClusterManager::RestoreElsewhere(std::unique_lock<std::mutex>* lock, const 
                   " and node " + node + ")";
       }
     }
+    lock->lock();
+    for (const Target& x : t) {
+      if (auto it = allocs_.find(x.id); it != allocs_.end() && x.started) {
+        it->second.row.endpoint = x.endpoint;  // what a recovery stops or switches to
+        PersistAllocLocked(it->second);
+      }
+    }
+    mark("started");
+    lock->unlock();
+    if (failure.empty()) CrashPoint("restore-started");
   }
   // 3. The files go to the target node manager, chunk by chunk over the control connections.
   for (size_t i = 0; i < n && failure.empty(); ++i) {
@@ -1450,11 +1709,20 @@ Json ClusterManager::RestoreElsewhere(std::unique_lock<std::mutex>* lock, const 
       }
     }
   }
+  if (failure.empty()) {
+    lock->lock();
+    mark("shipped");  // where the copies are: a recovery drops them
+    lock->unlock();
+    CrashPoint("restore-shipped");
+  }
   // 4. The waiting processes learn the new addresses (they ask while they wait), and each
   // new server restores its files.
   int64_t restored = 0;
   if (failure.empty()) {
     lock->lock();
+    // Recorded before any process may hear of it: a process told the new address does not
+    // go back to the old one, so from here a restart finishes the restore.
+    mark("told");
     for (size_t i = 0; i < n; ++i) {
       // Processes that waited at an earlier server of this one follow too.
       for (auto& [old, now] : relocated_[vm_ip]) {
@@ -1463,6 +1731,7 @@ Json ClusterManager::RestoreElsewhere(std::unique_lock<std::mutex>* lock, const 
       relocated_[vm_ip][rec.endpoints[i]] = t[i].endpoint;
     }
     lock->unlock();
+    CrashPoint("restore-told");
     RunEach(n, [&](size_t i) {
       if (t[i].dir.empty()) return;  // a server without sessions wrote no file
       t[i].answer = CallNodeAlone(
@@ -1481,6 +1750,12 @@ Json ClusterManager::RestoreElsewhere(std::unique_lock<std::mutex>* lock, const 
                   t[i].restore.message();
       }
     }
+    if (restored > 0) {
+      lock->lock();
+      mark("restored");
+      lock->unlock();
+      CrashPoint("restore-restored");
+    }
   }
   Status dropped;
   CallNode(node, "drop-checkpoint-copy", Json{{"transfer", transfer}}, &dropped);
@@ -1496,6 +1771,10 @@ Json ClusterManager::RestoreElsewhere(std::unique_lock<std::mutex>* lock, const 
     lock->lock();
     relocated_.erase(vm_ip);
     for (const Target& x : t) DropMoveTargetLocked(x.id);
+    if (auto r = checkpoints_.find(vm_ip); r != checkpoints_.end()) {
+      r->second.restoring = CheckpointRecord::Restoring();  // the checkpoint waits as before
+      PersistCheckpointLocked(vm_ip, r->second);
+    }
     for (AllocState* a : MembersLocked(vm_ip)) a->busy = false;
     changed_.notify_all();
     const std::string message = "restore of VM " + vm_ip + " from " + rec.dir + " (node " + from +

@@ -1675,6 +1675,116 @@ class Control(unittest.TestCase):
         self.assertEqual(kinds.count("replaced-server-stopped"), 1, kinds)
         self.finish_and_compare(prog, expected, 3)
 
+    def test_restore_cluster_manager_crash(self):
+        """The cluster manager dies (FLYT_TEST_CRASH_AT, as kill -9) at each step of a
+        restore on another node (flytctl restore --vm IP --node NODE) and is started again:
+        before the waiting process may have been told the new address (restore-chosen,
+        restore-started, restore-shipped) the restore is rolled back (the target server
+        stopped, its share freed, the shipped copy dropped, the checkpoint's files intact,
+        the VM's server where it was, the process still waiting); from then on
+        (restore-told, restore-restored) it is finished (the files restored on the target if
+        they were not, the VM on the target, the old server stopped, the source files spent,
+        the copy dropped, the process resumed there through its client manager's LOCATE).
+        Each decision is a restore-recovered event, no flyt-server is left over, shares add
+        up, and the program's output equals an undisturbed run's."""
+        self.start_cluster_manager(policy="spread")
+        self.start_node("n1", "10.0.0.1")
+        self.start_node("n2", "10.0.0.2")
+        vm = "10.1.0.96"
+        self.add_vm(vm, "10.0.0.1", 8, 1)
+        cmgr = self.start_client_manager(vm)
+        expected = self.undisturbed_steps(cmgr)
+        first = self.wait_server_running(vm)
+        self.assertEqual(first["node_id"], "n1")
+        before = self.last_event_id()
+        prog = self.start_client(cmgr, self.migrate_loop(),
+                                 [self.MIGRATE_STEPS, self.MIGRATE_PAUSE_MS])
+        prog.wait_line(r"^step 5 ")
+        ckpt = os.path.join(self.tmp, "ckpt-crash")
+        res = self.ctl("checkpoint", "--vm", vm, "--to", ckpt)
+        self.assertEqual(res.json.get("sessions"), 1, res.describe())
+        files = os.listdir(os.path.join(ckpt, "gpu0"))
+        self.assertEqual(len(files), 1, files)
+
+        def crash_during(point, node):
+            self.cm.env = dict(self.cm.env, FLYT_TEST_CRASH_AT=point)
+            self.cm.kill9()
+            self.start_cluster_manager()
+            self.wait_node_state("n1", NODE_UP)
+            self.wait_node_state("n2", NODE_UP)
+            self.ctl("restore", "--vm", vm, "--node", node, check=False)
+            self.wait_for("the cluster manager to die at " + point, lambda: not self.cm.alive())
+            self.assertIn("FLYT_TEST_CRASH_AT=" + point, self.cm.output())
+            self.cm.env = {k: v for k, v in self.cm.env.items() if k != "FLYT_TEST_CRASH_AT"}
+            self.start_cluster_manager()
+
+        def shares():
+            return {n: sum(g.get("sm_used", 0) for g in v["gpus"]) for n, v in
+                    self.node_list().items()}
+
+        def incoming(node):
+            path = os.path.join(self.nodes[node].run_dir, "incoming")
+            return os.listdir(path) if os.path.isdir(path) else []
+
+        # 1-3. Dies before the process may have heard of the target: rolled back.
+        for point in ("restore-chosen", "restore-started", "restore-shipped"):
+            mark = self.last_event_id()
+            crash_during(point, "n2")
+            self.wait_event("the rolled-back restore at " + point, mark, "restore-recovered",
+                            "rolled back")
+            self.wait_for("no server left on n2 after " + point,
+                          lambda: self.server_pids("n2") == [])
+            self.assertEqual(self.server_of(vm)["alloc_id"], first["alloc_id"], point)
+            self.assertEqual(len(self.servers_of(vm)), 1, json.dumps(self.servers()))
+            self.assertEqual(len(self.servers()), 1, json.dumps(self.servers()))
+            self.assertEqual(len(self.server_pids("n1")), 1, self.logs())
+            self.assertEqual(shares(), {"n1": 8, "n2": 0}, point)
+            self.assertEqual(incoming("n2"), [], point)
+            self.assertEqual(os.listdir(os.path.join(ckpt, "gpu0")), files, point)
+            self.assertIn("checkpoint", self.vms()[vm], json.dumps(self.vms()[vm]))
+            self.assertTrue(prog.alive(), prog.stdout()[-500:])
+        # 4. Dies once the process may be told, before the target restored: finished (the
+        # restarted manager has the target restore the shipped copy).
+        mark = self.last_event_id()
+        crash_during("restore-told", "n2")
+        self.wait_event("the finished restore", mark, "restore-recovered", "finished the restore")
+        moved = self.wait_server_running(vm, node_id="n2")
+        self.assertNotEqual(moved["endpoint"], first["endpoint"])
+        self.wait_for("the old server on n1 stopped", lambda: self.server_pids("n1") == [])
+        self.assertEqual(len(self.server_pids("n2")), 1, self.logs())
+        self.assertEqual(len(self.servers()), 1, json.dumps(self.servers()))
+        self.assertEqual(shares(), {"n1": 0, "n2": 8})
+        self.assertEqual(sorted(os.listdir(os.path.join(ckpt, "gpu0"))),
+                         [files[0] + ".restored"])
+        self.assertEqual(incoming("n2"), [])
+        self.assertNotIn("checkpoint", self.vms()[vm], json.dumps(self.vms()[vm]))
+        answer = self.ask_client_manager(cmgr).split()
+        self.assertEqual(answer[:2], ["OK", moved["endpoint"]], answer)
+        prog.wait_line(r"^step %d " % 40)
+        # 5. A second checkpoint (on n2) restored on n1; dies after the target restored,
+        # before the VM switched: finished.
+        ckpt2 = os.path.join(self.tmp, "ckpt-crash-2")
+        res = self.ctl("checkpoint", "--vm", vm, "--to", ckpt2)
+        self.assertEqual(res.json.get("sessions"), 1, res.describe())
+        files2 = os.listdir(os.path.join(ckpt2, "gpu0"))
+        mark = self.last_event_id()
+        crash_during("restore-restored", "n1")
+        self.wait_event("the finished restore", mark, "restore-recovered", "finished the restore")
+        back = self.wait_server_running(vm, node_id="n1")
+        self.wait_for("the old server on n2 stopped", lambda: self.server_pids("n2") == [])
+        self.assertEqual(len(self.server_pids("n1")), 1, self.logs())
+        self.assertEqual(len(self.servers()), 1, json.dumps(self.servers()))
+        self.assertEqual(shares(), {"n1": 8, "n2": 0})
+        self.assertEqual(sorted(os.listdir(os.path.join(ckpt2, "gpu0"))),
+                         [files2[0] + ".restored"])
+        self.assertEqual(incoming("n1"), [])
+        answer = self.ask_client_manager(cmgr).split()
+        self.assertEqual(answer[:2], ["OK", back["endpoint"]], answer)
+        kinds = [e["kind"] for e in self.events_after(before)]
+        self.assertEqual(kinds.count("restore-recovered"), 5, kinds)
+        res = self.finish_and_compare(prog, expected, 2)
+        self.assertIn("was restored at flyt-server " + back["endpoint"], res.log, tail(res.log))
+
     def make_server_certificates(self):
         """A test CA with certificates for each daemon and flytctl; the nodes' names
         127.0.0.1 (their advertise_host), so that it serves as the servers' certificate."""

@@ -866,5 +866,20 @@ TEST_F(ClusterManagerTest, RestoreStartsLostServersAgainAtTheirAddresses) {
   EXPECT_NE(refused.dump().find("is now at"), std::string::npos) << refused.dump();
 }
 
+// A restart mid-restore on another node: rolled back until the waiting processes may have
+// been told the new addresses, finished from then on while the target servers run.
+TEST(RestoreRecovery, GoesOnOnlyOnceTheProcessesMayHaveBeenTold) {
+  for (const char* stage : {"chosen", "started", "shipped"}) {
+    EXPECT_FALSE(RestoreRecoveryGoesOn(stage, true)) << stage;
+    EXPECT_FALSE(RestoreRecoveryGoesOn(stage, false)) << stage;
+  }
+  for (const char* stage : {"told", "restored"}) {
+    EXPECT_TRUE(RestoreRecoveryGoesOn(stage, true)) << stage;
+    EXPECT_FALSE(RestoreRecoveryGoesOn(stage, false)) << stage << ": a target server is gone";
+  }
+  EXPECT_FALSE(RestoreRecoveryGoesOn("", true));
+  EXPECT_FALSE(RestoreRecoveryGoesOn("unknown", true));
+}
+
 }  // namespace
 }  // namespace flyt::cluster
