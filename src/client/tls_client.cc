@@ -205,6 +205,8 @@ class TlsClientConnection final : public transport::Connection {
   }
 
   Status Receive(void* dst, size_t n) override {
+    // A read writes too: OpenSSL answers a failed or closing connection with an alert.
+    QuietPipe quiet;
     auto* out = static_cast<uint8_t*>(dst);
     while (n > 0) {
       int chunk = n > (1u << 30) ? (1 << 30) : static_cast<int>(n);
@@ -243,8 +245,9 @@ class TlsClientConnection final : public transport::Connection {
 
   // OpenSSL writes with write(2), which raises SIGPIPE when the server has closed (it went
   // away, or a moved session's old server let go): that signal would kill the application.
-  // This thread blocks it while writing and takes back one the write raised; the write
-  // itself then fails with EPIPE, which is reported like any lost connection.
+  // This thread blocks it while writing (or reading, which may write an alert) and takes
+  // back one the write raised; the write itself then fails with EPIPE, which is reported
+  // like any lost connection.
   class QuietPipe {
    public:
     QuietPipe() {
