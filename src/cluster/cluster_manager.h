@@ -191,6 +191,9 @@ class ClusterManager {
   void LoadCheckpointsLocked(const std::vector<store::Checkpoint>& rows);
   void PersistCheckpointLocked(const std::string& vm_ip, const CheckpointRecord& record);
   void DropCheckpointLocked(const std::string& vm_ip);
+  // A restore's old allocations once the VM runs elsewhere: their servers stopped, their
+  // share released, their rows deleted.
+  void RetireAllocationsLocked(const std::vector<std::string>& ids);
   // What list-vms and show say of a VM's checkpoint waiting for a restore (no token).
   static control::Json CheckpointJson(const CheckpointRecord& record);
   // Restore of a VM that lost its servers: starts them again on the checkpoint's nodes and

@@ -322,6 +322,18 @@ Json ClusterManager::CheckpointJson(const CheckpointRecord& r) {
               {"endpoint", JoinEndpoints(r.endpoints)}};
 }
 
+void ClusterManager::RetireAllocationsLocked(const std::vector<std::string>& ids) {
+  for (const std::string& id : ids) {
+    auto it = allocs_.find(id);
+    if (it == allocs_.end()) continue;
+    StopServerAsync(it->second.row.node_id, id);
+    placement_.Release(it->second.row.gpu_uuid, it->second.row.sm, it->second.row.memory_bytes);
+    Status s = store_->DeleteAllocation(id);
+    if (!s.ok()) FLYT_ERROR("cannot delete allocation %s: %s", id.c_str(), s.message().c_str());
+    allocs_.erase(it);
+  }
+}
+
 void ClusterManager::DropCheckpointLocked(const std::string& vm_ip) {
   if (checkpoints_.erase(vm_ip) == 0) return;
   Status s = store_->DeleteCheckpoint(vm_ip);
@@ -845,15 +857,7 @@ void ClusterManager::RecoverRestore(const std::string& vm_ip) {
       ids.push_back(rs.target_ids[i]);
       where += (where.empty() ? "" : ", ") + to[i].endpoint;
     }
-    for (const std::string& id : old_ids) {
-      auto it = allocs_.find(id);
-      if (it == allocs_.end()) continue;
-      StopServerAsync(it->second.row.node_id, id);
-      placement_.Release(it->second.row.gpu_uuid, it->second.row.sm, it->second.row.memory_bytes);
-      Status s = store_->DeleteAllocation(id);
-      if (!s.ok()) FLYT_ERROR("cannot delete allocation %s: %s", id.c_str(), s.message().c_str());
-      allocs_.erase(it);
-    }
+    RetireAllocationsLocked(old_ids);
     DropCheckpointLocked(vm_ip);
     detail = head + ": finished the restore, the VM runs on node " + node + " at " + where + " (" +
              Sessions(sessions) + " there, " + Sessions(restored) +
@@ -1814,15 +1818,7 @@ Json ClusterManager::RestoreElsewhere(std::unique_lock<std::mutex>* lock, const 
                            {"restored", Int(t[i].answer, "restored")}});
     where += (where.empty() ? "" : ", ") + t[i].endpoint;
   }
-  for (const std::string& id : old_ids) {
-    auto it = allocs_.find(id);
-    if (it == allocs_.end()) continue;
-    StopServerAsync(it->second.row.node_id, id);
-    placement_.Release(it->second.row.gpu_uuid, it->second.row.sm, it->second.row.memory_bytes);
-    Status s = store_->DeleteAllocation(id);
-    if (!s.ok()) FLYT_ERROR("cannot delete allocation %s: %s", id.c_str(), s.message().c_str());
-    allocs_.erase(it);
-  }
+  RetireAllocationsLocked(old_ids);
   DropCheckpointLocked(vm_ip);
   changed_.notify_all();
   if (!failure.empty()) {
