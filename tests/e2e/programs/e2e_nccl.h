@@ -41,8 +41,7 @@ ncclResult_t ncclGetVersion(int* version);
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id);
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank);
 ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist);
-ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
-                           void* config);
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, void* config);
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclCommAbort(ncclComm_t comm);
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async);
@@ -59,9 +58,8 @@ ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType
                         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclAllGather(const void* send, void* recv, size_t send_count, ncclDataType_t type,
                            ncclComm_t comm, cudaStream_t stream);
-ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recv_count,
-                               ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
-                               cudaStream_t stream);
+ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recv_count, ncclDataType_t type,
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int peer,
                       ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
@@ -74,10 +72,10 @@ ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm);
 }
 
 // Checks an NCCL call; on error fails with its code, string and last error.
-#define NK(call)                                                                           \
-  do {                                                                                     \
-    ncclResult_t nk_ = (call);                                                             \
-    if (nk_ != ncclSuccess)                                                                \
+#define NK(call)                                                                               \
+  do {                                                                                         \
+    ncclResult_t nk_ = (call);                                                                 \
+    if (nk_ != ncclSuccess)                                                                    \
       ::e2e::Fail(__FILE__, __LINE__, "%s returned %d (%s; %s)", #call, static_cast<int>(nk_), \
-                  ncclGetErrorString(nk_), ncclGetLastError(nullptr));                     \
+                  ncclGetErrorString(nk_), ncclGetLastError(nullptr));                         \
   } while (0)

@@ -469,7 +469,7 @@ int Later() {
     const int big = 64 * 1024;
     CK(cudaFuncSetAttribute(flyt_sim_affine, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
     flyt_sim_affine<<<1, 32, big>>>(reinterpret_cast<const unsigned*>(buf[0]),
-                                     reinterpret_cast<unsigned*>(other[0]), 0, 1, 0);
+                                    reinterpret_cast<unsigned*>(other[0]), 0, 1, 0);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     printf("shared_opt_in_other_copy=ok\n");

@@ -224,8 +224,8 @@ void RunRank(int rank, int n, const ncclUniqueId& id) {
       parity_sum += r;
       if (r > rank) ++higher;
     }
-    EXPECT(sub_count == same && sub_rank == higher, "split count %d rank %d, want %d %d",
-           sub_count, sub_rank, same, higher);
+    EXPECT(sub_count == same && sub_rank == higher, "split count %d rank %d, want %d %d", sub_count,
+           sub_rank, same, higher);
     std::vector<int32_t> v(7, rank);
     int32_t* dv = DeviceCopy(v);
     NK(ncclAllReduce(dv, dv, v.size(), ncclInt32, ncclSum, sub, s));
@@ -287,8 +287,8 @@ void RunSingle(int n) {
     CK(cudaSetDevice(d));
     CK(cudaDeviceSynchronize());
     std::vector<float> got = HostCopy(bufs[d], m);
-    EXPECT(got[0] == static_cast<float>(n * (n + 1) / 2) && got[m - 1] == got[0],
-           "device %d: %g", d, got[0]);
+    EXPECT(got[0] == static_cast<float>(n * (n + 1) / 2) && got[m - 1] == got[0], "device %d: %g",
+           d, got[0]);
     CK(cudaFree(bufs[d]));
     NK(ncclCommDestroy(comms[d]));
   }
