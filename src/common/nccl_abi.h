@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace flyt::nccl {
 
@@ -88,15 +89,8 @@ inline bool ForwardedEnv(const char* name) {
                                            "NCCL_GRAPH_MIXING_SUPPORT",
                                            "NCCL_WORK_FIFO_BYTES",
                                            "NCCL_CTA_POLICY"};
-  for (const char* n : kNames) {
-    const char* a = n;
-    const char* b = name;
-    while (*a != 0 && *a == *b) {
-      ++a;
-      ++b;
-    }
-    if (*a == 0 && *b == 0) return true;
-  }
+  for (const char* n : kNames)
+    if (std::strcmp(n, name) == 0) return true;
   return false;
 }
 inline constexpr uint32_t kMaxForwardedEnv = 64;

@@ -197,15 +197,18 @@ void SendEnvOnce(int server) {
   if (SendOnce(server, w, &r, "ncclGetVersion") == kSuccess) sent.fetch_or(uint64_t{1} << server);
 }
 
+// The current device's server (a default stream's).
+int CurrentServer(const Table* t) {
+  uint64_t unused = 0;
+  return t != nullptr ? t->stream_server(nullptr, &unused) : 0;
+}
+
 int Send(int server, const Writer& req, Reply* reply, const char* name) {
   const Table* t = Driver();
   if (t == nullptr)
     return Fail(kSystemError, "%s: Flyt's libnccl.so.2 was loaded without Flyt's libcuda.so.1",
                 name);
-  if (server < 0) {  // the current device's: a default stream's server
-    uint64_t unused = 0;
-    server = t->stream_server(nullptr, &unused);
-  }
+  if (server < 0) server = CurrentServer(t);
   SendEnvOnce(server);
   return SendOnce(server, req, reply, name);
 }
@@ -281,10 +284,22 @@ int AsyncError(Comm* c, int* async) {
   return kSuccess;
 }
 
+// The pause between two polls of a communicator's state: 20 us, doubling up to 2 ms.
+class Backoff {
+ public:
+  void Wait() {
+    std::this_thread::sleep_for(pause_);
+    if (pause_ < std::chrono::milliseconds(2)) pause_ *= 2;
+  }
+
+ private:
+  std::chrono::microseconds pause_{20};
+};
+
 // Blocking mode: waits until the communicator's last operation is no longer in
 // progress, as NCCL's blocking calls do.
 int WaitReady(Comm* c, const char* name) {
-  auto pause = std::chrono::microseconds(20);
+  Backoff backoff;
   for (;;) {
     int async = kSuccess;
     int rc = AsyncError(c, &async);
@@ -294,8 +309,7 @@ int WaitReady(Comm* c, const char* name) {
         Fail(async, "%s: the communicator failed on the GPU server", name);
       return async;
     }
-    std::this_thread::sleep_for(pause);
-    if (pause < std::chrono::milliseconds(2)) pause *= 2;
+    backoff.Wait();
   }
 }
 
@@ -386,7 +400,7 @@ void ResolveChildren(Comm* parent) {
 // A blocking split: waits until NCCL has named the new communicator or the parent
 // failed, as NCCL's blocking split returns only then.
 int WaitChild(Comm* parent, const char* name) {
-  auto pause = std::chrono::microseconds(20);
+  Backoff backoff;
   while (!parent->children.empty()) {
     int async = kSuccess;
     int rc = AsyncError(parent, &async);  // resolves what NCCL has named
@@ -397,8 +411,7 @@ int WaitChild(Comm* parent, const char* name) {
       return async;
     }
     if (parent->children.empty()) break;
-    std::this_thread::sleep_for(pause);
-    if (pause < std::chrono::milliseconds(2)) pause *= 2;
+    backoff.Wait();
   }
   return kSuccess;
 }
@@ -427,11 +440,8 @@ int InitComm(void** out, int nranks, const UniqueId* ids, int nids, int rank, vo
   w.Put<uint32_t>(static_cast<uint32_t>(nids));
   w.PutBytes(ids, static_cast<size_t>(nids) * sizeof(UniqueId));
   PutConfig(w, config);
-  // The current device's server (a default stream's).
-  uint64_t unused = 0;
-  const int server = Driver() != nullptr ? Driver()->stream_server(nullptr, &unused) : 0;
   Reply r;
-  int rc = SendInGroup(server, w, &r, name, nullptr);
+  int rc = SendInGroup(CurrentServer(Driver()), w, &r, name, nullptr);
   if (rc != kSuccess && rc != kInProgress) return rc;
   Reader o = r.Outs();
   int bad = 0;
