@@ -256,14 +256,9 @@ int LaunchRoute(Client& c, CUstream stream, CUfunction* f) {
   if (!c.multi()) return -1;
   const uint64_t s = reinterpret_cast<uintptr_t>(stream);
   const int route = s > 2 ? Client::TagOf(s) : c.RouteNow();
-  const uint64_t fraw = reinterpret_cast<uintptr_t>(*f);
-  if (Client::TagOf(fraw) != route) {
-    auto seen = c.Func(fraw);
-    const uint64_t there =
-        seen != nullptr && seen->is_kernel ? flyt::client::KernelOnServer(fraw, route) : 0;
-    if (there == 0) return kNoRoute;
-    *f = reinterpret_cast<CUfunction>(there);
-  }
+  const uint64_t there = flyt::client::FunctionOnServer(reinterpret_cast<uintptr_t>(*f), route);
+  if (there == 0) return kNoRoute;
+  *f = reinterpret_cast<CUfunction>(there);
   return route;
 }
 
@@ -556,27 +551,14 @@ CUresult AskClusterQuery(const char* name, uint16_t op, const uint8_t* misc, CUf
   CUstream stream = cfg->hStream;
   int route = -1;
   if (c.multi()) {
-    auto seen = c.Func(reinterpret_cast<uintptr_t>(f));
-    route = seen != nullptr && seen->is_kernel
-                ? LaunchRoute(c, nullptr, &f)  // as with a default stream: the current context's
-                : Client::TagOf(reinterpret_cast<uintptr_t>(f));
-    FLYT_DEBUG("%s: function %llx (%s) goes to server %d", name,
-               static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(f)),
-               seen == nullptr   ? "unknown"
-               : seen->is_kernel ? "kernel"
-                                 : "function",
-               route);
-    if (route == kNoRoute) return CUDA_ERROR_INVALID_HANDLE;
+    f = flyt::client::FunctionHere(f);
+    route = Client::TagOf(reinterpret_cast<uintptr_t>(f));
     const uint64_t s = reinterpret_cast<uintptr_t>(stream);
     if (s > 2 && Client::TagOf(s) != route) stream = nullptr;
   }
   Client::RouteScope scope(route);
   auto info = FuncLayout(reinterpret_cast<uintptr_t>(f));
-  if (info == nullptr) {
-    FLYT_DEBUG("%s: no parameter layout for function %llx", name,
-               static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(f)));
-    return CUDA_ERROR_INVALID_HANDLE;
-  }
+  if (info == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   unsigned grid[3] = {cfg->gridDimX, cfg->gridDimY, cfg->gridDimZ};
   unsigned block[3] = {cfg->blockDimX, cfg->blockDimY, cfg->blockDimZ};
   wire::Writer w;
@@ -618,6 +600,7 @@ FLYT_API CUresult cuOccupancyMaxPotentialClusterSize(int* size, CUfunction f,
 // launches above 48 KiB without it fail at once, as with the driver. Every
 // answer is kept (QueryCache) until an attribute is set.
 FLYT_API CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute attr, int value) {
+  f = flyt::client::FunctionHere(f);
   QueryCache::Get().AttributeSet(reinterpret_cast<uintptr_t>(f), false, attr, -1, value);
   CUresult rc = Forward<191, false, false>("cuFuncSetAttribute", f, attr, value);
   if (rc == CUDA_SUCCESS && attr == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
@@ -640,6 +623,7 @@ FLYT_API CUresult cuKernelSetAttribute(CUfunction_attribute attr, int value, CUk
 }
 FLYT_API CUresult cuFuncGetAttribute(int* value, CUfunction_attribute attr, CUfunction f) {
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  f = flyt::client::FunctionHere(f);
   QueryCache& q = QueryCache::Get();
   const uint64_t h = reinterpret_cast<uintptr_t>(f);
   if (q.FindAttribute(h, false, attr, -1, value)) return CUDA_SUCCESS;
@@ -676,6 +660,7 @@ namespace {
 CUresult Occupancy(int* blocks, CUfunction f, int block, size_t smem, unsigned flags,
                    bool with_flags) {
   if (blocks == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  f = flyt::client::FunctionHere(f);
   QueryCache& q = QueryCache::Get();
   const uint64_t h = reinterpret_cast<uintptr_t>(f);
   if (q.FindOccupancy(h, block, smem, flags, blocks)) return CUDA_SUCCESS;

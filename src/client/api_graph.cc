@@ -64,12 +64,9 @@ CUresult KernelNode(const char* name, uint8_t which, uint64_t target, uint64_t n
   // Several servers: the graph's server, and the function's copy there.
   const int server = flyt::client::GraphServer({target, node}, which == 0 ? deps : nullptr, ndeps);
   if (server == -2) return flyt::client::RefuseAcrossServers(name);
-  if (server >= 0 && Client::TagOf(fn) != server) {
-    auto seen = c.Func(fn);
-    const uint64_t there =
-        seen != nullptr && seen->is_kernel ? flyt::client::KernelOnServer(fn, server) : 0;
-    if (there == 0) return CUDA_ERROR_INVALID_HANDLE;  // a module's function of another server
-    fn = there;
+  if (server >= 0) {
+    fn = flyt::client::FunctionOnServer(fn, server);
+    if (fn == 0) return CUDA_ERROR_INVALID_HANDLE;  // a module's function of another server
   }
   flyt::client::GraphRoute route(server);
   auto info = flyt::client::FuncLayout(fn);

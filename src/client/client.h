@@ -615,6 +615,15 @@ void SetCurrentContext(CUcontext ctx);
 void NoteLibraryImage(uint64_t library, const void* bytes, size_t n);
 void ForgetLibraryImage(uint64_t library);
 uint64_t KernelOnServer(uint64_t kernel, int server);
+// A function handle as `server` knows it: itself when it is that server's, a
+// library kernel's copy there (loaded on first use), else 0 (a module's function
+// of another server).
+uint64_t FunctionOnServer(uint64_t f, int server);
+// A CUfunction argument as the driver reads it: a CUkernel passed as a function
+// means the current context's function of that kernel, i.e. its copy on the
+// current context's server. Anything else, and every call with one server,
+// is unchanged.
+CUfunction FunctionHere(CUfunction f);
 uint64_t LibraryOnServer(uint64_t library, int server);
 // A call whose arguments belong to GPUs of two servers that is not served yet:
 // its name logged once, CUDA_ERROR_NOT_SUPPORTED.
@@ -675,8 +684,8 @@ template <typename T>
 uint64_t ArgBits(T v) {
   if constexpr (marshal::kIsHandle<T>) {
     return reinterpret_cast<uintptr_t>(v);
-  } else if constexpr (std::is_integral_v<T>) {
-    return static_cast<uint64_t>(v);
+  } else if constexpr (std::is_integral_v<T> || std::is_enum_v<T>) {
+    return static_cast<uint64_t>(v);  // enums too: ForwardAcross passes attributes on
   } else if constexpr (std::is_pointer_v<T>) {
     return reinterpret_cast<uintptr_t>(v);  // an output (ForwardAcross answers some)
   } else {
@@ -735,8 +744,19 @@ CUresult SendForwarded(Client& c, const char* name, const wire::Writer& w,
   }
 }
 
+// An argument of a generic call with several servers: a CUfunction that is a
+// library kernel becomes the current server's copy (FunctionHere).
+template <typename T>
+T HereArg(T v) {
+  if constexpr (std::is_same_v<T, CUfunction>) {
+    return FunctionHere(v);
+  } else {
+    return v;
+  }
+}
+
 template <uint16_t Op, bool Sync, bool PerThread, typename... Args, size_t... I>
-CUresult ForwardMulti(Client& c, const char* name, std::index_sequence<I...>, Args... args) {
+CUresult ForwardMultiHere(Client& c, const char* name, std::index_sequence<I...>, Args... args) {
   const uint64_t values[] = {ArgBits(args)..., 0};
   const bool handles[] = {marshal::kIsHandle<Args>..., false};
   const uint32_t ptrs = GenericArgMask(Op, 0), devs = GenericArgMask(Op, 1);
@@ -763,6 +783,11 @@ CUresult ForwardMulti(Client& c, const char* name, std::index_sequence<I...>, Ar
   return SendForwarded<Op, Sync, PerThread>(c, name, w, [&](wire::Reader& r) {
     return (DecodeRouted(r, args, server, ((dev_outs >> I) & 1u) != 0) && ...);
   });
+}
+
+template <uint16_t Op, bool Sync, bool PerThread, typename... Args, size_t... I>
+CUresult ForwardMulti(Client& c, const char* name, std::index_sequence<I...> seq, Args... args) {
+  return ForwardMultiHere<Op, Sync, PerThread>(c, name, seq, HereArg(args)...);
 }
 }  // namespace detail
 

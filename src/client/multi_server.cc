@@ -499,6 +499,20 @@ uint64_t KernelOnServer(uint64_t kernel, int server) {
   return found;
 }
 
+uint64_t FunctionOnServer(uint64_t f, int server) {
+  if (Client::TagOf(f) == server) return f;
+  auto info = Client::Get().Func(f);
+  return info != nullptr && info->is_kernel ? KernelOnServer(f, server) : 0;
+}
+
+CUfunction FunctionHere(CUfunction f) {
+  Client& c = Client::Get();
+  const uint64_t raw = reinterpret_cast<uintptr_t>(f);
+  if (!c.multi() || raw == 0) return f;
+  const uint64_t here = FunctionOnServer(raw, c.RouteNow());
+  return here != 0 ? reinterpret_cast<CUfunction>(here) : f;
+}
+
 // --- calls whose arguments name two servers
 
 CUresult ForwardAcross(const char* name, uint16_t op, const ArgRoute& route, const uint64_t* values,

@@ -99,6 +99,8 @@ namespace {
 
 uint64_t kSimMemory = 80ull << 30;  // set from SimOptions (per device)
 constexpr int kSimMaxDevices = 16;
+// Shared memory a block may use without the function's opt-in (48 KiB).
+constexpr unsigned kSimStaticSharedLimit = 49152;
 
 struct SimLibrary;
 struct SimKernel {
@@ -512,7 +514,7 @@ CUresult simDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice d) {
       {CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X, 2147483647},
       {CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y, 65535},
       {CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z, 65535},
-      {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, 49152},
+      {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, kSimStaticSharedLimit},
       {CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY, 65536},
       {CU_DEVICE_ATTRIBUTE_WARP_SIZE, 32},
       {CU_DEVICE_ATTRIBUTE_MAX_PITCH, 2147483647},
@@ -984,6 +986,13 @@ CUresult simLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction f, void** param
       cfg->blockDimY == 0 || cfg->blockDimZ == 0 ||
       uint64_t{cfg->blockDimX} * cfg->blockDimY * cfg->blockDimZ > 1024)
     return CUDA_ERROR_INVALID_VALUE;
+  // Dynamic shared memory above 48 KiB needs the opt-in set for this handle on
+  // this server, as with the driver.
+  if (cfg->sharedMemBytes > kSimStaticSharedLimit) {
+    int opt_in = 0;
+    FuncGetAttribute(&opt_in, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, f);
+    if (cfg->sharedMemBytes > static_cast<unsigned>(opt_in)) return CUDA_ERROR_INVALID_VALUE;
+  }
   const uint8_t* blob = nullptr;
   size_t blob_size = 0;
   for (int i = 0; extra != nullptr && extra[i] != CU_LAUNCH_PARAM_END; i += 2) {

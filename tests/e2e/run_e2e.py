@@ -241,7 +241,8 @@ class Server:
         self.fixed_port = port
         self.name = name
         self.token = token
-        self.log_level = log_level
+        # Debugging one test: E2E_SERVER_LOG=debug for its servers' logs.
+        self.log_level = os.environ.get("E2E_SERVER_LOG", log_level)
         self.extra_args = list(extra_args)
         self.control_path = os.path.join(tmp, name + ".ctl") if control else None
         self.sock_path = os.path.join(tmp, name + ".sock")
@@ -555,6 +556,10 @@ def client_env(tmp, server, transport, log_level="info", timeout_ms=NORMAL_CLIEN
         e["FLYT_LOG_FILE"] = log_path
     if CFG.ucx_tls:
         e["UCX_TLS"] = CFG.ucx_tls
+    # Debugging one test: E2E_CLIENT_FLYT_TRACE=1 gives its clients FLYT_TRACE=1, and so on.
+    for k, v in os.environ.items():
+        if k.startswith("E2E_CLIENT_FLYT_"):
+            e[k[len("E2E_CLIENT_"):]] = v
     if not use_flags:
         e["FLYT_SERVER"] = server.url(transport)
         if token is not None:

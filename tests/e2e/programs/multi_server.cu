@@ -472,6 +472,16 @@ int Later() {
                                     reinterpret_cast<unsigned*>(other[0]), 0, 1, 0);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
+    // The opt-in is device 0's alone, and reads back there (cudart asks the driver
+    // attribute by attribute with the kernel of the server that loaded it first).
+    CK(cudaFuncGetAttributes(&fa, flyt_sim_affine));
+    EXPECT(fa.maxDynamicSharedSizeBytes == big, "device 0 reads an opt-in of %d, set %d",
+           fa.maxDynamicSharedSizeBytes, big);
+    CK(cudaSetDevice(1));
+    CK(cudaFuncGetAttributes(&fa, flyt_sim_affine));
+    EXPECT(fa.maxDynamicSharedSizeBytes < big, "device 1 reads device 0's opt-in (%d)",
+           fa.maxDynamicSharedSizeBytes);
+    CK(cudaSetDevice(0));
     printf("shared_opt_in_other_copy=ok\n");
   }
 
