@@ -705,6 +705,16 @@ class Session {
   void NoteEventFlags(uint64_t event, unsigned flags) { event_flags_[event] = flags; }
   void NoteEventRecorded(uint64_t event) { event_recorded_[event] = ++record_seq_; }
   void NoteAsyncAllocation(uint64_t ptr) { async_allocs_.insert(ptr); }
+  // Texture and surface objects alive (their values are the driver's, kernels get
+  // them as arguments, and another process's driver would give others: they keep
+  // a session from moving).
+  void NoteBindlessObject(uint64_t value, bool alive) {
+    if (alive) {
+      bindless_objects_.insert(value);
+    } else {
+      bindless_objects_.erase(value);
+    }
+  }
   void NoteGlobalName(uint64_t ptr, uint64_t size, uint64_t image, const char* name);
   // --- memory the session maps itself (session_movable.cc): restored at the
   // client's old addresses, or movable (--movable-memory).
@@ -844,6 +854,7 @@ class Session {
   std::unordered_map<uint64_t, uint64_t> event_recorded_;
   uint64_t record_seq_ = 0;
   std::unordered_set<uint64_t> async_allocs_;
+  std::unordered_set<uint64_t> bindless_objects_;  // texture and surface objects
   struct GlobalRecord {
     uint64_t size = 0;
     uint64_t image = 0;

@@ -146,6 +146,9 @@ std::string Session::Unmovable() {
   if (sticky_logged_) return "the process hit a sticky error";
   if (captures_.load() > 0) return "a stream capture is in progress";
   if (any(HandleKind::kArray)) return "it holds CUDA arrays (not movable yet)";
+  if (!bindless_objects_.empty())
+    return "it holds texture or surface objects (their values are the driver's and its "
+           "kernels take them as arguments; not movable yet)";
   if (std::string why = PoolsUnmovable(); !why.empty()) return why;  // session_pools.cc
   if (!async_allocs_.empty())
     return std::string("it holds stream-ordered allocations of the driver's pools") +

@@ -1717,7 +1717,7 @@ class E2E(unittest.TestCase):
         """What cannot move is refused at the park, saying why, and the program goes on
         where it is: a graph with a memory allocation node, a graph with a conditional
         node, a VMM reservation at a fixed address outside the session's movable range, an
-        allocation from a memory pool made for export (--movable-memory); any VMM
+        allocation from a memory pool made for export, a texture object (--movable-memory); any VMM
         reservation and a
         cudaMallocAsync allocation on a server without --movable-memory. Once that state
         is gone the same program moves, and ends well on the target."""
@@ -1726,7 +1726,8 @@ class E2E(unittest.TestCase):
             (["--movable-memory"], (("graph-alloc", "memory allocation or free node"),
                                     ("graph-cond", "conditional node"),
                                     ("pool-ipc", "made for export to other processes"),
-                                    ("vmm-fixed", "outside its movable range"))),
+                                    ("vmm-fixed", "outside its movable range"),
+                                    ("texture", "texture or surface objects"))),
             ([], (("vmm", "--movable-memory"), ("async", "--movable-memory"))),
         )
         for movable, phases in cases:

@@ -36,7 +36,8 @@
 //       allocation node), graph-cond (a conditional node), vmm-fixed (a reservation at a
 //       fixed address outside the movable range), vmm (any reservation: on a server
 //       without --movable-memory), async (a cudaMallocAsync allocation: likewise),
-//       pool-ipc (an allocation from a pool made for export to other processes).
+//       pool-ipc (an allocation from a pool made for export to other processes),
+//       texture (a texture object over linear memory).
 //
 // What kernels compute is only checked through flyt_sim_countdown, which the sim models.
 #include <cuda.h>
@@ -818,6 +819,21 @@ int Refuse(const std::string& dir, int argc, char** argv) {
       CK(cudaFreeAsync(p, 0));
       CK(cudaStreamSynchronize(0));
       CK(cudaMemPoolDestroy(pool));
+    } else if (phase == "texture") {
+      void* buf = nullptr;
+      CK(cudaMalloc(&buf, 1 << 16));
+      cudaResourceDesc res{};
+      res.resType = cudaResourceTypeLinear;
+      res.res.linear.devPtr = buf;
+      res.res.linear.desc = cudaCreateChannelDesc<float>();
+      res.res.linear.sizeInBytes = 1 << 16;
+      cudaTextureDesc tex{};
+      tex.readMode = cudaReadModeElementType;
+      cudaTextureObject_t obj = 0;
+      CK(cudaCreateTextureObject(&obj, &res, &tex, nullptr));
+      Hold(dir, argv[k]);
+      CK(cudaDestroyTextureObject(obj));
+      CK(cudaFree(buf));
     } else if (phase == "vmm-fixed" || phase == "vmm") {
       ResolveVmm();
       const CUmemAllocationProp prop = DeviceProp();
