@@ -124,6 +124,7 @@ bool Session::Nccl(wire::Reader& in, wire::Writer& out, CUresult* rc) {
   auto comm_of = [&](uint64_t v) -> NcclComm {
     return nccl_comms_.count(v) != 0 ? reinterpret_cast<NcclComm>(v) : nullptr;
   };
+  auto not_ours = [&] { fail(nccl::kInvalidArgument, "not a communicator of this process"); };
   auto stream_of = [&](uint64_t v, CUstream* s) {
     if (v <= 2) {  // null, legacy, per-thread: as the driver takes them
       *s = reinterpret_cast<CUstream>(v);
@@ -238,7 +239,7 @@ bool Session::Nccl(wire::Reader& in, wire::Writer& out, CUresult* rc) {
         NcclComm& c = *nccl_child_slots_.back();
         const uint64_t token = nccl_child_slots_.size();
         if (parent == nullptr) {
-          fail(nccl::kInvalidArgument, "not a communicator of this process");
+          not_ours();
         } else if (sub == ops::kNcclSplit) {
           if (n.ncclCommSplit == nullptr)
             fail(nccl::kInvalidUsage, "this GPU server's NCCL has no ncclCommSplit");
@@ -277,7 +278,7 @@ bool Session::Nccl(wire::Reader& in, wire::Writer& out, CUresult* rc) {
         uint64_t v = 0;
         if (!in.Get(&v) || in.remaining() != 0) return false;
         if (comm_of(v) == nullptr)
-          fail(nccl::kInvalidArgument, "not a communicator of this process");
+          not_ours();
         else
           made(comm_of(v));
         break;
@@ -290,7 +291,7 @@ bool Session::Nccl(wire::Reader& in, wire::Writer& out, CUresult* rc) {
         if (!in.Get(&v) || in.remaining() != 0) return false;
         NcclComm c = comm_of(v);
         if (c == nullptr) {
-          fail(nccl::kInvalidArgument, "not a communicator of this process");
+          not_ours();
           break;
         }
         if (sub == ops::kNcclAsyncError) {
@@ -326,7 +327,7 @@ bool Session::Nccl(wire::Reader& in, wire::Writer& out, CUresult* rc) {
         NcclComm c = comm_of(v);
         CUstream s = nullptr;
         if (c == nullptr) {
-          fail(nccl::kInvalidArgument, "not a communicator of this process");
+          not_ours();
           break;
         }
         if (!stream_of(sv, &s)) {
@@ -391,7 +392,7 @@ bool Session::Nccl(wire::Reader& in, wire::Writer& out, CUresult* rc) {
         NcclComm c = comm_of(v);
         int op = 0;
         if (c == nullptr) {
-          fail(nccl::kInvalidArgument, "not a communicator of this process");
+          not_ours();
         } else if (n.ncclRedOpCreatePreMulSum == nullptr) {
           fail(nccl::kInvalidUsage, "this GPU server's NCCL has no ncclRedOpCreatePreMulSum");
         } else {
@@ -423,7 +424,7 @@ bool Session::Nccl(wire::Reader& in, wire::Writer& out, CUresult* rc) {
           return false;
         NcclComm c = comm_of(v);
         if (c == nullptr) {
-          fail(nccl::kInvalidArgument, "not a communicator of this process");
+          not_ours();
         } else if (n.ncclCommRegister == nullptr || n.ncclCommDeregister == nullptr) {
           fail(nccl::kInvalidUsage, "this GPU server's NCCL cannot register buffers");
         } else if (sub == ops::kNcclRegister) {
