@@ -420,14 +420,19 @@ void SubtractSat(std::atomic<uint64_t>* v, uint64_t bytes) {
 }
 }  // namespace
 
-bool Session::ChargeMemory(uint64_t bytes, int device) {
-  if (device < 0) device = CurrentDevice();
+bool Session::ChargeShare(uint64_t bytes, int device) {
   if (!state_->share.Charge(device, bytes)) return false;
   if (state_->slot != nullptr) {
     state_->slot->charged += bytes;
     state_->slot->charged_dev[BoardDevice(device)] += bytes;
   }
   return true;
+}
+
+bool Session::ChargeMemory(uint64_t bytes, int device) {
+  if (device < 0) device = CurrentDevice();
+  if (ChargeShare(bytes, device)) return true;
+  return !idle_charged_.empty() && ReleaseIdlePoolMemory() && ChargeShare(bytes, device);
 }
 
 void Session::RefundMemory(uint64_t bytes, int device) {

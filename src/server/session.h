@@ -173,6 +173,8 @@ class Session {
   // before the driver allocates, recorded per handle, refunded when freed.
   // The quota holds per GPU: `device` is where the memory is (-1: the device
   // of the session's current context, where the driver allocates).
+  // Over the quota, the session's idle pool memory is given back first (as when the
+  // GPU is full), then the charge is tried once more.
   bool ChargeMemory(uint64_t bytes, int device = -1);
   void RefundMemory(uint64_t bytes, int device);
   // The device of the context the session's thread has current.
@@ -872,6 +874,7 @@ class Session {
     // Reserved for itself (a restore); else part of movable_.
     bool own_reservation = true;
     uint64_t pool = 0;  // the client's handle of the pool it backs (pool_ledger_), or 0
+    int device = 0;     // where its memory is
   };
   // Physical memory mapped at `at` (reserved already), readable and writable
   // from `device`; recorded in mapped_regions_ with no allocation inside. On
@@ -905,6 +908,14 @@ class Session {
   uint64_t PoolUse(const MappedPlace& place) const;
   // Unmaps an idle region of a pool and takes it off the books.
   CUresult ReleasePoolRegion(uint64_t base);
+  // A pool's idle region holds GPU memory as natively: it counts against the
+  // tenant's quota while idle (an allocation placed in it is charged itself).
+  // Where the quota has no room, the pool gives the region back instead.
+  void ChargeIdleRegion(uint64_t base);
+  // The quota's charge alone (no idle pool memory given back).
+  bool ChargeShare(uint64_t bytes, int device);
+  void RefundIdleRegion(uint64_t base);
+  std::map<uint64_t, std::pair<uint64_t, int>> idle_charged_;  // base: bytes, device
   struct PendingFree {
     CUevent done = nullptr;  // recorded on the freeing stream
     uint64_t ptr = 0;

@@ -590,6 +590,11 @@ Status Session::RestoreMemoryLayout(SnapshotReader& in, std::vector<RestoredAllo
     mapped_allocs_[x.base] = MappedPlace{reg->first, x.size};
     RestorePoolAllocation(x.base, x.size);  // counted in its pool, if it has one
   }
+  // The pools' idle regions count against the quota here as they did there.
+  std::vector<uint64_t> idle;
+  for (const auto& [base, reg] : mapped_regions_)
+    if (reg.pool != 0 && reg.live == 0) idle.push_back(base);
+  for (uint64_t base : idle) ChargeIdleRegion(base);
   return Status::Ok();
 }
 

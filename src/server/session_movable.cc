@@ -67,6 +67,7 @@ CUresult Session::MapNewRegion(uint64_t at, uint64_t size, int device, bool own_
   MappedRegion reg;
   reg.size = size;
   reg.own_reservation = own_reservation;
+  reg.device = device;
   CUresult rc = a.cuMemCreate(&reg.handle, size, &prop, 0);
   if (rc == CUDA_SUCCESS) {
     rc = a.cuMemMap(at, size, 0, reg.handle, 0);
@@ -199,6 +200,7 @@ CUresult Session::MovableAlloc(uint64_t bytes, uint64_t* out, uint64_t pool) {
   if (rc != CUDA_SUCCESS) return rc;
   // Placed in region `region`: counted there (and in its pool).
   auto place = [&](uint64_t at, uint64_t region) {
+    RefundIdleRegion(region);  // in use again: the allocation is charged itself
     mapped_regions_[region].live++;
     mapped_allocs_[at] = MappedPlace{region, bytes};
     if (pool != 0) pool_ledger_.Place(pool, region, PoolUse(mapped_allocs_[at]));
@@ -419,8 +421,9 @@ CUresult Session::ReleasePlace(uint64_t ptr, const MappedPlace& place) {
     // A pool keeps its idle memory for reuse until a trim or its release
     // threshold gives it back (TrimPools); a destroyed pool's goes now.
     const PoolLedger::Pool* p = pool_ledger_.Find(pool);
-    if (p != nullptr && !p->destroyed) return CUDA_SUCCESS;
-    return ReleasePoolRegion(place.region);
+    if (p == nullptr || p->destroyed) return ReleasePoolRegion(place.region);
+    ChargeIdleRegion(place.region);
+    return CUDA_SUCCESS;
   }
   if (chunk != small_chunks_.end()) small_chunks_.erase(chunk);
   CUresult rc = ReleaseRegion(reg->first, reg->second);

@@ -112,16 +112,7 @@ CUresult Session::MemPoolDestroy(CUmemoryPool pool) {
   // As the driver: idle memory goes now, the rest once its allocations are
   // freed (ReleasePlace).
   ReapFrees(false);
-  for (uint64_t base : pool_ledger_.Destroy(client)) {
-    auto reg = mapped_regions_.find(base);
-    if (reg == mapped_regions_.end()) continue;
-    small_chunks_.erase(base);
-    CUresult r = ReleaseRegion(base, reg->second);
-    if (r != CUDA_SUCCESS)
-      FLYT_WARN("session %llu: releasing memory of a destroyed pool failed with error %d",
-                static_cast<unsigned long long>(id_), r);
-    mapped_regions_.erase(reg);
-  }
+  for (uint64_t base : pool_ledger_.Destroy(client)) ReleasePoolRegion(base);  // off the books
   return CUDA_SUCCESS;
 }
 
@@ -215,9 +206,31 @@ CUresult Session::PoolAttribute(uint64_t pool, CUmemPool_attribute attr, bool se
   return CUDA_SUCCESS;
 }
 
+void Session::ChargeIdleRegion(uint64_t base) {
+  auto reg = mapped_regions_.find(base);
+  if (reg == mapped_regions_.end() || reg->second.pool == 0 || idle_charged_.count(base) != 0)
+    return;
+  const uint64_t size = reg->second.size;
+  const int device = reg->second.device;
+  // Not ChargeMemory: that would give back idle regions, this one among them.
+  if (!ChargeShare(size, device)) {
+    ReleasePoolRegion(base);
+    return;
+  }
+  idle_charged_[base] = {size, device};
+}
+
+void Session::RefundIdleRegion(uint64_t base) {
+  auto it = idle_charged_.find(base);
+  if (it == idle_charged_.end()) return;
+  RefundMemory(it->second.first, it->second.second);
+  idle_charged_.erase(it);
+}
+
 CUresult Session::ReleasePoolRegion(uint64_t base) {
   auto reg = mapped_regions_.find(base);
   if (reg == mapped_regions_.end()) return CUDA_SUCCESS;
+  RefundIdleRegion(base);
   const uint64_t pool = reg->second.pool;
   small_chunks_.erase(base);
   CUresult rc = ReleaseRegion(base, reg->second);

@@ -2900,6 +2900,24 @@ class E2E(unittest.TestCase):
                 self.assertFalse(os.path.exists(srv.control_path),
                                  "the control socket file outlived the server")
 
+    def test_share_quota_pools(self):
+        """A pool's idle memory counts against --memory-quota (--movable-memory: the server
+        serves the pool): cudaMemGetInfo shows it taken, a cudaMalloc that needs the room
+        gets it (the pool gives its idle memory back), and the quota is whole at the end."""
+        quota = 64 << 20
+        for variant, transport in self.matrix():
+            with self.subTest(variant=variant, transport=transport):
+                srv = self.start_server(control=True,
+                                        extra_args=["--memory-quota", "64M", "--movable-memory"])
+                res = self.run_ok(srv, transport, "share_quota", variant,
+                                  args=("pools", str(quota)))
+                kv = self.kv(res)
+                self.assertEqual(kv.get("pool_idle_counted"), "1", res.describe())
+                self.assertEqual(kv.get("pool_reserved_after_malloc"), "0", res.describe())
+                self.assertEqual(kv.get("free_after_pool"), str(quota), res.describe())
+                self.assert_stats(srv, sessions=0, memory_used=0, memory_quota=quota)
+                self.stop_server(srv)
+
     def test_control_socket(self):
         """stats and malformed requests; several requests per connection; a stale file."""
         stale = os.path.join(self.tmp, "stale.ctl")

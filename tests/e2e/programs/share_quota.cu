@@ -12,6 +12,10 @@
 //     flags and priority and that the new quota holds. (cudaGetDeviceProperties keeps the
 //     values cudart read at its start: attributes and cudaMemGetInfo are what follow.)
 //
+//   share_quota pools QUOTA
+//     (flyt-server --movable-memory) a pool's idle memory counts against the quota
+//     and is given back when a cudaMalloc needs the room.
+//
 // Prints key=value lines and "share_quota: PASS". Valid under the sim backend (no kernel
 // result is checked).
 #include <chrono>
@@ -179,14 +183,65 @@ int Watch(int seconds, int want_sm, size_t want_total) {
 
 }  // namespace
 
+// A pool that keeps its memory (release threshold: all of it), under --movable-memory
+// where the server serves the pool: its idle memory counts against the quota as a
+// local GPU's pool holds it (cudaMemGetInfo shows it taken), and a cudaMalloc that
+// needs the room gets it, the pool giving its idle memory back.
+void Pools(size_t quota) {
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = 0;
+  cudaMemPool_t pool;
+  CK(cudaMemPoolCreate(&pool, &props));
+  uint64_t keep = UINT64_MAX;
+  CK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  cudaStream_t s;
+  CK(cudaStreamCreate(&s));
+  const size_t half = quota / 2;
+  void* p = nullptr;
+  CK(cudaMallocFromPoolAsync(&p, half, pool, s));
+  CK(cudaFreeAsync(p, s));
+  CK(cudaStreamSynchronize(s));
+  uint64_t reserved = 0;
+  CK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
+  EXPECT(reserved >= half, "the pool keeps %llu bytes after the free, want at least %zu",
+         static_cast<unsigned long long>(reserved), half);
+  size_t free_bytes = 0, total = 0;
+  CK(cudaMemGetInfo(&free_bytes, &total));
+  EXPECT(total == quota && free_bytes == quota - reserved,
+         "cudaMemGetInfo with %llu bytes idle in a pool: free %zu of %zu, want %llu of %zu",
+         static_cast<unsigned long long>(reserved), free_bytes, total,
+         static_cast<unsigned long long>(quota - reserved), quota);
+  printf("pool_idle_counted=1\n");
+  // More than the quota leaves beside the pool's idle memory.
+  const size_t big = quota - quota / 8;
+  void* q = nullptr;
+  CK(cudaMalloc(&q, big));
+  CK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
+  printf("pool_reserved_after_malloc=%llu\n", static_cast<unsigned long long>(reserved));
+  CK(cudaFree(q));
+  // The pool's memory again, then the pool gone: the quota is whole again.
+  CK(cudaMallocFromPoolAsync(&p, half, pool, s));
+  CK(cudaFreeAsync(p, s));
+  CK(cudaStreamSynchronize(s));
+  CK(cudaMemPoolDestroy(pool));
+  CK(cudaStreamDestroy(s));
+  CK(cudaMemGetInfo(&free_bytes, &total));
+  printf("free_after_pool=%zu\n", free_bytes);
+}
+
 int main(int argc, char** argv) {
   e2e::Init("share_quota");
   if (argc == 4 && strcmp(argv[1], "quota") == 0) {
     Quota(strtoull(argv[2], nullptr, 10), atoi(argv[3]));
+  } else if (argc == 3 && strcmp(argv[1], "pools") == 0) {
+    Pools(strtoull(argv[2], nullptr, 10));
   } else if (argc == 5 && strcmp(argv[1], "watch") == 0) {
     Watch(atoi(argv[2]), atoi(argv[3]), strtoull(argv[4], nullptr, 10));
   } else {
-    e2e::Fail(__FILE__, __LINE__, "usage: share_quota quota QUOTA SM | watch SECONDS SM TOTAL");
+    e2e::Fail(__FILE__, __LINE__,
+              "usage: share_quota quota QUOTA SM | pools QUOTA | watch SECONDS SM TOTAL");
   }
   e2e::Pass();
   return 0;
