@@ -121,7 +121,8 @@ class Client {
   int RouteNow() const;
   // The server the calling thread's last call or post went to.
   static int LastRoute();
-  // The server whose device memory holds p (-1: no known device range).
+  // The server whose device memory holds p, or that reserved the address range
+  // holding it (cuMemAddressReserve); -1: no known device range.
   int ServerOfPointer(uint64_t p);
   // Routes the calling thread's calls to `server` while it lives (-1: no change).
   class RouteScope {
@@ -304,7 +305,8 @@ class Client {
   // keeps this process's host memory out of it, as allocations do; a mapped
   // range is device memory to copies and pointer queries (FindDeviceRange),
   // and adjacent mapped ranges count as one.
-  void AddReservation(uint64_t base, uint64_t size);
+  // `server`: the one that reserved it (ServerOfPointer answers it for the range).
+  void AddReservation(uint64_t base, uint64_t size, int server = 0);
   // True when [base, base+size) is a reservation and holds no mapped range
   // (then it is forgotten); with `force`, it and the ranges inside go anyway.
   bool RemoveReservation(uint64_t base, uint64_t size, bool force);
@@ -531,9 +533,14 @@ class Client {
   std::atomic<int64_t> unmapped_pinned_{0};       // host_buffers_ without a device pointer
   std::atomic<uint64_t> pinned_lo_{UINT64_MAX}, pinned_hi_{0};  // all buffers ever held
   // Virtual memory (client/api_vmm.cc).
-  std::map<uint64_t, std::pair<uint64_t, bool>> vmm_reserved_;  // base -> size, host VA held
-  std::map<uint64_t, uint64_t> vmm_mapped_;                     // base -> size
-  std::unordered_map<uint64_t, uint32_t> vmm_handle_refs_;      // handle -> app's references
+  struct VmmReservation {
+    uint64_t size = 0;
+    bool held = false;  // this process holds the host VA (HoldAddressRange)
+    int server = 0;     // the server that reserved it (several servers)
+  };
+  std::map<uint64_t, VmmReservation> vmm_reserved_;         // by base
+  std::map<uint64_t, uint64_t> vmm_mapped_;                 // base -> size
+  std::unordered_map<uint64_t, uint32_t> vmm_handle_refs_;  // handle -> app's references
   void ForgetVmmLocked();  // cudaDeviceReset: the server released it all
   bool FindMappedLocked(uint64_t p, uint64_t n, uint64_t* base, uint64_t* size);
   std::unordered_map<uint64_t, std::shared_ptr<const FuncInfo>> funcs_;
