@@ -118,6 +118,11 @@ int Client::RouteCall(const char* name, uint16_t op, const wire::Writer& req) {
     case ops::kOpMemExportShareable:  // the allocation handle's server
     case ops::kOpMemImportShareable:  // the server the exporter named
     case ops::kOpStreamBatchMemOp:    // the stream's server (api_stream_memops.cc)
+    case ops::kOpIpcGetMemHandle:     // the memory's or event's server; opened by the
+    case ops::kOpIpcGetEventHandle:   // current device's (api_ipc.cc)
+    case ops::kOpIpcOpenMemHandle:
+    case ops::kOpIpcCloseMemHandle:
+    case ops::kOpIpcOpenEventHandle:
       served = true;
       break;
     case ops::kOpDriverMisc:  // the current context's flags, a function's cluster size

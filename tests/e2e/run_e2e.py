@@ -1974,7 +1974,9 @@ class E2E(unittest.TestCase):
         checked), virtual memory on device 1 (granularity, reserve, create, map, access,
         copies, a memset and a kernel through it, its handle retained, exported and
         imported again, properties naming device 1), stream memory operations on a stream
-        of device 1 (single and batched), and 2D/3D copies between the two servers' memory
+        of device 1 (single and batched), an IPC event of device 1 opened and recorded by a
+        child process (memory handles refused on either device alike: placed memory), and
+        2D/3D copies between the two servers' memory
         both ways (pitched, odd sizes, offsets, packed rows, a 3D box), byte for byte. Only
         calls mixing the two servers are refused (a graph, a capture's dependency, a
         mapping, access, a batch), each once in the log."""
@@ -1991,7 +1993,8 @@ class E2E(unittest.TestCase):
                           ("occupancy_other_stream", "ok"), ("shared_opt_in_other_copy", "ok"),
                           ("capture_info_on_second", "ok"), ("capture_launch_on_second", "ok"),
                           ("vmm_map_on_second", "ok"), ("vmm_data_on_second", "ok"),
-                          ("vmm_handles_on_second", "ok"), ("stream_memops_on_second", "ok")):
+                          ("vmm_handles_on_second", "ok"), ("stream_memops_on_second", "ok"),
+                          ("ipc_event_on_second", "ok"), ("ipc_child", "ok")):
             self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
         log = res.stderr + res.client_log
         self.assertNotIn("not served yet", log, where)

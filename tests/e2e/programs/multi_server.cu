@@ -39,10 +39,12 @@
 // dependency is refused), TMA descriptors of device 1's memory (with either device current: the
 // same descriptor) and 2D/3D copies between the two devices' memory both ways (pitched, odd widths
 // and heights, offsets; packed rows; a 3D box), all checked byte for byte.
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -662,6 +664,92 @@ void LaterMemOps(const LaterDriver& cu, unsigned* flag1, unsigned* flag0) {
   printf("stream_memops_on_second=ok\n");
 }
 
+// CUDA IPC on device 1 with another process of the same server list (itself again,
+// `later_ipc_child`): an interprocess event of device 1, its handle got with device 0
+// current (the event's server answers), opened by the child with device 1 current (so
+// that server's: the child records it on a stream of device 1), its own handle refused
+// as natively. Memory handles are refused on either device alike: the servers place a
+// client's memory apart, and placed memory has no legacy IPC handle.
+void FromHex(const char* s, void* out, size_t n) {
+  EXPECT(strlen(s) == 2 * n, "a handle argument of %zu hex digits, want %zu", strlen(s), 2 * n);
+  auto digit = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
+  auto* bytes = static_cast<unsigned char*>(out);
+  for (size_t i = 0; i < n; ++i)
+    bytes[i] = static_cast<unsigned char>(digit(s[2 * i]) << 4 | digit(s[2 * i + 1]));
+}
+
+int LaterIpcChild(const char* event_hex) {
+  e2e::Init("multi_server-ipc-child");
+  cudaIpcEventHandle_t eh;
+  FromHex(event_hex, &eh, sizeof(eh));
+  e2e::Step("child: open device 1's event with device 1 current");
+  CK(cudaSetDevice(1));
+  cudaEvent_t ev;
+  CK(cudaIpcOpenEventHandle(&ev, eh));
+  cudaStream_t stream;
+  CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  char* d = nullptr;
+  CK(cudaMalloc(&d, 4096));
+  CK(cudaStreamWaitEvent(stream, ev, 0));  // the parent's recording
+  CK(cudaMemsetAsync(d, 0x3c, 4096, stream));
+  CK(cudaEventRecord(ev, stream));
+  CK(cudaSetDevice(0));  // synchronized with device 0 current: the event says where
+  CK(cudaEventSynchronize(ev));
+  CK(cudaEventQuery(ev));
+  std::vector<unsigned char> got(4096);
+  CK(cudaMemcpy(got.data(), d, got.size(), cudaMemcpyDeviceToHost));
+  EXPECT(e2e::FirstNot(got.data(), static_cast<unsigned char>(0x3c), got.size()) < 0,
+         "the child's memset before its recording");
+  CK(cudaEventDestroy(ev));
+  CK(cudaSetDevice(1));
+  CK(cudaStreamDestroy(stream));
+  CK(cudaFree(d));
+  printf("ipc_child=ok\n");
+  fflush(stdout);
+  return 0;
+}
+
+void LaterIpc(char* buf0, char* buf1) {
+  e2e::Step("CUDA IPC on device 1");
+  CK(cudaSetDevice(1));
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaEvent_t ev;
+  CK(cudaEventCreateWithFlags(&ev, cudaEventInterprocess | cudaEventDisableTiming));
+  CK(cudaEventRecord(ev, s));
+  CK(cudaSetDevice(0));
+  cudaIpcEventHandle_t eh;
+  CK(cudaIpcGetEventHandle(&eh, ev));
+  cudaEvent_t own = nullptr;
+  EXPECT_ERR(cudaIpcOpenEventHandle(&own, eh), cudaErrorDeviceUninitialized);  // its own
+  cudaIpcMemHandle_t mh;
+  EXPECT_ERR(cudaIpcGetMemHandle(&mh, buf1), cudaErrorNotSupported);  // placed memory
+  EXPECT_ERR(cudaIpcGetMemHandle(&mh, buf0), cudaErrorNotSupported);  // on either device
+  std::string event_hex = e2e::Hex(&eh, sizeof(eh));
+  fflush(stdout);
+  pid_t child = fork();
+  EXPECT(child >= 0, "fork failed");
+  if (child == 0) {
+    char self[] = "/proc/self/exe";
+    char arg0[] = "multi_server";
+    char mode[] = "later_ipc_child";
+    char* args[] = {arg0, mode, event_hex.data(), nullptr};
+    execv(self, args);
+    _exit(127);
+  }
+  int status = 0;
+  EXPECT(waitpid(child, &status, 0) == child, "waitpid failed");
+  EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child failed (status 0x%x)", status);
+  CK(cudaEventSynchronize(ev));
+  CK(cudaEventQuery(ev));
+  CK(cudaSetDevice(1));
+  CK(cudaStreamWaitEvent(s, ev, 0));
+  CK(cudaStreamSynchronize(s));
+  CK(cudaEventDestroy(ev));
+  CK(cudaStreamDestroy(s));
+  printf("ipc_event_on_second=ok\n");
+}
+
 // cudaMemcpy2D / 2DAsync / 3D between device 0's and device 1's memory.
 void Later2D(int from, int to, cudaStream_t stream, uint32_t seed) {
   const size_t width = 1001, height = 7, xoff = 3, yoff = 1;
@@ -746,6 +834,7 @@ int Later() {
   LaterCapture(buf[1], other[1], n);
   LaterVmm(cu, buf[0]);
   LaterMemOps(cu, reinterpret_cast<unsigned*>(buf[1]), reinterpret_cast<unsigned*>(buf[0]));
+  LaterIpc(buf[0], buf[1]);
 
   // A kernel the other server loaded first (cudart loaded this program's kernels while
   // device 1 was current), given more than 48 KiB of dynamic shared memory on device 0
@@ -891,6 +980,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && strcmp(argv[1], "refused") == 0) return Refused();
   if (argc > 1 && strcmp(argv[1], "tls") == 0) return Tls();
   if (argc > 1 && strcmp(argv[1], "later") == 0) return Later();
+  if (argc == 3 && strcmp(argv[1], "later_ipc_child") == 0) return LaterIpcChild(argv[2]);
 
   e2e::Step("enumerate");
   int count = 0;
