@@ -114,6 +114,17 @@ CUresult CaptureInfo(const char* name, CUstream s, bool pt, CUstreamCaptureStatu
   return CUDA_SUCCESS;
 }
 
+// Several servers: every node (and the graph, if any) is `server`'s (true with one).
+bool OnServer(int server, uint64_t graph, const CUgraphNode* nodes, size_t n) {
+  if (server < 0) return true;
+  if (graph != 0 && Client::TagOf(graph) != server) return false;
+  for (size_t k = 0; nodes != nullptr && k < n && k <= (1u << 16); ++k) {  // (SendDeps bounds n)
+    const uint64_t node = reinterpret_cast<uintptr_t>(nodes[k]);
+    if (node != 0 && Client::TagOf(node) != server) return false;
+  }
+  return true;
+}
+
 // Sends kOpCaptureDependencies to `server` (-1: no change): `w` already holds the
 // sub-operation and its fields; the node list (with edge data) is appended.
 CUresult SendDeps(const char* name, bool pt, int server, wire::Writer& w, const CUgraphNode* nodes,
@@ -122,13 +133,12 @@ CUresult SendDeps(const char* name, bool pt, int server, wire::Writer& w, const 
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (n > 0 && nodes == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (n > (1u << 16)) return CUDA_ERROR_INVALID_VALUE;
+  if (!OnServer(server, 0, nodes, n))
+    return flyt::client::RefuseAcrossServers(name);  // a node of another server's graph
   w.Put<uint8_t>(edges != nullptr ? 1 : 0);
   w.Put<uint32_t>(static_cast<uint32_t>(n));
   for (size_t k = 0; k < n; ++k) {
-    const uint64_t node = reinterpret_cast<uintptr_t>(nodes[k]);
-    if (server >= 0 && node != 0 && Client::TagOf(node) != server)
-      return flyt::client::RefuseAcrossServers(name);  // a node of another server's graph
-    w.Put<uint64_t>(Client::WireValue(node));
+    w.Put<uint64_t>(Client::WireValue(reinterpret_cast<uintptr_t>(nodes[k])));
     w.Put(edges != nullptr ? edges[k] : CUgraphEdgeData{});
   }
   Client::RouteScope route(server);
@@ -148,8 +158,8 @@ CUresult CaptureToGraph(const char* name, bool pt, CUstream s, CUgraph g, const 
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   const int server = StreamServer(s);
   const uint64_t graph = reinterpret_cast<uintptr_t>(g);
-  if (server >= 0 && graph != 0 && Client::TagOf(graph) != server)
-    return flyt::client::RefuseAcrossServers(name);  // a graph of another server
+  if (!OnServer(server, graph, nodes, n))            // checked before the capture is counted
+    return flyt::client::RefuseAcrossServers(name);  // a graph or node of another server
   if (server >= c.server_count()) return CUDA_ERROR_INVALID_HANDLE;
   // Host functions and host copies captured into the graph run over it (the
   // stream's server's).

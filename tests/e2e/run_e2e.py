@@ -1970,8 +1970,8 @@ class E2E(unittest.TestCase):
         graph, event nodes, edges added and removed, a clone, nodes destroyed; launched, the
         copies and memset checked byte for byte, the host node ran once), TMA descriptors
         of device 1's memory, stream capture on device 1 (status, id, dependencies asked
-        while it runs, a node added by hand made the next dependency; ended, launched,
-        checked), virtual memory on device 1 (granularity, reserve, create, map, access,
+        while it runs, a node added by hand made the next dependency, capture into a given
+        graph; ended, launched, checked), virtual memory on device 1 (granularity, reserve, create, map, access,
         copies, a memset and a kernel through it, its handle retained, exported and
         imported again, properties naming device 1), stream memory operations on a stream
         of device 1 (single and batched), an IPC event of device 1 opened and recorded by a
@@ -1994,12 +1994,13 @@ class E2E(unittest.TestCase):
                           ("capture_info_on_second", "ok"), ("capture_launch_on_second", "ok"),
                           ("vmm_map_on_second", "ok"), ("vmm_data_on_second", "ok"),
                           ("vmm_handles_on_second", "ok"), ("stream_memops_on_second", "ok"),
-                          ("ipc_event_on_second", "ok"), ("ipc_child", "ok")):
+                          ("ipc_event_on_second", "ok"), ("ipc_child", "ok"),
+                          ("capture_to_graph_on_second", "ok")):
             self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
         log = res.stderr + res.client_log
         self.assertNotIn("not served yet", log, where)
         for name in ("cuGraphAddEmptyNode", "cuStreamUpdateCaptureDependencies", "cuMemMap",
-                     "cuMemSetAccess", "cuStreamBatchMemOp"):
+                     "cuMemSetAccess", "cuStreamBatchMemOp", "cuStreamBeginCaptureToGraph"):
             self.assertEqual(len(re.findall(r"%s\w*: its arguments belong to GPUs of two" % name,
                                             log)), 1, "%s\n%s" % (name, where))
         for srv in (a, b):

@@ -37,8 +37,14 @@
 // set again, instantiated and launched: the copies (one from host memory) and
 // the memset checked byte for byte, the host node ran once; a node of device 0's graph as a
 // dependency is refused), TMA descriptors of device 1's memory (with either device current: the
-// same descriptor) and 2D/3D copies between the two devices' memory both ways (pitched, odd widths
-// and heights, offsets; packed rows; a 3D box), all checked byte for byte.
+// same descriptor), stream capture on device 1 (status, id, graph and dependencies asked while it
+// runs, a node added by hand made the next dependency, capture into a given graph; launched and
+// checked), virtual memory on device 1 (reserved, created, mapped, made accessible, copies, a
+// memset and a kernel through it, its handle retained, exported and imported again), stream
+// memory operations on a stream of device 1, an IPC event of device 1 opened by a child process,
+// and 2D/3D copies between the two devices' memory both ways (pitched, odd widths and heights,
+// offsets; packed rows; a 3D box), all checked byte for byte. Arguments naming both servers (a
+// node, graph, mapping, access or address of device 0) are refused.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -211,6 +217,7 @@ struct LaterDriver {
   decltype(&::cuStreamWriteValue32_v2) write32;
   decltype(&::cuStreamWaitValue32_v2) wait32;
   decltype(&::cuStreamBatchMemOp_v2) batch;
+  decltype(&::cuStreamBeginCaptureToGraph) capture_to_graph;
 };
 
 void LaterLink(const LaterDriver& cu, unsigned* buf1) {
@@ -518,6 +525,69 @@ void LaterCapture(char* a1, char* b1, size_t n) {
   printf("capture_launch_on_second=ok\n");
 }
 
+// cuStreamBeginCaptureToGraph on a stream of device 1: work captured after a node of
+// device 1's graph (asked with device 0 current: the stream says where), the graph
+// launched and the copy checked; device 0's graph is refused.
+void LaterCaptureToGraph(const LaterDriver& cu, char* a1, char* b1, size_t n) {
+  e2e::Step("capture into a graph of device 1");
+  CK(cudaSetDevice(0));
+  cudaGraph_t g0 = nullptr;
+  CK(cudaGraphCreate(&g0, 0));
+  CK(cudaSetDevice(1));
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const CUstream cs = reinterpret_cast<CUstream>(s);
+  cudaGraph_t g = nullptr;
+  CK(cudaGraphCreate(&g, 0));
+  cudaMemsetParams mp{};
+  mp.dst = a1;
+  mp.value = 0x44;
+  mp.elementSize = 1;
+  mp.width = n;
+  mp.height = 1;
+  cudaGraphNode_t root = nullptr;
+  CK(cudaGraphAddMemsetNode(&root, g, nullptr, 0, &mp));
+  EXPECT_CU(cu.capture_to_graph(cs, reinterpret_cast<CUgraph>(g0), nullptr, nullptr, 0,
+                                CU_STREAM_CAPTURE_MODE_GLOBAL),
+            CUDA_ERROR_NOT_SUPPORTED);  // device 0's graph
+  CUgraphNode deps_in[] = {reinterpret_cast<CUgraphNode>(root)};
+  CU(cu.capture_to_graph(cs, reinterpret_cast<CUgraph>(g), deps_in, nullptr, 1,
+                         CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CK(cudaSetDevice(0));
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  cudaGraph_t captured = nullptr;
+  const cudaGraphNode_t* deps = nullptr;
+  size_t ndeps = 0;
+  CK(cudaStreamGetCaptureInfo(s, &st, nullptr, &captured, &deps, nullptr, &ndeps));
+  EXPECT(st == cudaStreamCaptureStatusActive && captured == g && ndeps == 1 && deps[0] == root,
+         "capture into a graph: status %d, graph %p (want %p), %zu dependencies",
+         static_cast<int>(st), static_cast<void*>(captured), static_cast<void*>(g), ndeps);
+  CK(cudaSetDevice(1));
+  CK(cudaMemcpyAsync(b1, a1, n, cudaMemcpyDeviceToDevice, s));  // after the memset node
+  cudaGraph_t ended = nullptr;
+  CK(cudaStreamEndCapture(s, &ended));
+  EXPECT(ended == g, "cudaStreamEndCapture gave %p, want %p", static_cast<void*>(ended),
+         static_cast<void*>(g));
+  size_t nodes = 0;
+  CK(cudaGraphGetNodes(g, nullptr, &nodes));
+  EXPECT(nodes == 2, "the graph has %zu nodes", nodes);
+  cudaGraphExec_t exec = nullptr;
+  CK(cudaGraphInstantiate(&exec, g, 0));
+  CK(cudaGraphLaunch(exec, s));
+  CK(cudaStreamSynchronize(s));
+  std::vector<unsigned char> out(n, 0);
+  CK(cudaMemcpy(out.data(), b1, n, cudaMemcpyDeviceToHost));
+  EXPECT(e2e::FirstNot(out.data(), static_cast<unsigned char>(0x44), n) < 0,
+         "the copy captured after the memset node");
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(g));
+  CK(cudaStreamDestroy(s));
+  CK(cudaSetDevice(0));
+  CK(cudaGraphDestroy(g0));
+  CK(cudaSetDevice(1));
+  printf("capture_to_graph_on_second=ok\n");
+}
+
 // Virtual memory on device 1, as PyTorch's expandable segments use it: granularity,
 // a reservation, physical memory mapped and made accessible, copies, a memset and a
 // kernel through it (with device 0 current too: the reservation says where it goes), a
@@ -815,6 +885,7 @@ int Later() {
   e2e::ResolveDriver("cuStreamWriteValue32", &cu.write32);
   e2e::ResolveDriver("cuStreamWaitValue32", &cu.wait32);
   e2e::ResolveDriver("cuStreamBatchMemOp", &cu.batch);
+  e2e::ResolveDriver("cuStreamBeginCaptureToGraph", &cu.capture_to_graph);
   int count = 0;
   CK(cudaGetDeviceCount(&count));
   EXPECT(count == 2, "expected 2 devices, found %d", count);
@@ -832,6 +903,7 @@ int Later() {
   LaterGraph(cu, other[1], buf[1], n);
   LaterTensorMap(cu, buf[1], other[1]);
   LaterCapture(buf[1], other[1], n);
+  LaterCaptureToGraph(cu, buf[1], other[1], n);
   LaterVmm(cu, buf[0]);
   LaterMemOps(cu, reinterpret_cast<unsigned*>(buf[1]), reinterpret_cast<unsigned*>(buf[0]));
   LaterIpc(buf[0], buf[1]);
