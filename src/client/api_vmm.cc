@@ -16,6 +16,9 @@
 #include <cerrno>
 #include <cstring>
 #include <iterator>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "client/client.h"
 #include "client/proc_address.h"
@@ -141,7 +144,54 @@ int RangeServer(uint64_t p) {
   return server >= 0 ? server : c.RouteNow();
 }
 
+// The GPU (a global ordinal) of each allocation handle and mapped range, for pointer
+// attributes (DEVICE_ORDINAL names the GPU of the memory, not the current one).
+std::mutex& DeviceMutex() {
+  static auto* mu = new std::mutex();
+  return *mu;
+}
+std::map<uint64_t, int>& HandleDevice() {  // handle -> device
+  static auto* m = new std::map<uint64_t, int>();
+  return *m;
+}
+std::map<uint64_t, std::pair<uint64_t, int>>& MappedDevice() {  // base -> size, device
+  static auto* m = new std::map<uint64_t, std::pair<uint64_t, int>>();
+  return *m;
+}
+void NoteHandleDevice(uint64_t handle, int device) {
+  std::lock_guard<std::mutex> lock(DeviceMutex());
+  HandleDevice()[handle] = device;
+}
+// Forgets what lay in [base, base+size), then (`mapped`) notes a mapping there of
+// `handle`'s GPU.
+void NoteMapped(uint64_t base, uint64_t size, uint64_t handle, bool mapped) {
+  std::lock_guard<std::mutex> lock(DeviceMutex());
+  auto& m = MappedDevice();
+  auto first = m.lower_bound(base);
+  if (first != m.begin() && std::prev(first)->first + std::prev(first)->second.first > base)
+    --first;
+  m.erase(first, m.lower_bound(base + size));
+  if (!mapped) return;
+  auto h = HandleDevice().find(handle);
+  if (h != HandleDevice().end()) m[base] = {size, h->second};
+}
+
 }  // namespace
+
+namespace flyt::client {
+
+bool VmmMappedDevice(uint64_t p, int* device) {
+  std::lock_guard<std::mutex> lock(DeviceMutex());
+  auto& m = MappedDevice();
+  auto it = m.upper_bound(p);
+  if (it == m.begin()) return false;
+  --it;
+  if (p - it->first >= it->second.first) return false;
+  *device = it->second.second;
+  return true;
+}
+
+}  // namespace flyt::client
 
 // --- entry points. Op ids and call classes: protocol/api_list.h (245-253)
 // and protocol/ops.h (kOpMemSetAccess, kOpMemRetainAllocationHandle).
@@ -182,6 +232,13 @@ FLYT_API CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
   if (rc != CUDA_SUCCESS || handle == nullptr) return rc;
   if (c.multi()) *handle = Client::Tag(*handle, Client::LastRoute());
   c.AddVmmHandleRef(*handle);
+  int device = 0;
+  if (prop != nullptr && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+    device = c.multi() ? c.GlobalDevice(Client::LastRoute(), prop->location.id) : prop->location.id;
+  } else if (cuCtxGetDevice(&device) != CUDA_SUCCESS) {
+    device = 0;
+  }
+  NoteHandleDevice(*handle, device);
   return rc;
 }
 
@@ -205,17 +262,25 @@ FLYT_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
   CUresult rc = Forward<249, true, false>(
       "cuMemMap", ptr, size, offset,
       static_cast<CUmemGenericAllocationHandle>(Client::WireValue(handle)), flags);
-  if (rc == CUDA_SUCCESS) c.AddMappedRange(ptr, size);
+  if (rc == CUDA_SUCCESS) {
+    c.AddMappedRange(ptr, size);
+    NoteMapped(ptr, size, handle, true);
+  }
   return rc;
 }
 
 FLYT_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   Client& c = Client::Get();
-  if (c.RemoveMappedRanges(ptr, size, false))
+  if (c.RemoveMappedRanges(ptr, size, false)) {
+    NoteMapped(ptr, size, 0, false);
     return Forward<250, false, false>("cuMemUnmap", ptr, size);
+  }
   // Not exactly whole mappings (a hole, say): the server's driver judges now.
   CUresult rc = Forward<250, true, false>("cuMemUnmap", ptr, size);
-  if (rc == CUDA_SUCCESS) c.RemoveMappedRanges(ptr, size, true);
+  if (rc == CUDA_SUCCESS) {
+    c.RemoveMappedRanges(ptr, size, true);
+    NoteMapped(ptr, size, 0, false);
+  }
   return rc;
 }
 
@@ -301,6 +366,9 @@ FLYT_API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* hand
     if (c.multi()) got = Client::Tag(got, Client::LastRoute());
     *handle = got;
     c.AddVmmHandleRef(got);
+    int device = 0;
+    if (flyt::client::VmmMappedDevice(reinterpret_cast<uintptr_t>(addr), &device))
+      NoteHandleDevice(got, device);
   }
   return rc;
 }
@@ -401,5 +469,9 @@ FLYT_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* h
   if (c.multi()) got = Client::Tag(got, server);
   *handle = got;
   c.AddVmmHandleRef(got);
+  CUmemAllocationProp prop{};  // its GPU, for pointer attributes of its mappings
+  if (cuMemGetAllocationPropertiesFromHandle(&prop, got) == CUDA_SUCCESS &&
+      prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+    NoteHandleDevice(got, prop.location.id);
   return CUDA_SUCCESS;
 }

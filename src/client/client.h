@@ -567,6 +567,10 @@ CUresult AllocSharedHost(size_t bytes, unsigned flags, Client::HostBuffer* b,
 // (wire::kReplyManaged): maps the host side of its block (client/api_managed.cc).
 CUresult MapManagedGlobal(CUdeviceptr p, uint64_t image);
 
+// The GPU (ordinal) of the VMM mapping holding `p` (cuMemMap of a handle this
+// process made, retained or imported); false when not known (client/api_vmm.cc).
+bool VmmMappedDevice(uint64_t p, int* device);
+
 // True when `base` is memory this process opened with cuIpcOpenMemHandle and
 // has not closed (client/api_ipc.cc): it is freed with cuIpcCloseMemHandle only.
 bool IsIpcMapping(uint64_t base);

@@ -634,6 +634,10 @@ void LaterVmm(const LaterDriver& cu, char* buf0) {
   unsigned long long access = 0;
   CU(cu.get_access(&access, &desc.location, va + gran));
   EXPECT(access == CU_MEM_ACCESS_FLAGS_PROT_READWRITE, "access %llu", access);
+  cudaPointerAttributes pa{};
+  CK(cudaPointerGetAttributes(&pa, reinterpret_cast<void*>(va + gran + 1)));  // device 0 current
+  EXPECT(pa.type == cudaMemoryTypeDevice && pa.device == 1, "device 1's mapping: type %d device %d",
+         static_cast<int>(pa.type), pa.device);
   printf("vmm_map_on_second=ok\n");
 
   // Bytes through it, device 0 current; then a kernel on device 1 over it.
@@ -686,6 +690,9 @@ void LaterVmm(const LaterDriver& cu, char* buf0) {
   CK(cudaMemcpy(whole.data(), p, size, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(whole2.data(), reinterpret_cast<char*>(va2), size, cudaMemcpyDeviceToHost));
   EXPECT_SAME(whole2.data(), whole.data(), size, "the imported handle's mapping");
+  CK(cudaPointerGetAttributes(&pa, reinterpret_cast<void*>(va2)));
+  EXPECT(pa.type == cudaMemoryTypeDevice && pa.device == 1,
+         "the imported handle's mapping: type %d device %d", static_cast<int>(pa.type), pa.device);
   EXPECT_SAME(whole2.data() + 8000, in.data() + 7997, n - 7997, "the imported handle's bytes");
   CU(cu.unmap(va2, size));
   CU(cu.address_free(va2, size));
