@@ -4,15 +4,48 @@
 //
 // With several servers (client/multi_server.cc) the batch goes to the stream's server
 // (the current context's for a default stream), the stream sent without its tag; an
-// address known as another server's memory is refused (RefuseAcrossServers).
+// address known as another server's memory is refused (RefuseAcrossServers). The same
+// rule serves the pre-11.7 ABI (client/api_driver_misc.cc).
 //
-// Owns: packing the batch. Must not touch other streams' state; no stdout.
+// Owns: packing the batch, and where stream memory operations go. Must not touch other
+// streams' state; no stdout.
+#include <vector>
+
 #include "client/client.h"
 
 using flyt::client::Client;
 using flyt::client::ReplySink;
 namespace wire = flyt::wire;
 namespace ops = flyt::ops;
+
+namespace flyt::client {
+
+uint64_t MemOpAddress(const CUstreamBatchMemOpParams& p) {
+  switch (p.operation) {
+    case CU_STREAM_MEM_OP_WAIT_VALUE_32:
+    case CU_STREAM_MEM_OP_WAIT_VALUE_64:
+      return p.waitValue.address;
+    case CU_STREAM_MEM_OP_WRITE_VALUE_32:
+    case CU_STREAM_MEM_OP_WRITE_VALUE_64:
+      return p.writeValue.address;
+    default:  // flushes and barriers name no memory
+      return 0;
+  }
+}
+
+int StreamMemOpServer(CUstream stream, const uint64_t* addresses, size_t n) {
+  Client& c = Client::Get();
+  if (!c.multi()) return -1;
+  const uint64_t raw = reinterpret_cast<uintptr_t>(stream);
+  const int server = raw > 2 ? Client::TagOf(raw) : c.RouteNow();
+  for (size_t i = 0; i < n; ++i) {
+    const int owner = addresses[i] != 0 ? c.ServerOfPointer(addresses[i]) : -1;
+    if (owner >= 0 && owner != server) return -2;
+  }
+  return server;
+}
+
+}  // namespace flyt::client
 
 namespace {
 
@@ -22,29 +55,10 @@ CUresult Batch(const char* name, bool per_thread, CUstream stream, unsigned coun
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (count > ops::kMaxBatchMemOps || (count > 0 && params == nullptr))
     return CUDA_ERROR_INVALID_VALUE;
-  int server = -1;
-  if (c.multi()) {
-    const uint64_t raw = reinterpret_cast<uintptr_t>(stream);
-    server = raw > 2 ? Client::TagOf(raw) : c.RouteNow();
-    for (unsigned i = 0; i < count; ++i) {
-      const CUstreamBatchMemOpParams& p = params[i];
-      uint64_t address = 0;
-      switch (p.operation) {
-        case CU_STREAM_MEM_OP_WAIT_VALUE_32:
-        case CU_STREAM_MEM_OP_WAIT_VALUE_64:
-          address = p.waitValue.address;
-          break;
-        case CU_STREAM_MEM_OP_WRITE_VALUE_32:
-        case CU_STREAM_MEM_OP_WRITE_VALUE_64:
-          address = p.writeValue.address;
-          break;
-        default:  // flushes and barriers name no memory
-          break;
-      }
-      const int owner = address != 0 ? c.ServerOfPointer(address) : -1;
-      if (owner >= 0 && owner != server) return flyt::client::RefuseAcrossServers(name);
-    }
-  }
+  std::vector<uint64_t> addresses(count);
+  for (unsigned i = 0; i < count; ++i) addresses[i] = flyt::client::MemOpAddress(params[i]);
+  const int server = flyt::client::StreamMemOpServer(stream, addresses.data(), count);
+  if (server == -2) return flyt::client::RefuseAcrossServers(name);
   wire::Writer w;
   w.Put<uint64_t>(Client::WireHandle(stream));
   w.Put<uint32_t>(flags);

@@ -1,8 +1,9 @@
 // Virtual memory management entry points (cuMemAddressReserve, cuMemCreate,
 // cuMemMap, ...), as PyTorch's expandable segments use them, and the client
 // state behind them: reserved ranges (host memory kept out of them), mapped
-// ranges (device memory to copies and pointer queries) and the references the
-// app holds on allocation handles.
+// ranges (device memory to copies and pointer queries), the references the
+// app holds on allocation handles, and the GPU of each handle and mapping
+// (pointer attributes). With several servers, where each call goes (below).
 //
 // Owns: the hand-written client side of the VMM calls. The server checks that
 // every range and handle is the session's own and charges the quota
@@ -95,11 +96,13 @@ void Client::AddVmmHandleRef(uint64_t handle) {
   vmm_handle_refs_[handle]++;
 }
 
-bool Client::DropVmmHandleRef(uint64_t handle) {
+bool Client::DropVmmHandleRef(uint64_t handle, bool* last) {
   std::lock_guard<std::mutex> lock(state_mu_);
   auto it = vmm_handle_refs_.find(handle);
   if (it == vmm_handle_refs_.end()) return false;
-  if (--it->second == 0) vmm_handle_refs_.erase(it);
+  const bool gone = --it->second == 0;
+  if (gone) vmm_handle_refs_.erase(it);
+  if (last != nullptr) *last = gone;
   return true;
 }
 
@@ -158,9 +161,13 @@ std::map<uint64_t, std::pair<uint64_t, int>>& MappedDevice() {  // base -> size,
   static auto* m = new std::map<uint64_t, std::pair<uint64_t, int>>();
   return *m;
 }
-void NoteHandleDevice(uint64_t handle, int device) {
+void NoteHandleDevice(uint64_t handle, int device) {  // -1: forget it
   std::lock_guard<std::mutex> lock(DeviceMutex());
-  HandleDevice()[handle] = device;
+  if (device < 0) {
+    HandleDevice().erase(handle);
+  } else {
+    HandleDevice()[handle] = device;
+  }
 }
 // Forgets what lay in [base, base+size), then (`mapped`) notes a mapping there of
 // `handle`'s GPU.
@@ -245,8 +252,11 @@ FLYT_API CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
 FLYT_API CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   Client::RouteScope route(HandleRoute(handle));
   const auto sent = static_cast<CUmemGenericAllocationHandle>(Client::WireValue(handle));
-  if (Client::Get().DropVmmHandleRef(handle))
+  bool last = false;
+  if (Client::Get().DropVmmHandleRef(handle, &last)) {
+    if (last) NoteHandleDevice(handle, -1);  // the app cannot map it any more
     return Forward<248, false, false>("cuMemRelease", sent);
+  }
   return Forward<248, true, false>("cuMemRelease", sent);  // unknown: judged now
 }
 

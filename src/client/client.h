@@ -318,7 +318,7 @@ class Client {
   // References the app holds on an allocation handle (cuMemCreate and
   // cuMemRetainAllocationHandle add one, cuMemRelease drops one); false when none.
   void AddVmmHandleRef(uint64_t handle);
-  bool DropVmmHandleRef(uint64_t handle);
+  bool DropVmmHandleRef(uint64_t handle, bool* last = nullptr);  // *last: it was the last
 
   // --- code
   void AddImage(uint64_t handle, bool is_library, std::vector<std::pair<uint64_t, FuncInfo>> fns);
@@ -684,6 +684,12 @@ class GraphRoute {
   bool saved_;
   bool set_;
 };
+// Stream memory operations (client/api_stream_memops.cc): the memory a batch entry
+// names (0: none, a flush or barrier); with several servers, the server operations
+// on `stream` touching `addresses` go to (the stream's, a default stream's the
+// current context's), -2 when one is another server's memory, -1 with one server.
+uint64_t MemOpAddress(const CUstreamBatchMemOpParams& p);
+int StreamMemOpServer(CUstream stream, const uint64_t* addresses, size_t n);
 // A 2D/3D copy between device memory of two servers (both sides
 // CU_MEMORYTYPE_DEVICE): its rows, or its slices when the rows are packed,
 // each copied server to server (Client::CopyAcrossServers).

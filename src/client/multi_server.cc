@@ -125,9 +125,11 @@ int Client::RouteCall(const char* name, uint16_t op, const wire::Writer& req) {
     case ops::kOpIpcOpenEventHandle:
       served = true;
       break;
-    case ops::kOpDriverMisc:  // the current context's flags, a function's cluster size
+    case ops::kOpDriverMisc:  // the current context's flags, a function's cluster size,
+                              // legacy stream memory operations (the stream's server)
       served = req.size() > 0 && (req.data()[0] == ops::kDriverMiscCtxGetFlags ||
-                                  req.data()[0] == ops::kDriverMiscMaxPotentialClusterSize);
+                                  req.data()[0] == ops::kDriverMiscMaxPotentialClusterSize ||
+                                  req.data()[0] == ops::kDriverMiscStreamMemOpV1);
       break;
     case ops::kOpGraphGetNodes:  // hand-built graphs: their handles sent for this server
     case ops::kOpGraphKernelNode:

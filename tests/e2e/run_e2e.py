@@ -2000,7 +2000,8 @@ class E2E(unittest.TestCase):
         log = res.stderr + res.client_log
         self.assertNotIn("not served yet", log, where)
         for name in ("cuGraphAddEmptyNode", "cuStreamUpdateCaptureDependencies", "cuMemMap",
-                     "cuMemSetAccess", "cuStreamBatchMemOp", "cuStreamBeginCaptureToGraph"):
+                     "cuMemSetAccess", "cuStreamBatchMemOp", "cuStreamBeginCaptureToGraph",
+                     "cuStreamWriteValue32"):
             self.assertEqual(len(re.findall(r"%s\w*: its arguments belong to GPUs of two" % name,
                                             log)), 1, "%s\n%s" % (name, where))
         for srv in (a, b):

@@ -218,6 +218,8 @@ struct LaterDriver {
   decltype(&::cuStreamWaitValue32_v2) wait32;
   decltype(&::cuStreamBatchMemOp_v2) batch;
   decltype(&::cuStreamBeginCaptureToGraph) capture_to_graph;
+  CUresult (*write32_v1)(CUstream, CUdeviceptr, cuuint32_t, unsigned);  // the pre-11.7 ABI
+  CUresult (*batch_v1)(CUstream, unsigned, CUstreamBatchMemOpParams_v1*, unsigned);
 };
 
 void LaterLink(const LaterDriver& cu, unsigned* buf1) {
@@ -707,7 +709,8 @@ void LaterVmm(const LaterDriver& cu, char* buf0) {
 }
 
 // Stream memory operations on a stream of device 1: a write and a wait as single calls
-// and as one batch, the value checked; an address of device 0 is refused.
+// and as one batch (also in the pre-11.7 ABI), the values checked; an address of device
+// 0 is refused.
 void LaterMemOps(const LaterDriver& cu, unsigned* flag1, unsigned* flag0) {
   e2e::Step("stream memory operations on device 1");
   CK(cudaSetDevice(1));
@@ -734,8 +737,19 @@ void LaterMemOps(const LaterDriver& cu, unsigned* flag1, unsigned* flag0) {
   unsigned got[2] = {0, 0};
   CK(cudaMemcpy(got, flag1, sizeof(got), cudaMemcpyDeviceToHost));
   EXPECT(got[0] == 41 && got[1] == 0xabcd1234u, "the values written: %u, %#x", got[0], got[1]);
+  // The pre-11.7 ABI, as binaries built with older toolkits call it.
+  CU(cu.write32_v1(cs, f + 8, 77, 0));
+  ops[1].waitValue.address = f + 8;
+  ops[1].waitValue.value = 77;
+  CU(cu.batch_v1(cs, 1, &ops[1], 0));
+  CK(cudaStreamSynchronize(s));
+  unsigned v1 = 0;
+  CK(cudaMemcpy(&v1, flag1 + 2, sizeof(v1), cudaMemcpyDeviceToHost));
+  EXPECT(v1 == 77, "the value the pre-11.7 ABI wrote: %u", v1);
   ops[0].writeValue.address = reinterpret_cast<CUdeviceptr>(flag0);  // device 0's memory
   EXPECT_CU(cu.batch(cs, 1, ops, 0), CUDA_ERROR_NOT_SUPPORTED);
+  EXPECT_CU(cu.write32_v1(cs, reinterpret_cast<CUdeviceptr>(flag0), 1, 0),
+            CUDA_ERROR_NOT_SUPPORTED);
   CK(cudaSetDevice(1));
   CK(cudaStreamDestroy(s));
   printf("stream_memops_on_second=ok\n");
@@ -893,6 +907,8 @@ int Later() {
   e2e::ResolveDriver("cuStreamWaitValue32", &cu.wait32);
   e2e::ResolveDriver("cuStreamBatchMemOp", &cu.batch);
   e2e::ResolveDriver("cuStreamBeginCaptureToGraph", &cu.capture_to_graph);
+  e2e::ResolveDriver("cuStreamWriteValue32", &cu.write32_v1, 11000);
+  e2e::ResolveDriver("cuStreamBatchMemOp", &cu.batch_v1, 11000);
   int count = 0;
   CK(cudaGetDeviceCount(&count));
   EXPECT(count == 2, "expected 2 devices, found %d", count);
