@@ -22,7 +22,21 @@ namespace ops = flyt::ops;
 // (kOpCaptureDependencies: cuStreamUpdateCaptureDependencies, cuStreamBeginCaptureToGraph),
 // as NVIDIA's graphConditionalNodes sample and NCCL use them to add nodes by hand.
 
+// With several servers (client/multi_server.cc) these go to the stream's server (the
+// current context's for a default stream): the stream, graph and nodes sent without
+// their tags, the graph and nodes answered tagged, a capture id of server k >= 1 with k
+// in its top byte (ids stay unique in the process, as natively). Nodes or a graph of
+// another server are refused (RefuseAcrossServers).
+
 namespace {
+
+// The server of a capture call on stream `s`: -1 with one server (no change).
+int StreamServer(CUstream s) {
+  Client& c = Client::Get();
+  if (!c.multi()) return -1;
+  const uint64_t raw = reinterpret_cast<uintptr_t>(s);
+  return raw > 2 ? Client::TagOf(raw) : c.RouteNow();
+}
 
 // The arrays cuStreamGetCaptureInfo hands out, per stream: valid until the stream's
 // dependencies change (the driver's rule), so they are replaced only when they do.
@@ -59,9 +73,11 @@ CUresult CaptureInfo(const char* name, CUstream s, bool pt, CUstreamCaptureStatu
     if (count) *count = 0;
     return CUDA_SUCCESS;
   }
+  const int server = StreamServer(s);
   wire::Writer w;
-  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(s));
+  w.Put<uint64_t>(Client::WireHandle(s));
   std::vector<uint8_t> reply;
+  Client::RouteScope route(server);
   CUresult rc =
       c.Call(name, ops::kOpStreamCaptureInfo, w, ReplySink{&reply}, pt ? wire::kFlagPerThread : 0);
   if (rc != CUDA_SUCCESS) return rc;
@@ -77,15 +93,15 @@ CUresult CaptureInfo(const char* name, CUstream s, bool pt, CUstreamCaptureStatu
   for (uint64_t k = 0; k < n; ++k) {
     uint64_t node = 0;
     if (!r.Get(&node) || !r.Get(&now.edges[k])) return CUDA_ERROR_UNKNOWN;
-    now.nodes[k] = reinterpret_cast<CUgraphNode>(node);
+    now.nodes[k] = reinterpret_cast<CUgraphNode>(Client::Tag(node, server));
     lossy = lossy || !DefaultEdge(now.edges[k]);
   }
   // Asked for the nodes and not their edge data while some edge has data: the driver
   // refuses rather than lose it.
   if (deps != nullptr && edges == nullptr && lossy) return CUDA_ERROR_LOSSY_QUERY;
   *status = static_cast<CUstreamCaptureStatus>(st);
-  if (id) *id = i;
-  if (graph) *graph = reinterpret_cast<CUgraph>(g);
+  if (id) *id = Client::Tag(i, server);
+  if (graph) *graph = reinterpret_cast<CUgraph>(Client::Tag(g, server));
   if (count) *count = n;
   if (deps == nullptr && edges == nullptr) return CUDA_SUCCESS;
   std::lock_guard<std::mutex> lock(DepsMutex());
@@ -98,44 +114,65 @@ CUresult CaptureInfo(const char* name, CUstream s, bool pt, CUstreamCaptureStatu
   return CUDA_SUCCESS;
 }
 
-// Sends kOpCaptureDependencies: `w` already holds the sub-operation and its fields; the
-// node list (with edge data) is appended.
-CUresult SendDeps(const char* name, bool pt, wire::Writer& w, const CUgraphNode* nodes,
+// Several servers: every node (and the graph, if any) is `server`'s (true with one).
+bool OnServer(int server, uint64_t graph, const CUgraphNode* nodes, size_t n) {
+  if (server < 0) return true;
+  if (graph != 0 && Client::TagOf(graph) != server) return false;
+  for (size_t k = 0; nodes != nullptr && k < n && k <= (1u << 16); ++k) {  // (SendDeps bounds n)
+    const uint64_t node = reinterpret_cast<uintptr_t>(nodes[k]);
+    if (node != 0 && Client::TagOf(node) != server) return false;
+  }
+  return true;
+}
+
+// Sends kOpCaptureDependencies to `server` (-1: no change): `w` already holds the
+// sub-operation and its fields; the node list (with edge data) is appended.
+CUresult SendDeps(const char* name, bool pt, int server, wire::Writer& w, const CUgraphNode* nodes,
                   const CUgraphEdgeData* edges, size_t n) {
   Client& c = Client::Get();
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (n > 0 && nodes == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (n > (1u << 16)) return CUDA_ERROR_INVALID_VALUE;
+  if (!OnServer(server, 0, nodes, n))
+    return flyt::client::RefuseAcrossServers(name);  // a node of another server's graph
   w.Put<uint8_t>(edges != nullptr ? 1 : 0);
   w.Put<uint32_t>(static_cast<uint32_t>(n));
   for (size_t k = 0; k < n; ++k) {
-    w.Put<uint64_t>(reinterpret_cast<uintptr_t>(nodes[k]));
+    w.Put<uint64_t>(Client::WireValue(reinterpret_cast<uintptr_t>(nodes[k])));
     w.Put(edges != nullptr ? edges[k] : CUgraphEdgeData{});
   }
+  Client::RouteScope route(server);
   return c.Call(name, ops::kOpCaptureDependencies, w, ReplySink{}, pt ? wire::kFlagPerThread : 0);
 }
 CUresult UpdateDeps(const char* name, bool pt, CUstream s, CUgraphNode* nodes,
                     const CUgraphEdgeData* edges, size_t n, unsigned flags) {
   wire::Writer w;
   w.Put<uint8_t>(ops::kCaptureDepsUpdate);
-  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(s));
+  w.Put<uint64_t>(Client::WireHandle(s));
   w.Put<uint32_t>(flags);
-  return SendDeps(name, pt, w, nodes, edges, n);
+  return SendDeps(name, pt, StreamServer(s), w, nodes, edges, n);
 }
 CUresult CaptureToGraph(const char* name, bool pt, CUstream s, CUgraph g, const CUgraphNode* nodes,
                         const CUgraphEdgeData* edges, size_t n, CUstreamCaptureMode mode) {
   Client& c = Client::Get();
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
-  // Host functions and host copies captured into the graph run over it.
+  const int server = StreamServer(s);
+  const uint64_t graph = reinterpret_cast<uintptr_t>(g);
+  if (!OnServer(server, graph, nodes, n))            // checked before the capture is counted
+    return flyt::client::RefuseAcrossServers(name);  // a graph or node of another server
+  if (server >= c.server_count()) return CUDA_ERROR_INVALID_HANDLE;
+  // Host functions and host copies captured into the graph run over it (the
+  // stream's server's).
   CUresult rc = c.EnsureCallbackChannel();
+  if (rc == CUDA_SUCCESS && server > 0) rc = c.Link(server).EnsureCallbackChannel();
   if (rc != CUDA_SUCCESS) return rc;
   c.CaptureBegan();  // as BeginCapture (api_graph.cc): counted before it is sent
   wire::Writer w;
   w.Put<uint8_t>(ops::kCaptureDepsToGraph);
-  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(s));
-  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(g));
+  w.Put<uint64_t>(Client::WireHandle(s));
+  w.Put<uint64_t>(Client::WireValue(graph));
   w.Put<uint32_t>(static_cast<uint32_t>(mode));
-  return SendDeps(name, pt, w, nodes, edges, n);
+  return SendDeps(name, pt, server, w, nodes, edges, n);
 }
 CUresult IsCapturing(const char* name, CUstream s, bool pt, CUstreamCaptureStatus* status) {
   Client& c = Client::Get();

@@ -189,16 +189,22 @@ CUresult ExecAffinity(CUexecAffinityParam* p, CUexecAffinityType type) {
   return rc;
 }
 
+// The pre-11.7 ABI of stream memory operations: with several servers, to the
+// stream's server (its handle untagged), as the _v2 calls (api_stream_memops.cc).
 CUresult MemOpV1(const char* name, bool per_thread, uint8_t kind, CUstream s, CUdeviceptr addr,
                  uint64_t value, unsigned flags) {
+  const uint64_t address = addr;
+  const int server = flyt::client::StreamMemOpServer(s, &address, 1);
+  if (server == -2) return flyt::client::RefuseAcrossServers(name);
   wire::Writer w;
   w.Put<uint8_t>(ops::kDriverMiscStreamMemOpV1);
   w.Put<uint8_t>(kind);
-  w.Put<uint64_t>(Raw(s));
+  w.Put<uint64_t>(Client::WireHandle(s));
   w.Put<uint64_t>(addr);
   w.Put<uint64_t>(value);
   w.Put<uint32_t>(flags);
   std::vector<uint8_t> reply;
+  Client::RouteScope route(server);
   return Misc(name, w, &reply, per_thread);
 }
 
@@ -208,14 +214,19 @@ CUresult BatchV1(const char* name, bool per_thread, CUstream s, unsigned count,
   if (count > ops::kMaxBatchMemOps || (count > 0 && params == nullptr))
     return CUDA_ERROR_INVALID_VALUE;
   static_assert(sizeof(CUstreamBatchMemOpParams_v1) == 48, "the v1 batch is 48-byte entries");
+  std::vector<uint64_t> addresses(count);
+  for (unsigned i = 0; i < count; ++i) addresses[i] = flyt::client::MemOpAddress(params[i]);
+  const int server = flyt::client::StreamMemOpServer(s, addresses.data(), count);
+  if (server == -2) return flyt::client::RefuseAcrossServers(name);
   wire::Writer w;
   w.Put<uint8_t>(ops::kDriverMiscStreamMemOpV1);
   w.Put<uint8_t>(ops::kMemOpV1Batch);
-  w.Put<uint64_t>(Raw(s));
+  w.Put<uint64_t>(Client::WireHandle(s));
   w.Put<uint32_t>(flags);
   w.Put<uint32_t>(count);
   if (count > 0) w.PutBytes(params, count * sizeof(CUstreamBatchMemOpParams_v1));
   std::vector<uint8_t> reply;
+  Client::RouteScope route(server);
   return Misc(name, w, &reply, per_thread);
 }
 

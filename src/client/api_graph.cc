@@ -22,8 +22,14 @@ namespace {
 CUresult BeginCapture(const char* name, CUstream s, CUstreamCaptureMode mode, bool pt) {
   Client& c = Client::Get();
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
-  // Host functions and host copies captured into the graph run over it.
+  // Host functions and host copies captured into the graph run over it (with
+  // several servers, over the capturing stream's server's).
   CUresult rc = c.EnsureCallbackChannel();
+  if (rc == CUDA_SUCCESS && c.multi()) {
+    const uint64_t raw = reinterpret_cast<uintptr_t>(s);
+    const int server = raw > 2 ? Client::TagOf(raw) : c.RouteNow();
+    if (server > 0 && server < c.server_count()) rc = c.Link(server).EnsureCallbackChannel();
+  }
   if (rc != CUDA_SUCCESS) return rc;
   // Counted before it is sent: even a failing answer (perhaps an earlier
   // call's deferred error) may come after the capture began on the server.

@@ -7,10 +7,21 @@
 // is open. Handles are the server's driver's 64 bytes, carried unopened: two
 // processes served on one GPU host share memory and events as they would
 // natively (protocol/ops.h, server/session_ipc.cc). Errors are the driver's.
+//
+// With several servers (client/multi_server.cc): a handle is got from the server of
+// the memory or event, and opened by the current device's server (natively the opener
+// maps it for its current device), which is the server that memory is then known on;
+// an opened event is tagged with that server. Handles this process exported are
+// refused here as the driver refuses them (another server would not know them).
 #include <cuda.h>
 
+#include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
+#include <string>
+
+#include "common/log.h"
 
 #include "client/client.h"
 
@@ -30,6 +41,27 @@ struct Opened {
 };
 std::mutex g_mu;
 std::map<uint64_t, Opened> g_opened;  // under g_mu
+std::set<std::string> g_exported;     // under g_mu: handles exported (several servers)
+
+template <typename H>
+std::string Bytes(const H& handle) {
+  return std::string(reinterpret_cast<const char*>(&handle), sizeof(H));
+}
+
+// Several servers: the handle was this process's own (CUDA_ERROR_INVALID_CONTEXT, as
+// the driver answers a process its own handles), or it is noted as such.
+template <typename H>
+bool OwnHandle(const H& handle) {
+  if (!Client::Get().multi()) return false;
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_exported.count(Bytes(handle)) != 0;
+}
+template <typename H>
+void NoteExported(const H& handle) {
+  if (!Client::Get().multi()) return;
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_exported.insert(Bytes(handle));
+}
 
 // The open IPC mapping at `base`, if the process still has it: cudaDeviceReset
 // unmaps everything, and the client forgets its device ranges then.
@@ -46,6 +78,7 @@ CUresult OpenMem(const char* name, CUdeviceptr* out, const CUipcMemHandle& handl
   Client& c = Client::Get();
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (OwnHandle(handle)) return CUDA_ERROR_INVALID_CONTEXT;
   wire::Writer w;
   w.Put(handle);
   w.Put<uint32_t>(flags);
@@ -55,6 +88,24 @@ CUresult OpenMem(const char* name, CUdeviceptr* out, const CUipcMemHandle& handl
   wire::Reader r(reply.data(), reply.size());
   uint64_t base = 0, size = 0;
   if (!r.Get(&base) || !r.Get(&size) || r.remaining() != 0 || size == 0) return CUDA_ERROR_UNKNOWN;
+  if (c.multi()) {
+    // The mapping lies where the opening server's driver put it: refused when
+    // another server of this process has device memory there.
+    const int server = Client::LastRoute();
+    const int there = c.ServerOfPointer(base);
+    if ((there >= 0 && there != server) || c.CollidesAcrossServers(base, size, server)) {
+      FLYT_WARN(
+          "%s: server %d mapped the memory where another server of this process has device "
+          "memory (0x%llx, %llu bytes); refused (CUDA_ERROR_NOT_SUPPORTED)",
+          name, server, static_cast<unsigned long long>(base),
+          static_cast<unsigned long long>(size));
+      wire::Writer close;
+      close.Put<uint64_t>(base);
+      Client::RouteScope route(server);
+      c.Call(name, ops::kOpIpcCloseMemHandle, close, ReplySink{});
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
+  }
   std::lock_guard<std::mutex> lock(g_mu);
   auto it = FindOpenedLocked(base);
   if (it == g_opened.end()) {
@@ -84,8 +135,11 @@ FLYT_API CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr ptr) {
   if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
   wire::Writer w;
   w.Put<uint64_t>(ptr);
-  return c.Call("cuIpcGetMemHandle", ops::kOpIpcGetMemHandle, w,
-                ReplySink{nullptr, handle, sizeof(*handle)});
+  Client::RouteScope route(c.multi() ? c.ServerOfPointer(ptr) : -1);  // the memory's server
+  CUresult rc = c.Call("cuIpcGetMemHandle", ops::kOpIpcGetMemHandle, w,
+                       ReplySink{nullptr, handle, sizeof(*handle)});
+  if (rc == CUDA_SUCCESS) NoteExported(*handle);
+  return rc;
 }
 
 FLYT_API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* out, CUipcMemHandle handle,
@@ -105,6 +159,8 @@ FLYT_API CUresult cuIpcCloseMemHandle(CUdeviceptr ptr) {
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   wire::Writer w;
   w.Put<uint64_t>(ptr);
+  // The server that opened it, asked before the range is forgotten.
+  Client::RouteScope route(c.multi() ? c.ServerOfPointer(ptr) : -1);
   {
     std::lock_guard<std::mutex> lock(g_mu);
     auto it = FindOpenedLocked(ptr);
@@ -124,21 +180,27 @@ FLYT_API CUresult cuIpcGetEventHandle(CUipcEventHandle* handle, CUevent event) {
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
   wire::Writer w;
-  w.Put<uint64_t>(reinterpret_cast<uintptr_t>(event));
-  return c.Call("cuIpcGetEventHandle", ops::kOpIpcGetEventHandle, w,
-                ReplySink{nullptr, handle, sizeof(*handle)});
+  w.Put<uint64_t>(Client::WireHandle(event));
+  const uint64_t raw = reinterpret_cast<uintptr_t>(event);
+  Client::RouteScope route(c.multi() && raw != 0 ? Client::TagOf(raw) : -1);  // the event's
+  CUresult rc = c.Call("cuIpcGetEventHandle", ops::kOpIpcGetEventHandle, w,
+                       ReplySink{nullptr, handle, sizeof(*handle)});
+  if (rc == CUDA_SUCCESS) NoteExported(*handle);
+  return rc;
 }
 
 FLYT_API CUresult cuIpcOpenEventHandle(CUevent* out, CUipcEventHandle handle) {
   Client& c = Client::Get();
   if (!c.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (OwnHandle(handle)) return CUDA_ERROR_INVALID_CONTEXT;
   wire::Writer w;
   w.Put(handle);
   uint64_t event = 0;
   CUresult rc = c.Call("cuIpcOpenEventHandle", ops::kOpIpcOpenEventHandle, w,
                        ReplySink{nullptr, &event, sizeof(event)});
   if (rc != CUDA_SUCCESS) return rc;
+  if (c.multi()) event = Client::Tag(event, Client::LastRoute());
   *out = reinterpret_cast<CUevent>(static_cast<uintptr_t>(event));
   return CUDA_SUCCESS;
 }

@@ -924,6 +924,8 @@ CUresult PointerAttribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr,
     ctx = cur;
     CUcontext owner = nullptr;
     if (dev && c.DeviceRangeOwner(base, &owner, &ordinal) && owner != nullptr) ctx = owner;
+    // A VMM mapping: the GPU of its physical memory.
+    if (dev && rbase != 0) flyt::client::VmmMappedDevice(ptr, &ordinal);
   }
   switch (attr) {
     case CU_POINTER_ATTRIBUTE_CONTEXT:

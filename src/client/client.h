@@ -121,7 +121,8 @@ class Client {
   int RouteNow() const;
   // The server the calling thread's last call or post went to.
   static int LastRoute();
-  // The server whose device memory holds p (-1: no known device range).
+  // The server whose device memory holds p, or that reserved the address range
+  // holding it (cuMemAddressReserve); -1: no known device range.
   int ServerOfPointer(uint64_t p);
   // Routes the calling thread's calls to `server` while it lives (-1: no change).
   class RouteScope {
@@ -304,7 +305,8 @@ class Client {
   // keeps this process's host memory out of it, as allocations do; a mapped
   // range is device memory to copies and pointer queries (FindDeviceRange),
   // and adjacent mapped ranges count as one.
-  void AddReservation(uint64_t base, uint64_t size);
+  // `server`: the one that reserved it (ServerOfPointer answers it for the range).
+  void AddReservation(uint64_t base, uint64_t size, int server = 0);
   // True when [base, base+size) is a reservation and holds no mapped range
   // (then it is forgotten); with `force`, it and the ranges inside go anyway.
   bool RemoveReservation(uint64_t base, uint64_t size, bool force);
@@ -316,7 +318,7 @@ class Client {
   // References the app holds on an allocation handle (cuMemCreate and
   // cuMemRetainAllocationHandle add one, cuMemRelease drops one); false when none.
   void AddVmmHandleRef(uint64_t handle);
-  bool DropVmmHandleRef(uint64_t handle);
+  bool DropVmmHandleRef(uint64_t handle, bool* last = nullptr);  // *last: it was the last
 
   // --- code
   void AddImage(uint64_t handle, bool is_library, std::vector<std::pair<uint64_t, FuncInfo>> fns);
@@ -531,9 +533,14 @@ class Client {
   std::atomic<int64_t> unmapped_pinned_{0};       // host_buffers_ without a device pointer
   std::atomic<uint64_t> pinned_lo_{UINT64_MAX}, pinned_hi_{0};  // all buffers ever held
   // Virtual memory (client/api_vmm.cc).
-  std::map<uint64_t, std::pair<uint64_t, bool>> vmm_reserved_;  // base -> size, host VA held
-  std::map<uint64_t, uint64_t> vmm_mapped_;                     // base -> size
-  std::unordered_map<uint64_t, uint32_t> vmm_handle_refs_;      // handle -> app's references
+  struct VmmReservation {
+    uint64_t size = 0;
+    bool held = false;  // this process holds the host VA (HoldAddressRange)
+    int server = 0;     // the server that reserved it (several servers)
+  };
+  std::map<uint64_t, VmmReservation> vmm_reserved_;         // by base
+  std::map<uint64_t, uint64_t> vmm_mapped_;                 // base -> size
+  std::unordered_map<uint64_t, uint32_t> vmm_handle_refs_;  // handle -> app's references
   void ForgetVmmLocked();  // cudaDeviceReset: the server released it all
   bool FindMappedLocked(uint64_t p, uint64_t n, uint64_t* base, uint64_t* size);
   std::unordered_map<uint64_t, std::shared_ptr<const FuncInfo>> funcs_;
@@ -559,6 +566,10 @@ CUresult AllocSharedHost(size_t bytes, unsigned flags, Client::HostBuffer* b,
 // A global of loaded code that the server said is a __managed__ variable
 // (wire::kReplyManaged): maps the host side of its block (client/api_managed.cc).
 CUresult MapManagedGlobal(CUdeviceptr p, uint64_t image);
+
+// The GPU (ordinal) of the VMM mapping holding `p` (cuMemMap of a handle this
+// process made, retained or imported); false when not known (client/api_vmm.cc).
+bool VmmMappedDevice(uint64_t p, int* device);
 
 // True when `base` is memory this process opened with cuIpcOpenMemHandle and
 // has not closed (client/api_ipc.cc): it is freed with cuIpcCloseMemHandle only.
@@ -673,6 +684,12 @@ class GraphRoute {
   bool saved_;
   bool set_;
 };
+// Stream memory operations (client/api_stream_memops.cc): the memory a batch entry
+// names (0: none, a flush or barrier); with several servers, the server operations
+// on `stream` touching `addresses` go to (the stream's, a default stream's the
+// current context's), -2 when one is another server's memory, -1 with one server.
+uint64_t MemOpAddress(const CUstreamBatchMemOpParams& p);
+int StreamMemOpServer(CUstream stream, const uint64_t* addresses, size_t n);
 // A 2D/3D copy between device memory of two servers (both sides
 // CU_MEMORYTYPE_DEVICE): its rows, or its slices when the rows are packed,
 // each copied server to server (Client::CopyAcrossServers).

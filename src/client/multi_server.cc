@@ -110,12 +110,26 @@ int Client::RouteCall(const char* name, uint16_t op, const wire::Writer& req) {
     case ops::kOpLinkAddData:
     case ops::kOpLinkComplete:
     case ops::kOpLinkDestroy:
-    case ops::kOpTensorMap:  // the server of the tensor's memory (api_tensor_map.cc)
+    case ops::kOpTensorMap:            // the server of the tensor's memory (api_tensor_map.cc)
+    case ops::kOpStreamCaptureInfo:    // the capturing stream's server (api_capture.cc)
+    case ops::kOpCaptureDependencies:  // ... with nodes (and a graph) of that server
+    case ops::kOpMemSetAccess:         // the server of the reservation (api_vmm.cc)
+    case ops::kOpMemRetainAllocationHandle:
+    case ops::kOpMemExportShareable:  // the allocation handle's server
+    case ops::kOpMemImportShareable:  // the server the exporter named
+    case ops::kOpStreamBatchMemOp:    // the stream's server (api_stream_memops.cc)
+    case ops::kOpIpcGetMemHandle:     // the memory's or event's server; opened by the
+    case ops::kOpIpcGetEventHandle:   // current device's (api_ipc.cc)
+    case ops::kOpIpcOpenMemHandle:
+    case ops::kOpIpcCloseMemHandle:
+    case ops::kOpIpcOpenEventHandle:
       served = true;
       break;
-    case ops::kOpDriverMisc:  // the current context's flags, a function's cluster size
+    case ops::kOpDriverMisc:  // the current context's flags, a function's cluster size,
+                              // legacy stream memory operations (the stream's server)
       served = req.size() > 0 && (req.data()[0] == ops::kDriverMiscCtxGetFlags ||
-                                  req.data()[0] == ops::kDriverMiscMaxPotentialClusterSize);
+                                  req.data()[0] == ops::kDriverMiscMaxPotentialClusterSize ||
+                                  req.data()[0] == ops::kDriverMiscStreamMemOpV1);
       break;
     case ops::kOpGraphGetNodes:  // hand-built graphs: their handles sent for this server
     case ops::kOpGraphKernelNode:
@@ -196,12 +210,19 @@ int Client::GlobalDevice(int server, int local) const {
 int Client::ServerOfPointer(uint64_t p) {
   std::lock_guard<std::mutex> lock(state_mu_);
   auto it = device_ranges_.upper_bound(p);
-  if (it == device_ranges_.begin()) return -1;
-  --it;
-  const uint64_t b = it->first, s = it->second.first;
-  if (!(p - b < s || (s == 0 && p == b))) return -1;
-  auto owner = range_owner_.find(b);
-  return owner == range_owner_.end() ? -1 : DeviceServer(owner->second.second);
+  if (it != device_ranges_.begin()) {
+    --it;
+    const uint64_t b = it->first, s = it->second.first;
+    if (p - b < s || (s == 0 && p == b)) {
+      auto owner = range_owner_.find(b);
+      return owner == range_owner_.end() ? -1 : DeviceServer(owner->second.second);
+    }
+  }
+  // An address reserved with cuMemAddressReserve (api_vmm.cc): the reserving server's.
+  auto r = vmm_reserved_.upper_bound(p);
+  if (r == vmm_reserved_.begin()) return -1;
+  --r;
+  return p - r->first < r->second.size ? r->second.server : -1;
 }
 
 void Client::NoteServerMadeCurrent(uint64_t raw) {

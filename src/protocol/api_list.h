@@ -255,6 +255,9 @@
   X(cuMemRelease)                                         \
   X(cuMemMap)                                             \
   X(cuMemUnmap)                                           \
+  X(cuMemGetAccess)                                       \
+  X(cuMemGetAllocationGranularity)                        \
+  X(cuMemGetAllocationPropertiesFromHandle)               \
   X(cuCtxGetExecAffinity)                                 \
   X(cuDeviceCanAccessPeer)                                \
   X(cuGraphKernelNodeCopyAttributes)

@@ -54,12 +54,19 @@ bool Session::IpcGetMemHandle(wire::Reader& in, wire::Writer& out, CUresult* rc)
   // not the driver's cuMemAlloc memory, which alone has legacy IPC handles.
   if (InMappedRegion(ptr)) {
     static std::atomic<bool> said{false};
-    if (!said.exchange(true))
-      FLYT_WARN(
-          "session %llu: cuIpcGetMemHandle refused: the memory is movable (this server runs "
-          "with --movable-memory, or the session was moved here); run the tenant without "
-          "--movable-memory to share memory by CUDA IPC",
-          Id(id_));
+    if (!said.exchange(true)) {
+      if (placed_slot_ >= 0)  // kOpPlaceMemory: a client of several servers
+        FLYT_WARN(
+            "session %llu: cuIpcGetMemHandle refused: the client uses several servers, which "
+            "place its memory apart as movable memory (no legacy IPC handle)",
+            Id(id_));
+      else
+        FLYT_WARN(
+            "session %llu: cuIpcGetMemHandle refused: the memory is movable (this server runs "
+            "with --movable-memory, or the session was moved here); run the tenant without "
+            "--movable-memory to share memory by CUDA IPC",
+            Id(id_));
+    }
     *rc = CUDA_ERROR_NOT_SUPPORTED;
     return true;
   }

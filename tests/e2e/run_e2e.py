@@ -1970,9 +1970,17 @@ class E2E(unittest.TestCase):
         host and empty nodes; list, types, dependencies, roots, kernel parameters; a child
         graph, event nodes, edges added and removed, a clone, nodes destroyed; launched, the
         copies and memset checked byte for byte, the host node ran once), TMA descriptors
-        of device 1's memory, and 2D/3D copies between the two servers' memory both ways
-        (pitched, odd sizes, offsets, packed rows, a 3D box), byte for byte. Only a graph
-        mixing the two servers is refused, once in the log."""
+        of device 1's memory, stream capture on device 1 (status, id, dependencies asked
+        while it runs, a node added by hand made the next dependency, capture into a given
+        graph; ended, launched, checked), virtual memory on device 1 (granularity, reserve, create, map, access,
+        copies, a memset and a kernel through it, its handle retained, exported and
+        imported again, properties naming device 1), stream memory operations on a stream
+        of device 1 (single and batched), an IPC event of device 1 opened and recorded by a
+        child process (memory handles refused on either device alike: placed memory), and
+        2D/3D copies between the two servers' memory
+        both ways (pitched, odd sizes, offsets, packed rows, a 3D box), byte for byte. Only
+        calls mixing the two servers are refused (a graph, a capture's dependency, a
+        mapping, access, a batch), each once in the log."""
         a = self.start_server(control=True)
         b = self.start_server(control=True)
         both = self._Servers([a, b])
@@ -1983,12 +1991,20 @@ class E2E(unittest.TestCase):
         for key, want in (("link_on_second", "ok"), ("graph_nodes_on_second", "ok"),
                           ("graph_launch_on_second", "ok"), ("graph_two_servers", "refused"),
                           ("tensor_map_on_second", "ok"), ("copies_2d_across", "ok"),
-                          ("occupancy_other_stream", "ok"), ("shared_opt_in_other_copy", "ok")):
+                          ("occupancy_other_stream", "ok"), ("shared_opt_in_other_copy", "ok"),
+                          ("capture_info_on_second", "ok"), ("capture_launch_on_second", "ok"),
+                          ("vmm_map_on_second", "ok"), ("vmm_data_on_second", "ok"),
+                          ("vmm_handles_on_second", "ok"), ("stream_memops_on_second", "ok"),
+                          ("ipc_event_on_second", "ok"), ("ipc_child", "ok"),
+                          ("capture_to_graph_on_second", "ok")):
             self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
         log = res.stderr + res.client_log
         self.assertNotIn("not served yet", log, where)
-        self.assertEqual(log.count("cuGraphAddEmptyNode: its arguments belong to GPUs of two"), 1,
-                         where)
+        for name in ("cuGraphAddEmptyNode", "cuStreamUpdateCaptureDependencies", "cuMemMap",
+                     "cuMemSetAccess", "cuStreamBatchMemOp", "cuStreamBeginCaptureToGraph",
+                     "cuStreamWriteValue32"):
+            self.assertEqual(len(re.findall(r"%s\w*: its arguments belong to GPUs of two" % name,
+                                            log)), 1, "%s\n%s" % (name, where))
         for srv in (a, b):
             self.assert_stats(srv, sessions=0, memory_used=0)
             self.stop_server(srv)

@@ -37,10 +37,20 @@
 // set again, instantiated and launched: the copies (one from host memory) and
 // the memset checked byte for byte, the host node ran once; a node of device 0's graph as a
 // dependency is refused), TMA descriptors of device 1's memory (with either device current: the
-// same descriptor) and 2D/3D copies between the two devices' memory both ways (pitched, odd widths
-// and heights, offsets; packed rows; a 3D box), all checked byte for byte.
+// same descriptor), stream capture on device 1 (status, id, graph and dependencies asked while it
+// runs, a node added by hand made the next dependency, capture into a given graph; launched and
+// checked), virtual memory on device 1 (reserved, created, mapped, made accessible, copies, a
+// memset and a kernel through it, its handle retained, exported and imported again), stream
+// memory operations on a stream of device 1, an IPC event of device 1 opened by a child process,
+// and 2D/3D copies between the two devices' memory both ways (pitched, odd widths and heights,
+// offsets; packed rows; a 3D box), all checked byte for byte. Arguments naming both servers (a
+// node, graph, mapping, access or address of device 0) are refused.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -191,6 +201,25 @@ struct LaterDriver {
   decltype(&::cuTensorMapReplaceAddress) replace_address;
   decltype(&::cuGraphKernelNodeGetParams) kernel_node_params;
   decltype(&::cuOccupancyMaxActiveClusters) max_active_clusters;
+  decltype(&::cuMemGetAllocationGranularity) granularity;
+  decltype(&::cuMemAddressReserve) reserve;
+  decltype(&::cuMemAddressFree) address_free;
+  decltype(&::cuMemCreate) create;
+  decltype(&::cuMemRelease) release;
+  decltype(&::cuMemMap) map;
+  decltype(&::cuMemUnmap) unmap;
+  decltype(&::cuMemSetAccess) set_access;
+  decltype(&::cuMemGetAccess) get_access;
+  decltype(&::cuMemGetAllocationPropertiesFromHandle) properties;
+  decltype(&::cuMemRetainAllocationHandle) retain;
+  decltype(&::cuMemExportToShareableHandle) export_handle;
+  decltype(&::cuMemImportFromShareableHandle) import_handle;
+  decltype(&::cuStreamWriteValue32_v2) write32;
+  decltype(&::cuStreamWaitValue32_v2) wait32;
+  decltype(&::cuStreamBatchMemOp_v2) batch;
+  decltype(&::cuStreamBeginCaptureToGraph) capture_to_graph;
+  CUresult (*write32_v1)(CUstream, CUdeviceptr, cuuint32_t, unsigned);  // the pre-11.7 ABI
+  CUresult (*batch_v1)(CUstream, unsigned, CUstreamBatchMemOpParams_v1*, unsigned);
 };
 
 void LaterLink(const LaterDriver& cu, unsigned* buf1) {
@@ -391,6 +420,427 @@ void LaterTensorMap(const LaterDriver& cu, char* buf1, char* other1) {
   printf("tensor_map_on_second=ok\n");
 }
 
+// Stream capture on device 1, as torch.cuda.graph does it on cuda:1: the capture's
+// status, id and dependencies asked while it runs, a node added to the capture's graph by
+// hand and made the next dependency (the graphConditionalNodes sample's way), then the
+// graph ended, instantiated and launched, its results checked byte for byte. A capture on
+// device 0 at the same time has another id; device 0's node as a dependency is refused.
+void LaterCapture(char* a1, char* b1, size_t n) {
+  e2e::Step("stream capture on device 1");
+  std::vector<unsigned char> out(n, 0);
+  CK(cudaSetDevice(0));
+  cudaStream_t s0;
+  CK(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
+  char* z0 = nullptr;
+  CK(cudaMalloc(&z0, n));
+  cudaGraph_t other0 = nullptr;
+  cudaGraphNode_t node0 = nullptr;
+  CK(cudaGraphCreate(&other0, 0));
+  CK(cudaGraphAddEmptyNode(&node0, other0, nullptr, 0));
+  CK(cudaSetDevice(1));
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  char* c1 = nullptr;
+  CK(cudaMalloc(&c1, n));
+  CK(cudaMemset(c1, 0, n));
+  CK(cudaDeviceSynchronize());
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusActive;
+  CK(cudaStreamGetCaptureInfo(s, &st));
+  EXPECT(st == cudaStreamCaptureStatusNone, "status %d before the capture", static_cast<int>(st));
+
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  CK(cudaStreamBeginCapture(s0, cudaStreamCaptureModeGlobal));  // device 0's at the same time
+  CK(cudaMemsetAsync(a1, 0x11, n, s));
+  CK(cudaMemsetAsync(z0, 0x33, n, s0));
+  unsigned long long id = 0, id0 = 0;
+  cudaGraph_t captured = nullptr;
+  const cudaGraphNode_t* deps = nullptr;
+  const cudaGraphEdgeData* edges = nullptr;
+  size_t ndeps = 0;
+  CK(cudaStreamGetCaptureInfo(s, &st, &id, &captured, &deps, &edges, &ndeps));
+  EXPECT(st == cudaStreamCaptureStatusActive && id != 0 && captured != nullptr && ndeps == 1 &&
+             deps != nullptr,
+         "capture info: status %d id %llu graph %p, %zu dependencies", static_cast<int>(st), id,
+         static_cast<void*>(captured), ndeps);
+  CK(cudaStreamGetCaptureInfo(s0, &st, &id0));
+  EXPECT(st == cudaStreamCaptureStatusActive && id0 != 0 && id0 != id,
+         "device 0's capture: status %d id %llu (device 1's %llu)", static_cast<int>(st), id0, id);
+  cudaStreamCaptureStatus is = cudaStreamCaptureStatusNone;
+  CK(cudaStreamIsCapturing(s, &is));
+  EXPECT(is == cudaStreamCaptureStatusActive, "cudaStreamIsCapturing: %d", static_cast<int>(is));
+  const cudaGraphNode_t first = deps[0];
+  cudaGraphNodeType type{};
+  CK(cudaGraphNodeGetType(first, &type));
+  EXPECT(type == cudaGraphNodeTypeMemset, "the captured node's type %d", static_cast<int>(type));
+  // A node added by hand after the captured memset, then the capture's only dependency.
+  cudaMemsetParams mp{};
+  mp.dst = b1;
+  mp.value = 0x22;
+  mp.elementSize = 1;
+  mp.width = n;
+  mp.height = 1;
+  cudaGraphNode_t added = nullptr;
+  CK(cudaGraphAddMemsetNode(&added, captured, &first, 1, &mp));
+  EXPECT_ERR(
+      cudaStreamUpdateCaptureDependencies(s, &node0, nullptr, 1, cudaStreamSetCaptureDependencies),
+      cudaErrorNotSupported);  // device 0's node: two servers in one graph
+  CK(cudaStreamUpdateCaptureDependencies(s, &added, nullptr, 1, cudaStreamSetCaptureDependencies));
+  CK(cudaStreamGetCaptureInfo(s, &st, nullptr, nullptr, &deps, nullptr, &ndeps));
+  EXPECT(ndeps == 1 && deps[0] == added, "after the update: %zu dependencies", ndeps);
+  CK(cudaMemcpyAsync(c1, b1, n, cudaMemcpyDeviceToDevice, s));  // after the node added
+  CK(cudaStreamGetCaptureInfo(s, &st, nullptr, nullptr, &deps, nullptr, &ndeps));
+  EXPECT(ndeps == 1 && deps[0] != added, "after the copy: %zu dependencies", ndeps);
+  cudaGraph_t g = nullptr, g0 = nullptr;
+  CK(cudaStreamEndCapture(s, &g));
+  CK(cudaStreamEndCapture(s0, &g0));
+  CK(cudaStreamGetCaptureInfo(s, &st, &id));
+  EXPECT(st == cudaStreamCaptureStatusNone, "status %d after the capture", static_cast<int>(st));
+  size_t nodes = 0;
+  CK(cudaGraphGetNodes(g, nullptr, &nodes));
+  EXPECT(nodes == 3, "the captured graph has %zu nodes", nodes);
+  printf("capture_info_on_second=ok\n");
+  cudaGraphExec_t exec = nullptr;
+  CK(cudaGraphInstantiate(&exec, g, 0));
+  CK(cudaGraphLaunch(exec, s));
+  CK(cudaStreamSynchronize(s));
+  CK(cudaMemcpy(out.data(), a1, n, cudaMemcpyDeviceToHost));
+  EXPECT(e2e::FirstNot(out.data(), static_cast<unsigned char>(0x11), n) < 0, "the captured memset");
+  CK(cudaMemcpy(out.data(), c1, n, cudaMemcpyDeviceToHost));
+  EXPECT(e2e::FirstNot(out.data(), static_cast<unsigned char>(0x22), n) < 0,
+         "the copy after the node added by hand");
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(g));
+  CK(cudaFree(c1));
+  CK(cudaStreamDestroy(s));
+  CK(cudaSetDevice(0));
+  CK(cudaGraphInstantiate(&exec, g0, 0));
+  CK(cudaGraphLaunch(exec, s0));
+  CK(cudaStreamSynchronize(s0));
+  CK(cudaMemcpy(out.data(), z0, n, cudaMemcpyDeviceToHost));
+  EXPECT(e2e::FirstNot(out.data(), static_cast<unsigned char>(0x33), n) < 0,
+         "device 0's captured memset");
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(g0));
+  CK(cudaGraphDestroy(other0));
+  CK(cudaFree(z0));
+  CK(cudaStreamDestroy(s0));
+  printf("capture_launch_on_second=ok\n");
+}
+
+// cuStreamBeginCaptureToGraph on a stream of device 1: work captured after a node of
+// device 1's graph (asked with device 0 current: the stream says where), the graph
+// launched and the copy checked; device 0's graph is refused.
+void LaterCaptureToGraph(const LaterDriver& cu, char* a1, char* b1, size_t n) {
+  e2e::Step("capture into a graph of device 1");
+  CK(cudaSetDevice(0));
+  cudaGraph_t g0 = nullptr;
+  CK(cudaGraphCreate(&g0, 0));
+  CK(cudaSetDevice(1));
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const CUstream cs = reinterpret_cast<CUstream>(s);
+  cudaGraph_t g = nullptr;
+  CK(cudaGraphCreate(&g, 0));
+  cudaMemsetParams mp{};
+  mp.dst = a1;
+  mp.value = 0x44;
+  mp.elementSize = 1;
+  mp.width = n;
+  mp.height = 1;
+  cudaGraphNode_t root = nullptr;
+  CK(cudaGraphAddMemsetNode(&root, g, nullptr, 0, &mp));
+  EXPECT_CU(cu.capture_to_graph(cs, reinterpret_cast<CUgraph>(g0), nullptr, nullptr, 0,
+                                CU_STREAM_CAPTURE_MODE_GLOBAL),
+            CUDA_ERROR_NOT_SUPPORTED);  // device 0's graph
+  CUgraphNode deps_in[] = {reinterpret_cast<CUgraphNode>(root)};
+  CU(cu.capture_to_graph(cs, reinterpret_cast<CUgraph>(g), deps_in, nullptr, 1,
+                         CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CK(cudaSetDevice(0));
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  cudaGraph_t captured = nullptr;
+  const cudaGraphNode_t* deps = nullptr;
+  size_t ndeps = 0;
+  CK(cudaStreamGetCaptureInfo(s, &st, nullptr, &captured, &deps, nullptr, &ndeps));
+  EXPECT(st == cudaStreamCaptureStatusActive && captured == g && ndeps == 1 && deps[0] == root,
+         "capture into a graph: status %d, graph %p (want %p), %zu dependencies",
+         static_cast<int>(st), static_cast<void*>(captured), static_cast<void*>(g), ndeps);
+  CK(cudaSetDevice(1));
+  CK(cudaMemcpyAsync(b1, a1, n, cudaMemcpyDeviceToDevice, s));  // after the memset node
+  cudaGraph_t ended = nullptr;
+  CK(cudaStreamEndCapture(s, &ended));
+  EXPECT(ended == g, "cudaStreamEndCapture gave %p, want %p", static_cast<void*>(ended),
+         static_cast<void*>(g));
+  size_t nodes = 0;
+  CK(cudaGraphGetNodes(g, nullptr, &nodes));
+  EXPECT(nodes == 2, "the graph has %zu nodes", nodes);
+  cudaGraphExec_t exec = nullptr;
+  CK(cudaGraphInstantiate(&exec, g, 0));
+  CK(cudaGraphLaunch(exec, s));
+  CK(cudaStreamSynchronize(s));
+  std::vector<unsigned char> out(n, 0);
+  CK(cudaMemcpy(out.data(), b1, n, cudaMemcpyDeviceToHost));
+  EXPECT(e2e::FirstNot(out.data(), static_cast<unsigned char>(0x44), n) < 0,
+         "the copy captured after the memset node");
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(g));
+  CK(cudaStreamDestroy(s));
+  CK(cudaSetDevice(0));
+  CK(cudaGraphDestroy(g0));
+  CK(cudaSetDevice(1));
+  printf("capture_to_graph_on_second=ok\n");
+}
+
+// Virtual memory on device 1, as PyTorch's expandable segments use it: granularity,
+// a reservation, physical memory mapped and made accessible, copies, a memset and a
+// kernel through it (with device 0 current too: the reservation says where it goes), a
+// copy from it to device 0, its handle retained and its properties, a shareable handle
+// exported and imported again, then all unmapped and released. Device 0's memory in
+// device 1's reservation and device 0's access to it are refused.
+void LaterVmm(const LaterDriver& cu, char* buf0) {
+  e2e::Step("virtual memory on device 1");
+  CK(cudaSetDevice(1));
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 1;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  size_t gran = 0;
+  CU(cu.granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  EXPECT(gran > 0, "granularity %zu", gran);
+  const size_t size = 2 * gran;
+  CUdeviceptr va = 0;
+  CU(cu.reserve(&va, size, 0, 0, 0));
+  CUmemGenericAllocationHandle h = 0, h0 = 0;
+  CU(cu.create(&h, size, &prop, 0));
+  CUmemAllocationProp got{};
+  CU(cu.properties(&got, h));
+  EXPECT(got.location.type == CU_MEM_LOCATION_TYPE_DEVICE && got.location.id == 1,
+         "the allocation's location: type %d id %d", static_cast<int>(got.location.type),
+         got.location.id);
+  // Device 0's memory in device 1's reservation: two servers.
+  CUmemAllocationProp prop0 = prop;
+  prop0.location.id = 0;
+  prop0.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+  CK(cudaSetDevice(0));
+  CU(cu.create(&h0, gran, &prop0, 0));
+  EXPECT_CU(cu.map(va, gran, 0, h0, 0), CUDA_ERROR_NOT_SUPPORTED);
+  CU(cu.release(h0));
+  CU(cu.map(va, size, 0, h, 0));  // with device 0 current: the handle's server
+  CUmemAccessDesc desc{};
+  desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  desc.location.id = 0;
+  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  EXPECT_CU(cu.set_access(va, size, &desc, 1), CUDA_ERROR_NOT_SUPPORTED);
+  desc.location.id = 1;
+  CU(cu.set_access(va, size, &desc, 1));
+  unsigned long long access = 0;
+  CU(cu.get_access(&access, &desc.location, va + gran));
+  EXPECT(access == CU_MEM_ACCESS_FLAGS_PROT_READWRITE, "access %llu", access);
+  cudaPointerAttributes pa{};
+  CK(cudaPointerGetAttributes(&pa, reinterpret_cast<void*>(va + gran + 1)));  // device 0 current
+  EXPECT(pa.type == cudaMemoryTypeDevice && pa.device == 1, "device 1's mapping: type %d device %d",
+         static_cast<int>(pa.type), pa.device);
+  printf("vmm_map_on_second=ok\n");
+
+  // Bytes through it, device 0 current; then a kernel on device 1 over it.
+  const size_t n = gran + 4099;  // across a granule
+  std::vector<unsigned char> in(n), out(n, 0);
+  e2e::Fill(in.data(), n, 515);
+  char* p = reinterpret_cast<char*>(va);
+  CK(cudaMemcpy(p + 3, in.data(), n, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(out.data(), p + 3, n, cudaMemcpyDeviceToHost));
+  EXPECT_SAME(out.data(), in.data(), n, "bytes through device 1's mapping");
+  CK(cudaMemset(p + size - 4096, 0x7e, 4096));
+  CK(cudaMemcpy(out.data(), p + size - 4096, 4096, cudaMemcpyDeviceToHost));
+  EXPECT(e2e::FirstNot(out.data(), static_cast<unsigned char>(0x7e), 4096) < 0,
+         "a memset of device 1's mapping");
+  CK(cudaMemcpy(buf0, p + 3, 4099, cudaMemcpyDefault));  // to device 0, server to server
+  CK(cudaMemcpy(out.data(), buf0, 4099, cudaMemcpyDeviceToHost));
+  EXPECT_SAME(out.data(), in.data(), 4099, "device 1's mapping copied to device 0");
+  CK(cudaSetDevice(1));
+  const unsigned long long words = 1000;
+  std::vector<unsigned> win(words), wout(words, 0);
+  for (unsigned i = 0; i < words; ++i) win[i] = i * 7 + 1;
+  unsigned* u = reinterpret_cast<unsigned*>(va);
+  CK(cudaMemcpy(u, win.data(), words * 4, cudaMemcpyHostToDevice));
+  flyt_sim_affine<<<4, 64>>>(u, u + words, words, 5, 3);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  CK(cudaMemcpy(wout.data(), u + words, words * 4, cudaMemcpyDeviceToHost));
+  for (unsigned i = 0; i < words; ++i)
+    EXPECT(wout[i] == win[i] * 5 + 3, "word %u: %u, want %u", i, wout[i], win[i] * 5 + 3);
+  printf("vmm_data_on_second=ok\n");
+
+  // The handle behind an address, and a shareable handle imported again.
+  CK(cudaSetDevice(0));
+  CUmemGenericAllocationHandle again = 0;
+  CU(cu.retain(&again, reinterpret_cast<void*>(va + gran + 5)));
+  EXPECT(again == h, "cuMemRetainAllocationHandle gave %llu, want %llu", again, h);
+  CU(cu.release(again));
+  int fd = -1;
+  CU(cu.export_handle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  CUmemGenericAllocationHandle imported = 0;
+  CU(cu.import_handle(&imported, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+  close(fd);
+  CK(cudaSetDevice(1));
+  CUdeviceptr va2 = 0;
+  CU(cu.reserve(&va2, size, 0, 0, 0));
+  CU(cu.map(va2, size, 0, imported, 0));
+  CU(cu.set_access(va2, size, &desc, 1));
+  std::vector<unsigned char> whole(size), whole2(size, 0);
+  CK(cudaMemcpy(whole.data(), p, size, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(whole2.data(), reinterpret_cast<char*>(va2), size, cudaMemcpyDeviceToHost));
+  EXPECT_SAME(whole2.data(), whole.data(), size, "the imported handle's mapping");
+  CK(cudaPointerGetAttributes(&pa, reinterpret_cast<void*>(va2)));
+  EXPECT(pa.type == cudaMemoryTypeDevice && pa.device == 1,
+         "the imported handle's mapping: type %d device %d", static_cast<int>(pa.type), pa.device);
+  EXPECT_SAME(whole2.data() + 8000, in.data() + 7997, n - 7997, "the imported handle's bytes");
+  CU(cu.unmap(va2, size));
+  CU(cu.address_free(va2, size));
+  CU(cu.release(imported));
+  printf("vmm_handles_on_second=ok\n");
+  CK(cudaSetDevice(0));  // undone with device 0 current: the range's and handle's server
+  CU(cu.unmap(va, size));
+  CU(cu.release(h));
+  CU(cu.address_free(va, size));
+  CK(cudaSetDevice(1));
+  CK(cudaDeviceSynchronize());
+}
+
+// Stream memory operations on a stream of device 1: a write and a wait as single calls
+// and as one batch (also in the pre-11.7 ABI), the values checked; an address of device
+// 0 is refused.
+void LaterMemOps(const LaterDriver& cu, unsigned* flag1, unsigned* flag0) {
+  e2e::Step("stream memory operations on device 1");
+  CK(cudaSetDevice(1));
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CK(cudaMemset(flag1, 0, 16));
+  CK(cudaDeviceSynchronize());
+  const CUstream cs = reinterpret_cast<CUstream>(s);
+  const CUdeviceptr f = reinterpret_cast<CUdeviceptr>(flag1);
+  CU(cu.write32(cs, f, 41, 0));
+  CU(cu.wait32(cs, f, 41, CU_STREAM_WAIT_VALUE_EQ));
+  CUstreamBatchMemOpParams ops[2];
+  memset(ops, 0, sizeof(ops));
+  ops[0].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+  ops[0].writeValue.address = f + 4;
+  ops[0].writeValue.value = 0xabcd1234u;
+  ops[1].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+  ops[1].waitValue.address = f + 4;
+  ops[1].waitValue.value = 0xabcd1234u;
+  ops[1].waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
+  CK(cudaSetDevice(0));  // the stream says where the batch goes
+  CU(cu.batch(cs, 2, ops, 0));
+  CK(cudaStreamSynchronize(s));
+  unsigned got[2] = {0, 0};
+  CK(cudaMemcpy(got, flag1, sizeof(got), cudaMemcpyDeviceToHost));
+  EXPECT(got[0] == 41 && got[1] == 0xabcd1234u, "the values written: %u, %#x", got[0], got[1]);
+  // The pre-11.7 ABI, as binaries built with older toolkits call it.
+  CU(cu.write32_v1(cs, f + 8, 77, 0));
+  ops[1].waitValue.address = f + 8;
+  ops[1].waitValue.value = 77;
+  CU(cu.batch_v1(cs, 1, &ops[1], 0));
+  CK(cudaStreamSynchronize(s));
+  unsigned v1 = 0;
+  CK(cudaMemcpy(&v1, flag1 + 2, sizeof(v1), cudaMemcpyDeviceToHost));
+  EXPECT(v1 == 77, "the value the pre-11.7 ABI wrote: %u", v1);
+  ops[0].writeValue.address = reinterpret_cast<CUdeviceptr>(flag0);  // device 0's memory
+  EXPECT_CU(cu.batch(cs, 1, ops, 0), CUDA_ERROR_NOT_SUPPORTED);
+  EXPECT_CU(cu.write32_v1(cs, reinterpret_cast<CUdeviceptr>(flag0), 1, 0),
+            CUDA_ERROR_NOT_SUPPORTED);
+  CK(cudaSetDevice(1));
+  CK(cudaStreamDestroy(s));
+  printf("stream_memops_on_second=ok\n");
+}
+
+// CUDA IPC on device 1 with another process of the same server list (itself again,
+// `later_ipc_child`): an interprocess event of device 1, its handle got with device 0
+// current (the event's server answers), opened by the child with device 1 current (so
+// that server's: the child records it on a stream of device 1), its own handle refused
+// as natively. Memory handles are refused on either device alike: the servers place a
+// client's memory apart, and placed memory has no legacy IPC handle.
+void FromHex(const char* s, void* out, size_t n) {
+  EXPECT(strlen(s) == 2 * n, "a handle argument of %zu hex digits, want %zu", strlen(s), 2 * n);
+  auto digit = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
+  auto* bytes = static_cast<unsigned char*>(out);
+  for (size_t i = 0; i < n; ++i)
+    bytes[i] = static_cast<unsigned char>(digit(s[2 * i]) << 4 | digit(s[2 * i + 1]));
+}
+
+int LaterIpcChild(const char* event_hex) {
+  e2e::Init("multi_server-ipc-child");
+  cudaIpcEventHandle_t eh;
+  FromHex(event_hex, &eh, sizeof(eh));
+  e2e::Step("child: open device 1's event with device 1 current");
+  CK(cudaSetDevice(1));
+  cudaEvent_t ev;
+  CK(cudaIpcOpenEventHandle(&ev, eh));
+  cudaStream_t stream;
+  CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  char* d = nullptr;
+  CK(cudaMalloc(&d, 4096));
+  CK(cudaStreamWaitEvent(stream, ev, 0));  // the parent's recording
+  CK(cudaMemsetAsync(d, 0x3c, 4096, stream));
+  CK(cudaEventRecord(ev, stream));
+  CK(cudaSetDevice(0));  // synchronized with device 0 current: the event says where
+  CK(cudaEventSynchronize(ev));
+  CK(cudaEventQuery(ev));
+  std::vector<unsigned char> got(4096);
+  CK(cudaMemcpy(got.data(), d, got.size(), cudaMemcpyDeviceToHost));
+  EXPECT(e2e::FirstNot(got.data(), static_cast<unsigned char>(0x3c), got.size()) < 0,
+         "the child's memset before its recording");
+  CK(cudaEventDestroy(ev));
+  CK(cudaSetDevice(1));
+  CK(cudaStreamDestroy(stream));
+  CK(cudaFree(d));
+  printf("ipc_child=ok\n");
+  fflush(stdout);
+  return 0;
+}
+
+void LaterIpc(char* buf0, char* buf1) {
+  e2e::Step("CUDA IPC on device 1");
+  CK(cudaSetDevice(1));
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaEvent_t ev;
+  CK(cudaEventCreateWithFlags(&ev, cudaEventInterprocess | cudaEventDisableTiming));
+  CK(cudaEventRecord(ev, s));
+  CK(cudaSetDevice(0));
+  cudaIpcEventHandle_t eh;
+  CK(cudaIpcGetEventHandle(&eh, ev));
+  cudaEvent_t own = nullptr;
+  EXPECT_ERR(cudaIpcOpenEventHandle(&own, eh), cudaErrorDeviceUninitialized);  // its own
+  cudaIpcMemHandle_t mh;
+  EXPECT_ERR(cudaIpcGetMemHandle(&mh, buf1), cudaErrorNotSupported);  // placed memory
+  EXPECT_ERR(cudaIpcGetMemHandle(&mh, buf0), cudaErrorNotSupported);  // on either device
+  std::string event_hex = e2e::Hex(&eh, sizeof(eh));
+  fflush(stdout);
+  pid_t child = fork();
+  EXPECT(child >= 0, "fork failed");
+  if (child == 0) {
+    char self[] = "/proc/self/exe";
+    char arg0[] = "multi_server";
+    char mode[] = "later_ipc_child";
+    char* args[] = {arg0, mode, event_hex.data(), nullptr};
+    execv(self, args);
+    _exit(127);
+  }
+  int status = 0;
+  EXPECT(waitpid(child, &status, 0) == child, "waitpid failed");
+  EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child failed (status 0x%x)", status);
+  CK(cudaEventSynchronize(ev));
+  CK(cudaEventQuery(ev));
+  CK(cudaSetDevice(1));
+  CK(cudaStreamWaitEvent(s, ev, 0));
+  CK(cudaStreamSynchronize(s));
+  CK(cudaEventDestroy(ev));
+  CK(cudaStreamDestroy(s));
+  printf("ipc_event_on_second=ok\n");
+}
+
 // cudaMemcpy2D / 2DAsync / 3D between device 0's and device 1's memory.
 void Later2D(int from, int to, cudaStream_t stream, uint32_t seed) {
   const size_t width = 1001, height = 7, xoff = 3, yoff = 1;
@@ -439,6 +889,26 @@ int Later() {
   e2e::ResolveDriver("cuTensorMapReplaceAddress", &cu.replace_address);
   e2e::ResolveDriver("cuGraphKernelNodeGetParams", &cu.kernel_node_params);
   e2e::ResolveDriver("cuOccupancyMaxActiveClusters", &cu.max_active_clusters);
+  e2e::ResolveDriver("cuGetErrorName", &e2e::g_error_name);
+  e2e::ResolveDriver("cuMemGetAllocationGranularity", &cu.granularity);
+  e2e::ResolveDriver("cuMemAddressReserve", &cu.reserve);
+  e2e::ResolveDriver("cuMemAddressFree", &cu.address_free);
+  e2e::ResolveDriver("cuMemCreate", &cu.create);
+  e2e::ResolveDriver("cuMemRelease", &cu.release);
+  e2e::ResolveDriver("cuMemMap", &cu.map);
+  e2e::ResolveDriver("cuMemUnmap", &cu.unmap);
+  e2e::ResolveDriver("cuMemSetAccess", &cu.set_access);
+  e2e::ResolveDriver("cuMemGetAccess", &cu.get_access);
+  e2e::ResolveDriver("cuMemGetAllocationPropertiesFromHandle", &cu.properties);
+  e2e::ResolveDriver("cuMemRetainAllocationHandle", &cu.retain);
+  e2e::ResolveDriver("cuMemExportToShareableHandle", &cu.export_handle);
+  e2e::ResolveDriver("cuMemImportFromShareableHandle", &cu.import_handle);
+  e2e::ResolveDriver("cuStreamWriteValue32", &cu.write32);
+  e2e::ResolveDriver("cuStreamWaitValue32", &cu.wait32);
+  e2e::ResolveDriver("cuStreamBatchMemOp", &cu.batch);
+  e2e::ResolveDriver("cuStreamBeginCaptureToGraph", &cu.capture_to_graph);
+  e2e::ResolveDriver("cuStreamWriteValue32", &cu.write32_v1, 11000);
+  e2e::ResolveDriver("cuStreamBatchMemOp", &cu.batch_v1, 11000);
   int count = 0;
   CK(cudaGetDeviceCount(&count));
   EXPECT(count == 2, "expected 2 devices, found %d", count);
@@ -455,6 +925,11 @@ int Later() {
   LaterLink(cu, reinterpret_cast<unsigned*>(buf[1]));
   LaterGraph(cu, other[1], buf[1], n);
   LaterTensorMap(cu, buf[1], other[1]);
+  LaterCapture(buf[1], other[1], n);
+  LaterCaptureToGraph(cu, buf[1], other[1], n);
+  LaterVmm(cu, buf[0]);
+  LaterMemOps(cu, reinterpret_cast<unsigned*>(buf[1]), reinterpret_cast<unsigned*>(buf[0]));
+  LaterIpc(buf[0], buf[1]);
 
   // A kernel the other server loaded first (cudart loaded this program's kernels while
   // device 1 was current), given more than 48 KiB of dynamic shared memory on device 0
@@ -600,6 +1075,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && strcmp(argv[1], "refused") == 0) return Refused();
   if (argc > 1 && strcmp(argv[1], "tls") == 0) return Tls();
   if (argc > 1 && strcmp(argv[1], "later") == 0) return Later();
+  if (argc == 3 && strcmp(argv[1], "later_ipc_child") == 0) return LaterIpcChild(argv[2]);
 
   e2e::Step("enumerate");
   int count = 0;
