@@ -140,6 +140,16 @@ int LocationServer(CUmemLocation* loc) {
   return server;
 }
 
+// Several servers: the server of the GPU allocation properties name (-1: one server, or
+// not a device location), *prop then pointing at `local`, a copy with that server's
+// ordinal.
+int PropServer(const CUmemAllocationProp** prop, CUmemAllocationProp* local) {
+  if (!Client::Get().multi() || *prop == nullptr) return -1;
+  *local = **prop;
+  *prop = local;
+  return LocationServer(&local->location);
+}
+
 // The server of the reservation holding `p`, else the current context's.
 int RangeServer(uint64_t p) {
   Client& c = Client::Get();
@@ -228,13 +238,7 @@ FLYT_API CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
                               const CUmemAllocationProp* prop, unsigned long long flags) {
   Client& c = Client::Get();
   CUmemAllocationProp local{};
-  int server = -1;
-  if (c.multi() && prop != nullptr) {  // made by the server of the GPU it names
-    local = *prop;
-    server = LocationServer(&local.location);
-    prop = &local;
-  }
-  Client::RouteScope route(server);
+  Client::RouteScope route(PropServer(&prop, &local));  // made by the server of its GPU
   CUresult rc = Forward<247, true, false>("cuMemCreate", handle, size, prop, flags);
   if (rc != CUDA_SUCCESS || handle == nullptr) return rc;
   if (c.multi()) *handle = Client::Tag(*handle, Client::LastRoute());
@@ -336,15 +340,8 @@ FLYT_API CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation*
 FLYT_API CUresult cuMemGetAllocationGranularity(size_t* granularity,
                                                 const CUmemAllocationProp* prop,
                                                 CUmemAllocationGranularity_flags option) {
-  Client& c = Client::Get();
   CUmemAllocationProp local{};
-  int server = -1;
-  if (c.multi() && prop != nullptr) {  // asked of the server of the GPU it names
-    local = *prop;
-    server = LocationServer(&local.location);
-    prop = &local;
-  }
-  Client::RouteScope route(server);
+  Client::RouteScope route(PropServer(&prop, &local));  // asked of the server of its GPU
   return Forward<252, true, false>("cuMemGetAllocationGranularity", granularity, prop, option);
 }
 
