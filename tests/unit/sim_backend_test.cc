@@ -1,8 +1,8 @@
 // Tests for server/sim_backend: the sticky fault that a launch of a kernel
 // named *flyt_sim_fault* leaves in its process, CUDA IPC of memory and events
 // between processes, with the driver's answers to misuse, context events
-// (cuCtxRecordEvent / cuCtxWaitEvent), memory pools, and texture and surface
-// objects.
+// (cuCtxRecordEvent / cuCtxWaitEvent), memory pools, texture and surface
+// objects, and the dynamic shared memory opt-in at launch.
 //
 // Each case runs the sim in processes of its own (fork): a fault is sticky for
 // the whole process, and IPC needs two. A child reports its gtest failures on
@@ -75,8 +75,9 @@ class SimBackend : public ::testing::Test {
     return nullptr;
   }
 
-  CUresult Launch(CUfunction f, CUstream s = nullptr) {
+  CUresult Launch(CUfunction f, CUstream s = nullptr, unsigned shared = 0) {
     CUlaunchConfig cfg{};
+    cfg.sharedMemBytes = shared;
     cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = 1;
     cfg.blockDimX = cfg.blockDimY = cfg.blockDimZ = 1;
     cfg.hStream = s;
@@ -96,6 +97,29 @@ std::vector<uint8_t> Pattern(size_t n, uint32_t seed) {
   for (size_t i = 0; i < n; ++i)
     v[i] = static_cast<uint8_t>((i * 131 + seed * 7 + (i >> 9)) & 0xff);
   return v;
+}
+
+// ---------------------------------------------------------------------------
+// Dynamic shared memory: above 48 KiB a launch needs the handle's opt-in, as with
+// the driver (a kernel's copy on another server has its own).
+
+TEST_F(SimBackend, DynamicSharedMemoryAbove48KiBNeedsTheOptIn) {
+  InChild([&] {
+    CUlibrary lib = nullptr, copy = nullptr;
+    ASSERT_EQ(api_.cuLibraryLoadData(&lib, kPtx, nullptr, nullptr, 0, nullptr, nullptr, 0),
+              CUDA_SUCCESS);
+    ASSERT_EQ(api_.cuLibraryLoadData(&copy, kPtx, nullptr, nullptr, 0, nullptr, nullptr, 0),
+              CUDA_SUCCESS);
+    CUfunction f = Kernel(lib, "harmless"), other = Kernel(copy, "harmless");
+    EXPECT_EQ(Launch(f, nullptr, 48 << 10), CUDA_SUCCESS);
+    EXPECT_EQ(Launch(f, nullptr, 64 << 10), CUDA_ERROR_INVALID_VALUE);
+    ASSERT_EQ(api_.cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 64 << 10,
+                                        reinterpret_cast<CUkernel>(f), 0),
+              CUDA_SUCCESS);
+    EXPECT_EQ(Launch(f, nullptr, 64 << 10), CUDA_SUCCESS);
+    EXPECT_EQ(Launch(f, nullptr, (64 << 10) + 1), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(Launch(other, nullptr, 64 << 10), CUDA_ERROR_INVALID_VALUE);  // not its opt-in
+  });
 }
 
 // ---------------------------------------------------------------------------
