@@ -55,6 +55,7 @@
 #include <vector>
 
 #include "e2e_driver.h"
+#include "e2e_vmm.h"
 
 __global__ void flyt_sim_affine(const unsigned* in, unsigned* out, unsigned long long n,
                                 unsigned mul, unsigned add) {
@@ -189,6 +190,7 @@ int Tls() {
 namespace {
 
 struct LaterDriver {
+  e2e::VmmDriver vmm;  // the VMM calls (e2e_vmm.h)
   decltype(&::cuLinkCreate_v2) link_create;
   decltype(&::cuLinkAddData_v2) link_add_data;
   decltype(&::cuLinkComplete) link_complete;
@@ -201,19 +203,6 @@ struct LaterDriver {
   decltype(&::cuTensorMapReplaceAddress) replace_address;
   decltype(&::cuGraphKernelNodeGetParams) kernel_node_params;
   decltype(&::cuOccupancyMaxActiveClusters) max_active_clusters;
-  decltype(&::cuMemGetAllocationGranularity) granularity;
-  decltype(&::cuMemAddressReserve) reserve;
-  decltype(&::cuMemAddressFree) address_free;
-  decltype(&::cuMemCreate) create;
-  decltype(&::cuMemRelease) release;
-  decltype(&::cuMemMap) map;
-  decltype(&::cuMemUnmap) unmap;
-  decltype(&::cuMemSetAccess) set_access;
-  decltype(&::cuMemGetAccess) get_access;
-  decltype(&::cuMemGetAllocationPropertiesFromHandle) properties;
-  decltype(&::cuMemRetainAllocationHandle) retain;
-  decltype(&::cuMemExportToShareableHandle) export_handle;
-  decltype(&::cuMemImportFromShareableHandle) import_handle;
   decltype(&::cuStreamWriteValue32_v2) write32;
   decltype(&::cuStreamWaitValue32_v2) wait32;
   decltype(&::cuStreamBatchMemOp_v2) batch;
@@ -605,15 +594,15 @@ void LaterVmm(const LaterDriver& cu, char* buf0) {
   prop.location.id = 1;
   prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   size_t gran = 0;
-  CU(cu.granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  CU(cu.vmm.granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
   EXPECT(gran > 0, "granularity %zu", gran);
   const size_t size = 2 * gran;
   CUdeviceptr va = 0;
-  CU(cu.reserve(&va, size, 0, 0, 0));
+  CU(cu.vmm.reserve(&va, size, 0, 0, 0));
   CUmemGenericAllocationHandle h = 0, h0 = 0;
-  CU(cu.create(&h, size, &prop, 0));
+  CU(cu.vmm.create(&h, size, &prop, 0));
   CUmemAllocationProp got{};
-  CU(cu.properties(&got, h));
+  CU(cu.vmm.properties(&got, h));
   EXPECT(got.location.type == CU_MEM_LOCATION_TYPE_DEVICE && got.location.id == 1,
          "the allocation's location: type %d id %d", static_cast<int>(got.location.type),
          got.location.id);
@@ -622,19 +611,19 @@ void LaterVmm(const LaterDriver& cu, char* buf0) {
   prop0.location.id = 0;
   prop0.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
   CK(cudaSetDevice(0));
-  CU(cu.create(&h0, gran, &prop0, 0));
-  EXPECT_CU(cu.map(va, gran, 0, h0, 0), CUDA_ERROR_NOT_SUPPORTED);
-  CU(cu.release(h0));
-  CU(cu.map(va, size, 0, h, 0));  // with device 0 current: the handle's server
+  CU(cu.vmm.create(&h0, gran, &prop0, 0));
+  EXPECT_CU(cu.vmm.map(va, gran, 0, h0, 0), CUDA_ERROR_NOT_SUPPORTED);
+  CU(cu.vmm.release(h0));
+  CU(cu.vmm.map(va, size, 0, h, 0));  // with device 0 current: the handle's server
   CUmemAccessDesc desc{};
   desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   desc.location.id = 0;
   desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  EXPECT_CU(cu.set_access(va, size, &desc, 1), CUDA_ERROR_NOT_SUPPORTED);
+  EXPECT_CU(cu.vmm.set_access(va, size, &desc, 1), CUDA_ERROR_NOT_SUPPORTED);
   desc.location.id = 1;
-  CU(cu.set_access(va, size, &desc, 1));
+  CU(cu.vmm.set_access(va, size, &desc, 1));
   unsigned long long access = 0;
-  CU(cu.get_access(&access, &desc.location, va + gran));
+  CU(cu.vmm.get_access(&access, &desc.location, va + gran));
   EXPECT(access == CU_MEM_ACCESS_FLAGS_PROT_READWRITE, "access %llu", access);
   cudaPointerAttributes pa{};
   CK(cudaPointerGetAttributes(&pa, reinterpret_cast<void*>(va + gran + 1)));  // device 0 current
@@ -674,20 +663,20 @@ void LaterVmm(const LaterDriver& cu, char* buf0) {
   // The handle behind an address, and a shareable handle imported again.
   CK(cudaSetDevice(0));
   CUmemGenericAllocationHandle again = 0;
-  CU(cu.retain(&again, reinterpret_cast<void*>(va + gran + 5)));
+  CU(cu.vmm.retain(&again, reinterpret_cast<void*>(va + gran + 5)));
   EXPECT(again == h, "cuMemRetainAllocationHandle gave %llu, want %llu", again, h);
-  CU(cu.release(again));
+  CU(cu.vmm.release(again));
   int fd = -1;
-  CU(cu.export_handle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  CU(cu.vmm.export_handle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
   CUmemGenericAllocationHandle imported = 0;
-  CU(cu.import_handle(&imported, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
-                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+  CU(cu.vmm.import_handle(&imported, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
   close(fd);
   CK(cudaSetDevice(1));
   CUdeviceptr va2 = 0;
-  CU(cu.reserve(&va2, size, 0, 0, 0));
-  CU(cu.map(va2, size, 0, imported, 0));
-  CU(cu.set_access(va2, size, &desc, 1));
+  CU(cu.vmm.reserve(&va2, size, 0, 0, 0));
+  CU(cu.vmm.map(va2, size, 0, imported, 0));
+  CU(cu.vmm.set_access(va2, size, &desc, 1));
   std::vector<unsigned char> whole(size), whole2(size, 0);
   CK(cudaMemcpy(whole.data(), p, size, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(whole2.data(), reinterpret_cast<char*>(va2), size, cudaMemcpyDeviceToHost));
@@ -696,14 +685,14 @@ void LaterVmm(const LaterDriver& cu, char* buf0) {
   EXPECT(pa.type == cudaMemoryTypeDevice && pa.device == 1,
          "the imported handle's mapping: type %d device %d", static_cast<int>(pa.type), pa.device);
   EXPECT_SAME(whole2.data() + 8000, in.data() + 7997, n - 7997, "the imported handle's bytes");
-  CU(cu.unmap(va2, size));
-  CU(cu.address_free(va2, size));
-  CU(cu.release(imported));
+  CU(cu.vmm.unmap(va2, size));
+  CU(cu.vmm.address_free(va2, size));
+  CU(cu.vmm.release(imported));
   printf("vmm_handles_on_second=ok\n");
   CK(cudaSetDevice(0));  // undone with device 0 current: the range's and handle's server
-  CU(cu.unmap(va, size));
-  CU(cu.release(h));
-  CU(cu.address_free(va, size));
+  CU(cu.vmm.unmap(va, size));
+  CU(cu.vmm.release(h));
+  CU(cu.vmm.address_free(va, size));
   CK(cudaSetDevice(1));
   CK(cudaDeviceSynchronize());
 }
@@ -900,19 +889,8 @@ int Later() {
   e2e::ResolveDriver("cuGraphKernelNodeGetParams", &cu.kernel_node_params);
   e2e::ResolveDriver("cuOccupancyMaxActiveClusters", &cu.max_active_clusters);
   e2e::ResolveDriver("cuGetErrorName", &e2e::g_error_name);
-  e2e::ResolveDriver("cuMemGetAllocationGranularity", &cu.granularity);
-  e2e::ResolveDriver("cuMemAddressReserve", &cu.reserve);
-  e2e::ResolveDriver("cuMemAddressFree", &cu.address_free);
-  e2e::ResolveDriver("cuMemCreate", &cu.create);
-  e2e::ResolveDriver("cuMemRelease", &cu.release);
-  e2e::ResolveDriver("cuMemMap", &cu.map);
-  e2e::ResolveDriver("cuMemUnmap", &cu.unmap);
-  e2e::ResolveDriver("cuMemSetAccess", &cu.set_access);
-  e2e::ResolveDriver("cuMemGetAccess", &cu.get_access);
-  e2e::ResolveDriver("cuMemGetAllocationPropertiesFromHandle", &cu.properties);
-  e2e::ResolveDriver("cuMemRetainAllocationHandle", &cu.retain);
-  e2e::ResolveDriver("cuMemExportToShareableHandle", &cu.export_handle);
-  e2e::ResolveDriver("cuMemImportFromShareableHandle", &cu.import_handle);
+  e2e::ResolveVmm();
+  cu.vmm = e2e::g_vmm;
   e2e::ResolveDriver("cuStreamWriteValue32", &cu.write32);
   e2e::ResolveDriver("cuStreamWaitValue32", &cu.wait32);
   e2e::ResolveDriver("cuStreamBatchMemOp", &cu.batch);
