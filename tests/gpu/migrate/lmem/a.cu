@@ -1,4 +1,5 @@
-// Native probe: module global placement against local memory growth (tests/gpu/migrate/lmem/run.sh).
+// Native probe: module global placement against local memory growth
+// (tests/gpu/migrate/lmem/run.sh).
 __device__ int ga[16];
 extern "C" __global__ void deep(int* out, int n) {
   volatile int buf[4096];
