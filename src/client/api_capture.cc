@@ -33,9 +33,7 @@ namespace {
 // The server of a capture call on stream `s`: -1 with one server (no change).
 int StreamServer(CUstream s) {
   Client& c = Client::Get();
-  if (!c.multi()) return -1;
-  const uint64_t raw = reinterpret_cast<uintptr_t>(s);
-  return raw > 2 ? Client::TagOf(raw) : c.RouteNow();
+  return c.multi() ? c.StreamRoute(s) : -1;
 }
 
 // The arrays cuStreamGetCaptureInfo hands out, per stream: valid until the stream's

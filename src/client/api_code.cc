@@ -254,8 +254,7 @@ constexpr int kNoRoute = -2;
 // server; kNoRoute: the function has no copy there.
 int LaunchRoute(Client& c, CUstream stream, CUfunction* f) {
   if (!c.multi()) return -1;
-  const uint64_t s = reinterpret_cast<uintptr_t>(stream);
-  const int route = s > 2 ? Client::TagOf(s) : c.RouteNow();
+  const int route = c.StreamRoute(stream);
   const uint64_t there = flyt::client::FunctionOnServer(reinterpret_cast<uintptr_t>(*f), route);
   if (there == 0) return kNoRoute;
   *f = reinterpret_cast<CUfunction>(there);

@@ -26,8 +26,7 @@ CUresult BeginCapture(const char* name, CUstream s, CUstreamCaptureMode mode, bo
   // several servers, over the capturing stream's server's).
   CUresult rc = c.EnsureCallbackChannel();
   if (rc == CUDA_SUCCESS && c.multi()) {
-    const uint64_t raw = reinterpret_cast<uintptr_t>(s);
-    const int server = raw > 2 ? Client::TagOf(raw) : c.RouteNow();
+    const int server = c.StreamRoute(s);
     if (server > 0 && server < c.server_count()) rc = c.Link(server).EnsureCallbackChannel();
   }
   if (rc != CUDA_SUCCESS) return rc;

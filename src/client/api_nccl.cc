@@ -36,9 +36,8 @@ int StreamServer(CUstream stream, uint64_t* wire) {
   const auto v = reinterpret_cast<uintptr_t>(stream);
   *wire = v;
   if (!c.multi()) return 0;
-  if (v <= 2) return c.RouteNow();  // a default stream: the current device's
-  *wire = Client::WireValue(v);
-  return Client::TagOf(v);
+  if (v > 2) *wire = Client::WireValue(v);
+  return c.StreamRoute(stream);
 }
 
 int DeviceServer(int device, int* local) {

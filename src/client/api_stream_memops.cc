@@ -36,8 +36,7 @@ uint64_t MemOpAddress(const CUstreamBatchMemOpParams& p) {
 int StreamMemOpServer(CUstream stream, const uint64_t* addresses, size_t n) {
   Client& c = Client::Get();
   if (!c.multi()) return -1;
-  const uint64_t raw = reinterpret_cast<uintptr_t>(stream);
-  const int server = raw > 2 ? Client::TagOf(raw) : c.RouteNow();
+  const int server = c.StreamRoute(stream);
   for (size_t i = 0; i < n; ++i) {
     const int owner = addresses[i] != 0 ? c.ServerOfPointer(addresses[i]) : -1;
     if (owner >= 0 && owner != server) return -2;

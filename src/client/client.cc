@@ -88,6 +88,10 @@ void SetCurrentContext(CUcontext ctx) { t_current = ctx; }
 int Client::RouteNow() const {
   return t_route >= 0 ? t_route : TagOf(reinterpret_cast<uintptr_t>(t_current));
 }
+int Client::StreamRoute(CUstream stream) const {
+  const uint64_t raw = reinterpret_cast<uintptr_t>(stream);
+  return raw > 2 ? TagOf(raw) : RouteNow();
+}
 int Client::LastRoute() { return t_last_route; }
 Client::RouteScope::RouteScope(int server) : saved_(t_route), set_(server >= 0) {
   if (set_) t_route = server;
@@ -862,10 +866,10 @@ uint64_t Client::RegisterGraphHostFunc(std::function<void()> fn) {
 
 void Client::WaitHostFuncs(CUstream stream) {
   if (!peers_.empty()) [[unlikely]] {
-    const uint64_t raw = reinterpret_cast<uintptr_t>(stream);
-    const int k = raw > 2 ? TagOf(raw) : RouteNow();
+    const int k = StreamRoute(stream);
     if (k > 0 && k < server_count())
-      return peers_[k - 1]->WaitHostFuncs(reinterpret_cast<CUstream>(Untag(raw)));
+      return peers_[k - 1]->WaitHostFuncs(
+          reinterpret_cast<CUstream>(Untag(reinterpret_cast<uintptr_t>(stream))));
   }
   uint64_t key = reinterpret_cast<uintptr_t>(stream);
   {
@@ -884,7 +888,7 @@ CUresult Client::EnqueueHostFunc(CUstream stream, std::function<void()> fn, bool
   if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (!peers_.empty()) [[unlikely]] {  // the stream's server runs it through its own channel
     const uint64_t raw = reinterpret_cast<uintptr_t>(stream);
-    const int k = raw > 2 ? TagOf(raw) : RouteNow();
+    const int k = StreamRoute(stream);
     if (k >= server_count()) return CUDA_ERROR_INVALID_HANDLE;
     if (k > 0)
       return peers_[k - 1]->EnqueueHostFunc(reinterpret_cast<CUstream>(Untag(raw)), std::move(fn),

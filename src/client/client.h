@@ -119,6 +119,9 @@ class Client {
   // The server the calling thread's calls go to now: a RouteScope's, else the
   // current context's.
   int RouteNow() const;
+  // The server that runs work on `stream`: its tag, or the current context's for a
+  // default stream (null, legacy, per-thread).
+  int StreamRoute(CUstream stream) const;
   // The server the calling thread's last call or post went to.
   static int LastRoute();
   // The server whose device memory holds p, or that reserved the address range
