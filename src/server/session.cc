@@ -432,7 +432,7 @@ bool Session::ChargeShare(uint64_t bytes, int device) {
 bool Session::ChargeMemory(uint64_t bytes, int device) {
   if (device < 0) device = CurrentDevice();
   if (ChargeShare(bytes, device)) return true;
-  return !idle_charged_.empty() && ReleaseIdlePoolMemory() && ChargeShare(bytes, device);
+  return ReleaseIdlePoolMemory() && ChargeShare(bytes, device);
 }
 
 void Session::RefundMemory(uint64_t bytes, int device) {

@@ -873,8 +873,9 @@ class Session {
     uint32_t live = 0;  // allocations still inside
     // Reserved for itself (a restore); else part of movable_.
     bool own_reservation = true;
-    uint64_t pool = 0;  // the client's handle of the pool it backs (pool_ledger_), or 0
-    int device = 0;     // where its memory is
+    uint64_t pool = 0;          // the client's handle of the pool it backs (pool_ledger_), or 0
+    int device = 0;             // where its memory is
+    bool idle_charged = false;  // a pool's idle region, counted against the quota
   };
   // Physical memory mapped at `at` (reserved already), readable and writable
   // from `device`; recorded in mapped_regions_ with no allocation inside. On
@@ -912,10 +913,9 @@ class Session {
   // tenant's quota while idle (an allocation placed in it is charged itself).
   // Where the quota has no room, the pool gives the region back instead.
   void ChargeIdleRegion(uint64_t base);
+  void RefundIdleRegion(uint64_t base);
   // The quota's charge alone (no idle pool memory given back).
   bool ChargeShare(uint64_t bytes, int device);
-  void RefundIdleRegion(uint64_t base);
-  std::map<uint64_t, std::pair<uint64_t, int>> idle_charged_;  // base: bytes, device
   struct PendingFree {
     CUevent done = nullptr;  // recorded on the freeing stream
     uint64_t ptr = 0;

@@ -208,23 +208,20 @@ CUresult Session::PoolAttribute(uint64_t pool, CUmemPool_attribute attr, bool se
 
 void Session::ChargeIdleRegion(uint64_t base) {
   auto reg = mapped_regions_.find(base);
-  if (reg == mapped_regions_.end() || reg->second.pool == 0 || idle_charged_.count(base) != 0)
-    return;
-  const uint64_t size = reg->second.size;
-  const int device = reg->second.device;
+  if (reg == mapped_regions_.end() || reg->second.pool == 0 || reg->second.idle_charged) return;
   // Not ChargeMemory: that would give back idle regions, this one among them.
-  if (!ChargeShare(size, device)) {
+  if (!ChargeShare(reg->second.size, reg->second.device)) {
     ReleasePoolRegion(base);
     return;
   }
-  idle_charged_[base] = {size, device};
+  reg->second.idle_charged = true;
 }
 
 void Session::RefundIdleRegion(uint64_t base) {
-  auto it = idle_charged_.find(base);
-  if (it == idle_charged_.end()) return;
-  RefundMemory(it->second.first, it->second.second);
-  idle_charged_.erase(it);
+  auto reg = mapped_regions_.find(base);
+  if (reg == mapped_regions_.end() || !reg->second.idle_charged) return;
+  RefundMemory(reg->second.size, reg->second.device);
+  reg->second.idle_charged = false;
 }
 
 CUresult Session::ReleasePoolRegion(uint64_t base) {
