@@ -1377,6 +1377,21 @@ class Control(unittest.TestCase):
         self.assertEqual(len(lines), steps, res.describe())
         return lines
 
+    def start_moving_loop(self, vm, steps=None):
+        """VM `vm` on 10.0.0.1 with a client manager, the step lines of an undisturbed
+        migrate_loop run, then the loop started on the VM's server and at step 5. Returns
+        (client manager, expected lines, the VM's first server, the last event id before
+        the loop, the running program)."""
+        steps = steps or self.MIGRATE_STEPS
+        self.add_vm(vm, "10.0.0.1", 8, 1)
+        cmgr = self.start_client_manager(vm)
+        expected = self.undisturbed_steps(cmgr, steps)
+        first = self.wait_server_running(vm)
+        before = self.last_event_id()
+        prog = self.start_client(cmgr, self.migrate_loop(), [steps, self.MIGRATE_PAUSE_MS])
+        prog.wait_line(r"^step 5 ")
+        return cmgr, expected, first, before, prog
+
     def finish_and_compare(self, prog, expected, moves):
         """The moved program passes, prints what the undisturbed run printed, and its client
         log says its GPU state moved `moves` times."""
@@ -1399,15 +1414,8 @@ class Control(unittest.TestCase):
         self.start_node("n2", "10.0.0.2", movable=True)
         self.start_node("n3", "10.0.0.3", movable=True)
         vm = "10.1.0.90"
-        self.add_vm(vm, "10.0.0.1", 8, 1)
-        cmgr = self.start_client_manager(vm)
-        expected = self.undisturbed_steps(cmgr)
-        first = self.wait_server_running(vm)
+        cmgr, expected, first, before, prog = self.start_moving_loop(vm)
         self.assertEqual(first["node_id"], "n1")
-        before = self.last_event_id()
-        prog = self.start_client(cmgr, self.migrate_loop(),
-                                 [self.MIGRATE_STEPS, self.MIGRATE_PAUSE_MS])
-        prog.wait_line(r"^step 5 ")
         # 1. flytctl migrate: the VM and its running process go to n2.
         res = self.ctl("migrate", "--vm", vm, "--to", "n2")
         self.assertEqual(res.json.get("sessions"), 1, res.describe())
@@ -1462,15 +1470,8 @@ class Control(unittest.TestCase):
         self.start_node("n1", "10.0.0.1")
         self.start_node("n2", "10.0.0.2")
         vm = "10.1.0.91"
-        self.add_vm(vm, "10.0.0.1", 8, 1)
-        cmgr = self.start_client_manager(vm)
-        expected = self.undisturbed_steps(cmgr)
-        server = self.wait_server_running(vm)
+        cmgr, expected, server, before, prog = self.start_moving_loop(vm)
         ckpt = os.path.join(self.tmp, "ckpt-vm")
-        before = self.last_event_id()
-        prog = self.start_client(cmgr, self.migrate_loop(),
-                                 [self.MIGRATE_STEPS, self.MIGRATE_PAUSE_MS])
-        prog.wait_line(r"^step 5 ")
         res = self.ctl("checkpoint", "--vm", vm, "--to", ckpt)
         self.assertEqual(res.json.get("sessions"), 1, res.describe())
         files = os.listdir(os.path.join(ckpt, "gpu0"))
@@ -1531,16 +1532,9 @@ class Control(unittest.TestCase):
         self.start_node("n1", "10.0.0.1")
         self.start_node("n2", "10.0.0.2")
         vm = "10.1.0.94"
-        self.add_vm(vm, "10.0.0.1", 8, 1)
-        cmgr = self.start_client_manager(vm)
-        expected = self.undisturbed_steps(cmgr)
-        first = self.wait_server_running(vm)
+        cmgr, expected, first, before, prog = self.start_moving_loop(vm)
         self.assertEqual(first["node_id"], "n1")
         ckpt = os.path.join(self.tmp, "ckpt-elsewhere")
-        before = self.last_event_id()
-        prog = self.start_client(cmgr, self.migrate_loop(),
-                                 [self.MIGRATE_STEPS, self.MIGRATE_PAUSE_MS])
-        prog.wait_line(r"^step 5 ")
         res = self.ctl("checkpoint", "--vm", vm, "--to", ckpt)
         self.assertEqual(res.json.get("sessions"), 1, res.describe())
         files = os.listdir(os.path.join(ckpt, "gpu0"))
@@ -1608,15 +1602,9 @@ class Control(unittest.TestCase):
         self.start_node("n1", "10.0.0.1", movable=True)
         self.start_node("n2", "10.0.0.2", movable=True)
         vm = "10.1.0.95"
-        self.add_vm(vm, "10.0.0.1", 8, 1)
-        cmgr = self.start_client_manager(vm)
         steps = 2 * self.MIGRATE_STEPS  # long enough for three restarts of the manager
-        expected = self.undisturbed_steps(cmgr, steps)
-        first = self.wait_server_running(vm)
+        cmgr, expected, first, before, prog = self.start_moving_loop(vm, steps)
         self.assertEqual(first["node_id"], "n1")
-        before = self.last_event_id()
-        prog = self.start_client(cmgr, self.migrate_loop(), [steps, self.MIGRATE_PAUSE_MS])
-        prog.wait_line(r"^step 5 ")
 
         def crash_during(point, to):
             self.cm.env = dict(self.cm.env, FLYT_TEST_CRASH_AT=point)
@@ -1691,15 +1679,8 @@ class Control(unittest.TestCase):
         self.start_node("n1", "10.0.0.1")
         self.start_node("n2", "10.0.0.2")
         vm = "10.1.0.96"
-        self.add_vm(vm, "10.0.0.1", 8, 1)
-        cmgr = self.start_client_manager(vm)
-        expected = self.undisturbed_steps(cmgr)
-        first = self.wait_server_running(vm)
+        cmgr, expected, first, before, prog = self.start_moving_loop(vm)
         self.assertEqual(first["node_id"], "n1")
-        before = self.last_event_id()
-        prog = self.start_client(cmgr, self.migrate_loop(),
-                                 [self.MIGRATE_STEPS, self.MIGRATE_PAUSE_MS])
-        prog.wait_line(r"^step 5 ")
         ckpt = os.path.join(self.tmp, "ckpt-crash")
         res = self.ctl("checkpoint", "--vm", vm, "--to", ckpt)
         self.assertEqual(res.json.get("sessions"), 1, res.describe())
@@ -1828,16 +1809,9 @@ class Control(unittest.TestCase):
         self.start_node("n2", "10.0.0.2", movable=True, extra=tls)
         self.start_node("n3", "10.0.0.3", movable=True)
         vm = "10.1.0.96"
-        self.add_vm(vm, "10.0.0.1", 8, 1)
-        cmgr = self.start_client_manager(vm)
-        expected = self.undisturbed_steps(cmgr)
-        first = self.wait_server_running(vm)
+        cmgr, expected, first, before, prog = self.start_moving_loop(vm)
         self.assertEqual(first["node_id"], "n1")
         self.assertTrue(first["endpoint"].startswith("tls://"), json.dumps(first))
-        before = self.last_event_id()
-        prog = self.start_client(cmgr, self.migrate_loop(),
-                                 [self.MIGRATE_STEPS, self.MIGRATE_PAUSE_MS])
-        prog.wait_line(r"^step 5 ")
         res = self.ctl("migrate", "--vm", vm, "--to", "n2")
         self.assertEqual(res.json.get("sessions"), 1, res.describe())
         moved = self.wait_server_running(vm)
