@@ -216,6 +216,14 @@ void ClusterManager::PersistAllocLocked(const AllocState& a) {
   }
 }
 
+void ClusterManager::MarkRunningLocked(AllocState& a, const std::string& endpoint) {
+  a.row.endpoint = endpoint;
+  a.row.state = "running";
+  a.row.updated_ms = NowMs();
+  a.busy = false;
+  PersistAllocLocked(a);
+}
+
 void ClusterManager::FreeAllocLocked(const std::string& alloc_id) {
   auto it = allocs_.find(alloc_id);
   if (it == allocs_.end()) return;
@@ -934,12 +942,8 @@ Json ClusterManager::RequestAllocation(const std::string& vm_ip) {
   int64_t ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
   for (size_t i = 0; i < count; ++i) {
     AllocState& cur = allocs_[ids[i]];
-    cur.busy = false;
-    cur.row.endpoint = Str(answers[i], "endpoint");
-    cur.row.state = "running";
-    cur.row.updated_ms = NowMs();
     if (answers[i].contains("pid")) cur.report["pid"] = answers[i]["pid"];
-    PersistAllocLocked(cur);
+    MarkRunningLocked(cur, Str(answers[i], "endpoint"));
     EventLocked("server-started", ids[i],
                 "VM " + vm_ip + " at " + cur.row.endpoint + " after " + std::to_string(ms) + " ms" +
                     (count > 1 ? " (GPU " + std::to_string(i) + ")" : ""));

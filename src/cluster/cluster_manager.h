@@ -217,6 +217,8 @@ class ClusterManager {
                          const control::Json& args, Status* status);
   void EventLocked(const std::string& kind, const std::string& subject, const std::string& detail);
   void PersistAllocLocked(const AllocState& a);
+  // An allocation whose server now serves the VM at `endpoint`: running, not busy, saved.
+  void MarkRunningLocked(AllocState& a, const std::string& endpoint);
   void FreeAllocLocked(const std::string& alloc_id);
   // Frees every allocation of the VM; the servers of those other than `except` whose node is
   // up are stopped in the background (the VM runs with all its GPUs or none).

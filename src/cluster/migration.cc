@@ -632,13 +632,8 @@ Json ClusterManager::MoveVm(const std::string& vm_ip, PlacementFilter filter,
     from.row.state = "stopping";  // stays busy until stopped and freed
     from.row.updated_ms = NowMs();
     PersistAllocLocked(from);
-    AllocState& t = allocs_[m.to_id];
-    t.row.endpoint = m.to_endpoint;
-    t.row.state = "running";
-    t.row.updated_ms = NowMs();
-    t.busy = false;
+    MarkRunningLocked(allocs_[m.to_id], m.to_endpoint);
     std::replace(ids.begin(), ids.end(), m.from_id, m.to_id);
-    PersistAllocLocked(t);
     sessions += Int(m.answer, "moved");
     moved.push_back(Json{{"ordinal", m.ordinal},
                          {"from_alloc_id", m.from_id},
@@ -849,11 +844,7 @@ void ClusterManager::RecoverRestore(const std::string& vm_ip) {
     for (size_t i = 0; i < n; ++i) {
       auto it = allocs_.find(rs.target_ids[i]);
       if (it == allocs_.end()) continue;
-      it->second.row.state = "running";
-      it->second.row.endpoint = to[i].endpoint;
-      it->second.row.updated_ms = NowMs();
-      it->second.busy = false;
-      PersistAllocLocked(it->second);
+      MarkRunningLocked(it->second, to[i].endpoint);
       ids.push_back(rs.target_ids[i]);
       where += (where.empty() ? "" : ", ") + to[i].endpoint;
     }
@@ -1802,11 +1793,7 @@ Json ClusterManager::RestoreElsewhere(std::unique_lock<std::mutex>* lock, const 
   for (size_t i = 0; i < n; ++i) {
     auto it = allocs_.find(t[i].id);
     if (it == allocs_.end()) continue;
-    it->second.row.state = "running";
-    it->second.row.endpoint = t[i].endpoint;
-    it->second.row.updated_ms = NowMs();
-    it->second.busy = false;
-    PersistAllocLocked(it->second);
+    MarkRunningLocked(it->second, t[i].endpoint);
     ids.push_back(t[i].id);
     servers.push_back(Json{{"ordinal", static_cast<int>(i)},
                            {"alloc_id", t[i].id},
