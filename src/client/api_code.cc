@@ -269,7 +269,7 @@ CUresult Launch(const char* name, CUfunction f, const unsigned grid[3], const un
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (nattrs > 64) return CUDA_ERROR_INVALID_VALUE;
   int route = LaunchRoute(c, stream, &f);
-  if (route == kNoRoute) return CUDA_ERROR_INVALID_HANDLE;
+  if (route == kNoRoute) return flyt::client::NoCopyError();
   Client::RouteScope scope(route);
   CUresult unknown = CUDA_ERROR_INVALID_HANDLE;
   auto info = FuncLayout(reinterpret_cast<uintptr_t>(f), &unknown);
@@ -415,7 +415,7 @@ FLYT_API CUresult cuKernelGetFunction(CUfunction* f, CUkernel k) {
   if (c.multi()) {
     server = c.RouteNow();
     const uint64_t there = flyt::client::KernelOnServer(reinterpret_cast<uintptr_t>(k), server);
-    if (there == 0) return CUDA_ERROR_INVALID_HANDLE;
+    if (there == 0) return flyt::client::NoCopyError();
     k = reinterpret_cast<CUkernel>(there);
   }
   Client::RouteScope scope(server);

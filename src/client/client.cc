@@ -584,8 +584,10 @@ CUresult Client::CallManaged(const char* name, uint16_t op, const wire::Writer& 
   }
   const uint64_t epoch = managed::Epoch();
   CUresult rc = CallUnhooked(name, op, req, sink, flags);
+  // All work done: a cuCtxSynchronize with nothing sent meanwhile, with one server
+  // (with several, the others' work may still run).
   if (rc == CUDA_SUCCESS && (waits || copies_back))
-    managed::AfterCompletion(op == 100 && managed::Epoch() == epoch);
+    managed::AfterCompletion(op == 100 && managed::Epoch() == epoch && !Get().multi());
   return rc;
 }
 

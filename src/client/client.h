@@ -127,6 +127,9 @@ class Client {
   // The server whose device memory holds p, or that reserved the address range
   // holding it (cuMemAddressReserve); -1: no known device range.
   int ServerOfPointer(uint64_t p);
+  // True when [p, p+n) overlaps a known device range or reserved address range
+  // (of any server).
+  bool OverlapsDeviceRange(uint64_t p, uint64_t n);
   // Routes the calling thread's calls to `server` while it lives (-1: no change).
   class RouteScope {
    public:
@@ -639,6 +642,10 @@ uint64_t FunctionOnServer(uint64_t f, int server);
 // is unchanged.
 CUfunction FunctionHere(CUfunction f);
 uint64_t LibraryOnServer(uint64_t library, int server);
+// Why the calling thread's last KernelOnServer/FunctionOnServer gave 0:
+// CUDA_ERROR_NOT_SUPPORTED for a library with __managed__ variables (one copy
+// per process natively), else CUDA_ERROR_INVALID_HANDLE.
+CUresult NoCopyError();
 // A call whose arguments belong to GPUs of two servers that is not served yet:
 // its name logged once, CUDA_ERROR_NOT_SUPPORTED.
 CUresult RefuseAcrossServers(const char* name);

@@ -44,6 +44,7 @@ struct Range {
   int fd = -1;               // the memfd, sealed (until offered to an shm:// server)
   bool shared = false;       // the server maps the pages itself (shm://)
   bool host = false;         // pinned host memory mapped for the GPU (MapHost)
+  int server = 0;            // the server of FLYT_SERVER that holds it (its paging channel)
   int slot = -1;             // in the handler's table
   // Zero on both sides while no device work ran since the allocation.
   bool fresh = false;
@@ -175,8 +176,13 @@ class Manager {
   std::map<uint64_t, Edge> edges;
   std::atomic<size_t> edge_count{0};
   std::vector<std::pair<uint64_t, uint64_t>> prefetches;  // to fetch at the next completion
-  std::unique_ptr<transport::Connection> conn;            // the paging channel
-  bool conn_failed = false;
+  // The paging channel to each server of FLYT_SERVER that holds managed memory
+  // (a server's pager knows only its own session's ranges).
+  struct Channel {
+    std::unique_ptr<transport::Connection> conn;
+    bool failed = false;
+  };
+  std::vector<Channel> channels;  // by server
   bool pager_started = false;
   uint64_t next_call = 1;
 
@@ -187,19 +193,20 @@ class Manager {
     Range* r = it->second.get();
     return p - r->base < r->size ? r : nullptr;
   }
-  CUresult EnsureChannelLocked();
+  // Server `server`'s paging channel, dialled at first use (null when it failed).
+  transport::Connection* ChannelLocked(int server);
   // The thread that serves faults; started with the first range.
   void EnsurePagerLocked();
-  // One request on the paging channel; a successful reply's payload goes to
-  // `into` (exactly `into_len` bytes) or nowhere (none expected).
-  bool ExchangeLocked(uint16_t op, const wire::Writer& req, void* into, size_t into_len,
+  // One request on server `server`'s paging channel; a successful reply's payload
+  // goes to `into` (exactly `into_len` bytes) or nowhere (none expected).
+  bool ExchangeLocked(int server, uint16_t op, const wire::Writer& req, void* into, size_t into_len,
                       CUresult* rc);
   bool FetchLocked(Range* r, uint64_t g, uint64_t count);
   // Over shm://, hands a new range's memfd to the server, so that its pages
   // are copied to and from directly (r->shared when it took it).
   void ShareLocked(Range* r);
-  bool PushLocked(std::vector<std::pair<uint64_t, uint32_t>>& runs, std::vector<uint8_t>& bytes,
-                  bool shared);
+  bool PushLocked(int server, std::vector<std::pair<uint64_t, uint32_t>>& runs,
+                  std::vector<uint8_t>& bytes, bool shared);
   void CollectDiffLocked(Range* r, uint32_t g, std::vector<std::pair<uint64_t, uint32_t>>* runs,
                          std::vector<uint8_t>* bytes);
   void FlushLocked(bool drop_changed);
@@ -228,12 +235,16 @@ Manager& M() {
   return *m;
 }
 
-CUresult Manager::EnsureChannelLocked() {
-  if (conn != nullptr) return CUDA_SUCCESS;
-  if (conn_failed) return CUDA_ERROR_DEVICE_UNAVAILABLE;
-  CUresult rc = Client::Get().DialSideChannel(ops::kOpAttachPagingChannel, "paging", &conn);
-  if (rc != CUDA_SUCCESS) conn_failed = true;
-  return rc;
+transport::Connection* Manager::ChannelLocked(int server) {
+  Client& c = Client::Get();
+  if (server < 0 || server >= c.server_count()) return nullptr;
+  if (channels.size() < static_cast<size_t>(c.server_count())) channels.resize(c.server_count());
+  Channel& ch = channels[server];
+  if (ch.conn == nullptr && !ch.failed &&
+      c.Link(server).DialSideChannel(ops::kOpAttachPagingChannel, "paging", &ch.conn) !=
+          CUDA_SUCCESS)
+    ch.failed = true;
+  return ch.failed ? nullptr : ch.conn.get();
 }
 
 void Manager::EnsurePagerLocked() {
@@ -242,9 +253,10 @@ void Manager::EnsurePagerLocked() {
   std::thread([this] { ServeFaults(); }).detach();
 }
 
-bool Manager::ExchangeLocked(uint16_t op, const wire::Writer& req, void* into, size_t into_len,
-                             CUresult* rc) {
-  if (EnsureChannelLocked() != CUDA_SUCCESS) return false;
+bool Manager::ExchangeLocked(int server, uint16_t op, const wire::Writer& req, void* into,
+                             size_t into_len, CUresult* rc) {
+  transport::Connection* conn = ChannelLocked(server);
+  if (conn == nullptr) return false;
   wire::FrameHeader h{wire::kMagic,
                       op,
                       wire::kFlagWantReply,
@@ -266,8 +278,8 @@ bool Manager::ExchangeLocked(uint16_t op, const wire::Writer& req, void* into, s
         "memory can no longer be fetched or written back. Restart the application.",
         st.ok() ? "malformed reply" : st.message().c_str());
     conn->Shutdown();
-    conn.reset();
-    conn_failed = true;
+    channels[server].conn.reset();
+    channels[server].failed = true;
     return false;
   }
   *rc = static_cast<CUresult>(rep.status);
@@ -291,7 +303,7 @@ bool Manager::FetchLocked(Range* r, uint64_t g, uint64_t count) {
       w.Put<uint8_t>(shared ? 1 : 0);
       // Straight into the pages (the app cannot see them until they are done);
       // over shm:// the server writes them itself.
-      if (!ExchangeLocked(ops::kOpManagedFetch, w, shared ? nullptr : r->alias + off,
+      if (!ExchangeLocked(r->server, ops::kOpManagedFetch, w, shared ? nullptr : r->alias + off,
                           shared ? 0 : len, &rc))
         return false;
       if (rc != CUDA_SUCCESS) {
@@ -361,19 +373,19 @@ void Manager::CollectDiffLocked(Range* r, uint32_t g,
 
 void Manager::ShareLocked(Range* r) {
   uint64_t id = 0;
-  if (EnsureChannelLocked() != CUDA_SUCCESS || !conn->SharesMemory() ||
-      !conn->ShareFd(r->fd, &id).ok())
-    return;
+  transport::Connection* conn = ChannelLocked(r->server);
+  if (conn == nullptr || !conn->SharesMemory() || !conn->ShareFd(r->fd, &id).ok()) return;
   wire::Writer w;
   w.Put<uint64_t>(id);
   w.Put<uint64_t>(r->base);
   w.Put<uint64_t>(r->size);
   CUresult rc = CUDA_SUCCESS;
-  r->shared = ExchangeLocked(ops::kOpManagedShare, w, nullptr, 0, &rc) && rc == CUDA_SUCCESS;
+  r->shared =
+      ExchangeLocked(r->server, ops::kOpManagedShare, w, nullptr, 0, &rc) && rc == CUDA_SUCCESS;
 }
 
 // Sends the runs of one range (shared: the server reads them from the pages).
-bool Manager::PushLocked(std::vector<std::pair<uint64_t, uint32_t>>& runs,
+bool Manager::PushLocked(int server, std::vector<std::pair<uint64_t, uint32_t>>& runs,
                          std::vector<uint8_t>& bytes, bool shared) {
   if (runs.empty()) return true;
   wire::Writer w;
@@ -387,7 +399,7 @@ bool Manager::PushLocked(std::vector<std::pair<uint64_t, uint32_t>>& runs,
   runs.clear();
   bytes.clear();
   CUresult rc = CUDA_SUCCESS;
-  if (!ExchangeLocked(ops::kOpManagedPush, w, nullptr, 0, &rc)) return false;
+  if (!ExchangeLocked(server, ops::kOpManagedPush, w, nullptr, 0, &rc)) return false;
   if (rc != CUDA_SUCCESS)
     FLYT_ERROR("managed memory: the server could not write back host changes (error %d)", rc);
   return rc == CUDA_SUCCESS;
@@ -418,9 +430,10 @@ void Manager::FlushLocked(bool drop_changed) {
         CollectDiffLocked(r, g, &runs, &bytes);
         r->state[g] = kClean;  // its tag stays the fetch's: other bytes may be stale
         dirty_count.fetch_sub(1);
-        if (bytes.size() >= kBulkChunk || runs.size() >= 65536) PushLocked(runs, bytes, shared);
+        if (bytes.size() >= kBulkChunk || runs.size() >= 65536)
+          PushLocked(r->server, runs, bytes, shared);
       }
-      PushLocked(runs, bytes, shared);  // one range per push
+      PushLocked(r->server, runs, bytes, shared);  // one range per push
       r->dirty.clear();
     }
     if (!drop_changed) continue;
@@ -462,14 +475,14 @@ void Manager::SyncEdgesLocked(bool fetch) {
     DiffRuns(now, e.synced.data(), e.len, addr, &runs, &bytes);
     std::memcpy(e.synced.data(), now, e.len);
   }
-  if (!PushLocked(runs, bytes, false) || !fetch) return;
+  if (!PushLocked(0, runs, bytes, false) || !fetch) return;  // host ranges: server 0's
   for (auto& [addr, e] : edges) {
     wire::Writer w;
     w.Put<uint64_t>(addr);
     w.Put<uint32_t>(static_cast<uint32_t>(e.len));
     w.Put<uint8_t>(0);
     CUresult rc = CUDA_SUCCESS;
-    if (!ExchangeLocked(ops::kOpManagedFetch, w, e.synced.data(), e.len, &rc)) return;
+    if (!ExchangeLocked(0, ops::kOpManagedFetch, w, e.synced.data(), e.len, &rc)) return;
     if (rc != CUDA_SUCCESS) {
       FLYT_ERROR("mapped host memory: the server could not read %llu bytes at 0x%llx (error %d)",
                  static_cast<unsigned long long>(e.len), static_cast<unsigned long long>(addr), rc);
@@ -564,15 +577,16 @@ enum class Origin {
 };
 
 CUresult MapRange(uint64_t base, uint64_t size, bool fresh, uint64_t owner, bool host,
-                  Origin origin) {
+                  Origin origin, int server) {
   Manager& m = M();
   std::lock_guard<std::mutex> lock(m.mu);
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   if (size == 0 || base % page != 0) return CUDA_ERROR_INVALID_VALUE;
   const uint64_t len = (size + page - 1) / page * page;
   if (Range* r = m.FindLocked(base); r != nullptr)  // a library's variable asked for again
-    return !host && !r->host && r->base == base && r->size == len ? CUDA_SUCCESS
-                                                                  : CUDA_ERROR_INVALID_VALUE;
+    return !host && !r->host && r->base == base && r->size == len && r->server == server
+               ? CUDA_SUCCESS
+               : CUDA_ERROR_INVALID_VALUE;
   if (host && m.FindLocked(base + len - 1) != nullptr) return CUDA_ERROR_INVALID_VALUE;
   int fd =
       memfd_create(host ? "flyt-mapped-host" : "flyt-managed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -625,6 +639,7 @@ CUresult MapRange(uint64_t base, uint64_t size, bool fresh, uint64_t owner, bool
   r->fd = fd;
   r->slot = slot;
   r->host = host;  // its owner: the server's base of the buffer's pages
+  r->server = server;
   r->fresh = fresh;
   r->fresh_epoch = m.epoch.load();
   r->state.assign(r->granules(), kAbsent);
@@ -658,18 +673,18 @@ CUresult MapRange(uint64_t base, uint64_t size, bool fresh, uint64_t owner, bool
 
 }  // namespace
 
-CUresult Map(uint64_t base, uint64_t size, bool fresh, uint64_t owner) {
-  return MapRange(base, size, fresh, owner, false, Origin::kNew);
+CUresult Map(uint64_t base, uint64_t size, bool fresh, uint64_t owner, int server) {
+  return MapRange(base, size, fresh, owner, false, Origin::kNew, server);
 }
 
 CUresult MapHost(uint64_t p, uint64_t n, uint64_t server_base, bool adopt) {
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  if (!adopt) return MapRange(p, n, true, server_base, true, Origin::kReplace);
+  if (!adopt) return MapRange(p, n, true, server_base, true, Origin::kReplace, 0);
   // The whole pages of [p, p+n) become a view; the bytes on pages the buffer shares
   // with other data are edges.
   const uint64_t first = (p + page - 1) & ~(page - 1), end = (p + n) & ~(page - 1);
   if (first < end) {
-    CUresult rc = MapRange(first, end - first, false, server_base, true, Origin::kAdopt);
+    CUresult rc = MapRange(first, end - first, false, server_base, true, Origin::kAdopt, 0);
     if (rc != CUDA_SUCCESS) return rc;
   }
   Manager& m = M();
@@ -788,6 +803,15 @@ void UnmapOwnedBy(uint64_t owner) {
   }
 }
 
+bool OwnsAny(uint64_t owner) {
+  if (!Any() || owner == 0) return false;
+  Manager& m = M();
+  std::lock_guard<std::mutex> lock(m.mu);
+  for (const auto& [base, r] : m.ranges)
+    if (r->owner == owner && !r->host) return true;
+  return false;
+}
+
 void UnmapAll() {
   Manager& m = M();
   std::lock_guard<std::mutex> lock(m.mu);
@@ -805,6 +829,14 @@ bool Find(uint64_t p, uint64_t n, uint64_t* base, uint64_t* size) {
   if (base) *base = r->base;
   if (size) *size = r->size;
   return true;
+}
+
+int ServerOf(uint64_t p) {
+  if (!Any()) return -1;
+  Manager& m = M();
+  std::lock_guard<std::mutex> lock(m.mu);
+  Range* r = m.FindLocked(p);
+  return r == nullptr || r->host ? -1 : r->server;
 }
 
 bool Overlaps(uint64_t p, uint64_t n) {
@@ -828,9 +860,11 @@ void AfterForkInChild() {
   g_any.store(false);
   // A parent thread may have held the lock at fork(); nothing here takes it again.
   Manager& m = M();
-  if (m.conn != nullptr) m.conn->AbandonAfterFork();
-  (void)m.conn.release();  // the socket is the parent's too: never shut it down
-  m.conn_failed = true;
+  for (Manager::Channel& ch : m.channels) {
+    if (ch.conn != nullptr) ch.conn->AbandonAfterFork();
+    (void)ch.conn.release();  // the socket is the parent's too: never shut it down
+    ch.failed = true;
+  }
 }
 
 void BeforeDeviceWork() {

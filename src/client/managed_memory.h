@@ -10,8 +10,10 @@
 // per 64 KiB granule a state (absent, clean copy, written by the host) and the
 // twin of each written granule; the SIGSEGV handler that turns the app's
 // first touch of a granule into a fetch or a write grant; the pager thread
-// that serves those faults over its own connection to the server
-// (ops::kOpAttachPagingChannel), and the coherence points:
+// that serves those faults over its own connection to each server that holds
+// managed memory (ops::kOpAttachPagingChannel; with FLYT_SERVER "A,B,..." a
+// range is served by the server of the GPU it was allocated on, host ranges
+// by server 0), and the coherence points:
 //   - before any device work is sent, bytes the host changed go to the GPU
 //     (only the changed bytes: a twin diff, so concurrent device writes to
 //     other bytes of the granule survive);
@@ -32,12 +34,14 @@
 
 namespace flyt::client::managed {
 
-// Maps [base, base+size) as the host view of a managed range of the server.
+// Maps [base, base+size) as the host view of a managed range of server
+// `server` of FLYT_SERVER (0 with one server), whose paging channel serves it.
 // `fresh`: a new allocation (zero on both sides until device work runs), so
 // first touches need no fetch. `owner`: the library a __managed__ variable
 // belongs to (0: an allocation). CUDA_ERROR_OUT_OF_MEMORY when this process
-// already uses those addresses.
-CUresult Map(uint64_t base, uint64_t size, bool fresh, uint64_t owner);
+// already uses those addresses; CUDA_ERROR_INVALID_VALUE when another range
+// (another server's) holds base.
+CUresult Map(uint64_t base, uint64_t size, bool fresh, uint64_t owner, int server = 0);
 // Pinned host memory mapped for the GPU: the server holds pinned memory at the
 // same addresses, the pages from `server_base` that hold [p, p+n), which the
 // paging channel serves. Without `adopt`, [p, p+n) (whole pages) is new (zero)
@@ -58,9 +62,12 @@ bool IsHost(uint64_t p);
 // host range is not freed this way).
 bool Unmap(uint64_t base);
 void UnmapOwnedBy(uint64_t owner);  // its library was unloaded
+bool OwnsAny(uint64_t owner);       // a library's __managed__ variables are mapped
 void UnmapAll();                    // a device reset took them all
 // The managed range that holds all of [p, p+n).
 bool Find(uint64_t p, uint64_t n, uint64_t* base, uint64_t* size);
+// The server whose managed range holds p; -1: none (or a host range).
+int ServerOf(uint64_t p);
 // True when [p, p+n) overlaps managed memory.
 bool Overlaps(uint64_t p, uint64_t n);
 // True while this process has any managed memory (one relaxed load).

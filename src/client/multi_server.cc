@@ -11,6 +11,7 @@
 // library loaded again on another server when launched there.
 // Must not touch: a single server's path (Client::Call, Post and Forward stay
 // as they were; every branch here is behind Client::multi()).
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "client/client.h"
+#include "client/managed_memory.h"
 #include "common/log.h"
 
 namespace flyt::client {
@@ -57,9 +59,9 @@ CUresult RefuseAcrossServers(const char* name) {
 int Client::RouteCall(const char* name, uint16_t op, const wire::Writer& req) {
   int k = RouteNow();
   switch (op) {
-    // Host memory shared with, registered with or mapped by a server, managed
-    // memory's channels, NVML and the profiler: server 0's (the fast copy paths
-    // take them only for server 0's memory).
+    // Host memory shared with, registered with or mapped by a server, NVML and
+    // the profiler: server 0's (the fast copy paths take them only for server 0's
+    // memory). Managed memory's pages go on each server's paging channel, never here.
     case ops::kOpHostShare:
     case ops::kOpHostUnshare:
     case ops::kOpHostMap:
@@ -74,7 +76,6 @@ int Client::RouteCall(const char* name, uint16_t op, const wire::Writer& req) {
     case ops::kOpManagedFetch:
     case ops::kOpManagedPush:
     case ops::kOpManagedShare:
-    case ops::kOpMemRangeAttribute:
       return 0;
     default:
       break;
@@ -123,6 +124,7 @@ int Client::RouteCall(const char* name, uint16_t op, const wire::Writer& req) {
     case ops::kOpIpcOpenMemHandle:
     case ops::kOpIpcCloseMemHandle:
     case ops::kOpIpcOpenEventHandle:
+    case ops::kOpMemRangeAttribute:  // the managed memory's server (api_managed.cc)
       served = true;
       break;
     case ops::kOpDriverMisc:  // the current context's flags, a function's cluster size,
@@ -140,12 +142,6 @@ int Client::RouteCall(const char* name, uint16_t op, const wire::Writer& req) {
     case ops::kOpGraphMisc:
     case ops::kOpGraphTopology:
       served = t_graph_routed;
-      break;
-    case 263:  // managed memory (cuMemAllocManaged, attach, advise, prefetch): server 0's
-    case 264:
-    case 265:
-    case 266:
-      served = false;
       break;
     default:  // generic calls: their handles, ordinals and pointers translated (Forward)
       served = op >= 100 && op < 300;
@@ -223,6 +219,18 @@ int Client::ServerOfPointer(uint64_t p) {
   if (r == vmm_reserved_.begin()) return -1;
   --r;
   return p - r->first < r->second.size ? r->second.server : -1;
+}
+
+bool Client::OverlapsDeviceRange(uint64_t p, uint64_t n) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  auto overlaps = [&](const auto& ranges, auto size_of) {
+    auto it = ranges.lower_bound(p + n);  // the first range starting at or after the end
+    if (it == ranges.begin()) return false;
+    --it;
+    return it->first + std::max<uint64_t>(size_of(it->second), 1) > p;
+  };
+  return overlaps(device_ranges_, [](const auto& v) { return v.first; }) ||
+         overlaps(vmm_reserved_, [](const auto& v) { return v.size; });
 }
 
 void Client::NoteServerMadeCurrent(uint64_t raw) {
@@ -435,6 +443,8 @@ struct LibraryImage {
 };
 
 thread_local bool t_loading_copy = false;  // LibraryOnServer is loading a copy
+// Why the calling thread's last LibraryOnServer gave no copy.
+thread_local CUresult t_no_copy = CUDA_ERROR_INVALID_HANDLE;
 
 std::mutex& KernelMutex() {
   static auto* mu = new std::mutex();
@@ -473,7 +483,22 @@ void ForgetLibraryImage(uint64_t library) {
 }
 
 uint64_t LibraryOnServer(uint64_t library, int server) {
+  t_no_copy = CUDA_ERROR_INVALID_HANDLE;
   if (Client::TagOf(library) == server) return library;
+  // Its __managed__ variables are one per process natively: a copy on another
+  // server would have variables of its own that neither this process's host
+  // code nor the first server's kernels see.
+  if (managed::OwnsAny(library)) {
+    static std::atomic<bool> logged{false};
+    if (!logged.exchange(true))
+      FLYT_ERROR(
+          "a library with __managed__ variables is used on a GPU of another server of "
+          "FLYT_SERVER than the one it was loaded on: its variables would be two copies, so its "
+          "kernels are not launched there (CUDA_ERROR_NOT_SUPPORTED). Keep such a program's "
+          "kernels on the GPUs of one server");
+    t_no_copy = CUDA_ERROR_NOT_SUPPORTED;
+    return 0;
+  }
   std::vector<uint8_t> bytes;
   {
     std::lock_guard<std::mutex> lock(KernelMutex());
@@ -500,6 +525,7 @@ uint64_t LibraryOnServer(uint64_t library, int server) {
 }
 
 uint64_t KernelOnServer(uint64_t kernel, int server) {
+  t_no_copy = CUDA_ERROR_INVALID_HANDLE;
   Client& c = Client::Get();
   if (Client::TagOf(kernel) == server) return kernel;
   auto info = c.Func(kernel);
@@ -521,10 +547,13 @@ uint64_t KernelOnServer(uint64_t kernel, int server) {
 }
 
 uint64_t FunctionOnServer(uint64_t f, int server) {
+  t_no_copy = CUDA_ERROR_INVALID_HANDLE;
   if (Client::TagOf(f) == server) return f;
   auto info = Client::Get().Func(f);
   return info != nullptr && info->is_kernel ? KernelOnServer(f, server) : 0;
 }
+
+CUresult NoCopyError() { return t_no_copy; }
 
 CUfunction FunctionHere(CUfunction f) {
   Client& c = Client::Get();

@@ -203,6 +203,7 @@
   X(cuMemAlloc_v2)                                        \
   X(cuMemAllocManaged)                                    \
   X(cuMemPrefetchAsync_v2)                                \
+  X(cuMemAdvise_v2)                                       \
   X(cuLibraryGetManaged)                                  \
   X(cuCtxGetLimit)                                        \
   X(cuCtxSetLimit)                                        \

@@ -1946,22 +1946,39 @@ class E2E(unittest.TestCase):
             self.assertEqual(kv.get(key), want, "%s\n%s" % (key, where))
         self.assertNotIn("not supported", res.stderr + res.client_log, where)
 
-    def test_multi_server_refused(self):
-        """A call not served yet for the second server's GPU (managed memory): the program
-        gets cudaErrorNotSupported each time, the client logs the entry point once, and the
-        process goes on with that GPU."""
+    def test_multi_server_managed(self):
+        """Managed memory on each server's GPU (multi_server.cu `managed`): distinct
+        addresses, host writes read by the second server's kernel and its results read by
+        the host, a device write beside a host write on one page, copies between the two
+        servers' managed memory both ways, advice, prefetches, range attributes in the
+        process's ordinals and stream attachment on the second server, each byte checked;
+        a location on the other server's GPU refused each time and logged once, and the
+        process goes on with that GPU. Over every transport (the paging channel is each
+        server's own)."""
         a = self.start_server()
         b = self.start_server()
         both = self._Servers([a, b])
-        res = self.run_ok(both, CFG.transports[0], "multi_server", CFG.variants[0], ["refused"],
-                          log_level="warn")
-        kv = self.kv(res)
-        where = res.describe()
-        self.assertEqual(kv.get("managed_on_second"), "refused", where)
-        self.assertEqual(kv.get("goes_on"), "ok", where)
-        log = res.stderr + res.client_log
-        self.assertEqual(log.count("cuMemAllocManaged: not served yet for a GPU of the second"),
-                         1, where)
+        for transport in CFG.transports:
+            res = self.run_ok(both, transport, "multi_server", CFG.variants[0], ["managed"],
+                              log_level="warn")
+            kv = self.kv(res)
+            where = res.describe()
+            for key, want in (("managed0.fresh_first_not", "-1"),
+                              ("managed1.fresh_first_not", "-1"), ("managed.distinct", "1"),
+                              ("managed0.pointer", "managed/0"), ("managed1.pointer", "managed/1"),
+                              ("managed1.kernel_first_bad", "-1"),
+                              ("managed1.after_memset_diff", "-1"), ("managed0.diff", "-1"),
+                              ("managed.copy_1_to_0_diff", "-1"),
+                              ("managed.copy_0_to_1_diff", "-1"),
+                              ("managed1.prefetch_diff", "-1"), ("managed1.range.preferred", "1"),
+                              ("managed1.range.preferred_loc", "1/1"),
+                              ("managed0.range.preferred", "0"), ("managed1.attach", "ok"),
+                              ("managed1.other_gpu", "refused"), ("goes_on", "ok")):
+                self.assertEqual(kv.get(key), want, "%s (%s)\n%s" % (key, transport, where))
+            log = res.stderr + res.client_log
+            self.assertEqual(log.count("cuMemAdvise_v2: its arguments belong to GPUs of two "
+                                       "servers"), 1, where)
+            self.assertNotIn("not served yet", log, where)
 
     def test_multi_server_later_gpu(self):
         """Calls once refused for a GPU of the second server, served there (multi_server.cu

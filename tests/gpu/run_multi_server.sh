@@ -5,15 +5,17 @@
 # would), and the e2e program multi_server (static and shared cudart) through
 # `flyt run --server A,B` over tcp and unix: 2 devices with distinct PCI bus ids, no peer
 # access between them, memory, copies and a kernel on each, copies between the servers both
-# ways (server to server), nothing refused. The program's own checks decide; its key lines
-# go into the report.
+# ways (server to server), calls once refused on the second GPU (`later`), managed memory on
+# each GPU (`managed`), a __managed__ variable's code refused on the second server's GPU
+# (multi_server_managed_global), nothing refused but what the programs expect. The program's own
+# checks decide; its key lines go into the report.
 #
 # Usage: tests/gpu/run_multi_server.sh BUILD_DIR PROGRAMS_DIR OUTFILE
 # Environment: GPU_A=0, GPU_B=1 (0 when the host has one GPU), MODES="tcp unix",
 # RUN_TIMEOUT=120, SERVER_BACKEND=cuda (sim: the plumbing on a machine without a GPU).
 set -uo pipefail
 
-[[ $# -eq 3 ]] || { sed -n '2,13p' "$0" >&2; exit 2; }
+[[ $# -eq 3 ]] || { sed -n '2,15p' "$0" >&2; exit 2; }
 BUILD=$(cd "$1" && pwd) || exit 2
 PROGS=$(cd "$2" && pwd) || exit 2
 OUTFILE=$3
@@ -58,7 +60,8 @@ failed=0
   echo "| program | transport | result | key lines |"
   echo "|---|---|---|---|"
 } >"$OUTFILE"
-for run in multi_server multi_server_shared "multi_server later"; do
+for run in multi_server multi_server_shared "multi_server later" "multi_server managed" \
+  multi_server_managed_global; do
   prog=${run%% *}
   args=${run#"$prog"}
   for mode in $MODES; do
@@ -70,7 +73,7 @@ for run in multi_server multi_server_shared "multi_server later"; do
       timeout "$RUN_TIMEOUT" "$BUILD/bin/flyt" run --server "$list" -- "$PROGS/$prog" $args >"$out" 2>&1
     rc=$?
     keys=$(grep -E '=' "$out" | grep -v '^device\.' | tr '\n' ' ')
-    if [[ $rc -eq 0 ]] && grep -q '^multi_server: PASS' "$out" &&
+    if [[ $rc -eq 0 ]] && grep -q "^${prog%_shared}: PASS" "$out" &&
        ! grep -q 'not supported\|not served' "$out" "$WORK/$prog${args// /-}-$mode.log"; then
       verdict=pass
     else

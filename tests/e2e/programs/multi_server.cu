@@ -21,9 +21,14 @@
 // a peer copy through the driver's path), 2 the second's (no peer of either),
 // and a copy from 1 to 2 and back goes between the servers.
 //
-// `multi_server refused`: managed memory on the second server's GPU is not
-// served yet: cudaMallocManaged answers cudaErrorNotSupported (twice, logged
-// once), and the process goes on (memory and a copy on that GPU still work).
+// `multi_server managed`: managed memory on each server's GPU (distinct
+// addresses even where two servers' drivers hand out the same ones): host
+// writes read by device 1's kernel, its results and a memset read by the host
+// after the stream's sync, device 0's memory undisturbed, copies between the
+// two servers' managed memory both ways; on device 1 advice, prefetches to it
+// and back to the host, range attributes in the process's ordinals, stream
+// attachment; a location on the other server's GPU refused with
+// cudaErrorNotSupported (logged once) and the process goes on.
 //
 // `multi_server tls`: servers reached over tls://: copies between them are
 // refused with cudaErrorNotSupported, each GPU goes on working.
@@ -138,20 +143,114 @@ int Three() {
   return 0;
 }
 
-int Refused() {
-  e2e::Step("refused on the second server");
+int Managed() {
+  e2e::Step("managed memory on each server's GPU");
+  const size_t n = (1 << 20) + 4099;  // odd: the last granule is partial
+  const size_t words = n / 4;
+  unsigned char* m[2] = {nullptr, nullptr};
+  cudaStream_t stream[2];
+  for (int d = 0; d < 2; ++d) {
+    CK(cudaSetDevice(d));
+    CK(cudaStreamCreateWithFlags(&stream[d], cudaStreamNonBlocking));
+    CK(cudaMallocManaged(&m[d], n));
+    // New managed memory reads as zero; the host writes it directly.
+    printf("managed%d.fresh_first_not=%lld\n", d, e2e::FirstNot(m[d], 0, n));
+    e2e::Fill(m[d], n, 20 + d);
+  }
+  // Two servers' drivers may hand out the same address; this process shows two.
+  printf("managed.distinct=%d\n", m[0] + n <= m[1] || m[1] + n <= m[0] ? 1 : 0);
+  for (int d = 0; d < 2; ++d) {
+    cudaPointerAttributes pa;
+    CK(cudaPointerGetAttributes(&pa, m[d] + 100));
+    printf("managed%d.pointer=%s/%d\n", d, pa.type == cudaMemoryTypeManaged ? "managed" : "other",
+           pa.device);
+  }
+  // Device 1's kernel reads the host's writes and writes managed memory the host
+  // then reads, while device 0 is current (the kernel names device 1's stream).
+  std::vector<unsigned char> want(n);
+  e2e::Fill(want.data(), n, 21);
+  unsigned* out = nullptr;
   CK(cudaSetDevice(1));
-  void* managed = nullptr;
-  EXPECT_ERR(cudaMallocManaged(&managed, 4096), cudaErrorNotSupported);
-  EXPECT_ERR(cudaMallocManaged(&managed, 4096), cudaErrorNotSupported);
-  printf("managed_on_second=refused\n");
+  CK(cudaMallocManaged(&out, words * 4));
+  CK(cudaSetDevice(0));
+  flyt_sim_affine<<<8, 128, 0, stream[1]>>>(reinterpret_cast<const unsigned*>(m[1]), out, words, 7,
+                                            9);
+  CK(cudaGetLastError());
+  CK(cudaStreamSynchronize(stream[1]));
+  long long bad = -1;
+  for (size_t i = 0; i < words && bad < 0; ++i) {
+    unsigned in;
+    memcpy(&in, want.data() + 4 * i, 4);
+    if (out[i] != in * 7 + 9) bad = static_cast<long long>(i);
+  }
+  printf("managed1.kernel_first_bad=%lld\n", bad);
+  // A device write (memset on device 1's stream), a host write to other bytes of
+  // the same page meanwhile, then the host sees both after the stream's sync.
+  CK(cudaMemsetAsync(m[1] + 4096, 0x5a, 8192, stream[1]));
+  m[1][4096 + 8192] = 0x77;
+  CK(cudaStreamSynchronize(stream[1]));
+  memset(want.data() + 4096, 0x5a, 8192);
+  want[4096 + 8192] = 0x77;
+  printf("managed1.after_memset_diff=%lld\n", e2e::FirstDiff(m[1], want.data(), n));
+  // Device 0's memory was not disturbed by device 1's work.
+  std::vector<unsigned char> want0(n);
+  e2e::Fill(want0.data(), n, 20);
+  printf("managed0.diff=%lld\n", e2e::FirstDiff(m[0], want0.data(), n));
+  // Between the two servers' managed memory, both ways (server to server).
+  CK(cudaMemcpy(m[0] + 3, m[1] + 5, 300000, cudaMemcpyDefault));
+  memcpy(want0.data() + 3, want.data() + 5, 300000);
+  printf("managed.copy_1_to_0_diff=%lld\n", e2e::FirstDiff(m[0], want0.data(), n));
+  CK(cudaMemcpy(m[1], m[0], n, cudaMemcpyDefault));
+  printf("managed.copy_0_to_1_diff=%lld\n", e2e::FirstDiff(m[1], want0.data(), n));
+
+  e2e::Step("advice, prefetch, range attributes, attachment on the second server");
+  cudaMemLocation dev1{cudaMemLocationTypeDevice, 1};
+  cudaMemLocation dev0{cudaMemLocationTypeDevice, 0};
+  cudaMemLocation host{cudaMemLocationTypeHost, 0};
+  CK(cudaMemAdvise(m[1], n, cudaMemAdviseSetPreferredLocation, dev1));
+  CK(cudaMemPrefetchAsync(m[1], n, dev1, 0, stream[1]));
+  CK(cudaMemsetAsync(m[1], 0x11, 64, stream[1]));
+  CK(cudaMemPrefetchAsync(m[1], n, host, 0, stream[1]));
+  CK(cudaStreamSynchronize(stream[1]));
+  memset(want0.data(), 0x11, 64);
+  printf("managed1.prefetch_diff=%lld\n", e2e::FirstDiff(m[1], want0.data(), n));
+  int attr = -7;
+  CK(cudaMemRangeGetAttribute(&attr, sizeof(attr), cudaMemRangeAttributePreferredLocation, m[1],
+                              n));
+  printf("managed1.range.preferred=%d\n", attr);  // the process's ordinal, not the server's
+  int type = -7, id = -7;
+  CK(cudaMemRangeGetAttribute(&type, sizeof(type), cudaMemRangeAttributePreferredLocationType, m[1],
+                              n));
+  CK(cudaMemRangeGetAttribute(&id, sizeof(id), cudaMemRangeAttributePreferredLocationId, m[1], n));
+  printf("managed1.range.preferred_loc=%d/%d\n", type, id);
+  CK(cudaMemAdvise(m[0], n, cudaMemAdviseSetPreferredLocation, dev0));
+  CK(cudaMemRangeGetAttribute(&attr, sizeof(attr), cudaMemRangeAttributePreferredLocation, m[0],
+                              n));
+  printf("managed0.range.preferred=%d\n", attr);
+  CK(cudaStreamAttachMemAsync(stream[1], m[1], 0, cudaMemAttachSingle));
+  CK(cudaStreamSynchronize(stream[1]));
+  printf("managed1.attach=ok\n");
+  // A location on the other server's GPU: that GPU cannot reach the memory, so it
+  // is refused (twice, logged once), and the process goes on.
+  EXPECT_ERR(cudaMemAdvise(m[1], n, cudaMemAdviseSetAccessedBy, dev0), cudaErrorNotSupported);
+  EXPECT_ERR(cudaMemAdvise(m[1], n, cudaMemAdviseSetAccessedBy, dev0), cudaErrorNotSupported);
+  EXPECT_ERR(cudaMemPrefetchAsync(m[1], n, dev0, 0, stream[1]), cudaErrorNotSupported);
+  printf("managed1.other_gpu=refused\n");
+
+  for (int d = 0; d < 2; ++d) {
+    CK(cudaFree(m[d]));
+    CK(cudaStreamDestroy(stream[d]));
+  }
+  CK(cudaFree(out));
+  // Memory and a copy on device 1 still work.
+  CK(cudaSetDevice(1));
   char* p = nullptr;
   CK(cudaMalloc(&p, 4096));
-  std::vector<unsigned char> in(4096), out(4096, 0);
+  std::vector<unsigned char> in(4096), back(4096, 0);
   e2e::Fill(in.data(), in.size(), 5);
   CK(cudaMemcpy(p, in.data(), in.size(), cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(out.data(), p, out.size(), cudaMemcpyDeviceToHost));
-  EXPECT_SAME(out.data(), in.data(), in.size(), "after a refused call");
+  CK(cudaMemcpy(back.data(), p, back.size(), cudaMemcpyDeviceToHost));
+  EXPECT_SAME(back.data(), in.data(), in.size(), "after a refused call");
   CK(cudaFree(p));
   printf("goes_on=ok\n");
   e2e::Pass();
@@ -1060,7 +1159,7 @@ int Later() {
 int main(int argc, char** argv) {
   e2e::Init("multi_server");
   if (argc > 1 && strcmp(argv[1], "three") == 0) return Three();
-  if (argc > 1 && strcmp(argv[1], "refused") == 0) return Refused();
+  if (argc > 1 && strcmp(argv[1], "managed") == 0) return Managed();
   if (argc > 1 && strcmp(argv[1], "tls") == 0) return Tls();
   if (argc > 1 && strcmp(argv[1], "later") == 0) return Later();
   if (argc == 3 && strcmp(argv[1], "later_ipc_child") == 0) return LaterIpcChild(argv[2]);
