@@ -613,6 +613,21 @@ size_t PageRound(size_t n) {
 
 }  // namespace
 
+namespace {
+// Shared pinned buffers whose memfd is kept for a move (one descriptor each): at most
+// this many, so that an app with thousands of pinned buffers keeps descriptors to spare
+// (a buffer beyond them keeps its session from moving, as every one did before).
+constexpr int kMaxKeptShareFds = 512;
+std::atomic<int> g_kept_share_fds{0};
+}  // namespace
+
+void flyt::client::ForgetShareFd(Client::HostBuffer* b) {
+  if (b->share_fd < 0) return;
+  close(b->share_fd);
+  b->share_fd = -1;
+  g_kept_share_fds.fetch_sub(1);
+}
+
 // A buffer shared with the server; CUDA_ERROR_NOT_SUPPORTED means "use private memory".
 CUresult flyt::client::AllocSharedHost(size_t bytes, unsigned flags, Client::HostBuffer* b,
                                        const char* name) {
@@ -627,15 +642,28 @@ CUresult flyt::client::AllocSharedHost(size_t bytes, unsigned flags, Client::Hos
       (p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) != MAP_FAILED &&
       fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0)
     rc = c.ShareFd(fd, &id);
-  close(fd);  // the mapping (and the server's copy of the descriptor) keep the memory
+  // The mapping (and the server's copy of the descriptor) keep the memory; an app's
+  // buffer keeps its descriptor too while there are few, for the next server of a move.
+  int kept = -1;
+  // Not a buffer the app maps for its kernels (CU_MEMHOSTALLOC_DEVICEMAP): after a move to
+  // a server reached over a socket, a kept buffer is this process's own memory.
+  const bool movable =
+      rc == CUDA_SUCCESS && (flags & (ops::kHostShareStaging | CU_MEMHOSTALLOC_DEVICEMAP)) == 0;
+  if (movable && g_kept_share_fds.fetch_add(1) < kMaxKeptShareFds) {
+    kept = fd;
+  } else {
+    if (movable) g_kept_share_fds.fetch_sub(1);
+    close(fd);
+  }
   if (rc != CUDA_SUCCESS) {
     if (p != MAP_FAILED) munmap(p, bytes);
     return rc == CUDA_ERROR_OPERATING_SYSTEM ? CUDA_ERROR_NOT_SUPPORTED : rc;
   }
+  b->share_fd = kept;
   wire::Writer w;
   w.Put<uint64_t>(id);
   w.Put<uint64_t>(bytes);
-  w.Put<uint32_t>(flags);
+  w.Put<uint32_t>(kept >= 0 ? flags | ops::kHostShareMovable : flags);
   w.Put<uint64_t>(reinterpret_cast<uintptr_t>(p));
   std::vector<uint8_t> reply;
   rc = c.Call("cuMemHostAlloc", ops::kOpHostShare, w, ReplySink{&reply});
@@ -643,6 +671,7 @@ CUresult flyt::client::AllocSharedHost(size_t bytes, unsigned flags, Client::Hos
   if (rc == CUDA_SUCCESS && (!r.Get(&b->server_addr) || !r.Get(&b->device_ptr)))
     rc = CUDA_ERROR_UNKNOWN;
   if (rc != CUDA_SUCCESS) {
+    ForgetShareFd(b);
     munmap(p, bytes);
     return rc;
   }
@@ -832,6 +861,7 @@ FLYT_API CUresult cuMemFreeHost(void* p) {
     w.Put<uint64_t>(b.server_addr);
     rc = c.Call("cuMemFreeHost", ops::kOpHostUnshare, w, ReplySink{});
   }
+  flyt::client::ForgetShareFd(&b);
   munmap(p, b.size);
   return rc;
 }

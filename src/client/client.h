@@ -268,6 +268,9 @@ class Client {
     // Mapped for the GPU over a socket (api_memory.cc, managed_memory.h): the server holds
     // pinned memory at the same address, and this process's pages are a coherent view.
     bool coherent = false;
+    // A shared buffer's memfd, kept so that after a move the next server maps the
+    // same memory (Client::ReshareHostBuffersLocked); -1: none kept.
+    int share_fd = -1;
     bool Covers(const void* p, size_t n) const {
       auto v = reinterpret_cast<uintptr_t>(p);
       return v >= base && v - base <= size && n <= size - (v - base);
@@ -289,6 +292,10 @@ class Client {
   // the emulator). ShareFd passes a sealed memfd; *id names it in a request.
   bool SharesMemory();
   CUresult ShareFd(int fd, uint64_t* id);
+  // After a move (session_move.cc): pinned buffers shared with the old server are
+  // shared with the new one (their kept memfd, at the same address where it is
+  // free there), or become private memory where the new server shares none.
+  void ReshareHostBuffersLocked();
   // A pageable device-to-host copy over shm://: the GPU writes chunks into a staging
   // area shared with the server and this process copies each out as it lands
   // (client/staged_copy.cc). False: not available here (another transport, a capture,
@@ -568,6 +575,8 @@ bool HoldAddressRange(uint64_t base, uint64_t size);
 // (/proc/PID/maps shows it).
 CUresult AllocSharedHost(size_t bytes, unsigned flags, Client::HostBuffer* b,
                          const char* name = "flyt-pinned");
+// Closes the memfd a shared buffer kept for a move (its buffer goes).
+void ForgetShareFd(Client::HostBuffer* b);
 
 // A global of loaded code that the server said is a __managed__ variable
 // (wire::kReplyManaged): maps the host side of its block (client/api_managed.cc).

@@ -217,6 +217,7 @@ void Client::ResumeLocked(const std::string& where, const uint64_t key[2], int d
                 devices_.size());
     }
     QueryCache::Get().Clear();  // the new GPU answers for itself
+    ReshareHostBuffersLocked();
     bool had_channel = false;
     {
       // Host functions come over a new callback channel.
@@ -244,6 +245,57 @@ void Client::ResumeLocked(const std::string& where, const uint64_t key[2], int d
   }
   MarkLostLocked("resume", "the session did not come back at " + target + " within " +
                                std::to_string(deadline_ms) + " ms (" + last_error + ")");
+}
+
+void Client::ReshareHostBuffersLocked() {
+  std::vector<HostBuffer> shared;
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    for (const auto& [base, b] : host_buffers_)
+      if (b.server_addr != 0 && !b.coherent) shared.push_back(b);
+  }
+  if (shared.empty()) return;
+  const bool shm = conn_->SharesMemory();
+  size_t again = 0, moved_device = 0;
+  for (HostBuffer& b : shared) {
+    const uint64_t old_device = b.device_ptr;
+    b.server_addr = 0;
+    b.device_ptr = 0;
+    uint64_t id = 0;
+    if (shm && b.share_fd >= 0 && conn_->ShareFd(b.share_fd, &id).ok()) {
+      wire::Writer w;
+      w.Put<uint64_t>(id);
+      w.Put<uint64_t>(b.size);
+      w.Put<uint32_t>(b.flags | ops::kHostShareMovable);
+      w.Put<uint64_t>(b.base);  // where the new server maps it too, when it is free there
+      std::vector<uint8_t> reply;
+      CUresult rc = CallLocked("cuMemHostAlloc", ops::kOpHostShare, w, ReplySink{&reply}, 0, 0);
+      wire::Reader r(reply.data(), reply.size());
+      if (rc != CUDA_SUCCESS || !r.Get(&b.server_addr) || !r.Get(&b.device_ptr)) {
+        FLYT_WARN("pinned buffer at 0x%llx: the new server did not map it (error %d)",
+                  static_cast<unsigned long long>(b.base), rc);
+        b.server_addr = 0;
+        b.device_ptr = 0;
+      }
+    }
+    if (b.server_addr != 0) ++again;
+    if (old_device != 0 && b.device_ptr != old_device) ++moved_device;
+    // A device pointer apart from the buffer's address is known as device memory.
+    if (old_device != 0 && old_device != b.base) RemoveDeviceRange(old_device);
+    if (b.device_ptr != 0 && b.device_ptr != b.base) AddDeviceRange(b.device_ptr, b.size, true);
+    AddHostBuffer(b);
+  }
+  if (again > 0) FLYT_INFO("%zu pinned buffers shared with the new server again", again);
+  if (again < shared.size())
+    FLYT_INFO(
+        "%zu of %zu pinned buffers are this process's own memory after the move (the new "
+        "server shares no memory with it): their copies take the socket",
+        shared.size() - again, shared.size());
+  if (moved_device > 0)
+    FLYT_WARN(
+        "%zu pinned buffers have another device pointer on the new server: a kernel given one "
+        "of their old device pointers (cudaHostGetDevicePointer) no longer reaches them",
+        moved_device);
 }
 
 }  // namespace flyt::client

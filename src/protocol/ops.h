@@ -351,6 +351,9 @@ struct StagedNotice {
 static_assert(sizeof(StagedNotice) == 8);
 inline constexpr uint32_t kMaxStagedSlots = 16;
 inline constexpr uint32_t kHostShareStaging = 1u << 31;  // kOpHostShare flags
+// kOpHostShare: the client keeps the memfd, and shares it with the next server
+// after a move (so the region does not keep its session from moving).
+inline constexpr uint32_t kHostShareMovable = 1u << 30;
 
 // kOpRmaAttach reply flags.
 enum : uint32_t {

@@ -177,10 +177,13 @@ Json Move(ServerState* state, const Json& request, channel::MoveOrder::Mode mode
     transport::Address addr;
     Status st = transport::ParseAddress(order.where, &addr);
     if (!st.ok()) return control::Error("bad_request", "migrate: " + st.message());
+    // shm://: a server on this host, which the client (here over shm:// too, most
+    // likely) then reaches with shared memory, and its pinned buffers stay shared.
     if (addr.kind != transport::Address::Kind::kTcp &&
-        addr.kind != transport::Address::Kind::kUnix && addr.kind != transport::Address::Kind::kTls)
-      return control::Error("bad_request",
-                            "migrate: the target must be a tcp://, tls:// or unix:// address");
+        addr.kind != transport::Address::Kind::kUnix &&
+        addr.kind != transport::Address::Kind::kTls && addr.kind != transport::Address::Kind::kShm)
+      return control::Error(
+          "bad_request", "migrate: the target must be a tcp://, tls://, unix:// or shm:// address");
     order.token = request.contains("token") && request["token"].is_string()
                       ? request["token"].get<std::string>()
                       : state->token;

@@ -494,8 +494,10 @@ class Session {
   std::unordered_map<uint64_t, int> memory_device_, array_device_;
   // Shared pinned host regions: server address -> bytes (mapped and registered).
   std::map<uint64_t, uint64_t> shared_host_;
-  // Those of them that are staging areas (ops::kHostShareStaging): a move leaves them.
-  std::set<uint64_t> staging_host_;
+  // Those of them a move leaves behind: staging areas (ops::kHostShareStaging), which
+  // the client makes again, and buffers whose memfd the client keeps
+  // (ops::kHostShareMovable), which it shares with the next server.
+  std::set<uint64_t> left_host_;
   uint64_t mapped_host_bytes_ = 0;  // of shared_host_, mapped over a socket (kOpHostMap)
   // Virtual memory (session_vmm.cc): reservations (base -> size), mappings
   // by base, and allocation handles with the references the client holds.

@@ -166,9 +166,12 @@ std::string Session::Unmovable() {
   if (!more_primaries_.empty()) return "it uses several GPUs (not movable yet)";
   if (placed_slot_ >= 0) return "its process uses GPUs of several servers (not movable yet)";
   if (!links_.empty()) return "a JIT link is in progress";
-  // A staging area of device-to-host copies stays behind: the client makes another.
-  if (shared_host_.size() > staging_host_.size())
-    return "it has pinned host memory shared over shm or mapped for the GPU (not movable yet)";
+  // A staging area of device-to-host copies stays behind: the client makes another; a
+  // pinned buffer whose memfd the client kept is shared with the next server.
+  if (shared_host_.size() > left_host_.size())
+    return "it has pinned host memory mapped for the GPU (cudaHostAllocMapped, "
+           "cudaHostRegister, a device pointer asked for over a socket) or more pinned buffers "
+           "shared over shm than Flyt keeps movable (512); not movable yet";
   if (profiling_) return "a profiler is recording it";
   if (primary_ == nullptr) return "";  // nothing on the GPU yet
   for (uint64_t f : handles_[K(HandleKind::kFunction)])
@@ -414,8 +417,9 @@ bool Session::Park(Reader& in, Writer& out, CUresult* rc) {
     transport::Address addr;
     Status st = transport::ParseAddress(order.where, &addr);
     if (st.ok() && addr.kind != transport::Address::Kind::kTcp &&
-        addr.kind != transport::Address::Kind::kUnix && addr.kind != transport::Address::Kind::kTls)
-      st = Status::Error("migration goes over tcp://, tls:// or unix:// only");
+        addr.kind != transport::Address::Kind::kUnix &&
+        addr.kind != transport::Address::Kind::kTls && addr.kind != transport::Address::Kind::kShm)
+      st = Status::Error("migration goes over tcp://, tls://, unix:// or shm:// only");
     std::unique_ptr<transport::Connection> target;
     transport::Liveness live;
     live.connect_timeout_ms = kConnectTimeoutMs;

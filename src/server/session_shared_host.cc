@@ -126,7 +126,7 @@ bool Session::ShareHost(Reader& in, Writer& out, CUresult* rc) {
   if (*rc != CUDA_SUCCESS) return true;
   const auto addr = reinterpret_cast<uint64_t>(p);
   shared_host_[addr] = bytes;
-  if (flags & ops::kHostShareStaging) staging_host_.insert(addr);
+  if (flags & (ops::kHostShareStaging | ops::kHostShareMovable)) left_host_.insert(addr);
   FLYT_DEBUG("session %llu: shared %llu bytes of pinned memory (%s address)",
              static_cast<unsigned long long>(id_), static_cast<unsigned long long>(bytes),
              addr == client_addr ? "the client's" : "another");
@@ -213,7 +213,7 @@ bool Session::UnshareHost(Reader& in, CUresult* rc) {
   *rc = SynchronizeSession();
   CUresult unregistered = UnshareHostRegion(it->first, it->second);
   if (*rc == CUDA_SUCCESS) *rc = unregistered;
-  staging_host_.erase(it->first);
+  left_host_.erase(it->first);
   shared_host_.erase(it);
   return true;
 }
@@ -268,7 +268,7 @@ void Session::ReleaseSharedHost() {
   FLYT_DEBUG("session %llu: released %zu shared host regions", static_cast<unsigned long long>(id_),
              shared_host_.size());
   shared_host_.clear();
-  staging_host_.clear();
+  left_host_.clear();
 }
 
 }  // namespace flyt::server

@@ -1595,6 +1595,66 @@ class E2E(unittest.TestCase):
         self.stop_server(a)
         self.stop_server(b)
 
+    def test_migrate_shm_pinned(self):
+        """A program over shm:// that uploads and reads back through a pinned buffer
+        (cudaMallocHost, which the server maps) is moved to another server's shm://
+        address (the buffer is shared with it again, copies stay zero-copy), then to a
+        server over tcp:// (the buffer is the program's own memory; copies take the
+        socket), then checkpointed and restored by a restarted server; its output equals
+        an undisturbed run's and no server keeps anything."""
+        variant = CFG.variants[0]
+        a = self.start_server(control=True)
+        b = self.start_server(control=True)
+        steps, pause = "24", "60"
+        args = (steps, "0", "0", "pinned")
+        base = self.run_ok(a, "shm", "migrate_loop", variant, args=args)
+        expected = [l for l in base.lines() if l.startswith("step ")]
+        self.assertEqual(len(expected), int(steps), base.describe())
+        prog = RunningProgram(self.tmp, a, "shm", program_path("migrate_loop", variant),
+                              (steps, pause, "0", "pinned"))
+        ckpt = os.path.join(self.tmp, "ckpt-shm-pinned")
+        os.makedirs(ckpt)
+        restarted = None
+        try:
+            def reach(pattern):
+                if prog.wait_line(pattern) is None:
+                    self.fail("migrate_loop never printed %s\n%s" % (
+                        pattern, prog.finish(5).describe()))
+            reach(r"^step 3 ")
+            n, answer = self._migrate_answer(a, "migrate", "moved", to=b.url("shm"),
+                                             token=TOKEN)
+            self.assertEqual(n, 1, "%s\n%s\n%s" % (answer, a.logs(), b.logs()))
+            reach(r"^step 9 ")
+            n, answer = self._migrate_answer(b, "migrate", "moved", to=a.url("shm"),
+                                             token=TOKEN)
+            self.assertEqual(n, 1, "%s\n%s\n%s" % (answer, a.logs(), b.logs()))
+            reach(r"^step 13 ")
+            # Checkpointed, its server restarted on the same addresses and restored.
+            n, answer = self._migrate_answer(a, "checkpoint", "checkpointed", dir=ckpt)
+            self.assertEqual(n, 1, "%s\n%s" % (answer, a.logs()))
+            port, name = a.port, a.name
+            self.stop_server(a)
+            restarted = self.start_server(control=True, port=port, name=name)
+            answer = restarted.control({"verb": "restore", "dir": ckpt, "wait_ms": 20000},
+                                       timeout=30)
+            self.assertEqual(answer.get("restored"), 1, "%s\n%s" % (answer, restarted.logs()))
+            reach(r"^step 17 ")
+            n, answer = self._migrate_answer(restarted, "migrate", "moved", to=b.url("tcp"),
+                                             token=TOKEN)
+            self.assertEqual(n, 1, "%s\n%s\n%s" % (answer, restarted.logs(), b.logs()))
+        finally:
+            res = prog.finish()
+        self.assert_passed(res, "migrate_loop", b)
+        self.assertEqual([l for l in res.lines() if l.startswith("step ")], expected,
+                         res.describe())
+        log = res.client_log
+        self.assertEqual(log.count("now lives at flyt-server"), 4, log)
+        self.assertEqual(log.count("pinned buffers shared with the new server again"), 3, log)
+        self.assertEqual(log.count("are this process's own memory after the move"), 1, log)
+        self.assert_stats(restarted, sessions=0, memory_used=0)
+        self.stop_server(restarted)
+        self.stop_server(b)
+
     def _migrate_answer(self, srv, verb, key, **extra):
         """Sends a move verb to srv's control socket; (answer[key], answer)."""
         request = {"verb": verb, "wait_ms": 20000}

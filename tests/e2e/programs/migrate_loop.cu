@@ -7,15 +7,18 @@
 // Every value is checked against what the host computed, and the step prints
 // a checksum, so a moved run's output equals an undisturbed run's.
 //
-//   migrate_loop STEPS PAUSE_MS [EXTRA_MIB]
+//   migrate_loop STEPS PAUSE_MS [EXTRA_MIB] [pinned]
 //
 // EXTRA_MIB: that much more device memory, filled at the start (one value
 // per MiB) and checked at the end (a sample of every MiB), to measure how a
-// move's pause grows with the memory in use.
+// move's pause grows with the memory in use. `pinned`: every upload and
+// read-back goes through one pinned buffer (cudaMallocHost, as PyTorch's
+// pin_memory), asynchronously on the stream; over shm:// the server maps it.
 //
 // Prints "step N sum=S" per step, then "migrate_loop: PASS".
 #include <unistd.h>
 
+#include <cstring>
 #include <vector>
 
 #include "e2e_common.h"
@@ -72,6 +75,32 @@ int main(int argc, char** argv) {
     std::printf("extra %zu MiB\n", extra_mib);
     std::fflush(stdout);
   }
+  const bool pinned = argc > 4 && std::strcmp(argv[4], "pinned") == 0;
+  const size_t kPin = (2 << 20) + 4099;
+  unsigned char* pin = nullptr;
+  if (pinned) {
+    CK(cudaMallocHost(&pin, kPin));
+    std::printf("pinned %zu bytes\n", kPin);
+  }
+  // Through the pinned buffer when there is one: host -> pin -> device, device -> pin -> host.
+  auto upload = [&](unsigned char* dev, const unsigned char* src, size_t n) {
+    if (!pinned || n > kPin) {
+      CK(cudaMemcpyAsync(dev, src, n, cudaMemcpyHostToDevice, stream));
+      return;
+    }
+    CK(cudaStreamSynchronize(stream));  // the pinned buffer's last copy is done
+    std::memcpy(pin, src, n);
+    CK(cudaMemcpyAsync(dev, pin, n, cudaMemcpyHostToDevice, stream));
+  };
+  auto download = [&](unsigned char* dst, const unsigned char* dev, size_t n) {
+    if (!pinned || n > kPin) {
+      CK(cudaMemcpy(dst, dev, n, cudaMemcpyDeviceToHost));
+      return;
+    }
+    CK(cudaMemcpyAsync(pin, dev, n, cudaMemcpyDeviceToHost, stream));
+    CK(cudaStreamSynchronize(stream));
+    std::memcpy(dst, pin, n);
+  };
   struct Buffer {
     unsigned char* dev;
     std::vector<unsigned char> host;
@@ -84,7 +113,7 @@ int main(int argc, char** argv) {
     Buffer b{nullptr, std::vector<unsigned char>(n)};
     CK(cudaMalloc(&b.dev, n));
     e2e::Fill(b.host.data(), n, 0x1234u + i);
-    CK(cudaMemcpyAsync(b.dev, b.host.data(), n, cudaMemcpyHostToDevice, stream));
+    upload(b.dev, b.host.data(), n);
     const size_t slice = std::min<size_t>(n, 4096);
     const size_t at = (static_cast<size_t>(i) * 65537) % (kKeep - slice);
     CK(cudaMemcpyAsync(keep + at, b.dev, slice, cudaMemcpyDeviceToDevice, stream));
@@ -110,7 +139,7 @@ int main(int argc, char** argv) {
     // Read everything back and compare.
     for (const Buffer& x : live) {
       std::vector<unsigned char> got(x.host.size());
-      CK(cudaMemcpy(got.data(), x.dev, got.size(), cudaMemcpyDeviceToHost));
+      download(got.data(), x.dev, got.size());
       EXPECT_SAME(got.data(), x.host.data(), got.size(), "a live buffer");
     }
     std::vector<unsigned char> got_keep(kKeep);
@@ -138,6 +167,7 @@ int main(int argc, char** argv) {
   for (const Buffer& x : live) CK(cudaFree(x.dev));
   CK(cudaFree(keep));
   CK(cudaFree(counter));
+  if (pin != nullptr) CK(cudaFreeHost(pin));
   CK(cudaEventDestroy(before));
   CK(cudaEventDestroy(after));
   CK(cudaEventDestroy(done));
