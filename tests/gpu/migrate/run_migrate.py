@@ -72,7 +72,9 @@ class Server:
         self.ctl = os.path.join(work, name + ".ctl")
         self.proc = None
 
-    def url(self):
+    def url(self, transport="tcp"):
+        if transport == "shm":  # the handshake's socket, named by the server's port
+            return "shm://" + os.path.join(os.path.dirname(self.ctl), "shm-%d.sock" % self.port)
         return "tcp://127.0.0.1:%d" % self.port
 
     def start(self):
@@ -82,7 +84,8 @@ class Server:
         env = dict(os.environ, FLYT_LOG="info", **self.extra_env)
         self.proc = subprocess.Popen(
             [os.path.join(self.build, "bin/flyt-server"), "--backend", "cuda", "--listen",
-             self.url(), "--token", TOKEN, "--control", "unix://" + self.ctl] + self.extra_args,
+             self.url(), "--listen", self.url("shm"), "--token", TOKEN, "--control",
+             "unix://" + self.ctl] + self.extra_args,
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         for _ in range(600):
             if os.path.exists(self.ctl):
@@ -103,12 +106,12 @@ class Server:
 class Program:
     """A program through `flyt run` whose stdout lines are read as they come."""
 
-    def __init__(self, build, server, cmd, log):
+    def __init__(self, build, server, cmd, log, transport="tcp"):
         env = dict(os.environ, FLYT_LOG="info", FLYT_LOG_FILE=log, FLYT_SHM="off")
         self.log = log
         self.proc = subprocess.Popen(
-            [os.path.join(build, "bin/flyt"), "run", "--server", server.url(), "--token", TOKEN,
-             "--"] + cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+            [os.path.join(build, "bin/flyt"), "run", "--server", server.url(transport), "--token",
+             TOKEN, "--"] + cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
         self.lines = []
         self.cv = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
@@ -262,6 +265,35 @@ def main():
                     rc, frc, "yes" if same else "NO"), ""]
         for n in notes:
             out.append("- `%s`" % json.dumps({k: v for k, v in n.items() if k != "_wall_ms"}))
+        out.append("")
+        # 1a. migrate_loop over shm:// through a pinned buffer the server maps: moved to
+        # B's shm:// address (the buffer shared with B again), then to A over tcp:// (the
+        # program's own memory there).
+        rc, nat = native([loop, "30", "0", "0", "pinned"])
+        log = os.path.join(work, "loop-shm.log")
+        prog = Program(args.build, a, [loop, "30", "150", "0", "pinned"], log, transport="shm")
+        notes = []
+        prog.wait_line(r"^step 4 ")
+        notes.append(move(a, "migrate", to=b.url("shm")))
+        prog.wait_line(r"^step 12 ")
+        notes.append(move(b, "migrate", to=a.url()))
+        frc, flines = prog.finish()
+        client_log = open(log, errors="replace").read() if os.path.exists(log) else ""
+        shared_again = client_log.count("pinned buffers shared with the new server again")
+        own_memory = client_log.count("are this process's own memory after the move")
+        same = rc == 0 and frc == 0 and steps_of(nat) == steps_of(flines) and len(steps_of(nat)) == 30
+        ok = same and all_moved(notes) and shared_again == 1 and own_memory == 1
+        fails += not ok
+        out += ["### migrate_loop over shm:// through a pinned buffer (30 steps)", "",
+                "native rc %s, Flyt rc %s; step lines equal to native: **%s**; every move took "
+                "it: **%s**; the buffer shared with the shm:// target again: %d, the program's "
+                "own memory after the tcp:// move: %d" % (
+                    rc, frc, "yes" if same else "NO", "yes" if all_moved(notes) else "NO",
+                    shared_again, own_memory), ""]
+        for n in notes:
+            out.append("- `%s`" % json.dumps({k: v for k, v in n.items() if k != "_wall_ms"}))
+        if not ok:
+            out += ["", "```"] + nat[-5:] + ["---"] + flines[-15:] + ["```"]
         out.append("")
         # 1b. migrate_state: the app's VMM, graphs, stream-ordered allocations, pools.
         state = [os.path.join(args.programs, "migrate_state"), "16", "0"]
