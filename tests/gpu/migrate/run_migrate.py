@@ -409,7 +409,7 @@ def main():
     with open(args.out, "w") as f:
         f.write("\n".join(out) + "\n")
     logs = os.path.join(os.path.dirname(args.out), "migrate-logs")
-    shutil.copytree(work, logs, ignore=shutil.ignore_patterns("*.flyt", "*.ctl"),
+    shutil.copytree(work, logs, ignore=shutil.ignore_patterns("*.flyt", "*.ctl", "*.sock"),
                     dirs_exist_ok=True)
     print("\n".join(out))
     return 1 if fails else 0
