@@ -777,6 +777,7 @@ struct Textures {
     cudaTextureAddressMode address;
   };
   bool on_gpu = false;
+  void *raw0 = nullptr, *raw1 = nullptr;  // lin0 and lin1 lie in these, 512-byte aligned
   float *lin0 = nullptr, *lin1 = nullptr, *pitched = nullptr, *out = nullptr;
   size_t pitch = 0;
   std::vector<float> h_lin0, h_lin1, h_pitched;  // what the buffers hold
@@ -803,8 +804,14 @@ struct Textures {
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     on_gpu = strcmp(prop.name, "Flyt Simulated GPU") != 0;
-    CK(cudaMalloc(&lin0, kN * sizeof(float)));
-    CK(cudaMalloc(&lin1, kN * sizeof(float)));
+    // A linear texture's memory must be aligned to CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT
+    // (512 on Hopper), which cudaMalloc does not promise.
+    auto aligned = [](void** raw) {
+      CK(cudaMalloc(raw, kN * sizeof(float) + 512));
+      return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(*raw) + 511) & ~uintptr_t{511});
+    };
+    lin0 = aligned(&raw0);
+    lin1 = aligned(&raw1);
     CK(cudaMalloc(&out, kN * sizeof(float)));
     CK(cudaMallocPitch(&pitched, &pitch, kW * sizeof(float), kH));
     h_lin0.resize(kN);
@@ -922,8 +929,8 @@ struct Textures {
   void Teardown() {
     e2e::Step("textures teardown");
     for (const Obj& o : live) CK(cudaDestroyTextureObject(o.value));
-    CK(cudaFree(lin0));
-    CK(cudaFree(lin1));
+    CK(cudaFree(raw0));
+    CK(cudaFree(raw1));
     CK(cudaFree(out));
     CK(cudaFree(pitched));
   }
