@@ -198,6 +198,9 @@ struct SimOptions {
   // false (--sim-no-peer: as GPUs without P2P).
   int devices = 1;
   bool peer = true;
+  // The smallest texture and surface object value (--sim-texture-base N; the
+  // driver's is 1): a target whose values differ, for tests of a restore's checks.
+  uint64_t texture_base = 1;
 };
 // Fills the table with the sim backend: host memory, recorded launches, no kernels.
 Status LoadSimDriver(const SimOptions& options, DriverApi* api);

@@ -39,7 +39,7 @@ void Usage() {
       "usage: flyt-server [--listen ADDR]... [--backend cuda|sim] [--token TOKEN]\n"
       "                   [--memory-quota BYTES] [--sm-count N] [--control unix:///PATH]\n"
       "                   [--sim-record FILE] [--sim-green-contexts] [--sim-devices N]\n"
-      "                   [--sim-no-peer] [--emulate SPEC]\n"
+      "                   [--sim-no-peer] [--sim-texture-base N] [--emulate SPEC]\n"
       "                   [--shm-backing memfd|file:DIR] [--worker-pool N] [--movable-memory]\n"
       "                   [--tls-cert PEM --tls-key PEM [--tls-ca PEM]] [--tls-peer-ca PEM]\n"
       "  ADDR: tcp://HOST:PORT (default tcp://0.0.0.0:14833; port 0: the kernel picks),\n"
@@ -56,7 +56,8 @@ void Usage() {
       "  --control: JSON control socket (stats, set-share), created 0600\n"
       "  --backend sim: host memory, records launches, runs no kernel (testing only);\n"
       "        --sim-green-contexts gives it fake green contexts; --sim-devices N (1..16,\n"
-      "        default 1) presents N devices, peer-capable unless --sim-no-peer\n"
+      "        default 1) presents N devices, peer-capable unless --sim-no-peer;\n"
+      "        --sim-texture-base N: texture object values start at N (the driver's: 1)\n"
       "  --emulate: delay replies as a network would, e.g. rtt=100us,bandwidth=1gbit\n"
       "        (default: $FLYT_EMULATE or $FLYT_EMULATE_FILE; docs/emulator.md)\n"
       "  --worker-pool: workers kept started, CUDA initialised, for the next clients\n"
@@ -156,6 +157,16 @@ int main(int argc, char** argv) {
       options.sim.devices = static_cast<int>(n);
     } else if (arg == "--sim-no-peer") {
       options.sim.peer = false;
+    } else if (arg == "--sim-texture-base") {
+      std::string v = value("--sim-texture-base");
+      char* end = nullptr;
+      unsigned long long n = std::strtoull(v.c_str(), &end, 10);
+      if (end == v.c_str() || *end != '\0' || n < 1 || n > (1ull << 32)) {
+        std::fprintf(stderr, "flyt-server: --sim-texture-base '%s' is not a value from 1\n",
+                     v.c_str());
+        return 2;
+      }
+      options.sim.texture_base = n;
     } else if (arg == "--memory-quota") {
       std::string v = value("--memory-quota");
       if (!server::ParseByteCount(v, &options.share.memory_quota)) {

@@ -308,10 +308,13 @@ bool RunGeneric(Session& s, CUresult (*fn)(Args...), Reader& in, Writer& out, CU
     s.NoteExecUpdated(std::get<0>(slots).Raw(), std::get<1>(slots).Raw());
   if constexpr (Op == 132 || Op == 133)  // cuEventRecord(WithFlags): the order moves with it
     s.NoteEventRecorded(std::get<0>(slots).Raw());
-  if constexpr (Op == 230 || Op == 232)  // cuTexObjectCreate, cuSurfObjectCreate
-    s.NoteBindlessObject(std::get<0>(slots).v, true);
+  if constexpr (Op == 230)  // cuTexObjectCreate: its descriptors move with it
+    s.NoteTexObject(std::get<0>(slots).v, std::get<1>(slots).Get(), std::get<2>(slots).Get(),
+                    std::get<3>(slots).Get());
+  if constexpr (Op == 232)  // cuSurfObjectCreate
+    s.NoteBindlessObject(std::get<0>(slots).v, /*surface=*/true, true);
   if constexpr (Op == 231 || Op == 233)  // cuTexObjectDestroy, cuSurfObjectDestroy
-    s.NoteBindlessObject(std::get<0>(slots).v, false);
+    s.NoteBindlessObject(std::get<0>(slots).v, Op == 233, false);
   std::apply([&](auto&... sl) { (sl.Finish(out, s), ...); }, slots);
   if constexpr (sizeof...(Args) > 0) {
     if (releases != HandleKind::kNone) s.Forget(releases, std::get<0>(slots).Raw());

@@ -709,14 +709,19 @@ class Session {
   void NoteEventFlags(uint64_t event, unsigned flags) { event_flags_[event] = flags; }
   void NoteEventRecorded(uint64_t event) { event_recorded_[event] = ++record_seq_; }
   void NoteAsyncAllocation(uint64_t ptr) { async_allocs_.insert(ptr); }
-  // Texture and surface objects alive (their values are the driver's, kernels get
-  // them as arguments, and another process's driver would give others: they keep
-  // a session from moving).
-  void NoteBindlessObject(uint64_t value, bool alive) {
-    if (alive) {
-      bindless_objects_.insert(value);
+  // Texture and surface objects alive. Their values are the driver's and kernels
+  // get them as arguments: a restore makes each texture again from the
+  // descriptors it was made with, under the same value (session_migrate.cc,
+  // RestoreTextures). Surface objects keep a session from moving.
+  void NoteTexObject(uint64_t value, const CUDA_RESOURCE_DESC* res, const CUDA_TEXTURE_DESC* tex,
+                     const CUDA_RESOURCE_VIEW_DESC* view);
+  void NoteBindlessObject(uint64_t value, bool surface, bool alive) {
+    if (!surface) {
+      textures_.erase(value);  // made ones come through NoteTexObject
+    } else if (alive) {
+      surfaces_.insert(value);
     } else {
-      bindless_objects_.erase(value);
+      surfaces_.erase(value);
     }
   }
   void NoteGlobalName(uint64_t ptr, uint64_t size, uint64_t image, const char* name);
@@ -791,6 +796,12 @@ class Session {
                      size_t* next_stream);
   Status RestoreStreams(const std::vector<RestoredStream>& streams, uint64_t images_loaded,
                         size_t* next);
+  // Texture objects (session_migrate.cc): each with its value and descriptors;
+  // the target makes one object per value up to the largest live one, in order
+  // (a fresh process's driver hands out 1, 2, 3, ...), checks every value and
+  // destroys those that stood in for the source's holes.
+  void WriteTextures(SnapshotWriter& out);
+  Status RestoreTextures(SnapshotReader& in);
   // Sends a move or restore outcome to the main process (control socket).
   void ReportOutcome(channel::Report::Kind kind, bool ok, const std::string& message);
   void ReleaseMappedMemory();
@@ -858,7 +869,14 @@ class Session {
   std::unordered_map<uint64_t, uint64_t> event_recorded_;
   uint64_t record_seq_ = 0;
   std::unordered_set<uint64_t> async_allocs_;
-  std::unordered_set<uint64_t> bindless_objects_;  // texture and surface objects
+  struct TextureRecord {  // what cuTexObjectCreate was given
+    CUDA_RESOURCE_DESC res{};
+    CUDA_TEXTURE_DESC tex{};
+    bool has_view = false;
+    CUDA_RESOURCE_VIEW_DESC view{};
+  };
+  std::map<uint64_t, TextureRecord> textures_;  // by value
+  std::unordered_set<uint64_t> surfaces_;       // surface objects by value
   struct GlobalRecord {
     uint64_t size = 0;
     uint64_t image = 0;

@@ -17,8 +17,9 @@
 // kernels (and the attributes the app set on them), the globals the app looked
 // up (contents; the address must come out the same), streams (flags,
 // priority), events (flags), graphs and executable graphs with the host work
-// captured into them (session_graph_move.cc), context limits, the deferred
-// error. What refuses a move, before anything is paused: see Unmovable().
+// captured into them (session_graph_move.cc), texture objects over linear and
+// pitch-2D device memory (their values too: RestoreTextures), context limits,
+// the deferred error. What refuses a move, before anything is paused: see Unmovable().
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -49,8 +50,11 @@ constexpr int kConnectTimeoutMs = 10000;
 constexpr int kRestoreTimeoutMs = 10 * 60 * 1000;  // the target restores at most this long
 // The lists a snapshot holds after its limits (all empty when the client had
 // not touched the GPU): pools (2), memory, VMM (3), images, code, globals,
-// streams, events, graphs (3).
-constexpr int kListsAfterLimits = 14;
+// streams, events, graphs (3), texture objects.
+constexpr int kListsAfterLimits = 15;
+// A restore makes one texture object per value up to the largest the session
+// holds: a session whose values went higher than this is refused a move.
+constexpr uint64_t kMaxTextureValue = 1 << 16;
 
 int K(HandleKind k) { return static_cast<int>(k); }
 
@@ -136,6 +140,16 @@ uint64_t Session::ClientHandle(HandleKind kind, uint64_t real) {
   return synthetic;
 }
 
+void Session::NoteTexObject(uint64_t value, const CUDA_RESOURCE_DESC* res,
+                            const CUDA_TEXTURE_DESC* tex, const CUDA_RESOURCE_VIEW_DESC* view) {
+  if (value == 0 || res == nullptr || tex == nullptr) return;
+  TextureRecord& t = textures_[value];
+  t.res = *res;
+  t.tex = *tex;
+  t.has_view = view != nullptr;
+  t.view = view != nullptr ? *view : CUDA_RESOURCE_VIEW_DESC{};
+}
+
 void Session::NoteGlobalName(uint64_t ptr, uint64_t size, uint64_t image, const char* name) {
   if (ptr == 0 || name == nullptr || pager_.Contains(ptr, 1)) return;  // managed: not moved
   globals_[ptr] = GlobalRecord{size, image, name};
@@ -145,10 +159,19 @@ std::string Session::Unmovable() {
   auto any = [&](HandleKind k) { return !handles_[K(k)].empty(); };
   if (sticky_logged_) return "the process hit a sticky error";
   if (captures_.load() > 0) return "a stream capture is in progress";
+  // Surfaces and textures over arrays first: they say more than the arrays under them.
+  if (!surfaces_.empty())
+    return "it holds surface objects (they are made of CUDA arrays; not movable yet)";
+  for (const auto& [value, t] : textures_) {
+    if (t.res.resType != CU_RESOURCE_TYPE_LINEAR && t.res.resType != CU_RESOURCE_TYPE_PITCH2D)
+      return "it holds texture objects over CUDA arrays (only textures over linear or pitch-2D "
+             "device memory move)";
+  }
+  if (!textures_.empty() && textures_.rbegin()->first > kMaxTextureValue)
+    return "it holds a texture object of value " + std::to_string(textures_.rbegin()->first) +
+           " (a target makes one object per value up to the largest, at most " +
+           std::to_string(kMaxTextureValue) + ")";
   if (any(HandleKind::kArray)) return "it holds CUDA arrays (not movable yet)";
-  if (!bindless_objects_.empty())
-    return "it holds texture or surface objects (their values are the driver's and its "
-           "kernels take them as arguments; not movable yet)";
   if (std::string why = PoolsUnmovable(); !why.empty()) return why;  // session_pools.cc
   if (!async_allocs_.empty())
     return std::string("it holds stream-ordered allocations of the driver's pools") +
@@ -199,6 +222,9 @@ std::string Session::Unmovable() {
 //                 count, {i32 attribute, i32 value}}
 // globals: count, {u64 ptr, u64 size, u64 image, string name, bytes}
 // events:  count, {u64 handle, u32 flags}
+// graphs:  session_graph_move.cc, WriteGraphs
+// textures: count, {u64 value, CUDA_RESOURCE_DESC, CUDA_TEXTURE_DESC, u8 has view,
+//           CUDA_RESOURCE_VIEW_DESC}, by value (linear and pitch-2D resources only)
 // memory contents, in the order of the list
 // trailer: magic
 
@@ -348,6 +374,7 @@ Status Session::WriteSnapshot(SnapshotWriter& out, const uint64_t key[2]) {
     out.Put<uint32_t>(f != event_flags_.end() ? f->second : 0);
   }
   if (Status st = WriteGraphs(&out); !st.ok()) return st;  // session_graph_move.cc
+  WriteTextures(out);
   for (auto& [base, size] : memory)
     if (Status st = put_bytes(base, size); !st.ok()) return st;
   if (Status st = WriteVmmContents(out, bounce.p); !st.ok()) return st;
@@ -853,6 +880,8 @@ Status Session::Restore(SnapshotReader& in, uint64_t key[2]) {
   }
   st = RestoreGraphs(in);  // after the code and events its nodes name
   if (!st.ok()) return st;
+  st = RestoreTextures(in);  // over the memory mapped above (contents come later)
+  if (!st.ok()) return st;
   st = RestoreMemoryContents(in, allocs);
   if (!st.ok()) return st;
   {
@@ -865,6 +894,80 @@ Status Session::Restore(SnapshotReader& in, uint64_t key[2]) {
     return in.status().ok() ? Status::Error("a damaged snapshot (no trailer)") : in.status();
   r = a.cuCtxSynchronize();
   if (r != CUDA_SUCCESS) return Status::Error("cuCtxSynchronize: " + Describe(r));
+  return Status::Ok();
+}
+
+// --- texture objects ------------------------------------------------------------
+
+void Session::WriteTextures(SnapshotWriter& out) {
+  out.Put<uint64_t>(textures_.size());
+  for (const auto& [value, t] : textures_) {  // by value
+    out.Put(value);
+    out.Put(t.res);
+    out.Put(t.tex);
+    out.Put<uint8_t>(t.has_view ? 1 : 0);
+    out.Put(t.view);
+  }
+}
+
+// The driver hands out texture object values from a free list, 1, 2, 3, ...
+// in a fresh process (bench/results/2026-11-26-h200-texture-object-values.md),
+// and this worker made none before. So every value up to the largest live one
+// is made in order: a live one from its own descriptors, a hole from the first
+// live one's (a stand-in, destroyed once all are made). Any value that comes
+// out otherwise fails the restore, and the session stays on its source.
+Status Session::RestoreTextures(SnapshotReader& in) {
+  DriverApi& a = state_->api;
+  uint64_t n = 0;
+  if (!in.Count(&n)) return in.status();
+  std::map<uint64_t, TextureRecord> live;
+  for (uint64_t i = 0; i < n; ++i) {
+    uint64_t value = 0;
+    TextureRecord t;
+    uint8_t has_view = 0;
+    if (!in.Get(&value) || !in.Get(&t.res) || !in.Get(&t.tex) || !in.Get(&has_view) ||
+        !in.Get(&t.view))
+      return in.status();
+    t.has_view = has_view != 0;
+    if (value == 0 || value > kMaxTextureValue || !live.emplace(value, t).second)
+      return Status::Error("a damaged snapshot (texture object value " + std::to_string(value) +
+                           ")");
+  }
+  if (live.empty()) return Status::Ok();
+  const TextureRecord& stand_in = live.begin()->second;
+  const uint64_t top = live.rbegin()->first;
+  std::vector<CUtexObject> made;  // made[v - 1] has value v
+  auto undo = [&] {
+    for (CUtexObject o : made) a.cuTexObjectDestroy(o);
+  };
+  for (uint64_t v = 1; v <= top; ++v) {
+    auto it = live.find(v);
+    const TextureRecord& t = it != live.end() ? it->second : stand_in;
+    CUtexObject got = 0;
+    CUresult r = a.cuTexObjectCreate(&got, &t.res, &t.tex, t.has_view ? &t.view : nullptr);
+    if (r != CUDA_SUCCESS) {
+      undo();
+      const char* what = it != live.end() ? "" : " (a stand-in for a value the source had free)";
+      return Status::Error("making texture object " + std::to_string(v) + " again" + what + ": " +
+                           Describe(r));
+    }
+    made.push_back(got);
+    if (got != v) {
+      undo();
+      return Status::Error("texture object " + std::to_string(v) + " came out as " +
+                           std::to_string(got) +
+                           " here (this driver hands out texture object values in another "
+                           "order; the app's kernels take the values as arguments)");
+    }
+  }
+  for (uint64_t v = 1; v <= top; ++v) {
+    if (live.count(v) != 0) continue;
+    CUresult r = a.cuTexObjectDestroy(made[v - 1]);
+    if (r != CUDA_SUCCESS)
+      return Status::Error("destroying stand-in texture object " + std::to_string(v) + ": " +
+                           Describe(r));
+  }
+  textures_ = std::move(live);
   return Status::Ok();
 }
 

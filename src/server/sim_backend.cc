@@ -41,8 +41,10 @@
 // Context events: cuCtxRecordEvent records behind the host functions queued
 // on every stream of the context (the NULL stream included); cuCtxWaitEvent
 // makes those streams, and the context's streams made later, wait for it.
-// Texture and surface objects are numbers counting up from 1; each keeps the
-// descriptors it was made with, which the Get*Desc calls return.
+// Texture and surface objects are numbers from 1, each the smallest one free in
+// this process (as the driver's in a fresh process: 1, 2, 3, ...; a restore
+// counts on it, session_migrate.cc); each keeps the descriptors it was made
+// with, which the Get*Desc calls return.
 //
 // Several devices (--sim-devices N, default 1): each has its own primary
 // context, memory accounting (N x memory_bytes), UUID, PCI bus id and address
@@ -265,6 +267,7 @@ struct Sim {
   uint64_t used[kSimMaxDevices] = {};  // bytes allocated, per device
   int devices = 1;                     // SimOptions::devices
   bool peer = true;                    // devices are peer-capable (SimOptions::peer)
+  uint64_t tex_base = 1;               // the smallest texture object value (SimOptions)
   // Device of each allocation not on device 0 (base -> ordinal).
   std::map<uint64_t, int> alloc_device;
   // Primary contexts of devices 1.. (device 0's is ctx_token).
@@ -315,7 +318,6 @@ struct Sim {
   std::set<CUarray> arrays;
   // Texture and surface objects by value (never 0).
   std::map<uint64_t, SimTexObject> tex_objects;
-  uint64_t next_tex_object = 1;
 };
 Sim* g_sim = nullptr;
 thread_local CUcontext t_current = nullptr;
@@ -1370,7 +1372,10 @@ CUresult CheckResource(const CUDA_RESOURCE_DESC& r, bool surface) {
 
 uint64_t AddTexObject(SimTexObject o) {
   std::lock_guard<std::mutex> lock(g_sim->mu);
-  uint64_t v = g_sim->next_tex_object++;
+  uint64_t v = g_sim->tex_base;  // the smallest value free (the map is in value order)
+  for (auto it = g_sim->tex_objects.lower_bound(v);
+       it != g_sim->tex_objects.end() && it->first == v; ++it)
+    ++v;
   g_sim->tex_objects.emplace(v, std::move(o));
   return v;
 }
@@ -4253,6 +4258,7 @@ Status LoadSimDriver(const SimOptions& options, DriverApi* a) {
   kSimMemory = options.memory_bytes;
   sim.devices = std::clamp(options.devices, 1, kSimMaxDevices);
   sim.peer = options.peer;
+  sim.tex_base = std::max<uint64_t>(options.texture_base, 1);
   if (!options.record_path.empty()) {
     sim.record = std::fopen(options.record_path.c_str(), "a");
     if (sim.record == nullptr)

@@ -1724,8 +1724,9 @@ class E2E(unittest.TestCase):
         built by hand, executable graphs changed in place: a memset value, a node disabled
         and enabled again, a kernel's arguments, cudaGraphExecUpdate) busy while it is
         migrated A to B and back and checkpointed, its server restarted and restored, while
-        it also allocates and frees stream-ordered memory (cudaMallocAsync/cudaFreeAsync); its
-        step lines equal an undisturbed run's (counters a kernel counts down in VMM memory
+        it also allocates and frees stream-ordered memory (cudaMallocAsync/cudaFreeAsync) and
+        holds texture objects (test_migrate_textures); its step lines equal an undisturbed
+        run's (counters a kernel counts down in VMM memory
         and in graphs, host copies and host functions of graphs), the handles it holds
         still answer queries, and every server ends with nothing held. With
         --movable-memory (the app's reservations and stream-ordered allocations move only
@@ -1755,6 +1756,50 @@ class E2E(unittest.TestCase):
                 self._move_there_and_back(transport, CFG.variants[0], ("pools", "async"),
                                           ["--movable-memory"], "ckpt-pools-" + transport)
 
+    def test_migrate_textures(self):
+        """migrate_state's texture objects (over linear and pitch-2D memory, the second of
+        four destroyed so that the values have a hole) moved A to B and back and
+        checkpointed, its server restarted and restored: the program checks after every
+        step that each value it holds still reads back its descriptors (device pointer,
+        size, pitch, address mode) and that the memory under them moved; its step lines
+        equal an undisturbed run's. Without --movable-memory (cuMemAlloc memory at its
+        addresses) and with it."""
+        for variant, movable in ((CFG.variants[0], []), (CFG.variants[-1], ["--movable-memory"])):
+            with self.subTest(variant=variant, movable=bool(movable)):
+                self._move_there_and_back("tcp", variant, ("textures",), movable,
+                                          "ckpt-tex-%s-%d" % (variant, len(movable)),
+                                          restart_name="restarted-tex-" + variant)
+
+    def test_migrate_textures_target_differs(self):
+        """A target whose driver hands out texture object values otherwise (the sim with
+        --sim-texture-base 100) refuses the restore, saying which value came out as what;
+        the program goes on on its source and ends well, its step lines equal to an
+        undisturbed run's, and the target holds nothing."""
+        variant = CFG.variants[0]
+        a = self.start_server(control=True)
+        b = self.start_server(control=True, extra_args=["--sim-texture-base", "100"])
+        args = ("6", "50", "textures")
+        base = self.run_ok(a, "tcp", "migrate_state", variant, args=("6", "0", "textures"))
+        expected = [l for l in base.lines() if l.startswith("step ")]
+        prog = RunningProgram(self.tmp, a, "tcp", program_path("migrate_state", variant), args)
+        try:
+            if prog.wait_line(r"^step 1 ") is None:
+                self.fail("migrate_state never printed step 1\n%s" % prog.finish(5).describe())
+            n, answer = self._migrate_answer(a, "migrate", "moved", to=b.url("tcp"), token=TOKEN)
+            self.assertEqual((n, answer.get("stayed")), (0, 1), answer)
+            message = answer["sessions"][0]["message"]
+            self.assertIn("the target refused it", message, answer)
+            self.assertIn("texture object 1 came out as 100", message, answer)
+        finally:
+            res = prog.finish()
+        self.assert_passed(res, "migrate_state", a)
+        self.assertEqual([l for l in res.lines() if l.startswith("step ")], expected,
+                         res.describe())
+        self.assert_stats(b, sessions=0, memory_used=0)
+        self.assert_stats(a, sessions=0, memory_used=0)
+        self.stop_server(a)
+        self.stop_server(b)
+
     def test_restore_old_format(self):
         """A checkpoint written in another snapshot format (format 1, before graphs and VMM
         moved) is refused at restore with a message that names both formats; the server
@@ -1769,7 +1814,7 @@ class E2E(unittest.TestCase):
         self.assertEqual(answer.get("restored"), 0, answer)
         messages = json.dumps(answer) + srv.log_text()
         self.assertIn("format 1", messages, answer)
-        self.assertIn("reads only format 4", messages, answer)
+        self.assertIn("reads only format 5", messages, answer)
         self.assert_stats(srv, sessions=0, memory_used=0)
         self.stop_server(srv)
 
@@ -1777,17 +1822,19 @@ class E2E(unittest.TestCase):
         """What cannot move is refused at the park, saying why, and the program goes on
         where it is: a graph with a memory allocation node, a graph with a conditional
         node, a VMM reservation at a fixed address outside the session's movable range, an
-        allocation from a memory pool made for export, a texture object (--movable-memory); any VMM
-        reservation and a
-        cudaMallocAsync allocation on a server without --movable-memory. Once that state
-        is gone the same program moves, and ends well on the target."""
+        allocation from a memory pool made for export, a surface object, a texture object
+        over a CUDA array (--movable-memory; textures over linear memory move:
+        test_migrate_textures); any VMM reservation and a cudaMallocAsync allocation on a
+        server without --movable-memory. Once that state is gone the same program moves,
+        and ends well on the target."""
         variant = CFG.variants[0]
         cases = (
             (["--movable-memory"], (("graph-alloc", "memory allocation or free node"),
                                     ("graph-cond", "conditional node"),
                                     ("pool-ipc", "made for export to other processes"),
                                     ("vmm-fixed", "outside its movable range"),
-                                    ("texture", "texture or surface objects"))),
+                                    ("surface", "surface objects"),
+                                    ("texture-array", "texture objects over CUDA arrays"))),
             ([], (("vmm", "--movable-memory"), ("async", "--movable-memory"))),
         )
         for movable, phases in cases:

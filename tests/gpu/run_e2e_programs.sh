@@ -28,8 +28,8 @@
 # attributes, instantiate with parameters, context flags and affinity, host atomics,
 # pointer SYNC_MEMOPS, cluster size, the pre-11.7 stream memory operations),
 # migrate_state (the state a move carries, not moved here: the app's VMM, captured and
-# hand-built graphs changed in place, cudaMallocAsync; tests/gpu/migrate/run_migrate.py
-# moves it), rma_copies (pinned and registered memory copied both ways at odd sizes and
+# hand-built graphs changed in place, cudaMallocAsync, texture objects read in kernels;
+# tests/gpu/migrate/run_migrate.py moves it), rma_copies (pinned and registered memory copied both ways at odd sizes and
 # offsets, in stream order with host functions and events; over ucx:// the server reads and
 # writes it one-sided), staged_copies (device-to-host copies into pageable memory at odd
 # sizes around the staging chunk, several threads, errors; over shm:// through the staging

@@ -605,5 +605,33 @@ TEST_F(SimBackend, TextureObjectsKeepTheirDescriptors) {
   EXPECT_EQ(api_.cuArrayDestroy(ldst), CUDA_SUCCESS);
 }
 
+// Texture object values are the smallest free, as the driver's in a fresh process
+// (1, 2, 3, ...): a restore makes the source's values again in order and counts on it.
+TEST_F(SimBackend, TextureObjectValuesAreTheSmallestFree) {
+  CUdeviceptr d = 0;
+  ASSERT_EQ(api_.cuMemAlloc_v2(&d, 1 << 16), CUDA_SUCCESS);
+  CUDA_RESOURCE_DESC rd{};
+  rd.resType = CU_RESOURCE_TYPE_LINEAR;
+  rd.res.linear.devPtr = d;
+  rd.res.linear.format = CU_AD_FORMAT_FLOAT;
+  rd.res.linear.numChannels = 1;
+  rd.res.linear.sizeInBytes = 1 << 16;
+  CUDA_TEXTURE_DESC td{};
+  CUtexObject t[4] = {};
+  for (CUtexObject& o : t) ASSERT_EQ(api_.cuTexObjectCreate(&o, &rd, &td, nullptr), CUDA_SUCCESS);
+  EXPECT_NE(t[0], 0u);
+  for (int i = 1; i < 4; ++i) EXPECT_EQ(t[i], t[i - 1] + 1);
+  // A hole is filled first, then the values go on after the largest.
+  ASSERT_EQ(api_.cuTexObjectDestroy(t[1]), CUDA_SUCCESS);
+  CUtexObject again = 0, next = 0;
+  ASSERT_EQ(api_.cuTexObjectCreate(&again, &rd, &td, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(again, t[1]);
+  ASSERT_EQ(api_.cuTexObjectCreate(&next, &rd, &td, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(next, t[3] + 1);
+  for (CUtexObject o : {t[0], again, t[2], t[3], next})
+    EXPECT_EQ(api_.cuTexObjectDestroy(o), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuMemFree_v2(d), CUDA_SUCCESS);
+}
+
 }  // namespace
 }  // namespace flyt::server

@@ -26,8 +26,16 @@
 //            counter in pool memory with a kernel, frees the oldest in stream order,
 //            trims once, and checks that the pool handles, the attributes, the pool a
 //            pointer belongs to and the used/reserved figures still hold.
+//   textures texture objects over linear and pitch-2D memory (four made, the second
+//            destroyed: the values have a hole); every step changes the memory under
+//            them, checks that the driver still knows each value the app holds as the
+//            object it made (resource and texture descriptors read back: device pointer,
+//            size, pitch, address mode), makes and destroys one more, reads the memory
+//            back and, on a GPU (not the sim), reads each through its texture in a
+//            kernel (tex1Dfetch, tex2D) and compares.
 //
-//   migrate_state STEPS PAUSE_MS [vmm] [graphs] [async] [pools]   (none named: all four)
+//   migrate_state STEPS PAUSE_MS [vmm] [graphs] [async] [pools] [textures]
+//       (none named: all five)
 //       prints "step N ..." per step (checksums and counters, no addresses), then PASS.
 //   migrate_state refuse DIR PHASE...
 //       per phase, sets up state that refuses a move, prints "phase P ready" and waits
@@ -37,9 +45,11 @@
 //       fixed address outside the movable range), vmm (any reservation: on a server
 //       without --movable-memory), async (a cudaMallocAsync allocation: likewise),
 //       pool-ipc (an allocation from a pool made for export to other processes),
-//       texture (a texture object over linear memory).
+//       surface (a surface object over a CUDA array), texture-array (a texture object
+//       over a CUDA array; textures over linear and pitch-2D memory move).
 //
-// What kernels compute is only checked through flyt_sim_countdown, which the sim models.
+// What kernels compute is only checked through flyt_sim_countdown, which the sim models,
+// and on a GPU through the texture fetches.
 #include <cuda.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -744,6 +754,188 @@ struct Pools {
   }
 };
 
+// --- texture objects
+
+// Through a texture object (GPU only: the sim runs no such kernel).
+__global__ void fetch_linear(cudaTextureObject_t t, float* out, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = tex1Dfetch<float>(t, i);
+}
+__global__ void fetch_pitched(cudaTextureObject_t t, float* out, int w, int h) {
+  const int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y;
+  if (x < w && y < h) out[y * w + x] = tex2D<float>(t, x + 0.5f, y + 0.5f);
+}
+
+struct Textures {
+  static constexpr int kN = 4096;  // floats in each linear buffer
+  static constexpr int kW = 64, kH = 32;
+  struct Obj {
+    const char* name;
+    cudaTextureObject_t value;
+    const void* ptr;  // the memory it reads
+    size_t bytes;     // linear: its size; pitch-2D: 0
+    cudaTextureAddressMode address;
+  };
+  bool on_gpu = false;
+  void *raw0 = nullptr, *raw1 = nullptr;  // lin0 and lin1 lie in these, 512-byte aligned
+  float *lin0 = nullptr, *lin1 = nullptr, *pitched = nullptr, *out = nullptr;
+  size_t pitch = 0;
+  std::vector<float> h_lin0, h_lin1, h_pitched;  // what the buffers hold
+  std::vector<Obj> live;
+
+  static cudaTextureObject_t Linear(const float* p, size_t bytes, cudaTextureAddressMode mode) {
+    cudaResourceDesc res{};
+    res.resType = cudaResourceTypeLinear;
+    res.res.linear.devPtr = const_cast<float*>(p);
+    res.res.linear.desc = cudaCreateChannelDesc<float>();
+    res.res.linear.sizeInBytes = bytes;
+    cudaTextureDesc tex{};
+    tex.readMode = cudaReadModeElementType;
+    tex.addressMode[0] = mode;
+    cudaTextureObject_t t = 0;
+    CK(cudaCreateTextureObject(&t, &res, &tex, nullptr));
+    return t;
+  }
+
+  // Four objects made (two linear over lin0 and lin1, one pitch-2D, one linear over half
+  // of lin1), the second destroyed: the values the app holds have a hole.
+  void Setup() {
+    e2e::Step("textures setup");
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    on_gpu = strcmp(prop.name, "Flyt Simulated GPU") != 0;
+    // A linear texture's memory must be aligned to CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT
+    // (512 on Hopper), which cudaMalloc does not promise.
+    auto aligned = [](void** raw) {
+      CK(cudaMalloc(raw, kN * sizeof(float) + 512));
+      return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(*raw) + 511) & ~uintptr_t{511});
+    };
+    lin0 = aligned(&raw0);
+    lin1 = aligned(&raw1);
+    CK(cudaMalloc(&out, kN * sizeof(float)));
+    CK(cudaMallocPitch(&pitched, &pitch, kW * sizeof(float), kH));
+    h_lin0.resize(kN);
+    h_lin1.resize(kN);
+    h_pitched.resize(kW * kH);
+    for (int i = 0; i < kN; ++i) {
+      h_lin0[i] = static_cast<float>(i);
+      h_lin1[i] = static_cast<float>(100000 + i);
+    }
+    for (int i = 0; i < kW * kH; ++i) h_pitched[i] = static_cast<float>(50000 + i);
+    CK(cudaMemcpy(lin0, h_lin0.data(), kN * sizeof(float), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(lin1, h_lin1.data(), kN * sizeof(float), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy2D(pitched, pitch, h_pitched.data(), kW * sizeof(float), kW * sizeof(float), kH,
+                    cudaMemcpyHostToDevice));
+    const cudaTextureObject_t a = Linear(lin0, kN * sizeof(float), cudaAddressModeClamp);
+    const cudaTextureObject_t gone = Linear(lin1, kN * sizeof(float), cudaAddressModeClamp);
+    cudaResourceDesc res{};
+    res.resType = cudaResourceTypePitch2D;
+    res.res.pitch2D.devPtr = pitched;
+    res.res.pitch2D.desc = cudaCreateChannelDesc<float>();
+    res.res.pitch2D.width = kW;
+    res.res.pitch2D.height = kH;
+    res.res.pitch2D.pitchInBytes = pitch;
+    cudaTextureDesc tex{};
+    tex.readMode = cudaReadModeElementType;
+    tex.addressMode[0] = tex.addressMode[1] = cudaAddressModeBorder;
+    tex.filterMode = cudaFilterModePoint;
+    cudaTextureObject_t p = 0;
+    CK(cudaCreateTextureObject(&p, &res, &tex, nullptr));
+    const cudaTextureObject_t half = Linear(lin1, kN / 2 * sizeof(float), cudaAddressModeBorder);
+    CK(cudaDestroyTextureObject(gone));
+    live = {{"lin0", a, lin0, kN * sizeof(float), cudaAddressModeClamp},
+            {"pitched", p, pitched, 0, cudaAddressModeBorder},
+            {"lin1_half", half, lin1, kN / 2 * sizeof(float), cudaAddressModeBorder}};
+    for (const Obj& o : live) EXPECT(o.value != 0 && o.value != gone, "texture %s value", o.name);
+  }
+
+  // The driver still knows each value the app holds as the object it made.
+  void CheckObject(const Obj& o, int i) {
+    cudaResourceDesc res{};
+    CK(cudaGetTextureObjectResourceDesc(&res, o.value));
+    cudaTextureDesc tex{};
+    CK(cudaGetTextureObjectTextureDesc(&tex, o.value));
+    if (o.bytes != 0) {
+      EXPECT(res.resType == cudaResourceTypeLinear && res.res.linear.devPtr == o.ptr &&
+                 res.res.linear.sizeInBytes == o.bytes,
+             "texture %s (value %llu) at step %d: type %d, %zu bytes", o.name,
+             static_cast<unsigned long long>(o.value), i, static_cast<int>(res.resType),
+             res.res.linear.sizeInBytes);
+    } else {
+      EXPECT(res.resType == cudaResourceTypePitch2D && res.res.pitch2D.devPtr == o.ptr &&
+                 res.res.pitch2D.width == kW && res.res.pitch2D.height == kH &&
+                 res.res.pitch2D.pitchInBytes == pitch,
+             "texture %s (value %llu) at step %d: type %d, %zux%zu", o.name,
+             static_cast<unsigned long long>(o.value), i, static_cast<int>(res.resType),
+             res.res.pitch2D.width, res.res.pitch2D.height);
+    }
+    // (The address modes of a linear texture mean nothing to tex1Dfetch: checked on the
+    // pitch-2D one only.)
+    EXPECT((o.bytes != 0 || tex.addressMode[0] == o.address) &&
+               tex.readMode == cudaReadModeElementType,
+           "texture %s at step %d: address mode %d, read mode %d", o.name, i,
+           static_cast<int>(tex.addressMode[0]), static_cast<int>(tex.readMode));
+  }
+
+  void CheckFetch(const Obj& o, int i) {
+    std::vector<float> got(o.bytes != 0 ? o.bytes / sizeof(float) : kW * kH);
+    const int n = static_cast<int>(got.size());
+    if (o.bytes != 0) {
+      fetch_linear<<<(n + 255) / 256, 256>>>(o.value, out, n);
+    } else {
+      fetch_pitched<<<dim3(1, kH), kW>>>(o.value, out, kW, kH);
+    }
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(got.data(), out, n * sizeof(float), cudaMemcpyDeviceToHost));
+    const std::vector<float>& want = o.ptr == lin0 ? h_lin0 : (o.ptr == lin1 ? h_lin1 : h_pitched);
+    for (int k = 0; k < n; ++k)
+      EXPECT(got[k] == want[k], "texture %s read %g at %d, want %g (step %d)", o.name, got[k], k,
+             want[k], i);
+  }
+
+  void Step(int i, std::string* line) {
+    e2e::Step("textures step");
+    // The memory under them changes; what they read must follow it.
+    h_lin0[i % kN] += 1.0f;
+    h_pitched[(i * 7) % (kW * kH)] -= 1.0f;
+    CK(cudaMemcpy(lin0 + i % kN, &h_lin0[i % kN], sizeof(float), cudaMemcpyHostToDevice));
+    const int at = (i * 7) % (kW * kH);
+    CK(cudaMemcpy(reinterpret_cast<char*>(pitched) + (at / kW) * pitch + (at % kW) * sizeof(float),
+                  &h_pitched[at], sizeof(float), cudaMemcpyHostToDevice));
+    for (const Obj& o : live) CheckObject(o, i);
+    // One made and destroyed: its value is none the app holds.
+    const cudaTextureObject_t extra = Linear(lin0, 1024 * sizeof(float), cudaAddressModeWrap);
+    for (const Obj& o : live) EXPECT(extra != o.value, "a new texture took %s's value", o.name);
+    CheckObject({"extra", extra, lin0, 1024 * sizeof(float), cudaAddressModeWrap}, i);
+    CK(cudaDestroyTextureObject(extra));
+    if (on_gpu)
+      for (const Obj& o : live) CheckFetch(o, i);
+    // What the memory holds, read back (as the kernels read it on a GPU).
+    std::vector<float> b0(kN), b1(kN), bp(kW * kH);
+    CK(cudaMemcpy(b0.data(), lin0, kN * sizeof(float), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(b1.data(), lin1, kN * sizeof(float), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy2D(bp.data(), kW * sizeof(float), pitched, pitch, kW * sizeof(float), kH,
+                    cudaMemcpyDeviceToHost));
+    EXPECT(b0 == h_lin0 && b1 == h_lin1 && bp == h_pitched,
+           "the memory under the textures at step %d", i);
+    char buf[96];
+    snprintf(buf, sizeof(buf), " tex=%llu objects=%zu",
+             static_cast<unsigned long long>(
+                 Sum(bp.data(), bp.size() * sizeof(float), Sum(b0.data(), kN * sizeof(float)))),
+             live.size());
+    *line += buf;
+  }
+
+  void Teardown() {
+    e2e::Step("textures teardown");
+    for (const Obj& o : live) CK(cudaDestroyTextureObject(o.value));
+    CK(cudaFree(raw0));
+    CK(cudaFree(raw1));
+    CK(cudaFree(out));
+    CK(cudaFree(pitched));
+  }
+};
+
 // --- refusals
 
 bool Exists(const std::string& path) {
@@ -819,21 +1011,27 @@ int Refuse(const std::string& dir, int argc, char** argv) {
       CK(cudaFreeAsync(p, 0));
       CK(cudaStreamSynchronize(0));
       CK(cudaMemPoolDestroy(pool));
-    } else if (phase == "texture") {
-      void* buf = nullptr;
-      CK(cudaMalloc(&buf, 1 << 16));
+    } else if (phase == "surface" || phase == "texture-array") {
+      const cudaChannelFormatDesc fd = cudaCreateChannelDesc<float>();
+      cudaArray_t arr = nullptr;
+      CK(cudaMallocArray(&arr, &fd, 64, 16, cudaArraySurfaceLoadStore));
       cudaResourceDesc res{};
-      res.resType = cudaResourceTypeLinear;
-      res.res.linear.devPtr = buf;
-      res.res.linear.desc = cudaCreateChannelDesc<float>();
-      res.res.linear.sizeInBytes = 1 << 16;
-      cudaTextureDesc tex{};
-      tex.readMode = cudaReadModeElementType;
-      cudaTextureObject_t obj = 0;
-      CK(cudaCreateTextureObject(&obj, &res, &tex, nullptr));
-      Hold(dir, argv[k]);
-      CK(cudaDestroyTextureObject(obj));
-      CK(cudaFree(buf));
+      res.resType = cudaResourceTypeArray;
+      res.res.array.array = arr;
+      if (phase == "surface") {
+        cudaSurfaceObject_t obj = 0;
+        CK(cudaCreateSurfaceObject(&obj, &res));
+        Hold(dir, argv[k]);
+        CK(cudaDestroySurfaceObject(obj));
+      } else {
+        cudaTextureDesc tex{};
+        tex.readMode = cudaReadModeElementType;
+        cudaTextureObject_t obj = 0;
+        CK(cudaCreateTextureObject(&obj, &res, &tex, nullptr));
+        Hold(dir, argv[k]);
+        CK(cudaDestroyTextureObject(obj));
+      }
+      CK(cudaFreeArray(arr));
     } else if (phase == "vmm-fixed" || phase == "vmm") {
       ResolveVmm();
       const CUmemAllocationProp prop = DeviceProp();
@@ -865,37 +1063,42 @@ int main(int argc, char** argv) {
   }
   const int steps = argc > 1 ? atoi(argv[1]) : 12;
   const int pause_ms = argc > 2 ? atoi(argv[2]) : 0;
-  bool vmm_on = false, graphs_on = false, async_on = false, pools_on = false;
+  bool vmm_on = false, graphs_on = false, async_on = false, pools_on = false, tex_on = false;
   for (int k = 3; k < argc; ++k) {
     vmm_on = vmm_on || std::string(argv[k]) == "vmm";
     graphs_on = graphs_on || std::string(argv[k]) == "graphs";
     async_on = async_on || std::string(argv[k]) == "async";
     pools_on = pools_on || std::string(argv[k]) == "pools";
+    tex_on = tex_on || std::string(argv[k]) == "textures";
   }
-  if (!vmm_on && !graphs_on && !async_on && !pools_on)
-    vmm_on = graphs_on = async_on = pools_on = true;
+  if (!vmm_on && !graphs_on && !async_on && !pools_on && !tex_on)
+    vmm_on = graphs_on = async_on = pools_on = tex_on = true;
   cudaStream_t s;
   CK(cudaStreamCreate(&s));
   Vmm vmm;
   Graphs graphs;
   Async async;
   Pools pools;
+  Textures textures;
   if (vmm_on) vmm.Setup();
   if (graphs_on) graphs.Setup();
   if (async_on) async.Setup();
   if (pools_on) pools.Setup();
+  if (tex_on) textures.Setup();
   for (int i = 0; i < steps; ++i) {
     std::string line = "step " + std::to_string(i);
     if (vmm_on) vmm.Step(i, s, &line);
     if (graphs_on) graphs.Step(i, &line);
     if (async_on) async.Step(i, &line);
     if (pools_on) pools.Step(i, &line);
+    if (tex_on) textures.Step(i, &line);
     printf("%s\n", line.c_str());
     fflush(stdout);
     if (pause_ms > 0) usleep(pause_ms * 1000);
   }
   if (async_on) async.Teardown();  // (its allocations of steps 6-9 came from `mine`)
   if (pools_on) pools.Teardown();
+  if (tex_on) textures.Teardown();
   if (graphs_on) graphs.Teardown();
   if (vmm_on) vmm.Teardown();
   CK(cudaStreamDestroy(s));

@@ -6,8 +6,9 @@ and measures, natively vs through Flyt in the same run:
   1. migrate_loop (tests/e2e/programs): moved A->B->A, a checkpoint, server A restarted
      on its port and restored from the file; its output equals the native run's. Then
      migrate_state the same way (the app's VMM, graphs changed in place, cudaMallocAsync,
-     memory pools by handle: default and created, attributes, cudaMallocFromPoolAsync;
-     with --movable; without it, graphs only).
+     memory pools by handle: default and created, attributes, cudaMallocFromPoolAsync,
+     texture objects over linear and pitch-2D memory read through tex1Dfetch/tex2D in
+     kernels; with --movable; without it, graphs and textures only).
   2. a PyTorch training loop moved A->B->A mid-run: the same losses as natively; once per
      --torch-modes mode (train_loop.py: plain, expandable segments, cudaMallocAsync, a
      captured CUDA graph replayed).
@@ -298,7 +299,7 @@ def main():
         # 1b. migrate_state: the app's VMM, graphs, stream-ordered allocations, pools.
         state = [os.path.join(args.programs, "migrate_state"), "16", "0"]
         if not args.movable:
-            state.append("graphs")
+            state += ["graphs", "textures"]
         rc, nat = native(state)
         prog = Program(args.build, a, state[:2] + ["200"] + state[3:],
                        os.path.join(work, "state.log"))
@@ -319,7 +320,8 @@ def main():
         same = rc == 0 and frc == 0 and steps_of(nat) == steps_of(flines) and len(steps_of(nat)) == 16
         fails += not same or (args.movable and not all_moved(notes))
         out += ["### migrate_state (%s; 16 steps)" % (
-                    "VMM, graphs, cudaMallocAsync, memory pools" if args.movable else "graphs"),
+                    "VMM, graphs, cudaMallocAsync, memory pools, textures" if args.movable
+                    else "graphs, textures"),
                 "",
                 "native rc %s, Flyt rc %s; step lines equal to native: **%s**; every move "
                 "took it: **%s**" % (rc, frc, "yes" if same else "NO",
