@@ -794,6 +794,30 @@ CUresult MapExisting(const char* name, Client::HostBuffer* b) {
   return CUDA_SUCCESS;
 }
 
+// A shared pinned buffer whose device pointer the app asks for: the server no longer
+// lets a move leave it behind, and its kept memfd goes. Serialised with MapExisting, so
+// that two threads asking at once close the descriptor once.
+CUresult KeepMapped(Client::HostBuffer* b) {
+  Client& c = Client::Get();
+  std::lock_guard<std::mutex> lock(g_map_mu);
+  Client::HostBuffer now;
+  if (!c.FindHostBuffer(reinterpret_cast<void*>(b->base), &now) || now.base != b->base ||
+      now.share_fd < 0) {
+    b->share_fd = -1;  // another thread did it meanwhile
+    return CUDA_SUCCESS;
+  }
+  wire::Writer w;
+  w.Put<uint8_t>(ops::kDriverMiscHostKeepMapped);
+  w.Put<uint64_t>(now.server_addr);
+  Client::RouteScope scope(c.multi() ? 0 : -1);  // shared buffers are server 0's
+  CUresult rc = c.Call("cuMemHostGetDevicePointer", ops::kOpDriverMisc, w, ReplySink{});
+  if (rc != CUDA_SUCCESS) return rc;
+  flyt::client::ForgetShareFd(&now);
+  c.AddHostBuffer(now);
+  *b = now;
+  return CUDA_SUCCESS;
+}
+
 // A mapped buffer goes: the server frees its memory (after the session's work on it);
 // `restore` keeps the bytes at the address as ordinary memory (the app's own buffer).
 CUresult UnmapMapped(const char* name, const Client::HostBuffer& b, bool restore) {
@@ -908,6 +932,12 @@ FLYT_API CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* out, void* p, unsign
   // Memory the driver never pinned has no device address natively either.
   if (!Client::Get().FindHostBuffer(p, &b)) return CUDA_ERROR_INVALID_VALUE;
   const uintptr_t off = reinterpret_cast<uintptr_t>(p) - b.base;
+  // A pinned buffer shared over shm that a move could leave behind: its device pointer
+  // goes to a kernel now, so the server keeps it (the session refuses a move).
+  if (b.share_fd >= 0) {
+    CUresult kept = KeepMapped(&b);
+    if (kept != CUDA_SUCCESS) return kept;
+  }
   if (b.device_ptr != 0) {
     *out = b.device_ptr + off;
     return CUDA_SUCCESS;

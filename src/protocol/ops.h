@@ -460,6 +460,9 @@ enum : uint8_t {
   kDriverMiscCtxGetFlags = 8,  // reply: u32 the current context's flags, as the driver has them
   // i32 src i32 dst u32 n, n x u32 operation -> n x u32 capabilities
   kDriverMiscP2PAtomicCaps = 9,
+  // u64 the server's address of a pinned buffer shared over shm (kHostShareMovable): the
+  // app asked for its device pointer, so a move may no longer leave it behind
+  kDriverMiscHostKeepMapped = 10,
 };
 enum : uint8_t {
   kMemOpV1Wait32 = 0,

@@ -373,6 +373,18 @@ bool Session::DriverMisc(Reader& in, bool per_thread, Writer& out, CUresult* rc)
       out.Put<uint32_t>(now);
       return true;
     }
+    case ops::kDriverMiscHostKeepMapped: {
+      uint64_t addr = 0;
+      if (!in.Get(&addr) || in.remaining() != 0) return false;
+      // A kernel may read it through its device pointer now: it refuses a move (the next
+      // server might not map it there).
+      if (shared_host_.count(addr) == 0) {
+        *rc = CUDA_ERROR_INVALID_VALUE;
+      } else {
+        left_host_.erase(addr);
+      }
+      return true;
+    }
     case ops::kDriverMiscCtxGetFlags: {
       if (in.remaining() != 0) return false;
       unsigned now = 0;

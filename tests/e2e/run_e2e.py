@@ -1596,63 +1596,38 @@ class E2E(unittest.TestCase):
         self.stop_server(b)
 
     def test_migrate_shm_pinned(self):
-        """A program over shm:// that uploads and reads back through a pinned buffer
-        (cudaMallocHost, which the server maps) is moved to another server's shm://
-        address (the buffer is shared with it again, copies stay zero-copy), then to a
-        server over tcp:// (the buffer is the program's own memory; copies take the
-        socket), then checkpointed and restored by a restarted server; its output equals
-        an undisturbed run's and no server keeps anything."""
-        variant = CFG.variants[0]
-        a = self.start_server(control=True)
-        b = self.start_server(control=True)
-        steps, pause = "24", "60"
-        args = (steps, "0", "0", "pinned")
-        base = self.run_ok(a, "shm", "migrate_loop", variant, args=args)
-        expected = [l for l in base.lines() if l.startswith("step ")]
-        self.assertEqual(len(expected), int(steps), base.describe())
-        prog = RunningProgram(self.tmp, a, "shm", program_path("migrate_loop", variant),
-                              (steps, pause, "0", "pinned"))
-        ckpt = os.path.join(self.tmp, "ckpt-shm-pinned")
-        os.makedirs(ckpt)
-        restarted = None
-        try:
-            def reach(pattern):
-                if prog.wait_line(pattern) is None:
-                    self.fail("migrate_loop never printed %s\n%s" % (
-                        pattern, prog.finish(5).describe()))
-            reach(r"^step 3 ")
-            n, answer = self._migrate_answer(a, "migrate", "moved", to=b.url("shm"),
-                                             token=TOKEN)
-            self.assertEqual(n, 1, "%s\n%s\n%s" % (answer, a.logs(), b.logs()))
-            reach(r"^step 9 ")
-            n, answer = self._migrate_answer(b, "migrate", "moved", to=a.url("shm"),
-                                             token=TOKEN)
-            self.assertEqual(n, 1, "%s\n%s\n%s" % (answer, a.logs(), b.logs()))
-            reach(r"^step 13 ")
-            # Checkpointed, its server restarted on the same addresses and restored.
-            n, answer = self._migrate_answer(a, "checkpoint", "checkpointed", dir=ckpt)
-            self.assertEqual(n, 1, "%s\n%s" % (answer, a.logs()))
-            port, name = a.port, a.name
-            self.stop_server(a)
-            restarted = self.start_server(control=True, port=port, name=name)
-            answer = restarted.control({"verb": "restore", "dir": ckpt, "wait_ms": 20000},
-                                       timeout=30)
-            self.assertEqual(answer.get("restored"), 1, "%s\n%s" % (answer, restarted.logs()))
-            reach(r"^step 17 ")
-            n, answer = self._migrate_answer(restarted, "migrate", "moved", to=b.url("tcp"),
-                                             token=TOKEN)
-            self.assertEqual(n, 1, "%s\n%s\n%s" % (answer, restarted.logs(), b.logs()))
-        finally:
-            res = prog.finish()
-        self.assert_passed(res, "migrate_loop", b)
-        self.assertEqual([l for l in res.lines() if l.startswith("step ")], expected,
-                         res.describe())
+        """migrate_loop over shm:// uploading and reading back through a pinned buffer
+        (cudaMallocHost, which the server maps): moved to B's shm:// address and back (the
+        buffer shared with each server again), checkpointed and restored by a restarted
+        server, then moved to B over tcp:// (the program's own memory there; copies take the
+        socket). Before, such a session was refused a move. Then the same program, having
+        asked for the buffer's device pointer (a kernel may read it there), is refused a
+        move and goes on where it is."""
+        res = self._move_there_and_back("shm", CFG.variants[0], ("0", "pinned"), [],
+                                        "ckpt-shm-pinned", program="migrate_loop",
+                                        then_to="tcp")
         log = res.client_log
-        self.assertEqual(log.count("now lives at flyt-server"), 4, log)
         self.assertEqual(log.count("pinned buffers shared with the new server again"), 3, log)
         self.assertEqual(log.count("are this process's own memory after the move"), 1, log)
-        self.assert_stats(restarted, sessions=0, memory_used=0)
-        self.stop_server(restarted)
+        a = self.start_server(control=True)
+        b = self.start_server(control=True)
+        prog = RunningProgram(self.tmp, a, "shm", program_path("migrate_loop", CFG.variants[0]),
+                              ("6", "300", "0", "pinned-mapped"))
+        try:
+            if prog.wait_line(r"^step 1 ") is None:
+                self.fail("migrate_loop never printed step 1\n%s" % prog.finish(5).describe())
+            n, answer = self._migrate_answer(a, "migrate", "moved", to=b.url("shm"),
+                                             token=TOKEN)
+            self.assertEqual((n, answer.get("stayed")), (0, 1), answer)
+            self.assertIn("pinned host memory mapped for the GPU",
+                          answer["sessions"][0]["message"], answer)
+        finally:
+            res = prog.finish()
+        self.assert_passed(res, "migrate_loop", a)
+        self.assertIn("pinned device pointer asked", res.stdout, res.describe())
+        for srv in (a, b):
+            self.assert_stats(srv, sessions=0, memory_used=0)
+        self.stop_server(a)
         self.stop_server(b)
 
     def _migrate_answer(self, srv, verb, key, **extra):
@@ -1665,20 +1640,22 @@ class E2E(unittest.TestCase):
         return answer.get(key), answer
 
     def _move_there_and_back(self, transport, variant, parts, movable, ckpt_name,
-                             restart_name=None):
-        """migrate_state `parts` under way on server A (flyt-server `movable` options), the client
-        on `transport`: moved A to B at step 2 and back at step 5, checkpointed at step 8, A
-        stopped and restarted at its address (named `restart_name`, else A's name: the same
-        Unix socket, where a unix:// client waits) and the checkpoint restored there. Its
-        step lines must equal an undisturbed run's, the client must say three times where
-        it lives now, and B and the restarted server must end holding nothing."""
+                             restart_name=None, program="migrate_state", then_to=None):
+        """`program` (migrate_state or migrate_loop) with `parts` after its steps and pause,
+        under way on server A (flyt-server `movable` options), the client on `transport`:
+        moved A to B at step 2 and back at step 5, checkpointed at step 8, A stopped and
+        restarted at its address (named `restart_name`, else A's name: the same Unix socket,
+        where a unix:// client waits) and the checkpoint restored there; with `then_to`,
+        moved to B's address of that transport at step 10. Its step lines must equal an
+        undisturbed run's, the client must say at each move where it lives now, and every
+        server must end holding nothing. Returns the program's result."""
         steps, pause = "12", "50"
         a = self.start_server(control=True, extra_args=movable)
         b = self.start_server(control=True, extra_args=movable)
-        base = self.run_ok(a, transport, "migrate_state", variant, args=(steps, "0") + parts)
+        base = self.run_ok(a, transport, program, variant, args=(steps, "0") + parts)
         expected = [l for l in base.lines() if l.startswith("step ")]
         self.assertEqual(len(expected), int(steps), base.describe())
-        prog = RunningProgram(self.tmp, a, transport, program_path("migrate_state", variant),
+        prog = RunningProgram(self.tmp, a, transport, program_path(program, variant),
                               (steps, pause) + parts)
         ckpt = os.path.join(self.tmp, ckpt_name)
         os.makedirs(ckpt)
@@ -1686,8 +1663,8 @@ class E2E(unittest.TestCase):
         try:
             def reach(pattern):
                 if prog.wait_line(pattern) is None:
-                    self.fail("migrate_state never printed %s\n%s" % (
-                        pattern, prog.finish(5).describe()))
+                    self.fail("%s never printed %s\n%s" % (
+                        program, pattern, prog.finish(5).describe()))
             reach(r"^step 2 ")
             n, answer = self._migrate_answer(a, "migrate", "moved", to=b.url(transport),
                                              token=TOKEN)
@@ -1707,16 +1684,23 @@ class E2E(unittest.TestCase):
             answer = restarted.control({"verb": "restore", "dir": ckpt, "wait_ms": 20000},
                                        timeout=30)
             self.assertEqual(answer.get("restored"), 1, "%s\n%s" % (answer, restarted.logs()))
+            if then_to is not None:
+                reach(r"^step 10 ")
+                n, answer = self._migrate_answer(restarted, "migrate", "moved",
+                                                 to=b.url(then_to), token=TOKEN)
+                self.assertEqual(n, 1, "%s\n%s\n%s" % (answer, restarted.logs(), b.logs()))
         finally:
             res = prog.finish()
-        self.assert_passed(res, "migrate_state", restarted or a)
+        self.assert_passed(res, program, restarted or a)
         got = [l for l in res.lines() if l.startswith("step ")]
         self.assertEqual(got, expected, res.describe())
-        self.assertEqual(res.client_log.count("now lives at flyt-server"), 3, res.client_log)
+        self.assertEqual(res.client_log.count("now lives at flyt-server"),
+                         3 if then_to is None else 4, res.client_log)
         for srv in (b, restarted):
             self.assert_stats(srv, sessions=0, memory_used=0)
         self.stop_server(b)
         self.stop_server(restarted)
+        return res
 
     def test_migrate_state(self):
         """migrate_state keeps VMM memory (a growing reservation, a read-only chunk, an

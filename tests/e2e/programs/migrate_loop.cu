@@ -14,6 +14,7 @@
 // move's pause grows with the memory in use. `pinned`: every upload and
 // read-back goes through one pinned buffer (cudaMallocHost, as PyTorch's
 // pin_memory), asynchronously on the stream; over shm:// the server maps it.
+// `pinned-mapped`: the same, after asking for the buffer's device pointer.
 //
 // Prints "step N sum=S" per step, then "migrate_loop: PASS".
 #include <unistd.h>
@@ -75,12 +76,19 @@ int main(int argc, char** argv) {
     std::printf("extra %zu MiB\n", extra_mib);
     std::fflush(stdout);
   }
-  const bool pinned = argc > 4 && std::strcmp(argv[4], "pinned") == 0;
+  const bool mapped = argc > 4 && std::strcmp(argv[4], "pinned-mapped") == 0;
+  const bool pinned = mapped || (argc > 4 && std::strcmp(argv[4], "pinned") == 0);
   const size_t kPin = (2 << 20) + 4099;
   unsigned char* pin = nullptr;
   if (pinned) {
     CK(cudaMallocHost(&pin, kPin));
     std::printf("pinned %zu bytes\n", kPin);
+  }
+  if (mapped) {  // a kernel may read it through this pointer from now on
+    void* device = nullptr;
+    CK(cudaHostGetDevicePointer(&device, pin, 0));
+    EXPECT(device != nullptr, "a device pointer for the pinned buffer");
+    std::printf("pinned device pointer asked\n");
   }
   // Through the pinned buffer when there is one: host -> pin -> device, device -> pin -> host.
   auto upload = [&](unsigned char* dev, const unsigned char* src, size_t n) {
