@@ -168,6 +168,9 @@ CUresult Client::Init() {
     std::string manager_socket, manager_token;
     if (server != nullptr && server[0] != '\0') {
       server_ = server;  // standalone mode
+      // A checkpoint restored on another node: a client manager, where the VM has one,
+      // knows where by this address (client/session_move.cc).
+      if (server_.find(',') == std::string::npos) NoteFixedEndpoint(server_);
     } else if (ClientManagerPresent(&manager_socket)) {
       Status asked = AskClientManager(manager_socket, EnvInt("FLYT_TIMEOUT_MS", 30000) + 30000,
                                       &server_, &manager_token);

@@ -53,6 +53,11 @@ std::string ClientManagerEndpoint() {
   return g_endpoint;
 }
 
+void NoteFixedEndpoint(const std::string& endpoint) {
+  std::lock_guard<std::mutex> lock(g_endpoint_mu);
+  if (g_endpoint.empty()) g_endpoint = endpoint;
+}
+
 void NoteSessionEndpoint(const std::string& endpoint) {
   std::lock_guard<std::mutex> lock(g_endpoint_mu);
   if (!g_endpoint.empty()) g_endpoint = endpoint;

@@ -119,15 +119,13 @@ void Client::ResumeLocked(const std::string& where, const uint64_t key[2], int d
     return;
   }
   // A checkpointed process waits at its own server's address; the checkpoint may be
-  // restored on another node instead, which its client manager then knows (a process
-  // pointed at a server with FLYT_SERVER has none to ask).
-  // It asks by the endpoint its client manager gave it (server_ may be the shm:// path it
-  // moved to on the server's host).
+  // restored on another node instead, which the VM's client manager then knows. It asks
+  // by the endpoint its client manager gave it, or FLYT_SERVER's one address (server_ may
+  // be the shm:// path it moved to on the server's host); with no client manager on the
+  // VM it can only wait.
   std::string manager;
-  const char* fixed = std::getenv("FLYT_SERVER");
   const std::string given = ClientManagerEndpoint();
-  const bool locate = where == server_ && (fixed == nullptr || fixed[0] == '\0') &&
-                      !given.empty() && given.find(',') == std::string::npos &&
+  const bool locate = where == server_ && !given.empty() && given.find(',') == std::string::npos &&
                       ClientManagerPresent(&manager);
   const int64_t t0 = MonotonicMs();
   const int64_t deadline = t0 + deadline_ms;

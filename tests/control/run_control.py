@@ -1520,6 +1520,38 @@ class Control(unittest.TestCase):
         self.wait_event("the servers started again", before, "restore-servers")
         self.finish_and_compare(prog, expected, 2)
 
+    def test_restore_fixed_server_elsewhere(self):
+        """A process given its server with FLYT_SERVER (and the VM's token), not through the
+        client manager, is checkpointed with its VM and restored on another node: while it
+        waits it asks the VM's client manager by that address, goes on at the new server,
+        and prints what an undisturbed run printed."""
+        self.start_cluster_manager(policy="spread")
+        self.start_node("n1", "10.0.0.1")
+        self.start_node("n2", "10.0.0.2")
+        vm = "10.1.0.96"
+        steps = 200
+        self.add_vm(vm, "10.0.0.1", 8, 1)
+        cmgr = self.start_client_manager(vm)
+        expected = self.undisturbed_steps(cmgr, steps)
+        first = self.wait_server_running(vm)
+        answer = self.ask_client_manager(cmgr).split()
+        self.assertEqual(answer[:2], ["OK", first["endpoint"]], answer)
+        self.client_env = {"FLYT_SERVER": first["endpoint"], "FLYT_TOKEN": answer[2]}
+        try:
+            prog = self.start_client(cmgr, self.migrate_loop(), [steps, self.MIGRATE_PAUSE_MS])
+        finally:
+            del self.client_env
+        prog.wait_line(r"^step 5 ")
+        ckpt = os.path.join(self.tmp, "ckpt-fixed")
+        res = self.ctl("checkpoint", "--vm", vm, "--to", ckpt)
+        self.assertEqual(res.json.get("sessions"), 1, res.describe())
+        res = self.ctl("restore", "--vm", vm, "--node", "n2")
+        self.assertEqual(res.json.get("restored"), 1, res.describe())
+        moved = self.wait_server_running(vm)
+        self.assertEqual(moved["node_id"], "n2", json.dumps(moved))
+        res = self.finish_and_compare(prog, expected, 1)
+        self.assertIn("was restored at flyt-server %s" % moved["endpoint"], res.log, tail(res.log))
+
     def test_restore_on_another_node(self):
         """flytctl restore --vm IP --node NODE[/GPU] on another node than the checkpoint's:
         the files are shipped there through the node managers (a checkpoint larger than
