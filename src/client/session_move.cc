@@ -200,7 +200,9 @@ void Client::ResumeLocked(const std::string& where, const uint64_t key[2], int d
     conn_ = std::move(c);
     ++conn_gen_;  // registrations of one-sided copies were the old connection's
     server_ = target;
-    NoteSessionEndpoint(target);  // what a later checkpoint's wait asks about
+    // What a later checkpoint's wait asks about (a process of one server: one of
+    // several servers' links is not the process's endpoint).
+    if (!member_ && !multi()) NoteSessionEndpoint(target);
     address_ = addr;
     session_id_ = hello.session_id;
     session_secret_ = hello.session_secret;

@@ -691,8 +691,11 @@ wire::FrameHeader Session::ReplyHeader(const wire::FrameHeader& req, CUresult rc
   // The share changed since the client fetched the device inventory: it
   // fetches it again (kOpDeviceInfo) when it sees this bit.
   if (info_generation_ != state_->share.info_generation()) h.info |= wire::kReplyConfigChanged;
-  // The operator moves this session: the client parks after this reply.
-  if (!move_asked_ && move_wanted_.load(std::memory_order_acquire)) {
+  // The operator moves this session: the client parks after this reply (not after a
+  // copy between servers opened its listener: the copy finishes first, and the next
+  // reply asks).
+  if (!move_asked_ && move_wanted_.load(std::memory_order_acquire) &&
+      req.op != ops::kOpPeerListen) {
     h.info |= wire::kReplyMoveWanted;
     move_asked_ = true;
   }

@@ -40,6 +40,9 @@
 
 namespace flyt::server {
 
+// Movable-memory slots a session reserves its memory in (session_movable.cc).
+inline constexpr int kMovableSlots = 64;
+
 class MainLink;
 class SnapshotReader;
 class SnapshotWriter;

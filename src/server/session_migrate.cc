@@ -187,8 +187,8 @@ std::string Session::Unmovable() {
   if (!nccl_comms_.empty())
     return "it holds NCCL communicators (their peers would have to move with it; not movable yet)";
   if (!more_primaries_.empty()) return "it uses several GPUs (not movable yet)";
-  if (placed_slot_ >= 0) return "its process uses GPUs of several servers (not movable yet)";
   if (!links_.empty()) return "a JIT link is in progress";
+  if (!peer_listeners_.empty()) return "a copy between two servers is in progress";
   // A staging area of device-to-host copies stays behind: the client makes another; a
   // pinned buffer whose memfd the client kept is shared with the next server.
   if (shared_host_.size() > left_host_.size())
@@ -210,7 +210,7 @@ std::string Session::Unmovable() {
 // --- the snapshot ----------------------------------------------------------------
 //
 // header: magic, version, key[2], client pid, device, primary context handle,
-//         deferred error
+//         deferred error, i32 placed slot (kOpPlaceMemory; -1: none)
 // limits: count, {u32 limit, u64 value}
 // streams: count, {u64 handle, u32 flags, i32 priority, u64 images loaded before it},
 //         in creation order
@@ -238,6 +238,7 @@ Status Session::WriteSnapshot(SnapshotWriter& out, const uint64_t key[2]) {
   out.Put<int32_t>(primary_ != nullptr ? primary_device_ : -1);
   out.Put<uint64_t>(primary_client_);
   out.Put<uint32_t>(deferred_);
+  out.Put<int32_t>(placed_slot_);
   // Limits, as the app left them.
   std::vector<std::pair<uint32_t, uint64_t>> limits;
   for (CUlimit l : kCarriedLimits) {
@@ -786,7 +787,7 @@ Status Session::Restore(SnapshotReader& in, uint64_t key[2]) {
   DriverApi& a = state_->api;
   uint64_t magic = 0;
   uint32_t version = 0, pid = 0, deferred = 0;
-  int32_t device = -1;
+  int32_t device = -1, placed = -1;
   uint64_t primary = 0;
   if (!in.Get(&magic) || !in.Get(&version)) return in.status();
   if (magic != kSnapshotMagic) return Status::Error("not a Flyt session snapshot");
@@ -795,8 +796,13 @@ Status Session::Restore(SnapshotReader& in, uint64_t key[2]) {
                          " and this server reads only format " + std::to_string(kSnapshotVersion) +
                          " (another Flyt version wrote it: restore it with that version)");
   if (!in.Get(&key[0]) || !in.Get(&key[1]) || !in.Get(&pid) || !in.Get(&device) ||
-      !in.Get(&primary) || !in.Get(&deferred))
+      !in.Get(&primary) || !in.Get(&deferred) || !in.Get(&placed))
     return in.status();
+  // A client of several servers: its memory here stays in the slot its other servers
+  // keep clear of (kOpPlaceMemory), whatever this server's --movable-memory.
+  if (placed >= kMovableSlots || placed < -1)
+    return Status::Error("a damaged snapshot (placed slot)");
+  placed_slot_ = placed;
   client_pid_ = pid;
   deferred_ = static_cast<CUresult>(deferred);
   if (state_->slot != nullptr) state_->slot->client_pid = pid;

@@ -40,7 +40,7 @@ namespace {
 // so a session moved in finds its addresses free.
 constexpr uint64_t kFirstSlot = 0x100000000000ull;
 constexpr uint64_t kSlotBytes = 1ull << 40;
-constexpr int kSlots = 64;
+constexpr int kSlots = kMovableSlots;
 constexpr uint64_t kReservationBytes = 1ull << 39;  // 512 GiB: beyond any one GPU's memory
 constexpr int kTries = 16;
 // cuMemAlloc's alignment for allocations that share a chunk, and the largest

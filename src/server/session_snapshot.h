@@ -19,8 +19,9 @@ namespace flyt::server {
 
 // "FLYTSNAP" and the format's version: a reader refuses other versions.
 inline constexpr uint64_t kSnapshotMagic = 0x50414e5354594c46ull;
-// 3: pools; 4: streams among the code; 5: texture objects
-inline constexpr uint32_t kSnapshotVersion = 5;
+// 3: pools; 4: streams among the code; 5: texture objects; 6: the placed slot of a
+// client of several servers
+inline constexpr uint32_t kSnapshotVersion = 6;
 // Limits a reader enforces, so that a corrupt or hostile snapshot fails
 // cleanly instead of asking for absurd amounts of memory.
 inline constexpr uint64_t kSnapshotMaxString = 1 << 20;

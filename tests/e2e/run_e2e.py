@@ -1630,6 +1630,57 @@ class E2E(unittest.TestCase):
         self.stop_server(a)
         self.stop_server(b)
 
+    def test_migrate_two_servers(self):
+        """A process using the GPUs of two servers (FLYT_SERVER "A,B"; migrate_loop
+        two-servers: its loop on B's GPU, a mirror of its kept buffer on A's, copied server
+        to server and read back every step) moves one server's part at a time, each at its
+        own addresses slot: B's session to C, then A's to D, then C's is checkpointed and
+        restored by C restarted at its address. Its output equals an undisturbed run's, the
+        client says three times where a part lives now, and every server ends holding
+        nothing. Before, such a process was refused a move."""
+        variant = CFG.variants[0]
+        a, b, c, d = (self.start_server(control=True) for _ in range(4))
+        args = ("16", "0", "0", "two-servers")
+        base = self.run_ok(self._Servers([a, b]), "tcp", "migrate_loop", variant, args=args)
+        expected = [l for l in base.lines() if l.startswith("step ")]
+        self.assertEqual(len(expected), 16, base.describe())
+        prog = RunningProgram(self.tmp, self._Servers([a, b]), "tcp",
+                              program_path("migrate_loop", variant),
+                              ("16", "80", "0", "two-servers"))
+        ckpt = os.path.join(self.tmp, "ckpt-two-servers")
+        os.makedirs(ckpt)
+        restarted = None
+        try:
+            def reach(pattern):
+                if prog.wait_line(pattern) is None:
+                    self.fail("migrate_loop never printed %s\n%s" % (
+                        pattern, prog.finish(5).describe()))
+            reach(r"^step 2 ")
+            n, answer = self._migrate_answer(b, "migrate", "moved", to=c.url("tcp"), token=TOKEN)
+            self.assertEqual(n, 1, "%s\n%s\n%s" % (answer, b.logs(), c.logs()))
+            reach(r"^step 5 ")
+            n, answer = self._migrate_answer(a, "migrate", "moved", to=d.url("tcp"), token=TOKEN)
+            self.assertEqual(n, 1, "%s\n%s\n%s" % (answer, a.logs(), d.logs()))
+            reach(r"^step 8 ")
+            n, answer = self._migrate_answer(c, "checkpoint", "checkpointed", dir=ckpt)
+            self.assertEqual(n, 1, "%s\n%s" % (answer, c.logs()))
+            port, name = c.port, c.name
+            self.stop_server(c)
+            restarted = self.start_server(control=True, port=port, name=name)
+            answer = restarted.control({"verb": "restore", "dir": ckpt, "wait_ms": 20000},
+                                       timeout=30)
+            self.assertEqual(answer.get("restored"), 1, "%s\n%s" % (answer, restarted.logs()))
+        finally:
+            res = prog.finish()
+        self.assert_passed(res, "migrate_loop", restarted or c)
+        self.assertEqual([l for l in res.lines() if l.startswith("step ")], expected,
+                         res.describe())
+        self.assertEqual(res.client_log.count("now lives at flyt-server"), 3, res.client_log)
+        for srv in (a, b, d, restarted):
+            self.assert_stats(srv, sessions=0, memory_used=0)
+        for srv in (a, b, d, restarted):
+            self.stop_server(srv)
+
     def _migrate_answer(self, srv, verb, key, **extra):
         """Sends a move verb to srv's control socket; (answer[key], answer)."""
         request = {"verb": verb, "wait_ms": 20000}
@@ -1798,7 +1849,7 @@ class E2E(unittest.TestCase):
         self.assertEqual(answer.get("restored"), 0, answer)
         messages = json.dumps(answer) + srv.log_text()
         self.assertIn("format 1", messages, answer)
-        self.assertIn("reads only format 5", messages, answer)
+        self.assertIn("reads only format 6", messages, answer)
         self.assert_stats(srv, sessions=0, memory_used=0)
         self.stop_server(srv)
 

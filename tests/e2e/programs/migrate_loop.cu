@@ -15,6 +15,9 @@
 // read-back goes through one pinned buffer (cudaMallocHost, as PyTorch's
 // pin_memory), asynchronously on the stream; over shm:// the server maps it.
 // `pinned-mapped`: the same, after asking for the buffer's device pointer.
+// `two-servers` (FLYT_SERVER "A,B"): the loop runs on device 1 (server B)
+// while a mirror of the kept buffer lives on device 0 (server A), copied there
+// server to server and read back every step.
 //
 // Prints "step N sum=S" per step, then "migrate_loop: PASS".
 #include <unistd.h>
@@ -48,6 +51,8 @@ int main(int argc, char** argv) {
   const int steps = argc > 1 ? atoi(argv[1]) : 10;
   const int pause_ms = argc > 2 ? atoi(argv[2]) : 0;
   e2e::Step("setup");
+  const bool two = argc > 4 && std::strcmp(argv[4], "two-servers") == 0;
+  if (two) CK(cudaSetDevice(1));
   int least = 0, greatest = 0;
   CK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   cudaStream_t stream;
@@ -62,6 +67,12 @@ int main(int argc, char** argv) {
   CK(cudaMemset(keep, 0x5a, kKeep));
   std::printf("keep_at=%p\n", static_cast<void*>(keep));  // where movable memory lives
   std::vector<unsigned char> host_keep(kKeep, 0x5a);
+  unsigned char* mirror = nullptr;  // two-servers: on device 0
+  if (two) {
+    CK(cudaSetDevice(0));
+    CK(cudaMalloc(&mirror, kKeep));
+    CK(cudaSetDevice(1));
+  }
   int* counter = nullptr;
   CK(cudaMalloc(&counter, 2 * sizeof(int)));
   int start[2] = {1000000, 0};
@@ -153,6 +164,12 @@ int main(int argc, char** argv) {
     std::vector<unsigned char> got_keep(kKeep);
     CK(cudaMemcpy(got_keep.data(), keep, kKeep, cudaMemcpyDeviceToHost));
     EXPECT_SAME(got_keep.data(), host_keep.data(), kKeep, "the kept buffer");
+    if (two) {  // server B to server A, then read back from A
+      CK(cudaMemcpy(mirror, keep, kKeep, cudaMemcpyDefault));
+      std::vector<unsigned char> got_mirror(kKeep);
+      CK(cudaMemcpy(got_mirror.data(), mirror, kKeep, cudaMemcpyDeviceToHost));
+      EXPECT_SAME(got_mirror.data(), host_keep.data(), kKeep, "the mirror on device 0");
+    }
     int c[2];
     CK(cudaMemcpy(c, counter, sizeof(c), cudaMemcpyDeviceToHost));
     EXPECT(c[0] == 1000000 - (i + 1) && c[1] == i + 1, "counter %d %d after step %d", c[0], c[1],
@@ -176,6 +193,7 @@ int main(int argc, char** argv) {
   CK(cudaFree(keep));
   CK(cudaFree(counter));
   if (pin != nullptr) CK(cudaFreeHost(pin));
+  if (mirror != nullptr) CK(cudaFree(mirror));
   CK(cudaEventDestroy(before));
   CK(cudaEventDestroy(after));
   CK(cudaEventDestroy(done));
