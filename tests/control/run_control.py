@@ -1860,6 +1860,32 @@ class Control(unittest.TestCase):
         res = self.finish_and_compare(prog, expected, 1)
         self.assertIn("now lives at flyt-server " + moved["endpoint"], res.log, tail(res.log))
 
+    def test_migrate_multi_gpu_vm_running(self):
+        """A process of a VM with two GPUs that uses both (migrate_loop two-servers through
+        the client manager's list: its loop on GPU 1, a mirror on GPU 0 copied server to
+        server every step) keeps running while flytctl migrate moves the VM n1 -> n2: each
+        server's part moves with its server, and the output equals an undisturbed run's."""
+        self.start_cluster_manager(policy="spread")
+        self.start_node("n1", "10.0.0.1")
+        self.start_node("n2", "10.0.0.2")
+        vm = "10.1.0.97"
+        self.add_vm_gpus(vm, "10.0.0.1", 16, 2, 2)
+        cmgr = self.start_client_manager(vm)
+        steps = 120
+        args = [steps, 0, 0, "two-servers"]
+        base = self.run_ok(cmgr, self.migrate_loop(), args)
+        expected = [l for l in base.stdout.splitlines() if l.startswith("step ")]
+        self.assertEqual(len(expected), steps, base.describe())
+        args[1] = self.MIGRATE_PAUSE_MS
+        prog = self.start_client(cmgr, self.migrate_loop(), args)
+        prog.wait_line(r"^step 5 ")
+        res = self.ctl("migrate", "--vm", vm, "--to", "n2")
+        self.assertEqual(len(res.json.get("moved", [])), 2, res.describe())
+        after = self.servers_of(vm)
+        self.assertEqual([s["node_id"] for s in after], ["n2", "n2"], json.dumps(after))
+        self.assertEqual(self.server_pids("n1"), [], self.logs())
+        self.finish_and_compare(prog, expected, 2)
+
     def test_migrate_multi_gpu_vm(self):
         """A VM with two GPUs on n1 moves to n2 with one flytctl migrate: both servers, in
         their ordinals, with the VM's share and token; the client manager answers the new
