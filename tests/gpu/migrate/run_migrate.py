@@ -296,6 +296,46 @@ def main():
         if not ok:
             out += ["", "```"] + nat[-5:] + ["---"] + flines[-15:] + ["```"]
         out.append("")
+        # 1b'. a process using the GPUs of two servers (FLYT_SERVER "a,b"; its loop on b's
+        # GPU, a mirror on a's copied server to server every step): b's part moved to a third
+        # server, then a's to a fourth. On a one-GPU host there is no native run of it (it
+        # needs two devices): an undisturbed run through Flyt is the reference.
+        class Pair:
+            def __init__(self, first, second):
+                self.first, self.second = first, second
+
+            def url(self, transport="tcp"):
+                return self.first.url(transport) + "," + self.second.url(transport)
+        c = Server(args.build, work, "c").start()
+        d = Server(args.build, work, "d").start()
+        servers += [c, d]
+        two = [loop, "24", "0", "0", "two-servers"]
+        base = Program(args.build, Pair(a, b), two, os.path.join(work, "two-base.log"))
+        brc, blines = base.finish()
+        log = os.path.join(work, "two.log")
+        prog = Program(args.build, Pair(a, b), [loop, "24", "150", "0", "two-servers"], log)
+        notes = []
+        prog.wait_line(r"^step 4 ")
+        notes.append(move(b, "migrate", to=c.url()))
+        prog.wait_line(r"^step 10 ")
+        notes.append(move(a, "migrate", to=d.url()))
+        frc, flines = prog.finish()
+        client_log = open(log, errors="replace").read() if os.path.exists(log) else ""
+        same = (brc == 0 and frc == 0 and steps_of(blines) == steps_of(flines) and
+                len(steps_of(blines)) == 24)
+        ok = same and all_moved(notes) and client_log.count("now lives at flyt-server") == 2
+        fails += not ok
+        out += ["### migrate_loop on the GPUs of two servers (24 steps)", "",
+                "undisturbed rc %s, moved rc %s; step lines equal: **%s**; every move took it: "
+                "**%s**" % (brc, frc, "yes" if same else "NO",
+                            "yes" if all_moved(notes) else "NO"), ""]
+        for n in notes:
+            out.append("- `%s`" % json.dumps({k: v for k, v in n.items() if k != "_wall_ms"}))
+        if not ok:
+            out += ["", "```"] + blines[-5:] + ["---"] + flines[-15:] + ["```"]
+        out.append("")
+        for srv in (c, d):
+            srv.stop()
         # 1b. migrate_state: the app's VMM, graphs, stream-ordered allocations, pools.
         state = [os.path.join(args.programs, "migrate_state"), "16", "0"]
         if not args.movable:
