@@ -78,10 +78,13 @@ CUresult ManagedDeviceCopy(const char* name, CUdeviceptr dst, CUdeviceptr src, s
 // GPU reads or writes the client's buffer itself (DMA), nothing crosses the
 // rings. Synchronous copies wait for the server, as the buffer may be reused
 // at once; asynchronous ones complete in stream order, as natively.
+// `gen`: the connection generation `b` was read in; *stale: another thread's park moved
+// the session since (nothing sent; the caller starts again with the buffer as it is now).
 CUresult CopyShared(const char* name, bool to_device, CUdeviceptr device,
                     const Client::HostBuffer& b, const void* host, size_t n, CUstream stream,
-                    bool async, bool pt) {
+                    bool async, bool pt, uint64_t gen, bool* stale) {
   Client& c = Client::Get();
+  Client::SameConnection same(gen);
   wire::Writer w;
   w.Put<uint8_t>(to_device ? 1 : 0);
   w.Put<uint64_t>(device);
@@ -89,8 +92,10 @@ CUresult CopyShared(const char* name, bool to_device, CUdeviceptr device,
   w.Put<uint64_t>(n);
   w.Put<uint64_t>(StreamRaw(stream));
   w.Put<uint8_t>(async ? 1 : 0);
-  if (async) return c.Post(name, ops::kOpCopyShared, w, Flags(pt));
-  return c.Call(name, ops::kOpCopyShared, w, ReplySink{}, Flags(pt));
+  CUresult rc = async ? c.Post(name, ops::kOpCopyShared, w, Flags(pt))
+                      : c.Call(name, ops::kOpCopyShared, w, ReplySink{}, Flags(pt));
+  *stale = Client::SameConnection::Stale();
+  return rc;
 }
 
 // A copy between the device and a pinned buffer the server reads and writes itself
@@ -148,8 +153,13 @@ CUresult CopyHtoD(const char* name, CUdeviceptr dst, const void* src, size_t n, 
     CUresult rc = CopyHtoD(name, dst, src, n, stream, true, pt);
     return SettleManagedCopy(rc, stream, pt);
   }
-  if (Client::HostBuffer b; fast && SharedBuffer(src, n, &b))
-    return CopyShared(name, true, dst, b, src, n, stream, async, pt);
+  const uint64_t gen = c.ConnectionGeneration();
+  if (Client::HostBuffer b; fast && SharedBuffer(src, n, &b)) {
+    bool stale = false;
+    CUresult rc = CopyShared(name, true, dst, b, src, n, stream, async, pt, gen, &stale);
+    if (!stale) return rc;
+    return CopyHtoD(name, dst, src, n, stream, async, pt);  // the buffer as it is now
+  }
   if (uint64_t key = 0; fast && RmaKeyFor(src, n, true, async, &key))
     return CopyRma(name, true, dst, key, src, n, stream, async, pt);
   // A destination we know is valid: the copy can be fire-and-forget, its
@@ -188,8 +198,13 @@ CUresult CopyDtoH(const char* name, void* dst, CUdeviceptr src, size_t n, CUstre
   const bool fast = !c.multi() || c.RouteNow() == 0;
   if (managed::Overlaps(reinterpret_cast<uintptr_t>(dst), n))
     return ManagedDeviceCopy(name, reinterpret_cast<uintptr_t>(dst), src, n, stream, async, pt);
-  if (Client::HostBuffer b; fast && SharedBuffer(dst, n, &b))
-    return CopyShared(name, false, src, b, dst, n, stream, async, pt);
+  const uint64_t gen = c.ConnectionGeneration();
+  if (Client::HostBuffer b; fast && SharedBuffer(dst, n, &b)) {
+    bool stale = false;
+    CUresult rc = CopyShared(name, false, src, b, dst, n, stream, async, pt, gen, &stale);
+    if (!stale) return rc;
+    return CopyDtoH(name, dst, src, n, stream, async, pt);  // the buffer as it is now
+  }
   if (uint64_t key = 0; fast && RmaKeyFor(dst, n, false, async, &key))
     return CopyRma(name, false, src, key, dst, n, stream, async, pt);
   // Over shm://: the GPU writes into a staging area this process shares with the

@@ -40,6 +40,10 @@ thread_local uint64_t t_last_call_seq = 0;  // CallsLocked() at this thread's la
 // the server of the thread's last call or post.
 thread_local int t_route = -1;
 thread_local int t_last_route = 0;
+// SameConnection: the connection generation this thread's requests were built for
+// (0: any), and whether one found another.
+thread_local uint64_t t_expect_gen = 0;
+thread_local bool t_gen_stale = false;
 
 // One name per stream: the per-thread default stream as CU_STREAM_PER_THREAD,
 // the legacy one as 0.
@@ -443,6 +447,10 @@ CUresult Client::Post(const char* name, uint16_t op, const wire::Writer& req, ui
   uint64_t t0 = log::TraceCalls() ? NowNs() : 0;
   std::lock_guard<std::mutex> lock(mu_);
   if (broken_ != CUDA_SUCCESS) return broken_;
+  if (t_expect_gen != 0 && t_expect_gen != conn_gen_.load()) [[unlikely]] {
+    t_gen_stale = true;
+    return CUDA_ERROR_NOT_READY;
+  }
   SyncContextLocked();
   async_calls_.fetch_add(1, std::memory_order_relaxed);
   if (count_calls_) ++async_by_name_[name];
@@ -598,8 +606,19 @@ CUresult Client::CallUnhooked(const char* name, uint16_t op, const wire::Writer&
                               ReplySink sink, uint16_t flags) {
   uint64_t t0 = log::TraceCalls() ? NowNs() : 0;
   std::lock_guard<std::mutex> lock(mu_);
+  if (t_expect_gen != 0 && t_expect_gen != conn_gen_.load()) [[unlikely]] {
+    t_gen_stale = true;
+    return CUDA_ERROR_NOT_READY;
+  }
   return CallLocked(name, op, req, sink, flags, t0);
 }
+
+Client::SameConnection::SameConnection(uint64_t gen) : saved_(t_expect_gen) {
+  t_expect_gen = gen;
+  t_gen_stale = false;
+}
+Client::SameConnection::~SameConnection() { t_expect_gen = saved_; }
+bool Client::SameConnection::Stale() { return t_gen_stale; }
 
 CUresult Client::CallLocked(const char* name, uint16_t op, const wire::Writer& req, ReplySink sink,
                             uint16_t flags, uint64_t t0) {

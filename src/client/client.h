@@ -292,6 +292,24 @@ class Client {
   // the emulator). ShareFd passes a sealed memfd; *id names it in a request.
   bool SharesMemory();
   CUresult ShareFd(int fd, uint64_t* id);
+  // A request built from one connection's state (a shared buffer's or the staging
+  // area's address at the server) may only go on that connection: while a
+  // SameConnection lives, a call or post of the calling thread finds the connection
+  // generation `gen` still current, or is not sent and answers CUDA_ERROR_NOT_READY with
+  // Stale() true (another thread's park moved the session in between). Stale() is
+  // cleared when a SameConnection starts.
+  uint64_t ConnectionGeneration() const { return conn_gen_.load(); }
+  class SameConnection {
+   public:
+    explicit SameConnection(uint64_t gen);
+    ~SameConnection();
+    SameConnection(const SameConnection&) = delete;
+    SameConnection& operator=(const SameConnection&) = delete;
+    static bool Stale();
+
+   private:
+    uint64_t saved_;
+  };
   // After a move (session_move.cc): pinned buffers shared with the old server are
   // shared with the new one (their kept memfd, at the same address where it is
   // free there), or become private memory where the new server shares none.

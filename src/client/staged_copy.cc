@@ -125,7 +125,13 @@ bool Client::StagedDownload(const char* name, void* dst, CUdeviceptr src, size_t
     sink.staged_chunks = chunks;
   }
   const uint16_t flags = per_thread ? static_cast<uint16_t>(wire::kFlagPerThread) : 0;
-  *rc = Call(name, ops::kOpCopyFromDeviceStaged, w, sink, flags);
+  {
+    // The area is this connection's: another thread's park may have moved the session
+    // since; then the copy takes the caller's other path.
+    SameConnection same(gen);
+    *rc = Call(name, ops::kOpCopyFromDeviceStaged, w, sink, flags);
+    if (SameConnection::Stale()) return false;
+  }
   // One chunk: it is in slot 0 once the reply came (stage_mu_ keeps the slot ours).
   if (*rc == CUDA_SUCCESS && chunks == 1) take(0);
   return true;
