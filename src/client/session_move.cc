@@ -279,7 +279,12 @@ void Client::ReshareHostBuffersLocked() {
       }
     }
     if (b.server_addr != 0) ++again;
-    if (old_device != 0 && b.device_ptr != old_device) ++moved_device;
+    // A buffer the GPU reached at its own address and that is private memory now is
+    // mapped there again when a kernel or a memset gets a pointer into it
+    // (MapPinnedIfUnmapped), as every pinned buffer over a socket; one mapped elsewhere
+    // than before is not.
+    const bool remapped_at_use = old_device == b.base && b.device_ptr == 0;
+    if (old_device != 0 && b.device_ptr != old_device && !remapped_at_use) ++moved_device;
     // A device pointer apart from the buffer's address is known as device memory.
     if (old_device != 0 && old_device != b.base) RemoveDeviceRange(old_device);
     if (b.device_ptr != 0 && b.device_ptr != b.base) AddDeviceRange(b.device_ptr, b.size, true);
@@ -289,7 +294,8 @@ void Client::ReshareHostBuffersLocked() {
   if (again < shared.size())
     FLYT_INFO(
         "%zu of %zu pinned buffers are this process's own memory after the move (the new "
-        "server shares no memory with it): their copies take the socket",
+        "server shares no memory with it): their copies take the socket, and a kernel or "
+        "memset given a pointer into one maps it for the GPU again",
         shared.size() - again, shared.size());
   if (moved_device > 0)
     FLYT_WARN(

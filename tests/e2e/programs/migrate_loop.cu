@@ -174,6 +174,13 @@ int main(int argc, char** argv) {
     CK(cudaMemcpy(c, counter, sizeof(c), cudaMemcpyDeviceToHost));
     EXPECT(c[0] == 1000000 - (i + 1) && c[1] == i + 1, "counter %d %d after step %d", c[0], c[1],
            i);
+    if (pinned) {  // the GPU writes the pinned buffer through its host address (UVA)
+      CK(cudaStreamSynchronize(stream));
+      CK(cudaMemsetAsync(pin + kPin - 64, (i * 7 + 1) & 0xff, 64, stream));
+      CK(cudaStreamSynchronize(stream));
+      EXPECT(e2e::FirstNot(pin + kPin - 64, static_cast<unsigned char>((i * 7 + 1) & 0xff), 64) < 0,
+             "a memset of the pinned buffer at step %d", i);
+    }
     std::printf("step %d sum=%llu counter=%d\n", i, static_cast<unsigned long long>(Sum(got_keep)),
                 c[1]);
     std::fflush(stdout);
