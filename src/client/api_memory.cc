@@ -74,30 +74,6 @@ CUresult ManagedDeviceCopy(const char* name, CUdeviceptr dst, CUdeviceptr src, s
   return async ? rc : SettleManagedCopy(rc, stream, pt);
 }
 
-// A copy between the device and pinned memory shared with the server: the
-// GPU reads or writes the client's buffer itself (DMA), nothing crosses the
-// rings. Synchronous copies wait for the server, as the buffer may be reused
-// at once; asynchronous ones complete in stream order, as natively.
-// `gen`: the connection generation `b` was read in; *stale: another thread's park moved
-// the session since (nothing sent; the caller starts again with the buffer as it is now).
-CUresult CopyShared(const char* name, bool to_device, CUdeviceptr device,
-                    const Client::HostBuffer& b, const void* host, size_t n, CUstream stream,
-                    bool async, bool pt, uint64_t gen, bool* stale) {
-  Client& c = Client::Get();
-  Client::SameConnection same(gen);
-  wire::Writer w;
-  w.Put<uint8_t>(to_device ? 1 : 0);
-  w.Put<uint64_t>(device);
-  w.Put<uint64_t>(b.server_addr + (reinterpret_cast<uintptr_t>(host) - b.base));
-  w.Put<uint64_t>(n);
-  w.Put<uint64_t>(StreamRaw(stream));
-  w.Put<uint8_t>(async ? 1 : 0);
-  CUresult rc = async ? c.Post(name, ops::kOpCopyShared, w, Flags(pt))
-                      : c.Call(name, ops::kOpCopyShared, w, ReplySink{}, Flags(pt));
-  *stale = Client::SameConnection::Stale();
-  return rc;
-}
-
 // A copy between the device and a pinned buffer the server reads and writes itself
 // (ucx://, client/rma.cc): a small request, and the bytes move by the transport's
 // one-sided reads and writes of this process's memory. Asynchronous copies return at
@@ -132,9 +108,32 @@ bool RmaKeyFor(const void* p, size_t n, bool to_device, bool async, uint64_t* ke
   return c.RmaKey(p, n, worth, key);
 }
 
-// The shared buffer that holds all of [p, p+n), if any.
-bool SharedBuffer(const void* p, size_t n, Client::HostBuffer* b) {
-  return Client::Get().FindHostBuffer(p, b) && b->server_addr != 0 && b->Covers(p, n);
+// A copy between the device and pinned memory shared with the server, when a shared
+// buffer holds all of [host, host+n) (false: none does; *rc untouched): the GPU reads or
+// writes the client's buffer itself (DMA), nothing crosses the rings. Synchronous copies
+// wait for the server, as the buffer may be reused at once; asynchronous ones complete in
+// stream order, as natively. The request goes only on the connection the buffer's server
+// address was read in (Client::SameConnection): when another thread's park moved the
+// session in between, nothing was sent and the buffer is looked up again as it is now.
+bool CopyIfShared(const char* name, bool to_device, CUdeviceptr device, const void* host, size_t n,
+                  CUstream stream, bool async, bool pt, CUresult* rc) {
+  Client& c = Client::Get();
+  for (;;) {
+    const uint64_t gen = c.ConnectionGeneration();
+    Client::HostBuffer b;
+    if (!c.FindHostBuffer(host, &b) || b.server_addr == 0 || !b.Covers(host, n)) return false;
+    Client::SameConnection same(gen);
+    wire::Writer w;
+    w.Put<uint8_t>(to_device ? 1 : 0);
+    w.Put<uint64_t>(device);
+    w.Put<uint64_t>(b.server_addr + (reinterpret_cast<uintptr_t>(host) - b.base));
+    w.Put<uint64_t>(n);
+    w.Put<uint64_t>(StreamRaw(stream));
+    w.Put<uint8_t>(async ? 1 : 0);
+    *rc = async ? c.Post(name, ops::kOpCopyShared, w, Flags(pt))
+                : c.Call(name, ops::kOpCopyShared, w, ReplySink{}, Flags(pt));
+    if (!Client::SameConnection::Stale()) return true;
+  }
 }
 
 CUresult CopyHtoD(const char* name, CUdeviceptr dst, const void* src, size_t n, CUstream stream,
@@ -153,13 +152,7 @@ CUresult CopyHtoD(const char* name, CUdeviceptr dst, const void* src, size_t n, 
     CUresult rc = CopyHtoD(name, dst, src, n, stream, true, pt);
     return SettleManagedCopy(rc, stream, pt);
   }
-  const uint64_t gen = c.ConnectionGeneration();
-  if (Client::HostBuffer b; fast && SharedBuffer(src, n, &b)) {
-    bool stale = false;
-    CUresult rc = CopyShared(name, true, dst, b, src, n, stream, async, pt, gen, &stale);
-    if (!stale) return rc;
-    return CopyHtoD(name, dst, src, n, stream, async, pt);  // the buffer as it is now
-  }
+  if (CUresult rc; fast && CopyIfShared(name, true, dst, src, n, stream, async, pt, &rc)) return rc;
   if (uint64_t key = 0; fast && RmaKeyFor(src, n, true, async, &key))
     return CopyRma(name, true, dst, key, src, n, stream, async, pt);
   // A destination we know is valid: the copy can be fire-and-forget, its
@@ -198,13 +191,8 @@ CUresult CopyDtoH(const char* name, void* dst, CUdeviceptr src, size_t n, CUstre
   const bool fast = !c.multi() || c.RouteNow() == 0;
   if (managed::Overlaps(reinterpret_cast<uintptr_t>(dst), n))
     return ManagedDeviceCopy(name, reinterpret_cast<uintptr_t>(dst), src, n, stream, async, pt);
-  const uint64_t gen = c.ConnectionGeneration();
-  if (Client::HostBuffer b; fast && SharedBuffer(dst, n, &b)) {
-    bool stale = false;
-    CUresult rc = CopyShared(name, false, src, b, dst, n, stream, async, pt, gen, &stale);
-    if (!stale) return rc;
-    return CopyDtoH(name, dst, src, n, stream, async, pt);  // the buffer as it is now
-  }
+  if (CUresult rc; fast && CopyIfShared(name, false, src, dst, n, stream, async, pt, &rc))
+    return rc;
   if (uint64_t key = 0; fast && RmaKeyFor(dst, n, false, async, &key))
     return CopyRma(name, false, src, key, dst, n, stream, async, pt);
   // Over shm://: the GPU writes into a staging area this process shares with the
