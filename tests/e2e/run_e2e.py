@@ -1501,9 +1501,7 @@ class E2E(unittest.TestCase):
                 restarted = None
                 try:
                     def reach(pattern):
-                        if prog.wait_line(pattern) is None:
-                            self.fail("migrate_loop never printed %s\n%s" % (
-                                pattern, prog.finish(5).describe()))
+                        self._reach(prog, "migrate_loop", pattern)
 
                     def moved(srv, verb, key, **extra):
                         request = {"verb": verb, "wait_ms": 20000}
@@ -1537,16 +1535,8 @@ class E2E(unittest.TestCase):
                     files = os.listdir(ckpt)
                     self.assertEqual(len(files), 1, files)
                     self.assertTrue(files[0].endswith(".flyt"), files)
-                    port = a.port
-                    self.stop_server(a)
-                    restarted = self.start_server(control=True, port=port,
-                                                  name="restarted-" + variant,
-                                                  extra_args=movable)
-                    answer = restarted.control({"verb": "restore", "dir": ckpt,
-                                                "wait_ms": 20000}, timeout=30)
-                    self.assertTrue(answer.get("ok"), answer)
-                    self.assertEqual(answer.get("restored"), 1,
-                                     "%s\n%s" % (answer, restarted.logs()))
+                    restarted = self._restart_and_restore(a, ckpt, name="restarted-" + variant,
+                                                          extra_args=movable)
                 finally:
                     res = prog.finish()
                 self.assert_passed(res, "migrate_loop", restarted or a)
@@ -1652,9 +1642,7 @@ class E2E(unittest.TestCase):
         restarted = None
         try:
             def reach(pattern):
-                if prog.wait_line(pattern) is None:
-                    self.fail("migrate_loop never printed %s\n%s" % (
-                        pattern, prog.finish(5).describe()))
+                self._reach(prog, "migrate_loop", pattern)
             reach(r"^step 2 ")
             n, answer = self._migrate_answer(b, "migrate", "moved", to=c.url("tcp"), token=TOKEN)
             self.assertEqual(n, 1, "%s\n%s\n%s" % (answer, b.logs(), c.logs()))
@@ -1664,12 +1652,7 @@ class E2E(unittest.TestCase):
             reach(r"^step 8 ")
             n, answer = self._migrate_answer(c, "checkpoint", "checkpointed", dir=ckpt)
             self.assertEqual(n, 1, "%s\n%s" % (answer, c.logs()))
-            port, name = c.port, c.name
-            self.stop_server(c)
-            restarted = self.start_server(control=True, port=port, name=name)
-            answer = restarted.control({"verb": "restore", "dir": ckpt, "wait_ms": 20000},
-                                       timeout=30)
-            self.assertEqual(answer.get("restored"), 1, "%s\n%s" % (answer, restarted.logs()))
+            restarted = self._restart_and_restore(c, ckpt)
         finally:
             res = prog.finish()
         self.assert_passed(res, "migrate_loop", restarted or c)
@@ -1689,6 +1672,25 @@ class E2E(unittest.TestCase):
         self.assertTrue(answer.get("ok"), "%s\n%s" % (answer, srv.logs()))
         self.assertEqual(answer.get("asked"), 1, "%s\n%s" % (answer, srv.logs()))
         return answer.get(key), answer
+
+    def _reach(self, prog, program, pattern):
+        """Waits for the running `program`'s line matching `pattern`; fails with its output
+        when it ends or times out first."""
+        if prog.wait_line(pattern) is None:
+            self.fail("%s never printed %s\n%s" % (program, pattern, prog.finish(5).describe()))
+
+    def _restart_and_restore(self, srv, ckpt, name=None, extra_args=()):
+        """Stops `srv` and starts a server at its port (named `name`, else srv's: the same
+        Unix and shm sockets, where such a client waits) that restores the checkpoint in
+        `ckpt`: one session must come back. Returns the new server."""
+        port, name = srv.port, name if name is not None else srv.name
+        self.stop_server(srv)
+        restarted = self.start_server(control=True, port=port, name=name, extra_args=extra_args)
+        answer = restarted.control({"verb": "restore", "dir": ckpt, "wait_ms": 20000},
+                                   timeout=30)
+        self.assertTrue(answer.get("ok"), answer)
+        self.assertEqual(answer.get("restored"), 1, "%s\n%s" % (answer, restarted.logs()))
+        return restarted
 
     def _move_there_and_back(self, transport, variant, parts, movable, ckpt_name,
                              restart_name=None, program="migrate_state", then_to=None):
@@ -1713,9 +1715,7 @@ class E2E(unittest.TestCase):
         restarted = None
         try:
             def reach(pattern):
-                if prog.wait_line(pattern) is None:
-                    self.fail("%s never printed %s\n%s" % (
-                        program, pattern, prog.finish(5).describe()))
+                self._reach(prog, program, pattern)
             reach(r"^step 2 ")
             n, answer = self._migrate_answer(a, "migrate", "moved", to=b.url(transport),
                                              token=TOKEN)
@@ -1727,14 +1727,7 @@ class E2E(unittest.TestCase):
             reach(r"^step 8 ")
             n, answer = self._migrate_answer(a, "checkpoint", "checkpointed", dir=ckpt)
             self.assertEqual(n, 1, "%s\n%s" % (answer, a.logs()))
-            port, name = a.port, a.name
-            self.stop_server(a)
-            restarted = self.start_server(control=True, port=port,
-                                          name=restart_name if restart_name is not None else name,
-                                          extra_args=movable)
-            answer = restarted.control({"verb": "restore", "dir": ckpt, "wait_ms": 20000},
-                                       timeout=30)
-            self.assertEqual(answer.get("restored"), 1, "%s\n%s" % (answer, restarted.logs()))
+            restarted = self._restart_and_restore(a, ckpt, name=restart_name, extra_args=movable)
             if then_to is not None:
                 reach(r"^step 10 ")
                 n, answer = self._migrate_answer(restarted, "migrate", "moved",
