@@ -44,6 +44,13 @@ thread_local int t_last_route = 0;
 // (0: any), and whether one found another.
 thread_local uint64_t t_expect_gen = 0;
 thread_local bool t_gen_stale = false;
+// Under the connection lock: the calling thread's request was built for another
+// connection generation than `now` (it is then not sent, and Stale() says so).
+bool BuiltForAnotherConnection(uint64_t now) {
+  if (t_expect_gen == 0 || t_expect_gen == now) return false;
+  t_gen_stale = true;
+  return true;
+}
 
 // One name per stream: the per-thread default stream as CU_STREAM_PER_THREAD,
 // the legacy one as 0.
@@ -447,10 +454,8 @@ CUresult Client::Post(const char* name, uint16_t op, const wire::Writer& req, ui
   uint64_t t0 = log::TraceCalls() ? NowNs() : 0;
   std::lock_guard<std::mutex> lock(mu_);
   if (broken_ != CUDA_SUCCESS) return broken_;
-  if (t_expect_gen != 0 && t_expect_gen != conn_gen_.load()) [[unlikely]] {
-    t_gen_stale = true;
+  if (BuiltForAnotherConnection(conn_gen_.load())) [[unlikely]]
     return CUDA_ERROR_NOT_READY;
-  }
   SyncContextLocked();
   async_calls_.fetch_add(1, std::memory_order_relaxed);
   if (count_calls_) ++async_by_name_[name];
@@ -606,10 +611,8 @@ CUresult Client::CallUnhooked(const char* name, uint16_t op, const wire::Writer&
                               ReplySink sink, uint16_t flags) {
   uint64_t t0 = log::TraceCalls() ? NowNs() : 0;
   std::lock_guard<std::mutex> lock(mu_);
-  if (t_expect_gen != 0 && t_expect_gen != conn_gen_.load()) [[unlikely]] {
-    t_gen_stale = true;
+  if (BuiltForAnotherConnection(conn_gen_.load())) [[unlikely]]
     return CUDA_ERROR_NOT_READY;
-  }
   return CallLocked(name, op, req, sink, flags, t0);
 }
 
